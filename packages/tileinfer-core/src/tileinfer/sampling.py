@@ -1,0 +1,219 @@
+"""Sampling: the exact definition every backend's ``sample_tokens`` / ``accept_tokens`` follows.
+
+A sampled token is a function of the logits row, the sampling parameters and a counter-based
+random stream ``(seed, counter)``: no hidden generator state, so the host (``sample_host``) and a
+device kernel pick the same token, pipelined or not, captured in a graph or not.
+
+Randomness. ``uniform(seed, counter, index)`` hashes the three integers with a 32-bit integer mixer
+(``mix32``, the "lowbias32" construction with constants below 2**31 so that products fit in
+int64) and maps the top 24 bits to ``(h + 0.5) / 2**24`` in (0, 1), exactly representable in
+float32. Token ``i`` of a row gets the Gumbel noise ``-log(-log(uniform(seed, counter, i)))``.
+
+Filtering (temperature > 0). ``s = logits * float32(1 / temperature)`` (a multiply, exactly rounded
+on every device). top_k > 0 keeps ``s >= t_k`` where t_k is the k-th largest value of s (ties
+kept). top_p < 1 then keeps ``s >= t_p``, where t_p is the largest value of s whose upper set
+``{s >= t_p}`` within the kept tokens holds at least top_p of the kept mass
+``sum exp(s - max s)``. Both thresholds are found by bisection over the float32 bit patterns of s
+(32 steps of counting / summing over the vocabulary), so no sort of the vocabulary is needed.
+The token is ``argmax over kept of s_i + gumbel_i`` (the Gumbel-max trick: a sample of
+softmax(s) restricted to the kept set). Temperature 0 is plain argmax, lowest index on ties.
+
+Speculative acceptance (the p/q rule, Leviathan et al. 2023 / Chen et al. 2023): with p the
+target's filtered distribution and q the draft's, accept draft d when
+``uniform(seed, counter, ACCEPT_SALT) * q[d] < p[d]``, else sample ``max(p - q, 0)`` by Gumbel-max
+with the same per-token noise. Host and device agree except when two candidates' scores tie to
+within float32 rounding of ``log`` (about one token in a million).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+# The index hashed for the acceptance uniform: no token id reaches it.
+ACCEPT_SALT = 0xFFFFFFFF
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x1B873593
+_GOLDEN = 0x9E3779B9
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {k!r}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def inv_temperature(self) -> float:
+        """1 / temperature rounded to float32: the factor every backend multiplies logits by."""
+        return float(torch.tensor(1.0 / self.temperature, dtype=torch.float32))
+
+
+# --- the counter-based random stream -----------------------------------------------------------
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & MASK32
+    return x ^ (x >> 16)
+
+
+def stream_key(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """The 32-bit key of stream (seed, counter); seed and counter are int64 tensors (broadcast)."""
+    key = mix32((seed & MASK32) ^ _GOLDEN)
+    key = mix32(key ^ ((seed >> 32) & MASK32))
+    return mix32(key ^ (counter & MASK32))
+
+
+def uniform_bits(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """24 random bits for (stream key, index), as int64."""
+    return mix32(mix32(key ^ index)) >> 8
+
+
+def uniform(seed, counter, index) -> torch.Tensor:
+    """A float32 uniform in (0, 1) for (seed, counter, index); arguments are ints or int64 tensors."""
+    as_t = lambda v: torch.as_tensor(v, dtype=torch.int64)  # noqa: E731
+    bits = uniform_bits(stream_key(as_t(seed), as_t(counter)), as_t(index))
+    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(key: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise for tokens 0..vocab-1 of each stream key: key (n, 1) -> (n, vocab) float32."""
+    index = torch.arange(vocab, dtype=torch.int64, device=key.device)
+    u = (uniform_bits(key, index).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(u))
+
+
+# --- filtering ---------------------------------------------------------------------------------
+
+
+def _order_key(x: torch.Tensor) -> torch.Tensor:
+    """Map float32 values to int64 keys with the same order (negative floats flip their bits)."""
+    bits = x.view(torch.int32).to(torch.int64)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def _bisect_threshold(keys: torch.Tensor, enough) -> torch.Tensor:
+    """Largest integer key t (per row) such that ``enough(keys >= t)`` holds; keys (n, vocab).
+
+    ``enough`` maps a boolean mask (n, vocab) to a boolean (n,) and must be monotone (true for
+    low thresholds). 32 bisection steps over the int32 range, no data-dependent control flow.
+    """
+    lo = torch.full(keys.shape[:1], -(1 << 31), dtype=torch.int64, device=keys.device)  # enough
+    hi = torch.full_like(lo, 1 << 31)  # not enough (above every key)
+    for _ in range(32):
+        mid = (lo + hi) // 2
+        ok = enough(keys >= mid[:, None])
+        lo = torch.where(ok, mid, lo)
+        hi = torch.where(ok, hi, mid)
+    return lo
+
+
+def filtered_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Scaled logits s with -inf outside the kept set; logits (n, vocab) float32, temperature > 0."""
+    s = logits.float() * params.inv_temperature
+    keys = _order_key(s)
+    kept = torch.ones_like(s, dtype=torch.bool)
+    if 0 < params.top_k < s.shape[-1]:
+        t_k = _bisect_threshold(keys, lambda m: m.sum(-1) >= params.top_k)
+        kept = keys >= t_k[:, None]
+    if params.top_p < 1:
+        m = torch.where(kept, s, -math.inf).amax(-1, keepdim=True)
+        e = torch.where(kept, torch.exp(s - m), 0.0)
+        need = params.top_p * e.sum(-1)
+        t_p = _bisect_threshold(keys, lambda mask: torch.where(mask, e, 0.0).sum(-1) >= need)
+        kept = kept & (keys >= t_p[:, None])
+    return torch.where(kept, s, -math.inf)
+
+
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution ``sample_tokens`` samples from: (n, vocab) float32, rows sum to 1.
+
+    Greedy parameters give the one-hot of the argmax.
+    """
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return torch.softmax(filtered_scores(logits, params), dim=-1)
+
+
+# --- the host sampler (and the ref backend's implementation) ------------------------------------
+
+
+def _row_keys(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    rows = torch.arange(n, dtype=torch.int64, device=counter.device)
+    return stream_key(seed.reshape(1), counter.reshape(1) + rows)[:, None]  # (n, 1)
+
+
+def sample_rows(logits, params: SamplingParams, seed, counter, probs_out=None) -> torch.Tensor:
+    """Token ids (n,) int64 for logits (n, vocab) with streams (seed, counter + j); pure torch.
+
+    seed, counter: int64 tensors of one element on the logits' device. Writes the filtered
+    distribution into probs_out if given.
+    """
+    if params.greedy:
+        ids = logits.argmax(-1)
+        if probs_out is not None:
+            probs_out.zero_().scatter_(1, ids[:, None], 1.0)
+        return ids
+    s = filtered_scores(logits, params)
+    if probs_out is not None:
+        probs_out.copy_(torch.softmax(s, dim=-1))
+    noise = gumbel_noise(_row_keys(seed, counter, logits.shape[0]), logits.shape[-1])
+    return (s + noise).argmax(-1)
+
+
+def accept_rows(logits, draft_ids, draft_probs, params: SamplingParams, seed, counter):
+    """The p/q rule for each row (see the module docstring): token ids (n,) int64."""
+    n, vocab = logits.shape
+    d = draft_ids.long()[:, None]
+    p = filtered_probs(logits, params)
+    if draft_probs is None:
+        q = torch.zeros_like(p).scatter_(1, d, 1.0)
+    else:
+        q = draft_probs.float()
+    keys = _row_keys(seed, counter, n)
+    u = (uniform_bits(keys[:, 0], torch.tensor(ACCEPT_SALT, device=keys.device)).float() + 0.5) * (
+        1.0 / (1 << 24)
+    )
+    p_d, q_d = p.gather(1, d)[:, 0], q.gather(1, d)[:, 0]
+    accept = u * q_d < p_d
+    residual = torch.clamp(p - q, min=0.0)
+    # When p == q exactly the residual is empty; acceptance is then certain, so any fill works.
+    score = torch.where(residual > 0, torch.log(residual), -math.inf) + gumbel_noise(keys, vocab)
+    return torch.where(accept, d[:, 0], score.argmax(-1))
+
+
+def sample_host(logits, params: SamplingParams, seed: int, counter: int) -> int:
+    """The token the device samples from one logit row (vocab,) for stream (seed, counter)."""
+    row = logits.detach().float().cpu().reshape(1, -1)
+    ids = sample_rows(row, params, torch.tensor([seed]), torch.tensor([counter]))
+    return int(ids[0])
+
+
+def accept_host(logits, draft: int, draft_probs, params: SamplingParams, seed: int, counter: int):
+    """The token a verify step emits at a position drafted as ``draft`` (see accept_rows)."""
+    row = logits.detach().float().cpu().reshape(1, -1)
+    q = None if draft_probs is None else draft_probs.detach().float().cpu().reshape(1, -1)
+    ids = accept_rows(row, torch.tensor([draft]), q, params, torch.tensor([seed]), torch.tensor([counter]))
+    return int(ids[0])
