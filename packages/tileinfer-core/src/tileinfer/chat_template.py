@@ -1,0 +1,189 @@
+"""Chat prompts: a model's own Jinja chat template, rendered the way transformers renders it.
+
+transformers' ``apply_chat_template`` (``transformers/utils/chat_template_utils.py``) compiles the
+template in an ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks``, the
+``loopcontrols`` extension and a ``{% generation %}`` block tag, overrides ``tojson`` (no HTML
+escaping, non-ASCII kept), adds the globals ``raise_exception`` and ``strftime_now``, and renders
+with ``messages``, ``tools``, ``documents``, ``add_generation_prompt``, the tokenizer's named
+special tokens (``bos_token``, ``eos_token``, ...) and any extra keyword (``enable_thinking``,
+``date_string``, ...). This module does the same, so the prompt matches transformers string for
+string. The prompt holds whatever BOS the template writes: encode it with
+``add_special_tokens=False``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .tokenizer_config import read_tokenizer_config, special_tokens
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, the template does not compile, or it refuses the conversation."""
+
+
+@dataclass
+class ChatMessage:
+    """One turn of a conversation. role is "system", "user", "assistant" (or "developer", "tool" where
+    the template knows them); reasoning_content is an assistant turn's thinking, for templates that
+    render it (Qwen3, Apertus)."""
+
+    role: str
+    content: str
+    reasoning_content: str | None = None
+
+    def as_dict(self) -> dict:
+        message = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
+        return message
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: marks the assistant's text for training masks.
+    Rendering just outputs the body, in its own scope as transformers' CallBlock does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller):
+        return caller()
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # Jinja's own tojson escapes <, >, & and ' for HTML; chat templates want plain JSON.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"the chat template does not compile (line {e.lineno}): {e.message}") from e
+
+
+def load_chat_template(model_dir: str | Path, *, tools: list | None = None) -> str:
+    """The template source of a model folder: chat_template.jinja, else tokenizer_config.json's
+    ``chat_template`` (a string, or a list of named templates: "tool_use" when tools are given and it
+    exists, else "default")."""
+    model_dir = Path(model_dir)
+    path = model_dir / CHAT_TEMPLATE_FILE
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    template = read_tokenizer_config(model_dir).get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        if tools is not None and "tool_use" in named:
+            template = named["tool_use"]
+        elif "default" in named:
+            template = named["default"]
+        else:
+            raise ChatTemplateError(
+                f"{model_dir} has several chat templates ({sorted(map(str, named))}) and none named 'default'"
+            )
+    if not isinstance(template, str) or not template:
+        raise ChatTemplateError(
+            f"{model_dir} has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in tokenizer_config.json)"
+        )
+    return template
+
+
+def _as_dicts(messages: Iterable[ChatMessage | Mapping]) -> list[dict]:
+    out = []
+    for m in messages:
+        if isinstance(m, ChatMessage):
+            out.append(m.as_dict())
+        elif isinstance(m, Mapping):
+            out.append(dict(m))
+        else:
+            raise TypeError(f"a chat message is a ChatMessage or a dict, got {type(m).__name__}")
+    if not out:
+        raise ChatTemplateError("cannot render a chat prompt for an empty conversation")
+    return out
+
+
+def render_chat_template(
+    source: str,
+    messages: Iterable[ChatMessage | Mapping],
+    add_generation_prompt: bool = True,
+    *,
+    tools: list | None = None,
+    documents: list | None = None,
+    **template_kwargs,
+) -> str:
+    """Render the template ``source`` for ``messages``; ``template_kwargs`` become template variables."""
+    template = _compile(source)
+    try:
+        return template.render(
+            messages=_as_dicts(messages),
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
+        )
+    except jinja2.TemplateError as e:
+        # raise_exception("...") in the template lands here with the template's own message.
+        raise ChatTemplateError(f"the chat template rejected the conversation: {e.message or e}") from e
+    except ChatTemplateError:
+        raise
+    except Exception as e:  # e.g. a TypeError from an operation inside the template
+        raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
+
+
+def _looks_like_template(text: str) -> bool:
+    return "{%" in text or "{{" in text
+
+
+def chat_prompt(
+    model: str | Path,
+    messages: Iterable[ChatMessage | Mapping],
+    add_generation_prompt: bool = True,
+    **template_kwargs,
+) -> str:
+    """The prompt string for ``messages``, rendered with the model's own chat template.
+
+    ``model`` is a model folder (its chat template and special tokens are used) or the template
+    source itself (then pass ``bos_token=...`` and the like yourself). ``add_generation_prompt``
+    opens an assistant turn for the model to complete. Other keywords go to the template, e.g.
+    ``enable_thinking=False`` for Qwen3, ``tools=[...]``, ``date_string="26 Jul 2024"``.
+    """
+    if isinstance(model, str) and _looks_like_template(model):
+        return render_chat_template(model, messages, add_generation_prompt, **template_kwargs)
+    model_dir = Path(model)
+    if not model_dir.is_dir():
+        raise ChatTemplateError(f"{model} is neither a model folder nor a chat template")
+    source = load_chat_template(model_dir, tools=template_kwargs.get("tools"))
+    # The folder's special tokens, which explicit keywords override (as in transformers).
+    variables = {**special_tokens(model_dir), **template_kwargs}
+    return render_chat_template(source, messages, add_generation_prompt, **variables)
