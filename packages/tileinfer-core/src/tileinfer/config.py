@@ -1,0 +1,276 @@
+"""ModelConfig: the hyperparameters of a Llama-style decoder, read from a model's config.json.
+
+Supported ``model_type``s: ``llama``, ``mistral``, ``qwen3``, ``apertus``. Both config.json forms
+are read:
+
+- transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
+- transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
+
+As in transformers, a non-null ``rope_scaling`` wins over ``rope_parameters``, and a ``rope_theta``
+inside the RoPE dict wins over the top-level one. Fields that transformers fills with a default
+when config.json omits them get the same default here (per architecture, see ``_DEFAULTS``);
+the fields without a sensible default (the sizes) are required, and a missing one is a
+``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "apertus")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+# config.json fields every model must state (no default would be meaningful).
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads")
+
+# transformers' defaults (5.17) for the optional fields, per architecture. ``None`` for
+# num_key_value_heads means "same as num_attention_heads"; for head_dim "hidden / heads".
+_DEFAULTS = {
+    "llama": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                  hidden_act="silu"),
+    "mistral": dict(num_key_value_heads=8, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    max_position_embeddings=4096 * 32, bos_token_id=1, eos_token_id=2,
+                    hidden_act="silu", sliding_window=4096),
+    "qwen3": dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
+                  hidden_act="silu"),
+    "apertus": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-5,
+                    rope_theta=12000000.0, max_position_embeddings=65536, bos_token_id=1,
+                    eos_token_id=2, hidden_act="xielu"),
+}
+
+# Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
+# ApertusConfig default).
+_APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
+                         "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0}
+
+_LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor")
+
+
+class ConfigError(ValueError):
+    """A config.json this engine cannot run: unknown architecture, missing or unsupported field."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of a Llama-style decoder.
+
+    rope_scaling: None for plain RoPE, else a normalized dict; for ``llama3`` it has the keys
+    ``rope_type``, ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
+    ``original_max_position_embeddings``. qk_norm: per-head RMSNorm of queries and keys before RoPE
+    (Qwen3, Apertus). mlp: ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated
+    up/down with the xIELU activation). sliding_window: the attention window of Mistral (or of a
+    Qwen3 with use_sliding_window), None when attention is global.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None = field(hash=False)
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qk_norm: bool
+    mlp: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    sliding_window: int | None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_size(self) -> int:
+        """Rows of the fused q/k/v weight: q heads, then k heads, then v heads."""
+        return self.q_size + 2 * self.kv_size
+
+    @property
+    def attention_scale(self) -> float:
+        return self.head_dim ** -0.5
+
+
+def _int(d, name, value=None, minimum=1):
+    value = d[name] if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ConfigError(f"config field {name!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"config field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(name, value, positive=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"config field {name!r} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"config field {name!r} must be > 0, got {value}")
+    return float(value)
+
+
+def _rope(d: dict, model_type: str, max_position_embeddings: int):
+    """(rope_theta, normalized rope_scaling or None) from either config.json form."""
+    rope = d.get("rope_scaling") or d.get("rope_parameters")
+    source = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    if rope is None and model_type == "apertus":
+        # As transformers: without a RoPE dict, Apertus gets its default one (whose rope_theta
+        # then wins over a top-level rope_theta).
+        rope, source = dict(_APERTUS_DEFAULT_ROPE), "rope_parameters"
+    rope = dict(rope or {})
+    if rope and not isinstance(rope.get("rope_type", rope.get("type", "default")), str):
+        # transformers 5 may nest one dict per layer type (e.g. Gemma): not these architectures.
+        raise ConfigError(f"config field {source!r} must be one dict with 'rope_type', got {rope}")
+    theta = rope.get("rope_theta", d.get("rope_theta", _DEFAULTS[model_type]["rope_theta"]))
+    theta = _float("rope_theta", theta)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(f"config field '{source}.rope_type' is {rope_type!r}, which is not "
+                          f"supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ConfigError(f"config field 'partial_rotary_factor' is {partial}; only 1.0 "
+                          "(RoPE over the whole head) is supported")
+    if rope_type == "default":
+        return theta, None
+    scaling = {"rope_type": "llama3"}
+    for name in _LLAMA3_FIELDS:
+        if rope.get(name) is None:
+            raise ConfigError(f"config field '{source}.{name}' is required for llama3 RoPE scaling")
+        scaling[name] = _float(f"{source}.{name}", rope[name])
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ConfigError(f"config field '{source}.high_freq_factor' must exceed low_freq_factor")
+    # transformers falls back to max_position_embeddings when the original length is absent.
+    original = rope.get("original_max_position_embeddings", max_position_embeddings)
+    scaling["original_max_position_embeddings"] = _int(
+        {}, f"{source}.original_max_position_embeddings", original)
+    return theta, scaling
+
+
+def config_from_dict(d: dict) -> ModelConfig:
+    """A ModelConfig from the parsed config.json ``d`` (either transformers form)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"config.json must hold a JSON object, got {type(d).__name__}")
+    model_type = d.get("model_type")
+    if model_type is None:
+        raise ConfigError("config field 'model_type' is missing")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"config field 'model_type' is {model_type!r}, which is not supported "
+                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    for name in REQUIRED_FIELDS:
+        if d.get(name) is None:
+            raise ConfigError(f"config field {name!r} is missing (model_type {model_type!r})")
+    defaults = _DEFAULTS[model_type]
+
+    def get(name):
+        value = d.get(name)
+        return defaults.get(name) if value is None else value
+
+    for name in ("attention_bias", "mlp_bias"):
+        if d.get(name):
+            raise ConfigError(f"config field {name!r} is true: linear layers with biases are "
+                              "not supported")
+    act = get("hidden_act")
+    expected_act = "xielu" if model_type == "apertus" else "silu"
+    if act != expected_act:
+        raise ConfigError(f"config field 'hidden_act' is {act!r}; {model_type} models are "
+                          f"supported with {expected_act!r} only")
+
+    hidden = _int(d, "hidden_size")
+    heads = _int(d, "num_attention_heads")
+    kv_heads = _int(d, "num_key_value_heads", get("num_key_value_heads") or heads)
+    if heads % kv_heads:
+        raise ConfigError(f"config field 'num_attention_heads' ({heads}) must be a multiple of "
+                          f"'num_key_value_heads' ({kv_heads})")
+    head_dim = get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError("config field 'head_dim' is missing and hidden_size is not a "
+                              "multiple of num_attention_heads")
+        head_dim = hidden // heads
+    head_dim = _int(d, "head_dim", head_dim)
+    if head_dim % 2:
+        raise ConfigError(f"config field 'head_dim' must be even for RoPE, got {head_dim}")
+    max_pos = _int(d, "max_position_embeddings", get("max_position_embeddings"))
+    rope_theta, rope_scaling = _rope(d, model_type, max_pos)
+
+    eos = get("eos_token_id")
+    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    eos_ids = tuple(_int({}, "eos_token_id", e, minimum=0) for e in eos_ids)
+    bos = get("bos_token_id")
+    bos = None if bos is None else _int({}, "bos_token_id", bos, minimum=0)
+
+    sliding_window = None
+    if model_type == "mistral":
+        sliding_window = d.get("sliding_window", defaults["sliding_window"])
+    elif model_type == "qwen3" and d.get("use_sliding_window"):
+        sliding_window = d.get("sliding_window", 4096)
+    if sliding_window is not None:
+        sliding_window = _int(d, "sliding_window", sliding_window)
+
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=_int(d, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=_int(d, "intermediate_size"),
+        num_layers=_int(d, "num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=_float("rms_norm_eps", get("rms_norm_eps")),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        qk_norm=model_type in ("qwen3", "apertus"),
+        mlp="xielu" if model_type == "apertus" else "swiglu",
+        bos_token_id=bos,
+        eos_token_ids=eos_ids,
+        sliding_window=sliding_window,
+    )
+
+
+def load_config(model_dir) -> ModelConfig:
+    """Read ``config.json`` from a model directory."""
+    path = Path(model_dir) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no config.json in {model_dir}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    return config_from_dict(d)
+
+
+def check_max_len(config: ModelConfig, max_len: int):
+    """Refuse settings this engine would run wrongly.
+
+    Sliding-window attention (Mistral) is not implemented. A query at position p attends to the
+    positions ``p - window + 1 .. p``; while every position is below the window (max_len <=
+    window) that is all of them, so the window has no effect and plain causal attention is exact.
+    A model loaded for longer sequences would silently diverge, hence the error.
+    """
+    if config.sliding_window is not None and config.sliding_window < max_len:
+        raise ConfigError(
+            f"config field 'sliding_window' is {config.sliding_window}, smaller than max_len "
+            f"{max_len}: sliding-window attention is not implemented; load the model with "
+            f"max_len <= {config.sliding_window}")

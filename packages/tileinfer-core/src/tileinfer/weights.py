@@ -1,0 +1,258 @@
+"""Weights of a model directory: safetensors files read with ``safetensors.safe_open``.
+
+``safe_open`` memory-maps each file and reads only the tensors asked for. A sharded checkpoint
+lists its tensors' files in ``model.safetensors.index.json`` (``weight_map``); otherwise every
+``*.safetensors`` file in the directory is opened.
+
+At load, the per-projection tensors of transformers' checkpoints are fused so that one ``linear``
+op computes them together:
+
+- ``qkv`` (heads * head_dim + 2 * kv_heads * head_dim, hidden): q_proj rows, then k_proj, then v_proj;
+- ``gate_up`` (2 * intermediate, hidden): gate_proj rows over up_proj rows (SwiGLU models), or
+  ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP.
+
+Tensor names per architecture (``model.layers.{i}.`` prefix):
+
+============================  ===================================  =============================
+                              Llama / Mistral / Qwen3              Apertus
+============================  ===================================  =============================
+norm before attention         input_layernorm                      attention_layernorm
+norm before the MLP           post_attention_layernorm             feedforward_layernorm
+attention                     self_attn.{q,k,v,o}_proj             self_attn.{q,k,v,o}_proj
+per-head q/k norm             self_attn.{q,k}_norm (Qwen3)         self_attn.{q,k}_norm
+MLP                           mlp.{gate,up,down}_proj              mlp.{up,down}_proj,
+                                                                   mlp.act_fn.{alpha_p,alpha_n,beta,eps}
+============================  ===================================  =============================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+
+from .config import ModelConfig
+from .quant import Int8Weight, quantize_int8
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit its config: missing tensor, wrong shape, unreadable file."""
+
+
+@dataclass(frozen=True)
+class XIELUScalars:
+    """The effective scalars of one layer's xIELU (see ``hookspecs.xielu``), as Python floats.
+
+    transformers' ``XIELUActivation`` holds the parameters alpha_p, alpha_n and the buffers beta,
+    eps in the model dtype and applies ``softplus(alpha_p)`` and ``beta + softplus(alpha_n)``,
+    each rounded to that dtype; these are those rounded values.
+    """
+
+    alpha_p: float
+    alpha_n: float
+    beta: float
+    eps: float
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Linear weights are tensors (out, in) or ``Int8Weight``s."""
+
+    attn_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor | Int8Weight  # (qkv_size, hidden)
+    q_norm: torch.Tensor | None  # (head_dim,) or None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor | Int8Weight  # (hidden, heads * head_dim)
+    mlp_norm: torch.Tensor  # (hidden,)
+    up: torch.Tensor | Int8Weight  # gate_up (2 * inter, hidden) for SwiGLU; up (inter, hidden) for xIELU
+    down: torch.Tensor | Int8Weight  # (hidden, inter)
+    xielu: XIELUScalars | None = None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # (vocab, hidden), always in the model dtype
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # (hidden,)
+    lm_head: torch.Tensor | Int8Weight  # (vocab, hidden); the embed tensor itself when tied
+
+    def tensors(self):
+        """Every distinct weight tensor (a tied lm_head is counted once)."""
+        seen = {}
+        items = [self.embed, self.norm, self.lm_head]
+        for layer in self.layers:
+            items += [layer.attn_norm, layer.qkv, layer.q_norm, layer.k_norm, layer.o,
+                      layer.mlp_norm, layer.up, layer.down]
+        for item in items:
+            parts = (item.q, item.scale) if isinstance(item, Int8Weight) else (item,)
+            for t in parts:
+                if t is not None:
+                    seen[id(t)] = t
+        return list(seen.values())
+
+
+class Checkpoint:
+    """The tensors of a model directory's safetensors files, by name (use as a context manager)."""
+
+    def __init__(self, model_dir):
+        self.model_dir = Path(model_dir)
+        self._stack = contextlib.ExitStack()
+        self._handles = {}  # file name -> open safe_open handle
+        index = self.model_dir / INDEX_FILE
+        if index.is_file():
+            try:
+                self.weight_map = dict(json.loads(index.read_text())["weight_map"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise WeightsError(f"{index} is not a valid safetensors index: {exc!r}") from None
+        else:
+            files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
+            if not files:
+                raise WeightsError(f"no *.safetensors files in {self.model_dir}")
+            self.weight_map = {}
+            for file in files:
+                for name in self._handle(file).keys():
+                    self.weight_map.setdefault(name, file)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def _handle(self, file):
+        if file not in self._handles:
+            path = self.model_dir / file
+            if not path.is_file():
+                raise WeightsError(f"{path} (listed in {INDEX_FILE}) does not exist")
+            try:
+                self._handles[file] = self._stack.enter_context(
+                    safe_open(str(path), framework="pt", device="cpu"))
+            except (SafetensorError, OSError) as exc:
+                raise WeightsError(f"{path} is truncated or corrupt and cannot be read as "
+                                   f"safetensors: {exc}") from None
+        return self._handles[file]
+
+    def has(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def _file(self, name):
+        if name not in self.weight_map:
+            raise WeightsError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
+        return self.weight_map[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        handle = self._handle(self._file(name))
+        try:
+            return tuple(handle.get_slice(name).get_shape())
+        except SafetensorError as exc:
+            raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor ``name`` (on the CPU, memory-mapped), checked to have ``shape``."""
+        got = self.shape(name)
+        if got != tuple(shape):
+            raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        try:
+            return self._handle(self._file(name)).get_tensor(name)
+        except SafetensorError as exc:
+            raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
+
+
+def _stacked(ckpt: Checkpoint, parts, cols, dtype, device) -> torch.Tensor:
+    """Tensors (rows_i, cols) stacked along rows into one new (sum rows_i, cols) tensor."""
+    total = sum(rows for _, rows in parts)
+    out = torch.empty(total, cols, dtype=dtype, device=device)
+    start = 0
+    for name, rows in parts:
+        out[start:start + rows].copy_(ckpt.get(name, (rows, cols)))  # converts dtype and device
+        start += rows
+    return out
+
+
+def _xielu_scalars(ckpt: Checkpoint, prefix: str, dtype) -> XIELUScalars:
+    def scalar(name):
+        full = prefix + name
+        shape = ckpt.shape(full)
+        if shape not in ((), (1,)):
+            raise WeightsError(f"tensor {full!r} has shape {list(shape)}, expected a scalar "
+                               "([] or [1])")
+        return ckpt.get(full, shape).reshape(()).to(dtype)
+
+    alpha_p, alpha_n, beta, eps = (scalar(n) for n in ("alpha_p", "alpha_n", "beta", "eps"))
+    # Rounded to the model dtype at each step, as XIELUActivation._xielu_python computes them.
+    return XIELUScalars(
+        alpha_p=float(F.softplus(alpha_p)),
+        alpha_n=float(beta + F.softplus(alpha_n)),
+        beta=float(beta),
+        eps=float(eps),
+    )
+
+
+def _maybe_quantize(weight: torch.Tensor, quantize: str | None):
+    return quantize_int8(weight) if quantize == "int8" else weight
+
+
+def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="cpu",
+                 quantize: str | None = None) -> ModelWeights:
+    """Read, check, fuse and convert the weights of ``model_dir`` for ``config``.
+
+    quantize: None, or "int8" to store every linear weight (qkv, o, gate_up/up, down, lm_head) as
+    an ``Int8Weight``. The embedding table stays in ``dtype``, so a tied lm_head gets its own INT8
+    copy.
+    """
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    c = config
+    hidden, inter, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    apertus = c.model_type == "apertus"
+    with Checkpoint(model_dir) as ckpt:
+        def load(name, shape):
+            return ckpt.get(name, shape).to(device=device, dtype=dtype)
+
+        embed = load("model.embed_tokens.weight", (c.vocab_size, hidden))
+        layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            qkv = _stacked(ckpt, [(p + "self_attn.q_proj.weight", c.q_size),
+                                  (p + "self_attn.k_proj.weight", c.kv_size),
+                                  (p + "self_attn.v_proj.weight", c.kv_size)], hidden, dtype, device)
+            if apertus:
+                up = load(p + "mlp.up_proj.weight", (inter, hidden))
+            else:
+                up = _stacked(ckpt, [(p + "mlp.gate_proj.weight", inter),
+                                     (p + "mlp.up_proj.weight", inter)], hidden, dtype, device)
+            norm_names = (("attention_layernorm", "feedforward_layernorm") if apertus
+                          else ("input_layernorm", "post_attention_layernorm"))
+            layers.append(LayerWeights(
+                attn_norm=load(p + norm_names[0] + ".weight", (hidden,)),
+                qkv=_maybe_quantize(qkv, quantize),
+                q_norm=load(p + "self_attn.q_norm.weight", (hd,)) if c.qk_norm else None,
+                k_norm=load(p + "self_attn.k_norm.weight", (hd,)) if c.qk_norm else None,
+                o=_maybe_quantize(load(p + "self_attn.o_proj.weight", (hidden, c.q_size)), quantize),
+                mlp_norm=load(p + norm_names[1] + ".weight", (hidden,)),
+                up=_maybe_quantize(up, quantize),
+                down=_maybe_quantize(load(p + "mlp.down_proj.weight", (hidden, inter)), quantize),
+                xielu=_xielu_scalars(ckpt, p + "mlp.act_fn.", dtype) if apertus else None,
+            ))
+        norm = load("model.norm.weight", (hidden,))
+        # transformers ties lm_head to the embedding when tie_word_embeddings is set, and then
+        # does not save it; a checkpoint without lm_head.weight is read the same way.
+        if c.tie_word_embeddings or not ckpt.has("lm_head.weight"):
+            lm_head = embed
+        else:
+            lm_head = load("lm_head.weight", (c.vocab_size, hidden))
+        lm_head = _maybe_quantize(lm_head, quantize)
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's weights (a Model or ModelWeights), a tied lm_head counted once."""
+    weights = getattr(model, "weights", model)
+    return sum(t.numel() * t.element_size() for t in weights.tensors())
