@@ -50,6 +50,9 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
                          "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0}
 
+# Fields whose explicit null means "none" rather than "the default".
+_NULLABLE = ("bos_token_id", "eos_token_id", "sliding_window")
+
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor")
 
 
@@ -180,8 +183,12 @@ def config_from_dict(d: dict) -> ModelConfig:
     defaults = _DEFAULTS[model_type]
 
     def get(name):
+        # Absent (or null) fields take transformers' default; a null token id or window stays
+        # null, as in transformers.
         value = d.get(name)
-        return defaults.get(name) if value is None else value
+        if value is None and not (name in d and name in _NULLABLE):
+            return defaults.get(name)
+        return value
 
     for name in ("attention_bias", "mlp_bias"):
         if d.get(name):
@@ -219,7 +226,7 @@ def config_from_dict(d: dict) -> ModelConfig:
 
     sliding_window = None
     if model_type == "mistral":
-        sliding_window = d.get("sliding_window", defaults["sliding_window"])
+        sliding_window = get("sliding_window")
     elif model_type == "qwen3" and d.get("use_sliding_window"):
         sliding_window = d.get("sliding_window", 4096)
     if sliding_window is not None:

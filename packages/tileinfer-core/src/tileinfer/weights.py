@@ -195,8 +195,45 @@ def _xielu_scalars(ckpt: Checkpoint, prefix: str, dtype) -> XIELUScalars:
     )
 
 
-def _maybe_quantize(weight: torch.Tensor, quantize: str | None):
-    return quantize_int8(weight) if quantize == "int8" else weight
+def _layer_names(config: ModelConfig) -> dict[str, str]:
+    """Role -> tensor name suffix in layer i (``model.layers.{i}.`` + suffix)."""
+    apertus = config.model_type == "apertus"
+    names = {
+        "attn_norm": ("attention_layernorm" if apertus else "input_layernorm") + ".weight",
+        "mlp_norm": ("feedforward_layernorm" if apertus else "post_attention_layernorm") + ".weight",
+        "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
+        "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
+        "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+    }
+    if config.qk_norm:
+        names.update(q_norm="self_attn.q_norm.weight", k_norm="self_attn.k_norm.weight")
+    if config.mlp == "swiglu":
+        names["gate"] = "mlp.gate_proj.weight"
+    else:
+        names.update({n: f"mlp.act_fn.{n}" for n in ("alpha_p", "alpha_n", "beta", "eps")})
+    return names
+
+
+def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor this engine reads from a checkpoint for config, with its shape as
+    transformers saves it (xIELU scalars: ``()``, or ``(1,)`` for alpha_p/alpha_n; both are
+    accepted). lm_head: include ``lm_head.weight`` (untied models)."""
+    c = config
+    hidden, inter = c.hidden_size, c.intermediate_size
+    roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "q": (c.q_size, hidden),
+             "k": (c.kv_size, hidden), "v": (c.kv_size, hidden), "o": (hidden, c.q_size),
+             "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
+             "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "alpha_p": (1,), "alpha_n": (1,),
+             "beta": (), "eps": ()}
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, hidden)}
+    layer_names = _layer_names(c)
+    for i in range(c.num_layers):
+        for role, suffix in layer_names.items():
+            shapes[f"model.layers.{i}.{suffix}"] = roles[role]
+    shapes["model.norm.weight"] = (hidden,)
+    if lm_head:
+        shapes["lm_head.weight"] = (c.vocab_size, hidden)
+    return shapes
 
 
 def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="cpu",
@@ -210,45 +247,45 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     c = config
-    hidden, inter, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    apertus = c.model_type == "apertus"
+    shapes = checkpoint_shapes(c)
+    names = _layer_names(c)
     with Checkpoint(model_dir) as ckpt:
-        def load(name, shape):
-            return ckpt.get(name, shape).to(device=device, dtype=dtype)
+        def load(name):
+            return ckpt.get(name, shapes[name]).to(device=device, dtype=dtype)
 
-        embed = load("model.embed_tokens.weight", (c.vocab_size, hidden))
+        def stacked(*names_):
+            return _stacked(ckpt, [(n, shapes[n][0]) for n in names_], c.hidden_size, dtype,
+                            device)
+
+        def linear(weight):
+            return quantize_int8(weight) if quantize == "int8" else weight
+
+        embed = load("model.embed_tokens.weight")
         layers = []
         for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            qkv = _stacked(ckpt, [(p + "self_attn.q_proj.weight", c.q_size),
-                                  (p + "self_attn.k_proj.weight", c.kv_size),
-                                  (p + "self_attn.v_proj.weight", c.kv_size)], hidden, dtype, device)
-            if apertus:
-                up = load(p + "mlp.up_proj.weight", (inter, hidden))
-            else:
-                up = _stacked(ckpt, [(p + "mlp.gate_proj.weight", inter),
-                                     (p + "mlp.up_proj.weight", inter)], hidden, dtype, device)
-            norm_names = (("attention_layernorm", "feedforward_layernorm") if apertus
-                          else ("input_layernorm", "post_attention_layernorm"))
+            n = {role: f"model.layers.{i}.{suffix}" for role, suffix in names.items()}
+            up = stacked(n["gate"], n["up"]) if c.mlp == "swiglu" else load(n["up"])
             layers.append(LayerWeights(
-                attn_norm=load(p + norm_names[0] + ".weight", (hidden,)),
-                qkv=_maybe_quantize(qkv, quantize),
-                q_norm=load(p + "self_attn.q_norm.weight", (hd,)) if c.qk_norm else None,
-                k_norm=load(p + "self_attn.k_norm.weight", (hd,)) if c.qk_norm else None,
-                o=_maybe_quantize(load(p + "self_attn.o_proj.weight", (hidden, c.q_size)), quantize),
-                mlp_norm=load(p + norm_names[1] + ".weight", (hidden,)),
-                up=_maybe_quantize(up, quantize),
-                down=_maybe_quantize(load(p + "mlp.down_proj.weight", (hidden, inter)), quantize),
-                xielu=_xielu_scalars(ckpt, p + "mlp.act_fn.", dtype) if apertus else None,
+                attn_norm=load(n["attn_norm"]),
+                qkv=linear(stacked(n["q"], n["k"], n["v"])),
+                q_norm=load(n["q_norm"]) if c.qk_norm else None,
+                k_norm=load(n["k_norm"]) if c.qk_norm else None,
+                o=linear(load(n["o"])),
+                mlp_norm=load(n["mlp_norm"]),
+                up=linear(up),
+                down=linear(load(n["down"])),
+                xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
+                       if c.mlp == "xielu" else None),
             ))
-        norm = load("model.norm.weight", (hidden,))
+        norm = load("model.norm.weight")
         # transformers ties lm_head to the embedding when tie_word_embeddings is set, and then
         # does not save it; a checkpoint without lm_head.weight is read the same way.
         if c.tie_word_embeddings or not ckpt.has("lm_head.weight"):
             lm_head = embed
         else:
-            lm_head = load("lm_head.weight", (c.vocab_size, hidden))
-        lm_head = _maybe_quantize(lm_head, quantize)
+            lm_head = load("lm_head.weight")
+        # The embedding table stays in dtype: a tied lm_head gets its own INT8 copy.
+        lm_head = linear(lm_head)
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 

@@ -1,0 +1,168 @@
+"""Random-weight tiny models of the four architectures, built and saved with transformers.
+
+The weights are drawn again after construction (seeded), norm weights and the xIELU parameters
+included, so that a loader which ignored a norm weight or swapped two tensors would show in the
+logits (transformers initializes norms to ones). Linear and embedding weights have std 0.05,
+which gives logits of std ~0.8 (max ~3.5): clear greedy winners, no saturated softmax.
+
+``TinyStore`` (the session fixture ``tiny``) builds each model once, saves it in float32 and
+bfloat16, and caches transformers' reference results on a fixed prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+transformers.logging.set_verbosity_error()
+
+ARCHS = ("llama", "mistral", "qwen3", "apertus")
+
+COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+              max_position_embeddings=256)
+
+# llama3 scaling with a short original context, so that within the test's 60 positions the
+# three frequency bands (kept, interpolated, divided by factor) all occur.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+PROMPT_LEN = 20  # crosses a page boundary with page_size 16
+SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3}
+
+_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+}
+
+
+def tiny_config(arch: str, tie: bool = False, rope=None):
+    kwargs = dict(COMMON, tie_word_embeddings=tie)
+    if rope is not None:
+        kwargs["rope_parameters"] = dict(rope)
+    if arch == "mistral":
+        # transformers' default window; above the max_len the tests load with, so it has no
+        # effect and plain causal attention is exact (see tileinfer.config.check_max_len).
+        kwargs["sliding_window"] = 4096
+    # Apertus keeps its default RoPE: llama3 scaling with rope_theta 12e6.
+    return getattr(transformers, _CLASSES[arch][0])(**kwargs)
+
+
+@torch.no_grad()
+def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None, std=0.05):
+    """A float32 transformers model with seeded random weights, in eval mode."""
+    seed = SEED_OF_ARCH[arch] if seed is None else seed
+    config = tiny_config(arch, tie, rope)
+    torch.manual_seed(seed)
+    model = getattr(transformers, _CLASSES[arch][1])(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=gen)
+        if name.endswith("norm.weight"):
+            param.copy_(1.0 + 0.2 * noise)
+        elif ".act_fn." in name:  # xIELU alpha_p / alpha_n (before softplus)
+            param.copy_(param + 0.3 * noise)
+        else:
+            param.copy_(std * noise)
+    _fixed_length_generation(model)
+    return model
+
+
+def _fixed_length_generation(model):
+    model.generation_config.eos_token_id = None  # greedy runs of a fixed length
+    model.generation_config.pad_token_id = 0
+
+
+def save_tiny(model, directory, dtype=torch.float32, **kwargs) -> Path:
+    """save_pretrained in dtype (of a copy: model stays float32)."""
+    copy.deepcopy(model).to(dtype).save_pretrained(directory, **kwargs)
+    return Path(directory)
+
+
+def load_reference(directory, dtype):
+    """The saved model loaded back by transformers in dtype: the reference to compare with."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    _fixed_length_generation(model)
+    return model
+
+
+def prompt_ids(n: int = PROMPT_LEN, seed: int = 1, vocab: int = COMMON["vocab_size"]):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@dataclass
+class Reference:
+    """transformers' results on a saved tiny model: prefill logits (all prompt positions), and
+    a greedy generate's tokens with the logits each step saw."""
+
+    directory: Path
+    prompt: list[int]
+    prefill_logits: torch.Tensor  # (len(prompt), vocab) float32
+    tokens: list[int]
+    step_logits: torch.Tensor  # (steps, vocab) float32; row i chose tokens[i]
+
+
+@torch.no_grad()
+def reference_run(directory, dtype, prompt, steps) -> Reference:
+    model = load_reference(directory, dtype)
+    ids = torch.tensor([prompt])
+    prefill = model(ids).logits[0].float()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True)
+    return Reference(Path(directory), list(prompt), prefill, out.sequences[0, len(prompt):].tolist(),
+                     torch.cat(out.logits).float())
+
+
+class TinyStore:
+    """Tiny models saved once per session, and transformers' results on them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._models, self._dirs, self._refs = {}, {}, {}
+
+    def model(self, arch, tie=False, rope=None):
+        key = (arch, tie, None if rope is None else tuple(sorted(rope.items())))
+        if key not in self._models:
+            self._models[key] = build_tiny(arch, tie, rope=rope)
+        return self._models[key]
+
+    def directory(self, arch, tie=False, dtype=torch.float32, rope=None) -> Path:
+        key = (arch, tie, dtype, rope is not None)
+        if key not in self._dirs:
+            name = f"{arch}-{'tied' if tie else 'untied'}-{str(dtype)[6:]}{'-llama3' if rope else ''}"
+            self._dirs[key] = save_tiny(self.model(arch, tie, rope), self.root / name, dtype)
+        return self._dirs[key]
+
+    def reference(self, arch, tie=False, dtype=torch.float32, rope=None, steps=40) -> Reference:
+        key = (arch, tie, dtype, rope is not None, steps)
+        if key not in self._refs:
+            self._refs[key] = reference_run(self.directory(arch, tie, dtype, rope), dtype,
+                                            prompt_ids(), steps)
+        return self._refs[key]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyStore:
+    return TinyStore(tmp_path_factory.mktemp("tiny_models"))
+
+
+def bf16_logit_tolerance(reference_logits: torch.Tensor) -> float:
+    """8 bf16 ulps at the scale of the logits: 2**-5 * max|logit|.
+
+    bf16 keeps 8 significant bits, so one rounding of a value near the largest logit s moves it
+    by up to 2**-9 s, one ulp is 2**-8 s. Each logit comes out of a chain of ~10 bf16 roundings
+    per layer (norms, projections, RoPE, attention, activation, residual adds) in which this
+    engine and transformers round at slightly different places (the op contract rounds RoPE and
+    attention once, in float32, where transformers' CPU path rounds several times), and the
+    differences propagate through the layers. Measured on these models: up to 3 ulps
+    (0.047 at s = 3.3); the tolerance leaves a margin of over 2x.
+    """
+    return 2.0 ** -5 * float(reference_logits.abs().max())
