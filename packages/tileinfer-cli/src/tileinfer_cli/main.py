@@ -1,26 +1,23 @@
 """The ``tileinfer`` command. Each subcommand lives in its own module with ``add_parser`` and
-``run(args, out) -> exit code``. User mistakes print one clear line and exit non-zero."""
+``run(args, out) -> exit code``. User mistakes print one clear line and exit with code 2."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import backends_cmd
+from . import backends_cmd, bench_cmd, chat_cmd, models_cmd, run_cmd
+from .errors import user_errors
 
-COMMANDS = [backends_cmd]
+COMMANDS = [run_cmd, chat_cmd, models_cmd, backends_cmd, bench_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tileinfer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tileinfer", description="TileInfer: run LLMs locally.")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
     return parser
-
-
-class UserError(Exception):
-    """A mistake of the user's: printed as one line, exit code 2."""
 
 
 def main(argv=None) -> int:
@@ -28,8 +25,9 @@ def main(argv=None) -> int:
     try:
         return args.func(args, sys.stdout)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("\ninterrupted", file=sys.stderr)
         return 130
-    except UserError as exc:
-        print(f"tileinfer: error: {exc}", file=sys.stderr)
+    except user_errors() as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"tileinfer: error: {message}", file=sys.stderr)
         return 2

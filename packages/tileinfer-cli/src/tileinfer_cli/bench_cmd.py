@@ -1,0 +1,98 @@
+"""``tileinfer bench``: prefill and decode throughput at batch 1 for a model or random weights of
+a named shape, with the fraction of the memory-bandwidth bound. Prints a table and JSON lines."""
+
+from __future__ import annotations
+
+import json
+
+from .errors import UserError
+from .options import DTYPES
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="measure prefill/decode throughput (random weights or a model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--shape", default="llama3.2-1b",
+                     help="random weights of a named shape: llama3-8b, llama3.2-1b (default)")
+    src.add_argument("--model", "-m", help="a model folder or pulled repo id instead")
+    p.add_argument("--backend", "-b", help="op backend (default: the fastest that runs here)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--graphs", choices=["on", "off", "both"], default="on")
+    p.add_argument("--pipeline", choices=["on", "off", "both"], default="on")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="also append the results as JSON lines to this file")
+    p.set_defaults(func=run)
+
+
+def _flags(choice):
+    return {"on": [True], "off": [False], "both": [True, False]}[choice]
+
+
+def run(args, out):
+    import torch
+
+    from tileinfer import backends, load_model
+    from tileinfer.bench import (bench_generation, bytes_per_decode_token, copy_bandwidth,
+                                 random_model, shape_config)
+
+    backend = args.backend or backends.default_backend_name()
+    quantize = "int8" if args.int8 else None
+    kv = None if args.kv_cache == "bf16" else "int8"
+    max_len = args.prompt_len + args.new_tokens + 64
+    if args.model:
+        model = load_model(args.model, dtype=DTYPES[args.dtype], backend=backend,
+                           max_len=max_len, quantize=quantize)
+        name = args.model
+    else:
+        model = random_model(shape_config(args.shape), DTYPES[args.dtype], backend,
+                             "cuda" if torch.cuda.is_available() else "cpu", quantize, max_len)
+        name = args.shape
+    on_gpu = model.device.type == "cuda"
+    if not on_gpu and (args.graphs != "off" or args.pipeline != "off"):
+        if args.graphs == "on" and args.pipeline == "on":
+            args.graphs = args.pipeline = "off"  # the defaults: nothing to capture on a CPU
+        else:
+            raise UserError("CUDA graphs and pipelining need a GPU; use --graphs off --pipeline off")
+    bandwidth = copy_bandwidth(model.device) if on_gpu else None
+    per_token = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv)
+    rows = []
+    for graphs in _flags(args.graphs):
+        for pipeline in _flags(args.pipeline):
+            if pipeline and not graphs:
+                continue  # pipelining feeds the sampled token into the captured step
+            r = bench_generation(model, args.prompt_len, args.new_tokens, graphs, pipeline, kv,
+                                 args.repeats)
+            r.update(model=name, bytes_per_token=per_token, device=str(model.device),
+                     gpu=torch.cuda.get_device_name() if on_gpu else None)
+            if bandwidth:
+                r.update(copy_bandwidth_tb_s=bandwidth / 1e12,
+                         bound_tok_s=bandwidth / per_token,
+                         fraction_of_bound=r["decode_tok_s"] * per_token / bandwidth)
+            rows.append(r)
+    _print_table(rows, out)
+    for r in rows:
+        line = json.dumps(r)
+        print(line, file=out)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(line + "\n")
+    return 0
+
+
+def _print_table(rows, out):
+    print(f"{'model':<14}{'backend':<8}{'weights':<9}{'kv':<6}{'graphs':<7}{'pipe':<6}"
+          f"{'TTFT ms':>9}{'decode tok/s':>14}{'bound':>8}{'of bound':>9}"
+          f"{'GPU ms/step':>12}{'host ms/step':>13}", file=out)
+    for r in rows:
+        bound = f"{r['bound_tok_s']:.0f}" if "bound_tok_s" in r else "-"
+        frac = f"{r['fraction_of_bound']:.0%}" if "fraction_of_bound" in r else "-"
+        gpu = f"{r['gpu_ms_per_step']:.3f}" if "gpu_ms_per_step" in r else "-"
+        host = f"{r['host_ms_per_step']:.3f}" if "host_ms_per_step" in r else "-"
+        print(f"{r['model']:<14}{r['backend']:<8}{r['weights']:<9}{r['kv_cache']:<6}"
+              f"{'on' if r['graphs'] else 'off':<7}{'on' if r['pipeline'] else 'off':<6}"
+              f"{r['time_to_first_token_ms']:>9.1f}{r['decode_tok_s']:>14.1f}{bound:>8}{frac:>9}"
+              f"{gpu:>12}{host:>13}", file=out)

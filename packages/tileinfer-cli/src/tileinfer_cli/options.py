@@ -1,0 +1,88 @@
+"""Options shared by the commands that load a model, and loading it from them."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def add_model_options(p: argparse.ArgumentParser):
+    g = p.add_argument_group("model")
+    g.add_argument("--model", "-m", help="model folder, pulled repo id, or .gguf file "
+                   "(default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--backend", "-b", help="op backend: ref, triton, cuda, ... (default: the "
+                   "fastest that runs here)")
+    g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
+                   help="weights and activations (auto: bf16 on a GPU, fp32 on the CPU, where "
+                        "PyTorch's bf16 matrix products are slow)")
+    g.add_argument("--int8", action="store_true", help="INT8 weights (per-channel scales)")
+    g.add_argument("--kv-cache", choices=["bf16", "int8", "int8-smooth"], default="bf16",
+                   help="KV cache precision (int8-smooth: INT8 with calibrated key smoothing)")
+    g.add_argument("--max-len", type=int, default=4096, help="longest sequence (default 4096)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser):
+    g = p.add_argument_group("sampling (default: the model authors' generation_config.json)")
+    g.add_argument("--temperature", "-t", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--max-new-tokens", "-n", type=int, default=512)
+    think = g.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="thinking", action="store_true", default=None,
+                       help="let a reasoning model think first (Qwen3's enable_thinking)")
+    think.add_argument("--no-think", dest="thinking", action="store_false")
+
+
+def resolve_model_dir(name):
+    """The folder of --model: a folder, a pulled repo id, a .gguf file (imported), or the default."""
+    from pathlib import Path
+
+    if name is None:
+        from tileinfer.default_model import default_model_dir
+
+        return default_model_dir()
+    if str(name).endswith(".gguf") and Path(name).is_file():
+        from tileinfer.gguf_import import import_gguf
+
+        return import_gguf(name)
+    from tileinfer.hub import model_dir
+
+    return model_dir(name)
+
+
+def resolve_dtype(name, backend):
+    if name != "auto":
+        return DTYPES[name]
+    from tileinfer import get_backend
+
+    info = get_backend(backend).backend.info
+    return torch.bfloat16 if "cuda" in info.devices and torch.cuda.is_available() else torch.float32
+
+
+def load(args):
+    """(model, tokenizer, folder) from the model options."""
+    from tileinfer import backends, load_model, load_tokenizer
+
+    folder = resolve_model_dir(args.model)
+    backend = args.backend or backends.default_backend_name()
+    model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
+                       max_len=args.max_len, quantize="int8" if args.int8 else None)
+    return model, load_tokenizer(folder), folder
+
+
+def sampling_from(args, folder, config):
+    """SamplingParams and stop ids: the authors' defaults, overridden by the options."""
+    from tileinfer import SamplingParams
+    from tileinfer.generation_config import generation_defaults
+
+    defaults, stop_ids = generation_defaults(folder, config)
+    params = SamplingParams(
+        temperature=defaults.temperature if args.temperature is None else args.temperature,
+        top_k=defaults.top_k if args.top_k is None else args.top_k,
+        top_p=defaults.top_p if args.top_p is None else args.top_p,
+    )
+    return params, stop_ids

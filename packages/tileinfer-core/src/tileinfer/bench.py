@@ -1,0 +1,161 @@
+"""Throughput benchmark: prefill and decode tokens per second, and the memory-bandwidth bound.
+
+Decoding one token at batch 1 reads every weight once (the embedding table excepted: one row)
+plus the KV cache of the context, so ``bound = copy bandwidth / bytes read per token``. The copy
+bandwidth is measured here with a device-to-device copy (bytes read + written per second).
+
+Random weights of a named shape serve for speed: decode time does not depend on the values.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from .backends import get_backend
+from .cache import kv_bytes_per_token
+from .config import config_from_dict
+from .generate import generate_into
+from .model import Model
+from .quant import quantize_int8
+from .runner import ModelRunner
+from .sampling import SamplingParams
+from .weights import LayerWeights, ModelWeights, weight_bytes
+
+SHAPES = {
+    "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                      num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
+    "llama3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256),
+}
+
+
+def shape_config(name: str):
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    return config_from_dict(dict(SHAPES[name], model_type="llama", rms_norm_eps=1e-5,
+                                 rope_theta=500000.0, max_position_embeddings=131072,
+                                 tie_word_embeddings=False, eos_token_id=128001))
+
+
+def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", quantize=None,
+                 max_len: int = 4096, seed: int = 0) -> Model:
+    """A model of ``config`` with random weights (std 0.02), every layer's tensors distinct."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    c = config
+
+    def w(*shape):
+        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+    def linear(*shape):
+        return quantize_int8(w(*shape)) if quantize == "int8" else w(*shape)
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype, device=device)
+
+    up_rows = 2 * c.intermediate_size if c.mlp == "swiglu" else c.intermediate_size
+    layers = [LayerWeights(attn_norm=ones(c.hidden_size), qkv=linear(c.qkv_size, c.hidden_size),
+                           q_norm=ones(c.head_dim) if c.qk_norm else None,
+                           k_norm=ones(c.head_dim) if c.qk_norm else None,
+                           o=linear(c.hidden_size, c.q_size), mlp_norm=ones(c.hidden_size),
+                           up=linear(up_rows, c.hidden_size),
+                           down=linear(c.hidden_size, c.intermediate_size))
+              for _ in range(c.num_layers)]
+    weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
+                           norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size))
+    return Model(c, weights, get_backend(backend), dtype, device, max_len, quantize=quantize)
+
+
+def copy_bandwidth(device="cuda", nbytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy (read + write), the median of 10."""
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 2 / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def bytes_per_decode_token(model: Model, context: int, kv_quantize=None) -> int:
+    """Weights read per token (all but the embedding table, of which one row) plus the KV cache
+    of ``context`` positions."""
+    embed = model.weights.embed
+    weights = weight_bytes(model) - (0 if model.weights.lm_head is embed
+                                     else embed.numel() * embed.element_size())
+    return weights + context * kv_bytes_per_token(model.config, kv_quantize, model.dtype)
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_generation(model: Model, prompt_len: int = 16, new_tokens: int = 256,
+                     graphs: bool | None = None, pipeline: bool | None = None,
+                     kv_quantize: str | None = None, repeats: int = 3) -> dict:
+    """Prefill and decode throughput at batch 1 (greedy, no stop tokens), medians of repeats."""
+    cache = model.new_cache(prompt_len + new_tokens + 32, quantize=kv_quantize)
+    runner = ModelRunner(model, cache, graphs=graphs)
+    pipeline = runner.graphs if pipeline is None else pipeline
+    rng = random.Random(0)
+    prompt = [rng.randrange(model.config.vocab_size) for _ in range(prompt_len)]
+    greedy = SamplingParams()
+
+    def one_run(n_new):
+        seq = cache.new_sequence()
+        first = []
+        _sync(model.device)
+        start = time.perf_counter()
+        out = generate_into(runner, seq, prompt, n_new, greedy, stop_ids=[], seed=0,
+                            pipeline=pipeline,
+                            on_token=lambda t: first or first.append(time.perf_counter()))
+        _sync(model.device)
+        end = time.perf_counter()
+        cache.release(seq)
+        assert len(out) == n_new
+        return first[0] - start, end - first[0]
+
+    one_run(min(8, new_tokens))  # warm-up: compiles kernels, captures graphs
+    runs = sorted(one_run(new_tokens) for _ in range(repeats))
+    prefill_s, decode_s = runs[len(runs) // 2]
+    result = dict(prompt_len=prompt_len, new_tokens=new_tokens, graphs=runner.graphs,
+                  pipeline=pipeline, kv_cache=kv_quantize or str(model.dtype).split(".")[-1],
+                  weights=model.quantize or str(model.dtype).split(".")[-1],
+                  backend=model.ops.name,
+                  time_to_first_token_ms=prefill_s * 1e3,
+                  decode_tok_s=(new_tokens - 1) / decode_s)
+    if runner.graphs:
+        result.update(_step_times(runner, cache, prompt))
+    return result
+
+
+def _step_times(runner: ModelRunner, cache, prompt, steps: int = 50) -> dict:
+    """GPU time of one captured 1-token step (replays back to back) and the host time to issue
+    one pipelined step (while the GPU is busy): when host < GPU, pipelining hides the host."""
+    greedy = SamplingParams()
+    seq = cache.new_sequence()
+    runner.forward(seq, prompt, greedy)
+    runner.decode_from_device(seq, greedy)
+    graph = runner._slots[1].graphs[(0.0, 0, 1.0)]
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    gpu_ms = start.elapsed_time(end) / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        runner.decode_from_device(seq, greedy)
+    host_ms = (time.perf_counter() - t0) * 1e3 / steps
+    torch.cuda.synchronize()
+    cache.release(seq)
+    return dict(gpu_ms_per_step=gpu_ms, host_ms_per_step=host_ms)

@@ -1,0 +1,159 @@
+"""ModelRunner: forward steps of one sequence with static buffers and CUDA graphs.
+
+Steps of up to ``MAX_GRAPH_TOKENS`` tokens (decode, speculative verification) run from static
+metadata and activation buffers; on a CUDA device with a graph-safe backend each step size is
+captured once in a CUDA graph (forward plus, optionally, device sampling) and replayed. Longer
+steps (prefill) run eagerly with buffers allocated for them.
+
+Replaying needs the step's metadata in the static tensors: the host builds it (reserving pages)
+and sends it with one copy from a pinned staging buffer. The token ids of a step can instead come
+from the device: the sampling op writes the next token straight into the 1-token step's ids, so
+pipelined decoding (``tileinfer.generate``) never waits for the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+from .step import prepare_step
+
+MAX_GRAPH_TOKENS = 8
+
+
+@dataclass
+class _Slot:
+    """Static state of one step size: metadata, buffers, its graphs and its last logits."""
+
+    meta: object
+    buffers: object
+    logits: torch.Tensor | None = None  # output of the last run
+    # One graph per sampling captured with it: None (no sampling) or (temperature, top_k, top_p).
+    graphs: dict = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Forward steps of ``model`` on ``cache``, with CUDA graphs for steps of 1..8 tokens.
+
+    graphs: None picks them when the model is on CUDA and its backend is graph-safe.
+    """
+
+    def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=()):
+        self.model, self.cache = model, cache
+        on_cuda = torch.device(model.device).type == "cuda"
+        if graphs is None:
+            graphs = on_cuda and model.ops.graph_safe
+        if graphs and not on_cuda:
+            raise ValueError("CUDA graphs need a model on a CUDA device")
+        if graphs and not model.ops.graph_safe:
+            raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
+        self.graphs = graphs
+        self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
+        self._slots: dict[int, _Slot] = {}
+        device = model.device
+        # The counter-based random stream of device sampling: seed and the next counter.
+        self.seed = torch.zeros(1, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self._pool = None  # the graphs share one memory pool
+
+    # -- static slots ------------------------------------------------------------------------
+
+    def _slot(self, n: int) -> _Slot:
+        slot = self._slots.get(n)
+        if slot is None:
+            meta = self.model.static_metadata(n, self.cache)
+            slot = _Slot(meta, self.model.new_buffers(n, 1))
+            self._slots[n] = slot
+        return slot
+
+    def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None):
+        """Run the slot's step (replay or eager) and, if sampling, sample its last row."""
+        if not self.graphs:
+            slot.logits = self.model.forward_step(slot.meta, slot.buffers)
+            if sampling is not None:
+                self._sample_into(slot.logits, sampling, self.next_token)
+            return
+        key = None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p)
+        graph = slot.graphs.get(key)
+        if graph is None:
+            graph = slot.graphs[key] = self._capture(slot, sampling)
+        graph.replay()
+
+    def _sample_into(self, logits, sampling, out):
+        self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
+                                     sampling.top_p, self.seed, self.counter, None)
+        self.counter.add_(1)
+
+    def _capture(self, slot: _Slot, sampling: SamplingParams | None) -> torch.cuda.CUDAGraph:
+        """Capture the slot's step (and sampling) in a graph. The step's metadata is already in
+        the static tensors; capturing does not run it, so the first replay does."""
+        # Warm up on a side stream first: kernels compile (and autotune) outside the capture.
+        # The warm-up samples into scratch so that the step's input ids stay as they are.
+        counter = self.counter.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            logits = self.model.forward_step(slot.meta, slot.buffers)
+            if sampling is not None:
+                self._sample_into(logits, sampling, torch.empty_like(self.next_token))
+        torch.cuda.current_stream().wait_stream(stream)
+        self.counter.copy_(counter)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            slot.logits = self.model.forward_step(slot.meta, slot.buffers)
+            if sampling is not None:
+                self._sample_into(slot.logits, sampling, self.next_token)
+        return graph
+
+    # -- public steps ------------------------------------------------------------------------
+
+    def forward(self, seq, ids, sampling: SamplingParams | None = None) -> torch.Tensor:
+        """Run ``ids`` after the cached positions of ``seq`` and append them to it; returns the
+        last row's logits (1, vocab) float32. Short steps' logits live in static buffers: read
+        them before the next step of the same length. With ``sampling``, also samples the next
+        token on the device into ``next_token`` with the stream (seed, counter) and advances
+        the counter. On an error the sequence is left as it was."""
+        ids = [int(i) for i in ids]
+        n, start = len(ids), len(seq)
+        max_len = self.model.max_len
+        try:
+            if n in self.sizes:
+                slot = self._slot(n)
+                prepare_step(self.cache, [seq], [ids], max_len=max_len, out=slot.meta)
+                self._run_static(slot, n, sampling)
+                logits = slot.logits
+            else:
+                meta = prepare_step(self.cache, [seq], [ids], max_len=max_len)
+                logits = self.model.forward_step(meta, self.model.new_buffers(n, 1))
+                if sampling is not None:
+                    self._sample_into(logits, sampling, self.next_token)
+        except BaseException:
+            self.cache.truncate(seq, start)  # gives back pages reserved for the step
+            raise
+        seq.tokens.extend(ids)
+        return logits[-1:]
+
+    def decode_from_device(self, seq, sampling: SamplingParams):
+        """One pipelined decode step whose input is the token the previous step sampled on the
+        device (already in ``next_token``); the host only sends positions and slots. Appends a
+        placeholder id (-1) to ``seq``: the caller writes the real token once it knows it."""
+        start = len(seq)
+        slot = self._slot(1)
+        try:
+            prepare_step(self.cache, [seq], [[-1]], max_len=self.model.max_len, out=slot.meta,
+                         keep_ids=True)
+            self._run_static(slot, 1, sampling)
+        except BaseException:
+            self.cache.truncate(seq, start)
+            raise
+        seq.tokens.append(-1)
+
+    @property
+    def next_token(self) -> torch.Tensor:
+        """(1,) int32 on the device: the token the last sampling step drew, which is also the
+        input of the next 1-token step."""
+        return self._slot(1).meta.ids
