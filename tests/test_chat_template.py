@@ -229,7 +229,7 @@ def test_smollm2(smollm2_template, with_system, add_generation_prompt):
     if with_system:
         messages.insert(0, ChatMessage(S, "You are a geography teacher."))
     prompt = assert_same(smollm2_template, messages, add_generation_prompt)
-    assert ("You are a helpful AI assistant named SmolLM" in prompt) != with_system
+    assert ("named SmolLM, trained by Hugging Face" in prompt) != with_system  # the default system turn
     assert prompt.endswith("<|im_start|>assistant\n") == add_generation_prompt
 
 
@@ -305,8 +305,8 @@ def test_empty_conversation():
         chat_prompt("{{ messages }}", [])
 
 
-def test_sandbox_blocks_unsafe_access():
-    # The sandbox refuses attribute access to internals, as in transformers.
+def test_sandboxed_environment_blocks_unsafe_access():
+    # Jinja's sandboxed environment refuses attribute access to internals, as in transformers.
     with pytest.raises(ChatTemplateError):
         chat_prompt("{{ messages.__class__.__mro__ }}", [ChatMessage(U, "Hi")])
 

@@ -244,7 +244,9 @@ def gguf_name(hf_name):
     return GGUF_NAMES[hf_name]
 
 
-def write_gguf(path, model, tensor_type="F32", arch="llama", tokenizer_model="gpt2", skip_keys=(), override=None):
+def write_gguf(
+    path, model, tensor_type="F32", arch="llama", tokenizer_model="gpt2", skip_keys=(), override=None, pre="smollm", add_bos=None
+):
     """Write ``model`` the way llama.cpp's converter does: q/k permuted, norms in F32, matrices in
     ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array written instead."""
     c = model.config
@@ -264,7 +266,9 @@ def write_gguf(path, model, tensor_type="F32", arch="llama", tokenizer_model="gp
         if key not in skip_keys:
             add()
     w.add_tokenizer_model(tokenizer_model)
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(pre)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_token_list(TOKENS)
     w.add_token_merges([" ".join(m) for m in MERGES])
     w.add_token_types(TOKEN_TYPES)
@@ -378,6 +382,35 @@ def test_synthetic_tokenizer_and_template(tmp_path):
     assert TOKENS.index("in") in ids
     assert tok.decode(ids) == "<|im_start|>the thin 42<|im_end|>"
     assert chat_prompt(folder, [ChatMessage("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+@pytest.mark.parametrize(
+    "pre, pieces",
+    [
+        ("smollm", ["a", "Ġ", "1", "2", "3", "4", "5", "Ġthe", "Ġ", "Ġx"]),  # digits one by one
+        ("gpt-2", ["a", "Ġ12345", "Ġthe", "Ġ", "Ġx"]),
+        ("llama-bpe", ["a", "Ġ", "123", "45", "Ġthe", "Ġ", "Ġx"]),  # digits in threes
+    ],
+)
+def test_pre_tokenizer_follows_the_gguf_pre_type(tmp_path, pre, pieces):
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre=pre), tmp_path / "out")
+    backend = load_tokenizer(folder).backend
+    assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("a 12345 the  x")] == pieces
+
+
+def test_add_bos_token_makes_the_post_processor_prefix_bos(tmp_path):
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre="llama-bpe", add_bos=True), tmp_path / "out")
+    tok, hf = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    for text in ("the thin", "<|im_start|>x"):
+        assert tok.encode(text)[0] == tok.bos_token_id == TOKENS.index("<|im_start|>")
+        assert tok.encode(text) == hf.encode(text)
+        assert tok.encode(text, add_special_tokens=False) == tok.encode(text)[1:]
+    assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is True
+
+
+def test_unknown_pre_tokenizer_is_refused(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre="tekken")
+    assert_import_fails(path, tmp_path, "pre-tokenizer 'tekken' is not supported")
 
 
 # --- bad files ---------------------------------------------------------------------------------

