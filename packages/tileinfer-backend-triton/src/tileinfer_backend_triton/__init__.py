@@ -1,5 +1,12 @@
 """TileInfer backend of Triton kernels.
 
+Every op of ``tileinfer.hookspecs`` is a thin wrapper here around a launcher in ``kernels/``
+(one op family per module, the kernel beside its launcher). All ops write into the given
+outputs, allocate nothing on the hot path and never synchronize with the host, so a step can be
+captured in a CUDA graph; the only device memory the backend owns is the split-K scratch of the
+linear kernels (allocated once per device, at ``attention_workspace`` time or first use) and the
+attention workspace that ``attention_workspace`` returns.
+
 On a machine without a CUDA GPU it is available only under Triton's interpreter
 (``TRITON_INTERPRET=1``, which CI uses to check the kernels on the CPU).
 """
@@ -25,8 +32,102 @@ def _availability():
     return True, "", ("cuda",)
 
 
+_AVAILABLE, _REASON, _DEVICES = _availability()
+
+if _AVAILABLE:
+    from .kernels import attention as _attention
+    from .kernels import embed as _embed
+    from .kernels import linear as _linear
+    from .kernels import norms as _norms
+    from .kernels import rope_kv as _rope_kv
+    from .kernels import sampling as _sampling
+    from .kernels.activations import launch_silu_mul, launch_xielu
+
+NOTES = {
+    "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
+    "attention": "paged FlashAttention-2 kernel, GQA heads packed per KV head, split-KV "
+                 "(flash-decoding) for decode steps",
+    "sample_tokens": "one program per row; top-k/top-p thresholds by 32-step bisection",
+}
+
+
 @hookimpl
 def tileinfer_backend_info():
-    available, reason, devices = _availability()
-    return BackendInfo(name="triton", available=available, reason=reason, devices=devices,
-                       graph_safe=True)
+    return BackendInfo(name="triton", available=_AVAILABLE, reason=_REASON, devices=_DEVICES,
+                       graph_safe=True, notes=NOTES)
+
+
+if _AVAILABLE:
+
+    @hookimpl
+    def embed(out, table, ids):
+        _embed.launch_embed(out, table, ids)
+
+    @hookimpl
+    def rmsnorm(out, x, weight, eps):
+        _norms.launch_rmsnorm(out, x, weight, eps)
+
+    @hookimpl
+    def add_rmsnorm(residual, out, delta, weight, eps):
+        _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta)
+
+    @hookimpl
+    def linear(out, x, weight, weight_scale):
+        _linear.launch_linear(out, x, weight, weight_scale)
+
+    @hookimpl
+    def linear_swiglu(out, x, weight, weight_scale, gate_up):
+        # Fused: gate and up rows in the same program, the activation in the epilogue; the
+        # gate_up scratch is not needed.
+        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU)
+
+    @hookimpl
+    def linear_xielu(out, x, weight, weight_scale, alpha_p, alpha_n, beta, eps):
+        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
+                              act_args=(alpha_p, alpha_n, beta, eps))
+
+    @hookimpl
+    def silu_mul(out, gate_up):
+        launch_silu_mul(out, gate_up)
+
+    @hookimpl
+    def xielu(out, x, alpha_p, alpha_n, beta, eps):
+        launch_xielu(out, x, alpha_p, alpha_n, beta, eps)
+
+    @hookimpl
+    def rope(out, x, cos, sin, positions):
+        _rope_kv.launch_rope(out, x, cos, sin, positions)
+
+    @hookimpl
+    def store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
+        _rope_kv.launch_store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots)
+
+    @hookimpl
+    def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
+                         cos, sin, positions, slots, eps):
+        _rope_kv.launch_attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv,
+                                         q_norm, k_norm, cos, sin, positions, slots, eps)
+
+    @hookimpl
+    def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
+        # Called once by a model runner before it captures graphs: reserve the linear kernels'
+        # split-K scratch on this device at the same time.
+        _linear.reserve_scratch(device)
+        return _attention.workspace(num_tokens, num_heads, head_dim, max_context_len, device)
+
+    @hookimpl
+    def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+                  block_table, max_query_len, max_context_len, scale, causal, workspace):
+        _attention.launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth,
+                                    cu_seqlens_q, context_lens, block_table, max_query_len,
+                                    max_context_len, scale, causal, workspace)
+
+    @hookimpl
+    def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+        _sampling.launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out)
+
+    @hookimpl
+    def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed,
+                      counter):
+        _sampling.launch_accept(out, logits, draft_ids, draft_probs, temperature, top_k, top_p,
+                                seed, counter)

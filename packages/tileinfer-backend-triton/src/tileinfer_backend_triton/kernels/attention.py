@@ -1,0 +1,261 @@
+"""Paged grouped-query attention: one FlashAttention-2 style kernel for decode and prefill steps,
+with flash-decoding's split-KV for long contexts, and the small kernel that combines the splits.
+
+Work decomposition. A program owns one (sequence, kv head) pair, a block of BLOCK_Q query rows
+of that sequence and (split-KV) one chunk of its cached positions. The GQA group's query heads
+are packed into the M dimension of the tiles: row ``r`` of a [BLOCK_M, head_dim] query tile is
+query row ``r // group`` at head ``kv_head * group + r % group``, so each K/V page is read once
+per group, not once per query head. Decode (one query row, group 4) fills 4 of 16 rows of the
+smallest tensor-core tile; the kernel is memory-bound there, the padding costs nothing. Prefill
+tiles hold BLOCK_M = 128 rows (32 positions x 4 heads), and a causal program stops at its last
+row's position.
+
+KV pages are gathered per BLOCK_N positions through the block table (position j lives at offset
+``j % page_size`` of page ``block_table[b, j // page_size]``); positions past a sequence's
+context are masked and never read, so padding pages are never touched. Softmax is the online
+(running max / running sum) form in float32 with base-2 exponentials (log2(e) folded into the
+scale); P is rounded to bf16 for the P @ V product, as FlashAttention does.
+
+Split-KV (flash-decoding, Dao et al. 2023): at decode there are only batch x kv_heads (e.g. 8)
+programs per layer, far fewer than the 132 SMs; splitting each sequence's positions into chunks
+gives ~2 programs per SM. Each split writes its unnormalized output, running max and sum to the
+workspace; ``_combine_kernel`` rescales and sums them. The workspace comes from the
+``attention_workspace`` hook, allocated once.
+
+INT8 pages: keys/values are int8 with one float32 scale per cached vector; keys may carry
+per-channel smoothing ``key = smooth * scale * k8``. Smoothing is folded into the query
+(``q . (smooth * k) = (q * smooth) . k``); the smoothed query is split into a bf16 high and low
+part so the int8 keys (exact in bf16) still go through the tensor cores without losing the
+query's float32 precision. The key scale multiplies the score column, the value scale the
+probabilities before P @ V.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRET_MODE, cast_to, cdiv, int8_to, mma, next_pow2, sm_count
+
+LOG2E = 1.4426950408889634
+# Split-KV is considered for steps of up to this many query rows per sequence (decode, verify).
+SPLIT_MAX_Q = 16
+# Workspace capacity: query rows (tokens) and splits per head; splits hold >= MIN_CHUNK positions.
+SPLIT_MAX_TOKENS = 64
+MAX_SPLITS = 64
+MIN_CHUNK = 256
+
+
+@triton.jit
+def _attention_kernel(
+    out_ptr, q_ptr, k_cache, v_cache, k_scale, v_scale, k_smooth,
+    cu_ptr, ctx_ptr, bt_ptr, ws_ptr,
+    KVH, GROUP, D, qk_scale,
+    s_qt, s_qh, s_ot, s_oh,
+    s_cp, s_cs, s_ch, s_sp, s_ss, s_sh, s_bt,
+    s_wt, s_wh, s_ws,
+    CHUNK,
+    PAGE: tl.constexpr, CAUSAL: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr,
+    SPLIT: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Grid: (batch * kv_heads, cdiv(max_query_len, BLOCK_Q), splits)."""
+    pid_bg = tl.program_id(0)
+    qb = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bg // KVH
+    g = pid_bg % KVH
+    q_start = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_start
+    ctx = tl.load(ctx_ptr + b)
+
+    r = tl.arange(0, BLOCK_M)
+    q_row = qb * BLOCK_Q + r // GROUP  # query row within the sequence
+    head = g * GROUP + r % GROUP
+    row_ok = (r < BLOCK_Q * GROUP) & (q_row < q_len)
+    pos = ctx - q_len + q_row  # the row's position: it sees 0..pos when causal
+    tok = (q_start + tl.minimum(q_row, q_len - 1)).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q_ty: tl.constexpr = q_ptr.dtype.element_ty
+    q = tl.load(q_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None] & dmask[None, :], other=0.0)
+    if SMOOTH:  # fold the keys' smoothing into the query; keep float32 precision as hi + lo
+        qs = q.to(tl.float32) * tl.load(k_smooth + g * D + d, mask=dmask, other=0.0)[None, :]
+        if F32:
+            q_hi = qs
+            q_lo = qs * 0.0
+        else:
+            q_hi = cast_to(qs, q_ty)
+            q_lo = cast_to(qs - q_hi.to(tl.float32), q_ty)
+    else:
+        q_hi = q
+        q_lo = q
+
+    if CAUSAL:  # the block's last row sees positions < kv_end
+        kv_end = tl.minimum(ctx, ctx - q_len + tl.minimum(q_len, (qb + 1) * BLOCK_Q))
+    else:
+        kv_end = ctx
+    lo = split * CHUNK
+    hi = tl.minimum(kv_end, lo + CHUNK)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    table = bt_ptr + b.to(tl.int64) * s_bt
+    for start in range(lo, hi, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        jm = j < hi
+        page = tl.load(table + j // PAGE, mask=jm, other=0).to(tl.int64)
+        slot = page * s_cp + (j % PAGE) * s_cs + g * s_ch
+        kv_mask = jm[:, None] & dmask[None, :]
+        k = tl.load(k_cache + slot[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if INT8:
+            k = int8_to(k, q_ty)
+        s = mma(q_hi, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
+        if SMOOTH:
+            s = mma(q_lo, tl.trans(k), s, F32)
+        scale_off = page * s_sp + (j % PAGE) * s_ss + g * s_sh
+        if INT8:
+            s = s * tl.load(k_scale + scale_off, mask=jm, other=0.0)[None, :]
+        s = s * qk_scale
+        visible = jm[None, :]
+        if CAUSAL:
+            visible = visible & (j[None, :] <= pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache + slot[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if INT8:
+            p = p * tl.load(v_scale + scale_off, mask=jm, other=0.0)[None, :]
+            v = int8_to(v, q_ty)
+        if F32:
+            acc = mma(p, v, acc * alpha[:, None], F32)
+        else:
+            acc = mma(cast_to(p, v.dtype), v, acc * alpha[:, None], F32)
+        m_i = m_new
+
+    if SPLIT:  # unnormalized partial + (max, sum) for _combine_kernel
+        w = ws_ptr + tok * s_wt + head.to(tl.int64) * s_wh + split * s_ws
+        tl.store(w[:, None] + d[None, :], acc, mask=row_ok[:, None] & dmask[None, :])
+        tl.store(w + D, m_i, mask=row_ok)
+        tl.store(w + D + 1, l_i, mask=row_ok)
+    else:
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        optr = out_ptr + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
+        tl.store(optr, cast_to(o, out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _combine_kernel(out_ptr, ws_ptr, NUM_SPLITS, D, s_ot, s_oh, s_wt, s_wh, s_ws,
+                    SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid: (tokens, heads). out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < NUM_SPLITS
+    base = ws_ptr + t * s_wt + h * s_wh + s * s_ws
+    m = tl.load(base + D, mask=smask, other=float("-inf"))
+    l = tl.load(base + D + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe)
+    total = tl.sum(w * l, axis=0)
+    acc = tl.load(base[:, None] + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + t * s_ot + h * s_oh + d, cast_to(o, out_ptr.dtype.element_ty), mask=d < D)
+
+
+# --- launch ------------------------------------------------------------------------------------
+
+
+def workspace(num_tokens, num_heads, head_dim, max_context_len, device):
+    """The split-KV workspace: float32 (tokens, heads, splits, head_dim + 2) holding each split's
+    unnormalized output, running max and running sum. Its shape is its capacity: a step with more
+    query rows than it holds, or a longer context than it was sized for, runs with fewer splits."""
+    tokens = min(int(num_tokens), SPLIT_MAX_TOKENS)
+    splits = min(MAX_SPLITS, cdiv(max(int(max_context_len), 1), MIN_CHUNK))
+    if tokens <= 0 or splits <= 1:
+        return None
+    return torch.empty((tokens, num_heads, splits, head_dim + 2), dtype=torch.float32,
+                       device=device)
+
+
+def _tiles(max_query_len: int, group: int, head_dim: int):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Decode / verify steps: the smallest tile that
+    holds the step's (rows x group); prefill: 128-row tiles."""
+    if max_query_len <= SPLIT_MAX_Q:
+        block_m = min(max(next_pow2(max_query_len * group), 16), 64)
+        block_n = 128 if INTERPRET_MODE else 64
+        warps, stages = 4, 3
+    else:
+        block_m = 64 if INTERPRET_MODE else 128
+        block_n = 64 if head_dim > 64 or INTERPRET_MODE else 128
+        warps, stages = (4, 1) if INTERPRET_MODE else (8, 2)
+    return max(block_m, next_pow2(group)), block_n, warps, stages
+
+
+def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                     context_lens, block_table, max_query_len, max_context_len, scale, causal,
+                     ws, tiles=None, splits=None):
+    n, heads, hd = q.shape
+    if n == 0:
+        return
+    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = heads // kv_heads
+    batch = cu_seqlens_q.shape[0] - 1
+    max_q, max_ctx = max(int(max_query_len), 1), max(int(max_context_len), 1)
+    int8 = k_cache.dtype == torch.int8
+    f32 = q.dtype == torch.float32 or (not int8 and k_cache.dtype != q.dtype)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same layout")
+
+    block_m, block_n, warps, stages = tiles or _tiles(max_q, group, hd)
+    block_q = block_m // group
+    q_blocks = cdiv(max_q, block_q)
+
+    # Split-KV when the step is small (decode, verify) and the workspace can hold it.
+    num_splits = 1
+    if (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0] and heads <= ws.shape[1]
+            and ws.shape[3] == hd + 2):
+        base = batch * kv_heads * q_blocks
+        num_splits = max(1, min(ws.shape[2], cdiv(2 * sm_count(q.device), base),
+                                cdiv(max_ctx, MIN_CHUNK)))
+        if splits is not None:
+            num_splits = max(1, min(int(splits), ws.shape[2]))
+    if num_splits > 1:
+        chunk = cdiv(cdiv(max_ctx, num_splits), block_n) * block_n
+        num_splits = cdiv(max_ctx, chunk)
+    if num_splits <= 1:
+        num_splits, chunk = 1, 1 << 30
+    if int8:
+        s_sp, s_ss, s_sh = k_scale.stride()
+    else:
+        s_sp = s_ss = s_sh = 0
+    split = num_splits > 1
+    wsp = ws if split else q
+    s_wt, s_wh, s_ws = (ws.stride(0), ws.stride(1), ws.stride(2)) if split else (0, 0, 0)
+    grid = (batch * kv_heads, q_blocks, num_splits)
+    _attention_kernel[grid](
+        out, q, k_cache, v_cache, k_scale if int8 else q, v_scale if int8 else q,
+        k_smooth if k_smooth is not None else q, cu_seqlens_q, context_lens, block_table, wsp,
+        kv_heads, group, hd, float(scale) * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
+        block_table.stride(0), s_wt, s_wh, s_ws, chunk,
+        PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=split,
+        F32=f32, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
+        num_warps=warps, num_stages=stages,
+    )
+    if split:
+        _combine_kernel[(n, heads)](
+            out, ws, num_splits, hd, out.stride(0), out.stride(1), s_wt, s_wh, s_ws,
+            SPLITS_PAD=next_pow2(num_splits), BLOCK_D=next_pow2(hd), num_warps=4,
+        )
+

@@ -1,0 +1,152 @@
+"""Shared pieces of the kernels: interpreter switches, exact math helpers, launch heuristics.
+
+Under ``TRITON_INTERPRET=1`` (CI without a GPU) Triton runs every program in NumPy. Two of its
+gaps shape the helpers here: a ``tl.dot`` of bf16 operands returns garbage (so ``mma`` casts the
+operands to float32 first), and libdevice is not available (so the precise ``log``/``exp``/
+``expm1`` fall back to ``tl.log``/``tl.exp``, which NumPy computes precisely anyway). On the GPU
+the precise libdevice versions are used where a result must match PyTorch's to the last bit
+(sampling noise, SiLU, xIELU), and the fast ``exp2`` where it need not (softmax in attention).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET_MODE = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = tl.constexpr(INTERPRET_MODE)
+
+
+def _patch_interpreter_index():
+    """Triton 3.6's interpreter turns a scalar into an int with ``int(ndarray of shape (1,))``,
+    which NumPy >= 2.4 refuses, so a loop with run-time bounds (``range(lo, hi, BLOCK)``) fails.
+    Apply the upstream fix (triton-lang/triton#9171: ``int(data.squeeze())``) when interpreting."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_tileinfer_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched._tileinfer_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET_MODE:
+    _patch_interpreter_index()
+
+if not INTERPRET_MODE:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def exact_log(x):
+        return libdevice.log(x)
+
+    @triton.jit
+    def exact_exp(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def exact_expm1(x):
+        return libdevice.expm1(x)
+
+else:  # NumPy's log/exp are correctly rounded to within an ulp already.
+
+    @triton.jit
+    def exact_log(x):
+        return tl.log(x)
+
+    @triton.jit
+    def exact_exp(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def exact_expm1(x):
+        # Kahan's expm1 from exp and log: accurate near 0 where exp(x) - 1 cancels.
+        u = tl.exp(x)
+        um1 = u - 1.0
+        safe_log = tl.where(um1 == 0.0, 1.0, tl.log(u))
+        return tl.where(um1 == 0.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / safe_log))
+
+
+@triton.jit
+def cast_to(x, ty: tl.constexpr):
+    """``x.to(ty)``, rounding to nearest even. (The GPU's cast does; the interpreter truncates
+    float32 to bf16, so there the rounding is done on the bits first.)"""
+    if INTERPRET:
+        if ty == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & tl.full([], 0xFFFF0000, tl.uint32)
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(ty)
+
+
+@triton.jit
+def int8_to(w, ty: tl.constexpr):
+    """INT8 weights/cache values to the dot operand type (exact in bf16/fp16). The interpreter's
+    int8 -> bf16 conversion is broken; it gets float32 (its dots run in float32 anyway)."""
+    if INTERPRET:
+        return w.to(tl.float32)
+    else:
+        return w.to(ty)
+
+
+@triton.jit
+def mma(a, b, acc, F32: tl.constexpr):
+    """``acc + a @ b`` with float32 accumulation on the tensor cores.
+
+    bf16/fp16 operands go to the tensor cores as they are (exact products); F32 (a float32 model)
+    asks for IEEE float32 products instead of TF32. The interpreter gets float32 operands.
+    """
+    if INTERPRET or F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, out_dtype=tl.float32)
+
+
+@triton.jit
+def round_half_even(x):
+    """``torch.round`` (round half to even) for |x| < 2**22, from floor."""
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def silu(x):
+    """``x * sigmoid(x)`` as PyTorch computes it in float32: ``x / (1 + exp(-x))``."""
+    return tl.math.div_rn(x, 1.0 + exact_exp(-x))
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (a small pretend device under the interpreter,
+    so that the split paths of the launch heuristics are exercised on the CPU too)."""
+    if INTERPRET_MODE or device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tl_dtype(dtype: torch.dtype):
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+            torch.int8: tl.int8}[dtype]

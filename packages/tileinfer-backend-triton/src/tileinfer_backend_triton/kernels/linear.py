@@ -1,0 +1,360 @@
+"""Linear layers: ``out = epilogue(x @ W.T)`` for bf16/fp16/fp32 and INT8 weights.
+
+Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
+and the fused SwiGLU / xIELU activations):
+
+* ``_gemv_kernel``, decode (1..16 tokens). Batch-1 decode reads every weight once per token, so
+  this kernel is designed from the memory bound: each program streams a [BLOCK_N, BLOCK_K] tile of
+  weight rows per iteration with 16-byte vector loads (K is the contiguous axis; rows past N are
+  clamped rather than masked so the loads stay unpredicated), and there are enough programs to
+  keep every SM's memory pipeline full. One token (M = 1) accumulates ``w * x`` elementwise in a
+  [BLOCK_N, BLOCK_K] float32 register tile and reduces once at the end (no per-iteration
+  shuffles); 2..16 tokens use ``tl.dot`` with the tokens padded to 16 rows (the tensor cores are
+  idle otherwise; the weight read is what costs). Where the output is narrow (e.g. 4096 rows on
+  132 SMs) the reduction axis is split (split-K) so more programs stream the weight at once; the
+  partial sums are combined by the last program to arrive at each output tile (an arrival
+  counter, as in CUTLASS's serial split-K / Stream-K fixup): it sums the partials in a fixed
+  order (deterministic, unlike float atomics), runs the epilogue and re-arms the counter, so no
+  second kernel and no memset are needed, and a CUDA graph can replay it.
+  SwiGLU keeps a gate row block and the matching up row block (rows ``n`` and ``inter + n`` of the
+  stacked weight) in the same program, so the activation is applied in registers.
+* ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse,
+  software-pipelined K loop; Triton emits wgmma on Hopper), with the same epilogue.
+
+Roundings (as the ref backend and transformers): a float weight's product is rounded to x's dtype
+(F.linear's output) before anything else; an INT8 weight's float32 product is scaled and rounded
+once. SwiGLU rounds gate and up to x's dtype, silu(gate) to out's dtype, then the product.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .activations import silu_mul_math, xielu_math
+from .common import INTERPRET_MODE, cast_to, cdiv, int8_to, mma, sm_count
+
+ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
+SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
+
+
+@triton.jit
+def _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
+                    alpha_p, alpha_n, beta, eps,
+                    ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr,
+                    x_ty: tl.constexpr):
+    """acc_a (and acc_b, the up half of SwiGLU): [BLOCK_M, BLOCK_N] float32 sums of x . w."""
+    n_mask = rn < N_OUT
+    mask = (rm < M)[:, None] & n_mask[None, :]
+    out_ty: tl.constexpr = out_ptr.dtype.element_ty
+    if INT8:  # W[j, :] = scale[j] * Wq[j, :]
+        acc_a = acc_a * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)[None, :]
+        if ACT == 1:
+            acc_b = acc_b * tl.load(scale_ptr + N_OUT + rn, mask=n_mask, other=0.0)[None, :]
+    if ACT == 1:  # SwiGLU: gate and up rounded to x's dtype, then silu(gate) * up
+        gate = cast_to(acc_a, x_ty).to(tl.float32)
+        up = cast_to(acc_b, x_ty).to(tl.float32)
+        y = silu_mul_math(gate, up, out_ty)
+    else:
+        y = acc_a
+        if ROUND_X:
+            y = cast_to(y, x_ty).to(tl.float32)
+        if ACT == 2:
+            y = xielu_math(cast_to(y, out_ty).to(tl.float32), alpha_p, alpha_n, beta, eps)
+        y = cast_to(y, out_ty)
+    offs = rm.to(tl.int64)[:, None] * s_om + rn[None, :]
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, lock_ptr,
+    M, N_OUT, K, s_xm, s_wn, s_om, K_SPLIT,
+    alpha_p, alpha_n, beta, eps,
+    ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Grid: (cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or 2 * N_OUT, K)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    x_ty: tl.constexpr = x_ptr.dtype.element_ty
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    rn_safe = tl.minimum(rn, N_OUT - 1)  # clamped rows: unmasked loads, results dropped at store
+    rm_safe = tl.minimum(rm, M - 1)
+    w_a = w_ptr + rn_safe.to(tl.int64)[:, None] * s_wn + rk[None, :]
+    w_b = w_ptr + (rn_safe + N_OUT).to(tl.int64)[:, None] * s_wn + rk[None, :]  # SwiGLU's up rows
+    x_rows = x_ptr + rm_safe.to(tl.int64)[:, None] * s_xm + rk[None, :]
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+
+    if BLOCK_M == 1:
+        # One token: elementwise FMAs into a 2-D register tile, one reduction at the end.
+        part_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        part_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                xv = tl.load(x_rows + k0).to(tl.float32)
+                wa = tl.load(w_a + k0)
+                if ACT == 1:
+                    wb = tl.load(w_b + k0)
+            else:
+                kmask = (k0 + rk) < k_hi
+                xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+                wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
+                if ACT == 1:
+                    wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
+            part_a += wa.to(tl.float32) * xv
+            if ACT == 1:
+                part_b += wb.to(tl.float32) * xv
+        acc_a = tl.sum(part_a, axis=1)[None, :]
+        acc_b = tl.sum(part_b, axis=1)[None, :]
+    else:
+        # 2..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
+        acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                xv = tl.load(x_rows + k0)
+                wa = tl.load(w_a + k0)
+                if ACT == 1:
+                    wb = tl.load(w_b + k0)
+            else:
+                kmask = (k0 + rk) < k_hi
+                xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
+                wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
+                if ACT == 1:
+                    wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
+            if INT8:  # int8 values are exact in bf16/fp16
+                wa = int8_to(wa, x_ty)
+            acc_a = mma(xv, tl.trans(wa), acc_a, F32)
+            if ACT == 1:
+                if INT8:
+                    wb = int8_to(wb, x_ty)
+                acc_b = mma(xv, tl.trans(wb), acc_b, F32)
+
+    if SPLIT_K == 1:
+        _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
+                        alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
+    else:
+        # Split-K fixup: partials [SPLIT_K, BLOCK_M, NP] (NP = N_OUT, or 2 * N_OUT for SwiGLU).
+        NP = N_OUT * (2 if ACT == 1 else 1)
+        n_ok = (rn < N_OUT)[None, :]
+        p_off = (pid_k * BLOCK_M + rm)[:, None] * NP + rn[None, :]
+        tl.store(part_ptr + p_off, acc_a, mask=n_ok)
+        if ACT == 1:
+            tl.store(part_ptr + p_off + N_OUT, acc_b, mask=n_ok)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:  # the last program of this tile: sum in split order
+            acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                s_off = (s * BLOCK_M + rm)[:, None] * NP + rn[None, :]
+                acc_a += tl.load(part_ptr + s_off, mask=n_ok, other=0.0, cache_modifier=".cg")
+                if ACT == 1:
+                    acc_b += tl.load(part_ptr + s_off + N_OUT, mask=n_ok, other=0.0,
+                                     cache_modifier=".cg")
+            _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
+                            alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)  # re-arm for the next launch / graph replay
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr,
+    M, N_OUT, K, s_xm, s_wn, s_om,
+    alpha_p, alpha_n, beta, eps,
+    ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Grid: (cdiv(M, BLOCK_M) * cdiv(N_OUT, BLOCK_N),). Tiles visited in groups of GROUP_M
+    row blocks so that a group's weight tiles are reused from L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % in_group) % group_m)
+    pid_n = (pid % in_group) // group_m
+    x_ty: tl.constexpr = x_ptr.dtype.element_ty
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rm_safe = tl.minimum(rm, M - 1)
+    rn_safe = tl.minimum(rn, N_OUT - 1)
+    a_ptrs = x_ptr + rm_safe.to(tl.int64)[:, None] * s_xm + rk[None, :]
+    wa_ptrs = w_ptr + rn_safe.to(tl.int64)[:, None] * s_wn + rk[None, :]
+    wb_ptrs = w_ptr + (rn_safe + N_OUT).to(tl.int64)[:, None] * s_wn + rk[None, :]
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0)
+            wa = tl.load(wa_ptrs + k0)
+            if ACT == 1:
+                wb = tl.load(wb_ptrs + k0)
+        else:
+            kmask = (k0 + rk) < K
+            a = tl.load(a_ptrs + k0, mask=kmask[None, :], other=0.0)
+            wa = tl.load(wa_ptrs + k0, mask=kmask[None, :], other=0.0)
+            if ACT == 1:
+                wb = tl.load(wb_ptrs + k0, mask=kmask[None, :], other=0.0)
+        if INT8:
+            wa = int8_to(wa, x_ty)
+        acc_a = mma(a, tl.trans(wa), acc_a, F32)
+        if ACT == 1:
+            if INT8:
+                wb = int8_to(wb, x_ty)
+            acc_b = mma(a, tl.trans(wb), acc_b, F32)
+    _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
+                    alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
+
+
+# --- launch configuration --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int = 0  # 0: chosen from the shape (see _split_k)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
+    """Default GEMV tiles. Starting points for the H200 (see benchmarks/ops.py's sweep): a
+    [16, 512] bf16 tile (16 KB per iteration, 16-byte loads, 4 warps) per program for one token;
+    INT8 doubles BLOCK_K to keep the bytes per iteration. SwiGLU programs hold two row blocks."""
+    if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
+        return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128)
+    if m == 1:
+        block_k = 1024 if int8 else 512
+        if f32:
+            block_k = 256
+        return GemvConfig(block_n=8 if act == ACT_SWIGLU else 16, block_k=block_k, num_warps=4,
+                          num_stages=3)
+    return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
+
+
+def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
+    if INTERPRET_MODE:
+        return GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=1)
+    if f32:
+        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
+    block_m = 64 if m <= 64 else 128
+    block_n = 64 if act == ACT_SWIGLU else 128
+    return GemmConfig(block_m=block_m, block_n=block_n, block_k=64, num_warps=8 if block_m == 128
+                      else 4, num_stages=4 if act != ACT_SWIGLU else 3)
+
+
+def _split_k(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """Split K until there are ~2 programs per SM, each with at least one BLOCK_K of work."""
+    split = 1
+    while tiles * split < 2 * sms and split < 8 and k >= 2 * split * block_k:
+        split *= 2
+    return split
+
+
+class _SplitKScratch:
+    """Per-device split-K scratch: float32 partial sums and per-tile arrival counters (zero
+    between launches: the last program of each tile re-arms its counter). Allocated once per
+    device, on first use or from ``reserve`` (the attention_workspace hook calls it, so a model
+    runner allocates it before capturing graphs); never grown: a launch that needs more than
+    it holds runs without split-K."""
+
+    PARTIALS = 1 << 21  # floats (8 MiB)
+    COUNTERS = 1 << 15
+
+    def __init__(self):
+        self._by_device = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device):
+        key = (device.type, device.index)
+        buffers = self._by_device.get(key)
+        if buffers is None:
+            with self._lock:
+                buffers = self._by_device.get(key)
+                if buffers is None:
+                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=device),
+                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=device))
+                    self._by_device[key] = buffers
+        return buffers
+
+
+SCRATCH = _SplitKScratch()
+
+
+def reserve_scratch(device: torch.device):
+    SCRATCH.get(torch.device(device))
+
+
+def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0, 0.0, 0.0),
+                  config=None):
+    """out (M, N_OUT) = act(x (M, K) @ weight.T); SwiGLU's weight has 2 * N_OUT rows.
+
+    config: a GemvConfig / GemmConfig to override the defaults (benchmarks and tests)."""
+    m, k = x.shape
+    n_out = out.shape[1]
+    if m == 0 or n_out == 0:
+        return
+    int8 = weight.dtype == torch.int8
+    f32 = (x.dtype == torch.float32 or weight.dtype == torch.float32
+           or (not int8 and weight.dtype != x.dtype))
+    scale = weight_scale if int8 else x  # a dummy pointer when unused
+    alpha_p, alpha_n, beta, eps = (float(a) for a in act_args)
+    common = dict(ACT=act, INT8=int8, ROUND_X=not int8, F32=f32)
+
+    if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
+        cfg = config or gemv_config(m, k, int8, act, f32)
+        block_m = 1 if m == 1 else 16
+        tiles = cdiv(n_out, cfg.block_n)
+        split = cfg.split_k or _split_k(tiles, k, cfg.block_k, sm_count(x.device))
+        k_split = cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k
+        split = cdiv(k, k_split)
+        part, locks = x, x  # dummies when not split
+        if split > 1:
+            part, locks = SCRATCH.get(x.device)
+            n_part = split * block_m * n_out * (2 if act == ACT_SWIGLU else 1)
+            if n_part > part.numel() or tiles > locks.numel():
+                split, k_split, part, locks = 1, k, x, x
+        _gemv_kernel[(tiles, split)](
+            x, weight, scale, out, part, locks,
+            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k_split,
+            alpha_p, alpha_n, beta, eps,
+            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+            EVEN_K=(k % cfg.block_k == 0) and (k_split % cfg.block_k == 0),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+        )
+        return
+
+    n_rows = n_out
+    cfg = config or gemm_config(m, n_rows, k, act, f32)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n_out, cfg.block_n),)
+    _gemm_kernel[grid](
+        x, weight, scale, out, m, n_out, k, x.stride(0), weight.stride(0), out.stride(0),
+        alpha_p, alpha_n, beta, eps,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+    )

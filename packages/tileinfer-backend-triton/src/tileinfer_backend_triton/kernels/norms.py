@@ -1,0 +1,95 @@
+"""RMSNorm and the fused residual-add + RMSNorm.
+
+One program normalizes BLOCK_R rows of length D (BLOCK_D = next power of two >= D) held whole in
+registers: a decode step's hidden row (1 x 4096) is one program, per-head q/k norms
+((tokens * heads) x 128) pack many rows per program. Rows are addressed through two strides so
+that views such as the q heads of a fused qkv row, (n, heads, head_dim), need no copy.
+
+Rounding follows transformers' LlamaRMSNorm: ``x_hat = x * rsqrt(mean(x^2) + eps)`` in float32,
+rounded to x's dtype, then ``weight * x_hat`` rounded to out's dtype. The fused op first rounds
+``residual + delta`` to the residual's dtype, stores it, and normalizes that rounded value.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRET_MODE, cast_to, next_pow2
+
+
+@triton.jit
+def _rms_rows_kernel(
+    x_ptr, w_ptr, out_ptr, delta_ptr,
+    R, D, INNER,                      # rows, row length, rows per outer index (3-D views)
+    sx0, sx1, so0, so1, sd0, sd1,     # (outer, inner) strides of x/residual, out, delta
+    eps,
+    ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    outer, inner = rows // INNER, rows % INNER
+    rmask = rows < R
+    mask = rmask[:, None] & (cols < D)[None, :]
+    x_off = (outer * sx0 + inner * sx1)[:, None] + cols[None, :]
+    x_raw = tl.load(x_ptr + x_off, mask=mask, other=0.0)
+    x = x_raw.to(tl.float32)
+    if ADD:  # residual += delta, rounded to the residual's dtype (stored back in place)
+        d_off = (outer * sd0 + inner * sd1)[:, None] + cols[None, :]
+        delta = tl.load(delta_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
+        x = cast_to(x + delta, x_raw.dtype)
+        tl.store(x_ptr + x_off, x, mask=mask)
+        x = x.to(tl.float32)
+    mean_sq = tl.math.div_rn(tl.sum(x * x, axis=1), D.to(tl.float32))
+    x_hat = cast_to(x * tl.rsqrt(mean_sq + eps)[:, None], x_raw.dtype)
+    out_ty = out_ptr.dtype.element_ty
+    w = cast_to(tl.load(w_ptr + cols, mask=cols < D, other=0.0), out_ty).to(tl.float32)
+    y = cast_to(w[None, :] * cast_to(x_hat, out_ty).to(tl.float32), out_ty)
+    o_off = (outer * so0 + inner * so1)[:, None] + cols[None, :]
+    tl.store(out_ptr + o_off, y, mask=mask)
+
+
+def _as_rows(t: torch.Tensor):
+    """(outer, inner, D) view parameters of a 1-, 2- or 3-D tensor with a contiguous last dim:
+    returns (rows, inner, stride_outer, stride_inner)."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError("the last dimension must be contiguous")
+    if t.dim() == 1:
+        return 1, 1, 0, 0
+    if t.dim() == 2:
+        return t.shape[0], 1, t.stride(0), 0
+    if t.dim() == 3:
+        return t.shape[0] * t.shape[1], t.shape[1], t.stride(0), t.stride(1)
+    flat = t.view(-1, t.shape[-1])  # more dims: must be viewable as rows
+    return flat.shape[0], 1, flat.stride(0), 0
+
+
+def _config(rows: int, d: int):
+    block_d = next_pow2(d)
+    # Enough rows per program to fill ~4K (GPU) / 16K (interpreter) elements.
+    budget = 16384 if INTERPRET_MODE else 4096
+    block_r = max(1, min(next_pow2(rows), budget // block_d))
+    num_warps = 4 if block_r * block_d <= 2048 else 8 if block_r * block_d <= 8192 else 16
+    return block_r, block_d, num_warps
+
+
+def launch_rmsnorm(out, x, weight, eps, residual_delta=None):
+    """rmsnorm(out, x, weight, eps); with residual_delta, x is the residual updated in place."""
+    d = x.shape[-1]
+    rows, inner, sx0, sx1 = _as_rows(x)
+    _, _, so0, so1 = _as_rows(out)
+    if residual_delta is not None:
+        _, _, sd0, sd1 = _as_rows(residual_delta)
+        delta = residual_delta
+    else:
+        sd0 = sd1 = 0
+        delta = x
+    if rows == 0:
+        return
+    block_r, block_d, num_warps = _config(rows, d)
+    grid = (triton.cdiv(rows, block_r),)
+    _rms_rows_kernel[grid](
+        x, weight, out, delta, rows, d, inner, sx0, sx1, so0, so1, sd0, sd1, float(eps),
+        ADD=residual_delta is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+    )

@@ -1,0 +1,310 @@
+"""Device sampling and the p/q acceptance rule, token for token as ``tileinfer.sampling``.
+
+One program per logit row walks the vocabulary in BLOCK-wide chunks (a 128256-entry row is
+0.5 MB and stays in L2 across the passes):
+
+* greedy: one pass of argmax (first index on ties, as torch.argmax);
+* temperature: ``s = logits * float32(1 / temperature)`` (one multiply, as the host);
+* top-k: the threshold ``t_k`` = the largest int key with ``count(key >= t_k) >= k``, found by
+  32 bisection steps over the int32 order keys of s (``_order_key`` of tileinfer.sampling: the
+  float32 bits, negatives with their magnitude bits flipped), each step one counting pass: no
+  sort of the vocabulary;
+* top-p: ``need = top_p * sum(kept exp(s - max))``, then the largest key ``t_p`` whose upper set
+  holds at least ``need``, by the same 32-step bisection on masked sums (each sum is taken in the
+  same fixed order, so it is monotone in the threshold and the bisection is exact for it);
+* the token: Gumbel-max over the kept set, ``argmax(s + g)``, with ``g = -log(-log(u))`` and ``u``
+  from the counter-based hash (``mix32``, lowbias32) in uint32 arithmetic, which is what the host's
+  int64 ``(x * C) & 0xFFFFFFFF`` computes.
+
+Host and device agree bit for bit on s, the keys, the hash and u; exp/log are the correctly
+rounded libdevice functions. Sums are taken in a different order than torch's, so a top-p
+threshold whose cumulative mass ties ``need`` to float32 rounding, or two Gumbel scores that tie
+to an ulp, may pick differently (about one token in a million, as the host module says).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRET_MODE, exact_exp, exact_log, next_pow2
+
+_MUL1 = tl.constexpr(0x7FEB352D)
+_MUL2 = tl.constexpr(0x1B873593)
+_GOLDEN = tl.constexpr(0x9E3779B9)
+ACCEPT_SALT = tl.constexpr(0xFFFFFFFF)  # tileinfer.sampling.ACCEPT_SALT
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 on uint32 (wrapping products)."""
+    x = x ^ (x >> 16)
+    x = x * tl.full([], _MUL1, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full([], _MUL2, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _stream_key(seed_ptr, counter_ptr, rows):
+    """The 32-bit key of stream (seed, counter + row), as tileinfer.sampling.stream_key."""
+    seed = tl.load(seed_ptr)
+    counter = tl.load(counter_ptr) + rows
+    key = _mix32(seed.to(tl.uint32) ^ tl.full([], _GOLDEN, tl.uint32))
+    key = _mix32(key ^ (seed >> 32).to(tl.uint32))
+    return _mix32(key ^ counter.to(tl.uint32))
+
+
+@triton.jit
+def _uniform(key, index):
+    """float32 uniform in (0, 1) for (key, index), index uint32: (bits24 + 0.5) / 2**24."""
+    bits = _mix32(_mix32(key ^ index)) >> 8
+    return (bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _gumbel(key, offs):
+    return -exact_log(-exact_log(_uniform(key, offs.to(tl.uint32))))
+
+
+@triton.jit
+def _scores(row_ptrs, offs, V, inv_t, rmask):
+    """Scaled logits s, their int32 order keys and the valid mask of a [ROWS, BLOCK] chunk."""
+    valid = rmask[:, None] & (offs < V)[None, :]
+    s = tl.load(row_ptrs[:, None] + offs[None, :], mask=valid, other=float("-inf")) * inv_t
+    return s, _order_key(s), valid
+
+
+@triton.jit
+def _order_key(s):
+    bits = s.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _row_max(row_ptrs, V, inv_t, rmask, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    best = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        s, key, valid = _scores(row_ptrs, start + tl.arange(0, BLOCK), V, inv_t, rmask)
+        best = tl.maximum(best, s)
+    return tl.max(best, axis=1)
+
+
+@triton.jit
+def _count_ge(row_ptrs, V, inv_t, rmask, thr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    n = tl.zeros([ROWS, BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        s, key, valid = _scores(row_ptrs, start + tl.arange(0, BLOCK), V, inv_t, rmask)
+        n += (valid & (key >= thr[:, None])).to(tl.int32)
+    return tl.sum(n, axis=1)
+
+
+@triton.jit
+def _mass_ge(row_ptrs, V, inv_t, rmask, m, thr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Per row: the sum of exp(s - m) over keys >= thr, always in the same order."""
+    z = tl.zeros([ROWS, BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        s, key, valid = _scores(row_ptrs, start + tl.arange(0, BLOCK), V, inv_t, rmask)
+        z += tl.where(valid & (key >= thr[:, None]), exact_exp(s - m[:, None]), 0.0)
+    return tl.sum(z, axis=1)
+
+
+@triton.jit
+def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
+            HAS_TOPP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Per row (thr, m, z): kept = key >= thr; m = max s (always kept); z = sum kept exp(s - m)."""
+    m = _row_max(row_ptrs, V, inv_t, rmask, ROWS, BLOCK)
+    thr = tl.full([ROWS], -2147483648, tl.int32)
+    if HAS_TOPK:  # largest t with count(key >= t) >= top_k: 32 bisection steps
+        lo = tl.full([ROWS], -2147483648, tl.int64)
+        hi = tl.full([ROWS], 2147483648, tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2
+            ok = _count_ge(row_ptrs, V, inv_t, rmask, mid.to(tl.int32), ROWS, BLOCK) >= top_k
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        thr = lo.to(tl.int32)
+    z = _mass_ge(row_ptrs, V, inv_t, rmask, m, thr, ROWS, BLOCK)
+    if HAS_TOPP:  # largest t whose upper set (within the kept) holds top_p of the kept mass
+        need = top_p * z
+        lo = tl.full([ROWS], -2147483648, tl.int64)
+        hi = tl.full([ROWS], 2147483648, tl.int64)
+        z_lo = z  # the mass at lo (every kept token)
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2
+            mass = _mass_ge(row_ptrs, V, inv_t, rmask, m, tl.maximum(mid.to(tl.int32), thr),
+                            ROWS, BLOCK)
+            ok = mass >= need
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+            z_lo = tl.where(ok, mass, z_lo)
+        thr = tl.maximum(thr, lo.to(tl.int32))
+        z = z_lo
+    return thr, m, z
+
+
+@triton.jit
+def _argmax_update(best_v, best_i, vals, start):
+    """Fold a [ROWS, BLOCK] chunk into running (max, first index); earlier chunks win ties."""
+    v = tl.max(vals, axis=1)
+    i = tl.argmax(vals, axis=1) + start
+    take = v > best_v
+    return tl.where(take, v, best_v), tl.where(take, i, best_i)
+
+
+@triton.jit
+def _greedy(row_ptrs, V, rmask, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    best_v = tl.full([ROWS], float("-inf"), tl.float32)
+    best_i = tl.zeros([ROWS], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=rmask[:, None] & (offs < V)[None, :],
+                    other=float("-inf"))
+        best_v, best_i = _argmax_update(best_v, best_i, x, start)
+    return best_i
+
+
+@triton.jit
+def _sample_kernel(out_ptr, logits_ptr, probs_ptr, seed_ptr, counter_ptr, N, V, s_l, s_p,
+                   inv_t, top_k, top_p,
+                   GREEDY: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+                   PROBS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid: (cdiv(rows, ROWS),); each program samples ROWS rows."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < N
+    row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
+    prob_ptrs = probs_ptr + rows.to(tl.int64) * s_p
+    if GREEDY:
+        tok = _greedy(row_ptrs, V, rmask, ROWS, BLOCK)
+        if PROBS:
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(prob_ptrs[:, None] + offs[None, :],
+                         tl.where(offs[None, :] == tok[:, None], 1.0, 0.0),
+                         mask=rmask[:, None] & (offs < V)[None, :])
+    else:
+        thr, m, z = _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK, HAS_TOPP, ROWS,
+                            BLOCK)
+        keys = _stream_key(seed_ptr, counter_ptr, rows)
+        inv_z = 1.0 / z
+        best_v = tl.full([ROWS], float("-inf"), tl.float32)
+        tok = tl.zeros([ROWS], tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            s, key, valid = _scores(row_ptrs, offs, V, inv_t, rmask)
+            kept = valid & (key >= thr[:, None])
+            score = tl.where(kept, s + _gumbel(keys[:, None], offs[None, :]), float("-inf"))
+            best_v, tok = _argmax_update(best_v, tok, score, start)
+            if PROBS:
+                p = tl.where(kept, exact_exp(s - m[:, None]) * inv_z[:, None], 0.0)
+                tl.store(prob_ptrs[:, None] + offs[None, :], p, mask=valid)
+    tl.store(out_ptr + rows, tok.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _accept_kernel(out_ptr, logits_ptr, draft_ptr, q_ptr, seed_ptr, counter_ptr, N, V, s_l, s_q,
+                   inv_t, top_k, top_p,
+                   GREEDY: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+                   HAS_Q: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid: (cdiv(rows, ROWS),). The p/q rule of speculative sampling (Leviathan et al. 2023):
+    accept draft d if u * q[d] < p[d], else Gumbel-max sample max(p - q, 0)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < N
+    row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
+    q_ptrs = q_ptr + rows.to(tl.int64) * s_q
+    d = tl.load(draft_ptr + rows, mask=rmask, other=0).to(tl.int32)
+    keys = _stream_key(seed_ptr, counter_ptr, rows)
+    if GREEDY:  # p is the one-hot of the argmax
+        top = _greedy(row_ptrs, V, rmask, ROWS, BLOCK)
+        p_d = tl.where(d == top, 1.0, 0.0)
+    else:
+        thr, m, z = _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK, HAS_TOPP, ROWS,
+                            BLOCK)
+        inv_z = 1.0 / z
+        s_d = tl.load(row_ptrs + d, mask=rmask, other=0.0) * inv_t
+        p_d = tl.where(_order_key(s_d) >= thr, exact_exp(s_d - m) * inv_z, 0.0)
+    if HAS_Q:
+        q_d = tl.load(q_ptrs + d, mask=rmask, other=0.0)
+    else:
+        q_d = tl.full([ROWS], 1.0, tl.float32)
+    u = _uniform(keys, tl.full([ROWS], ACCEPT_SALT, tl.uint32))
+    accept = u * q_d < p_d
+
+    best_v = tl.full([ROWS], float("-inf"), tl.float32)
+    tok = tl.zeros([ROWS], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        if GREEDY:
+            valid = rmask[:, None] & (offs < V)[None, :]
+            p = tl.where(offs[None, :] == top[:, None], 1.0, 0.0)
+        else:
+            s, key, valid = _scores(row_ptrs, offs, V, inv_t, rmask)
+            p = tl.where(valid & (key >= thr[:, None]), exact_exp(s - m[:, None]) * inv_z[:, None],
+                         0.0)
+        if HAS_Q:
+            q = tl.load(q_ptrs[:, None] + offs[None, :], mask=valid, other=0.0)
+        else:
+            q = tl.where(offs[None, :] == d[:, None], 1.0, 0.0)
+        resid = tl.maximum(p - q, 0.0)
+        pos = valid & (resid > 0)
+        score = tl.where(pos, exact_log(tl.where(pos, resid, 1.0))
+                         + _gumbel(keys[:, None], offs[None, :]), float("-inf"))
+        best_v, tok = _argmax_update(best_v, tok, score, start)
+    tl.store(out_ptr + rows, tl.where(accept, d, tok).to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+# --- launch ------------------------------------------------------------------------------------
+
+
+def _tiles(n: int, vocab: int):
+    """(ROWS, BLOCK, num_warps). GPU: one row per program (rows run on different SMs), 4096-wide
+    chunks over 16 warps. Interpreter: all rows of a step in one program (its cost is per op)."""
+    if INTERPRET_MODE:
+        rows = min(next_pow2(n), 64)
+        return rows, max(16, min(next_pow2(vocab), 32768 // rows)), 4
+    return 1, min(next_pow2(vocab), 4096), 16
+
+
+def _inv_temperature(temperature: float) -> float:
+    """float32(1 / temperature), as SamplingParams.inv_temperature."""
+    return float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+
+
+def _flags(vocab, temperature, top_k, top_p):
+    greedy = temperature == 0
+    has_topk = (not greedy) and 0 < int(top_k) < vocab
+    has_topp = (not greedy) and float(top_p) < 1
+    inv_t = 1.0 if greedy else _inv_temperature(float(temperature))
+    # top_p enters as float32(top_p), as torch multiplies a float32 tensor by a Python float.
+    return greedy, has_topk, has_topp, inv_t
+
+
+def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    greedy, has_topk, has_topp, inv_t = _flags(vocab, temperature, top_k, top_p)
+    probs = probs_out if probs_out is not None else logits
+    rows, block, warps = _tiles(n, vocab)
+    _sample_kernel[(triton.cdiv(n, rows),)](
+        out, logits, probs, seed, counter, n, vocab, logits.stride(0), probs.stride(0),
+        inv_t, int(top_k), float(top_p),
+        GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, PROBS=probs_out is not None,
+        ROWS=rows, BLOCK=block, num_warps=warps,
+    )
+
+
+def launch_accept(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed, counter):
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    greedy, has_topk, has_topp, inv_t = _flags(vocab, temperature, top_k, top_p)
+    q = draft_probs if draft_probs is not None else logits
+    rows, block, warps = _tiles(n, vocab)
+    _accept_kernel[(triton.cdiv(n, rows),)](
+        out, logits, draft_ids, q, seed, counter, n, vocab, logits.stride(0), q.stride(0),
+        inv_t, int(top_k), float(top_p),
+        GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_Q=draft_probs is not None,
+        ROWS=rows, BLOCK=block, num_warps=warps,
+    )
