@@ -165,9 +165,11 @@ class PagedKVCache:
         """ContextLengthError if seq cannot grow by n positions (within max_len too, if given)."""
         limit = self.max_seq_len if max_len is None else min(max_len, self.max_seq_len)
         if len(seq) + n > limit:
+            source = ("the model's max_len" if max_len is not None and max_len <= self.max_seq_len
+                      else "the cache's max_seq_len")
             raise ContextLengthError(
                 f"{len(seq)} cached + {n} new tokens exceed the maximum sequence length {limit} "
-                f"(model max_len {max_len}, cache max_seq_len {self.max_seq_len})")
+                f"({source})")
 
     def reserve_all(self, requests):
         """Give each (sequence, n) of requests pages for n more positions, all or none.
