@@ -1,0 +1,173 @@
+// Shared helpers of TileInfer's CUDA kernels. Compiled by NVRTC with no CUDA toolkit headers:
+// bfloat16 and float16 are handled as 16-bit patterns with explicit conversions (PTX `cvt`, round
+// to nearest even, as PyTorch rounds), and only NVRTC's built-in functions and vector types are used.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// --- 16-bit float types as bit patterns -------------------------------------------------------
+
+struct bf16_t { unsigned short bits; };
+struct f16_t { unsigned short bits; };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16_t v) { return __uint_as_float(((u32)v.bits) << 16); }
+__device__ __forceinline__ float to_float(f16_t v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float f) {
+    bf16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+    return r;
+}
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float f) {
+    f16_t r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+    return r;
+}
+
+// The value of f rounded to T and back: "rounded to the dtype" as transformers does between ops.
+template <typename T> __device__ __forceinline__ float round_to(float f) {
+    return to_float(from_float<T>(f));
+}
+
+// Two floats to one register of two bf16 (lo in the low half), round to nearest even.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Four int8 (the bytes of v) to two bf16x2 registers, exactly (|value| <= 128 fits bf16's 8 bits).
+// Each byte b is biased to b + 128 and placed in the mantissa of 2^23 (0x4B000000 | byte), so
+// the float is 2^23 + 128 + b; subtracting 2^23 + 128 leaves b exactly.
+__device__ __forceinline__ void int8x4_to_bf16x2(u32 v, u32& lo, u32& hi) {
+    const u32 biased = v ^ 0x80808080u;
+    const float magic = 8388736.0f;  // 2^23 + 128
+    float f0 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440)) - magic;
+    float f1 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441)) - magic;
+    float f2 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7442)) - magic;
+    float f3 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7443)) - magic;
+    lo = pack_bf16x2(f0, f1);
+    hi = pack_bf16x2(f2, f3);
+}
+
+__device__ __forceinline__ float int8_to_float(signed char v) { return (float)(int)v; }
+
+// --- chunked loads and stores -----------------------------------------------------------------
+// N consecutive elements of T read or written with one access of N * sizeof(T) bytes (16, 8, 4 or
+// 2 bytes); the pointer must be aligned to that size.
+
+template <int BYTES> struct VecType;
+template <> struct VecType<16> { typedef uint4 type; };
+template <> struct VecType<8> { typedef uint2 type; };
+template <> struct VecType<4> { typedef u32 type; };
+template <> struct VecType<2> { typedef unsigned short type; };
+
+template <typename T, int N>
+__device__ __forceinline__ void load_chunk(const T* p, float (&v)[N]) {
+    typedef typename VecType<N * sizeof(T)>::type V;
+    V raw = *reinterpret_cast<const V*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = to_float(e[i]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_chunk(T* p, const float (&v)[N]) {
+    typedef typename VecType<N * sizeof(T)>::type V;
+    V raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = from_float<T>(v[i]);
+    *reinterpret_cast<V*>(p) = raw;
+}
+
+// --- reductions -------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order; every thread
+// gets the result. scratch: 32 floats of shared memory. Starts and ends with a barrier.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// --- tensor-core helpers (sm_80+) -------------------------------------------------------------
+
+// D += A * B for one m16n8k16 tile: A 16x16 bf16 (row major, 4 registers), B 16x8 bf16
+// ("col": 2 registers), D 16x8 float32 (4 registers). Fragment layouts (g = lane / 4,
+// t = lane % 4): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0,d1 = D[g][2t..2t+1], d2,d3 = D[g+8][2t..2t+1].
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                               u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// Four 8x8 b16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// Asynchronous copies global -> shared (sm_80+), which need no registers and which the compiler
+// cannot sink next to their use: the way to keep many loads in flight. src_bytes = 0 copies
+// nothing and fills the destination with zeros. cg: cached in L2 only (data read once);
+// ca: cached in L1 too (data reused by other warps).
+#if defined(STREAM_L2_256B)
+#define CP_ASYNC_CG "cp.async.cg.shared.global.L2::256B"
+#else
+#define CP_ASYNC_CG "cp.async.cg.shared.global"
+#endif
+__device__ __forceinline__ void cp_async_cg16(u32 dst, const void* src, int src_bytes) {
+    asm volatile(CP_ASYNC_CG " [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_ca16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_ca8(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }

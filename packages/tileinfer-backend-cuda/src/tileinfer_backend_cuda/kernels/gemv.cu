@@ -1,0 +1,202 @@
+// Decode GEMV: out (n, O) = x (n, K) @ W.T for n <= 8 tokens, W (O, K) bf16 or int8 with a
+// float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue.
+//
+// At decode the weight is read once per token and nothing else matters: the kernel is a stream
+// over W that must keep enough bytes in flight to reach the memory bandwidth (Little's law:
+// about 4.8 TB/s x ~1 us, some 40 KB per SM). Register loads do not do that reliably: ptxas
+// schedules each load next to its first use. So every warp streams its share of W through a
+// private ring of STAGES slots in shared memory with cp.async (16-byte copies, no registers held,
+// STAGES - 1 steps of 1 KB ahead), and reads each slot back once its copy group has landed.
+// WARPS warps of a block split K between them (an in-block split-K, reduced through shared
+// memory in a fixed order), so narrow outputs still put many loads in flight.
+//
+// The multiply-add uses the tensor cores (mma.m16n8k16, bf16 in, float32 out) with the 8 token
+// rows as the n = 8 side, which costs nothing at n < 8 and keeps the CUDA cores free for the
+// INT8 -> bf16 conversion. A dot product does not care in which order k is summed, so the
+// fragments come straight from the 16-byte chunks: lane (g = lane / 4, t = lane % 4) copies
+// W[row g][k + 8t .. k + 8t + 8), W[row g + 8][same] and x[token g][same]; the first four
+// weight pairs of each row are the A fragment of one mma and the x pairs at the same k its B
+// fragment, the next four pairs the second mma (layouts: mma_bf16_16816 in common.cuh). With
+// INT8 weights a lane takes 16 int8 per row (64 k per warp step), converted exactly to bf16 in
+// registers; the per-row scale multiplies the float32 sum.
+//
+// Grid: ceil(O / 16) blocks of 16 output rows (for SwiGLU, gate rows j and up rows O + j in one
+// block); block: WARPS * 32 threads; dynamic shared memory: ring_bytes() below.
+//
+// Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
+// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
+// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES.
+#include "common.cuh"
+
+#ifndef W_INT8
+#define W_INT8 0
+#endif
+#ifndef INT8_LOAD
+#define INT8_LOAD 16
+#endif
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+#ifndef OUT_DTYPE
+#define OUT_DTYPE bf16_t
+#endif
+#ifndef ROUND_BF16
+#define ROUND_BF16 1
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef STAGES
+#define STAGES 8
+#endif
+typedef OUT_DTYPE out_t;
+
+constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight row tiles per block: gate (and up)
+// k covered by one lane's chunk, and by one warp step (4 lanes side by side).
+constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
+constexpr int STEP_K = 4 * LANE_K;
+constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
+constexpr int XVECS = LANE_K / 8;                 // 16-byte chunks of x per lane and step
+// Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per matrix,
+// then the x chunks.
+constexpr int PARTS = 2 * MATS + XVECS;
+
+#if W_INT8
+typedef signed char w_t;
+#else
+typedef bf16_t w_t;
+#endif
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float xielu_f32(float v, float alpha_p, float alpha_n, float beta,
+                                           float eps) {
+    return v > 0.0f ? alpha_p * v * v + beta * v
+                    : (expm1f(fminf(v, eps)) - v) * alpha_n + beta * v;
+}
+
+__device__ __forceinline__ void copy_w(u32 dst, const w_t* src, bool valid) {
+    if (W_BYTES == 16) cp_async_cg16(dst, src, valid ? 16 : 0);
+    else cp_async_ca8(dst, src, valid ? 8 : 0);
+}
+
+// acc += one step: weight chunks of rows g (wa) and g + 8 (wb) against x (xv).
+__device__ __forceinline__ void step_mma(float (&acc)[4], const uint4& wa, const uint4& wb,
+                                         const uint4 (&xv)[XVECS]) {
+#if !W_INT8
+    mma_bf16_16816(acc, wa.x, wb.x, wa.y, wb.y, xv[0].x, xv[0].y);
+    mma_bf16_16816(acc, wa.z, wb.z, wa.w, wb.w, xv[0].z, xv[0].w);
+#else
+    u32 a[LANE_K / 2], b[LANE_K / 2];  // bf16 pairs (k + 2i, k + 2i + 1) of rows g and g + 8
+    const u32* pa = reinterpret_cast<const u32*>(&wa);
+    const u32* pb = reinterpret_cast<const u32*>(&wb);
+#pragma unroll
+    for (int i = 0; i < LANE_K / 4; ++i) {
+        int8x4_to_bf16x2(pa[i], a[2 * i], a[2 * i + 1]);
+        int8x4_to_bf16x2(pb[i], b[2 * i], b[2 * i + 1]);
+    }
+    const u32* px = reinterpret_cast<const u32*>(&xv[0]);
+#pragma unroll
+    for (int j = 0; j < LANE_K / 4; ++j)
+        mma_bf16_16816(acc, a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1], px[2 * j], px[2 * j + 1]);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restrict__ w,
+     const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
+     float alpha_n, float beta, float eps) {
+    extern __shared__ uint4 ring[];
+    __shared__ float partial[WARPS][MATS][16][9];  // [warp][mat][row][token], padded
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row_base = blockIdx.x * 16;
+    // Rows past O (the last block) read row O - 1 again; their sums are dropped.
+    const int r0 = min(row_base + g, O - 1), r1 = min(row_base + g + 8, O - 1);
+    const bf16_t* xrow = x + (i64)min(g, n - 1) * x_stride + t * LANE_K;
+    const w_t* wrow[MATS][2];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+        wrow[m][0] = w + ((i64)m * O + r0) * K + t * LANE_K;
+        wrow[m][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
+    }
+    uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
+    const u32 my_ring_addr = smem_addr(my_ring);
+
+    // Warp `warp` takes the steps warp, warp + WARPS, ... (step s covers k in [s, s + 1) * STEP_K).
+    const int steps = (K + STEP_K - 1) / STEP_K;
+    const int my_steps = warp < steps ? (steps - warp + WARPS - 1) / WARPS : 0;
+
+    // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
+    // as one commit group. Every call commits a group, so "group i done" is a fixed count.
+    auto issue = [&](int i) {
+        const int k = (warp + i * WARPS) * STEP_K;
+        const bool valid = i < my_steps && k + t * LANE_K < K;  // K is a multiple of LANE_K
+        const int kk = valid ? k : 0;
+        const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+            copy_w(stage + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
+            copy_w(stage + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
+        }
+#pragma unroll
+        for (int v = 0; v < XVECS; ++v)
+            cp_async_ca16(stage + (2 * MATS + v) * 32 * 16, xrow + kk + 8 * v, valid ? 16 : 0);
+        cp_async_commit();
+    };
+
+    float acc[MATS][4];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    for (int i = 0; i < my_steps; ++i) {
+        issue(i + STAGES - 1);          // refills the stage read in step i - 1
+        cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)
+        const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
+        uint4 xv[XVECS];
+#pragma unroll
+        for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * MATS + v) * 32];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) step_mma(acc[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32], xv);
+    }
+    cp_async_wait<0>();
+
+    // Accumulator layout: acc[m][0..1] = row g, tokens 2t, 2t + 1; acc[m][2..3] = row g + 8.
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+        partial[warp][m][g][2 * t] = acc[m][0];
+        partial[warp][m][g][2 * t + 1] = acc[m][1];
+        partial[warp][m][g + 8][2 * t] = acc[m][2];
+        partial[warp][m][g + 8][2 * t + 1] = acc[m][3];
+    }
+    __syncthreads();
+
+    // Thread idx -> (token idx / 16, row idx % 16): consecutive threads write consecutive rows.
+    for (int idx = threadIdx.x; idx < 16 * 8; idx += WARPS * 32) {
+        const int tok = idx >> 4, r = idx & 15, row = row_base + r;
+        if (tok >= n || row >= O) continue;
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+            float s = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < WARPS; ++wi) s += partial[wi][m][r][tok];
+#if W_INT8
+            s *= w_scale[(i64)m * O + row];
+#endif
+            v[m] = s;
+        }
+        float y;
+#if EPILOGUE == 1
+        // transformers: gate, up = bf16 projections; act = bf16(silu(gate)); out = bf16(act * up)
+        const float gate = round_to<bf16_t>(v[0]), up = round_to<bf16_t>(v[1]);
+        y = round_to<bf16_t>(silu(gate)) * up;
+#elif EPILOGUE == 2
+        y = xielu_f32(round_to<bf16_t>(v[0]), alpha_p, alpha_n, beta, eps);
+#else
+        y = ROUND_BF16 ? round_to<bf16_t>(v[0]) : v[0];
+#endif
+        out[(i64)tok * O + row] = from_float<out_t>(y);
+    }
+}

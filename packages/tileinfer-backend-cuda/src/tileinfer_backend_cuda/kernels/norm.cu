@@ -1,0 +1,108 @@
+// RMSNorm and the fused residual add + RMSNorm, with the two roundings of transformers'
+// LlamaRMSNorm: x_hat = x * rsqrt(mean(x^2) + eps) rounded to T, then weight (as T) * x_hat
+// rounded to T.
+//
+// Layout: rows of `dim` contiguous elements (row r at r * dim). Two shapes of work:
+//   *_block: one block per row (large dims, e.g. hidden 4096), a block-wide reduction;
+//   *_warp:  one warp per row, blockDim.x / 32 rows per block (head_dim rows of q/k norms).
+// Both read the row twice (the second read hits L1/L2): the first pass sums squares (and for
+// add_rmsnorm writes the updated residual), the second normalizes.
+//
+// Defines: DTYPE (activation type T), WEIGHT_DTYPE (weight type W_T), VEC (elements per access;
+// dim % VEC == 0).
+#include "common.cuh"
+
+#ifndef DTYPE
+#define DTYPE bf16_t
+#endif
+#ifndef WEIGHT_DTYPE
+#define WEIGHT_DTYPE DTYPE
+#endif
+#ifndef VEC
+#define VEC 1
+#endif
+typedef DTYPE T;
+typedef WEIGHT_DTYPE W_T;
+
+// Normalize chunks [first, dim/VEC) step `stride` of one row once its inverse rms is known.
+__device__ __forceinline__ void normalize_row(T* out, const T* x, const W_T* weight, int dim,
+                                              float inv_rms, int first, int stride) {
+    for (int c = first; c < dim / VEC; c += stride) {
+        float v[VEC], w[VEC], o[VEC];
+        load_chunk<T, VEC>(x + c * VEC, v);
+        load_chunk<W_T, VEC>(weight + c * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
+        store_chunk<T, VEC>(out + c * VEC, o);
+    }
+}
+
+// Sum of squares of chunks [first, dim/VEC) step `stride`; with delta, first x += delta
+// (rounded to T, written back to x) and the updated values are squared.
+template <bool ADD>
+__device__ __forceinline__ float square_sum(T* x, const T* delta, int dim, int first, int stride) {
+    float acc = 0.0f;
+    for (int c = first; c < dim / VEC; c += stride) {
+        float v[VEC];
+        load_chunk<T, VEC>(x + c * VEC, v);
+        if (ADD) {
+            float d[VEC];
+            load_chunk<T, VEC>(delta + c * VEC, d);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) v[e] = round_to<T>(v[e] + d[e]);
+            store_chunk<T, VEC>(x + c * VEC, v);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc += v[e] * v[e];
+    }
+    return acc;
+}
+
+template <bool ADD>
+__device__ __forceinline__ void norm_block(T* out, T* x, const T* delta, const W_T* weight,
+                                           int dim, float eps) {
+    __shared__ float scratch[32];
+    const i64 row = blockIdx.x;
+    x += row * dim;
+    out += row * dim;
+    if (ADD) delta += row * dim;
+    float ss = square_sum<ADD>(x, delta, dim, threadIdx.x, blockDim.x);
+    ss = block_sum(ss, scratch);
+    const float inv_rms = rsqrtf(ss / (float)dim + eps);
+    normalize_row(out, x, weight, dim, inv_rms, threadIdx.x, blockDim.x);
+}
+
+template <bool ADD>
+__device__ __forceinline__ void norm_warp(T* out, T* x, const T* delta, const W_T* weight,
+                                          i64 rows, int dim, float eps) {
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31;
+    x += row * dim;
+    out += row * dim;
+    if (ADD) delta += row * dim;
+    const float ss = warp_sum(square_sum<ADD>(x, delta, dim, lane, 32));
+    const float inv_rms = rsqrtf(ss / (float)dim + eps);
+    normalize_row(out, x, weight, dim, inv_rms, lane, 32);
+}
+
+// rmsnorm: out (rows, dim) = rmsnorm(x) * weight. out may be x.
+extern "C" __global__ void rmsnorm_block(T* out, const T* x, const W_T* __restrict__ weight,
+                                         int dim, float eps) {
+    norm_block<false>(out, const_cast<T*>(x), nullptr, weight, dim, eps);
+}
+extern "C" __global__ void rmsnorm_warp(T* out, const T* x, const W_T* __restrict__ weight,
+                                        i64 rows, int dim, float eps) {
+    norm_warp<false>(out, const_cast<T*>(x), nullptr, weight, rows, dim, eps);
+}
+
+// add_rmsnorm: residual += delta (rounded to T), then out = rmsnorm(residual) * weight.
+extern "C" __global__ void add_rmsnorm_block(T* residual, T* out, const T* delta,
+                                             const W_T* __restrict__ weight, int dim, float eps) {
+    norm_block<true>(out, residual, delta, weight, dim, eps);
+}
+extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
+                                            const W_T* __restrict__ weight, i64 rows, int dim,
+                                            float eps) {
+    norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
+}

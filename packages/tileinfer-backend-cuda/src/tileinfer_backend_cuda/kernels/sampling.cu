@@ -1,0 +1,344 @@
+// Device sampling and speculative acceptance, token-identical to tileinfer.sampling's host
+// definition (see its docstring): the same counter-based hash (mix32 "lowbias32"), the same 24
+// uniform bits, Gumbel-max over the filtered scores, top-k / top-p thresholds that are the
+// largest float32 order keys t with enough mass in {key >= t}.
+//
+// One block of 1024 threads per logit row; the row (vocab float32) is read several times, from
+// L2 after the first pass. Thresholds:
+//   * top-k: the k-th largest order key, found exactly by a radix select (4 passes of 8-bit
+//     digits, histograms in shared memory with warp-aggregated atomics), which equals what the
+//     host's 32-step bisection over counts finds.
+//   * top-p: the largest key t whose upper set {key >= t} of the kept tokens holds at least
+//     top_p of the kept mass sum exp(s - max s). Masses are summed in 64-bit fixed point
+//     (exp(s - max) * 2^40, truncated) so that every sum is exact and order-independent, hence
+//     deterministic and exactly monotone in t. The bisection runs over the candidates with the
+//     CAP largest keys, compacted into shared memory, when their mass reaches the target (the
+//     usual case); otherwise over the whole row (32 passes).
+// The host sums float32 in its own order, so host and device can disagree only when a
+// threshold's mass lands within float32 rounding of top_p (about one row in a million).
+// Compiled with -fmad=false: every float operation rounds as the host's does.
+#include "common.cuh"
+
+constexpr int THREADS = 1024;
+constexpr int WARPS = THREADS / 32;
+constexpr int CAP = 4096;                    // top-p candidates kept in shared memory
+constexpr u32 ACCEPT_SALT = 0xFFFFFFFFu;
+constexpr float FIXED_ONE = 1099511627776.0f;  // 2^40
+
+// --- the counter-based random stream (tileinfer.sampling) --------------------------------------
+
+__device__ __forceinline__ u32 mix32(u32 x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x1B873593u;
+    x ^= x >> 16;
+    return x;
+}
+__device__ __forceinline__ u32 stream_key(i64 seed, i64 counter) {
+    u32 key = mix32((u32)seed ^ 0x9E3779B9u);
+    key = mix32(key ^ (u32)((u64)seed >> 32));
+    return mix32(key ^ (u32)counter);
+}
+__device__ __forceinline__ float uniform(u32 key, u32 index) {
+    const u32 bits = mix32(mix32(key ^ index)) >> 8;
+    return ((float)bits + 0.5f) * (1.0f / 16777216.0f);
+}
+__device__ __forceinline__ float gumbel(u32 key, u32 index) {
+    return -logf(-logf(uniform(key, index)));
+}
+
+// Float32 -> int32 with the same order (negative floats flip their magnitude bits).
+__device__ __forceinline__ int order_key(float v) {
+    const int bits = __float_as_int(v);
+    return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
+}
+__device__ __forceinline__ u64 fixed_mass(float e) { return __float2ull_rz(e * FIXED_ONE); }
+
+// --- block reductions (fixed order: deterministic) ---------------------------------------------
+
+struct Shared {
+    int cand_key[CAP];
+    float cand_e[CAP];
+    u32 hist[257];
+    float red_f[WARPS];
+    int red_i[WARPS];
+    u64 red_u[WARPS];
+    int n_cand;
+    int digit, remaining;
+    int accept;
+};
+
+__device__ __forceinline__ float block_max(float v, Shared& sh) {
+    v = warp_max(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh.red_f[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return warp_max(sh.red_f[threadIdx.x & 31]);
+}
+__device__ __forceinline__ float block_sum_f(float v, Shared& sh) {
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh.red_f[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return warp_sum(sh.red_f[threadIdx.x & 31]);
+}
+__device__ __forceinline__ u64 block_sum_u64(u64 v, Shared& sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh.red_u[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sh.red_u[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// argmax with the lowest index on ties (torch.argmax); (-inf, huge) when nothing is valid.
+__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+__device__ __forceinline__ int block_argmax(float v, int i, Shared& sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { sh.red_f[threadIdx.x >> 5] = v; sh.red_i[threadIdx.x >> 5] = i; }
+    __syncthreads();
+    v = sh.red_f[threadIdx.x & 31];
+    i = sh.red_i[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    return i;
+}
+
+// The k-th largest order key of s = row * inv_t (1 <= k <= vocab): radix select from the most
+// significant byte of the unsigned order (key ^ 0x80000000).
+__device__ int kth_largest_key(const float* row, int vocab, float inv_t, int k, Shared& sh) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    u32 prefix = 0, mask = 0;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += THREADS) sh.hist[i] = 0;
+        __syncthreads();
+        for (int base = 0; base < vocab; base += THREADS) {  // block-uniform trip count
+            const int i = base + tid;
+            int bin = 256;
+            if (i < vocab) {
+                const u32 u = (u32)order_key(row[i] * inv_t) ^ 0x80000000u;
+                if ((u & mask) == prefix) bin = (u >> shift) & 255;
+            }
+            const u32 peers = __match_any_sync(0xffffffffu, bin);
+            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], (u32)__popc(peers));
+        }
+        __syncthreads();
+        if (tid < 32) {  // lane l scans bins 255 - 8l down to 248 - 8l
+            u32 c[8], total = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) { c[j] = sh.hist[255 - 8 * lane - j]; total += c[j]; }
+            u32 incl = total;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const u32 excl = incl - total;
+            if (excl < (u32)remaining && incl >= (u32)remaining) {
+                u32 acc = excl;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (acc + c[j] >= (u32)remaining) {
+                        sh.digit = 255 - 8 * lane - j;
+                        sh.remaining = remaining - (int)acc;
+                        break;
+                    }
+                    acc += c[j];
+                }
+            }
+        }
+        __syncthreads();
+        prefix |= (u32)sh.digit << shift;
+        mask |= 255u << shift;
+        remaining = sh.remaining;
+        __syncthreads();
+    }
+    return (int)(prefix ^ 0x80000000u);
+}
+
+// The top-p threshold: the largest key t with S(t) >= need, S(t) = sum of fixed_mass over the
+// tokens with key >= max(t, keep_from). `lo` must satisfy S(lo) >= need; S(2^31) = 0 < need.
+__device__ int bisect_candidates(i64 lo, double need, int n, Shared& sh) {
+    i64 hi = 1LL << 31;
+    while (hi - lo > 1) {
+        const i64 mid = lo + ((hi - lo) >> 1);
+        u64 part = 0;
+        for (int c = threadIdx.x; c < n; c += THREADS)
+            if (sh.cand_key[c] >= mid) part += fixed_mass(sh.cand_e[c]);
+        if ((double)block_sum_u64(part, sh) >= need) lo = mid; else hi = mid;
+    }
+    return (int)lo;
+}
+__device__ int bisect_row(const float* row, int vocab, float inv_t, float m, int keep_from,
+                          double need, Shared& sh) {
+    i64 lo = -(1LL << 31), hi = 1LL << 31;
+    while (hi - lo > 1) {
+        const i64 mid = lo + ((hi - lo) >> 1);
+        u64 part = 0;
+        for (int i = threadIdx.x; i < vocab; i += THREADS) {
+            const float s = row[i] * inv_t;
+            const int key = order_key(s);
+            if (key >= keep_from && key >= mid) part += fixed_mass(expf(s - m));
+        }
+        if ((double)block_sum_u64(part, sh) >= need) lo = mid; else hi = mid;
+    }
+    return (int)lo;
+}
+
+// The filter of one row: tokens with order key >= keep_from are kept; m = max s, z = the kept
+// float32 mass sum exp(s - m) (the softmax denominator).
+struct Filter {
+    int keep_from;
+    float m, z;
+};
+
+__device__ Filter make_filter(const float* row, int vocab, float inv_t, int top_k, float top_p,
+                              float m, Shared& sh) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    int keep_from = (int)0x80000000;  // everything
+    if (top_k > 0 && top_k < vocab) keep_from = kth_largest_key(row, vocab, inv_t, top_k, sh);
+    if (top_p < 1.0f) {
+        // Candidates: the CAP largest keys (ties at the cut may overflow; then the slow path).
+        int cut = keep_from;
+        if (vocab > CAP) cut = max(cut, kth_largest_key(row, vocab, inv_t, CAP, sh));
+        if (tid == 0) sh.n_cand = 0;
+        __syncthreads();
+        u64 total = 0, above_cut = 0;
+        for (int base = 0; base < vocab; base += THREADS) {
+            const int i = base + tid;
+            bool take = false;
+            int key = 0;
+            float e = 0.0f;
+            if (i < vocab) {
+                const float s = row[i] * inv_t;
+                key = order_key(s);
+                if (key >= keep_from) {
+                    e = expf(s - m);
+                    total += fixed_mass(e);
+                    take = key >= cut;
+                    if (take) above_cut += fixed_mass(e);
+                }
+            }
+            const u32 ballot = __ballot_sync(0xffffffffu, take);
+            int pos = 0;
+            if (lane == 0 && ballot) pos = atomicAdd(&sh.n_cand, __popc(ballot));
+            pos = __shfl_sync(0xffffffffu, pos, 0) + __popc(ballot & ((1u << lane) - 1));
+            if (take && pos < CAP) { sh.cand_key[pos] = key; sh.cand_e[pos] = e; }
+        }
+        total = block_sum_u64(total, sh);
+        above_cut = block_sum_u64(above_cut, sh);
+        const int n = sh.n_cand;
+        const double need = (double)top_p * (double)total;
+        const int top_p_key = (n <= CAP && (double)above_cut >= need)
+                                  ? bisect_candidates(cut, need, n, sh)
+                                  : bisect_row(row, vocab, inv_t, m, keep_from, need, sh);
+        keep_from = max(keep_from, top_p_key);
+    }
+    float z = 0.0f;
+    for (int i = tid; i < vocab; i += THREADS) {
+        const float s = row[i] * inv_t;
+        if (order_key(s) >= keep_from) z += expf(s - m);
+    }
+    return Filter{keep_from, m, block_sum_f(z, sh)};
+}
+
+__device__ __forceinline__ float kept_prob(const Filter& f, float s) {
+    return order_key(s) >= f.keep_from ? expf(s - f.m) / f.z : 0.0f;
+}
+
+// sample: out[j] = the token of row j (see tileinfer.sampling.sample_rows); probs_out, if not
+// null, receives the filtered distribution. greedy: argmax of the raw logits.
+extern "C" __global__ void __launch_bounds__(THREADS)
+sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int greedy,
+       float inv_t, int top_k, float top_p, const i64* __restrict__ seed,
+       const i64* __restrict__ counter, float* __restrict__ probs_out) {
+    __shared__ Shared sh;
+    const int j = blockIdx.x, tid = threadIdx.x;
+    const float* row = logits + (i64)j * vocab;
+    float* probs = probs_out ? probs_out + (i64)j * vocab : nullptr;
+    const float scale = greedy ? 1.0f : inv_t;
+
+    float best = neg_inf();
+    int best_i = 0x7FFFFFFF;
+    for (int i = tid; i < vocab; i += THREADS) better(best, best_i, row[i] * scale, i);
+    if (greedy) {
+        const int token = block_argmax(best, best_i, sh);
+        if (tid == 0) out[j] = token;
+        if (probs)
+            for (int i = tid; i < vocab; i += THREADS) probs[i] = i == token ? 1.0f : 0.0f;
+        return;
+    }
+    const float m = block_max(best, sh);
+    const Filter f = make_filter(row, vocab, inv_t, top_k, top_p, m, sh);
+    const u32 key = stream_key(seed[0], counter[0] + j);
+    best = neg_inf();
+    best_i = 0x7FFFFFFF;
+    for (int i = tid; i < vocab; i += THREADS) {
+        const float s = row[i] * inv_t;
+        const bool kept = order_key(s) >= f.keep_from;
+        if (kept) better(best, best_i, s + gumbel(key, (u32)i), i);
+        if (probs) probs[i] = kept ? expf(s - f.m) / f.z : 0.0f;
+    }
+    const int token = block_argmax(best, best_i, sh);
+    if (tid == 0) out[j] = token;
+}
+
+// accept: the p/q rule for row j (tileinfer.sampling.accept_rows). draft_probs (n, vocab) or
+// null (a one-hot q at the draft).
+extern "C" __global__ void __launch_bounds__(THREADS)
+accept(int* __restrict__ out, const float* __restrict__ logits, const int* __restrict__ draft_ids,
+       const float* __restrict__ draft_probs, int vocab, int greedy, float inv_t, int top_k,
+       float top_p, const i64* __restrict__ seed, const i64* __restrict__ counter) {
+    __shared__ Shared sh;
+    const int j = blockIdx.x, tid = threadIdx.x;
+    const float* row = logits + (i64)j * vocab;
+    const float* q = draft_probs ? draft_probs + (i64)j * vocab : nullptr;
+    const int d = draft_ids[j];
+    const u32 key = stream_key(seed[0], counter[0] + j);
+    const float scale = greedy ? 1.0f : inv_t;
+
+    float best = neg_inf();
+    int best_i = 0x7FFFFFFF;
+    for (int i = tid; i < vocab; i += THREADS) better(best, best_i, row[i] * scale, i);
+    int argmax_token = 0;
+    Filter f{0, 0.0f, 1.0f};
+    if (greedy) {
+        argmax_token = block_argmax(best, best_i, sh);
+    } else {
+        f = make_filter(row, vocab, inv_t, top_k, top_p, block_max(best, sh), sh);
+    }
+    // p[i]: the target's filtered distribution (one-hot at the argmax when greedy).
+    auto p_of = [&](int i) -> float {
+        return greedy ? (i == argmax_token ? 1.0f : 0.0f) : kept_prob(f, row[i] * inv_t);
+    };
+    auto q_of = [&](int i) -> float { return q ? q[i] : (i == d ? 1.0f : 0.0f); };
+    if (tid == 0) {
+        const bool in_range = d >= 0 && d < vocab;
+        const float p_d = in_range ? p_of(d) : 0.0f, q_d = in_range ? q_of(d) : 0.0f;
+        sh.accept = uniform(key, ACCEPT_SALT) * q_d < p_d;
+    }
+    __syncthreads();
+    if (sh.accept) {
+        if (tid == 0) out[j] = d;
+        return;
+    }
+    // Rejected: a sample of max(p - q, 0) by Gumbel-max with the row's noise.
+    best = neg_inf();
+    best_i = 0x7FFFFFFF;
+    for (int i = tid; i < vocab; i += THREADS) {
+        const float r = fmaxf(p_of(i) - q_of(i), 0.0f);
+        better(best, best_i, r > 0.0f ? logf(r) + gumbel(key, (u32)i) : neg_inf(), i);
+    }
+    const int token = block_argmax(best, best_i, sh);
+    if (tid == 0) out[j] = token;
+}
