@@ -46,9 +46,12 @@ def resolve_model_dir(name):
 
         return default_model_dir()
     if str(name).endswith(".gguf") and Path(name).is_file():
-        from tileinfer.gguf_import import import_gguf
+        from tileinfer.gguf_import import import_gguf, is_current_import
+        from tileinfer.paths import models_home
 
-        return import_gguf(name)
+        source = Path(name)
+        folder = models_home() / source.stem
+        return folder if is_current_import(folder, source) else import_gguf(source, folder)
     from tileinfer.hub import model_dir
 
     return model_dir(name)
