@@ -1,23 +1,80 @@
-"""TileInfer backend of CUDA C++ kernels compiled at run time with NVRTC."""
+"""TileInfer backend of CUDA C++ kernels compiled at run time with NVRTC.
+
+The kernels are ``.cu`` files in ``kernels/`` (shipped in the wheel), compiled by
+``compiler.py`` to cubins for the GPU's architecture with NVRTC through cuda-bindings, cached on
+disk, and launched with the driver API on PyTorch's current stream, so a step of ops can be
+captured in a CUDA graph. ``ops.py`` holds the op wrappers; this module registers them.
+
+The backend needs a CUDA GPU of compute capability 8.0 or newer (bf16 tensor cores, cp.async),
+``cuda-bindings`` and the NVRTC library (the ``nvidia-cuda-nvrtc`` wheel). No CUDA toolkit is
+needed: the kernels include no toolkit header.
+"""
 
 from __future__ import annotations
 
 from tileinfer.backends import BackendInfo
 from tileinfer.hookspecs import hookimpl
 
+MIN_CAPABILITY = (8, 0)
 
-def _availability():
+NOTES = {
+    "linear": "decode (<= 8 tokens): tensor-core GEMV streaming bf16/INT8 weights through a "
+              "cp.async ring; prefill: cuBLAS through torch.matmul for bf16, own tiled mma GEMM "
+              "for INT8 weights or float32 outputs; float32/float16 models: torch.matmul",
+    "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
+    "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
+    "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
+                 "flash-decoding split-KV with an in-kernel combine; bf16 queries with head_dim "
+                 "a multiple of 64 (others: the ref implementation, not graph-safe)",
+    "sample_tokens": "one block per row; top-k by radix select, top-p by bisection over "
+                     "fixed-point masses; float32 logits",
+    "accept_tokens": "one block per row, the p/q rule with the host's hash",
+}
+
+
+def _availability() -> tuple[bool, str]:
     try:
         import torch
-    except Exception as exc:  # pragma: no cover
+    except Exception as exc:  # pragma: no cover - torch is a dependency
         return False, f"torch is not importable: {exc!r}"
+    try:
+        from cuda.bindings import driver, nvrtc  # noqa: F401
+    except Exception as exc:
+        return False, f"cuda-bindings is not importable: {exc!r}"
+    try:
+        from . import compiler
+
+        compiler.nvrtc_version()  # loads the NVRTC library
+    except Exception as exc:
+        return False, f"NVRTC is not loadable (install nvidia-cuda-nvrtc): {exc!r}"
     if not torch.cuda.is_available():
         return False, "no CUDA GPU"
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_CAPABILITY:
+        return False, (f"the GPU has compute capability {capability[0]}.{capability[1]}; the "
+                       f"kernels need {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer")
     return True, ""
+
+
+_AVAILABLE, _REASON = _availability()
 
 
 @hookimpl
 def tileinfer_backend_info():
-    available, reason = _availability()
-    return BackendInfo(name="cuda", available=available, reason=reason, devices=("cuda",),
-                       graph_safe=True)
+    return BackendInfo(name="cuda", available=_AVAILABLE, reason=_REASON, devices=("cuda",),
+                       graph_safe=True, notes=NOTES)
+
+
+# The op implementations live in ops.py; each is registered here under its hookspec's name (pluggy
+# checks the argument names). Without a usable GPU nothing is registered and every op would fall
+# back to ref, but get_backend("cuda") refuses first with the reason above.
+OPS = ("embed", "rmsnorm", "add_rmsnorm", "linear", "linear_swiglu", "linear_xielu", "silu_mul",
+       "xielu", "rope", "store_kv", "attention_inputs", "attention_workspace", "attention",
+       "sample_tokens", "accept_tokens")
+
+if _AVAILABLE:
+    from . import ops as _ops
+
+    for _name in OPS:
+        globals()[_name] = hookimpl(getattr(_ops, _name))
+    del _name
