@@ -142,18 +142,19 @@ def compile_source(name: str, source: str, options: list[str],
         opts = [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         log_size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * log_size
+        # Mutable buffers: NVRTC writes into them (a bytes object may be an interned constant).
+        log = bytearray(log_size)
         nvrtc.nvrtcGetProgramLog(prog, log)
-        log = log.rstrip(b"\0 ").decode(errors="replace")
+        log = bytes(log).rstrip(b"\0 ").decode(errors="replace")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC failed to compile {name} ({' '.join(options)}):\n{log}")
         size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         if size == 0:
             raise CompileError(f"NVRTC produced no cubin for {name}; options {options} "
                                "must name a real architecture (-arch=sm_XY)")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
