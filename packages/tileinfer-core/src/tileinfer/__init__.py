@@ -23,3 +23,5 @@ from .generation_config import generation_defaults
 from .hub import CachedModel, HubError, list_models, model_dir, pull, remove_model
 from .gguf_import import GGUFImportError, import_gguf
 from .default_model import DefaultModelUnavailable, default_model_dir
+from .speculative import (DFlashDrafter, DFlashProposer, Draft, DraftProposer, NgramProposer,
+                          Proposer, SpecStats, load_dflash)

@@ -17,16 +17,19 @@ from .chat_template import ChatMessage, chat_prompt
 from .generate import generate_into
 from .runner import ModelRunner
 from .sampling import SamplingParams
+from .speculative.proposer import SpecStats
 
 
 @dataclass
 class TurnStats:
-    """One chat turn: prompt tokens reused from the cache, prefilled, and tokens generated."""
+    """One chat turn: prompt tokens reused from the cache, prefilled, and tokens generated;
+    with speculative decoding, its steps and drafts (``spec``, else None)."""
 
     reused: int
     prefilled: int
     generated: int
     seconds: float
+    spec: SpecStats | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -52,12 +55,14 @@ class ChatSession:
     template: a model folder or template source for ``chat_prompt`` (default: the model's folder).
     kv_cache: None (model dtype) or "int8", with optional per-layer ``key_smoothing`` factors
     (``tileinfer.calibrate_key_smoothing``). stop_ids default to the model's EOS ids.
+    speculative: a proposer for speculative decoding (see ``tileinfer.speculative``).
     """
 
     def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(),
                  stop_ids=None, enable_thinking: bool | None = None, max_tokens: int | None = None,
                  kv_cache: str | None = None, key_smoothing=None, seed: int | None = None, system: str | None = None,
-                 template: str | Path | None = None, graphs: bool | None = None, page_size: int = 16):
+                 template: str | Path | None = None, graphs: bool | None = None, page_size: int = 16,
+                 speculative=None):
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
         self.stop_ids = list(model.config.eos_token_ids if stop_ids is None else stop_ids)
         self.enable_thinking = enable_thinking
@@ -68,6 +73,7 @@ class ChatSession:
         if self.template is None:
             raise ValueError("this model has no folder to read a chat template from; pass template=")
         self.seed = seed
+        self.speculative = speculative
         self.turns = 0
         self.cache = model.new_cache(self.max_tokens, page_size=page_size, quantize=kv_cache,
                                      key_smoothing=key_smoothing)
@@ -105,9 +111,11 @@ class ChatSession:
         start = time.perf_counter()
         self.cache.truncate(self.seq, reused)
         seed = None if self.seed is None else self.seed + self.turns
+        spec = SpecStats() if self.speculative is not None else None
         try:
             new = generate_into(self.runner, self.seq, ids[reused:], max_new_tokens, self.sampling,
-                                self.stop_ids, seed, on_token)
+                                self.stop_ids, seed, on_token, speculative=self.speculative,
+                                spec_stats=spec)
         except BaseException:
             self._restore(cached, reused)
             raise
@@ -115,7 +123,7 @@ class ChatSession:
         reply = self.tokenizer.decode(new, skip_special_tokens=True)
         self.messages = messages + [ChatMessage("assistant", reply)]
         self.turns += 1
-        return reply, TurnStats(reused, len(ids) - reused, len(new), seconds)
+        return reply, TurnStats(reused, len(ids) - reused, len(new), seconds, spec)
 
     def _restore(self, cached, reused):
         """Bring the cache back to ``cached`` after a failed turn (recomputing dropped positions)."""

@@ -10,6 +10,10 @@ launches step k + 1 before it reads token k, so the GPU never waits for Python; 
 out to be a stop token (or the last one asked for), the one step launched past it is rolled back
 with ``truncate``. Afterwards the sequence holds the input ids and every generated token except
 the last, exactly as in plain decoding.
+
+Speculative decoding (``speculative=`` a proposer, see ``tileinfer.speculative``) checks several
+drafted tokens per target step instead; its stream usage is described in
+``tileinfer.speculative.decode``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 
 from .runner import ModelRunner
 from .sampling import SamplingParams
+from .speculative.decode import generate_speculative
+from .speculative.proposer import Proposer, SpecStats
 
 
 def _check_args(max_new_tokens, sampling):
@@ -33,13 +39,18 @@ def _check_args(max_new_tokens, sampling):
 def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
                   sampling: SamplingParams = SamplingParams(), stop_ids: Iterable[int] | None = None,
                   seed: int | None = None, on_token: Callable[[int], None] | None = None,
-                  pipeline: bool | None = None) -> list[int]:
+                  pipeline: bool | None = None, speculative: Proposer | None = None,
+                  spec_stats: SpecStats | None = None) -> list[int]:
     """Continue ``seq`` with ``ids`` and generate up to ``max_new_tokens`` tokens.
 
     Returns the new token ids without the stop token. ``on_token(id)`` is called for each new
     token as soon as the host knows it. ``stop_ids`` defaults to the model's EOS ids. ``pipeline``
     defaults to on when the runner uses CUDA graphs. On an error (e.g. the cache runs out of
     pages) the sequence is rolled back to where it was and the error re-raised.
+
+    speculative: a proposer (``NgramProposer``, ``DraftProposer``, ``DFlashProposer``) whose
+    drafts the model checks several per step (``pipeline`` does not apply); ``spec_stats``, a
+    ``SpecStats``, counts its steps and drafts.
     """
     _check_args(max_new_tokens, sampling)
     ids = [int(i) for i in ids]
@@ -53,6 +64,9 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     runner.seed.fill_(seed)
     runner.counter.zero_()
     try:
+        if speculative is not None:
+            return generate_speculative(runner, seq, ids, speculative, max_new_tokens, sampling,
+                                        stop, seed, on_token, spec_stats)
         loop = _pipelined if pipeline else _stepwise
         return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start)
     except BaseException:
@@ -119,7 +133,8 @@ def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start
 def generate(model, prompt_ids, max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
              stop_ids=None, seed: int | None = None, on_token=None, pipeline: bool | None = None,
              graphs: bool | None = None, kv_quantize: str | None = None, key_smoothing=None,
-             page_size: int = 16):
+             page_size: int = 16, speculative: Proposer | None = None,
+             spec_stats: SpecStats | None = None):
     """One-shot generation in a fresh KV cache sized for the prompt and ``max_new_tokens``."""
     _check_args(max_new_tokens, sampling)
     total = len(prompt_ids) + max_new_tokens
@@ -132,6 +147,6 @@ def generate(model, prompt_ids, max_new_tokens: int = 256, sampling: SamplingPar
     seq = cache.new_sequence()
     try:
         return generate_into(runner, seq, prompt_ids, max_new_tokens, sampling, stop_ids, seed,
-                             on_token, pipeline)
+                             on_token, pipeline, speculative, spec_stats)
     finally:
         cache.release(seq)

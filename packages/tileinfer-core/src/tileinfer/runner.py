@@ -9,6 +9,11 @@ Replaying needs the step's metadata in the static tensors: the host builds it (r
 and sends it with one copy from a pinned staging buffer. The token ids of a step can instead come
 from the device: the sampling op writes the next token straight into the 1-token step's ids, so
 pipelined decoding (``tileinfer.generate``) never waits for the host.
+
+Speculative decoding adds two things: steps that return the logits of every row (a verify step
+of the last token and k drafts: ``forward(..., all_logits=True)``, with static slots and graphs
+of their own), and the output hidden states of chosen layers, which a DFlash drafter reads after
+each step (``capture_hidden_states``).
 """
 
 from __future__ import annotations
@@ -51,7 +56,11 @@ class ModelRunner:
             raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
         self.graphs = graphs
         self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}  # steps that return the last row's logits
+        self._all_logits_slots: dict[int, _Slot] = {}  # steps that return every row's logits
+        # Layers whose output hidden states every step writes, and who reads them after a step.
+        self.hidden_layers: tuple[int, ...] = ()
+        self.step_listener = None
         device = model.device
         # The counter-based random stream of device sampling: seed and the next counter.
         self.seed = torch.zeros(1, dtype=torch.int64, device=device)
@@ -60,13 +69,37 @@ class ModelRunner:
 
     # -- static slots ------------------------------------------------------------------------
 
-    def _slot(self, n: int) -> _Slot:
-        slot = self._slots.get(n)
+    def _slot(self, n: int, all_logits: bool = False) -> _Slot:
+        slots = self._all_logits_slots if all_logits else self._slots
+        slot = slots.get(n)
         if slot is None:
-            meta = self.model.static_metadata(n, self.cache)
-            slot = _Slot(meta, self.model.new_buffers(n, 1))
-            self._slots[n] = slot
+            meta = self.model.static_metadata(n, self.cache, n_logits=n if all_logits else 1)
+            slot = _Slot(meta, self.model.new_buffers(n, meta.num_logits,
+                                                      hidden_layers=self.hidden_layers))
+            slots[n] = slot
         return slot
+
+    def add_sizes(self, sizes):
+        """Also run steps of these token counts from static slots (and graphs)."""
+        self.sizes = sorted(set(self.sizes) | {int(n) for n in sizes})
+
+    def capture_hidden_states(self, layers, listener):
+        """Have every step write the output hidden states of ``layers`` (transformers'
+        ``hidden_states[layer + 1]`` before any final norm, see ``StepBuffers.hidden_out``) and
+        then call ``listener(seq, start, ids, hidden_out)``: the step ran ``ids`` at positions
+        ``start..`` of ``seq``, and ``hidden_out`` maps each layer to its (len(ids), hidden) rows,
+        valid until the next step of that size. A DFlash drafter reads them. Static slots made
+        without these outputs are dropped (and their graphs captured again when next used)."""
+        layers = tuple(sorted({int(layer) for layer in layers}))
+        if layers != self.hidden_layers:
+            self._slots.clear()
+            self._all_logits_slots.clear()
+            self.hidden_layers = layers
+        self.step_listener = listener
+
+    def _after_step(self, seq, start, ids, buffers):
+        if self.step_listener is not None:
+            self.step_listener(seq, start, ids, buffers.hidden_out)
 
     def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None):
         """Run the slot's step (replay or eager) and, if sampling, sample its last row."""
@@ -111,36 +144,44 @@ class ModelRunner:
 
     # -- public steps ------------------------------------------------------------------------
 
-    def forward(self, seq, ids, sampling: SamplingParams | None = None) -> torch.Tensor:
+    def forward(self, seq, ids, sampling: SamplingParams | None = None,
+                all_logits: bool = False) -> torch.Tensor:
         """Run ``ids`` after the cached positions of ``seq`` and append them to it; returns the
-        last row's logits (1, vocab) float32. Short steps' logits live in static buffers: read
-        them before the next step of the same length. With ``sampling``, also samples the next
-        token on the device into ``next_token`` with the stream (seed, counter) and advances
-        the counter. On an error the sequence is left as it was."""
+        last row's logits (1, vocab) float32, or every row's (len(ids), vocab) with all_logits
+        (a speculative verify step). Short steps' logits live in static buffers: read them
+        before the next step of the same kind and length. With ``sampling``, also samples the
+        next token from the last row on the device into ``next_token`` with the stream
+        (seed, counter) and advances the counter. On an error the sequence is left as it was."""
         ids = [int(i) for i in ids]
         n, start = len(ids), len(seq)
         max_len = self.model.max_len
         try:
             if n in self.sizes:
-                slot = self._slot(n)
-                prepare_step(self.cache, [seq], [ids], max_len=max_len, out=slot.meta)
+                slot = self._slot(n, all_logits)
+                prepare_step(self.cache, [seq], [ids], all_logits=all_logits, max_len=max_len,
+                             out=slot.meta)
                 self._run_static(slot, n, sampling)
-                logits = slot.logits
+                logits, buffers = slot.logits, slot.buffers
             else:
-                meta = prepare_step(self.cache, [seq], [ids], max_len=max_len)
-                logits = self.model.forward_step(meta, self.model.new_buffers(n, 1))
+                meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
+                                    max_len=max_len)
+                buffers = self.model.new_buffers(n, meta.num_logits,
+                                                 hidden_layers=self.hidden_layers)
+                logits = self.model.forward_step(meta, buffers)
                 if sampling is not None:
                     self._sample_into(logits, sampling, self.next_token)
         except BaseException:
             self.cache.truncate(seq, start)  # gives back pages reserved for the step
             raise
         seq.tokens.extend(ids)
-        return logits[-1:]
+        self._after_step(seq, start, ids, buffers)
+        return logits if all_logits else logits[-1:]
 
-    def decode_from_device(self, seq, sampling: SamplingParams):
+    def decode_from_device(self, seq, sampling: SamplingParams | None):
         """One pipelined decode step whose input is the token the previous step sampled on the
         device (already in ``next_token``); the host only sends positions and slots. Appends a
-        placeholder id (-1) to ``seq``: the caller writes the real token once it knows it."""
+        placeholder id (-1) to ``seq``: the caller writes the real token once it knows it.
+        Returns the step's logits (1, vocab), valid until the next 1-token step."""
         start = len(seq)
         slot = self._slot(1)
         try:
@@ -151,6 +192,8 @@ class ModelRunner:
             self.cache.truncate(seq, start)
             raise
         seq.tokens.append(-1)
+        self._after_step(seq, start, [-1], slot.buffers)
+        return slot.logits
 
     @property
     def next_token(self) -> torch.Tensor:

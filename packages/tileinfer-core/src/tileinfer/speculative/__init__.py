@@ -1,0 +1,18 @@
+"""Speculative decoding: proposers of draft tokens, and the loop in which the target checks them.
+
+- ``NgramProposer``: prompt lookup over the sequence itself.
+- ``DraftProposer``: a smaller model of the same vocabulary.
+- ``DFlashProposer`` with ``load_dflash``: z-lab's block diffusion drafters, a block per pass.
+
+Pass one as ``generate(..., speculative=proposer, spec_stats=SpecStats())`` (or to
+``generate_into`` or ``ChatSession``).
+"""
+
+from .proposer import Draft, Proposer, SpecStats
+from .ngram import NgramProposer
+from .draft import DraftProposer
+from .dflash import DFlashDrafter, DFlashProposer, load_dflash
+from .decode import generate_speculative
+
+__all__ = ["DFlashDrafter", "DFlashProposer", "Draft", "DraftProposer", "NgramProposer",
+           "Proposer", "SpecStats", "generate_speculative", "load_dflash"]
