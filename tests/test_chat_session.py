@@ -1,0 +1,107 @@
+"""ChatSession on the real SmolLM2-135M-Instruct (ref backend, float32 on the CPU): prefix reuse,
+and failed turns (interrupt, out of pages, prompt too long) that leave the conversation and the
+cache exactly as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileinfer import (ChatSession, OutOfPagesError, PromptTooLongError, load_model,
+                       load_tokenizer)
+
+N = 6  # reply tokens per turn: enough to see a turn, cheap on the CPU
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_dir):
+    model = load_model(smollm2_dir, dtype=torch.float32, backend="ref", max_len=512)
+    return model, load_tokenizer(smollm2_dir)
+
+
+def session(smol, **kw):
+    model, tok = smol
+    return ChatSession(model, tok, **kw)
+
+
+def snapshot(chat):
+    return ([(m.role, m.content) for m in chat.messages], list(chat.seq.tokens),
+            list(chat.seq.pages), chat.cache.free_pages)
+
+
+def test_second_turn_reuses_the_first_turns_cache(smol):
+    chat = session(smol)
+    reply1, stats1 = chat.reply("What is the capital of France?", N)
+    assert "Paris" in reply1
+    assert stats1.reused == 0 and stats1.prefilled > 0 and stats1.generated == N
+    cached = len(chat.seq)
+    _, stats2 = chat.reply("And of Italy?", N)
+    # Everything cached from turn one is a prefix of turn two's prompt.
+    assert stats2.reused == cached
+    assert [m.role for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_reply_after_reuse_equals_a_fresh_session(smol):
+    chat = session(smol)
+    chat.reply("What is the capital of France?", N)
+    reused_reply, _ = chat.reply("And of Italy?", N)
+    fresh = session(smol)
+    fresh.messages = list(chat.messages[:3])  # the same history, nothing cached
+    fresh.messages.pop()  # reply() adds the user message itself
+    fresh_reply, stats = fresh.reply("And of Italy?", N)
+    assert stats.reused == 0 and fresh_reply == reused_reply
+
+
+def test_interrupted_turn_leaves_conversation_and_cache_as_before(smol):
+    chat = session(smol)
+    chat.reply("What is the capital of France?", N)
+    before = snapshot(chat)
+
+    def interrupt(token, seen=[]):
+        seen.append(token)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        chat.reply("Tell me a long story about Rome.", 40, on_token=interrupt)
+    assert snapshot(chat) == before
+    # The cache content is intact too: the next turn equals an uninterrupted session's.
+    after_interrupt, _ = chat.reply("And of Italy?", N)
+    clean = session(smol)
+    clean.reply("What is the capital of France?", N)
+    assert clean.reply("And of Italy?", N)[0] == after_interrupt
+
+
+def test_out_of_pages_leaves_the_session_usable(smol):
+    model, tok = smol
+    chat = ChatSession(model, tok, max_tokens=64, page_size=16)
+    first, _ = chat.reply("Hi", 4)
+    before = snapshot(chat)
+    # Shrink the pool from outside so the next turn cannot get its pages.
+    hog = chat.cache.new_sequence()
+    chat.cache.reserve(hog, chat.cache.free_pages * chat.cache.page_size)
+    with pytest.raises(OutOfPagesError):
+        chat.reply("Tell me more about yourself.", 8)
+    chat.cache.release(hog)
+    assert snapshot(chat) == before
+    chat.reset()
+    assert chat.messages == [] and len(chat.seq) == 0
+
+
+def test_prompt_too_long_is_a_clear_error_and_changes_nothing(smol):
+    model, tok = smol
+    chat = ChatSession(model, tok, max_tokens=48)
+    chat.reply("Hi", 2)
+    before = snapshot(chat)
+    with pytest.raises(PromptTooLongError, match="holds 48"):
+        chat.reply("word " * 60, 4)
+    assert snapshot(chat) == before
+
+
+def test_sampled_chat_is_reproducible_with_a_seed(smol):
+    from tileinfer import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    a = session(smol, sampling=params, seed=123).reply("Name a colour.", N)[0]
+    b = session(smol, sampling=params, seed=123).reply("Name a colour.", N)[0]
+    assert a == b
