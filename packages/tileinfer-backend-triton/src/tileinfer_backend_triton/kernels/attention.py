@@ -189,16 +189,24 @@ def workspace(num_tokens, num_heads, head_dim, max_context_len, device):
 
 def _tiles(max_query_len: int, group: int, head_dim: int):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Decode / verify steps: the smallest tile that
-    holds the step's (rows x group); prefill: 128-row tiles."""
+    holds the step's (rows x group); prefill: 128-row tiles. Chosen so that no variant spills
+    on sm_90 (packages/tileinfer-backend-triton/tools/compile_sm90.py prints registers)."""
+    if INTERPRET_MODE:
+        if max_query_len <= SPLIT_MAX_Q:
+            block_m = min(max(next_pow2(max_query_len * group), 16), 64)
+            return max(block_m, next_pow2(group)), 128, 4, 1
+        return max(64, next_pow2(group)), 64, 4, 1
     if max_query_len <= SPLIT_MAX_Q:
-        block_m = min(max(next_pow2(max_query_len * group), 16), 64)
-        block_n = 128 if INTERPRET_MODE else 64
-        warps, stages = 4, 3
-    else:
-        block_m = 64 if INTERPRET_MODE else 128
-        block_n = 64 if head_dim > 64 or INTERPRET_MODE else 128
-        warps, stages = (4, 1) if INTERPRET_MODE else (8, 2)
-    return max(block_m, next_pow2(group)), block_n, warps, stages
+        block_m = max(min(max(next_pow2(max_query_len * group), 16), 64), next_pow2(group))
+        if block_m <= 16:
+            return block_m, 64, 4, 3
+        if block_m <= 32:
+            return block_m, 64, 4, 2
+        return block_m, 64, 8, 3
+    block_m = max(128, next_pow2(group))
+    if head_dim <= 64:
+        return block_m, 128, 8, 2
+    return block_m, 64, 8, 3
 
 
 def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,

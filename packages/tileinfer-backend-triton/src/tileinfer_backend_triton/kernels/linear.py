@@ -71,15 +71,36 @@ def _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
 
 
 @triton.jit
+def _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT: tl.constexpr, EVEN_K: tl.constexpr):
+    """Loads of one K tile for one token: x [1, BLOCK_K] float32, W rows [BLOCK_N, BLOCK_K]."""
+    if EVEN_K:
+        xv = tl.load(x_rows + k0).to(tl.float32)
+        wa = tl.load(w_a + k0)
+        wb = wa
+        if ACT == 1:
+            wb = tl.load(w_b + k0)
+    else:
+        kmask = ((k0 + rk) < k_hi)[None, :]
+        xv = tl.load(x_rows + k0, mask=kmask, other=0.0).to(tl.float32)
+        wa = tl.load(w_a + k0, mask=kmask, other=0.0)
+        wb = wa
+        if ACT == 1:
+            wb = tl.load(w_b + k0, mask=kmask, other=0.0)
+    return xv, wa, wb
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, lock_ptr,
     M, N_OUT, K, s_xm, s_wn, s_om, K_SPLIT,
     alpha_p, alpha_n, beta, eps,
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """Grid: (cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or 2 * N_OUT, K)."""
+    """Grid: (cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or 2 * N_OUT, K).
+    BLOCK_M = 1: one token on the CUDA cores; BLOCK_M = 16: up to 16 tokens on the tensor cores
+    (weights staged through shared memory by cp.async, software-pipelined num_stages deep)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     x_ty: tl.constexpr = x_ptr.dtype.element_ty
@@ -95,24 +116,22 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     if BLOCK_M == 1:
-        # One token: elementwise FMAs into a 2-D register tile, one reduction at the end.
+        # One token: elementwise FMAs into a 2-D register tile, one reduction at the end. Triton
+        # does not software-pipeline these plain loads, so UNROLL = 2 issues the loads of two K
+        # tiles before the first FMA (more bytes in flight per program, same accumulator).
         part_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         part_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            if EVEN_K:
-                xv = tl.load(x_rows + k0).to(tl.float32)
-                wa = tl.load(w_a + k0)
-                if ACT == 1:
-                    wb = tl.load(w_b + k0)
-            else:
-                kmask = (k0 + rk) < k_hi
-                xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
-                wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
-                if ACT == 1:
-                    wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
+        for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
+            xv, wa, wb = _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT, EVEN_K)
+            if UNROLL == 2:
+                xv2, wa2, wb2 = _gemv_tile(x_rows, w_a, w_b, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
             part_a += wa.to(tl.float32) * xv
             if ACT == 1:
                 part_b += wb.to(tl.float32) * xv
+            if UNROLL == 2:
+                part_a += wa2.to(tl.float32) * xv2
+                if ACT == 1:
+                    part_b += wb2.to(tl.float32) * xv2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
     else:
@@ -230,6 +249,8 @@ class GemvConfig:
     split_k: int = 0  # 0: chosen from the shape (see _split_k)
     num_warps: int = 4
     num_stages: int = 3
+    unroll: int = 1  # one token: K tiles loaded per iteration (1 or 2)
+    dot: bool = False  # one token through the tensor-core path (rows padded to 16)
 
 
 @dataclass(frozen=True)
@@ -243,17 +264,25 @@ class GemmConfig:
 
 
 def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
-    """Default GEMV tiles. Starting points for the H200 (see benchmarks/ops.py's sweep): a
-    [16, 512] bf16 tile (16 KB per iteration, 16-byte loads, 4 warps) per program for one token;
-    INT8 doubles BLOCK_K to keep the bytes per iteration. SwiGLU programs hold two row blocks."""
+    """Default GEMV tiles (starting points for the H200; benchmarks/ops.py sweeps alternatives).
+
+    One token: ~8K weight elements per program per K tile (an fp32 accumulator of 64-80
+    registers a thread, no spills on sm_90; 16-byte loads), two tiles in flight (UNROLL = 2).
+    SwiGLU programs hold a gate and an up row block, so they take 8 warps. 2..16 tokens:
+    tensor-core tiles [16 x 32 x 128] (bf16) / [16 x 32 x 256] (int8), 4 cp.async stages."""
     if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
-        return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128)
+        return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
+                          unroll=2 if k >= 512 else 1)
     if m == 1:
-        block_k = 1024 if int8 else 512
         if f32:
-            block_k = 256
-        return GemvConfig(block_n=8 if act == ACT_SWIGLU else 16, block_k=block_k, num_warps=4,
-                          num_stages=3)
+            return GemvConfig(block_n=16, block_k=128, num_warps=4)
+        if int8:
+            if act == ACT_SWIGLU:
+                return GemvConfig(block_n=8, block_k=512, num_warps=8, unroll=2)
+            return GemvConfig(block_n=16, block_k=512, num_warps=8, unroll=2)
+        if act == ACT_SWIGLU:
+            return GemvConfig(block_n=16, block_k=256, num_warps=8, unroll=2)
+        return GemvConfig(block_n=16, block_k=256, num_warps=4, unroll=2)
     return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
 
 
@@ -328,10 +357,12 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
         cfg = config or gemv_config(m, k, int8, act, f32)
-        block_m = 1 if m == 1 else 16
+        block_m = 1 if (m == 1 and not cfg.dot) else 16
+        unroll = cfg.unroll if block_m == 1 else 1
+        step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
-        split = cfg.split_k or _split_k(tiles, k, cfg.block_k, sm_count(x.device))
-        k_split = cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k
+        split = cfg.split_k or _split_k(tiles, k, step, sm_count(x.device))
+        k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
         part, locks = x, x  # dummies when not split
         if split > 1:
@@ -344,7 +375,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
             m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k_split,
             alpha_p, alpha_n, beta, eps,
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
-            EVEN_K=(k % cfg.block_k == 0) and (k_split % cfg.block_k == 0),
+            EVEN_K=(k % step == 0) and (k_split % step == 0), UNROLL=unroll,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
         )
         return

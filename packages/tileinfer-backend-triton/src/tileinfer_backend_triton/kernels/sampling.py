@@ -114,7 +114,7 @@ def _mass_ge(row_ptrs, V, inv_t, rmask, m, thr, ROWS: tl.constexpr, BLOCK: tl.co
 def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
             HAS_TOPP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Per row (thr, m, z): kept = key >= thr; m = max s (always kept); z = sum kept exp(s - m)."""
-    m = _row_max(row_ptrs, V, inv_t, rmask, ROWS, BLOCK)
+    m = tl.where(rmask, _row_max(row_ptrs, V, inv_t, rmask, ROWS, BLOCK), 0.0)  # 0: padding rows
     thr = tl.full([ROWS], -2147483648, tl.int32)
     if HAS_TOPK:  # largest t with count(key >= t) >= top_k: 32 bisection steps
         lo = tl.full([ROWS], -2147483648, tl.int64)
@@ -141,7 +141,7 @@ def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
             z_lo = tl.where(ok, mass, z_lo)
         thr = tl.maximum(thr, lo.to(tl.int32))
         z = z_lo
-    return thr, m, z
+    return thr, m, tl.where(rmask, z, 1.0)
 
 
 @triton.jit
