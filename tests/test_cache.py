@@ -13,7 +13,8 @@ from tileinfer.cache import (ContextLengthError, OutOfPagesError, PagedKVCache,
 from tileinfer.config import config_from_dict
 from tileinfer.model import forward, load_model
 from tileinfer.step import StepMetadata, prepare_step
-from tiny_models import COMMON, load_reference, prompt_ids, tiny  # noqa: F401
+from tiny_models import (COMMON, load_reference, prompt_ids, single_torch_thread,  # noqa: F401
+                         tiny)
 
 CONFIG = config_from_dict(dict(COMMON, model_type="qwen3"))
 

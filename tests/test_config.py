@@ -13,7 +13,7 @@ from tileinfer.config import ConfigError, check_max_len, config_from_dict, load_
 from tileinfer.model import load_model
 from tileinfer.rope import inverse_frequencies, rope_tables
 from tileinfer.weights import WeightsError, checkpoint_shapes
-from tiny_models import COMMON, tiny  # noqa: F401
+from tiny_models import COMMON, single_torch_thread, tiny  # noqa: F401
 
 transformers.logging.set_verbosity_error()
 

@@ -20,7 +20,7 @@ from tileinfer.cache import calibrate_key_smoothing
 from tileinfer.model import forward, load_model
 from tileinfer.quant import Int8Weight, quantize_int8
 from tileinfer.weights import weight_bytes
-from tiny_models import ARCHS, prompt_ids, tiny  # noqa: F401
+from tiny_models import ARCHS, prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 STEPS = 40
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tileinfer.config import load_config
 from tileinfer.model import load_model
 from tileinfer.weights import INDEX_FILE, WeightsError, load_weights, weight_bytes
-from tiny_models import load_reference, save_tiny, tiny  # noqa: F401
+from tiny_models import load_reference, save_tiny, single_torch_thread, tiny  # noqa: F401
 
 
 def _state(tiny, arch, tie=False):
