@@ -31,7 +31,8 @@ ATTN_BLOCK_M = 64  # packed query rows per block of attention.cu
 
 fallback_counts: Counter = Counter()
 
-# Tuning overrides for benchmarks: e.g. {"warps": 8, "stages": 6} forces the GEMV variant.
+# Tuning overrides for benchmarks: e.g. {"warps": 8, "stages": 6, "l2_256b": True} forces the
+# GEMV variant (see gemv_config).
 gemv_overrides: dict = {}
 
 
@@ -213,7 +214,7 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int)
     stages = max(2, min(stages, _cdiv(steps, warps) + 1))
     if stages % 2:
         stages += 1
-    config = {"warps": warps, "stages": stages}
+    config = {"warps": warps, "stages": stages, "l2_256b": False}
     config.update(gemv_overrides)
     return config
 
@@ -230,6 +231,8 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
         "OUT_DTYPE": _DTYPE_NAMES[out.dtype], "ROUND_BF16": int(not int8),
         "WARPS": cfg["warps"], "STAGES": cfg["stages"],
     }
+    if cfg.get("l2_256b"):
+        defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     k = _kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
     lane_k = int8_load if int8 else 8
     parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8

@@ -1,0 +1,418 @@
+"""CUDA backend checks the conformance suite does not make (GPU only).
+
+- device sampling and acceptance give exactly the host's tokens (``tileinfer.sampling``) over
+  many seeds, vocabulary sizes and filters;
+- a captured CUDA graph of a sequence of ops, replayed on new inputs, equals the eager run;
+- the on-disk cubin cache is reused by a new process;
+- the decode GEMV, the prefill GEMM and split-KV attention at model-sized shapes match ref;
+- the bf16 / INT8 model path takes no fallback to ref.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tileinfer.backends import get_backend
+from tileinfer.sampling import SamplingParams, accept_host, accept_rows, sample_host, sample_rows
+from tileinfer.testing.conformance import assert_close, fill_paged_step, quantize_weight
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return get_backend("cuda")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return get_backend("ref")
+
+
+@pytest.fixture(scope="module")
+def cuda_ops(cuda):
+    from tileinfer_backend_cuda import ops
+
+    return ops
+
+
+def _llm_like_logits(n, vocab, gen, spread=4.0):
+    """Logits with a heavy head like a language model's: a few large values over a broad tail."""
+    base = torch.randn(n, vocab, generator=gen) * spread
+    hot = torch.randint(0, vocab, (n, 8), generator=gen)
+    base.scatter_(1, hot, base.gather(1, hot).abs() + 3 * spread)
+    return base
+
+
+# --- sampling ------------------------------------------------------------------------------------
+
+SAMPLING = [
+    SamplingParams(0.0),
+    SamplingParams(1.0),
+    SamplingParams(0.7, top_k=50),
+    SamplingParams(0.9, top_p=0.9),
+    SamplingParams(1.0, top_k=40, top_p=0.95),
+    SamplingParams(1.5, top_p=0.5),
+    SamplingParams(0.6, top_k=1),
+    SamplingParams(2.0, top_p=0.99),          # a flat distribution: many top-p candidates
+    SamplingParams(1.0, top_k=5000, top_p=0.8),  # more than the shared-memory candidate capacity
+]
+
+
+def _device_tokens(cuda, logits, params, seed, counter, with_probs=False):
+    n = logits.shape[0]
+    out = torch.full((n,), -1, dtype=torch.int32, device=DEV)
+    probs = torch.full_like(logits, float("nan")) if with_probs else None
+    cuda.sample_tokens(out, logits, params.temperature, params.top_k, params.top_p,
+                       torch.tensor([seed], dtype=torch.int64, device=DEV),
+                       torch.tensor([counter], dtype=torch.int64, device=DEV), probs)
+    return out.cpu().long(), probs
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=str)
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_sampling_matches_host_over_many_seeds(cuda, params, vocab):
+    """Token for token the host definition (sample_rows on the CPU, row j on stream counter + j)."""
+    gen = torch.Generator().manual_seed(vocab + int(params.temperature * 100) + params.top_k)
+    rows, seeds = 16, 8
+    mismatches = []
+    for seed in range(seeds):
+        logits = _llm_like_logits(rows, vocab, gen)
+        counter = 1000 * seed + 7
+        dev, _ = _device_tokens(cuda, logits.to(DEV), params, seed * 7919 - 3, counter)
+        host = sample_rows(logits, params, torch.tensor([seed * 7919 - 3]), torch.tensor([counter]))
+        for j in torch.nonzero(dev != host).flatten().tolist():
+            mismatches.append((seed, j, int(dev[j]), int(host[j])))
+    assert not mismatches, f"{len(mismatches)}/{rows * seeds} rows differ (seed, row, device, host): {mismatches[:10]}"
+
+
+def test_sample_host_itself_agrees(cuda):
+    """The one-row host API, on a handful of rows, with large 64-bit seeds and counters."""
+    gen = torch.Generator().manual_seed(5)
+    logits = _llm_like_logits(6, 50000, gen)
+    for params in SAMPLING:
+        for seed, counter in ((0, 0), (2**40 + 17, 2**33 + 5), (-12345, 99)):
+            dev, _ = _device_tokens(cuda, logits.to(DEV), params, seed, counter)
+            for j in range(logits.shape[0]):
+                assert int(dev[j]) == sample_host(logits[j], params, seed, counter + j), (params, seed, j)
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=str)
+def test_sampling_matches_ref_on_device_many_seeds(cuda, ref, params):
+    """Against the ref backend on the same GPU (same float library): 200 seeds, probabilities too."""
+    gen = torch.Generator().manual_seed(11)
+    logits = _llm_like_logits(8, 32000, gen).to(DEV)
+    for seed in range(200):
+        dev, probs = _device_tokens(cuda, logits, params, seed, 3 * seed, with_probs=True)
+        expected = torch.empty(8, dtype=torch.int32, device=DEV)
+        probs_ref = torch.empty_like(logits)
+        ref.sample_tokens(expected, logits, params.temperature, params.top_k, params.top_p,
+                          torch.tensor([seed], device=DEV), torch.tensor([3 * seed], device=DEV), probs_ref)
+        assert dev.tolist() == expected.cpu().long().tolist(), (params, seed)
+        if seed < 3:
+            assert_close(probs, probs_ref, torch.float16, what="filtered probabilities")
+
+
+@pytest.mark.parametrize("params", SAMPLING[1:6], ids=str)
+@pytest.mark.parametrize("with_q", [False, True], ids=["onehot-q", "draft-q"])
+def test_accept_matches_host_over_many_seeds(cuda, params, with_q):
+    gen = torch.Generator().manual_seed(3)
+    n, vocab = 32, 32000
+    mismatches = []
+    for seed in range(10):
+        logits = _llm_like_logits(n, vocab, gen)
+        draft_logits = logits + torch.randn(n, vocab, generator=gen)
+        q = torch.softmax(draft_logits, -1) if with_q else None
+        drafts = torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=gen)[:, 0].to(torch.int32)
+        out = torch.full((n,), -1, dtype=torch.int32, device=DEV)
+        cuda.accept_tokens(out, logits.to(DEV), drafts.to(DEV), None if q is None else q.to(DEV),
+                           params.temperature, params.top_k, params.top_p,
+                           torch.tensor([seed], device=DEV), torch.tensor([10 * seed], device=DEV))
+        host = accept_rows(logits, drafts, q, params, torch.tensor([seed]), torch.tensor([10 * seed]))
+        for j in torch.nonzero(out.cpu().long() != host).flatten().tolist():
+            mismatches.append((seed, j, int(out[j]), int(host[j])))
+    assert not mismatches, f"{len(mismatches)} rows differ (seed, row, device, host): {mismatches[:10]}"
+    # and the one-row host API on a few rows
+    j = 0
+    assert int(out[j]) == accept_host(logits[j], int(drafts[j]), None if q is None else q[j], params, 9, 90 + j)
+
+
+# --- CUDA graphs ---------------------------------------------------------------------------------
+
+
+class TinyLayer:
+    """One decoder layer's worth of ops on static buffers (n tokens of one sequence)."""
+
+    def __init__(self, n, hidden=512, heads=8, kv_heads=2, head_dim=64, inter=768, vocab=1000,
+                 int8=False, kv_int8=False, max_ctx=512, page_size=16, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *s, scale=0.05: (torch.randn(*s, generator=g) * scale).to(torch.bfloat16).to(DEV)  # noqa: E731
+        self.n, self.hidden, self.heads, self.kv_heads, self.head_dim = n, hidden, heads, kv_heads, head_dim
+
+        def weight(o, i):
+            w = r(o, i)
+            if int8:
+                q, s = quantize_weight(w.cpu())
+                return q.to(DEV), s.to(DEV)
+            return w, None
+
+        self.norm1 = r(hidden, scale=1.0) + 1
+        self.norm2 = r(hidden, scale=1.0) + 1
+        self.w_qkv = weight((heads + 2 * kv_heads) * head_dim, hidden)
+        self.w_o = weight(hidden, heads * head_dim)
+        self.w_gate_up = weight(2 * inter, hidden)
+        self.w_down = weight(hidden, inter)
+        self.w_head = weight(vocab, hidden)
+        self.q_norm, self.k_norm = r(head_dim, scale=1.0) + 1, r(head_dim, scale=1.0) + 1
+        pages = max_ctx // page_size + 1
+        shape = (pages, page_size, kv_heads, head_dim)
+        if kv_int8:
+            self.k_cache = torch.zeros(shape, dtype=torch.int8, device=DEV)
+            self.v_cache = torch.zeros(shape, dtype=torch.int8, device=DEV)
+            self.k_scale = torch.ones(shape[:3], device=DEV)
+            self.v_scale = torch.ones(shape[:3], device=DEV)
+            self.k_smooth = (torch.rand(kv_heads, head_dim, generator=g) + 0.5).to(DEV)
+        else:
+            self.k_cache = torch.zeros(shape, dtype=torch.bfloat16, device=DEV)
+            self.v_cache = torch.zeros(shape, dtype=torch.bfloat16, device=DEV)
+            self.k_scale = self.v_scale = self.k_smooth = None
+        self.block_table = torch.arange(pages, dtype=torch.int32, device=DEV)[None, :]
+        inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        ang = torch.arange(max_ctx, dtype=torch.float64)[:, None] * inv
+        self.cos, self.sin = ang.cos().float().to(DEV), ang.sin().float().to(DEV)
+        # static inputs
+        self.x = torch.zeros(n, hidden, dtype=torch.bfloat16, device=DEV)
+        self.positions = torch.zeros(n, dtype=torch.int32, device=DEV)
+        self.slots = torch.zeros(n, dtype=torch.int64, device=DEV)
+        self.cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+        self.ctx = torch.zeros(1, dtype=torch.int32, device=DEV)
+        self.seed = torch.zeros(1, dtype=torch.int64, device=DEV)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=DEV)
+        self.max_ctx = max_ctx
+        # static intermediates and outputs
+        e = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device=DEV)  # noqa: E731
+        self.residual, self.h = e(n, hidden), e(n, hidden)
+        self.qkv, self.q = e(n, (heads + 2 * kv_heads) * head_dim), e(n, heads, head_dim)
+        self.attn = e(n, heads, head_dim)
+        self.o = e(n, hidden)
+        self.gate_up, self.act, self.down = e(n, 2 * inter), e(n, inter), e(n, hidden)
+        self.logits = e(n, vocab, dtype=torch.float32)
+        self.tokens = e(n, dtype=torch.int32)
+
+    def set_inputs(self, x, start):
+        self.x.copy_(x)
+        self.residual.copy_(x)
+        pos = torch.arange(start, start + self.n, dtype=torch.int32, device=DEV)
+        self.positions.copy_(pos)
+        self.slots.copy_(pos.long())
+        self.ctx.fill_(start + self.n)
+        self.seed.fill_(start + 1)
+        self.counter.fill_(3 * start)
+
+    def step(self, ops, workspace):
+        ops.rmsnorm(self.h, self.residual, self.norm1, 1e-6)
+        ops.linear(self.qkv, self.h, *self.w_qkv)
+        ops.attention_inputs(self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale,
+                             self.k_smooth, self.qkv, self.q_norm, self.k_norm, self.cos, self.sin,
+                             self.positions, self.slots, 1e-6)
+        ops.attention(self.attn, self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale,
+                      self.k_smooth, self.cu, self.ctx, self.block_table, self.n, self.max_ctx,
+                      self.head_dim ** -0.5, True, workspace)
+        ops.linear(self.o, self.attn.view(self.n, -1), *self.w_o)
+        ops.add_rmsnorm(self.residual, self.h, self.o, self.norm2, 1e-6)
+        ops.linear_swiglu(self.act, self.h, *self.w_gate_up, self.gate_up)
+        ops.linear(self.down, self.act, *self.w_down)
+        ops.add_rmsnorm(self.residual, self.h, self.down, self.norm2, 1e-6)
+        ops.linear(self.logits, self.h, *self.w_head)
+        ops.sample_tokens(self.tokens, self.logits, 0.8, 20, 0.9, self.seed, self.counter, None)
+
+    def outputs(self):
+        return [t.clone() for t in (self.residual, self.logits, self.tokens, self.attn)]
+
+
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_graph_replay_equals_eager(cuda, n, int8):
+    layer = TinyLayer(n, int8=int8, kv_int8=int8)
+    ws = cuda.attention_workspace(n, layer.heads, layer.head_dim, layer.max_ctx, DEV)
+    g = torch.Generator().manual_seed(1)
+    inputs = [((torch.randn(n, layer.hidden, generator=g)).to(torch.bfloat16).to(DEV), start)
+              for start in (0, 37, 200, 100)]
+    # Eager reference results, from a fresh cache each time the same way as the replays below.
+    layer.set_inputs(*inputs[0])
+    layer.step(cuda, ws)  # warm-up: compiles and loads every kernel before capture
+    torch.cuda.synchronize()
+
+    def eager(x, start):
+        layer.set_inputs(x, start)
+        layer.step(cuda, ws)
+        return layer.outputs()
+
+    cache_state = [t.clone() if t is not None else None for t in (layer.k_cache, layer.v_cache, layer.k_scale, layer.v_scale)]
+    expected = [eager(x, s) for x, s in inputs]
+
+    def restore():
+        for t, saved in zip((layer.k_cache, layer.v_cache, layer.k_scale, layer.v_scale), cache_state):
+            if t is not None:
+                t.copy_(saved)
+
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer.set_inputs(*inputs[0])
+        layer.step(cuda, ws)  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    restore()
+    layer.set_inputs(*inputs[0])
+    with torch.cuda.graph(graph):
+        layer.step(cuda, ws)
+    restore()
+    for (x, start), want in zip(inputs, expected):
+        layer.set_inputs(x, start)
+        graph.replay()
+        got = layer.outputs()
+        for a, b, name in zip(got, want, ("residual", "logits", "tokens", "attention")):
+            assert torch.equal(a, b), f"graph replay differs from eager in {name} (start {start})"
+
+
+# --- the cubin cache across processes ------------------------------------------------------------
+
+
+def test_disk_cache_reused_by_a_new_process(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    script = (
+        "import torch\n"
+        "from tileinfer.backends import get_backend\n"
+        "from tileinfer_backend_cuda import compiler\n"
+        "ops = get_backend('cuda')\n"
+        "x = torch.arange(4 * 256, dtype=torch.float32, device='cuda').reshape(4, 256).to(torch.bfloat16)\n"
+        "w = torch.ones(256, dtype=torch.bfloat16, device='cuda')\n"
+        "out = torch.empty_like(x)\n"
+        "ops.rmsnorm(out, x, w, 1e-6)\n"
+        "torch.cuda.synchronize()\n"
+        "print(compiler.stats.compiled, compiler.stats.cache_hits, float(out.float().sum()))\n"
+    )
+    env = {**os.environ, "TILEINFER_CACHE": str(tmp_path), "TILEINFER_BACKENDS": "cuda"}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    (c1, h1, s1), (c2, h2, s2) = [r.stdout.split() for r in runs]
+    assert (int(c1), int(h1)) == (1, 0)
+    assert (int(c2), int(h2)) == (0, 1)
+    assert s1 == s2
+
+
+# --- model-sized shapes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("out_f,in_f", [(6144, 4096), (4096, 14336), (2000, 1032)])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_decode_gemv_model_shapes(cuda, ref, n, out_f, in_f, int8):
+    g = torch.Generator().manual_seed(out_f + in_f + n)
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(out_f, in_f, generator=g) * 0.02).to(torch.bfloat16)
+    scale = None
+    if int8:
+        w, scale = quantize_weight(w)
+        scale = scale.to(DEV)
+    w = w.to(DEV)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
+        expected = torch.empty_like(out)
+        cuda.linear(out, x, w, scale)
+        ref.linear(expected, x, w, scale)
+        assert_close(out, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_decode_swiglu_xielu_model_shapes(cuda, ref, int8):
+    g = torch.Generator().manual_seed(2)
+    n, hidden, inter = 4, 4096, 14336
+    x = torch.randn(n, hidden, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(2 * inter, hidden, generator=g) * 0.02).to(torch.bfloat16)
+    scale = None
+    if int8:
+        w, scale = quantize_weight(w)
+        scale = scale.to(DEV)
+    w = w.to(DEV)
+    out, expected = (torch.empty(n, inter, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    scratch = torch.empty(n, 2 * inter, dtype=torch.bfloat16, device=DEV)
+    cuda.linear_swiglu(out, x, w, scale, scratch)
+    ref.linear_swiglu(expected, x, w, scale, scratch.clone())
+    assert_close(out, expected)
+    xielu = (0.8, 0.9, 0.5, -1e-6)
+    wu, su = w[:inter], None if scale is None else scale[:inter]
+    cuda.linear_xielu(out, x, wu, su, *xielu)
+    ref.linear_xielu(expected, x, wu, su, *xielu)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("n", [9, 300])
+@pytest.mark.parametrize("in_f", [1024, 1032])
+def test_prefill_gemm(cuda, ref, n, in_f):
+    g = torch.Generator().manual_seed(n + in_f)
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(700, in_f, generator=g) * 0.03).to(torch.bfloat16)
+    q, scale = quantize_weight(w)
+    for weight, s in ((w.to(DEV), None), (q.to(DEV), scale.to(DEV))):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = torch.full((n, 700), float("nan"), dtype=out_dtype, device=DEV)
+            expected = torch.empty_like(out)
+            cuda.linear(out, x, weight, s)
+            ref.linear(expected, x, weight, s)
+            assert_close(out, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("case", [
+    ([1, 1, 1], [4000, 1, 2500], 32, 8, 128, 16),   # batched decode, long contexts: many splits
+    ([4, 1], [1500, 900], 32, 8, 128, 64),           # a verify block beside a decode row
+    ([1], [3000], 9, 3, 64, 16),                     # SmolLM2 heads
+    ([200], [700], 16, 4, 128, 16),                  # chunked prefill after 500 cached
+])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "block"])
+def test_attention_model_shapes(cuda, ref, kind, case, causal):
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size = case
+    gen = torch.Generator().manual_seed(sum(context_lens))
+    q, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, DEV, gen)
+    scale = head_dim ** -0.5
+    max_q, max_ctx = max(q_lens), table.shape[1] * page_size
+    ws = cuda.attention_workspace(q.shape[0], heads, head_dim, max_ctx, q.device)
+    expected = torch.empty_like(q)
+    ref.attention(expected, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, causal, None)
+    results = []
+    for _ in range(3):  # the split counters reset themselves: repeated calls agree exactly
+        out = torch.full_like(q, float("nan"))
+        cuda.attention(out, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, causal, ws)
+        results.append(out)
+    assert_close(results[0], expected)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
+
+
+def test_model_path_takes_no_fallback(cuda, cuda_ops):
+    cuda_ops.fallback_counts.clear()
+    for int8 in (False, True):
+        for n in (1, 5, 40):
+            layer = TinyLayer(n, int8=int8, kv_int8=int8, seed=n)
+            ws = cuda.attention_workspace(n, layer.heads, layer.head_dim, layer.max_ctx, DEV)
+            layer.set_inputs(torch.randn(n, layer.hidden, device=DEV).to(torch.bfloat16), 10)
+            layer.step(cuda, ws)
+    torch.cuda.synchronize()
+    assert not cuda_ops.fallback_counts, dict(cuda_ops.fallback_counts)
+    assert not cuda.fallbacks, cuda.fallbacks
