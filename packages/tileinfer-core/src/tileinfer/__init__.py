@@ -25,3 +25,4 @@ from .gguf_import import GGUFImportError, import_gguf
 from .default_model import DefaultModelUnavailable, default_model_dir
 from .speculative import (DFlashDrafter, DFlashProposer, Draft, DraftProposer, NgramProposer,
                           Proposer, SpecStats, load_dflash)
+from .memory import memory_report

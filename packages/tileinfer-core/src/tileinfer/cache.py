@@ -246,15 +246,73 @@ def key_smoothing_from_calibration(per_layer_keys, alpha: float = 0.5, floor: fl
     return factors
 
 
-def calibrate_key_smoothing(model, ids, alpha: float = 0.5, floor: float = 1e-2):
-    """Run the token ids through model in a fresh cache in the model dtype and compute the key
-    smoothing factors of its keys (``key_smoothing_from_calibration``)."""
+def calibrate_key_smoothing(model, ids=None, alpha: float = 0.5, floor: float = 1e-2,
+                            chunk: int = 512):
+    """Key smoothing factors (``key_smoothing_from_calibration``) of model's keys on a
+    calibration text.
+
+    ids: the calibration token ids; by default the model's tokenizer encodes
+    ``calibration_text()`` (a short public-domain English text). Ids longer than the model's
+    max_len are cut into consecutive sequences of max_len tokens, each run from position 0; each
+    sequence is prefilled ``chunk`` tokens at a time (the keys do not depend on the chunking), in
+    a fresh cache in the model dtype.
+    """
     from .model import forward  # model.py imports this module
 
+    if ids is None:
+        ids = default_calibration_ids(model)
     ids = list(ids.tolist() if torch.is_tensor(ids) else ids)
-    cache = PagedKVCache(model.config, math.ceil(len(ids) / 16), page_size=16, dtype=model.dtype,
+    if not ids:
+        raise ValueError("calibrate_key_smoothing needs at least one calibration token")
+    span = min(len(ids), model.max_len)
+    cache = PagedKVCache(model.config, math.ceil(span / 16), page_size=16, dtype=model.dtype,
                          device=model.device)
-    seq = cache.new_sequence()
-    forward(model, cache, seq, ids)
-    keys = [cache.sequence_keys(layer, seq) for layer in range(model.config.num_layers)]
-    return key_smoothing_from_calibration(keys, alpha=alpha, floor=floor)
+    keys = [[] for _ in range(model.config.num_layers)]
+    for begin in range(0, len(ids), span):
+        seq = cache.new_sequence()
+        part = ids[begin:begin + span]
+        for start in range(0, len(part), chunk):
+            forward(model, cache, seq, part[start:start + chunk])
+        for layer in range(model.config.num_layers):
+            keys[layer].append(cache.sequence_keys(layer, seq))
+        cache.release(seq)
+    return key_smoothing_from_calibration([torch.cat(k) for k in keys], alpha=alpha, floor=floor)
+
+
+def calibration_text() -> str:
+    """The default calibration text: public-domain English prose (the United States Declaration
+    of Independence, 1776, its opening paragraphs)."""
+    return _CALIBRATION_TEXT
+
+
+def default_calibration_ids(model) -> list[int]:
+    """``calibration_text()`` encoded by the tokenizer of model's folder."""
+    from .tokenizer import load_tokenizer
+
+    if getattr(model, "model_dir", None) is None:
+        raise ValueError("this model has no folder to read a tokenizer from; pass the "
+                         "calibration token ids to calibrate_key_smoothing")
+    return load_tokenizer(model.model_dir).encode(calibration_text(), add_special_tokens=False)
+
+
+_CALIBRATION_TEXT = """\
+When in the Course of human events, it becomes necessary for one people to dissolve the political \
+bands which have connected them with another, and to assume among the powers of the earth, the \
+separate and equal station to which the Laws of Nature and of Nature's God entitle them, a decent \
+respect to the opinions of mankind requires that they should declare the causes which impel them \
+to the separation.
+
+We hold these truths to be self-evident, that all men are created equal, that they are endowed by \
+their Creator with certain unalienable Rights, that among these are Life, Liberty and the pursuit \
+of Happiness. That to secure these rights, Governments are instituted among Men, deriving their \
+just powers from the consent of the governed, That whenever any Form of Government becomes \
+destructive of these ends, it is the Right of the People to alter or to abolish it, and to \
+institute new Government, laying its foundation on such principles and organizing its powers in \
+such form, as to them shall seem most likely to effect their Safety and Happiness. Prudence, \
+indeed, will dictate that Governments long established should not be changed for light and \
+transient causes; and accordingly all experience hath shewn, that mankind are more disposed to \
+suffer, while evils are sufferable, than to right themselves by abolishing the forms to which \
+they are accustomed. But when a long train of abuses and usurpations, pursuing invariably the \
+same Object evinces a design to reduce them under absolute Despotism, it is their right, it is \
+their duty, to throw off such Government, and to provide new Guards for their future security.
+"""
