@@ -117,8 +117,8 @@ def reference_run(directory, dtype, prompt, steps) -> Reference:
     prefill = model(ids).logits[0].float()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
                          do_sample=False, output_logits=True, return_dict_in_generate=True)
-    return Reference(Path(directory), list(prompt), prefill, out.sequences[0, len(prompt):].tolist(),
-                     torch.cat(out.logits).float())
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return Reference(Path(directory), list(prompt), prefill, tokens, torch.cat(out.logits).float())
 
 
 class TinyStore:
@@ -137,7 +137,8 @@ class TinyStore:
     def directory(self, arch, tie=False, dtype=torch.float32, rope=None) -> Path:
         key = (arch, tie, dtype, rope is not None)
         if key not in self._dirs:
-            name = f"{arch}-{'tied' if tie else 'untied'}-{str(dtype)[6:]}{'-llama3' if rope else ''}"
+            name = "-".join([arch, "tied" if tie else "untied", str(dtype).removeprefix("torch.")]
+                            + (["llama3"] if rope else []))
             self._dirs[key] = save_tiny(self.model(arch, tie, rope), self.root / name, dtype)
         return self._dirs[key]
 

@@ -5,7 +5,8 @@ transformers (5.17, ``LlamaRotaryEmbedding`` and ``_compute_llama3_parameters``)
     inv_freq[i] = 1 / theta ** (2i / head_dim)                 float32, i < head_dim / 2
     llama3: wavelen = 2 pi / inv_freq; wavelengths above original_len / low_freq_factor are
             divided by factor, those below original_len / high_freq_factor are kept, and the
-            ones between are interpolated with smooth = (original_len / wavelen - low) / (high - low):
+            ones between are interpolated: with
+            smooth = (original_len / wavelen - low) / (high - low),
             (1 - smooth) * inv_freq / factor + smooth * inv_freq
     freqs[p, i] = p * inv_freq[i]                              float32
     cos, sin = cos(freqs) * attention_scaling, sin(...)        then rounded to the model dtype
@@ -28,7 +29,8 @@ from .config import ModelConfig
 def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """(inv_freq (head_dim // 2,) float32, attention_scaling) as transformers computes them."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
     # default and llama3 RoPE leave the magnitudes alone; yarn/longrope (unsupported) would not.
     attention_scaling = 1.0
     scaling = config.rope_scaling

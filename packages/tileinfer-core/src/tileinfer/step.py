@@ -98,7 +98,8 @@ class StepMetadata:
         """
         if static.cache is not None and self.cache is not None and static.cache is not self.cache:
             raise ValueError("the static step metadata belongs to another KV cache")
-        if self.max_query_len > static.max_query_len or self.max_context_len > static.max_context_len:
+        if (self.max_query_len > static.max_query_len
+                or self.max_context_len > static.max_context_len):
             raise ValueError(f"step bounds (query {self.max_query_len}, context "
                              f"{self.max_context_len}) exceed the static ones (query "
                              f"{static.max_query_len}, context {static.max_context_len})")

@@ -7,22 +7,22 @@ lists its tensors' files in ``model.safetensors.index.json`` (``weight_map``); o
 At load, the per-projection tensors of transformers' checkpoints are fused so that one ``linear``
 op computes them together:
 
-- ``qkv`` (heads * head_dim + 2 * kv_heads * head_dim, hidden): q_proj rows, then k_proj, then v_proj;
+- ``qkv`` ((heads + 2 * kv_heads) * head_dim, hidden): q_proj rows, then k_proj, then v_proj;
 - ``gate_up`` (2 * intermediate, hidden): gate_proj rows over up_proj rows (SwiGLU models), or
   ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP.
 
 Tensor names per architecture (``model.layers.{i}.`` prefix):
 
-============================  ===================================  =============================
-                              Llama / Mistral / Qwen3              Apertus
-============================  ===================================  =============================
-norm before attention         input_layernorm                      attention_layernorm
-norm before the MLP           post_attention_layernorm             feedforward_layernorm
-attention                     self_attn.{q,k,v,o}_proj             self_attn.{q,k,v,o}_proj
-per-head q/k norm             self_attn.{q,k}_norm (Qwen3)         self_attn.{q,k}_norm
-MLP                           mlp.{gate,up,down}_proj              mlp.{up,down}_proj,
-                                                                   mlp.act_fn.{alpha_p,alpha_n,beta,eps}
-============================  ===================================  =============================
+=====================  ============================  ======================================
+                       Llama / Mistral / Qwen3       Apertus
+=====================  ============================  ======================================
+norm before attention  input_layernorm               attention_layernorm
+norm before the MLP    post_attention_layernorm      feedforward_layernorm
+attention              self_attn.{q,k,v,o}_proj      self_attn.{q,k,v,o}_proj
+per-head q/k norm      self_attn.{q,k}_norm (Qwen3)  self_attn.{q,k}_norm
+MLP                    mlp.{gate,up,down}_proj       mlp.{up,down}_proj,
+                                                     mlp.act_fn.{alpha_p,alpha_n,beta,eps}
+=====================  ============================  ======================================
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     o: torch.Tensor | Int8Weight  # (hidden, heads * head_dim)
     mlp_norm: torch.Tensor  # (hidden,)
-    up: torch.Tensor | Int8Weight  # gate_up (2 * inter, hidden) for SwiGLU; up (inter, hidden) for xIELU
+    # SwiGLU: gate_up (2 * inter, hidden), gate rows over up rows; xIELU: up (inter, hidden)
+    up: torch.Tensor | Int8Weight
     down: torch.Tensor | Int8Weight  # (hidden, inter)
     xielu: XIELUScalars | None = None
 
@@ -144,7 +145,8 @@ class Checkpoint:
 
     def _file(self, name):
         if name not in self.weight_map:
-            raise WeightsError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
+            raise WeightsError(f"tensor {name!r} is missing from the checkpoint in "
+                               f"{self.model_dir}")
         return self.weight_map[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -200,7 +202,8 @@ def _layer_names(config: ModelConfig) -> dict[str, str]:
     apertus = config.model_type == "apertus"
     names = {
         "attn_norm": ("attention_layernorm" if apertus else "input_layernorm") + ".weight",
-        "mlp_norm": ("feedforward_layernorm" if apertus else "post_attention_layernorm") + ".weight",
+        "mlp_norm": ("feedforward_layernorm" if apertus else "post_attention_layernorm")
+        + ".weight",
         "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
         "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
         "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
