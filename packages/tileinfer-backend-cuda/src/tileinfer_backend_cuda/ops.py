@@ -191,7 +191,10 @@ def _gemv_ok(out, x, weight, weight_scale) -> bool:
     return (x.dtype == torch.bfloat16 and weight.dtype in (torch.bfloat16, torch.int8)
             and out.dtype in (torch.bfloat16, torch.float32) and x.stride(1) == 1
             and x.stride(0) % 8 == 0 and k_dim % 8 == 0 and _contig(weight, out, weight_scale)
-            and _aligned(x, weight) and (weight.dtype != torch.int8 or weight_scale is not None))
+            and _aligned(x, weight)
+            and ((weight.dtype == torch.bfloat16 and weight_scale is None)
+                 or (weight.dtype == torch.int8 and weight_scale is not None
+                     and weight_scale.dtype == torch.float32)))
 
 
 def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
