@@ -16,8 +16,11 @@ and ``logits = h @ W_lm_head.T`` is computed in the model dtype and converted to
 transformers rounds its logits to bf16 before ``.float()``, so that greedy ties break alike).
 
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
-no ``.tolist()``): only op-table calls, views, and two out= gathers/copies, so a runner can capture
-it in a CUDA graph with static ``StepMetadata`` and ``StepBuffers`` and replay it.
+no ``.tolist()``): only op-table calls, views, and torch's out= forms of a row gather
+(``index_select``) and copies (the float32 logits, ``hidden_out``), so a runner can capture it in
+a CUDA graph with static ``StepMetadata`` and ``StepBuffers`` and replay it (whether the ops
+themselves are capturable is the backend's ``graph_safe``; ref's attention reads the context
+lengths on the host, so it is not).
 """
 
 from __future__ import annotations
