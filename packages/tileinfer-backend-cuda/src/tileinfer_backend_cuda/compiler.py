@@ -238,7 +238,9 @@ class Kernel:
         self.function = function
         self.signature = signature
         self._local = threading.local()
-        self._max_dynamic_smem = 48 * 1024
+        # The dynamic shared memory this kernel has been allowed so far. Without the opt-in a
+        # block may use 48 KB in all, static included, so any dynamic size is opted in once.
+        self._max_dynamic_smem = 0
 
     def _arg_buffers(self):
         bufs = getattr(self._local, "bufs", None)
@@ -268,7 +270,7 @@ class Kernel:
             return  # nothing to do (an empty step)
         bx, by, bz = (tuple(block) + (1, 1))[:3]
         _ensure_context(self.module.device_index)
-        if smem > 48 * 1024:
+        if smem > self._max_dynamic_smem:
             self.set_max_dynamic_smem(smem)
         values, _, ptrs_addr = self._arg_buffers()
         for slot, kind, a in zip(values, self.signature, args):
