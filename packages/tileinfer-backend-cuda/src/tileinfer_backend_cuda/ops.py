@@ -385,12 +385,16 @@ def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q
 
 
 def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
-    """Split-KV scratch for steps of up to SPLIT_MAX_TOKENS query rows (see attention.cu)."""
+    """Split-KV scratch (see attention.cu) for steps of up to num_tokens query rows.
+
+    Only steps of at most SPLIT_MAX_TOKENS rows split the context (larger ones have enough row
+    tiles to fill the GPU), so a workspace for larger steps would never be used: None.
+    """
     splits = min(MAX_SPLITS, _cdiv(max(1, max_context_len), ATTN_BLOCK_N))
-    tokens = min(num_tokens, SPLIT_MAX_TOKENS)
-    if splits <= 1 or tokens <= 0:
+    if splits <= 1 or not 0 < num_tokens <= SPLIT_MAX_TOKENS:
         return None
-    return torch.zeros((tokens, num_heads, splits, head_dim + 2), dtype=torch.float32, device=device)
+    return torch.zeros((num_tokens, num_heads, splits, head_dim + 2), dtype=torch.float32,
+                       device=device)
 
 
 def _attention_ok(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
