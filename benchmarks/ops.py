@@ -1,0 +1,486 @@
+"""Per-op benchmark of every available GPU backend at Llama decode / prefill shapes.
+
+Prints one JSON object per line (op, shape, backend, median_us, GB/s or TFLOP/s, the fraction of
+the ceiling) and a short table at the end. Ceilings (DESIGN.md section 8, measured on the H200):
+device copy 4.18 TB/s (decode GEMVs, decode attention: bytes read / time), bf16 matmul
+770 TFLOP/s (prefill GEMM; also compared with cuBLAS through torch at the same shape). The copy
+bandwidth is measured again at the start of each run and printed as the op "copy".
+
+Timing: each measured call runs on its own copy of the weights / KV cache, cycling through
+enough copies (>= 256 MB in all) that nothing is served from the 60 MB L2. The calls are captured
+in a CUDA graph and replayed (the way a model runner issues decode steps: no launch overhead,
+kernels back to back); an op that cannot be captured (the ref backend's attention reads lengths
+on the host) is timed eagerly with CUDA events. Reported: the median over replays of the time
+per call.
+
+    python benchmarks/ops.py                    # everything (about 2-3 minutes on an H200)
+    python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv sweep gemm attn misc
+    python benchmarks/ops.py --out results.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+COPY_CEILING = 4.18e12  # bytes/s, DESIGN.md
+MATMUL_CEILING = 770e12  # bf16 FLOP/s, DESIGN.md
+ROTATE_BYTES = 256 << 20
+MODELS = {
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=14336, vocab=128256,
+                      layers=32),
+    "llama3.2-1b": dict(hidden=2048, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=128256,
+                        layers=16),
+}
+DEV = "cuda"
+DRY_RUN = False  # --dry-run: tiny shapes on the CPU (TRITON_INTERPRET=1) to check the script
+CONTEXTS = (8192, 16384, 32768)
+PREFILL = 2048
+ROWS: list[dict] = []
+OUT_FILE = None
+
+
+def emit(**row):
+    ROWS.append(row)
+    line = json.dumps(row)
+    print(line, flush=True)
+    if OUT_FILE is not None:
+        OUT_FILE.write(line + "\n")
+        OUT_FILE.flush()
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def _time_graph(calls, replays=7, min_calls=40):
+    passes = max(1, math.ceil(min_calls / len(calls)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(passes):
+            for call in calls:
+                call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (passes * len(calls)))
+    del graph
+    return statistics.median(times), "graph"
+
+
+def _time_eager(calls, replays=7, min_calls=20):
+    passes = max(1, math.ceil(min_calls / len(calls)))
+    times = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(passes):
+            for call in calls:
+                call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (passes * len(calls)))
+    return statistics.median(times), "eager"
+
+
+def time_calls(calls, graph=True):
+    """Median microseconds per call; calls: zero-argument callables on rotated inputs.
+    graph=False for ops that read device values on the host (not capturable)."""
+    if DRY_RUN:
+        start = time.perf_counter()
+        for call in calls[:2]:
+            call()
+        return (time.perf_counter() - start) * 1e6 / len(calls[:2]), "dry-run"
+    for call in calls[:2]:  # compile / warm up (before any capture)
+        call()
+    torch.cuda.synchronize()
+    if not graph:
+        return _time_eager(calls)
+    try:
+        return _time_graph(calls)
+    except Exception:  # not capturable (host reads): time it eagerly
+        torch.cuda.synchronize()
+        return _time_eager(calls)
+
+
+def copies_for(nbytes: int) -> int:
+    if DRY_RUN:
+        return 2
+    return max(2, min(64, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+
+
+def backends():
+    from tileinfer.backends import list_backends
+
+    kind = "cpu" if DRY_RUN else "cuda"
+    return [b.name for b in list_backends() if b.available and kind in b.info.devices]
+
+
+def _dry_run_setup():
+    global DEV, DRY_RUN, CONTEXTS, PREFILL, ROTATE_BYTES
+    DEV, DRY_RUN, CONTEXTS, PREFILL = "cpu", True, (300, 700), 40
+    for cfg in MODELS.values():
+        cfg.update(hidden=cfg["hidden"] // 32, heads=4, kv_heads=2, head_dim=32,
+                   inter=cfg["inter"] // 32, vocab=3000, layers=2)
+
+
+# --- ops -------------------------------------------------------------------------------------
+
+
+def bench_copy():
+    n = 1 << 20 if DRY_RUN else 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device=DEV), torch.empty(n, dtype=torch.uint8, device=DEV)
+    us, how = time_calls([lambda: dst.copy_(src)])
+    bw = 2 * n / (us * 1e-6)
+    emit(op="copy", shape="1 GiB", backend="torch", median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+         frac_of_ceiling=round(bw / COPY_CEILING, 3), timing=how)
+    return bw
+
+
+def _weights(n, k, int8, count):
+    ws = []
+    for _ in range(count):
+        if int8:
+            ws.append((torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEV),
+                       torch.rand(n, device=DEV) * 1e-3 + 1e-4))
+        else:
+            ws.append(((torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16), None))
+    return ws
+
+
+def decode_shapes(cfg):
+    h, hd = cfg["hidden"], cfg["head_dim"]
+    return {"qkv": ((cfg["heads"] + 2 * cfg["kv_heads"]) * hd, h, "linear"),
+            "o": (h, cfg["heads"] * hd, "linear"),
+            "gate_up": (2 * cfg["inter"], h, "swiglu"),
+            "down": (h, cfg["inter"], "linear"),
+            "lm_head": (cfg["vocab"], h, "linear")}
+
+
+def _linear_calls(table, name, m, n, k, kind, int8, launch=None):
+    wbytes = n * k * (1 if int8 else 2) + (4 * n if int8 else 0)
+    ws = _weights(n, k, int8, copies_for(wbytes))
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    n_out = n // 2 if kind == "swiglu" else n
+    out = torch.empty(m, n_out, dtype=torch.float32 if name == "lm_head" else torch.bfloat16, device=DEV)
+    scratch = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+    calls = []
+    for w, s in ws:
+        if launch is not None:
+            calls.append(lambda w=w, s=s: launch(out, x, w, s))
+        elif kind == "swiglu":
+            calls.append(lambda w=w, s=s: table.linear_swiglu(out, x, w, s, scratch))
+        else:
+            calls.append(lambda w=w, s=s: table.linear(out, x, w, s))
+    return calls, wbytes + x.numel() * 2 + out.numel() * out.element_size()
+
+
+def bench_gemv(tables, summary, m=1):
+    for model, cfg in MODELS.items():
+        for int8 in (False, True):
+            wtype = "int8" if int8 else "bf16"
+            for backend, table in tables.items():
+                total_us = 0.0
+                for name, (n, k, kind) in decode_shapes(cfg).items():
+                    calls, nbytes = _linear_calls(table, name, m, n, k, kind, int8)
+                    us, how = time_calls(calls)
+                    bw = nbytes / (us * 1e-6)
+                    per_token = 1 if name == "lm_head" else cfg["layers"]
+                    total_us += us * per_token
+                    emit(op=f"gemv:{name}", model=model, shape=f"{m}x{n}x{k}", weights=wtype,
+                         backend=backend, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+                         frac_of_ceiling=round(bw / COPY_CEILING, 3), timing=how)
+                    del calls
+                emit(op="gemv:per_token", model=model, shape=f"m={m}", weights=wtype, backend=backend,
+                     median_us=round(total_us, 1), tok_per_s_bound=round(1e6 / total_us, 1))
+                summary.append((f"gemv/token {model}", wtype, backend, total_us, f"{1e6 / total_us:.0f} tok/s"))
+                torch.cuda.empty_cache()
+
+
+def gemv_sweep_configs():
+    from tileinfer_backend_triton.kernels.linear import GemvConfig as G
+
+    return {
+        False: [G(16, 256, 0, 4, 3, 2), G(16, 256, 0, 4, 3, 1), G(8, 512, 0, 4, 3, 2),
+                G(32, 128, 0, 4, 3, 2), G(16, 256, 0, 8, 3, 2), G(16, 256, 1, 4, 3, 2),
+                G(32, 128, 0, 4, 4, 1, dot=True), G(64, 128, 0, 4, 4, 1, dot=True),
+                G(32, 256, 0, 4, 3, 1, dot=True)],
+        True: [G(16, 512, 0, 8, 3, 2), G(8, 512, 0, 4, 3, 2), G(16, 512, 0, 8, 3, 1),
+               G(32, 256, 0, 8, 3, 2), G(16, 512, 1, 8, 3, 2), G(32, 256, 0, 4, 4, 1, dot=True),
+               G(64, 256, 0, 4, 4, 1, dot=True)],
+    }
+
+
+def bench_gemv_sweep(summary):
+    """Triton GEMV tile candidates at every decode shape (data for choosing the defaults)."""
+    from tileinfer_backend_triton.kernels import linear
+
+    sweep = gemv_sweep_configs()
+    for model, cfg in MODELS.items():
+        for int8 in (False, True):
+            for name, (n, k, kind) in decode_shapes(cfg).items():
+                act = linear.ACT_SWIGLU if kind == "swiglu" else linear.ACT_NONE
+                best = None
+                for c in sweep[int8]:
+                    if act == linear.ACT_SWIGLU and not c.dot:  # gate + up row blocks
+                        c = dataclasses.replace(c, block_n=max(4, c.block_n // 2))
+                    launch = (lambda out, x, w, s, c=c:
+                              linear.launch_linear(out, x, w, s, act=act, config=c))
+                    calls, nbytes = _linear_calls(None, name, 1, n, k, kind, int8, launch)
+                    try:
+                        us, how = time_calls(calls)
+                    except Exception as exc:
+                        emit(op=f"sweep:{name}", model=model, config=str(c), error=repr(exc)[:200])
+                        continue
+                    bw = nbytes / (us * 1e-6)
+                    emit(op=f"sweep:{name}", model=model, shape=f"1x{n}x{k}",
+                         weights="int8" if int8 else "bf16", backend="triton", config=str(c),
+                         median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+                         frac_of_ceiling=round(bw / COPY_CEILING, 3))
+                    if best is None or us < best[0]:
+                        best = (us, c, bw)
+                    del calls
+                if best:
+                    summary.append((f"sweep best {model} {name}", "int8" if int8 else "bf16", "triton",
+                                    best[0], f"{best[2] / COPY_CEILING:.2f} of copy; {best[1]}"))
+            torch.cuda.empty_cache()
+
+
+def bench_gemm(tables, summary):
+    m = PREFILL
+    cfg = MODELS["llama3-8b"]
+    shapes = {k: v for k, v in decode_shapes(cfg).items() if k != "lm_head"}
+    from tileinfer_backend_triton.kernels import linear as tlin
+
+    extra = {"triton[128x256x64 w8 s3]": tlin.GemmConfig(128, 256, 64, 8, 8, 3),
+             "triton[128x128x64 w4 s4]": tlin.GemmConfig(128, 128, 64, 8, 4, 4),
+             "triton[128x128x128 w8 s3]": tlin.GemmConfig(128, 128, 128, 8, 8, 3)}
+    for name, (n, k, kind) in shapes.items():
+        x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
+        flops = 2 * m * n * k
+        out_t = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+        cublas_us, _ = time_calls([lambda: torch.matmul(x, w.t(), out=out_t)])
+        emit(op=f"gemm:{name}", shape=f"{m}x{n}x{k}", weights="bf16", backend="torch(cuBLAS)",
+             median_us=round(cublas_us, 1), TFLOPs=round(flops / cublas_us / 1e6, 1),
+             frac_of_ceiling=round(flops / cublas_us / 1e6 / (MATMUL_CEILING / 1e12), 3))
+        for int8 in (False, True):
+            wq = (torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEV),
+                  torch.rand(n, device=DEV) * 1e-3) if int8 else (w, None)
+            n_out = n // 2 if kind == "swiglu" else n
+            out = torch.empty(m, n_out, dtype=torch.bfloat16, device=DEV)
+            scratch = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+            variants = {b: t for b, t in tables.items()}
+            if not int8:
+                variants.update({k2: v for k2, v in extra.items()})
+            for backend, table in variants.items():
+                if isinstance(table, tlin.GemmConfig):
+                    act = tlin.ACT_SWIGLU if kind == "swiglu" else tlin.ACT_NONE
+                    if act == tlin.ACT_SWIGLU:  # two accumulators: 64 columns of each
+                        table = dataclasses.replace(table, block_n=64)
+                    call = (lambda c=table, act=act:
+                            tlin.launch_linear(out, x, wq[0], wq[1], act=act, config=c))
+                elif kind == "swiglu":
+                    call = lambda t=table: t.linear_swiglu(out, x, wq[0], wq[1], scratch)
+                else:
+                    call = lambda t=table: t.linear(out, x, wq[0], wq[1])
+                try:
+                    us, how = time_calls([call])
+                except Exception as exc:
+                    emit(op=f"gemm:{name}", backend=backend, error=repr(exc)[:200])
+                    continue
+                tf = flops / us / 1e6
+                emit(op=f"gemm:{name}", shape=f"{m}x{n}x{k}", weights="int8" if int8 else "bf16",
+                     backend=backend, median_us=round(us, 1), TFLOPs=round(tf, 1),
+                     frac_of_ceiling=round(tf / (MATMUL_CEILING / 1e12), 3),
+                     frac_of_cublas=round(cublas_us / us, 3), timing=how)
+                if backend in tables:
+                    summary.append((f"gemm {name} m{m}", "int8" if int8 else "bf16", backend, us,
+                                    f"{cublas_us / us:.2f} of cuBLAS"))
+        torch.cuda.empty_cache()
+
+
+def _paged_cache(ctx, kv_heads, hd, page, int8, smooth=False):
+    pages = math.ceil(ctx / page)
+    shape = (pages + 1, page, kv_heads, hd)
+    if int8:
+        k = torch.randint(-127, 128, shape, dtype=torch.int8, device=DEV)
+        v = torch.randint(-127, 128, shape, dtype=torch.int8, device=DEV)
+        ks = torch.rand(shape[:3], device=DEV) * 0.02
+        vs = torch.rand(shape[:3], device=DEV) * 0.02
+        sm = torch.rand(kv_heads, hd, device=DEV) + 0.5 if smooth else None
+    else:
+        k = torch.randn(shape, device=DEV).to(torch.bfloat16)
+        v = torch.randn(shape, device=DEV).to(torch.bfloat16)
+        ks = vs = sm = None
+    table = torch.randperm(pages, device=DEV).to(torch.int32)[None]
+    return (k, v, ks, vs, sm), table
+
+
+def bench_attention(tables, summary):
+    cfg = MODELS["llama3-8b"]
+    heads, kvh, hd, page = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], 16
+    for kind in ("bf16", "int8"):
+        for ctx in CONTEXTS:
+            elt = 1 if kind == "int8" else 2
+            nbytes = 2 * ctx * kvh * hd * elt + (2 * ctx * kvh * 4 if kind == "int8" else 0)
+            caches = [_paged_cache(ctx, kvh, hd, page, kind == "int8") for _ in range(copies_for(nbytes))]
+            q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
+            out = torch.empty_like(q)
+            cu = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+            ctx_t = torch.tensor([ctx], dtype=torch.int32, device=DEV)
+            max_ctx = caches[0][1].shape[1] * page
+            for backend, table in tables.items():
+                ws = table.attention_workspace(1, heads, hd, max_ctx, q.device)
+                calls = [lambda c=c, t=t: table.attention(out, q, *c, cu, ctx_t, t, 1, max_ctx,
+                                                          hd ** -0.5, True, ws)
+                         for c, t in caches]
+                us, how = time_calls(calls, graph=table.graph_safe)
+                bw = nbytes / (us * 1e-6)
+                emit(op="attn:decode", shape=f"ctx{ctx} h{heads}/{kvh} d{hd} p{page}", kv=kind,
+                     backend=backend, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+                     frac_of_ceiling=round(bw / COPY_CEILING, 3), timing=how)
+                summary.append((f"attn decode ctx{ctx}", kind, backend, us,
+                                f"{bw / COPY_CEILING:.2f} of copy"))
+            if "triton" in tables and ctx == CONTEXTS[-1]:
+                _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind)
+            del caches
+            torch.cuda.empty_cache()
+    # prefill attention, PREFILL tokens causal (FLOPs: 4 * q * ctx / 2 * head_dim * heads)
+    n = PREFILL
+    for backend, table in tables.items():
+        (k, v, ks, vs, sm), bt = _paged_cache(n, kvh, hd, page, False)
+        q = torch.randn(n, heads, hd, device=DEV).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+        ctx_t = torch.tensor([n], dtype=torch.int32, device=DEV)
+        us, how = time_calls([lambda: table.attention(out, q, k, v, ks, vs, sm, cu, ctx_t, bt, n,
+                                                      bt.shape[1] * page, hd ** -0.5, True, None)],
+                             graph=table.graph_safe)
+        tf = 4 * n * n / 2 * hd * heads / us / 1e6
+        emit(op="attn:prefill", shape=f"q{n} ctx{n} causal h{heads}/{kvh} d{hd}", kv="bf16",
+             backend=backend, median_us=round(us, 1), TFLOPs=round(tf, 1), timing=how)
+        summary.append((f"attn prefill {n}", "bf16", backend, us, f"{tf:.0f} TFLOP/s"))
+
+
+def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
+    from tileinfer_backend_triton.kernels import attention
+
+    ws = attention.workspace(1, heads, hd, max_ctx, q.device)
+    elt = 1 if kind == "int8" else 2
+    ctx = int(ctx_t[0])
+    nbytes = 2 * ctx * 8 * hd * elt + (2 * ctx * 8 * 4 if kind == "int8" else 0)
+    for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 8, 3)):
+        for splits in ((2,) if DRY_RUN else (16, 32, 64)):
+            calls = [lambda c=c, t=t: attention.launch_attention(
+                out, q, *c, cu, ctx_t, t, 1, max_ctx, hd ** -0.5, True, ws, tiles=tiles,
+                splits=splits) for c, t in caches]
+            try:
+                us, _ = time_calls(calls)
+            except Exception as exc:
+                emit(op="sweep:attn", tiles=str(tiles), splits=splits, error=repr(exc)[:200])
+                continue
+            bw = nbytes / (us * 1e-6)
+            emit(op="sweep:attn", shape=f"ctx{ctx}", kv=kind, backend="triton", tiles=str(tiles),
+                 splits=splits, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+                 frac_of_ceiling=round(bw / COPY_CEILING, 3))
+
+
+def bench_misc(tables, summary):
+    cfg = MODELS["llama3-8b"]
+    h, heads, kvh, hd = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    for backend, table in tables.items():
+        res = torch.randn(1, h, device=DEV).to(torch.bfloat16)
+        delta, out = torch.randn_like(res), torch.empty_like(res)
+        w = torch.ones(h, dtype=torch.bfloat16, device=DEV)
+        us, how = time_calls([lambda: table.add_rmsnorm(res, out, delta, w, 1e-5)])
+        emit(op="add_rmsnorm", shape=f"1x{h}", backend=backend, median_us=round(us, 2), timing=how)
+        summary.append((f"add_rmsnorm 1x{h}", "bf16", backend, us, ""))
+        for kind in ("bf16", "int8"):
+            (k, v, ks, vs, sm), _ = _paged_cache(4096, kvh, hd, 16, kind == "int8")
+            qkv = torch.randn(1, (heads + 2 * kvh) * hd, device=DEV).to(torch.bfloat16)
+            q_out = torch.empty(1, heads, hd, dtype=torch.bfloat16, device=DEV)
+            ang = torch.arange(8192, device=DEV)[:, None] * torch.rand(hd // 2, device=DEV)[None]
+            cos, sin = ang.cos(), ang.sin()
+            pos = torch.tensor([4000], dtype=torch.int32, device=DEV)
+            slots = torch.tensor([4000], dtype=torch.int64, device=DEV)
+            us, how = time_calls([lambda: table.attention_inputs(q_out, k, v, ks, vs, sm, qkv, None, None,
+                                                                 cos, sin, pos, slots, 1e-6)])
+            emit(op="attention_inputs", shape=f"1 tok h{heads}/{kvh} d{hd}", kv=kind, backend=backend,
+                 median_us=round(us, 2), timing=how)
+            summary.append(("attention_inputs decode", kind, backend, us, ""))
+        vocab = cfg["vocab"]
+        logits = [torch.randn(1, vocab, device=DEV) * 3 for _ in range(4)]
+        tok = torch.empty(1, dtype=torch.int32, device=DEV)
+        seed = torch.tensor([1], device=DEV)
+        counter = torch.tensor([0], device=DEV)
+        for label, (t, k_, p) in {"greedy": (0.0, 0, 1.0), "t1.0": (1.0, 0, 1.0),
+                                  "t0.8 k50": (0.8, 50, 1.0), "t0.8 p0.9": (0.8, 0, 0.9),
+                                  "t0.8 k50 p0.9": (0.8, 50, 0.9)}.items():
+            us, how = time_calls([lambda lg=lg: table.sample_tokens(tok, lg, t, k_, p, seed, counter, None)
+                                  for lg in logits])
+            emit(op="sample_tokens", shape=f"1x{vocab} {label}", backend=backend,
+                 median_us=round(us, 2), timing=how)
+            summary.append((f"sample {label}", "fp32", backend, us, ""))
+
+
+def main():
+    global OUT_FILE
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="copy,gemv,sweep,gemm,attn,misc")
+    parser.add_argument("--backends", default="", help="comma list (default: every available GPU backend)")
+    parser.add_argument("--out", default="", help="also write the JSON lines to this file")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tiny shapes on the CPU (with TRITON_INTERPRET=1): checks the script")
+    args = parser.parse_args()
+    if args.dry_run:
+        _dry_run_setup()
+    elif not torch.cuda.is_available():
+        sys.exit("benchmarks/ops.py needs a CUDA GPU")
+    from tileinfer.backends import get_backend
+
+    names = [b for b in args.backends.split(",") if b] or backends()
+    tables = {name: get_backend(name) for name in names}
+    only = set(args.only.split(","))
+    if args.out:
+        OUT_FILE = open(args.out, "w")
+    emit(op="info", gpu="cpu (dry run)" if DRY_RUN else torch.cuda.get_device_name(),
+         torch=torch.__version__,
+         backends=list(tables), date=time.strftime("%Y-%m-%d"))
+    summary = []
+    t0 = time.time()
+    torch.manual_seed(0)
+    if "copy" in only:
+        bench_copy()
+    if "gemv" in only:
+        bench_gemv(tables, summary)
+    if "sweep" in only and "triton" in tables:
+        bench_gemv_sweep(summary)
+    if "gemm" in only:
+        bench_gemm(tables, summary)
+    if "attn" in only:
+        bench_attention(tables, summary)
+    if "misc" in only:
+        bench_misc(tables, summary)
+    print(f"\n{'what':34s} {'dtype':6s} {'backend':8s} {'us':>10s}  note")
+    for what, dtype, backend, us, note in summary:
+        print(f"{what:34s} {dtype:6s} {backend:8s} {us:10.2f}  {note}")
+    print(f"\n(total {time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
