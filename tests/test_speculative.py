@@ -341,3 +341,42 @@ def test_gpu_graphs_and_eager_agree_on_speculative_sampling(tiny, backend):
                             speculative=draft)
         runs.append((out, list(seq.tokens)))
     assert runs[0] == runs[1]
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def tileinfer_cmd(*args, stdin=None):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "tileinfer_cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.slow
+def test_cli_run_and_chat_report_acceptance():
+    prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
+    plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref")
+    run = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref",
+                        "--speculative", "ngram", "--draft-k", "3", "--stats")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == plain.stdout and "lazy dog" in run.stdout
+    assert "drafts accepted" in run.stderr
+    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0", "--speculative",
+                         "ngram", stdin=f"{prompt}\n/stats\n/exit\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "drafts accepted" in chat.stdout
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("--speculative", "bogus"), "use ngram, draft:MODEL or dflash:MODEL"),
+    (("--speculative", "draft:"), "use ngram, draft:MODEL or dflash:MODEL"),
+    (("--draft-k", "3"), "--draft-k needs --speculative"),
+])
+def test_cli_bad_speculative_options(args, pattern):
+    result = tileinfer_cmd("run", "hi", "-n", "2", "--backend", "ref", *args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and pattern in result.stderr

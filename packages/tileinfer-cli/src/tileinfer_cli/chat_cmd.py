@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from .options import add_model_options, add_sampling_options, load, sampling_from
+from .options import (add_model_options, add_sampling_options, add_speculative_options, load,
+                      sampling_from)
 from .session import new_session
 
 HELP = "commands: /reset  /stats  /exit   (Ctrl-C stops a reply)"
@@ -20,6 +21,7 @@ def add_parser(sub):
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help="model (or use --model)")
     add_model_options(p)
     add_sampling_options(p)
+    add_speculative_options(p)
     p.set_defaults(func=run)
 
 
@@ -60,6 +62,8 @@ def run(args, out):
                 print(f"reused {last.reused} cached prompt tokens, prefilled {last.prefilled}, "
                       f"generated {last.generated} at {last.tokens_per_second:.1f} tok/s; "
                       f"{len(session.seq)} tokens cached", file=out)
+                if last.spec is not None:
+                    print(last.spec.summary(), file=out)
             continue
         if text.startswith("/"):
             print(f"unknown command {text!r}; {HELP}", file=out)

@@ -6,6 +6,8 @@ import argparse
 
 import torch
 
+from .errors import UserError
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -35,6 +37,46 @@ def add_sampling_options(p: argparse.ArgumentParser):
     think.add_argument("--think", dest="thinking", action="store_true", default=None,
                        help="let a reasoning model think first (Qwen3's enable_thinking)")
     think.add_argument("--no-think", dest="thinking", action="store_false")
+
+
+def _speculative_spec(text: str) -> str:
+    kind, colon, name = text.partition(":")
+    if not ((kind == "ngram" and not colon) or (kind in ("draft", "dflash") and name)):
+        raise argparse.ArgumentTypeError(f"{text!r}: use ngram, draft:MODEL or dflash:MODEL")
+    return text
+
+
+def add_speculative_options(p: argparse.ArgumentParser):
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative", type=_speculative_spec,
+                   metavar="ngram|draft:MODEL|dflash:MODEL",
+                   help="check drafted tokens several per step: ngram (prompt lookup), "
+                        "draft:MODEL (a smaller model of the same vocabulary), or dflash:MODEL "
+                        "(a DFlash drafter made for this model)")
+    g.add_argument("--draft-k", type=int, metavar="K",
+                   help="drafts per step (default: 4; a DFlash drafter's block size - 1)")
+
+
+def speculative_from(args, model):
+    """The proposer of --speculative (None without it)."""
+    spec = getattr(args, "speculative", None)
+    if spec is None:
+        if getattr(args, "draft_k", None) is not None:
+            raise UserError("--draft-k needs --speculative")
+        return None
+    from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash,
+                           load_model)
+
+    kind, _, name = _speculative_spec(spec).partition(":")
+    k = {} if args.draft_k is None else {"k": args.draft_k}
+    if kind == "ngram":
+        return NgramProposer(**k)
+    # Drafts are sampled with the target's parameters when it samples (greedy otherwise).
+    if kind == "draft":
+        draft = load_model(resolve_model_dir(name), dtype=model.dtype, backend=model.ops.name,
+                           device=model.device, max_len=model.max_len)
+        return DraftProposer(draft, sample=True, **k)
+    return DFlashProposer(load_dflash(resolve_model_dir(name), model), sample=True, **k)
 
 
 def resolve_model_dir(name):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from .errors import UserError
-from .options import add_model_options, add_sampling_options, load, sampling_from
+from .options import (add_model_options, add_sampling_options, add_speculative_options, load,
+                      sampling_from)
 from .session import new_session
 
 
@@ -15,6 +16,7 @@ def add_parser(sub):
                    help="the prompt, optionally preceded by the model")
     add_model_options(p)
     add_sampling_options(p)
+    add_speculative_options(p)
     p.add_argument("--stats", action="store_true", help="print token counts and speed after")
     p.set_defaults(func=run)
 
@@ -36,4 +38,6 @@ def run(args, out):
     if args.stats:
         print(f"[{stats.prefilled} prompt tokens, {stats.generated} generated, "
               f"{stats.tokens_per_second:.1f} tok/s, backend {model.ops.name}]", file=sys.stderr)
+        if stats.spec is not None:
+            print(f"[{stats.spec.summary()}]", file=sys.stderr)
     return 0

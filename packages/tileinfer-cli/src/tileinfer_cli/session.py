@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .options import speculative_from
+
 
 def new_session(args, model, tokenizer, sampling, stop_ids, out):
     from tileinfer import ChatSession, TextStream
@@ -14,5 +16,6 @@ def new_session(args, model, tokenizer, sampling, stop_ids, out):
         key_smoothing = calibrate_key_smoothing(model)
     session = ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                           enable_thinking=args.thinking, max_tokens=args.max_len,
-                          kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed)
+                          kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,
+                          speculative=speculative_from(args, model))
     return session, TextStream(tokenizer, out)
