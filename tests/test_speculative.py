@@ -16,20 +16,11 @@ from tileinfer import (ChatSession, DraftProposer, NgramProposer, SamplingParams
 from tileinfer.generate import generate, generate_into
 from tileinfer.runner import ModelRunner
 from tileinfer.speculative.proposer import Draft, Proposer
+from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160
 STEPS = 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """One CPU thread for these tiny steps: on a shared machine a thread pool's hand-offs cost
-    far more than the work (measured: 2 ms per step instead of 300 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def load(tiny, arch="llama", backend="ref", dtype=torch.float32, device=None):
@@ -300,15 +291,6 @@ def test_draft_type_carries_distributions():
 # --- GPU: CUDA graphs ------------------------------------------------------------------------
 
 
-def gpu_backends():
-    from tileinfer.backends import list_backends
-
-    names = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
-             and b.info.graph_safe]
-    return [pytest.param(n, marks=pytest.mark.gpu) for n in names] or [
-        pytest.param("none", marks=pytest.mark.skip(reason="no graph-safe GPU backend"))]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", gpu_backends())
 @pytest.mark.parametrize("name", ["ngram", "random-draft", "self-draft"])
@@ -319,7 +301,7 @@ def test_gpu_greedy_speculative_output_equals_plain_greedy(tiny, backend, name):
     stats = SpecStats()
     factory = proposers(tiny, target, "cuda", backend, torch.bfloat16)[name]
     out = generate(target, prompt, STEPS, stop_ids=[], speculative=factory(), spec_stats=stats)
-    assert out == plain
+    assert out == plain, divergence(target, prompt, plain, out)
     assert stats.drafted > 0
     if name == "self-draft":
         assert stats.acceptance_rate == 1.0

@@ -17,16 +17,7 @@ from tileinfer.config import config_from_dict
 from tileinfer.generate import generate_into
 from tileinfer.sampling import filtered_probs
 from tileinfer.speculative.proposer import Draft, Proposer
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """One CPU thread for these tiny steps (a thread pool's hand-offs cost more than the work
-    on a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from speculative_helpers import one_cpu_thread  # noqa: F401
 
 
 def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:
