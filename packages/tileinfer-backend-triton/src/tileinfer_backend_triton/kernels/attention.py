@@ -223,6 +223,8 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     f32 = q.dtype == torch.float32 or (not int8 and k_cache.dtype != q.dtype)
     if k_cache.stride() != v_cache.stride():
         raise ValueError("k_cache and v_cache must have the same layout")
+    if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1:
+        raise ValueError("attention: q, out and the caches need a contiguous head_dim")
 
     block_m, block_n, warps, stages = tiles or _tiles(max_q, group, hd)
     block_q = block_m // group

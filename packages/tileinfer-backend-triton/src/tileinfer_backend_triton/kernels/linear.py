@@ -348,6 +348,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     n_out = out.shape[1]
     if m == 0 or n_out == 0:
         return
+    if x.stride(1) != 1 or weight.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("linear: x, weight and out need a contiguous last dimension")
     int8 = weight.dtype == torch.int8
     f32 = (x.dtype == torch.float32 or weight.dtype == torch.float32
            or (not int8 and weight.dtype != x.dtype))
@@ -380,8 +382,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         )
         return
 
-    n_rows = n_out
-    cfg = config or gemm_config(m, n_rows, k, act, f32)
+    cfg = config if isinstance(config, GemmConfig) else gemm_config(m, n_out, k, act, f32)
     grid = (cdiv(m, cfg.block_m) * cdiv(n_out, cfg.block_n),)
     _gemm_kernel[grid](
         x, weight, scale, out, m, n_out, k, x.stride(0), weight.stride(0), out.stride(0),

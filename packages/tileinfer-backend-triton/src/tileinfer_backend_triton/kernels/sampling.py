@@ -257,13 +257,16 @@ def _accept_kernel(out_ptr, logits_ptr, draft_ptr, q_ptr, seed_ptr, counter_ptr,
 # --- launch ------------------------------------------------------------------------------------
 
 
+SAMPLE_BLOCK = 8192  # vocabulary entries per chunk on the GPU (16 per thread over 16 warps)
+
+
 def _tiles(n: int, vocab: int):
-    """(ROWS, BLOCK, num_warps). GPU: one row per program (rows run on different SMs), 4096-wide
-    chunks over 16 warps. Interpreter: all rows of a step in one program (its cost is per op)."""
+    """(ROWS, BLOCK, num_warps). GPU: one row per program (rows run on different SMs), 8192-wide
+    chunks over 16 warps (the plain loads are not pipelined: wide chunks keep more in flight). Interpreter: all rows of a step in one program (its cost is per op)."""
     if INTERPRET_MODE:
         rows = min(next_pow2(n), 64)
         return rows, max(16, min(next_pow2(vocab), 32768 // rows)), 4
-    return 1, min(next_pow2(vocab), 4096), 16
+    return 1, min(next_pow2(vocab), SAMPLE_BLOCK), 16
 
 
 def _inv_temperature(temperature: float) -> float:
