@@ -117,6 +117,21 @@ def time_calls(calls, graph=True):
         return _time_eager(calls)
 
 
+def try_time(calls, graph=True, **row):
+    """time_calls, or None after emitting an error row (one backend's failure does not stop
+    the others)."""
+    try:
+        return time_calls(calls, graph=graph)
+    except Exception as exc:  # report and go on
+        if not DRY_RUN:
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
+        emit(**row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        return None
+
+
 def copies_for(nbytes: int) -> int:
     if DRY_RUN:
         return 2
@@ -197,7 +212,11 @@ def bench_gemv(tables, summary, m=1):
                 total_us = 0.0
                 for name, (n, k, kind) in decode_shapes(cfg).items():
                     calls, nbytes = _linear_calls(table, name, m, n, k, kind, int8)
-                    us, how = time_calls(calls)
+                    timed = try_time(calls, op=f"gemv:{name}", model=model, weights=wtype,
+                                     backend=backend)
+                    if timed is None:
+                        continue
+                    us, how = timed
                     bw = nbytes / (us * 1e-6)
                     per_token = 1 if name == "lm_head" else cfg["layers"]
                     total_us += us * per_token
@@ -216,12 +235,10 @@ def gemv_sweep_configs():
 
     return {
         False: [G(16, 256, 0, 4, 3, 2), G(16, 256, 0, 4, 3, 1), G(8, 512, 0, 4, 3, 2),
-                G(32, 128, 0, 4, 3, 2), G(16, 256, 0, 8, 3, 2), G(16, 256, 1, 4, 3, 2),
-                G(32, 128, 0, 4, 4, 1, dot=True), G(64, 128, 0, 4, 4, 1, dot=True),
-                G(32, 256, 0, 4, 3, 1, dot=True)],
+                G(16, 256, 0, 8, 3, 2), G(16, 256, 1, 4, 3, 2),
+                G(32, 128, 0, 4, 4, 1, dot=True), G(64, 128, 0, 4, 4, 1, dot=True)],
         True: [G(16, 512, 0, 8, 3, 2), G(8, 512, 0, 4, 3, 2), G(16, 512, 0, 8, 3, 1),
-               G(32, 256, 0, 8, 3, 2), G(16, 512, 1, 8, 3, 2), G(32, 256, 0, 4, 4, 1, dot=True),
-               G(64, 256, 0, 4, 4, 1, dot=True)],
+               G(16, 512, 1, 8, 3, 2), G(32, 256, 0, 4, 4, 1, dot=True)],
     }
 
 
@@ -264,11 +281,13 @@ def bench_gemm(tables, summary):
     m = PREFILL
     cfg = MODELS["llama3-8b"]
     shapes = {k: v for k, v in decode_shapes(cfg).items() if k != "lm_head"}
-    from tileinfer_backend_triton.kernels import linear as tlin
+    tlin, extra = None, {}  # Triton tile variants beside the default (tuning data)
+    if "triton" in tables:
+        from tileinfer_backend_triton.kernels import linear as tlin
 
-    extra = {"triton[128x256x64 w8 s3]": tlin.GemmConfig(128, 256, 64, 8, 8, 3),
-             "triton[128x128x64 w4 s4]": tlin.GemmConfig(128, 128, 64, 8, 4, 4),
-             "triton[128x128x128 w8 s3]": tlin.GemmConfig(128, 128, 128, 8, 8, 3)}
+        extra = {"triton[128x256x64 w8 s3]": tlin.GemmConfig(128, 256, 64, 8, 8, 3),
+                 "triton[128x128x64 w4 s4]": tlin.GemmConfig(128, 128, 64, 8, 4, 4),
+                 "triton[128x128x128 w8 s3]": tlin.GemmConfig(128, 128, 128, 8, 8, 3)}
     for name, (n, k, kind) in shapes.items():
         x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
         w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
@@ -288,7 +307,7 @@ def bench_gemm(tables, summary):
             if not int8:
                 variants.update({k2: v for k2, v in extra.items()})
             for backend, table in variants.items():
-                if isinstance(table, tlin.GemmConfig):
+                if tlin is not None and isinstance(table, tlin.GemmConfig):
                     act = tlin.ACT_SWIGLU if kind == "swiglu" else tlin.ACT_NONE
                     if act == tlin.ACT_SWIGLU:  # two accumulators: 64 columns of each
                         table = dataclasses.replace(table, block_n=64)
@@ -298,11 +317,11 @@ def bench_gemm(tables, summary):
                     call = lambda t=table: t.linear_swiglu(out, x, wq[0], wq[1], scratch)
                 else:
                     call = lambda t=table: t.linear(out, x, wq[0], wq[1])
-                try:
-                    us, how = time_calls([call])
-                except Exception as exc:
-                    emit(op=f"gemm:{name}", backend=backend, error=repr(exc)[:200])
+                timed = try_time([call], op=f"gemm:{name}", weights="int8" if int8 else "bf16",
+                                 backend=backend)
+                if timed is None:
                     continue
+                us, how = timed
                 tf = flops / us / 1e6
                 emit(op=f"gemm:{name}", shape=f"{m}x{n}x{k}", weights="int8" if int8 else "bf16",
                      backend=backend, median_us=round(us, 1), TFLOPs=round(tf, 1),
@@ -349,7 +368,11 @@ def bench_attention(tables, summary):
                 calls = [lambda c=c, t=t: table.attention(out, q, *c, cu, ctx_t, t, 1, max_ctx,
                                                           hd ** -0.5, True, ws)
                          for c, t in caches]
-                us, how = time_calls(calls, graph=table.graph_safe)
+                timed = try_time(calls, graph=table.graph_safe, op="attn:decode", kv=kind,
+                                 shape=f"ctx{ctx}", backend=backend)
+                if timed is None:
+                    continue
+                us, how = timed
                 bw = nbytes / (us * 1e-6)
                 emit(op="attn:decode", shape=f"ctx{ctx} h{heads}/{kvh} d{hd} p{page}", kv=kind,
                      backend=backend, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
@@ -368,9 +391,12 @@ def bench_attention(tables, summary):
         out = torch.empty_like(q)
         cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
         ctx_t = torch.tensor([n], dtype=torch.int32, device=DEV)
-        us, how = time_calls([lambda: table.attention(out, q, k, v, ks, vs, sm, cu, ctx_t, bt, n,
-                                                      bt.shape[1] * page, hd ** -0.5, True, None)],
-                             graph=table.graph_safe)
+        timed = try_time([lambda: table.attention(out, q, k, v, ks, vs, sm, cu, ctx_t, bt, n,
+                                                  bt.shape[1] * page, hd ** -0.5, True, None)],
+                         graph=table.graph_safe, op="attn:prefill", backend=backend)
+        if timed is None:
+            continue
+        us, how = timed
         tf = 4 * n * n / 2 * hd * heads / us / 1e6
         emit(op="attn:prefill", shape=f"q{n} ctx{n} causal h{heads}/{kvh} d{hd}", kv="bf16",
              backend=backend, median_us=round(us, 1), TFLOPs=round(tf, 1), timing=how)
@@ -407,7 +433,11 @@ def bench_misc(tables, summary):
         res = torch.randn(1, h, device=DEV).to(torch.bfloat16)
         delta, out = torch.randn_like(res), torch.empty_like(res)
         w = torch.ones(h, dtype=torch.bfloat16, device=DEV)
-        us, how = time_calls([lambda: table.add_rmsnorm(res, out, delta, w, 1e-5)])
+        timed = try_time([lambda: table.add_rmsnorm(res, out, delta, w, 1e-5)], op="add_rmsnorm",
+                         backend=backend)
+        if timed is None:
+            continue
+        us, how = timed
         emit(op="add_rmsnorm", shape=f"1x{h}", backend=backend, median_us=round(us, 2), timing=how)
         summary.append((f"add_rmsnorm 1x{h}", "bf16", backend, us, ""))
         for kind in ("bf16", "int8"):
@@ -418,8 +448,12 @@ def bench_misc(tables, summary):
             cos, sin = ang.cos(), ang.sin()
             pos = torch.tensor([4000], dtype=torch.int32, device=DEV)
             slots = torch.tensor([4000], dtype=torch.int64, device=DEV)
-            us, how = time_calls([lambda: table.attention_inputs(q_out, k, v, ks, vs, sm, qkv, None, None,
-                                                                 cos, sin, pos, slots, 1e-6)])
+            timed = try_time([lambda: table.attention_inputs(q_out, k, v, ks, vs, sm, qkv, None, None,
+                                                             cos, sin, pos, slots, 1e-6)],
+                             op="attention_inputs", kv=kind, backend=backend)
+            if timed is None:
+                continue
+            us, how = timed
             emit(op="attention_inputs", shape=f"1 tok h{heads}/{kvh} d{hd}", kv=kind, backend=backend,
                  median_us=round(us, 2), timing=how)
             summary.append(("attention_inputs decode", kind, backend, us, ""))
@@ -431,8 +465,11 @@ def bench_misc(tables, summary):
         for label, (t, k_, p) in {"greedy": (0.0, 0, 1.0), "t1.0": (1.0, 0, 1.0),
                                   "t0.8 k50": (0.8, 50, 1.0), "t0.8 p0.9": (0.8, 0, 0.9),
                                   "t0.8 k50 p0.9": (0.8, 50, 0.9)}.items():
-            us, how = time_calls([lambda lg=lg: table.sample_tokens(tok, lg, t, k_, p, seed, counter, None)
-                                  for lg in logits])
+            timed = try_time([lambda lg=lg: table.sample_tokens(tok, lg, t, k_, p, seed, counter, None)
+                              for lg in logits], op="sample_tokens", shape=label, backend=backend)
+            if timed is None:
+                continue
+            us, how = timed
             emit(op="sample_tokens", shape=f"1x{vocab} {label}", backend=backend,
                  median_us=round(us, 2), timing=how)
             summary.append((f"sample {label}", "fp32", backend, us, ""))
