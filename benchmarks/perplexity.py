@@ -5,8 +5,8 @@ data/README.md). Evaluated on chapters 1-10; key smoothing is calibrated on chap
 different text from the evaluated one.
 
 Method: the evaluated text is tokenized once (no special tokens) and cut into windows of
-``--window`` tokens starting every ``--stride`` tokens (stride = window: consecutive chunks, the
-default). Each window runs as one prefill of a fresh sequence through TileInfer's own
+``--window`` tokens starting every ``--stride`` tokens (stride = window, the default: consecutive
+chunks that overlap by one token, so the first token of a chunk is predicted too). Each window runs as one prefill of a fresh sequence through TileInfer's own
 ``forward(..., all_logits=True)`` on the paged cache, so every score reads the keys and values
 back from the cache in the configuration's precision. A window scores the tokens not scored
 by the window before it (all but its first token when it is the first window); perplexity is
@@ -71,11 +71,15 @@ def chapter_range(spec: str) -> list[int]:
 
 def windows(n: int, window: int, stride: int):
     """(begin, end, first_scored) of each window over n tokens: tokens first_scored..end-1 are
-    scored in it (token t is predicted by the logits of position t - 1)."""
+    scored in it (token t is predicted by the logits of position t - 1). A window starts stride
+    tokens after the one before, but no later than one token before the first token it scores,
+    so every token from the second on is scored exactly once (consecutive windows of the same
+    size overlap by one token)."""
     prev_end, begin = 0, 0
     while prev_end < n:
+        begin = min(begin, max(prev_end - 1, 0))
         end = min(begin + window, n)
-        yield begin, end, max(prev_end, begin + 1)
+        yield begin, end, max(prev_end, 1)
         prev_end = end
         begin += stride
 

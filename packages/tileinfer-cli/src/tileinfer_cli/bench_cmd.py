@@ -35,7 +35,7 @@ def _flags(choice):
 def run(args, out):
     import torch
 
-    from tileinfer import backends, load_model
+    from tileinfer import backends, load_model, memory_report
     from tileinfer.bench import (bench_generation, bytes_per_decode_token, copy_bandwidth,
                                  random_model, shape_config)
 
@@ -59,6 +59,7 @@ def run(args, out):
             raise UserError("CUDA graphs and pipelining need a GPU; use --graphs off --pipeline off")
     bandwidth = copy_bandwidth(model.device) if on_gpu else None
     per_token = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv)
+    memory = memory_report(model, kv_quantize=kv)
     rows = []
     for graphs in _flags(args.graphs):
         for pipeline in _flags(args.pipeline):
@@ -67,12 +68,15 @@ def run(args, out):
             r = bench_generation(model, args.prompt_len, args.new_tokens, graphs, pipeline, kv,
                                  args.repeats)
             r.update(model=name, bytes_per_token=per_token, device=str(model.device),
+                     weight_bytes=memory["weight_bytes"],
+                     kv_bytes_per_token=memory["kv_bytes_per_token"],
                      gpu=torch.cuda.get_device_name() if on_gpu else None)
             if bandwidth:
                 r.update(copy_bandwidth_tb_s=bandwidth / 1e12,
                          bound_tok_s=bandwidth / per_token,
                          fraction_of_bound=r["decode_tok_s"] * per_token / bandwidth)
             rows.append(r)
+    _print_memory(memory, out)
     _print_table(rows, out)
     for r in rows:
         line = json.dumps(r)
@@ -81,6 +85,16 @@ def run(args, out):
             with open(args.json, "a") as f:
                 f.write(line + "\n")
     return 0
+
+
+def _print_memory(m, out):
+    from tileinfer.memory import format_bytes
+
+    print(f"weights {format_bytes(m['weight_bytes'])} ({m['weights']}; "
+          f"{format_bytes(m['decode_weight_bytes'])} read per decode token), KV cache "
+          f"{m['kv_bytes_per_token']:,} bytes per token ({m['kv_cache']}; "
+          f"{m['kv_capacity_tokens']:,} tokens per {m['kv_budget_bytes'] / 2**30:g} GiB)",
+          file=out)
 
 
 def _print_table(rows, out):

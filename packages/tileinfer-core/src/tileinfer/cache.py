@@ -289,10 +289,11 @@ def default_calibration_ids(model) -> list[int]:
     """``calibration_text()`` encoded by the tokenizer of model's folder."""
     from .tokenizer import load_tokenizer
 
-    if getattr(model, "model_dir", None) is None:
-        raise ValueError("this model has no folder to read a tokenizer from; pass the "
-                         "calibration token ids to calibrate_key_smoothing")
-    return load_tokenizer(model.model_dir).encode(calibration_text(), add_special_tokens=False)
+    folder = getattr(model, "model_dir", None)
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        raise ValueError("the model has no tokenizer.json to encode the calibration text with; "
+                         "pass the calibration token ids to calibrate_key_smoothing")
+    return load_tokenizer(folder).encode(calibration_text(), add_special_tokens=False)
 
 
 _CALIBRATION_TEXT = """\
