@@ -13,7 +13,8 @@ ulp is a near tie that the different summation order of a k+1-token step can fli
 
 (b) ``verify_cost`` rows: a random-weight llama3-8b-shaped model, a sequence of ``--context``
 cached tokens, and the captured step of n = k + 1 tokens with all logits, for k = 0..8: GPU time
-per replay (CUDA events, median of 5 rounds of 20 replays; ``step_ms``) and its ratio to the 1-token step.
+per replay (``step_ms``: CUDA events, median of 5 rounds of 20 replays) and its ratio to the
+1-token step.
 
     python benchmarks/speculative.py                      # the fastest GPU backend
     python benchmarks/speculative.py --backend triton --skip-verify-cost

@@ -64,7 +64,8 @@ def build_dflash(directory: Path, target_layers: int = 2, layers: int = 2, block
         tensors.update({
             p + "input_layernorm.weight": norm(hidden),
             p + "post_attention_layernorm.weight": norm(hidden),
-            p + "self_attn.q_proj.weight": w(q, hidden), p + "self_attn.k_proj.weight": w(kv, hidden),
+            p + "self_attn.q_proj.weight": w(q, hidden),
+            p + "self_attn.k_proj.weight": w(kv, hidden),
             p + "self_attn.v_proj.weight": w(kv, hidden),
             p + "self_attn.o_proj.weight": w(hidden, q, std=0.05 * out_scale),
             p + "self_attn.q_norm.weight": norm(64), p + "self_attn.k_norm.weight": norm(64),
@@ -90,8 +91,8 @@ def _rope(x, positions, theta):
     """Rotate-half RoPE of x (n, heads, head_dim) at positions (n,)."""
     d = x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    angles = positions[:, None].float() * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
+    angles = torch.cat([positions[:, None].float() * inv_freq] * 2, -1)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
     half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
     return x * cos + half * sin
 
@@ -173,9 +174,13 @@ def test_block_pass_matches_a_plain_pytorch_reading(tiny, tmp_path, target_layer
     assert proposer.propose(prompt + [7], 2) == drafts[:2]
 
 
-def test_default_target_layers_follow_z_lab():
+def test_default_target_layers_follow_z_lab(tiny, tmp_path):
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B's drafters
     assert build_target_layer_ids(28, 1) == [14]
+    # A config without target_layer_ids gets them: a one-layer drafter reads the middle layer.
+    directory = build_dflash(tmp_path / "drafter", layers=1, target_layer_ids=(1,),
+                             dflash_config={"mask_token_id": MASK})
+    assert load_dflash(directory, load_target(tiny)).target_layer_ids == (1,)
 
 
 # --- losslessness -----------------------------------------------------------------------------

@@ -302,7 +302,8 @@ class DFlashProposer(Proposer):
         on_cuda = model.device.type == "cuda"
         self.graphs = (on_cuda and model.ops.graph_safe) if graphs is None else graphs
         if self.graphs and not (on_cuda and model.ops.graph_safe):
-            raise ValueError("CUDA graphs need a drafter on a CUDA device with a graph-safe backend")
+            raise ValueError("CUDA graphs need a drafter on a CUDA device with a graph-safe "
+                             "backend")
         self.meta = model.static_metadata(bs, self.cache, n_logits=bs)
         self.buffers = model.new_buffers(bs, bs)
         self._graph = None

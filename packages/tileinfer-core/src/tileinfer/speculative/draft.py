@@ -75,9 +75,10 @@ class DraftProposer(Proposer):
         for j in range(k):
             # Draft j is for position len(tokens) + j; its stream is the drafter's.
             runner.counter.fill_(len(tokens) + j)
+            q = None if probs is None else probs[j:j + 1]
             runner.model.ops.sample_tokens(runner.next_token, logits, params.temperature,
                                            params.top_k, params.top_p, runner.seed,
-                                           runner.counter, None if probs is None else probs[j:j + 1])
+                                           runner.counter, q)
             self._drafts[j:j + 1].copy_(runner.next_token)
             if j + 1 < k:
                 logits = runner.decode_from_device(seq, None)  # input: the draft just sampled
