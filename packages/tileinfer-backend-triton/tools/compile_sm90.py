@@ -172,7 +172,28 @@ def cases():
             e(4, 32, 128, dtype=bf), e(100, 16, 8, 128, dtype=cdt), e(100, 16, 8, 128, dtype=cdt), *sc,
             e(8, 128) if sc[0] is not None else None, e(4, 48 * 128, dtype=bf), e(128, dtype=bf),
             e(128, dtype=bf), e(512, 64), e(512, 64), e(4, dtype=torch.int32), e(4, dtype=torch.int64), 1e-6))
+    # Conformance-sized shapes: ints equal to 1 (one KV head, one row, top_k=1) are compile-time
+    # constants in Triton; strides of size-1 dims and odd sizes take other specializations.
+    yield lin("small linear 1x64->96", 1, 96, 64)
+    yield lin("small linear 3x136->200 int8 f32out", 3, 200, 136, i8, odt=f32)
+    yield lin("small swiglu 37x128->256", 37, 256, 128, bf, linear.ACT_SWIGLU)
+    yield lin("small xielu 4x136->200 int8", 4, 200, 136, i8, linear.ACT_XIELU)
+    yield attn("small attn q1 ctx77 h8/1 d128", 1, 77, 8, 1, 128, 16, "int8-smooth")
+    yield attn("small attn q4 ctx40 h4/4 d64 p64", 4, 40, 4, 4, 64, 64, "bf16", causal=False)
+    yield attn("small attn q37 h8/2 d64", 37, 37, 8, 2, 64, 16, "int8")
+    yield attn("small attn batch3 decode h8/2", 1, 300, 8, 2, 64, 16, "bf16", batch=3)
+    yield simple("small rmsnorm 1x64", lambda: norms.launch_rmsnorm(
+        e(1, 64, dtype=f32), e(1, 64, dtype=f32), e(64, dtype=f32), 1e-5))
+    yield simple("small attention_inputs h4/1 d64 int8-smooth", lambda: rope_kv.launch_attention_inputs(
+        e(1, 4, 64, dtype=bf), e(5, 16, 1, 64, dtype=i8), e(5, 16, 1, 64, dtype=i8),
+        e(5, 16, 1, dtype=f32), e(5, 16, 1, dtype=f32), e(1, 64), e(1, 6 * 64, dtype=bf), None, None,
+        e(64, 32), e(64, 32), e(1, dtype=torch.int32), e(1, dtype=torch.int64), 1e-6))
     seed, counter = e(1, dtype=torch.int64), e(1, dtype=torch.int64)
+    yield simple("small sample 1x1000 top_k=1", lambda: sampling.launch_sample(
+        e(1, dtype=torch.int32), e(1, 1000), 1.0, 1, 1.0, seed, counter, e(1, 1000)))
+    yield simple("small accept 64x500 one-hot q", lambda: sampling.launch_accept(
+        e(64, dtype=torch.int32), e(64, 500), e(64, dtype=torch.int32), None, 0.7, 20, 1.0,
+        seed, counter))
     for (t, k, p) in ((0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 50, 0.9)):
         yield simple(f"sample t{t} k{k} p{p}", lambda t=t, k=k, p=p: sampling.launch_sample(
             e(4, dtype=torch.int32), e(4, 128256), t, k, p, seed, counter, e(4, 128256)))

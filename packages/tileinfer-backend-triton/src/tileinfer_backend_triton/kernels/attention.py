@@ -187,7 +187,7 @@ def workspace(num_tokens, num_heads, head_dim, max_context_len, device):
                        device=device)
 
 
-def _tiles(max_query_len: int, group: int, head_dim: int):
+def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Decode / verify steps: the smallest tile that
     holds the step's (rows x group); prefill: 128-row tiles. Chosen so that no variant spills
     on sm_90 (packages/tileinfer-backend-triton/tools/compile_sm90.py prints registers)."""
@@ -204,7 +204,7 @@ def _tiles(max_query_len: int, group: int, head_dim: int):
             return block_m, 64, 4, 2
         return block_m, 64, 8, 3
     block_m = max(128, next_pow2(group))
-    if head_dim <= 64:
+    if head_dim <= 64 and not int8:
         return block_m, 128, 8, 2
     return block_m, 64, 8, 3
 
@@ -226,7 +226,7 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1:
         raise ValueError("attention: q, out and the caches need a contiguous head_dim")
 
-    block_m, block_n, warps, stages = tiles or _tiles(max_q, group, hd)
+    block_m, block_n, warps, stages = tiles or _tiles(max_q, group, hd, int8)
     block_q = block_m // group
     q_blocks = cdiv(max_q, block_q)
 

@@ -58,9 +58,9 @@ def _stream_key(seed_ptr, counter_ptr, rows):
 
 @triton.jit
 def _uniform(key, index):
-    """float32 uniform in (0, 1) for (key, index), index uint32: (bits24 + 0.5) / 2**24."""
-    bits = _mix32(_mix32(key ^ index)) >> 8
-    return (bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    """float32 uniform in (0, 1) for (key, index), index uint32: (bits23 + 0.5) / 2**23."""
+    bits = _mix32(_mix32(key ^ index)) >> 9
+    return (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 @triton.jit
