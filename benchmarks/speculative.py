@@ -120,6 +120,10 @@ def bench_tasks(args):
     from tileinfer.generation_config import generation_defaults
 
     folder = args.model or default_model_dir()
+    if str(folder).endswith(".gguf"):  # e.g. the SmolLM2 GGUF carried to the GPU machine
+        from tileinfer import import_gguf
+
+        folder = import_gguf(folder)
     model = load_model(folder, dtype=args.dtype, backend=args.backend, device=args.device,
                        max_len=2048)
     tokenizer = load_tokenizer(folder)
@@ -181,7 +185,8 @@ def bench_verify_cost(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", help="default: the fastest GPU backend")
-    p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", help="model folder or .gguf file (default: the embedded "
+                   "SmolLM2-135M-Instruct)")
     p.add_argument("--ks", default="4,8", help="n-gram drafts per step to try (default 4,8)")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
