@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from tileinfer.sampling import (SamplingParams, accept_rows, filtered_probs, sample_host,
-                                sample_rows, uniform)
+from tileinfer.sampling import (SamplingParams, accept_rows, bits_to_uniform, filtered_probs,
+                                sample_host, sample_rows, uniform)
 
 N = 40_000  # samples per distribution test: the standard error of a frequency is <= 0.0025
 
@@ -72,6 +72,14 @@ def test_token_is_a_function_of_seed_and_counter():
     assert a == [sample_host(logits, params, 42, c) for c in range(50)]
     assert a != [sample_host(logits, params, 43, c) for c in range(50)]
     assert len(set(a)) > 10  # different counters draw different tokens
+
+
+def test_extreme_bits_give_finite_gumbel_noise():
+    # With 24 bits, (2**24 - 1) + 0.5 rounds to 2**24 in float32: u = 1, noise +inf, and a
+    # filtered-out token (score -inf) would win through -inf + inf = NaN.
+    u = bits_to_uniform(torch.tensor([0, (1 << 23) - 1]))
+    assert 0 < float(u[0]) and float(u[1]) < 1
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
 
 
 def test_uniform_is_uniform():

@@ -6,8 +6,9 @@ device kernel pick the same token, pipelined or not, captured in a graph or not.
 
 Randomness. ``uniform(seed, counter, index)`` hashes the three integers with a 32-bit integer mixer
 (``mix32``, the "lowbias32" construction with constants below 2**31 so that products fit in
-int64) and maps the top 24 bits to ``(h + 0.5) / 2**24`` in (0, 1), exactly representable in
-float32. Token ``i`` of a row gets the Gumbel noise ``-log(-log(uniform(seed, counter, i)))``.
+int64) and maps the top 23 bits to ``(h + 0.5) / 2**23`` in (0, 1), exactly representable in
+float32 (with 24 bits, ``2**24 - 0.5`` would round up to 2**24 and give u = 1, an infinite
+noise). Token ``i`` of a row gets the Gumbel noise ``-log(-log(uniform(seed, counter, i)))``.
 
 Filtering (temperature > 0). ``s = logits * float32(1 / temperature)`` (a multiply, exactly rounded
 on every device). top_k > 0 keeps ``s >= t_k`` where t_k is the k-th largest value of s (ties
@@ -87,22 +88,25 @@ def stream_key(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_bits(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """24 random bits for (stream key, index), as int64."""
-    return mix32(mix32(key ^ index)) >> 8
+    """23 random bits for (stream key, index), as int64."""
+    return mix32(mix32(key ^ index)) >> 9
+
+
+def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """(bits + 0.5) / 2**23 in float32: strictly inside (0, 1) for every 23-bit value."""
+    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def uniform(seed, counter, index) -> torch.Tensor:
     """A float32 uniform in (0, 1) for (seed, counter, index); arguments are ints or int64 tensors."""
     as_t = lambda v: torch.as_tensor(v, dtype=torch.int64)  # noqa: E731
-    bits = uniform_bits(stream_key(as_t(seed), as_t(counter)), as_t(index))
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return bits_to_uniform(uniform_bits(stream_key(as_t(seed), as_t(counter)), as_t(index)))
 
 
 def gumbel_noise(key: torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel noise for tokens 0..vocab-1 of each stream key: key (n, 1) -> (n, vocab) float32."""
     index = torch.arange(vocab, dtype=torch.int64, device=key.device)
-    u = (uniform_bits(key, index).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u))
+    return -torch.log(-torch.log(bits_to_uniform(uniform_bits(key, index))))
 
 
 # --- filtering ---------------------------------------------------------------------------------
@@ -193,9 +197,7 @@ def accept_rows(logits, draft_ids, draft_probs, params: SamplingParams, seed, co
     else:
         q = draft_probs.float()
     keys = _row_keys(seed, counter, n)
-    u = (uniform_bits(keys[:, 0], torch.tensor(ACCEPT_SALT, device=keys.device)).float() + 0.5) * (
-        1.0 / (1 << 24)
-    )
+    u = bits_to_uniform(uniform_bits(keys[:, 0], torch.tensor(ACCEPT_SALT, device=keys.device)))
     p_d, q_d = p.gather(1, d)[:, 0], q.gather(1, d)[:, 0]
     accept = u * q_d < p_d
     residual = torch.clamp(p - q, min=0.0)

@@ -1,5 +1,5 @@
 // Device sampling and speculative acceptance, token-identical to tileinfer.sampling's host
-// definition (see its docstring): the same counter-based hash (mix32 "lowbias32"), the same 24
+// definition (see its docstring): the same counter-based hash (mix32 "lowbias32"), the same 23
 // uniform bits, Gumbel-max over the filtered scores, top-k / top-p thresholds that are the
 // largest float32 order keys t with enough mass in {key >= t}.
 //
@@ -41,8 +41,8 @@ __device__ __forceinline__ u32 stream_key(i64 seed, i64 counter) {
     return mix32(key ^ (u32)counter);
 }
 __device__ __forceinline__ float uniform(u32 key, u32 index) {
-    const u32 bits = mix32(mix32(key ^ index)) >> 8;
-    return ((float)bits + 0.5f) * (1.0f / 16777216.0f);
+    const u32 bits = mix32(mix32(key ^ index)) >> 9;  // 23 bits: bits + 0.5 is exact
+    return ((float)bits + 0.5f) * (1.0f / 8388608.0f);
 }
 __device__ __forceinline__ float gumbel(u32 key, u32 index) {
     return -logf(-logf(uniform(key, index)));
