@@ -70,4 +70,5 @@ def launch_xielu(out, x, alpha_p, alpha_n, beta, eps):
     block = _block(d)
     _xielu_kernel[(n, triton.cdiv(d, block))](o2, x2, d, o2.stride(0), x2.stride(0),
                                               float(alpha_p), float(alpha_n), float(beta),
-                                              float(eps), BLOCK=block, num_warps=4)
+                                              float(eps), BLOCK=block, num_warps=4,
+                                              enable_fp_fusion=False)  # no FMA: as the ref

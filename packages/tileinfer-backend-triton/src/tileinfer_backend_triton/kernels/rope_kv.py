@@ -195,7 +195,8 @@ def launch_rope(out, x, cos, sin, positions):
     h_pad, half_pad = next_pow2(heads), next_pow2(half)
     _rope_kernel[(n,)](out, x, cos, sin, positions, heads, half, x.stride(0), x.stride(1),
                        out.stride(0), out.stride(1), cos.stride(0), H_PAD=h_pad,
-                       HALF_PAD=half_pad, num_warps=_warps(h_pad * half_pad))
+                       HALF_PAD=half_pad, num_warps=_warps(h_pad * half_pad),
+                       enable_fp_fusion=False)  # products rounded separately, as the ref
 
 
 def launch_store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
@@ -211,7 +212,7 @@ def launch_store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
         kv_heads, half, k_cache.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *_cache_strides(k_cache, k_scale if int8 else None),
         INT8=int8, SMOOTH=k_smooth is not None, KVH_PAD=kvh_pad, HALF_PAD=half_pad,
-        num_warps=_warps(kvh_pad * half_pad),
+        num_warps=_warps(kvh_pad * half_pad), enable_fp_fusion=False,
     )
 
 
@@ -236,4 +237,5 @@ def launch_attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth,
         cos.stride(0), *_cache_strides(k_cache, k_scale if int8 else None),
         INT8=int8, SMOOTH=k_smooth is not None, QK_NORM=qk_norm,
         H_PAD=h_pad, KVH_PAD=kvh_pad, HALF_PAD=half_pad, num_warps=_warps(h_pad * half_pad),
+        enable_fp_fusion=False,  # RoPE's products rounded separately (no FMA), as the ref
     )
