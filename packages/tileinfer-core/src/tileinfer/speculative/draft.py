@@ -41,6 +41,7 @@ class DraftProposer(Proposer):
         self.sampling = SamplingParams()
         self._drafts = torch.empty(self.k, dtype=torch.int32, device=draft_model.device)
         self._probs = None  # (k, vocab) float32, made when first sampling
+        self._proposed_for = 0  # len(tokens) of the last proposal
 
     def __repr__(self):
         return f"DraftProposer({self.model!r}, k={self.k}, sample={self.sample})"
@@ -68,7 +69,13 @@ class DraftProposer(Proposer):
         if k < 1 or not tokens:
             return Draft()
         runner, seq, params = self.runner, self.seq, self.sampling
-        keep = min(common_prefix_len(seq.tokens, tokens), len(tokens) - 1)
+        # Usually the tokens of the last proposal are still a common prefix: compare them in one
+        # list comparison, then element by element only past them.
+        m = min(self._proposed_for, len(seq), len(tokens))
+        start = m if seq.tokens[:m] == tokens[:m] else 0
+        common = start + common_prefix_len(seq.tokens[start:], tokens[start:])
+        keep = min(common, len(tokens) - 1)
+        self._proposed_for = len(tokens)
         self.cache.truncate(seq, keep)
         logits = runner.forward(seq, tokens[keep:])
         probs = None if params.greedy else self._probs[:k]
