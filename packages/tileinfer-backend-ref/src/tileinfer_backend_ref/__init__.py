@@ -20,8 +20,9 @@ from tileinfer.sampling import SamplingParams, accept_rows, sample_rows
 def tileinfer_backend_info():
     return BackendInfo(
         name="ref", available=True, devices=("cpu", "cuda"),
-        # The attention op loops over sequences on the host (it reads context lengths).
-        graph_safe=False,
+        # Capturable on a GPU (attention takes its padded, sync-free form there), though its
+        # ops allocate temporaries, which a capture takes from the graph's memory pool.
+        graph_safe=True,
     )
 
 
@@ -170,6 +171,24 @@ def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device
 @hookimpl
 def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
               block_table, max_query_len, max_context_len, scale, causal, workspace):
+    # On the CPU, a loop over the sequences reading their true lengths; on a GPU, the padded form,
+    # which never reads a tensor's value on the host and so can be captured in a CUDA graph.
+    attend = attention_per_sequence if q.device.type == "cpu" else attention_padded
+    attend(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+           block_table, max_query_len, scale, causal)
+
+
+def _visible(context_len, q_len, q_index, key_pos, causal):
+    """Which cached positions a query sees: all of the context, or up to its own position."""
+    visible = key_pos < context_len
+    if causal:
+        visible = visible & (key_pos <= context_len - q_len + q_index)
+    return visible
+
+
+def attention_per_sequence(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                           context_lens, block_table, max_query_len, scale, causal):
+    """Attention one sequence at a time, over exactly its cached positions."""
     heads, kv_heads, page_size = q.shape[1], k_cache.shape[2], k_cache.shape[1]
     group = heads // kv_heads
     starts, lengths = cu_seqlens_q.tolist(), context_lens.tolist()
@@ -182,12 +201,53 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
         k = _gather_context(k_cache, k_scale, k_smooth, pages, ctx).repeat_interleave(group, 1)
         v = _gather_context(v_cache, v_scale, None, pages, ctx).repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q_rows, k) * scale  # (heads, q_len, ctx)
-        if causal:
-            q_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
-            visible = torch.arange(ctx, device=q.device)[None, :] <= q_pos
-            scores = scores.masked_fill(~visible, float("-inf"))
+        key_pos = torch.arange(ctx, device=q.device)[None, :]
+        q_index = torch.arange(q_len, device=q.device)[:, None]
+        scores = scores.masked_fill(~_visible(ctx, q_len, q_index, key_pos, causal), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[starts[b]:starts[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
+
+
+def attention_padded(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                     context_lens, block_table, max_query_len, scale, causal):
+    """The same attention with every sequence padded to max_query_len queries and to the block
+    table's width of keys, masked: no host synchronization."""
+    n, heads, hd = q.shape
+    batch, kv_heads = context_lens.shape[0], k_cache.shape[2]
+    group, dev = heads // kv_heads, q.device
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    seq_of_row = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens, output_size=n)
+    q_index = torch.arange(n, device=dev) - cu_seqlens_q[seq_of_row].long()
+    padded_q = q.new_zeros((batch, max_query_len, heads, hd), dtype=torch.float32)
+    padded_q[seq_of_row, q_index] = q.float()
+
+    pages = block_table.long()  # (batch, max_pages); padding entries are masked below
+    width = pages.shape[1] * k_cache.shape[1]
+    keys = _gather_pages(k_cache, k_scale, pages, width)  # (batch, width, kv_heads, hd)
+    values = _gather_pages(v_cache, v_scale, pages, width)
+    if k_smooth is not None:
+        keys = keys * k_smooth
+    key_pos = torch.arange(width, device=dev)
+    visible = _visible(context_lens.long()[:, None, None], q_lens[:, None, None],
+                       torch.arange(max_query_len, device=dev)[None, :, None],
+                       key_pos[None, None, :], causal)  # (batch, max_query_len, width)
+    # Unused pages may hold any bits (NaN included): zero them so masked products stay 0.
+    keys = torch.where(visible.any(1)[:, :, None, None], keys, 0.0).repeat_interleave(group, 2)
+    values = torch.where(visible.any(1)[:, :, None, None], values, 0.0).repeat_interleave(group, 2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", padded_q, keys) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    # A padded query row sees nothing: give it a harmless row instead of NaN.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    result = torch.einsum("bhqk,bkhd->bqhd", probs, values)
+    out.copy_(result[seq_of_row, q_index].to(out.dtype))
+
+
+def _gather_pages(cache, scale_pool, pages, width):
+    """The pages of each sequence laid end to end: (batch, width, kv_heads, hd) float32."""
+    vec = cache[pages].flatten(1, 2).float()
+    if scale_pool is not None:
+        vec = vec * scale_pool[pages].flatten(1, 2)[..., None]
+    return vec
 
 
 @hookimpl

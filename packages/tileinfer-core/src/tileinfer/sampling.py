@@ -157,7 +157,8 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     Greedy parameters give the one-hot of the argmax.
     """
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        ids = logits.argmax(-1, keepdim=True)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(1, ids, 1.0)
     return torch.softmax(filtered_scores(logits, params), dim=-1)
 
 
