@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run the GPU tests and benchmarks on a GPU machine whose Python already has torch, triton,
+# transformers, pytest and the rest, with our packages installed from wheels in .whl/ (built on a
+# development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
+#
+#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: tests conformance ops bench spec (default: all)
+#
+# Logs and JSON go to OUTDIR; a short summary is printed last.
+set -uo pipefail
+out=${1:?usage: benchmarks/gpu_run.sh OUTDIR [steps...]}
+shift
+steps=${*:-"conformance tests ops bench"}
+mkdir -p "$out"
+site=${TILEINFER_SITE:-$HOME/site}
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee "$out/commit.txt"
+
+for step in $steps; do
+  case $step in
+    conformance)
+      for b in ref triton cuda; do
+        timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
+          --tileinfer-backend $b -q -rf --maxfail=60 -p no:randomly > "$out/conformance-$b.log" 2>&1
+        echo "conformance $b: $(tail -n 1 "$out/conformance-$b.log")"
+      done ;;
+    tests)
+      timeout 500 python3 -m pytest -p no:cacheprovider tests -m gpu -q -rf -p no:randomly -n 4 \
+        --ignore=tests/test_conformance.py > "$out/gpu-tests.log" 2>&1
+      echo "gpu tests: $(tail -n 1 "$out/gpu-tests.log")" ;;
+    ops)
+      timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"
+      echo "ops benchmark: $(wc -l < "$out/ops.json") rows" ;;
+    bench)  # BENCH_BACKENDS, BENCH_FLAGS (e.g. "--graphs both --pipeline both") adjust it
+      for b in ${BENCH_BACKENDS:-triton cuda}; do
+        for shape in llama3.2-1b llama3-8b; do
+          timeout 300 python3 -m tileinfer_cli bench --shape $shape --backend $b \
+            ${BENCH_FLAGS:-} --json "$out/bench.json" 2>&1 | grep -v '^{' >> "$out/bench.log"
+        done
+      done
+      cat "$out/bench.log" ;;
+    spec)
+      timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
+      tail -n 5 "$out/spec.json" ;;
+  esac
+done
