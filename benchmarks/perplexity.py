@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     calib_ids = tokenizer.encode("".join(book[c] + "\n" for c in calib_ch),
                                  add_special_tokens=False)[:args.calib_tokens]
 
+    commit = git_commit()  # of the code that runs (before others may commit meanwhile)
     dtype = DTYPES[args.dtype]
     max_len = args.window
     load = dict(dtype=dtype, backend=args.backend, device=args.device, max_len=max_len)
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
 
     meta = dict(model=str(model_dir.name), backend=base.backend, device=str(base.device),
                 dtype=args.dtype, torch=torch.__version__, threads=torch.get_num_threads(),
-                commit=git_commit(), text=args.text.name, eval_chapters=args.eval_chapters,
+                commit=commit, text=args.text.name, eval_chapters=args.eval_chapters,
                 calib_chapters=args.calib_chapters, calib_tokens=len(calib_ids),
                 tokens=len(ids), scored_tokens=scored, window=args.window, stride=stride,
                 page_size=ps, seconds=round(time.perf_counter() - start, 1))
