@@ -49,6 +49,16 @@ class Sequence:
         return len(self.tokens)
 
 
+def common_prefix_len(a, b) -> int:
+    """How many leading token ids two sequences of ids share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's pools, in the argument form of the ``store_kv``/``attention`` ops."""

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import common_prefix_len
 from .chat_template import ChatMessage, chat_prompt
 from .generate import generate_into
 from .runner import ModelRunner
@@ -38,15 +39,6 @@ class TurnStats:
 
 class PromptTooLongError(ValueError):
     """The conversation no longer fits the session's KV cache."""
-
-
-def common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ChatSession:

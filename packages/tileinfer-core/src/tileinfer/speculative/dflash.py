@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
-from ..cache import ContextLengthError, OutOfPagesError
+from ..cache import ContextLengthError, OutOfPagesError, common_prefix_len
 from ..config import ConfigError, ModelConfig, check_max_len, config_from_dict
 from ..model import Model, resolve_model_dir
 from ..quant import linear_operands
 from ..sampling import SamplingParams
 from ..step import prepare_step
 from ..weights import Checkpoint, LayerWeights, ModelWeights, _layer_names, _stacked
-from .proposer import Draft, Proposer, check_k, common_prefix_len, draft_seed
+from .proposer import Draft, Proposer, check_k, draft_seed
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -18,7 +18,8 @@ import torch
 
 from ..runner import ModelRunner
 from ..sampling import SamplingParams
-from .proposer import Draft, Proposer, check_k, common_prefix_len, draft_seed
+from ..cache import common_prefix_len
+from .proposer import Draft, Proposer, check_k, draft_seed
 
 
 class DraftProposer(Proposer):

@@ -23,15 +23,6 @@ def draft_seed(seed: int) -> int:
     return (int(seed) ^ _DRAFT_SEED_SALT) & ((1 << 63) - 1)
 
 
-def common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def check_k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (drafts per step) must be an integer >= 1, got {k!r}")
