@@ -25,9 +25,19 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16_t", torch.float16: "f16_t", torch.float32:
 GEMV_MAX_TOKENS = 8
 # Split-KV attention for steps of at most this many query rows; its workspace holds this many.
 SPLIT_MAX_TOKENS = 32
-MAX_SPLITS = 32
+MAX_SPLITS = 64  # workspace capacity; the split count actually used: attention_config
 ATTN_BLOCK_N = 64  # keys per tile of attention.cu
 ATTN_BLOCK_M = 64  # packed query rows per block of attention.cu
+# Attention launch settings: "blocks_per_sm": the split-KV target (splits are added until the
+# grid has about this many blocks per SM), "stages": the K/V cp.async ring depth (KV_STAGES).
+# The split count depends on the batch, the kv heads, the row tiles and max_context_len, not on
+# the step's token count (steps of 1..8 tokens at decode have one row tile); a split covers
+# whole 64-key tiles, so while a context fits in 64 * num_splits keys the split boundaries are
+# the same in a 1-token step and in a verify step, and so is each row's result (greedy
+# speculative decoding relies on this).
+ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2}
+# Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
+attention_overrides: dict = {}
 
 fallback_counts: Counter = Counter()
 
@@ -197,8 +207,8 @@ def _gemv_ok(out, x, weight, weight_scale) -> bool:
                      and weight_scale.dtype == torch.float32)))
 
 
-def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
-    """The GEMV variant for an (n_rows, k_dim) weight: warps splitting K and ring stages.
+def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+    """The default GEMV variant for an (n_rows, k_dim) weight: warps splitting K, ring stages.
 
     Aim: about 16 warps per SM over the grid (enough 1 KB steps in flight), a ring of at most
     ~100 KB per block (two blocks per SM), and no more stages than a warp has steps.
@@ -217,9 +227,34 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int)
     stages = max(2, min(stages, _cdiv(steps, warps) + 1))
     if stages % 2:
         stages += 1
-    config = {"warps": warps, "stages": stages, "l2_256b": False}
+    return {"warps": warps, "stages": stages, "l2_256b": False}
+
+
+# Per-shape GEMV launch configurations: (output rows, K, int8 weights, epilogue) ->
+# {"warps": ..., "stages": ..., "l2_256b": ...}; for SwiGLU the output rows are the
+# intermediate size (half the fused gate/up weight). A shape missing here gets the heuristic
+# (gemv_heuristic). ``python -m tileinfer_backend_cuda.bench`` sweeps the configurations at the
+# llama3-8b and llama3.2-1b shapes and prints its winners as entries of this table
+# ("gemv_table" in its JSON). The configuration never depends on the number of token rows
+# (1..8), so a row's result is the same in a 1-token step and in a speculative verify step.
+GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+
+
+def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+    """The GEMV variant for an (n_rows, k_dim) weight: GEMV_TABLE's entry, else the heuristic;
+    ``gemv_overrides`` (benchmarks) take precedence."""
+    entry = GEMV_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
+    config = dict(entry) if entry is not None else gemv_heuristic(n_rows, k_dim, int8, epilogue, device)
+    config.setdefault("l2_256b", False)
     config.update(gemv_overrides)
     return config
+
+
+def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str) -> int:
+    """Dynamic shared memory of a GEMV variant (gemv.cu: WARPS x STAGES x PARTS x 32 x 16 B)."""
+    lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
+    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
+    return config["warps"] * config["stages"] * parts * 32 * 16
 
 
 def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0, 0.0, 0.0)):
@@ -237,9 +272,7 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     k = _kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
-    lane_k = int8_load if int8 else 8
-    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
-    smem = cfg["warps"] * cfg["stages"] * parts * 32 * 16
+    smem = gemv_ring_bytes(cfg, k_dim, int8, epilogue)
     k.launch((_cdiv(o_rows, 16),), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params), smem)
 
@@ -409,6 +442,21 @@ def _attention_ok(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqle
             and _cache_ok(k_cache, v_cache, k_scale, v_scale, k_smooth, head_dim))
 
 
+def attention_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int) -> int:
+    """sizeof(SharedTiles) of attention.cu: the query tile(s) and the K/V ring."""
+    q_bytes = (2 if smooth else 1) * ATTN_BLOCK_M * head_dim * 2
+    if int8:  # bf16 K and V tiles + per stage: raw int8 K and V, float32 scales
+        return q_bytes + 2 * ATTN_BLOCK_N * head_dim * 2 + stages * (2 * ATTN_BLOCK_N * head_dim
+                                                                      + 2 * ATTN_BLOCK_N * 4)
+    return q_bytes + stages * 2 * ATTN_BLOCK_N * head_dim * 2
+
+
+def attention_config() -> dict:
+    config = dict(ATTN_CONFIG)
+    config.update(attention_overrides)
+    return config
+
+
 def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
               block_table, max_query_len, max_context_len, scale, causal, workspace):
     if not _attention_ok(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
@@ -425,18 +473,23 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
     if n_tokens == 0 or batch == 0 or row_tiles == 0:
         return
     device = _dev(q)
+    cfg = attention_config()
     num_splits = 1
     ws = workspace
     if (ws is not None and n_tokens <= ws.shape[0] and ws.shape[1] == heads
             and ws.shape[3] == head_dim + 2 and batch * kv_heads * row_tiles <= ws.shape[0] * heads * ws.shape[2]):
         base_blocks = batch * kv_heads * row_tiles
-        num_splits = max(1, min(_cdiv(2 * _num_sms(device), base_blocks), ws.shape[2],
-                                _cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
+        target = cfg.get("splits") or _cdiv(cfg["blocks_per_sm"] * _num_sms(device), base_blocks)
+        num_splits = max(1, min(target, ws.shape[2], _cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     int8 = k_cache.dtype == torch.int8
-    defines = {"HEAD_DIM": head_dim, "KV_INT8": int(int8), "SMOOTH": int(k_smooth is not None)}
+    smooth = k_smooth is not None
+    stages = cfg["stages"]
+    smem = attention_smem_bytes(head_dim, int8, smooth, stages)
+    while stages > 2 and smem > 200 * 1024:  # deep rings only where they fit beside the limit
+        stages -= 1
+        smem = attention_smem_bytes(head_dim, int8, smooth, stages)
+    defines = {"HEAD_DIM": head_dim, "KV_INT8": int(int8), "SMOOTH": int(smooth), "KV_STAGES": stages}
     kern = _kernel("attention.cu", "attention", "p" * 10 + "iiiif" + "ii" + "pi", device, defines)
-    q_parts = 2 if k_smooth is not None else 1
-    smem = (q_parts + 2) * ATTN_BLOCK_M * head_dim * 2 + 2 * ATTN_BLOCK_N * 4
     kern.launch((row_tiles * num_splits, kv_heads, batch), (128,),
                 (out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
                  block_table, heads, kv_heads, k_cache.shape[1], block_table.shape[1],

@@ -32,7 +32,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
             for out_dtype in ("bf16_t", "float"):
                 add("gemv.cu", W_INT8=w_int8, INT8_LOAD=int8_load, EPILOGUE=epilogue,
                     OUT_DTYPE=out_dtype, ROUND_BF16=1 - w_int8, WARPS=8, STAGES=8)
-    for warps, stages in ((4, 2), (16, 4), (16, 8)):
+    for warps, stages in ((4, 2), (4, 3), (16, 4), (16, 8)):
         add("gemv.cu", WARPS=warps, STAGES=stages)
     add("gemv.cu", STREAM_L2_256B=None)
 
@@ -42,7 +42,9 @@ def builds() -> list[tuple[str, dict, tuple]]:
 
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
-            add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth)
+            add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)
+    for kv_int8 in (0, 1):  # deeper rings (ops.ATTN_CONFIG / the benchmark's sweep)
+        add("attention.cu", HEAD_DIM=128, KV_INT8=kv_int8, SMOOTH=0, KV_STAGES=3)
 
     add("sampling.cu", SAMPLING_OPTIONS)
     return out

@@ -16,8 +16,14 @@
 //     Each writes its normalized partial output and log-sum-exp to the workspace; the last
 //     block of the tile to finish (an atomic counter, reset afterwards) combines them in split
 //     order: out = sum_s exp(lse_s - max) o_s / sum_s exp(lse_s - max). Deterministic, one launch.
+//   * Pipelining: K/V tiles stream through a ring of KV_STAGES shared-memory stages with cp.async
+//     (16-byte copies, no registers held): while the warps compute on tile i, the copies of
+//     tiles i + 1 .. i + KV_STAGES - 1 are in flight, so a block keeps the memory system busy
+//     instead of alternating between loading and computing.
 // INT8 pages hold int8 values (exact in bf16) and one float32 scale per vector: key scales
-// multiply the scores, value scales the probabilities before P V. Smoothed keys
+// multiply the scores, value scales the probabilities before P V. The int8 bytes (half the
+// bytes of bf16) and the scales are copied asynchronously into raw stages like bf16 tiles; once a
+// stage has landed, one pass converts it to the bf16 tiles the tensor cores read. Smoothed keys
 // (key = k_smooth * scale * int8) fold k_smooth into the queries, split into a bf16 high and low
 // part (two mma passes) so that the product keeps float32 accuracy.
 //
@@ -29,7 +35,10 @@
 // Workspace (split-KV): float32 (tokens_cap, heads, ws_splits, HEAD_DIM + 2): partial outputs,
 // the lse in column HEAD_DIM and, viewed as int32, the tile counters in column HEAD_DIM + 1.
 //
-// Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1).
+// Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_smem_bytes mirrors it).
+//
+// Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
+// (ring depth, >= 2).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -41,11 +50,15 @@
 #ifndef SMOOTH
 #define SMOOTH 0
 #endif
+#ifndef KV_STAGES
+#define KV_STAGES 2
+#endif
 
 constexpr int BM = 64, BN = 64, WARPS = 4, THREADS = WARPS * 32;
 constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
 constexpr int Q_PARTS = SMOOTH ? 2 : 1;
 constexpr int WS_ROW = HEAD_DIM + 2;
+static_assert(KV_STAGES >= 2, "the ring needs at least two stages");
 
 #if KV_INT8
 typedef signed char kv_t;
@@ -59,12 +72,24 @@ __device__ __forceinline__ int tile_chunk(int row, int chunk) {
     return row * CHUNKS + (chunk ^ (row & 7));
 }
 
+// 16-byte chunks of one key's (or value's) page row as loaded: bf16 or int8.
+constexpr int LOAD_CHUNKS = HEAD_DIM * (int)sizeof(kv_t) / 16;
+constexpr int LOADS_PER_THREAD = BN * LOAD_CHUNKS / THREADS;  // exact: HEAD_DIM % 64 == 0
+static_assert(THREADS % LOAD_CHUNKS == 0 && LOADS_PER_THREAD * THREADS == BN * LOAD_CHUNKS, "tiling");
+
 struct SharedTiles {
     uint4 q[Q_PARTS][BM * CHUNKS];
-    uint4 k[BN * CHUNKS];
+#if KV_INT8
+    uint4 k[BN * CHUNKS];                          // bf16 tiles the mma reads (swizzled)
     uint4 v[BN * CHUNKS];
-    float k_scale[BN];
-    float v_scale[BN];
+    uint4 k_raw[KV_STAGES][BN * LOAD_CHUNKS];      // int8 rows as copied, key-major, unswizzled
+    uint4 v_raw[KV_STAGES][BN * LOAD_CHUNKS];
+    float k_scale[KV_STAGES][BN];
+    float v_scale[KV_STAGES][BN];
+#else
+    uint4 k[KV_STAGES][BN * CHUNKS];               // bf16 tiles, copied in place (swizzled)
+    uint4 v[KV_STAGES][BN * CHUNKS];
+#endif
 };
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -138,49 +163,90 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     for (int h = 0; h < 2; ++h) row_pos[h] = ctx - q_len + (m0 + warp * 16 + g + 8 * h) / group;
 
     const i64 kv_row_stride = (i64)kv_heads * HEAD_DIM;  // elements between consecutive slots
-    for (int kv0 = kv_begin; kv0 < kv_stop; kv0 += BN) {
-        __syncthreads();  // the previous tile (or the query tile) is no longer being read/written
-        // --- gather BN keys and values from their pages (zeros past kv_stop) ---
-        for (int id = tid; id < BN * CHUNKS; id += THREADS) {
-            const int key = id / CHUNKS, c = id % CHUNKS, pos = kv0 + key;
-            const bool valid = pos < kv_stop;
-            i64 slot = 0;
-            if (valid) slot = (i64)block_table[(i64)b * max_pages + pos / page_size] * page_size + pos % page_size;
-            const i64 offset = slot * kv_row_stride + (i64)kvh * HEAD_DIM + c * 8;
-#if KV_INT8
-            uint4 kv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-            if (valid) {
-                const uint2 rk = *reinterpret_cast<const uint2*>(k_cache + offset);
-                const uint2 rv = *reinterpret_cast<const uint2*>(v_cache + offset);
-                int8x4_to_bf16x2(rk.x, kv[0].x, kv[0].y);
-                int8x4_to_bf16x2(rk.y, kv[0].z, kv[0].w);
-                int8x4_to_bf16x2(rv.x, kv[1].x, kv[1].y);
-                int8x4_to_bf16x2(rv.y, kv[1].z, kv[1].w);
+    const int* pages = block_table + (i64)b * max_pages;
+    // Chunk (key, c) of a tile: this thread always copies chunk c = tid % LOAD_CHUNKS of keys
+    // tid / LOAD_CHUNKS + j * (THREADS / LOAD_CHUNKS), j < LOADS_PER_THREAD.
+    const int load_c = tid % LOAD_CHUNKS, load_key0 = tid / LOAD_CHUNKS;
+
+    // Start the copies of tile `tile` (keys kv_begin + tile * BN ...) into ring stage `stage`,
+    // zeros past kv_stop, as one commit group. Every call commits a group (possibly empty), so
+    // "tile i has landed" is a fixed count of outstanding groups.
+    auto issue = [&](int tile, int stage) {
+        const int kv0 = kv_begin + tile * BN;
+        if (kv0 < kv_stop) {
+            int slot[LOADS_PER_THREAD];
+#pragma unroll
+            for (int j = 0; j < LOADS_PER_THREAD; ++j) {  // page lookups first, all in flight
+                const int pos = kv0 + load_key0 + j * (THREADS / LOAD_CHUNKS);
+                slot[j] = pos < kv_stop ? pages[pos / page_size] * page_size + pos % page_size : -1;
             }
-            sm.k[tile_chunk(key, c)] = kv[0];
-            sm.v[tile_chunk(key, c)] = kv[1];
+#pragma unroll
+            for (int j = 0; j < LOADS_PER_THREAD; ++j) {
+                const int key = load_key0 + j * (THREADS / LOAD_CHUNKS);
+                const bool valid = slot[j] >= 0;
+                const i64 offset = (valid ? (i64)slot[j] * kv_row_stride : 0) + (i64)kvh * HEAD_DIM +
+                                   load_c * (16 / (int)sizeof(kv_t));
+#if KV_INT8
+                cp_async_cg16(smem_addr(&sm.k_raw[stage][key * LOAD_CHUNKS + load_c]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&sm.v_raw[stage][key * LOAD_CHUNKS + load_c]), v_cache + offset, valid ? 16 : 0);
 #else
-            cp_async_cg16(smem_addr(&sm.k[tile_chunk(key, c)]), k_cache + offset, valid ? 16 : 0);
-            cp_async_cg16(smem_addr(&sm.v[tile_chunk(key, c)]), v_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&sm.k[stage][tile_chunk(key, load_c)]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&sm.v[stage][tile_chunk(key, load_c)]), v_cache + offset, valid ? 16 : 0);
+#endif
+            }
+#if KV_INT8
+            if (tid < BN) {  // one scale per key for K and for V
+                const int pos = kv0 + tid;
+                const bool valid = pos < kv_stop;
+                const i64 idx = valid ? ((i64)pages[pos / page_size] * page_size + pos % page_size) * kv_heads + kvh : 0;
+                cp_async_ca4(smem_addr(&sm.k_scale[stage][tid]), k_scale + idx, valid ? 4 : 0);
+                cp_async_ca4(smem_addr(&sm.v_scale[stage][tid]), v_scale + idx, valid ? 4 : 0);
+            }
 #endif
         }
-#if KV_INT8
-        if (tid < BN) {
-            const int pos = kv0 + tid;
-            float ks = 0.0f, vs = 0.0f;
-            if (pos < kv_stop) {
-                const i64 slot = (i64)block_table[(i64)b * max_pages + pos / page_size] * page_size + pos % page_size;
-                ks = k_scale[slot * kv_heads + kvh];
-                vs = v_scale[slot * kv_heads + kvh];
-            }
-            sm.k_scale[tid] = ks;
-            sm.v_scale[tid] = vs;
-        }
-#else
         cp_async_commit();
-        cp_async_wait<0>();
-#endif
+    };
+
+    const int n_tiles = (kv_stop - kv_begin + BN - 1) / BN;  // kv_stop >= kv_begin
+#pragma unroll
+    for (int i = 0; i < KV_STAGES - 1; ++i) issue(i, i);
+    for (int it = 0; it < n_tiles; ++it) {
+        const int kv0 = kv_begin + it * BN, stage = it % KV_STAGES;
+        cp_async_wait<KV_STAGES - 2>();  // this thread's copies of tile `it` have landed
+        // Every thread's copies of tile `it` have landed, and every warp is done with tile
+        // it - 1 (the query tile too, on the first pass), whose stage is refilled next.
         __syncthreads();
+        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES);
+#if KV_INT8
+        // int8 -> bf16 (exact), 16 int8 of a row = two 8-element bf16 chunks of the swizzled tile.
+#pragma unroll
+        for (int j = 0; j < LOADS_PER_THREAD; ++j) {
+            const int key = load_key0 + j * (THREADS / LOAD_CHUNKS);
+            const uint4 rk = sm.k_raw[stage][key * LOAD_CHUNKS + load_c];
+            const uint4 rv = sm.v_raw[stage][key * LOAD_CHUNKS + load_c];
+            uint4 k0, k1, v0, v1;
+            int8x4_to_bf16x2(rk.x, k0.x, k0.y);
+            int8x4_to_bf16x2(rk.y, k0.z, k0.w);
+            int8x4_to_bf16x2(rk.z, k1.x, k1.y);
+            int8x4_to_bf16x2(rk.w, k1.z, k1.w);
+            int8x4_to_bf16x2(rv.x, v0.x, v0.y);
+            int8x4_to_bf16x2(rv.y, v0.z, v0.w);
+            int8x4_to_bf16x2(rv.z, v1.x, v1.y);
+            int8x4_to_bf16x2(rv.w, v1.z, v1.w);
+            sm.k[tile_chunk(key, 2 * load_c)] = k0;
+            sm.k[tile_chunk(key, 2 * load_c + 1)] = k1;
+            sm.v[tile_chunk(key, 2 * load_c)] = v0;
+            sm.v[tile_chunk(key, 2 * load_c + 1)] = v1;
+        }
+        __syncthreads();
+        const uint4* k_tile = sm.k;
+        const uint4* v_tile = sm.v;
+        const float* ks_tile = sm.k_scale[stage];
+        const float* vs_tile = sm.v_scale[stage];
+#else
+        const uint4* k_tile = sm.k[stage];
+        const uint4* v_tile = sm.v[stage];
+#endif
         if (!warp_active) continue;
 
         // --- S = Q K^T for the warp's 16 rows x BN keys (8 n-tiles of 8 keys) ---
@@ -195,7 +261,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
                 const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
                 const int c = kk * 2 + ((lane >> 3) & 1);
                 ldmatrix_x4(kf[2 * np][0], kf[2 * np][1], kf[2 * np + 1][0], kf[2 * np + 1][1],
-                            smem_addr(&sm.k[tile_chunk(key, c)]));
+                            smem_addr(&k_tile[tile_chunk(key, c)]));
             }
 #pragma unroll
             for (int part = 0; part < Q_PARTS; ++part) {
@@ -216,7 +282,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
                 const int key_local = j * 8 + 2 * t + (e & 1), pos = kv0 + key_local, h = e >> 1;
                 float v = s[j][e] * scale_log2;
 #if KV_INT8
-                v *= sm.k_scale[key_local];
+                v *= ks_tile[key_local];
 #endif
                 if (pos >= kv_stop || (causal && pos > row_pos[h])) v = neg_inf();
                 s[j][e] = v;
@@ -249,7 +315,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
                 p[e] = exp2f(s[j][e] - base[e >> 1]);
                 row_sum[e >> 1] += p[e];
 #if KV_INT8
-                p[e] *= sm.v_scale[j * 8 + 2 * t + (e & 1)];
+                p[e] *= vs_tile[j * 8 + 2 * t + (e & 1)];
 #endif
             }
             p_frag[j][0] = pack_bf16x2(p[0], p[1]);
@@ -266,12 +332,14 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
                 u32 b0, b1, b2, b3;
                 const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 const int c = dp * 2 + (lane >> 4);
-                ldmatrix_x4_trans(b0, b1, b2, b3, smem_addr(&sm.v[tile_chunk(key, c)]));
+                ldmatrix_x4_trans(b0, b1, b2, b3, smem_addr(&v_tile[tile_chunk(key, c)]));
                 mma_bf16_16816(o_acc[2 * dp], a0, a1, a2, a3, b0, b1);
                 mma_bf16_16816(o_acc[2 * dp + 1], a0, a1, a2, a3, b2, b3);
             }
         }
     }
+
+    cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
     // --- finish: normalize, write the output or this split's partial ---
     float inv_sum[2], lse[2];
@@ -328,7 +396,8 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
         float acc[HEAD_DIM / 32], weight_sum = 0.0f;
 #pragma unroll
         for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] = 0.0f;
-        for (int sp = 0; sp < num_splits; ++sp) {
+#pragma unroll 4
+        for (int sp = 0; sp < num_splits; ++sp) {  // unrolled: several partials' loads in flight
             const float l = __ldcg(part + sp * WS_ROW + HEAD_DIM);
             if (l == neg_inf()) continue;  // an empty split
             const float wgt = exp2f(l - max_lse);
