@@ -1,18 +1,23 @@
 """Benchmarks of the CUDA backend's kernels on the GPU: ``python -m tileinfer_backend_cuda.bench``.
 
-Prints one JSON document (and writes it to ``--out``), then a short table. Sections:
+Prints one JSON line (the sweeps' per-configuration rows only in the ``--out`` file), then a
+short table (fractions are of the measured copy bandwidth). About two minutes on an H200 with the sweeps (``--no-sweep``: the
+default configurations only). Sections:
 
 - ``copy``: device-to-device copy bandwidth (read + write), the ceiling for streaming kernels;
-- ``gemv``: the decode GEMV (1 token) at the llama3-8b and llama3.2-1b matrix shapes, for the
-  default configuration and a sweep of (warps, stages, L2 prefetch hint), against cuBLAS
-  (torch.matmul) on the same weights; bf16 and INT8;
-- ``attention``: decode attention (batch 1) at short and long contexts;
+- ``gemv``: the decode GEMV (1 token) at the llama3-8b and llama3.2-1b matrix shapes, bf16 and
+  INT8, for the default configuration (``ops.GEMV_TABLE`` or the heuristic) and a sweep of
+  (warps, stages, L2 prefetch hint), against cuBLAS (torch.matmul) on the same weights; the GEMV
+  time per decode token of each model; the winners as ``ops.GEMV_TABLE`` entries;
+- ``attention``: decode attention (batch 1) at the llama3-8b and llama3.2-1b head shapes, bf16
+  and INT8 pages, 272 to 32768 keys, with a sweep of ``ops.ATTN_CONFIG`` (split target, K/V
+  ring depth) from 8192 keys up;
 - ``sampling``: greedy and top-k/top-p sampling over a 128256-token vocabulary;
 - ``gemm``: prefill GEMM (512 tokens), INT8 weights and float32 output, against cuBLAS bf16.
 
 Timing: each measured call is repeated in one captured CUDA graph (no launch overhead from
-Python), weights rotate over enough copies that nothing stays in the 50 MB L2, and the median
-of several replays is reported.
+Python), weights and KV caches rotate over enough copies that nothing stays in the 50 MB L2, and
+the median of several replays is reported.
 """
 
 from __future__ import annotations
@@ -87,84 +92,103 @@ def _copies(nbytes):
     return max(2, math.ceil(4 * L2_BYTES / nbytes))
 
 
+# Layers of each model: the per-token GEMV time is layers x (qkv + o + gate_up + down) + lm_head.
+LAYERS = {"llama3-8b": 32, "llama3.2-1b": 16}
+MODELS = {"llama3-8b": LLAMA3_8B, "llama3.2-1b": LLAMA3_1B}
+
+# Shared memory a GEMV ring may take (227 KB per block, less the static reduction buffer).
+GEMV_RING_LIMIT = 200 * 1024
+
+
 def gemv_configs():
-    configs = [None]  # the default heuristic
-    for warps in (4, 8, 16):
-        for stages in (2, 4, 6, 8):
-            configs.append({"warps": warps, "stages": stages, "l2_256b": False})
-    configs += [{"warps": w, "stages": 4, "l2_256b": True} for w in (8, 16)]
+    """The sweep: warps splitting K x ring stages, and the L2 256-byte prefetch hint on a few."""
+    configs = [{"warps": w, "stages": s, "l2_256b": False}
+               for w in (2, 4, 8, 16) for s in (2, 3, 4, 6, 8)]
+    configs += [{"warps": w, "stages": s, "l2_256b": True} for w, s in ((4, 4), (8, 4), (16, 4))]
     return configs
 
 
+def _gemv_defines(cfg, int8, epilogue, out_dtype):
+    d = {"W_INT8": int(int8), "INT8_LOAD": 16, "EPILOGUE": ops._EPILOGUES[epilogue],
+         "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8), "WARPS": cfg["warps"],
+         "STAGES": cfg["stages"]}
+    if cfg.get("l2_256b"):
+        d["STREAM_L2_256B"] = None
+    return d
+
+
+def _shape_kind(name):
+    """(epilogue, output dtype name) of a benchmarked matrix, as the model runs it."""
+    if name == "gate_up":
+        return "swiglu", "bf16_t"
+    return "none", "bf16_t"  # the model's lm_head writes bf16 logits (then copies to float32)
+
+
 def _precompile(jobs):
-    """Compile GEMV variants in parallel processes into the disk cache before timing."""
+    """Compile kernel variants in parallel processes into the disk cache before timing."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
     arch = compiler.device_arch(torch.cuda.current_device())
+    jobs = [(arch, f, d) for f, d in jobs]
+    workers = max(1, min(16, (os.cpu_count() or 2) - 1))
     # fork: the children only run NVRTC (no CUDA calls), and start without importing torch again
-    with ProcessPoolExecutor(max_workers=8, mp_context=multiprocessing.get_context("fork")) as pool:
-        list(pool.map(_compile_job, [(arch, d) for d in jobs]))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(_compile_job, jobs, chunksize=4))
 
 
 def _compile_job(args):
-    arch, defines = args
-    compiler.compile_cubin("gemv.cu", arch, defines)
+    arch, file, defines = args
+    compiler.compile_cubin(file, arch, defines)
 
 
-def bench_gemv(shapes: dict, int8: bool, sweep: bool) -> list[dict]:
+def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
+    """Every matrix of `model` at 1 token: the default configuration (GEMV_TABLE or the heuristic)
+    and, with sweep, every configuration of gemv_configs() that fits in shared memory."""
+    shapes = MODELS[model]
     results = []
     x = torch.randn(1, max(c for _, c in shapes.values()), device="cuda").to(torch.bfloat16)
     device = torch.cuda.current_device()
-    configs = gemv_configs() if sweep else [None]
-    if sweep:
-        jobs = []
-        for name, (rows, cols) in shapes.items():
-            epi = "swiglu" if name == "gate_up" else "none"
-            out_dtype = "float" if name == "lm_head" else "bf16_t"
-            for cfg in configs[1:]:
-                d = {"W_INT8": int(int8), "INT8_LOAD": 16, "EPILOGUE": ops._EPILOGUES[epi],
-                     "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8), "WARPS": cfg["warps"],
-                     "STAGES": cfg["stages"]}
-                if cfg["l2_256b"]:
-                    d["STREAM_L2_256B"] = None
-                jobs.append(d)
-        _precompile(jobs)
     for name, (rows, cols) in shapes.items():
+        epilogue, out_name = _shape_kind(name)
+        o_rows = rows // 2 if epilogue == "swiglu" else rows
         nbytes = rows * cols * (1 if int8 else 2)
         ws = _weights(rows, cols, int8, _copies(nbytes))
         xi = x[:, :cols]
-        if name == "gate_up":
-            out = torch.empty(1, rows // 2, dtype=torch.bfloat16, device="cuda")
+        if epilogue == "swiglu":
+            out = torch.empty(1, o_rows, dtype=torch.bfloat16, device="cuda")
             scratch = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
             call = lambda w, s: ops.linear_swiglu(out, xi, w, s, scratch)  # noqa: E731
         else:
-            dtype = torch.float32 if name == "lm_head" else torch.bfloat16
-            out = torch.empty(1, rows, dtype=dtype, device="cuda")
+            out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
             call = lambda w, s: ops.linear(out, xi, w, s)  # noqa: E731
-        row = {"shape": name, "rows": rows, "cols": cols, "int8": int8, "weight_bytes": nbytes,
-               "configs": []}
-        for cfg in configs:
+        ops.gemv_overrides.clear()
+        default = ops.gemv_config(o_rows, cols, int8, epilogue, device)
+        row = {"model": model, "shape": name, "rows": rows, "cols": cols, "int8": int8,
+               "epilogue": epilogue, "weight_bytes": nbytes, "default": default, "configs": []}
+        candidates = [None] + (gemv_configs() if sweep else [])
+        for cfg in candidates:
             ops.gemv_overrides.clear()
             if cfg is not None:
-                limit = 227 * 1024
-                parts = 2 * (2 if name == "gate_up" else 1) + (2 if int8 else 1)
-                if cfg["warps"] * cfg["stages"] * parts * 512 > limit - 20 * 1024:
+                if cfg == default or ops.gemv_ring_bytes(cfg, cols, int8, epilogue) > GEMV_RING_LIMIT:
                     continue
                 ops.gemv_overrides.update(cfg)
-            chosen = ops.gemv_config(rows // 2 if name == "gate_up" else rows, cols, int8,
-                                     "swiglu" if name == "gate_up" else "none", device)
-            t = time_graph(lambda i: call(*ws[i % len(ws)]))
+            chosen = ops.gemv_config(o_rows, cols, int8, epilogue, device)
+            t = time_graph(lambda i: call(*ws[i % len(ws)]), reps=10, replays=5)
             row["configs"].append({"config": chosen, "default": cfg is None, "seconds": t,
                                    "tb_per_s": nbytes / t / 1e12})
         ops.gemv_overrides.clear()
-        if not int8:  # cuBLAS on the same weights (separate GEMMs for gate/up are not fused)
+        if not int8:  # cuBLAS on the same weights (gate and up as one matrix, no activation)
             out2 = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
-            t = time_graph(lambda i: torch.matmul(xi, ws[i % len(ws)][0].t(), out=out2))
+            t = time_graph(lambda i: torch.matmul(xi, ws[i % len(ws)][0].t(), out=out2), reps=10,
+                           replays=5)
             row["cublas"] = {"seconds": t, "tb_per_s": nbytes / t / 1e12}
         best = max(row["configs"], key=lambda c: c["tb_per_s"])
         row["best"] = best["config"]
+        row["best_seconds"] = best["seconds"]
         row["best_tb_per_s"] = best["tb_per_s"]
+        row["default_seconds"] = row["configs"][0]["seconds"]
         row["default_tb_per_s"] = row["configs"][0]["tb_per_s"]
         results.append(row)
         del ws
@@ -172,34 +196,92 @@ def bench_gemv(shapes: dict, int8: bool, sweep: bool) -> list[dict]:
     return results
 
 
-def bench_attention() -> list[dict]:
+def gemv_table(rows: list[dict]) -> dict:
+    """The sweep's winners as ops.GEMV_TABLE entries: "(o_rows, K, int8, epilogue)" -> config."""
+    table = {}
+    for row in rows:
+        o_rows = row["rows"] // 2 if row["epilogue"] == "swiglu" else row["rows"]
+        key = f"({o_rows}, {row['cols']}, {row['int8']}, {row['epilogue']!r})"
+        table[key] = {k: row["best"][k] for k in ("warps", "stages", "l2_256b")}
+    return table
+
+
+def per_token(rows: list[dict], model: str, int8: bool, which: str) -> float:
+    """Seconds of GEMV per decode token: layers x (qkv + o + gate_up + down) + lm_head."""
+    t = {r["shape"]: r[f"{which}_seconds"] for r in rows if r["model"] == model and r["int8"] == int8}
+    if len(t) < 5:
+        return float("nan")
+    return LAYERS[model] * (t["qkv"] + t["o"] + t["gate_up"] + t["down"]) + t["lm_head"]
+
+
+# Attention shapes: (heads, kv_heads, head_dim) of the models.
+ATTN_SHAPES = {"llama3-8b": (32, 8, 128), "llama3.2-1b": (32, 8, 64)}
+
+
+def attention_configs():
+    """The sweep: split target (blocks per SM) x K/V ring depth."""
+    return [{"blocks_per_sm": b, "stages": s} for b in (1, 2, 3, 4, 6) for s in (2, 3)]
+
+
+def bench_attention(sweep: bool) -> list[dict]:
+    """Decode attention, batch 1, one query token, causal, page size 16. The cache rotates over
+    enough copies that it does not sit in L2 (as the weights do in bench_gemv)."""
     results = []
-    heads, kv_heads, head_dim, page_size = 32, 8, 128, 16
-    for kind in ("bf16", "int8"):
-        for ctx in (272, 4096, 32768):
+    page_size = 16
+    cases = [("llama3-8b", ctx) for ctx in (272, 4096, 8192, 16384, 32768)]
+    cases += [("llama3.2-1b", ctx) for ctx in (8192, 32768)]
+    for model, ctx in cases:
+        heads, kv_heads, head_dim = ATTN_SHAPES[model]
+        for kind in ("bf16", "int8"):
             pages = ctx // page_size + 1
-            dtype = torch.int8 if kind == "int8" else torch.bfloat16
             shape = (pages, page_size, kv_heads, head_dim)
-            if kind == "int8":
-                k = torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
-                v = torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
-                ks = torch.rand(shape[:3], device="cuda") * 0.01
-                vs = torch.rand(shape[:3], device="cuda") * 0.01
-            else:
-                k = torch.randn(shape, device="cuda").to(dtype)
-                v = torch.randn(shape, device="cuda").to(dtype)
-                ks = vs = None
+            elem = 1 if kind == "int8" else 2
+            kv_bytes = 2 * ctx * kv_heads * head_dim * elem
+            caches = []
+            for _ in range(_copies(kv_bytes)):
+                if kind == "int8":
+                    k = torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
+                    v = torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
+                    ks = torch.rand(shape[:3], device="cuda") * 0.01
+                    vs = torch.rand(shape[:3], device="cuda") * 0.01
+                else:
+                    k = torch.randn(shape, device="cuda").to(torch.bfloat16)
+                    v = torch.randn(shape, device="cuda").to(torch.bfloat16)
+                    ks = vs = None
+                caches.append((k, v, ks, vs))
             q = torch.randn(1, heads, head_dim, device="cuda").to(torch.bfloat16)
             out = torch.empty_like(q)
             cu = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
             lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
             table = torch.arange(pages, dtype=torch.int32, device="cuda")[None]
-            ws = ops.attention_workspace(1, heads, head_dim, pages * page_size, "cuda")
-            t = time_graph(lambda i: ops.attention(out, q, k, v, ks, vs, None, cu, lens, table, 1,
-                                                   pages * page_size, head_dim ** -0.5, True, ws))
-            kv_bytes = 2 * ctx * kv_heads * head_dim * k.element_size()
-            results.append({"kind": kind, "context": ctx, "seconds": t,
-                            "tb_per_s": kv_bytes / t / 1e12})
+            max_ctx = pages * page_size
+            ws = ops.attention_workspace(1, heads, head_dim, max_ctx, "cuda")
+
+            def call(i):
+                k, v, ks, vs = caches[i % len(caches)]
+                ops.attention(out, q, k, v, ks, vs, None, cu, lens, table, 1, max_ctx,
+                              head_dim ** -0.5, True, ws)
+
+            row = {"model": model, "kind": kind, "context": ctx, "kv_bytes": kv_bytes,
+                   "default": ops.attention_config(), "configs": []}
+            candidates = [None] + (attention_configs() if sweep and ctx >= 8192 else [])
+            for cfg in candidates:
+                ops.attention_overrides.clear()
+                if cfg is not None:
+                    if cfg == row["default"]:
+                        continue
+                    ops.attention_overrides.update(cfg)
+                t = time_graph(call, reps=10, replays=5)
+                row["configs"].append({"config": ops.attention_config(), "default": cfg is None,
+                                       "seconds": t, "tb_per_s": kv_bytes / t / 1e12})
+            ops.attention_overrides.clear()
+            best = min(row["configs"], key=lambda c: c["seconds"])
+            row.update(default_seconds=row["configs"][0]["seconds"],
+                       default_tb_per_s=row["configs"][0]["tb_per_s"], best=best["config"],
+                       best_seconds=best["seconds"], best_tb_per_s=best["tb_per_s"])
+            results.append(row)
+            del caches
+            torch.cuda.empty_cache()
     return results
 
 
@@ -239,54 +321,110 @@ def bench_gemm() -> list[dict]:
     return results
 
 
+def _precompile_all(sweep: bool):
+    """Every kernel variant the run will launch, compiled in parallel up front."""
+    jobs = []
+    for int8 in (False, True):
+        for name in ("qkv", "gate_up"):
+            epilogue, out_name = _shape_kind(name)
+            for cfg in gemv_configs() if sweep else []:
+                jobs.append(("gemv.cu", _gemv_defines(cfg, int8, epilogue, out_name)))
+    for head_dim in (64, 128):
+        for int8 in (0, 1):
+            for stages in (2, 3):
+                jobs.append(("attention.cu", {"HEAD_DIM": head_dim, "KV_INT8": int8, "SMOOTH": 0,
+                                              "KV_STAGES": stages}))
+    _precompile(jobs)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--no-sweep", action="store_true", help="GEMV default configuration only")
+    parser.add_argument("--no-sweep", action="store_true", help="default configurations only")
     parser.add_argument("--sections", default="copy,gemv,attention,sampling,gemm")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
+    sweep = not args.no_sweep
     t0 = time.time()
     report = {"device": torch.cuda.get_device_name(), "nvrtc": compiler.nvrtc_version(),
               "torch": torch.__version__}
+    _precompile_all(sweep)
+    report["compile_seconds"] = time.time() - t0
     if "copy" in sections:
         report["copy"] = bench_copy()
     if "gemv" in sections:
         report["gemv"] = []
-        for shapes_name, shapes in (("llama3-8b", LLAMA3_8B), ("llama3.2-1b", LLAMA3_1B)):
+        for model in MODELS:
             for int8 in (False, True):
-                for row in bench_gemv(shapes, int8, sweep=not args.no_sweep and shapes_name == "llama3-8b"):
-                    row["model"] = shapes_name
-                    report["gemv"].append(row)
+                report["gemv"] += bench_gemv(model, int8, sweep)
+        report["gemv_per_token"] = [
+            {"model": m, "int8": q, "default_seconds": per_token(report["gemv"], m, q, "default"),
+             "best_seconds": per_token(report["gemv"], m, q, "best")}
+            for m in MODELS for q in (False, True)]
+        report["gemv_table"] = gemv_table(report["gemv"])
     if "attention" in sections:
-        report["attention"] = bench_attention()
+        report["attention"] = bench_attention(sweep)
     if "sampling" in sections:
         report["sampling"] = bench_sampling()
     if "gemm" in sections:
         report["gemm"] = bench_gemm()
     report["fallbacks"] = dict(ops.fallback_counts)
     report["wall_seconds"] = time.time() - t0
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
+    if args.out:  # everything, every configuration of the sweeps included
         with open(args.out, "w") as f:
-            f.write(text)
-    # the short table
-    copy_bw = report.get("copy", {}).get("tb_per_s")
-    if copy_bw:
-        print(f"\ncopy {copy_bw:.2f} TB/s")
+            json.dump(report, f, indent=1)
+    # stdout: the JSON without the sweeps' per-configuration rows, then the table
+    summary = {k: ([{f: v for f, v in row.items() if f != "configs"} for row in val]
+                   if k in ("gemv", "attention") else val) for k, val in report.items()}
+    print(json.dumps(summary, separators=(",", ":")))
+    print_table(report)
+    return 0
+
+
+def print_table(report: dict):
+    """The short table: fractions of the measured copy bandwidth (read + write)."""
+    copy_bw = report.get("copy", {}).get("tb_per_s") or float("nan")
+    print(f"\ncopy {copy_bw:.2f} TB/s; compile {report.get('compile_seconds', 0):.0f} s, "
+          f"total {report['wall_seconds']:.0f} s")
+    if report.get("gemv"):
+        print("gemv (1 token)            default          best             best config"
+              "                  cuBLAS")
     for row in report.get("gemv", []):
         cub = row.get("cublas", {}).get("tb_per_s")
-        print(f"gemv {row['model']:12s} {row['shape']:8s} {'int8' if row['int8'] else 'bf16'}: "
-              f"default {row['default_tb_per_s']:.2f} TB/s, best {row['best_tb_per_s']:.2f} "
-              f"{row['best']}" + (f", cuBLAS {cub:.2f}" if cub else ""))
+        b = row["best"]
+        print(f"  {row['model']:11s} {row['shape']:7s} {'int8' if row['int8'] else 'bf16'} "
+              f"{row['default_seconds'] * 1e6:7.1f} us {row['default_tb_per_s'] / copy_bw:4.0%}  "
+              f"{row['best_seconds'] * 1e6:7.1f} us {row['best_tb_per_s'] / copy_bw:4.0%}  "
+              f"w{b['warps']:<2d} s{b['stages']} {'L2-256B' if b['l2_256b'] else '       '}"
+              f"          " + (f"{cub / copy_bw:4.0%}" if cub else ""))
+    for row in report.get("gemv_per_token", []):
+        print(f"  per token {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: default "
+              f"{row['default_seconds'] * 1e3:.3f} ms, best {row['best_seconds'] * 1e3:.3f} ms")
+    if report.get("gemv_table"):
+        print("  GEMV_TABLE = {")
+        for key, cfg in report["gemv_table"].items():
+            print(f"      {key}: {cfg},")
+        print("  }")
+    if report.get("attention"):
+        print("attention (decode, batch 1)  default          best             best config")
+    by_key = {}
     for row in report.get("attention", []):
-        print(f"attention {row['kind']} ctx {row['context']}: {row['seconds'] * 1e6:.1f} us")
+        by_key[(row["model"], row["context"], row["kind"])] = row
+        b = row["best"]
+        print(f"  {row['model']:11s} {row['kind']} ctx {row['context']:6d} "
+              f"{row['default_seconds'] * 1e6:7.1f} us {row['default_tb_per_s'] / copy_bw:4.0%}  "
+              f"{row['best_seconds'] * 1e6:7.1f} us {row['best_tb_per_s'] / copy_bw:4.0%}  "
+              f"blocks/SM {b['blocks_per_sm']} stages {b['stages']}")
+    for (model, ctx, kind), row in by_key.items():
+        bf = by_key.get((model, ctx, "bf16"))
+        if kind == "int8" and bf:
+            print(f"  int8 speedup over bf16 {model} ctx {ctx}: default "
+                  f"{bf['default_seconds'] / row['default_seconds']:.2f}x, best "
+                  f"{bf['best_seconds'] / row['best_seconds']:.2f}x")
     for row in report.get("sampling", []):
         print(f"sampling {row['params']}: {row['seconds'] * 1e6:.1f} us")
     for row in report.get("gemm", []):
         print(f"gemm {row['kernel']}: {row['tflop_per_s']:.0f} TFLOP/s")
-    return 0
 
 
 if __name__ == "__main__":
