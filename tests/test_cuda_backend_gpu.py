@@ -416,3 +416,104 @@ def test_model_path_takes_no_fallback(cuda, cuda_ops):
     torch.cuda.synchronize()
     assert not cuda_ops.fallback_counts, dict(cuda_ops.fallback_counts)
     assert not cuda.fallbacks, cuda.fallbacks
+
+
+# --- launch configurations and row invariance ----------------------------------------------------
+# Greedy speculative decoding needs a row's result in a verify step of k tokens to equal the same
+# row computed in a 1-token step, bit for bit; the tuning sweeps (bench.py) must only pick among
+# correct configurations.
+
+GEMV_SWEEP_SAMPLE = [None, {"warps": 2, "stages": 3, "l2_256b": False},
+                     {"warps": 4, "stages": 2, "l2_256b": False},
+                     {"warps": 16, "stages": 8, "l2_256b": True}]
+
+
+@pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else
+                         f"w{c['warps']}s{c['stages']}{'L2' if c['l2_256b'] else ''}")
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cuda_ops, cfg, int8):
+    g = torch.Generator().manual_seed(11)
+    out_f, in_f, n = 3000, 4096, 8
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(2 * out_f, in_f, generator=g) * 0.02).to(torch.bfloat16)
+    scale = None
+    if int8:
+        w, scale = quantize_weight(w)
+        scale = scale.to(DEV)
+    w = w.to(DEV)
+    cuda_ops.gemv_overrides.clear()
+    if cfg is not None:
+        cuda_ops.gemv_overrides.update(cfg)
+    try:
+        wo, so = w[:out_f], None if scale is None else scale[:out_f]
+        out = torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
+        cuda.linear(out, x, wo, so)
+        act = torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
+        cuda.linear_swiglu(act, x, w, scale, torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV))
+        for j in range(n):
+            one = torch.empty(1, out_f, dtype=torch.bfloat16, device=DEV)
+            cuda.linear(one, x[j:j + 1], wo, so)
+            assert torch.equal(one[0], out[j]), f"linear row {j} differs from its 1-token step"
+            cuda.linear_swiglu(one, x[j:j + 1], w, scale,
+                               torch.empty(1, 2 * out_f, dtype=torch.bfloat16, device=DEV))
+            assert torch.equal(one[0], act[j]), f"swiglu row {j} differs from its 1-token step"
+    finally:
+        cuda_ops.gemv_overrides.clear()
+    expected = torch.empty_like(out)
+    ref.linear(expected, x, wo, so)
+    assert_close(out, expected, torch.bfloat16)
+
+
+ATTN_SWEEP_SAMPLE = [{"stages": 3}, {"blocks_per_sm": 1, "stages": 3}, {"blocks_per_sm": 6}]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("cfg", ATTN_SWEEP_SAMPLE, ids=str)
+def test_attention_configs_match_ref(cuda, ref, cuda_ops, kind, cfg):
+    gen = torch.Generator().manual_seed(5)
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size = [1, 4, 1], [9000, 1500, 70], 32, 8, 128, 16
+    q, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, DEV, gen)
+    scale = head_dim ** -0.5
+    max_q, max_ctx = max(q_lens), table.shape[1] * page_size
+    ws = cuda.attention_workspace(q.shape[0], heads, head_dim, max_ctx, q.device)
+    expected = torch.empty_like(q)
+    ref.attention(expected, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, True, None)
+    cuda_ops.attention_overrides.clear()
+    cuda_ops.attention_overrides.update(cfg)
+    try:
+        out = torch.full_like(q, float("nan"))
+        cuda.attention(out, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, True, ws)
+        again = torch.full_like(q, float("nan"))
+        cuda.attention(again, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, True, ws)
+    finally:
+        cuda_ops.attention_overrides.clear()
+    assert_close(out, expected)
+    assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("k", [2, 8])
+@pytest.mark.parametrize("context", [40, 1500])
+def test_attention_verify_rows_equal_decode_rows(cuda, kind, k, context):
+    """Row i of a k-token causal step (positions context - 1 .. context + k - 2) equals the
+    1-token step at position context - 1 + i on the same cache, bit for bit."""
+    heads, kv_heads, head_dim, page_size = 32, 8, 128, 16
+    gen = torch.Generator().manual_seed(context + k)
+    total = context + k - 1
+    q, cache, _, _, table = fill_paged_step([k], [total], heads, kv_heads, head_dim, page_size,
+                                            kind, DEV, gen)
+    scale = head_dim ** -0.5
+    max_ctx = table.shape[1] * page_size
+    ws = cuda.attention_workspace(k, heads, head_dim, max_ctx, q.device)
+    out = torch.full_like(q, float("nan"))
+    cu = torch.tensor([0, k], dtype=torch.int32, device=DEV)
+    cuda.attention(out, q, *cache.pools(), cu, torch.tensor([total], dtype=torch.int32, device=DEV),
+                   table, k, max_ctx, scale, True, ws)
+    cu1 = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    for i in range(k):
+        one = torch.full_like(q[:1], float("nan"))
+        cuda.attention(one, q[i:i + 1].contiguous(), *cache.pools(), cu1,
+                       torch.tensor([context + i], dtype=torch.int32, device=DEV), table, 1,
+                       max_ctx, scale, True, ws)
+        assert torch.equal(one[0], out[i]), f"row {i} of the {k}-token step differs"
