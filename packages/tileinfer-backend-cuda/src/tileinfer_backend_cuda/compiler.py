@@ -260,7 +260,10 @@ class Kernel:
                 nbytes), f"cuFuncSetAttribute({self.name})")
             self._max_dynamic_smem = nbytes
 
-    def launch(self, grid, block, args, smem: int = 0, stream=None):
+    def launch(self, grid, block, args, smem: int = 0, stream=None, pdl: bool = False):
+        """pdl: launch with programmatic stream serialization (cuLaunchKernelEx): the kernel may
+        start before the previous kernel on the stream has finished, and must call pdl_wait()
+        (common.cuh) before touching what that kernel reads or writes."""
         import torch
 
         if len(args) != len(self.signature):
@@ -281,10 +284,31 @@ class Kernel:
         if stream is None:
             stream = torch.cuda.current_stream(self.module.device_index).cuda_stream
         driver = _driver()
+        if pdl:
+            (err,) = driver.cuLaunchKernelEx(_pdl_config(driver, gx, gy, gz, bx, by, bz, smem, stream),
+                                             self.function, ptrs_addr, 0)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                _check(err, f"cuLaunchKernelEx({self.name}, grid={grid}, block={block}, smem={smem}, PDL)")
+            return
         (err,) = driver.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, smem, stream,
                                        ptrs_addr, 0)
         if err != driver.CUresult.CUDA_SUCCESS:
             _check(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block}, smem={smem})")
+
+
+def _pdl_config(driver, gx, gy, gz, bx, by, bz, smem, stream):
+    """A CUlaunchConfig with the programmatic stream serialization attribute."""
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+    config.sharedMemBytes = smem
+    config.hStream = driver.CUstream(stream)
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 class Module:

@@ -10,6 +10,7 @@ which is correct but may allocate; ``fallback_counts`` records each such call by
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 
 import torch
@@ -44,6 +45,12 @@ fallback_counts: Counter = Counter()
 # Tuning overrides for benchmarks: e.g. {"warps": 8, "stages": 6, "l2_256b": True} forces the
 # GEMV variant (see gemv_config).
 gemv_overrides: dict = {}
+
+# Programmatic dependent launch of the decode GEMV (TILEINFER_CUDA_PDL=1; off by default until
+# measured): the GEMV is launched with programmatic stream serialization and starts streaming its
+# weight while the previous kernel (RMSNorm, attention, the previous GEMV) finishes; it waits
+# for that kernel (griddepcontrol.wait) before it reads x. See gemv.cu and common.cuh.
+PDL = os.environ.get("TILEINFER_CUDA_PDL", "0") == "1"
 
 
 def _fallback(op: str, why: str):
@@ -271,10 +278,14 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
     }
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
+    pdl = PDL and int(compiler.device_arch(device)[3:].rstrip("af")) >= 90  # sm_90 and newer
+    if pdl:
+        defines["PDL"] = 1
     k = _kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
     smem = gemv_ring_bytes(cfg, k_dim, int8, epilogue)
     k.launch((_cdiv(o_rows, 16),), (cfg["warps"] * 32,),
-             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params), smem)
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params), smem,
+             pdl=pdl)
 
 
 def _gemm(out, x, weight, weight_scale):

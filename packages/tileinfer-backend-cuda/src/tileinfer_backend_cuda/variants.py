@@ -35,6 +35,10 @@ def builds() -> list[tuple[str, dict, tuple]]:
     for warps, stages in ((4, 2), (4, 3), (16, 4), (16, 8)):
         add("gemv.cu", WARPS=warps, STAGES=stages)
     add("gemv.cu", STREAM_L2_256B=None)
+    for w_int8, epilogue in ((0, 0), (1, 1)):  # programmatic dependent launch (ops.PDL)
+        add("gemv.cu", W_INT8=w_int8, EPILOGUE=epilogue, ROUND_BF16=1 - w_int8, WARPS=8, STAGES=8, PDL=1)
+    add("gemv.cu", WARPS=4, STAGES=2, PDL=1)
+    add("gemv.cu", WARPS=2, STAGES=3)
 
     for w_int8 in (0, 1):
         for out_dtype in ("bf16_t", "float"):

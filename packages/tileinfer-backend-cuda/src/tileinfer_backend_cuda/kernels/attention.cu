@@ -103,6 +103,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
     __shared__ int is_last_block;
 
+    pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x % num_splits, row_tile = blockIdx.x / num_splits;

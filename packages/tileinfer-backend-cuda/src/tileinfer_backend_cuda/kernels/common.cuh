@@ -173,4 +173,22 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// --- programmatic dependent launch (sm_90+) ----------------------------------------------------
+// A kernel launched with programmatic stream serialization (ops.PDL) may start before the
+// previous kernel on the stream has finished: it must call pdl_wait() before it reads what that
+// kernel wrote or writes what it reads; pdl_wait() returns once the previous grid has completed
+// and its memory is visible. pdl_launch_dependents() lets the next such kernel start early (its
+// blocks can begin their independent prologue, e.g. weight prefetch). Both are no-ops for
+// ordinary launches and before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }

@@ -23,9 +23,15 @@
 // Grid: ceil(O / 16) blocks of 16 output rows (for SwiGLU, gate rows j and up rows O + j in one
 // block); block: WARPS * 32 threads; dynamic shared memory: ring_bytes() below.
 //
+// Programmatic dependent launch (PDL = 1, launched with ops.PDL): the weight does not depend on
+// the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
+// then waits for the previous grid (pdl_wait), then issues those steps' x copies; the prologue
+// is one commit group (padded with empty groups, so the steady state's counting is unchanged),
+// so step 0 waits for the whole prologue, issued at once. Every output write follows pdl_wait.
+//
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
-// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES.
+// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -48,6 +54,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 8
+#endif
+#ifndef PDL
+#define PDL 0
 #endif
 typedef OUT_DTYPE out_t;
 
@@ -128,7 +137,8 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
     // as one commit group. Every call commits a group, so "group i done" is a fixed count.
-    auto issue = [&](int i) {
+    // issue_w / issue_x: the weight / x half of step i (PDL's prologue splits them).
+    auto issue_w = [&](int i) {
         const int k = (warp + i * WARPS) * STEP_K;
         const bool valid = i < my_steps && k + t * LANE_K < K;  // K is a multiple of LANE_K
         const int kk = valid ? k : 0;
@@ -138,9 +148,19 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
             copy_w(stage + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
             copy_w(stage + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
         }
+    };
+    auto issue_x = [&](int i) {
+        const int k = (warp + i * WARPS) * STEP_K;
+        const bool valid = i < my_steps && k + t * LANE_K < K;
+        const int kk = valid ? k : 0;
+        const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
         for (int v = 0; v < XVECS; ++v)
             cp_async_ca16(stage + (2 * MATS + v) * 32 * 16, xrow + kk + 8 * v, valid ? 16 : 0);
+    };
+    auto issue = [&](int i) {
+        issue_w(i);
+        issue_x(i);
         cp_async_commit();
     };
 
@@ -148,8 +168,20 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
 #pragma unroll
     for (int m = 0; m < MATS; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
 
+#if PDL
+    pdl_launch_dependents();
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue_w(i);
+    pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue_x(i);
+    cp_async_commit();
+#pragma unroll
+    for (int i = 1; i < STAGES - 1; ++i) cp_async_commit();  // empty: STAGES - 1 groups in all
+#else
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
+#endif
     for (int i = 0; i < my_steps; ++i) {
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
         cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)

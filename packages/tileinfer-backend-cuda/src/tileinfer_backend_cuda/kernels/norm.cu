@@ -99,10 +99,12 @@ extern "C" __global__ void rmsnorm_warp(T* out, const T* x, const W_T* __restric
 // add_rmsnorm: residual += delta (rounded to T), then out = rmsnorm(residual) * weight.
 extern "C" __global__ void add_rmsnorm_block(T* residual, T* out, const T* delta,
                                              const W_T* __restrict__ weight, int dim, float eps) {
+    pdl_launch_dependents();  // the next GEMV may start prefetching its weight (see common.cuh)
     norm_block<true>(out, residual, delta, weight, dim, eps);
 }
 extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
                                             const W_T* __restrict__ weight, i64 rows, int dim,
                                             float eps) {
+    pdl_launch_dependents();
     norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
 }
