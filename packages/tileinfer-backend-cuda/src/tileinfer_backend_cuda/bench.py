@@ -9,6 +9,8 @@ default configurations only). Sections:
   INT8, for the default configuration (``ops.GEMV_TABLE`` or the heuristic) and a sweep of
   (warps, stages, L2 prefetch hint), against cuBLAS (torch.matmul) on the same weights; the GEMV
   time per decode token of each model; the winners as ``ops.GEMV_TABLE`` entries;
+- ``layers``: a layer's decode chain without attention (norms and the four GEMVs, as the model
+  launches them), plain and with programmatic dependent launch (``ops.PDL``);
 - ``attention``: decode attention (batch 1) at the llama3-8b and llama3.2-1b head shapes, bf16
   and INT8 pages, 272 to 32768 keys, with a sweep of ``ops.ATTN_CONFIG`` (split target, K/V
   ring depth) from 8192 keys up;
@@ -321,6 +323,47 @@ def bench_gemm() -> list[dict]:
     return results
 
 
+def bench_layers(model: str, int8: bool) -> dict:
+    """The decode chain of a layer without attention, as the model launches it: add_rmsnorm ->
+    qkv GEMV -> o GEMV -> add_rmsnorm -> gate_up GEMV + SwiGLU -> down GEMV, over the model's
+    layers (weights rotate out of L2), with and without programmatic dependent launch (ops.PDL).
+    Compare with the sum of the separately timed GEMVs to see what the kernel boundaries cost."""
+    shapes = MODELS[model]
+    hidden = shapes["o"][0]
+    inter = shapes["down"][1]
+    layer_bytes = sum(r * c for name, (r, c) in shapes.items() if name != "lm_head") * (1 if int8 else 2)
+    layers = [{name: _weights(r, c, int8, 1)[0] for name, (r, c) in shapes.items() if name != "lm_head"}
+              for _ in range(max(2, math.ceil(4 * L2_BYTES / layer_bytes)))]
+    norm_w = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
+    bf = dict(dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn(1, hidden, **bf)
+    normed, delta = torch.randn(1, hidden, **bf), torch.randn(1, hidden, **bf) * 0.01
+    qkv = torch.empty(1, shapes["qkv"][0], **bf)
+    act, gate_up = torch.empty(1, inter, **bf), torch.empty(1, 2 * inter, **bf)
+
+    def layer(i):
+        w = layers[i % len(layers)]
+        ops.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
+        ops.linear(qkv, normed, *w["qkv"])
+        ops.linear(delta, qkv[:, :hidden], *w["o"])  # stands in for the attention output
+        ops.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
+        ops.linear_swiglu(act, normed, *w["gate_up"], gate_up)
+        ops.linear(delta, act, *w["down"])
+
+    row = {"model": model, "int8": int8, "layer_weight_bytes": layer_bytes}
+    saved = ops.PDL
+    try:
+        for pdl in (False, True):
+            ops.PDL = pdl
+            t = time_graph(layer, reps=LAYERS[model], replays=5)
+            row["pdl" if pdl else "plain"] = {"seconds_per_layer": t, "tb_per_s": layer_bytes / t / 1e12}
+    finally:
+        ops.PDL = saved
+    del layers
+    torch.cuda.empty_cache()
+    return row
+
+
 def _precompile_all(sweep: bool):
     """Every kernel variant the run will launch, compiled in parallel up front."""
     jobs = []
@@ -341,7 +384,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--no-sweep", action="store_true", help="default configurations only")
-    parser.add_argument("--sections", default="copy,gemv,attention,sampling,gemm")
+    parser.add_argument("--sections", default="copy,gemv,layers,attention,sampling,gemm")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
     sweep = not args.no_sweep
@@ -362,6 +405,8 @@ def main(argv=None):
              "best_seconds": per_token(report["gemv"], m, q, "best")}
             for m in MODELS for q in (False, True)]
         report["gemv_table"] = gemv_table(report["gemv"])
+    if "layers" in sections:
+        report["layers"] = [bench_layers(m, q) for m in MODELS for q in (False, True)]
     if "attention" in sections:
         report["attention"] = bench_attention(sweep)
     if "sampling" in sections:
@@ -405,6 +450,11 @@ def print_table(report: dict):
         for key, cfg in report["gemv_table"].items():
             print(f"      {key}: {cfg},")
         print("  }")
+    for row in report.get("layers", []):
+        plain, pdl = row["plain"], row["pdl"]
+        print(f"layer chain {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: "
+              f"{plain['seconds_per_layer'] * 1e6:6.1f} us/layer ({plain['tb_per_s'] / copy_bw:4.0%}), "
+              f"with PDL {pdl['seconds_per_layer'] * 1e6:6.1f} us ({pdl['tb_per_s'] / copy_bw:4.0%})")
     if report.get("attention"):
         print("attention (decode, batch 1)  default          best             best config")
     by_key = {}
