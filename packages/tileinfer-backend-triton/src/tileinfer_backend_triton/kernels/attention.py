@@ -22,6 +22,19 @@ gives ~2 programs per SM. Each split writes its unnormalized output, running max
 workspace; ``_combine_kernel`` rescales and sums them. The workspace comes from the
 ``attention_workspace`` hook, allocated once.
 
+Row invariance (steps of up to ROW_INVARIANT_MAX_Q = 8 query rows per sequence: decode, and the
+verify steps of speculative decoding). Greedy speculative decoding emits exactly plain greedy's
+tokens only if a verify step computes each row bit for bit as a 1-row decode step of that row
+would. So these steps use one query row per program (BLOCK_Q = 1: the tile holds the row's GQA
+group, exactly the decode tile), and each program derives its split partition on the device
+from its own row's visible length (``pos + 1`` when causal): the number of splits is
+``min(split_target, cdiv(visible, MIN_CHUNK))`` with a split target that depends only on the
+batch and the heads, never on the step's rows or on the longest context. Splits past a row's
+own count write empty partials (max -inf, sum 0), which the combine adds as exact zeros; the
+combine kernel is compiled for the workspace's capacity of splits, not for the step's, so its
+reduction tree is the same for every step. Longer steps (prefill) keep the tiles of several
+query rows.
+
 INT8 pages: keys/values are int8 with one float32 scale per cached vector; keys may carry
 per-channel smoothing ``key = smooth * scale * k8``. Smoothing is folded into the query
 (``q . (smooth * k) = (q * smooth) . k``); the smoothed query is split into a bf16 high and low
@@ -41,6 +54,8 @@ from .common import INTERPRET_MODE, cast_to, cdiv, int8_to, mma, next_pow2, sm_c
 LOG2E = 1.4426950408889634
 # Split-KV is considered for steps of up to this many query rows per sequence (decode, verify).
 SPLIT_MAX_Q = 16
+# Up to this many query rows per sequence: one row per program, per-row splits (see above).
+ROW_INVARIANT_MAX_Q = 8
 # Workspace capacity: query rows (tokens) and splits per head; splits hold >= MIN_CHUNK positions.
 SPLIT_MAX_TOKENS = 64
 MAX_SPLITS = 64
@@ -57,10 +72,12 @@ def _attention_kernel(
     s_wt, s_wh, s_ws,
     CHUNK,
     PAGE: tl.constexpr, CAUSAL: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr,
-    SPLIT: tl.constexpr, F32: tl.constexpr,
+    SPLIT: tl.constexpr, F32: tl.constexpr, ROW_SPLITS: tl.constexpr, MIN_CHUNK_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Grid: (batch * kv_heads, cdiv(max_query_len, BLOCK_Q), splits)."""
+    """Grid: (batch * kv_heads, cdiv(max_query_len, BLOCK_Q), splits). CHUNK: positions per
+    split; with ROW_SPLITS (BLOCK_Q = 1) the split target instead, each row's chunk being
+    derived from its own visible length."""
     pid_bg = tl.program_id(0)
     qb = tl.program_id(1)
     split = tl.program_id(2)
@@ -97,8 +114,13 @@ def _attention_kernel(
         kv_end = tl.minimum(ctx, ctx - q_len + tl.minimum(q_len, (qb + 1) * BLOCK_Q))
     else:
         kv_end = ctx
-    lo = split * CHUNK
-    hi = tl.minimum(kv_end, lo + CHUNK)
+    if ROW_SPLITS:  # this row's own partition: a function of its visible length only
+        n_split = tl.maximum(tl.minimum(CHUNK, tl.cdiv(kv_end, MIN_CHUNK_C)), 1)
+        chunk = tl.cdiv(tl.cdiv(kv_end, n_split), BLOCK_N) * BLOCK_N
+    else:
+        chunk = CHUNK
+    lo = split * chunk
+    hi = tl.minimum(kv_end, lo + chunk)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -154,7 +176,9 @@ def _attention_kernel(
 @triton.jit
 def _combine_kernel(out_ptr, ws_ptr, NUM_SPLITS, D, s_ot, s_oh, s_wt, s_wh, s_ws,
                     SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid: (tokens, heads). out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    """Grid: (tokens, heads). out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+    SPLITS_PAD is the workspace's capacity (not the step's split count), so the reduction tree
+    over the splits is the same in every step; missing and empty splits add exact zeros."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     s = tl.arange(0, SPLITS_PAD)
@@ -226,24 +250,32 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1:
         raise ValueError("attention: q, out and the caches need a contiguous head_dim")
 
-    block_m, block_n, warps, stages = tiles or _tiles(max_q, group, hd, int8)
-    block_q = block_m // group
+    # Decode / verify steps: the 1-row tiles, one query row per program (row invariance).
+    row_mode = max_q <= ROW_INVARIANT_MAX_Q
+    block_m, block_n, warps, stages = tiles or _tiles(1 if row_mode else max_q, group, hd, int8)
+    block_q = 1 if row_mode else block_m // group
     q_blocks = cdiv(max_q, block_q)
 
     # Split-KV when the step is small (decode, verify) and the workspace can hold it.
     num_splits = 1
-    if (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0] and heads <= ws.shape[1]
-            and ws.shape[3] == hd + 2):
-        base = batch * kv_heads * q_blocks
-        num_splits = max(1, min(ws.shape[2], cdiv(2 * sm_count(q.device), base),
-                                cdiv(max_ctx, MIN_CHUNK)))
+    fits = (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0]
+            and heads <= ws.shape[1] and ws.shape[3] == hd + 2)
+    if fits:
+        # ~2 programs per SM from the sequences' heads alone (row mode: never from the rows).
+        base = batch * kv_heads * (1 if row_mode else q_blocks)
+        target = max(1, min(ws.shape[2], cdiv(2 * sm_count(q.device), base)))
         if splits is not None:
-            num_splits = max(1, min(int(splits), ws.shape[2]))
-    if num_splits > 1:
+            target = max(1, min(int(splits), ws.shape[2]))
+        num_splits = min(target, cdiv(max_ctx, MIN_CHUNK))
+    if row_mode:
+        # The grid covers the longest row's splits; each program derives its row's partition
+        # (kernel's ROW_SPLITS) from the target, so CHUNK carries the target.
+        chunk = target if num_splits > 1 else 1
+    elif num_splits > 1:
         chunk = cdiv(cdiv(max_ctx, num_splits), block_n) * block_n
         num_splits = cdiv(max_ctx, chunk)
     if num_splits <= 1:
-        num_splits, chunk = 1, 1 << 30
+        num_splits, chunk = 1, (1 if row_mode else 1 << 30)
     if int8:
         s_sp, s_ss, s_sh = k_scale.stride()
     else:
@@ -260,12 +292,12 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
         block_table.stride(0), s_wt, s_wh, s_ws, chunk,
         PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=split,
-        F32=f32, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
+        F32=f32, ROW_SPLITS=row_mode, MIN_CHUNK_C=MIN_CHUNK, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
         num_warps=warps, num_stages=stages,
     )
     if split:
         _combine_kernel[(n, heads)](
             out, ws, num_splits, hd, out.stride(0), out.stride(1), s_wt, s_wh, s_ws,
-            SPLITS_PAD=next_pow2(num_splits), BLOCK_D=next_pow2(hd), num_warps=4,
+            SPLITS_PAD=next_pow2(ws.shape[2]), BLOCK_D=next_pow2(hd), num_warps=4,
         )
 

@@ -3,14 +3,21 @@
 Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
 and the fused SwiGLU / xIELU activations):
 
-* ``_gemv_kernel``, decode (1..16 tokens). Batch-1 decode reads every weight once per token, so
+* ``_gemv_kernel``, decode and verify steps (1..16 tokens). Batch-1 decode reads every weight
+  once per token, so
   this kernel is designed from the memory bound: each program streams a [BLOCK_N, BLOCK_K] tile of
   weight rows per iteration with 16-byte vector loads (K is the contiguous axis; rows past N are
   clamped rather than masked so the loads stay unpredicated), and there are enough programs to
-  keep every SM's memory pipeline full. One token (M = 1) accumulates ``w * x`` elementwise in a
+  keep every SM's memory pipeline full. A token row accumulates ``w * x`` elementwise in a
   [BLOCK_N, BLOCK_K] float32 register tile and reduces once at the end (no per-iteration
-  shuffles); 2..16 tokens use ``tl.dot`` with the tokens padded to 16 rows (the tensor cores are
-  idle otherwise; the weight read is what costs). Where the output is narrow (e.g. 4096 rows on
+  shuffles). Up to ROW_INVARIANT_MAX_M = 8 tokens (decode, and the verify steps of speculative
+  decoding) every row gets its own programs running exactly this code: grid axis 0 is the row,
+  so a row's K order, split-K partition and fixup order do not depend on how many rows the step
+  has, and a verify step reproduces a 1-token step's logits bit for bit (greedy speculative
+  decoding then emits exactly plain greedy's tokens). The programs of the rows of one weight tile
+  are adjacent in launch order, so the rows share the tile's DRAM read through L2. 9..16 tokens
+  use ``tl.dot`` with the tokens padded to 16 rows (the tensor cores are idle otherwise; the
+  weight read is what costs). Where the output is narrow (e.g. 4096 rows on
   132 SMs) the reduction axis is split (split-K) so more programs stream the weight at once; the
   partial sums are combined by the last program to arrive at each output tile (an arrival
   counter, as in CUTLASS's serial split-K / Stream-K fixup): it sums the partials in a fixed
@@ -40,6 +47,8 @@ from .common import INTERPRET_MODE, cast_to, cdiv, int8_to, mma, sm_count
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
+# Up to this many tokens every row runs the 1-token GEMV code (row-invariant results, see above).
+ROW_INVARIANT_MAX_M = 8
 
 
 @triton.jit
@@ -92,20 +101,23 @@ def _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT: tl.constexpr, EVEN_K: tl.con
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, lock_ptr,
-    M, N_OUT, K, s_xm, s_wn, s_om, K_SPLIT,
+    M, N_OUT, K, s_xm, s_wn, s_om, K_SPLIT, P_ROWS,
     alpha_p, alpha_n, beta, eps,
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """Grid: (cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or 2 * N_OUT, K).
-    BLOCK_M = 1: one token on the CUDA cores; BLOCK_M = 16: up to 16 tokens on the tensor cores
-    (weights staged through shared memory by cp.async, software-pipelined num_stages deep)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
+    2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
+    program_id(0)); BLOCK_M = 16: up to 16 tokens on the tensor cores (weights staged through
+    shared memory by cp.async, software-pipelined num_stages deep). P_ROWS: rows of the split-K
+    partial buffer (M or 16)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     x_ty: tl.constexpr = x_ptr.dtype.element_ty
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     rn_safe = tl.minimum(rn, N_OUT - 1)  # clamped rows: unmasked loads, results dropped at store
     rm_safe = tl.minimum(rm, M - 1)
@@ -116,7 +128,7 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     if BLOCK_M == 1:
-        # One token: elementwise FMAs into a 2-D register tile, one reduction at the end. Triton
+        # One token row: elementwise FMAs into a 2-D register tile, one reduction at the end. Triton
         # does not software-pipeline these plain loads, so UNROLL = 2 issues the loads of two K
         # tiles before the first FMA (more bytes in flight per program, same accumulator).
         part_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -135,7 +147,7 @@ def _gemv_kernel(
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
     else:
-        # 2..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
+        # 9..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
         acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -162,27 +174,29 @@ def _gemv_kernel(
         _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
                         alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
     else:
-        # Split-K fixup: partials [SPLIT_K, BLOCK_M, NP] (NP = N_OUT, or 2 * N_OUT for SwiGLU).
+        # Split-K fixup: partials [SPLIT_K, P_ROWS, NP] (NP = N_OUT, or 2 * N_OUT for SwiGLU);
+        # one arrival counter per (row program, tile).
         NP = N_OUT * (2 if ACT == 1 else 1)
         n_ok = (rn < N_OUT)[None, :]
-        p_off = (pid_k * BLOCK_M + rm)[:, None] * NP + rn[None, :]
+        lock = lock_ptr + pid_m * tl.num_programs(1) + pid_n
+        p_off = (pid_k * P_ROWS + rm)[:, None] * NP + rn[None, :]
         tl.store(part_ptr + p_off, acc_a, mask=n_ok)
         if ACT == 1:
             tl.store(part_ptr + p_off + N_OUT, acc_b, mask=n_ok)
         tl.debug_barrier()  # every thread's partial is written before the release below
-        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:  # the last program of this tile: sum in split order
             acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
-                s_off = (s * BLOCK_M + rm)[:, None] * NP + rn[None, :]
+                s_off = (s * P_ROWS + rm)[:, None] * NP + rn[None, :]
                 acc_a += tl.load(part_ptr + s_off, mask=n_ok, other=0.0, cache_modifier=".cg")
                 if ACT == 1:
                     acc_b += tl.load(part_ptr + s_off + N_OUT, mask=n_ok, other=0.0,
                                      cache_modifier=".cg")
             _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
                             alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)  # re-arm for the next launch / graph replay
+            tl.atomic_xchg(lock, 0)  # re-arm for the next launch / graph replay
 
 
 @triton.jit
@@ -249,8 +263,8 @@ class GemvConfig:
     split_k: int = 0  # 0: chosen from the shape (see _split_k)
     num_warps: int = 4
     num_stages: int = 3
-    unroll: int = 1  # one token: K tiles loaded per iteration (1 or 2)
-    dot: bool = False  # one token through the tensor-core path (rows padded to 16)
+    unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
+    dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
 
 
 @dataclass(frozen=True)
@@ -266,14 +280,15 @@ class GemmConfig:
 def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
     """Default GEMV tiles (starting points for the H200; benchmarks/ops.py sweeps alternatives).
 
-    One token: ~8K weight elements per program per K tile (an fp32 accumulator of 64-80
+    The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows must
+    run exactly the 1-token code). One token row: ~8K weight elements per program per K tile (an fp32 accumulator of 64-80
     registers a thread, no spills on sm_90; 16-byte loads), two tiles in flight (UNROLL = 2).
-    SwiGLU programs hold a gate and an up row block, so they take 8 warps. 2..16 tokens:
+    SwiGLU programs hold a gate and an up row block, so they take 8 warps. 9..16 tokens:
     tensor-core tiles [16 x 32 x 128] (bf16) / [16 x 32 x 256] (int8), 4 cp.async stages."""
     if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
         return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
                           unroll=2 if k >= 512 else 1)
-    if m == 1:
+    if m <= ROW_INVARIANT_MAX_M:
         if f32:
             return GemvConfig(block_n=16, block_k=128, num_warps=4)
         if int8:
@@ -359,22 +374,28 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
         cfg = config or gemv_config(m, k, int8, act, f32)
-        block_m = 1 if (m == 1 and not cfg.dot) else 16
+        # Row programs (CUDA cores) up to ROW_INVARIANT_MAX_M tokens, else 16-row dot tiles.
+        block_m = 1 if (m <= ROW_INVARIANT_MAX_M and not cfg.dot) else 16
         unroll = cfg.unroll if block_m == 1 else 1
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
+        # The split depends on the tiles of one row only, never on m (row invariance).
         split = cfg.split_k or _split_k(tiles, k, step, sm_count(x.device))
         k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
+        row_programs = m if block_m == 1 else 1
+        p_rows = m if block_m == 1 else 16
         part, locks = x, x  # dummies when not split
         if split > 1:
             part, locks = SCRATCH.get(x.device)
-            n_part = split * block_m * n_out * (2 if act == ACT_SWIGLU else 1)
-            if n_part > part.numel() or tiles > locks.numel():
+            # Capacity checked for the largest step of this path (16 rows), so that whether a
+            # shape splits never depends on m.
+            n_part = split * 16 * n_out * (2 if act == ACT_SWIGLU else 1)
+            if n_part > part.numel() or 16 * tiles > locks.numel():
                 split, k_split, part, locks = 1, k, x, x
-        _gemv_kernel[(tiles, split)](
+        _gemv_kernel[(row_programs, tiles, split)](
             x, weight, scale, out, part, locks,
-            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k_split,
+            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k_split, p_rows,
             alpha_p, alpha_n, beta, eps,
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
             EVEN_K=(k % step == 0) and (k_split % step == 0), UNROLL=unroll,
