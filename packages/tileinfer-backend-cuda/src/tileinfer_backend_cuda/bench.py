@@ -384,8 +384,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--no-sweep", action="store_true", help="default configurations only")
-    parser.add_argument("--sections", default="copy,gemv,layers,attention,sampling,gemm")
+    parser.add_argument("--sections", default="copy,gemv,attention,layers,sampling,gemm")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a saved run and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print_table(json.load(f))
+        return 0
     sections = args.sections.split(",")
     sweep = not args.no_sweep
     t0 = time.time()
@@ -393,6 +398,13 @@ def main(argv=None):
               "torch": torch.__version__}
     _precompile_all(sweep)
     report["compile_seconds"] = time.time() - t0
+
+    def save():  # after every section, so that a run cut short still leaves its results
+        report["wall_seconds"] = time.time() - t0
+        if args.out:  # everything, every configuration of the sweeps included
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+
     if "copy" in sections:
         report["copy"] = bench_copy()
     if "gemv" in sections:
@@ -400,24 +412,25 @@ def main(argv=None):
         for model in MODELS:
             for int8 in (False, True):
                 report["gemv"] += bench_gemv(model, int8, sweep)
+                save()
         report["gemv_per_token"] = [
             {"model": m, "int8": q, "default_seconds": per_token(report["gemv"], m, q, "default"),
              "best_seconds": per_token(report["gemv"], m, q, "best")}
             for m in MODELS for q in (False, True)]
         report["gemv_table"] = gemv_table(report["gemv"])
-    if "layers" in sections:
-        report["layers"] = [bench_layers(m, q) for m in MODELS for q in (False, True)]
+        save()
     if "attention" in sections:
         report["attention"] = bench_attention(sweep)
+        save()
+    if "layers" in sections:
+        report["layers"] = [bench_layers(m, q) for m in MODELS for q in (False, True)]
+        save()
     if "sampling" in sections:
         report["sampling"] = bench_sampling()
     if "gemm" in sections:
         report["gemm"] = bench_gemm()
     report["fallbacks"] = dict(ops.fallback_counts)
-    report["wall_seconds"] = time.time() - t0
-    if args.out:  # everything, every configuration of the sweeps included
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    save()
     # stdout: the JSON without the sweeps' per-configuration rows, then the table
     summary = {k: ([{f: v for f, v in row.items() if f != "configs"} for row in val]
                    if k in ("gemv", "attention") else val) for k, val in report.items()}
