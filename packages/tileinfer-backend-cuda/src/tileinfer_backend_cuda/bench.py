@@ -355,7 +355,11 @@ def bench_layers(model: str, int8: bool) -> dict:
     try:
         for pdl in (False, True):
             ops.PDL = pdl
-            t = time_graph(layer, reps=LAYERS[model], replays=5)
+            try:
+                t = time_graph(layer, reps=LAYERS[model], replays=5)
+            except Exception as exc:  # e.g. a driver without PDL in graphs: report, go on
+                row["pdl" if pdl else "plain"] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
             row["pdl" if pdl else "plain"] = {"seconds_per_layer": t, "tb_per_s": layer_bytes / t / 1e12}
     finally:
         ops.PDL = saved
@@ -465,6 +469,9 @@ def print_table(report: dict):
         print("  }")
     for row in report.get("layers", []):
         plain, pdl = row["plain"], row["pdl"]
+        if "error" in plain or "error" in pdl:
+            print(f"layer chain {row['model']} {'int8' if row['int8'] else 'bf16'}: {plain} {pdl}")
+            continue
         print(f"layer chain {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: "
               f"{plain['seconds_per_layer'] * 1e6:6.1f} us/layer ({plain['tb_per_s'] / copy_bw:4.0%}), "
               f"with PDL {pdl['seconds_per_layer'] * 1e6:6.1f} us ({pdl['tb_per_s'] / copy_bw:4.0%})")
