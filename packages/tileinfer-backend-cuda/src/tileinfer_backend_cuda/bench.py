@@ -376,6 +376,15 @@ def _precompile_all(sweep: bool):
             epilogue, out_name = _shape_kind(name)
             for cfg in gemv_configs() if sweep else []:
                 jobs.append(("gemv.cu", _gemv_defines(cfg, int8, epilogue, out_name)))
+    device = torch.cuda.current_device()
+    for shapes in MODELS.values():  # the default configurations, plain and with PDL
+        for name, (rows, cols) in shapes.items():
+            epilogue, out_name = _shape_kind(name)
+            for int8 in (False, True):
+                cfg = ops.gemv_config(rows // 2 if epilogue == "swiglu" else rows, cols, int8,
+                                      epilogue, device)
+                d = _gemv_defines(cfg, int8, epilogue, out_name)
+                jobs += [("gemv.cu", d), ("gemv.cu", {**d, "PDL": 1})]
     for head_dim in (64, 128):
         for int8 in (0, 1):
             for stages in (2, 3):
