@@ -425,7 +425,7 @@ def test_model_path_takes_no_fallback(cuda, cuda_ops):
 
 GEMV_SWEEP_SAMPLE = [None, {"warps": 2, "stages": 3, "l2_256b": False},
                      {"warps": 4, "stages": 2, "l2_256b": False},
-                     {"warps": 16, "stages": 8, "l2_256b": True}]
+                     {"warps": 16, "stages": 4, "l2_256b": True}]
 
 
 @pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else

@@ -50,11 +50,11 @@ if [[ $what == tests || $what == all ]]; then
   gpu=(tests/test_cuda_backend_gpu.py -m gpu)
   run_group gpu-kernels 80 "${gpu[@]}" -k "gemv or swiglu or gemm or pdl or attention"
   run_group gpu-graph-sampling 60 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention"
-  run_group speculative 60 tests/test_speculative.py -m gpu -k "cuda and greedy"
+  run_group speculative 45 tests/test_speculative.py -m gpu -k "cuda and greedy"
 fi
 
 if [[ $what == bench || $what == all ]]; then
-  timeout 170 python3 -m tileinfer_backend_cuda.bench --out "$out/bench.json" >"$out/bench.txt" 2>&1
+  timeout 150 python3 -m tileinfer_backend_cuda.bench --out "$out/bench.json" >"$out/bench.txt" 2>&1
   rc=$?
   if [[ $rc != 0 && -f $out/bench.json ]]; then  # cut short: the table of what was saved
     python3 -m tileinfer_backend_cuda.bench --table "$out/bench.json" >>"$out/bench.txt" 2>&1
