@@ -3,7 +3,7 @@
 # transformers, pytest and the rest, with our packages installed from wheels in .whl/ (built on a
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
-#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: tests conformance ops bench spec (default: all)
+#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: conformance tests ops bench int8 spec
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -38,6 +38,14 @@ for step in $steps; do
           timeout 300 python3 -m tileinfer_cli bench --shape $shape --backend $b \
             ${BENCH_FLAGS:-} --json "$out/bench.json" 2>&1 | grep -v '^{' >> "$out/bench.log"
         done
+      done
+      cat "$out/bench.log" ;;
+    int8)  # INT8 weights, and INT8 KV, on the llama3-8b shape
+      for b in ${BENCH_BACKENDS:-triton cuda}; do
+        timeout 200 python3 -m tileinfer_cli bench --shape llama3-8b --backend $b --int8 \
+          --json "$out/bench.json" 2>&1 | grep -v '^{' >> "$out/bench.log"
+        timeout 200 python3 -m tileinfer_cli bench --shape llama3-8b --backend $b --int8 \
+          --kv-cache int8 --json "$out/bench.json" 2>&1 | grep -v '^{' >> "$out/bench.log"
       done
       cat "$out/bench.log" ;;
     spec)
