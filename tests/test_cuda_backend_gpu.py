@@ -242,7 +242,10 @@ class TinyLayer:
 
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-def test_graph_replay_equals_eager(cuda, n, int8):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_graph_replay_equals_eager(cuda, cuda_ops, n, int8, pdl):
+    """The graph (captured with programmatic dependent launch when pdl) replays the eager,
+    plain launches' results exactly."""
     layer = TinyLayer(n, int8=int8, kv_int8=int8)
     ws = cuda.attention_workspace(n, layer.heads, layer.head_dim, layer.max_ctx, DEV)
     g = torch.Generator().manual_seed(1)
@@ -270,14 +273,19 @@ def test_graph_replay_equals_eager(cuda, n, int8):
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    saved_pdl = cuda_ops.PDL
+    cuda_ops.PDL = pdl
+    try:
+        with torch.cuda.stream(stream):
+            layer.set_inputs(*inputs[0])
+            layer.step(cuda, ws)  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        restore()
         layer.set_inputs(*inputs[0])
-        layer.step(cuda, ws)  # warm-up on the capture stream
-    torch.cuda.current_stream().wait_stream(stream)
-    restore()
-    layer.set_inputs(*inputs[0])
-    with torch.cuda.graph(graph):
-        layer.step(cuda, ws)
+        with torch.cuda.graph(graph):
+            layer.step(cuda, ws)
+    finally:
+        cuda_ops.PDL = saved_pdl
     restore()
     for (x, start), want in zip(inputs, expected):
         layer.set_inputs(x, start)

@@ -48,8 +48,8 @@ PY
 if [[ $what == tests || $what == all ]]; then
   run_group conformance 60 --pyargs tileinfer.testing.conformance --tileinfer-backend cuda
   gpu=(tests/test_cuda_backend_gpu.py -m gpu)
-  run_group gpu-kernels 80 "${gpu[@]}" -k "gemv or swiglu or gemm or pdl or attention"
-  run_group gpu-graph-sampling 60 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention"
+  run_group gpu-kernels 80 "${gpu[@]}" -k "gemv or swiglu or gemm or pdl or attention or graph_replay"
+  run_group gpu-graph-sampling 60 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention and not graph_replay"
   run_group speculative 45 tests/test_speculative.py -m gpu -k "cuda and greedy"
 fi
 

@@ -46,11 +46,17 @@ fallback_counts: Counter = Counter()
 # GEMV variant (see gemv_config).
 gemv_overrides: dict = {}
 
-# Programmatic dependent launch of the decode GEMV (TILEINFER_CUDA_PDL=1; off by default until
-# measured): the GEMV is launched with programmatic stream serialization and starts streaming its
-# weight while the previous kernel (RMSNorm, attention, the previous GEMV) finishes; it waits
-# for that kernel (griddepcontrol.wait) before it reads x. See gemv.cu and common.cuh.
+# Programmatic dependent launch on the decode path (TILEINFER_CUDA_PDL=1; off by default until
+# measured): the GEMV, the norms, attention_inputs / store_kv and attention are launched with
+# programmatic stream serialization, so each one's launch overlaps the previous kernel's end. The
+# GEMV streams the first steps of its weight before it waits (griddepcontrol.wait) for the
+# previous kernel; the others wait at their start. See gemv.cu and common.cuh.
 PDL = os.environ.get("TILEINFER_CUDA_PDL", "0") == "1"
+
+
+def _pdl(device: int) -> bool:
+    """Launch with PDL: ops.PDL is set and the GPU has griddepcontrol (sm_90 and newer)."""
+    return PDL and int(compiler.device_arch(device)[3:].rstrip("af")) >= 90
 
 
 def _fallback(op: str, why: str):
@@ -172,13 +178,13 @@ def _norm_launch(op, out, x, delta, weight, eps):
         name, sig = f"{op}_warp", "pppqif" if op == "rmsnorm" else "ppppqif"
         k = _kernel("norm.cu", name, sig, device, defines)
         args = (out, x, weight, rows, dim, eps) if op == "rmsnorm" else (x, out, delta, weight, rows, dim, eps)
-        k.launch((_cdiv(rows, 8),), (256,), args)
+        k.launch((_cdiv(rows, 8),), (256,), args, pdl=_pdl(device))
     else:  # a block per row
         name, sig = f"{op}_block", "pppif" if op == "rmsnorm" else "ppppif"
         k = _kernel("norm.cu", name, sig, device, defines)
         threads = min(512, _cdiv(_cdiv(dim, vec), 32) * 32)
         args = (out, x, weight, dim, eps) if op == "rmsnorm" else (x, out, delta, weight, dim, eps)
-        k.launch((rows,), (threads,), args)
+        k.launch((rows,), (threads,), args, pdl=_pdl(device))
 
 
 def rmsnorm(out, x, weight, eps):
@@ -278,7 +284,7 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
     }
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
-    pdl = PDL and int(compiler.device_arch(device)[3:].rstrip("af")) >= 90  # sm_90 and newer
+    pdl = _pdl(device)
     if pdl:
         defines["PDL"] = 1
     k = _kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
@@ -393,7 +399,7 @@ def store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
     warps = n * 2 * kv_heads
     kern.launch((_cdiv(warps, 4),), (128,),
                 (k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots, n, kv_heads,
-                 k_cache.shape[1], k.stride(0), k.stride(1)))
+                 k_cache.shape[1], k.stride(0), k.stride(1)), pdl=_pdl(_dev(k)))
 
 
 def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
@@ -422,7 +428,8 @@ def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q
     warps = n * (heads + 2 * kv_heads)
     kern.launch((_cdiv(warps, 4),), (128,),
                 (q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm, cos,
-                 sin, positions, slots, n, heads, kv_heads, k_cache.shape[1], eps))
+                 sin, positions, slots, n, heads, kv_heads, k_cache.shape[1], eps),
+                pdl=_pdl(_dev(qkv)))
 
 
 # --- attention -----------------------------------------------------------------------------------
@@ -505,7 +512,8 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
                 (out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
                  block_table, heads, kv_heads, k_cache.shape[1], block_table.shape[1],
                  float(scale) * math.log2(math.e), int(bool(causal)), num_splits,
-                 ws if num_splits > 1 else None, ws.shape[2] if num_splits > 1 else 0), smem)
+                 ws if num_splits > 1 else None, ws.shape[2] if num_splits > 1 else 0), smem,
+                pdl=_pdl(device))
 
 
 # --- sampling ------------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     __shared__ int is_last_block;
 
     pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
+    pdl_wait();               // with PDL (common.cuh): the previous kernel is done from here on
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x % num_splits, row_tile = blockIdx.x / num_splits;

@@ -123,6 +123,8 @@ store_kv(cache_elem_t* __restrict__ k_cache, cache_elem_t* __restrict__ v_cache,
          const float* __restrict__ k_smooth, const T* __restrict__ k, const T* __restrict__ v,
          const i64* __restrict__ slots, int n, int kv_heads, int page_size, i64 tok_stride,
          i64 head_stride) {
+    pdl_launch_dependents();  // PDL (common.cuh): the next kernel may start its launch now
+    pdl_wait();               // ... and this one touches nothing before the previous one is done
     const i64 w = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (w >= (i64)n * 2 * kv_heads) return;
@@ -153,6 +155,8 @@ attention_inputs(Q_OUT_T* __restrict__ q_out, cache_elem_t* __restrict__ k_cache
                  const i64* __restrict__ slots, int n, int heads, int kv_heads, int page_size,
                  float eps) {
     __shared__ float rotate[WARPS_PER_BLOCK][HEAD_DIM];
+    pdl_launch_dependents();
+    pdl_wait();
     const int slots_per_token = heads + 2 * kv_heads;
     const i64 w = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -89,10 +89,14 @@ __device__ __forceinline__ void norm_warp(T* out, T* x, const T* delta, const W_
 // rmsnorm: out (rows, dim) = rmsnorm(x) * weight. out may be x.
 extern "C" __global__ void rmsnorm_block(T* out, const T* x, const W_T* __restrict__ weight,
                                          int dim, float eps) {
+    pdl_launch_dependents();  // PDL (common.cuh): the next kernel may start its launch now
+    pdl_wait();               // ... and this one reads nothing before the previous one is done
     norm_block<false>(out, const_cast<T*>(x), nullptr, weight, dim, eps);
 }
 extern "C" __global__ void rmsnorm_warp(T* out, const T* x, const W_T* __restrict__ weight,
                                         i64 rows, int dim, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();
     norm_warp<false>(out, const_cast<T*>(x), nullptr, weight, rows, dim, eps);
 }
 
@@ -100,11 +104,13 @@ extern "C" __global__ void rmsnorm_warp(T* out, const T* x, const W_T* __restric
 extern "C" __global__ void add_rmsnorm_block(T* residual, T* out, const T* delta,
                                              const W_T* __restrict__ weight, int dim, float eps) {
     pdl_launch_dependents();  // the next GEMV may start prefetching its weight (see common.cuh)
+    pdl_wait();
     norm_block<true>(out, residual, delta, weight, dim, eps);
 }
 extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
                                             const W_T* __restrict__ weight, i64 rows, int dim,
                                             float eps) {
     pdl_launch_dependents();
+    pdl_wait();
     norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
 }
