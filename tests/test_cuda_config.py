@@ -21,17 +21,22 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(ops, "attention_overrides", {})
 
 
+def _heuristic(*shape):
+    return ops.gemv_heuristic(*shape, 0) | {"l2_256b": False}
+
+
 def test_gemv_table_entry_replaces_the_heuristic(fake_gpu):
-    heuristic = ops.gemv_config(6144, 4096, False, "none", 0)
-    assert heuristic == ops.gemv_heuristic(6144, 4096, False, "none", 0) | {"l2_256b": False}
+    assert ops.gemv_config(6144, 4096, False, "none", 0) == _heuristic(6144, 4096, False, "none")
     ops.GEMV_TABLE[(6144, 4096, False, "none")] = {"warps": 4, "stages": 3}
-    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 4, "stages": 3, "l2_256b": False}
-    # other shapes, and the same shape with INT8 weights or another epilogue, keep the heuristic
-    assert ops.gemv_config(6144, 4096, True, "none", 0) == ops.gemv_heuristic(6144, 4096, True, "none", 0) | {"l2_256b": False}
-    assert ops.gemv_config(4096, 4096, False, "none", 0) == ops.gemv_heuristic(4096, 4096, False, "none", 0) | {"l2_256b": False}
+    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 4, "stages": 3,
+                                                             "l2_256b": False}
+    # other shapes, and the same shape with INT8 weights, keep the heuristic
+    assert ops.gemv_config(6144, 4096, True, "none", 0) == _heuristic(6144, 4096, True, "none")
+    assert ops.gemv_config(4096, 4096, False, "none", 0) == _heuristic(4096, 4096, False, "none")
     # benchmark overrides win over the table
     ops.gemv_overrides.update({"warps": 16, "stages": 2, "l2_256b": True})
-    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 16, "stages": 2, "l2_256b": True}
+    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 16, "stages": 2,
+                                                             "l2_256b": True}
 
 
 def test_gemv_table_entries_do_not_depend_on_the_token_count():
@@ -82,8 +87,9 @@ def test_attention_smem_matches_the_kernel_layout():
     stage; int8: bf16 K and V tiles + per stage raw int8 K and V and 64 + 64 float scales."""
     q = 64 * 128 * 2
     assert ops.attention_smem_bytes(128, False, False, 2) == q + 2 * 2 * 64 * 128 * 2
-    assert ops.attention_smem_bytes(128, True, False, 3) == q + 2 * 64 * 128 * 2 + 3 * (2 * 64 * 128 + 2 * 64 * 4)
-    assert ops.attention_smem_bytes(128, True, True, 2) == 2 * q + 2 * 64 * 128 * 2 + 2 * (2 * 64 * 128 + 2 * 64 * 4)
+    bf16_tiles, raw_stage = 2 * 64 * 128 * 2, 2 * 64 * 128 + 2 * 64 * 4
+    assert ops.attention_smem_bytes(128, True, False, 3) == q + bf16_tiles + 3 * raw_stage
+    assert ops.attention_smem_bytes(128, True, True, 2) == 2 * q + bf16_tiles + 2 * raw_stage
 
 
 def test_attention_config_overrides(fake_gpu):

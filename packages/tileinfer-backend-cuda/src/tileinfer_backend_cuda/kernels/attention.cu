@@ -186,21 +186,24 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
             for (int j = 0; j < LOADS_PER_THREAD; ++j) {
                 const int key = load_key0 + j * (THREADS / LOAD_CHUNKS);
                 const bool valid = slot[j] >= 0;
-                const i64 offset = (valid ? (i64)slot[j] * kv_row_stride : 0) + (i64)kvh * HEAD_DIM +
-                                   load_c * (16 / (int)sizeof(kv_t));
+                const i64 offset = (valid ? (i64)slot[j] * kv_row_stride : 0) +
+                                   (i64)kvh * HEAD_DIM + load_c * (16 / (int)sizeof(kv_t));
 #if KV_INT8
-                cp_async_cg16(smem_addr(&sm.k_raw[stage][key * LOAD_CHUNKS + load_c]), k_cache + offset, valid ? 16 : 0);
-                cp_async_cg16(smem_addr(&sm.v_raw[stage][key * LOAD_CHUNKS + load_c]), v_cache + offset, valid ? 16 : 0);
+                const int cell = key * LOAD_CHUNKS + load_c;
+                cp_async_cg16(smem_addr(&sm.k_raw[stage][cell]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&sm.v_raw[stage][cell]), v_cache + offset, valid ? 16 : 0);
 #else
-                cp_async_cg16(smem_addr(&sm.k[stage][tile_chunk(key, load_c)]), k_cache + offset, valid ? 16 : 0);
-                cp_async_cg16(smem_addr(&sm.v[stage][tile_chunk(key, load_c)]), v_cache + offset, valid ? 16 : 0);
+                const int cell = tile_chunk(key, load_c);
+                cp_async_cg16(smem_addr(&sm.k[stage][cell]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&sm.v[stage][cell]), v_cache + offset, valid ? 16 : 0);
 #endif
             }
 #if KV_INT8
             if (tid < BN) {  // one scale per key for K and for V
                 const int pos = kv0 + tid;
                 const bool valid = pos < kv_stop;
-                const i64 idx = valid ? ((i64)pages[pos / page_size] * page_size + pos % page_size) * kv_heads + kvh : 0;
+                const i64 slot = valid ? (i64)pages[pos / page_size] * page_size + pos % page_size : 0;
+                const i64 idx = slot * kv_heads + kvh;
                 cp_async_ca4(smem_addr(&sm.k_scale[stage][tid]), k_scale + idx, valid ? 4 : 0);
                 cp_async_ca4(smem_addr(&sm.v_scale[stage][tid]), v_scale + idx, valid ? 4 : 0);
             }
