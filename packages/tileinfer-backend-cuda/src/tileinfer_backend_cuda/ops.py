@@ -89,6 +89,18 @@ def _num_sms(device: int) -> int:
     return n
 
 
+_smem_limits: dict[int, int] = {}
+
+
+def _smem_limit(device: int) -> int:
+    """The most shared memory one block may opt in to (227 KB on an H100/H200)."""
+    n = _smem_limits.get(device)
+    if n is None:
+        props = torch.cuda.get_device_properties(device)
+        n = _smem_limits[device] = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    return n
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -503,7 +515,8 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
     smooth = k_smooth is not None
     stages = cfg["stages"]
     smem = attention_smem_bytes(head_dim, int8, smooth, stages)
-    while stages > 2 and smem > 200 * 1024:  # deep rings only where they fit beside the limit
+    limit = _smem_limit(device) - 1024  # room for the static shared memory
+    while stages > 1 and smem > limit:  # a shallower ring where the GPU has less shared memory
         stages -= 1
         smem = attention_smem_bytes(head_dim, int8, smooth, stages)
     defines = {"HEAD_DIM": head_dim, "KV_INT8": int(int8), "SMOOTH": int(smooth), "KV_STAGES": stages}

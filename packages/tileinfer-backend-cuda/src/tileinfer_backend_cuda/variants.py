@@ -47,8 +47,9 @@ def builds() -> list[tuple[str, dict, tuple]]:
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)
-    for kv_int8 in (0, 1):  # deeper rings (ops.ATTN_CONFIG / the benchmark's sweep)
+    for kv_int8 in (0, 1):  # deeper rings (the benchmark's sweep), and none (small GPUs)
         add("attention.cu", HEAD_DIM=128, KV_INT8=kv_int8, SMOOTH=0, KV_STAGES=3)
+        add("attention.cu", HEAD_DIM=256, KV_INT8=kv_int8, SMOOTH=kv_int8, KV_STAGES=1)
 
     add("sampling.cu", SAMPLING_OPTIONS)
     return out

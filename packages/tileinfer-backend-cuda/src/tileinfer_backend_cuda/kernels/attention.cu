@@ -38,7 +38,7 @@
 // Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_smem_bytes mirrors it).
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
-// (ring depth, >= 2).
+// (ring depth; 1 = load, then compute, for GPUs with less shared memory).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -58,7 +58,7 @@ constexpr int BM = 64, BN = 64, WARPS = 4, THREADS = WARPS * 32;
 constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
 constexpr int Q_PARTS = SMOOTH ? 2 : 1;
 constexpr int WS_ROW = HEAD_DIM + 2;
-static_assert(KV_STAGES >= 2, "the ring needs at least two stages");
+static_assert(KV_STAGES >= 1, "at least one K/V stage");
 
 #if KV_INT8
 typedef signed char kv_t;
@@ -217,11 +217,18 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     for (int i = 0; i < KV_STAGES - 1; ++i) issue(i, i);
     for (int it = 0; it < n_tiles; ++it) {
         const int kv0 = kv_begin + it * BN, stage = it % KV_STAGES;
+#if KV_STAGES == 1
+        __syncthreads();  // every warp is done with tile it - 1 (and the query tile is written)
+        issue(it, 0);
+        cp_async_wait<0>();
+        __syncthreads();
+#else
         cp_async_wait<KV_STAGES - 2>();  // this thread's copies of tile `it` have landed
         // Every thread's copies of tile `it` have landed, and every warp is done with tile
         // it - 1 (the query tile too, on the first pass), whose stage is refilled next.
         __syncthreads();
         issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES);
+#endif
 #if KV_INT8
         // int8 -> bf16 (exact), 16 int8 of a row = two 8-element bf16 chunks of the swizzled tile.
 #pragma unroll
