@@ -7,7 +7,9 @@ each row of a 5- or 8-token step alone and inside the step and require ``torch.e
 every op whose programs reduce across elements (linear and its fused epilogues with and without
 split-K, the norms, attention with several context lengths, some straddling a split boundary,
 and the fused attention inputs). Correctness against the ref backend is checked elsewhere
-(the conformance suite and tests/test_triton_kernels.py).
+(the conformance suite and tests/test_triton_kernels.py). Each is also run for a float32
+model, whose float32 outputs are not rounded to bf16: a different summation order shows there
+even where the bf16 rounding would hide it.
 
 They run wherever the triton backend is available: under ``TRITON_INTERPRET=1`` on the CPU
 (small shapes) and on a CUDA GPU.
@@ -64,20 +66,23 @@ LINEAR_CONFIGS = {  # None: the launcher's defaults; others force split-K / unro
 @pytest.mark.parametrize("cfg", list(LINEAR_CONFIGS))
 @pytest.mark.parametrize("act", [0, 1, 2], ids=["linear", "swiglu", "xielu"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("m", [5, 8])
-def test_linear_rows_alone_equal_rows_in_the_step(device, m, int8, act, cfg):
+def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, cfg):
     from tileinfer_backend_triton.kernels import linear
 
     k, n = 200, 72  # K not a multiple of the tiles, N not a multiple of BLOCK_N
     config = None if LINEAR_CONFIGS[cfg] is None else linear.GemvConfig(**LINEAR_CONFIGS[cfg])
     torch.manual_seed(m + 10 * act + int8)
-    x = rand((m, k), torch.bfloat16, device)
+    x = rand((m, k), dtype, device)
     w, scale = make_weight(2 * n if act == linear.ACT_SWIGLU else n, k, device, int8)
+    if not int8:
+        w = w.to(dtype)
     args = XIELU if act == linear.ACT_XIELU else (0.0, 0.0, 0.0, 0.0)
-    step = poisoned((m, n), torch.bfloat16, device)
+    step = poisoned((m, n), dtype, device)
     linear.launch_linear(step, x, w, scale, act=act, act_args=args, config=config)
     for i in range(m):
-        alone = poisoned((1, n), torch.bfloat16, device)
+        alone = poisoned((1, n), dtype, device)
         linear.launch_linear(alone, x[i:i + 1], w, scale, act=act, act_args=args, config=config)
         assert_rows_equal(step[i:i + 1], alone, i, "linear")
 
@@ -102,23 +107,24 @@ def test_linear_hooks_rows_alone_equal_rows_in_the_step(ops, device):
 # --- norms -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("d", [64, 2048])
-def test_norm_rows_alone_equal_rows_in_the_step(ops, device, d):
+def test_norm_rows_alone_equal_rows_in_the_step(ops, device, d, dtype):
     m = 5
-    x = rand((m, d), torch.bfloat16, device)
-    delta = rand((m, d), torch.bfloat16, device)
-    weight = rand((d,), torch.bfloat16, device) + 1
-    step = poisoned((m, d), torch.bfloat16, device)
+    x = rand((m, d), dtype, device)
+    delta = rand((m, d), dtype, device)
+    weight = rand((d,), dtype, device) + 1
+    step = poisoned((m, d), dtype, device)
     ops.rmsnorm(step, x, weight, 1e-6)
     residual = x.clone()
-    step_add = poisoned((m, d), torch.bfloat16, device)
+    step_add = poisoned((m, d), dtype, device)
     ops.add_rmsnorm(residual, step_add, delta, weight, 1e-6)
     for i in range(m):
-        alone = poisoned((1, d), torch.bfloat16, device)
+        alone = poisoned((1, d), dtype, device)
         ops.rmsnorm(alone, x[i:i + 1], weight, 1e-6)
         assert_rows_equal(step[i:i + 1], alone, i, "rmsnorm")
         res_i = x[i:i + 1].clone()
-        alone_add = poisoned((1, d), torch.bfloat16, device)
+        alone_add = poisoned((1, d), dtype, device)
         ops.add_rmsnorm(res_i, alone_add, delta[i:i + 1], weight, 1e-6)
         assert_rows_equal(step_add[i:i + 1], alone_add, i, "add_rmsnorm")
         assert_rows_equal(residual[i:i + 1], res_i, i, "add_rmsnorm residual")
@@ -127,11 +133,12 @@ def test_norm_rows_alone_equal_rows_in_the_step(ops, device, d):
 # --- attention ---------------------------------------------------------------------------------
 
 # (rows in the step, the step's context length): short, one page, a split boundary (MIN_CHUNK =
-# 256) inside the step's rows, and several splits.
-ATTN_STEPS = [(5, 9), (8, 40), (5, 258), (8, 515), (5, 1100)]
+# 256) inside the step's rows, and several splits (at 1027 a row alone would have split
+# 1023 or 1024 positions into chunks other than the step's, before the per-row partition).
+ATTN_STEPS = [(5, 9), (8, 40), (5, 258), (8, 515), (5, 1027)]
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8-smooth"])
+@pytest.mark.parametrize("kind", ["bf16", "int8-smooth", "f32"])
 @pytest.mark.parametrize("step_shape", ATTN_STEPS, ids=lambda s: f"q{s[0]}-ctx{s[1]}")
 def test_attention_rows_alone_equal_rows_in_the_step(ops, device, step_shape, kind):
     """Row i of a causal step of q rows over a context of C positions sees C - q + i + 1
@@ -139,8 +146,10 @@ def test_attention_rows_alone_equal_rows_in_the_step(ops, device, step_shape, ki
     q_len, ctx_len = step_shape
     heads, kv_heads, hd, page = 8, 2, 64, 16
     gen = torch.Generator().manual_seed(ctx_len)
-    q, cache, cu, ctx, table = fill_paged_step([q_len], [ctx_len], heads, kv_heads, hd, page, kind,
-                                               device, gen)
+    q, cache, cu, ctx, table = fill_paged_step([q_len], [ctx_len], heads, kv_heads, hd, page,
+                                               "bf16" if kind == "f32" else kind, device, gen)
+    if kind == "f32":  # a float32 model: float32 queries, cache and output
+        q, cache.k, cache.v = q.float(), cache.k.float(), cache.v.float()
     capacity = table.shape[1] * page  # a model's buffers: one workspace size for every step
     scale = hd ** -0.5
     ws = ops.attention_workspace(q_len, heads, hd, capacity, q.device)
