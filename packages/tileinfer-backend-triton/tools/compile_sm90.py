@@ -104,7 +104,7 @@ def cases():
             linear.launch_linear(e(m, n, dtype=odt), x, w, scale, act=act)
         return label, run
 
-    for m in (1, 4, 16):
+    for m in (1, 8, 16):  # 1 and 8: the row programs (verify steps); 16: the dot tiles
         for wdt in (bf, i8):
             tag = f"gemv m{m} {'int8' if wdt == i8 else 'bf16'}"
             yield lin(f"{tag} qkv 6144x4096", m, 6144, 4096, wdt)
@@ -146,6 +146,8 @@ def cases():
         yield attn(f"attn prefill 2048 {kind} h32/8 d128 p16", 2048, 2048, 32, 8, 128, 16, kind)
     yield attn("attn decode 8k bf16 h32/8 d64 p64", 1, 8192, 32, 8, 64, 64, "bf16")
     yield attn("attn verify q8 bf16 h32/8 d128", 8, 4096, 32, 8, 128, 16, "bf16")
+    yield attn("attn verify q8 int8-smooth h32/8 d128", 8, 4096, 32, 8, 128, 16, "int8-smooth")
+    yield attn("attn q12 bf16 h32/8 d128", 12, 4096, 32, 8, 128, 16, "bf16")
     yield attn("attn dflash q16 noncausal bf16", 16, 4096, 32, 8, 128, 16, "bf16", causal=False)
     yield attn("attn prefill 2048 bf16 h32/8 d64", 2048, 2048, 32, 8, 64, 16, "bf16")
 
