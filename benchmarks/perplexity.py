@@ -5,8 +5,9 @@ data/README.md). Evaluated on chapters 1-10; key smoothing is calibrated on chap
 different text from the evaluated one.
 
 Method: the evaluated text is tokenized once (no special tokens) and cut into windows of
-``--window`` tokens starting every ``--stride`` tokens (stride = window, the default: consecutive
-chunks that overlap by one token, so the first token of a chunk is predicted too). Each window runs as one prefill of a fresh sequence through TileInfer's own
+``--window`` tokens starting every ``--stride`` tokens (stride = window, the default:
+consecutive chunks that overlap by one token, so the first token of a chunk is predicted too).
+Each window runs as one prefill of a fresh sequence through TileInfer's own
 ``forward(..., all_logits=True)`` on the paged cache, so every score reads the keys and values
 back from the cache in the configuration's precision. A window scores the tokens not scored
 by the window before it (all but its first token when it is the first window); perplexity is
