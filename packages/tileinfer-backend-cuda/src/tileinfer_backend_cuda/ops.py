@@ -46,12 +46,12 @@ fallback_counts: Counter = Counter()
 # GEMV variant (see gemv_config).
 gemv_overrides: dict = {}
 
-# Programmatic dependent launch on the decode path (TILEINFER_CUDA_PDL=1; off by default until
-# measured): the GEMV, the norms, attention_inputs / store_kv and attention are launched with
+# Programmatic dependent launch on the decode path (on by default; TILEINFER_CUDA_PDL=0 turns it
+# off; a layer's kernel chain measured 7-13% faster with it on an H200): the GEMV, the norms, attention_inputs / store_kv and attention are launched with
 # programmatic stream serialization, so each one's launch overlaps the previous kernel's end. The
 # GEMV streams the first steps of its weight before it waits (griddepcontrol.wait) for the
 # previous kernel; the others wait at their start. See gemv.cu and common.cuh.
-PDL = os.environ.get("TILEINFER_CUDA_PDL", "0") == "1"
+PDL = os.environ.get("TILEINFER_CUDA_PDL", "1") == "1"
 
 
 def _pdl(device: int) -> bool:
@@ -262,7 +262,29 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
 # llama3-8b and llama3.2-1b shapes and prints its winners as entries of this table
 # ("gemv_table" in its JSON). The configuration never depends on the number of token rows
 # (1..8), so a row's result is the same in a 1-token step and in a speculative verify step.
-GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+# The winners of that sweep on an H200 (2026-11-30; benchmarks/RESULTS.md).
+GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (6144, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
+    (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, True, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (2048, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (8192, 2048, False, 'swiglu'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (2048, 8192, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 2048, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (2048, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
+    (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
+    (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+}
 
 
 def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
