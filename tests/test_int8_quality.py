@@ -319,6 +319,25 @@ def test_default_calibration_text_runs_on_the_model_tokenizer(smollm2):
     assert all(bool((f > 0).all()) for f in factors)
 
 
+def test_cli_int8_smooth_session_calibrates_on_the_default_text(smollm2):
+    """``tileinfer run/chat --kv-cache int8-smooth`` builds its session with factors calibrated
+    on ``calibration_text()``."""
+    import io
+
+    from tileinfer import SamplingParams
+    from tileinfer_cli.main import build_parser
+    from tileinfer_cli.session import new_session
+
+    args = build_parser().parse_args(["run", "--kv-cache", "int8-smooth", "--max-len", "256",
+                                      "hello"])
+    model = smollm2["bf16"]
+    session, _ = new_session(args, model, load_tokenizer(smollm2["dir"]), SamplingParams(),
+                             None, io.StringIO())
+    assert session.cache.quantize == "int8"
+    expected = torch.stack(calibrate_key_smoothing(model))
+    torch.testing.assert_close(session.cache.k_smooth, expected, rtol=0, atol=0)
+
+
 # -- the benchmark script's windows ----------------------------------------------------------
 
 def _benchmark():
