@@ -14,7 +14,11 @@ on the host) is timed eagerly with CUDA events. Reported: the median over replay
 per call.
 
     python benchmarks/ops.py                    # everything (about 2-3 minutes on an H200)
-    python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv sweep gemm attn misc
+    python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv verify sweep gemm attn misc
+
+The group "verify" times the triton GEMVs at 4, 8 and 16 tokens (the verify steps of speculative
+decoding: up to 8 tokens every row runs the 1-token programs, bit-identical to a decode step;
+16 tokens take the tensor-core tiles); its per_token rows give the GEMV time of such a step.
     python benchmarks/ops.py --out results.jsonl
 """
 
@@ -233,12 +237,14 @@ def bench_gemv(tables, summary, m=1):
 def gemv_sweep_configs():
     from tileinfer_backend_triton.kernels.linear import GemvConfig as G
 
+    # The defaults (linear.gemv_config) are the first of each list (SwiGLU: block_n halved
+    # below, so 8 x 256 bf16 / 4 x 512 int8); then neighbours of them and the previous defaults.
     return {
-        False: [G(16, 256, 0, 4, 3, 2), G(16, 256, 0, 4, 3, 1), G(8, 512, 0, 4, 3, 2),
-                G(16, 256, 0, 8, 3, 2), G(16, 256, 1, 4, 3, 2),
-                G(32, 128, 0, 4, 4, 1, dot=True), G(64, 128, 0, 4, 4, 1, dot=True)],
-        True: [G(16, 512, 0, 8, 3, 2), G(8, 512, 0, 4, 3, 2), G(16, 512, 0, 8, 3, 1),
-               G(16, 512, 1, 8, 3, 2), G(32, 256, 0, 4, 4, 1, dot=True)],
+        False: [G(8, 512, 0, 4, 3, 2), G(16, 256, 0, 4, 3, 2), G(4, 1024, 0, 4, 3, 2),
+                G(8, 512, 0, 8, 3, 2), G(8, 512, 1, 4, 3, 2), G(16, 512, 0, 8, 3, 2),
+                G(64, 128, 0, 4, 4, 1, dot=True)],
+        True: [G(8, 512, 0, 4, 3, 2), G(16, 512, 0, 8, 3, 2), G(4, 1024, 0, 4, 3, 2),
+               G(8, 1024, 0, 4, 3, 2), G(8, 512, 1, 4, 3, 2), G(16, 1024, 0, 8, 3, 2)],
     }
 
 
@@ -478,7 +484,7 @@ def bench_misc(tables, summary):
 def main():
     global OUT_FILE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="copy,gemv,sweep,gemm,attn,misc")
+    parser.add_argument("--only", default="copy,gemv,verify,sweep,gemm,attn,misc")
     parser.add_argument("--backends", default="", help="comma list (default: every available GPU backend)")
     parser.add_argument("--out", default="", help="also write the JSON lines to this file")
     parser.add_argument("--dry-run", action="store_true",
@@ -505,6 +511,9 @@ def main():
         bench_copy()
     if "gemv" in only:
         bench_gemv(tables, summary)
+    if "verify" in only and "triton" in tables:
+        for m in (4, 8, 16):
+            bench_gemv({"triton": tables["triton"]}, summary, m=m)
     if "sweep" in only and "triton" in tables:
         bench_gemv_sweep(summary)
     if "gemm" in only:

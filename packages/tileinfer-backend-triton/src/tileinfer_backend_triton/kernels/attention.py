@@ -173,7 +173,7 @@ def _attention_kernel(
                  mask=row_ok[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])  # one binary for every step's split count
 def _combine_kernel(out_ptr, ws_ptr, NUM_SPLITS, D, s_ot, s_oh, s_wt, s_wh, s_ws,
                     SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid: (tokens, heads). out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.

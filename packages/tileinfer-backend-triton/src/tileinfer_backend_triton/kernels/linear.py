@@ -98,7 +98,10 @@ def _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT: tl.constexpr, EVEN_K: tl.con
     return xv, wa, wb
 
 
-@triton.jit
+# M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,
+# a separate binary from the one of M = 2..8; one binary for every row count keeps a verify
+# step's rows on exactly the decode step's instructions.
+@triton.jit(do_not_specialize=["M", "P_ROWS"])
 def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, lock_ptr,
     M, N_OUT, K, s_xm, s_wn, s_om, K_SPLIT, P_ROWS,
@@ -278,26 +281,29 @@ class GemmConfig:
 
 
 def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
-    """Default GEMV tiles (starting points for the H200; benchmarks/ops.py sweeps alternatives).
+    """Default GEMV tiles, picked from the H200 sweep of benchmarks/ops.py (rows ``sweep:*``,
+    llama3-8b and llama3.2-1b decode shapes, 2026-11-30).
 
     The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows must
-    run exactly the 1-token code). One token row: ~8K weight elements per program per K tile (an fp32 accumulator of 64-80
-    registers a thread, no spills on sm_90; 16-byte loads), two tiles in flight (UNROLL = 2).
-    SwiGLU programs hold a gate and an up row block, so they take 8 warps. 9..16 tokens:
-    tensor-core tiles [16 x 32 x 128] (bf16) / [16 x 32 x 256] (int8), 4 cp.async stages."""
+    run exactly the 1-token code). One token row: ~4K weight elements per program per K tile
+    (16-byte loads, a float32 accumulator of 32 registers a thread, no spills on sm_90), two
+    tiles in flight (UNROLL = 2; UNROLL = 1 was 5-20% slower everywhere). Narrow, long tiles won
+    the sweep: [8 x 512] for bf16 and int8 (int8 o / down / LM head 10-20% faster than
+    [16 x 512] with 8 warps, bf16 o and down 5-8% faster than [16 x 256], others within 1%);
+    SwiGLU, whose programs hold a gate and an up row block, [8 x 256] bf16 / [4 x 512] int8 with
+    4 warps (6-10% faster than 8 warps of [16 x 256] / [8 x 512]). 9..16 tokens: tensor-core
+    tiles [16 x 32 x 128] (bf16) / [16 x 32 x 256] (int8), 4 cp.async stages."""
     if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
         return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
                           unroll=2 if k >= 512 else 1)
     if m <= ROW_INVARIANT_MAX_M:
         if f32:
             return GemvConfig(block_n=16, block_k=128, num_warps=4)
-        if int8:
-            if act == ACT_SWIGLU:
-                return GemvConfig(block_n=8, block_k=512, num_warps=8, unroll=2)
-            return GemvConfig(block_n=16, block_k=512, num_warps=8, unroll=2)
         if act == ACT_SWIGLU:
-            return GemvConfig(block_n=16, block_k=256, num_warps=8, unroll=2)
-        return GemvConfig(block_n=16, block_k=256, num_warps=4, unroll=2)
+            if int8:
+                return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
+            return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
+        return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
     return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
 
 
