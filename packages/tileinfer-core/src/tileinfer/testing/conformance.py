@@ -98,7 +98,7 @@ def test_embed(ops, ref, device, dtype, n, vocab, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 64), (5, 96), (3, 2048), (17, 4, 64), (2, 7, 128)])
+@pytest.mark.parametrize("shape", [(1, 64), (5, 96), (3, 2048), (17, 4, 64), (2, 7, 128), (3, 576)])
 def test_rmsnorm(ops, ref, device, dtype, shape):
     x = rand(shape, dtype, device, 3.0)
     w = rand(shape[-1:], dtype, device) + 1
@@ -165,7 +165,8 @@ def test_rope(ops, ref, device, dtype, n, heads, head_dim):
 
 # --- linear layers -------------------------------------------------------------------------------
 
-LINEAR_SHAPES = [(1, 64, 96), (3, 136, 200), (8, 256, 512), (17, 96, 64), (64, 256, 384)]
+LINEAR_SHAPES = [(1, 64, 96), (3, 136, 200), (8, 256, 512), (17, 96, 64), (64, 256, 384),
+                 (1, 576, 1536), (5, 1536, 576)]  # SmolLM2-135M's hidden 576 / intermediate 1536
 
 
 def make_weight(out_f, in_f, device, int8):
@@ -286,6 +287,7 @@ def test_store_kv(ops, ref, device, kind, n, kv_heads, head_dim, page_size):
 
 ATTN_INPUT_SHAPES = [  # n, heads, kv_heads, head_dim
     (1, 4, 4, 64), (5, 8, 2, 128), (19, 8, 1, 64),
+    (3, 9, 3, 64),  # GQA 3 (SmolLM2-135M)
 ]
 
 
@@ -363,6 +365,9 @@ ATTENTION_CASES = [  # q_lens, context_lens, heads, kv_heads, head_dim, page_siz
     ([37], [37], 8, 2, 64, 16),                    # prefill
     ([9, 1, 30], [25, 64, 30], 4, 1, 128, 16),     # mixed prefill / decode, GQA 4
     ([1], [1100], 8, 1, 64, 16),                   # long context (split-KV)
+    ([1], [45], 9, 3, 64, 16),                     # GQA 3 (SmolLM2-135M), decode
+    ([37], [37], 9, 3, 64, 16),                    # GQA 3, prefill
+    ([4, 1], [300, 70], 9, 3, 64, 16),             # GQA 3, verify + decode
 ]
 
 
