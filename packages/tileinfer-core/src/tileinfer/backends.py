@@ -223,8 +223,7 @@ def list_backends() -> list[Backend]:
 def default_backend_name() -> str:
     """The backend used when none is named: triton, then cuda (on a GPU), else ref.
 
-    Triton comes first: it is the faster of the two on the llama3-8b shape and the one checked
-    end to end on a real chat model (benchmarks/RESULTS.md)."""
+    Triton comes first: it is the faster of the two on the llama3-8b shape (benchmarks/RESULTS.md)."""
     _registry.load_entry_points()
     for name in ("triton", "cuda"):
         b = _registry.backends.get(name)
