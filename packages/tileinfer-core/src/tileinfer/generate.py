@@ -61,20 +61,20 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     if pipeline is None:
         pipeline = runner.graphs
     start = len(seq)
-    runner.seed.fill_(seed)
-    runner.counter.zero_()
     try:
-        if speculative is not None:
+        if speculative is not None:  # sets up the stream (seed, counter) itself
             return generate_speculative(runner, seq, ids, speculative, max_new_tokens, sampling,
                                         stop, seed, on_token, spec_stats)
+        runner.seed.fill_(seed)
+        runner.counter.zero_()
         loop = _pipelined if pipeline else _stepwise
-        return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start)
+        return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
     except BaseException:
         runner.cache.truncate(seq, start)
         raise
 
 
-def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start):
+def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     new: list[int] = []
     pending = ids
     while True:
@@ -91,7 +91,7 @@ def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start)
     return new
 
 
-def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token, start):
+def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     device_token = runner.next_token
     host_tokens = torch.empty(max_new_tokens + 1, dtype=torch.int32, pin_memory=True)
     events = []
