@@ -3,7 +3,7 @@
 # transformers, pytest and the rest, with our packages installed from wheels in .whl/ (built on a
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
-#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: conformance tests ops bench int8 spec
+#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: conformance tests ops bench pdl int8 spec
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -20,7 +20,7 @@ git rev-parse --short HEAD 2>/dev/null | tee "$out/commit.txt"
 for step in $steps; do
   case $step in
     conformance)
-      for b in ref triton cuda; do
+      for b in ${CONF_BACKENDS:-ref triton cuda}; do
         timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
           --tileinfer-backend $b -q -rf --maxfail=60 -p no:randomly > "$out/conformance-$b.log" 2>&1
         echo "conformance $b: $(tail -n 1 "$out/conformance-$b.log")"
@@ -40,6 +40,12 @@ for step in $steps; do
         done
       done
       cat "$out/bench.log" ;;
+    pdl)  # the Triton backend without programmatic dependent launch, for comparison
+      for shape in llama3.2-1b llama3-8b; do
+        TILEINFER_TRITON_PDL=0 timeout 300 python3 -m tileinfer_cli bench --shape $shape \
+          --backend triton ${BENCH_FLAGS:-} --json "$out/bench-nopdl.json" 2>&1 | grep -v '^{' >> "$out/bench-nopdl.log"
+      done
+      cat "$out/bench-nopdl.log" ;;
     int8)  # INT8 weights, and INT8 KV, on the llama3-8b shape
       for b in ${BENCH_BACKENDS:-triton cuda}; do
         timeout 200 python3 -m tileinfer_cli bench --shape llama3-8b --backend $b --int8 \

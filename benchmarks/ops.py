@@ -46,7 +46,8 @@ MODELS = {
 }
 DEV = "cuda"
 DRY_RUN = False  # --dry-run: tiny shapes on the CPU (TRITON_INTERPRET=1) to check the script
-CONTEXTS = (8192, 16384, 32768)
+CONTEXTS = (256, 1024, 8192, 16384, 32768)
+SWEEP_CONTEXTS = (8192, 32768)  # the Triton attention tile / split sweep runs at these
 PREFILL = 2048
 ROWS: list[dict] = []
 OUT_FILE = None
@@ -151,7 +152,9 @@ def backends():
 
 def _dry_run_setup():
     global DEV, DRY_RUN, CONTEXTS, PREFILL, ROTATE_BYTES
+    global SWEEP_CONTEXTS
     DEV, DRY_RUN, CONTEXTS, PREFILL = "cpu", True, (300, 700), 40
+    SWEEP_CONTEXTS = (700,)
     for cfg in MODELS.values():
         cfg.update(hidden=cfg["hidden"] // 32, heads=4, kv_heads=2, head_dim=32,
                    inter=cfg["inter"] // 32, vocab=3000, layers=2)
@@ -385,7 +388,7 @@ def bench_attention(tables, summary):
                      frac_of_ceiling=round(bw / COPY_CEILING, 3), timing=how)
                 summary.append((f"attn decode ctx{ctx}", kind, backend, us,
                                 f"{bw / COPY_CEILING:.2f} of copy"))
-            if "triton" in tables and ctx == CONTEXTS[-1]:
+            if "triton" in tables and ctx in SWEEP_CONTEXTS:
                 _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind)
             del caches
             torch.cuda.empty_cache()
@@ -416,8 +419,9 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
     elt = 1 if kind == "int8" else 2
     ctx = int(ctx_t[0])
     nbytes = 2 * ctx * 8 * hd * elt + (2 * ctx * 8 * 4 if kind == "int8" else 0)
-    for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 8, 3)):
-        for splits in ((2,) if DRY_RUN else (16, 32, 64)):
+    for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 4, 4),
+                  (16, 128, 8, 3)):
+        for splits in ((2,) if DRY_RUN else (17, 33, 64)):
             calls = [lambda c=c, t=t: attention.launch_attention(
                 out, q, *c, cu, ctx_t, t, 1, max_ctx, hd ** -0.5, True, ws, tiles=tiles,
                 splits=splits) for c, t in caches]
@@ -487,6 +491,8 @@ def main():
     parser.add_argument("--only", default="copy,gemv,verify,sweep,gemm,attn,misc")
     parser.add_argument("--backends", default="", help="comma list (default: every available GPU backend)")
     parser.add_argument("--out", default="", help="also write the JSON lines to this file")
+    parser.add_argument("--triton-pdl", choices=("on", "off"), default="on",
+                        help="programmatic dependent launch of the Triton kernels (default on)")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU (with TRITON_INTERPRET=1): checks the script")
     args = parser.parse_args()
@@ -497,12 +503,16 @@ def main():
     from tileinfer.backends import get_backend
 
     names = [b for b in args.backends.split(",") if b] or backends()
+    if "triton" in names and not DRY_RUN:
+        from tileinfer_backend_triton.kernels.common import set_pdl
+
+        set_pdl(args.triton_pdl == "on")
     tables = {name: get_backend(name) for name in names}
     only = set(args.only.split(","))
     if args.out:
         OUT_FILE = open(args.out, "w")
     emit(op="info", gpu="cpu (dry run)" if DRY_RUN else torch.cuda.get_device_name(),
-         torch=torch.__version__,
+         torch=torch.__version__, triton_pdl=args.triton_pdl,
          backends=list(tables), date=time.strftime("%Y-%m-%d"))
     summary = []
     t0 = time.time()

@@ -287,3 +287,31 @@ def test_forward_step_replays_in_a_cuda_graph(tiny, backend):
         torch.testing.assert_close(out, logits, rtol=0, atol=1e-6)
         token = int(logits[-1].argmax())
         prepare_step(graph_cache, [seq], [[token]], max_len=model.max_len, out=meta)
+
+
+@pytest.mark.gpu
+def test_packed_static_metadata_matches_the_prepared_step():
+    """On a GPU the static metadata is one buffer filled by one pinned copy per step: every view
+    holds the prepared values, keep_ids leaves the device's ids alone, and the pinned ring
+    reuses its buffers without overwriting a copy in flight."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cache = PagedKVCache(CONFIG, 16, page_size=4, dtype=torch.float32, device="cuda")
+    seq = cache.new_sequence()
+    static = StepMetadata.for_cache(cache, num_tokens=2, num_logits=2)
+    assert static.upload is not None and static.slots.dtype == torch.int64
+    static.ids.fill_(-7)
+    for step in range(10):  # more steps than the ring has buffers, no synchronization between
+        ids = [3 + step, 5 + step]
+        keep = step % 2 == 1
+        fresh = prepare_step(cache, [seq], [ids], all_logits=True)
+        prepare_step(cache, [seq], [ids], all_logits=True, out=static, keep_ids=keep)
+        seq.tokens.extend(ids)
+        torch.cuda.synchronize()
+        for name in ("positions", "slots", "cu_seqlens_q", "context_lens", "block_table",
+                     "logit_rows"):
+            assert torch.equal(getattr(static, name).cpu(), getattr(fresh, name).cpu()), name
+        expected_ids = torch.tensor(ids, dtype=torch.int32)
+        if keep:
+            expected_ids = torch.tensor([3 + step - 1, 5 + step - 1], dtype=torch.int32)
+        assert torch.equal(static.ids.cpu(), expected_ids)

@@ -82,6 +82,9 @@ def linear(out, x, weight, weight_scale):
     x: (n, in); weight: (out_features, in), same dtype as x, or int8 with weight_scale
     (out_features,) float32 meaning ``W[j, :] = weight_scale[j] * weight[j, :]`` (weight_scale is
     None for a float weight). out: (n, out_features), bf16 or float32; accumulation in float32.
+    A float weight's product is rounded to x's dtype (F.linear's output) also when out is float32
+    (the model writes its float32 logits this way); an INT8 weight's scaled sum is rounded once,
+    to out's dtype.
     """
 
 

@@ -209,12 +209,23 @@ class Model:
         if last in b.hidden_out:
             torch.add(b.hidden, b.delta, out=b.hidden_out[last])
         # Only the logit rows go through the last residual add, the final norm and the lm_head.
-        torch.index_select(b.hidden, 0, meta.logit_rows, out=b.logit_hidden)
-        torch.index_select(b.delta, 0, meta.logit_rows, out=b.logit_delta)
-        ops.add_rmsnorm(b.logit_hidden, b.logit_normed, b.logit_delta, w.norm, eps)
-        ops.linear(b.logits_model_dtype, b.logit_normed, *linear_operands(w.lm_head))
-        if b.logits is not b.logits_model_dtype:
-            b.logits.copy_(b.logits_model_dtype)
+        # A step with a logit row per token (decode, verify) has them all, in order: no gather.
+        if meta.num_logits == n:
+            hidden, delta = b.hidden, b.delta
+        else:
+            hidden, delta = b.logit_hidden, b.logit_delta
+            torch.index_select(b.hidden, 0, meta.logit_rows, out=hidden)
+            torch.index_select(b.delta, 0, meta.logit_rows, out=delta)
+        ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
+        head, head_scale = linear_operands(w.lm_head)
+        if head_scale is None:
+            # A float head's product is rounded to the model dtype even when the op writes
+            # float32 (the linear contract), so it writes the float32 logits directly.
+            ops.linear(b.logits, b.logit_normed, head, None)
+        else:
+            ops.linear(b.logits_model_dtype, b.logit_normed, head, head_scale)
+            if b.logits is not b.logits_model_dtype:
+                b.logits.copy_(b.logits_model_dtype)
         return b.logits
 
 

@@ -7,7 +7,9 @@ batched step (a server, speculative verification of several sequences).
 For CUDA graphs: a graph captured once replays with the same tensors, so the runner allocates one
 static ``StepMetadata`` per captured shape (``StepMetadata.allocate``) and, before each replay,
 fills it from a freshly prepared one with ``meta.copy_into(static)`` (or passes ``out=static`` to
-``prepare_step``). ``max_context_len`` is an upper bound (the longest sequence the cache and the
+``prepare_step``). On a GPU the static tensors are views of one int32 buffer (``PackedUpload``),
+so filling them is one host-to-device copy from pinned memory rather than one small pageable
+copy per tensor (each of which costs the GPU a few microseconds between two decode steps). ``max_context_len`` is an upper bound (the longest sequence the cache and the
 model allow), not the step's true context length, so it is the same for every step and a graph
 captured with it stays valid.
 """
@@ -45,6 +47,7 @@ class StepMetadata:
     max_query_len: int
     max_context_len: int
     cache: PagedKVCache | None = None
+    upload: "PackedUpload | None" = None  # static metadata on a GPU: its tensors' one buffer
 
     @property
     def num_tokens(self) -> int:
@@ -63,13 +66,21 @@ class StepMetadata:
                  max_query_len: int, max_context_len: int, device,
                  cache: PagedKVCache | None = None) -> "StepMetadata":
         """Zero-filled static metadata for steps of this shape (to capture a graph with)."""
-        def zeros(*shape, dtype=torch.int32):
-            return torch.zeros(shape, dtype=dtype, device=device)
-        return cls(ids=zeros(num_tokens), positions=zeros(num_tokens),
-                   slots=zeros(num_tokens, dtype=torch.int64), cu_seqlens_q=zeros(batch + 1),
-                   context_lens=zeros(batch), block_table=zeros(batch, max_pages),
-                   logit_rows=zeros(num_logits, dtype=torch.int64),
-                   max_query_len=max_query_len, max_context_len=max_context_len, cache=cache)
+        shapes = {"slots": ((num_tokens,), torch.int64), "logit_rows": ((num_logits,), torch.int64),
+                  "positions": ((num_tokens,), torch.int32),
+                  "cu_seqlens_q": ((batch + 1,), torch.int32),
+                  "context_lens": ((batch,), torch.int32),
+                  "block_table": ((batch, max_pages), torch.int32),
+                  "ids": ((num_tokens,), torch.int32)}
+        upload = None
+        if torch.device(device).type == "cuda":
+            upload = PackedUpload(shapes, device)
+            tensors = upload.views
+        else:
+            tensors = {name: torch.zeros(shape, dtype=dtype, device=device)
+                       for name, (shape, dtype) in shapes.items()}
+        return cls(**tensors, max_query_len=max_query_len, max_context_len=max_context_len,
+                   cache=cache, upload=upload)
 
     @classmethod
     def for_cache(cls, cache: PagedKVCache, num_tokens: int, num_logits: int = 1, batch: int = 1,
@@ -109,9 +120,62 @@ class StepMetadata:
             if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
                 raise ValueError(f"step metadata {name}: {tuple(mine.shape)} {mine.dtype} "
                                  f"does not fit the static {tuple(theirs.shape)} {theirs.dtype}")
+        if static.upload is not None and not any(mine.is_cuda for _, mine, _ in pairs):
+            static.upload.send({name: mine for name, mine, _ in pairs}, keep_ids=keep_ids)
+            return static
         for _, mine, theirs in pairs:
             theirs.copy_(mine, non_blocking=True)
         return static
+
+
+class PackedUpload:
+    """Static step tensors as views of one int32 device buffer, filled by one copy per step.
+
+    Layout: the int64 tensors first (8-byte aligned), ``ids`` last, so that a step whose ids come
+    from the device (pipelined decoding) copies everything before them. The host stages each
+    step in a pinned buffer (a true asynchronous copy); RING buffers rotate, and one is written
+    again only once its copy has finished (a CUDA event), so the host can run steps ahead."""
+
+    RING = 4
+
+    def __init__(self, shapes: dict, device):
+        self.layout = {}  # name -> (first int32 word, words, shape, dtype)
+        words = 0
+        for name, (shape, dtype) in shapes.items():
+            count = 1
+            for dim in shape:
+                count *= dim
+            width = torch.empty((), dtype=dtype).element_size() // 4
+            self.layout[name] = (words, count * width, shape, dtype)
+            words += count * width
+        if list(self.layout)[-1] != "ids":
+            raise ValueError("PackedUpload: ids must come last")
+        self.ids_start = self.layout["ids"][0]
+        self.device = torch.zeros(words, dtype=torch.int32, device=device)
+        self.views = {name: self._view(self.device, name) for name in self.layout}
+        self._host = [torch.zeros(words, dtype=torch.int32, pin_memory=True)
+                      for _ in range(self.RING)]
+        self._copied = [torch.cuda.Event() for _ in range(self.RING)]
+        self._in_use = [False] * self.RING
+        self._next = 0
+
+    def _view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
+        start, words, shape, dtype = self.layout[name]
+        return buffer[start:start + words].view(dtype).view(shape)
+
+    def send(self, tensors: dict, keep_ids: bool = False):
+        """Copy the host tensors (name -> tensor shaped as the views) to the device views."""
+        i = self._next
+        self._next = (i + 1) % self.RING
+        if self._in_use[i]:
+            self._copied[i].synchronize()  # its previous copy has left the pinned buffer
+        host = self._host[i]
+        for name, tensor in tensors.items():
+            self._view(host, name).copy_(tensor)
+        end = self.ids_start if keep_ids else host.numel()
+        self.device[:end].copy_(host[:end], non_blocking=True)
+        self._copied[i].record()
+        self._in_use[i] = True
 
 
 def _check_fits(static: StepMetadata, token_lists, all_logits: bool):

@@ -89,13 +89,28 @@ def cast_to(x, ty: tl.constexpr):
 
 
 @triton.jit
+def int8_to_float(w):
+    """int8 values to float32, exactly, on the integer and FMA pipes.
+
+    ``w.to(tl.float32)`` is an I2F conversion, which an SM retires at a quarter of its FP32 rate
+    or less: dequantizing INT8 weights or KV pages at memory speed is bound by it. Instead the
+    sign-extended byte b is placed in the mantissa of 2^23 (bits 0x4B000000 + 128 + b, the float
+    2^23 + 128 + b, exact) and 2^23 + 128 is subtracted: an integer add and a float add."""
+    if INTERPRET:
+        return w.to(tl.float32)
+    else:
+        biased = w.to(tl.int32) + 0x4B000080
+        return biased.to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
 def int8_to(w, ty: tl.constexpr):
     """INT8 weights/cache values to the dot operand type (exact in bf16/fp16). The interpreter's
     int8 -> bf16 conversion is broken; it gets float32 (its dots run in float32 anyway)."""
     if INTERPRET:
         return w.to(tl.float32)
     else:
-        return w.to(ty)
+        return int8_to_float(w).to(ty)
 
 
 @triton.jit
@@ -150,3 +165,64 @@ def sm_count(device: torch.device) -> int:
 def tl_dtype(dtype: torch.dtype):
     return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
             torch.int8: tl.int8}[dtype]
+
+
+# --- programmatic dependent launch ------------------------------------------------------------
+#
+# In a CUDA graph of back-to-back kernels each boundary costs the drain of one kernel and the
+# launch and ramp-up of the next (a few microseconds: at batch 1 a decode step is ~150 kernels).
+# With programmatic dependent launch (Hopper) a kernel launched with ``launch_pdl`` may start
+# while the previous one is still running: it must call ``pdl_wait()`` (PTX griddepcontrol.wait)
+# before it reads what an earlier kernel wrote or writes what one reads; that returns once the
+# previous grid has completed and its memory is visible (so, every kernel waiting, once every
+# earlier kernel has). Work that depends on no earlier kernel, like loading a GEMV's weights, can
+# come before the wait. ``pdl_launch_dependents()`` lets the next kernel launch once every
+# program of this one has called it (or exited). Both are no-ops in a kernel launched without
+# the attribute.
+
+PDL_SUPPORTED = False  # griddepcontrol needs sm_90; set from the device below
+if not INTERPRET_MODE:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    try:
+        PDL_SUPPORTED = (torch.cuda.is_available()
+                         and torch.cuda.get_device_capability()[0] >= 9)
+    except Exception:  # pragma: no cover - a broken driver: run without
+        PDL_SUPPORTED = False
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        if PDL:
+            gdc_wait()
+
+    @triton.jit
+    def pdl_launch_dependents(PDL: tl.constexpr):
+        if PDL:
+            gdc_launch_dependents()
+
+else:
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        pass
+
+    @triton.jit
+    def pdl_launch_dependents(PDL: tl.constexpr):
+        pass
+
+
+_pdl_enabled = PDL_SUPPORTED and os.environ.get("TILEINFER_TRITON_PDL", "1") != "0"
+
+
+def set_pdl(enabled: bool) -> bool:
+    """Turn programmatic dependent launch on or off for later launches (benchmarks compare
+    both); returns the previous setting. Ignored where the GPU does not support it."""
+    global _pdl_enabled
+    previous = _pdl_enabled
+    _pdl_enabled = bool(enabled) and PDL_SUPPORTED
+    return previous
+
+
+def pdl_args() -> dict:
+    """Launch arguments of every kernel: the kernel's PDL switch and Triton's launch option."""
+    return {"PDL": _pdl_enabled, "launch_pdl": _pdl_enabled}

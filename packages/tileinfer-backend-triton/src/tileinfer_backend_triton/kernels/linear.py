@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 
 from .activations import silu_mul_math, xielu_math
-from .common import INTERPRET_MODE, cast_to, cdiv, int8_to, mma, sm_count
+from .common import (INTERPRET_MODE, cast_to, cdiv, int8_to, int8_to_float, mma, pdl_args,
+                     pdl_launch_dependents, pdl_wait, sm_count)
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
@@ -80,22 +81,35 @@ def _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
 
 
 @triton.jit
-def _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT: tl.constexpr, EVEN_K: tl.constexpr):
-    """Loads of one K tile for one token: x [1, BLOCK_K] float32, W rows [BLOCK_N, BLOCK_K]."""
+def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr):
+    """Weight rows [BLOCK_N, BLOCK_K] of one K tile (and SwiGLU's up rows); ok: a scalar, False
+    loads nothing (zeros). The weights depend on no earlier kernel (see _gemv_kernel's PDL)."""
     if EVEN_K:
-        xv = tl.load(x_rows + k0).to(tl.float32)
-        wa = tl.load(w_a + k0)
-        wb = wa
-        if ACT == 1:
-            wb = tl.load(w_b + k0)
+        wmask = ok
     else:
-        kmask = ((k0 + rk) < k_hi)[None, :]
-        xv = tl.load(x_rows + k0, mask=kmask, other=0.0).to(tl.float32)
-        wa = tl.load(w_a + k0, mask=kmask, other=0.0)
-        wb = wa
-        if ACT == 1:
-            wb = tl.load(w_b + k0, mask=kmask, other=0.0)
-    return xv, wa, wb
+        wmask = ((k0 + rk) < k_hi)[None, :] & ok
+    wa = tl.load(w_a + k0, mask=wmask, other=0.0)
+    wb = wa
+    if ACT == 1:
+        wb = tl.load(w_b + k0, mask=wmask, other=0.0)
+    return wa, wb
+
+
+@triton.jit
+def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
+    """x [1, BLOCK_K] of one K tile, as float32."""
+    if EVEN_K:
+        return tl.load(x_rows + k0).to(tl.float32)
+    else:
+        return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _w_float(w, INT8: tl.constexpr):
+    if INT8:
+        return int8_to_float(w)
+    else:
+        return w.to(tl.float32)
 
 
 # M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,
@@ -108,7 +122,7 @@ def _gemv_kernel(
     alpha_p, alpha_n, beta, eps,
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
     2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
@@ -131,26 +145,43 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     if BLOCK_M == 1:
-        # One token row: elementwise FMAs into a 2-D register tile, one reduction at the end. Triton
-        # does not software-pipeline these plain loads, so UNROLL = 2 issues the loads of two K
-        # tiles before the first FMA (more bytes in flight per program, same accumulator).
+        # One token row: elementwise FMAs into a 2-D register tile, one reduction at the end.
+        # Triton does not software-pipeline these plain loads, so the loop does it by hand: the
+        # weights of step i + 1 (UNROLL K tiles) are requested before step i's multiply-adds, so
+        # UNROLL to 2 * UNROLL tiles are in flight per program. Step 0's weights depend on no
+        # earlier kernel: with PDL they are requested before pdl_wait, while the previous
+        # kernel still runs (attention before the o projection, a norm before qkv / gate_up).
+        STEP: tl.constexpr = BLOCK_K * UNROLL
         part_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         part_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
-            xv, wa, wb = _gemv_tile(x_rows, w_a, w_b, k0, k_hi, rk, ACT, EVEN_K)
+        wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K)
+        wa2, wb2 = wa, wb
+        if UNROLL == 2:
+            wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K)
+        pdl_launch_dependents(PDL)
+        pdl_wait(PDL)
+        for k0 in range(k_lo, k_hi, STEP):
+            more = k0 + STEP < k_hi
+            na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K)
+            na2, nb2 = na, nb
             if UNROLL == 2:
-                xv2, wa2, wb2 = _gemv_tile(x_rows, w_a, w_b, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
-            part_a += wa.to(tl.float32) * xv
+                na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K)
+            xv = _gemv_x(x_rows, k0, k_hi, rk, EVEN_K)
+            part_a += _w_float(wa, INT8) * xv
             if ACT == 1:
-                part_b += wb.to(tl.float32) * xv
+                part_b += _w_float(wb, INT8) * xv
             if UNROLL == 2:
-                part_a += wa2.to(tl.float32) * xv2
+                xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk, EVEN_K)
+                part_a += _w_float(wa2, INT8) * xv2
                 if ACT == 1:
-                    part_b += wb2.to(tl.float32) * xv2
+                    part_b += _w_float(wb2, INT8) * xv2
+            wa, wb, wa2, wb2 = na, nb, na2, nb2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
     else:
         # 9..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
+        pdl_launch_dependents(PDL)
+        pdl_wait(PDL)
         acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -209,7 +240,7 @@ def _gemm_kernel(
     alpha_p, alpha_n, beta, eps,
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid: (cdiv(M, BLOCK_M) * cdiv(N_OUT, BLOCK_N),). Tiles visited in groups of GROUP_M
     row blocks so that a group's weight tiles are reused from L2."""
@@ -233,6 +264,8 @@ def _gemm_kernel(
     wb_ptrs = w_ptr + (rn_safe + N_OUT).to(tl.int64)[:, None] * s_wn + rk[None, :]
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs + k0)
@@ -405,7 +438,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
             alpha_p, alpha_n, beta, eps,
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
             EVEN_K=(k % step == 0) and (k_split % step == 0), UNROLL=unroll,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common, **pdl_args(),
         )
         return
 
@@ -416,4 +449,5 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         alpha_p, alpha_n, beta, eps,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+        **pdl_args(),
     )

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET_MODE, cast_to, next_pow2
+from .common import INTERPRET_MODE, cast_to, next_pow2, pdl_args, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit(do_not_specialize=["R"])  # R = 1 (a decode step) compiles like any row count
@@ -25,8 +25,10 @@ def _rms_rows_kernel(
     R, D, INNER,                      # rows, row length, rows per outer index (3-D views)
     sx0, sx1, so0, so1, sd0, sd1,     # (outer, inner) strides of x/residual, out, delta
     eps,
-    ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     outer, inner = rows // INNER, rows % INNER
@@ -95,4 +97,5 @@ def launch_rmsnorm(out, x, weight, eps, residual_delta=None):
     _rms_rows_kernel[grid](
         x, weight, out, delta, rows, d, inner, sx0, sx1, so0, so1, sd0, sd1, float(eps),
         ADD=residual_delta is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+        **pdl_args(),
     )

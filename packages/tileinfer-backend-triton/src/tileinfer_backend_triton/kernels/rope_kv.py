@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_to, next_pow2, round_half_even
+from .common import cast_to, next_pow2, pdl_args, pdl_launch_dependents, pdl_wait, round_half_even
 
 
 @triton.jit
@@ -124,9 +124,11 @@ def _attention_inputs_kernel(
     H, KVH, HALF, PAGE, s_qkv, s_qt, s_qh, s_cs,
     s_cp, s_csl, s_ch, s_sp, s_ss, s_sh,
     INT8: tl.constexpr, SMOOTH: tl.constexpr, QK_NORM: tl.constexpr,
-    H_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    H_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid: (tokens,). qkv row layout: [q heads | k heads | v heads], each head_dim wide."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     HD = 2 * HALF
     i = tl.arange(0, HALF_PAD)
@@ -238,4 +240,5 @@ def launch_attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth,
         INT8=int8, SMOOTH=k_smooth is not None, QK_NORM=qk_norm,
         H_PAD=h_pad, KVH_PAD=kvh_pad, HALF_PAD=half_pad, num_warps=_warps(h_pad * half_pad),
         enable_fp_fusion=False,  # RoPE's products rounded separately (no FMA), as the ref
+        **pdl_args(),
     )

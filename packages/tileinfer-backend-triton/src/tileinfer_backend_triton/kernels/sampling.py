@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET_MODE, exact_exp, exact_log, next_pow2
+from .common import (INTERPRET_MODE, exact_exp, exact_log, next_pow2, pdl_args,
+                     pdl_launch_dependents, pdl_wait)
 
 _MUL1 = tl.constexpr(0x7FEB352D)
 _MUL2 = tl.constexpr(0x1B873593)
@@ -169,8 +170,11 @@ def _greedy(row_ptrs, V, rmask, ROWS: tl.constexpr, BLOCK: tl.constexpr):
 def _sample_kernel(out_ptr, logits_ptr, probs_ptr, seed_ptr, counter_ptr, N, V, s_l, s_p,
                    inv_t, top_k, top_p,
                    GREEDY: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
-                   PROBS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                   PROBS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
     """Grid: (cdiv(rows, ROWS),); each program samples ROWS rows."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < N
     row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
@@ -206,9 +210,12 @@ def _sample_kernel(out_ptr, logits_ptr, probs_ptr, seed_ptr, counter_ptr, N, V, 
 def _accept_kernel(out_ptr, logits_ptr, draft_ptr, q_ptr, seed_ptr, counter_ptr, N, V, s_l, s_q,
                    inv_t, top_k, top_p,
                    GREEDY: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
-                   HAS_Q: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_Q: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
     """Grid: (cdiv(rows, ROWS),). The p/q rule of speculative sampling (Leviathan et al. 2023):
     accept draft d if u * q[d] < p[d], else Gumbel-max sample max(p - q, 0)."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < N
     row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
@@ -294,7 +301,7 @@ def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_o
         out, logits, probs, seed, counter, n, vocab, logits.stride(0), probs.stride(0),
         inv_t, int(top_k), float(top_p),
         GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, PROBS=probs_out is not None,
-        ROWS=rows, BLOCK=block, num_warps=warps,
+        ROWS=rows, BLOCK=block, num_warps=warps, **pdl_args(),
     )
 
 
@@ -309,5 +316,5 @@ def launch_accept(out, logits, draft_ids, draft_probs, temperature, top_k, top_p
         out, logits, draft_ids, q, seed, counter, n, vocab, logits.stride(0), q.stride(0),
         inv_t, int(top_k), float(top_p),
         GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_Q=draft_probs is not None,
-        ROWS=rows, BLOCK=block, num_warps=warps,
+        ROWS=rows, BLOCK=block, num_warps=warps, **pdl_args(),
     )

@@ -188,6 +188,8 @@ def test_linear(ops, ref, device, int8, out_dtype, n, in_f, out_f):
     ref.linear(expected, x, w, scale)
     # A float32 output of a bf16 product still carries the inputs' rounding: bf16 tolerance.
     assert_close(out, expected, dtype=torch.bfloat16)
+    if not int8 and out_dtype == torch.float32:  # the product is rounded to x's dtype first
+        assert torch.equal(out, out.to(torch.bfloat16).float()), "float32 out not bf16-rounded"
 
 
 def test_linear_float32_model(ops, ref, device):
