@@ -80,17 +80,20 @@ def _inspect(kernel):
     shared = kernel.metadata.shared
     flags = [name for name, pat in (("HGMMA", "HGMMA"), ("HMMA", "HMMA"), ("LDG.128", r"LDG\.E\.128"),
                                     ("LDGSTS", "LDGSTS"), ("UTMALDG", "UTMALDG"),
-                                    ("LDL/STL", r"\b(LDL|STL)\b")) if re.search(pat, sass)]
+                                    ("LDL/STL", r"\b(LDL|STL)\b"), ("I2F", r"\bI2F")) if re.search(pat, sass)]
     return (int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1, shared, flags)
 
 
 def cases():
     """(label, thunk) pairs: launches at the shapes the benchmark and the models use."""
     from tileinfer_backend_triton.kernels import attention, linear, norms, rope_kv, sampling
-    from tileinfer_backend_triton.kernels import activations, embed
+    from tileinfer_backend_triton.kernels import activations, common, embed
 
     for mod in (linear, attention):
         mod.sm_count = lambda device: SM_COUNT
+    # Compile as an sm_90 GPU runs them: with programmatic dependent launch (griddepcontrol).
+    common.PDL_SUPPORTED = True
+    common.set_pdl(os.environ.get("TILEINFER_TRITON_PDL", "1") != "0")
     bf, i8, f32 = torch.bfloat16, torch.int8, torch.float32
     e = torch.empty
 

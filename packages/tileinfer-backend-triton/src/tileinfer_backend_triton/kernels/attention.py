@@ -212,11 +212,11 @@ def _attention_kernel(
         num_splits = tl.num_programs(2)
         arrived = tl.atomic_add(lock, 1, sem="acq_rel")
         if arrived == num_splits - 1:
-            for r in range(0, BLOCK_Q * GROUP):  # this block's query rows x heads of the group
-                row = qb * BLOCK_Q + r // GROUP
+            for i in range(0, BLOCK_Q * GROUP):  # this block's query rows x heads of the group
+                row = qb * BLOCK_Q + i // GROUP
                 if row < q_len:
                     _combine_row(out_ptr, ws_ptr, (q_start + row).to(tl.int64),
-                                 (g * GROUP + r % GROUP).to(tl.int64), num_splits, D,
+                                 (g * GROUP + i % GROUP).to(tl.int64), num_splits, D,
                                  s_ot, s_oh, s_wt, s_wh, s_ws, SPLITS_PAD, BLOCK_D)
             tl.atomic_xchg(lock, 0)  # re-arm for the next launch / graph replay
     else:
