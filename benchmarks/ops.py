@@ -47,7 +47,9 @@ MODELS = {
 DEV = "cuda"
 DRY_RUN = False  # --dry-run: tiny shapes on the CPU (TRITON_INTERPRET=1) to check the script
 CONTEXTS = (256, 1024, 8192, 16384, 32768)
-SWEEP_CONTEXTS = (8192, 32768)  # the Triton attention tile / split sweep runs at these
+# The Triton attention sweep: split targets tried per context, with (min_chunk) the shortest split.
+SWEEP_SPLITS = {256: ((1, 256), (2, 64), (4, 64)), 1024: ((1, 1024), (4, 256), (8, 64), (16, 64)),
+                8192: ((17, 256), (33, 256), (64, 64)), 32768: ((17, 256), (33, 256), (64, 256))}
 PREFILL = 2048
 ROWS: list[dict] = []
 OUT_FILE = None
@@ -152,9 +154,9 @@ def backends():
 
 def _dry_run_setup():
     global DEV, DRY_RUN, CONTEXTS, PREFILL, ROTATE_BYTES
-    global SWEEP_CONTEXTS
+    global SWEEP_SPLITS
     DEV, DRY_RUN, CONTEXTS, PREFILL = "cpu", True, (300, 700), 40
-    SWEEP_CONTEXTS = (700,)
+    SWEEP_SPLITS = {700: ((2, 64),)}
     for cfg in MODELS.values():
         cfg.update(hidden=cfg["hidden"] // 32, heads=4, kv_heads=2, head_dim=32,
                    inter=cfg["inter"] // 32, vocab=3000, layers=2)
@@ -388,7 +390,7 @@ def bench_attention(tables, summary):
                      frac_of_ceiling=round(bw / COPY_CEILING, 3), timing=how)
                 summary.append((f"attn decode ctx{ctx}", kind, backend, us,
                                 f"{bw / COPY_CEILING:.2f} of copy"))
-            if "triton" in tables and ctx in SWEEP_CONTEXTS:
+            if "triton" in tables and ctx in SWEEP_SPLITS:
                 _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind)
             del caches
             torch.cuda.empty_cache()
@@ -421,10 +423,10 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
     nbytes = 2 * ctx * 8 * hd * elt + (2 * ctx * 8 * 4 if kind == "int8" else 0)
     for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 4, 4),
                   (16, 128, 8, 3)):
-        for splits in ((2,) if DRY_RUN else (17, 33, 64)):
+        for splits, min_chunk in SWEEP_SPLITS[ctx]:
             calls = [lambda c=c, t=t: attention.launch_attention(
                 out, q, *c, cu, ctx_t, t, 1, max_ctx, hd ** -0.5, True, ws, tiles=tiles,
-                splits=splits) for c, t in caches]
+                splits=splits, min_chunk=min_chunk) for c, t in caches]
             try:
                 us, _ = time_calls(calls)
             except Exception as exc:
@@ -432,7 +434,7 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
                 continue
             bw = nbytes / (us * 1e-6)
             emit(op="sweep:attn", shape=f"ctx{ctx}", kv=kind, backend="triton", tiles=str(tiles),
-                 splits=splits, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
+                 splits=splits, min_chunk=min_chunk, median_us=round(us, 2), GBps=round(bw / 1e9, 1),
                  frac_of_ceiling=round(bw / COPY_CEILING, 3))
 
 

@@ -199,6 +199,9 @@ def cases():
     yield simple("small accept 64x500 one-hot q", lambda: sampling.launch_accept(
         e(64, dtype=torch.int32), e(64, 500), e(64, dtype=torch.int32), None, 0.7, 20, 1.0,
         seed, counter))
+    for t in (0.0, 1.0):  # greedy / plain temperature without probabilities: the split argmax
+        yield simple(f"sample split t{t}", lambda t=t: sampling.launch_sample(
+            e(1, dtype=torch.int32), e(1, 128256), t, 0, 1.0, seed, counter, None))
     for (t, k, p) in ((0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 50, 0.9)):
         yield simple(f"sample t{t} k{k} p{p}", lambda t=t, k=k, p=p: sampling.launch_sample(
             e(4, dtype=torch.int32), e(4, 128256), t, k, p, seed, counter, e(4, 128256)))

@@ -4,8 +4,10 @@ Every op of ``tileinfer.hookspecs`` is a thin wrapper here around a launcher in 
 (one op family per module, the kernel beside its launcher). All ops write into the given
 outputs, allocate nothing on the hot path and never synchronize with the host, so a step can be
 captured in a CUDA graph; the only device memory the backend owns is the split-K scratch of the
-linear kernels (allocated once per device, at ``attention_workspace`` time or first use) and the
-attention workspace that ``attention_workspace`` returns.
+linear kernels and the split argmax's scratch of the sampler (each allocated once per device, at
+``attention_workspace`` time or first use) and the attention workspace that
+``attention_workspace`` returns. On Hopper the decode-path kernels use programmatic dependent
+launch (kernels/common.py; ``TILEINFER_TRITON_PDL=0`` turns it off).
 
 On a machine without a CUDA GPU it is available only under Triton's interpreter
 (``TRITON_INTERPRET=1``, which CI uses to check the kernels on the CPU).
@@ -47,7 +49,8 @@ NOTES = {
     "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
     "attention": "paged FlashAttention-2 kernel, GQA heads packed per KV head, split-KV "
                  "(flash-decoding) for decode steps",
-    "sample_tokens": "one program per row; top-k/top-p thresholds by 32-step bisection",
+    "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
+                     "program per row, thresholds by 32-step bisection",
 }
 
 
@@ -113,6 +116,7 @@ if _AVAILABLE:
         # Called once by a model runner before it captures graphs: reserve the linear kernels'
         # split-K scratch on this device at the same time.
         _linear.reserve_scratch(device)
+        _sampling.reserve_scratch(device)
         return _attention.workspace(num_tokens, num_heads, head_dim, max_context_len, device)
 
     @hookimpl

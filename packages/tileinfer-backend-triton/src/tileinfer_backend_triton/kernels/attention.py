@@ -1,5 +1,5 @@
 """Paged grouped-query attention: one FlashAttention-2 style kernel for decode and prefill steps,
-with flash-decoding's split-KV for decode and verify steps.
+with flash-decoding's split-KV for long contexts, and the small kernel that combines the splits.
 
 Work decomposition. A program owns one (sequence, kv head) pair, a block of BLOCK_Q query rows
 of that sequence and (split-KV) one chunk of its cached positions. The GQA group's query heads
@@ -18,13 +18,9 @@ scale); P is rounded to bf16 for the P @ V product, as FlashAttention does.
 
 Split-KV (flash-decoding, Dao et al. 2023): at decode there are only batch x kv_heads (e.g. 8)
 programs per layer, far fewer than the 132 SMs; splitting each sequence's positions into chunks
-of at least MIN_CHUNK gives up to ~2 programs per SM, also at short contexts (a single program
-walking 256 positions one page gather after another is latency-bound). Each split writes its
-unnormalized output, running max and sum to the workspace and counts itself in an arrival
-counter; the last program of a (sequence, kv head, query block) to arrive combines the splits
-(``_combine_row``) and re-arms the counter, as the split-K GEMV does: no second kernel, and the
-next kernel of the layer (the o projection) can start as soon as attention ends. The workspace
-comes from the ``attention_workspace`` hook, allocated once.
+gives ~2 programs per SM. Each split writes its unnormalized output, running max and sum to the
+workspace; ``_combine_kernel`` rescales and sums them. The workspace comes from the
+``attention_workspace`` hook, allocated once.
 
 Row invariance (steps of up to ROW_INVARIANT_MAX_Q = 8 query rows per sequence: decode, and the
 verify steps of speculative decoding). Greedy speculative decoding emits exactly plain greedy's
@@ -35,7 +31,7 @@ from its own row's visible length (``pos + 1`` when causal): the number of split
 ``min(split_target, cdiv(visible, MIN_CHUNK))`` with a split target that depends only on the
 batch and the heads, never on the step's rows or on the longest context. Splits past a row's
 own count write empty partials (max -inf, sum 0), which the combine adds as exact zeros; the
-combine is compiled for the workspace's capacity of splits, not for the step's, so its
+combine kernel is compiled for the workspace's capacity of splits, not for the step's, so its
 reduction tree is the same for every step. Longer steps (prefill) keep the tiles of several
 query rows.
 
@@ -53,8 +49,6 @@ import torch
 import triton
 import triton.language as tl
 
-from typing import NamedTuple
-
 from .common import (INTERPRET_MODE, cast_to, cdiv, int8_to, mma, next_pow2, pdl_args,
                      pdl_launch_dependents, pdl_wait, sm_count)
 
@@ -66,44 +60,14 @@ ROW_INVARIANT_MAX_Q = 8
 # Workspace capacity: query rows (tokens) and splits per head; splits hold >= MIN_CHUNK positions.
 SPLIT_MAX_TOKENS = 64
 MAX_SPLITS = 64
-MIN_CHUNK = 64
-
-
-class SplitWorkspace(NamedTuple):
-    """partials: float32 (tokens, heads, splits, head_dim + 2), each split's unnormalized output,
-    running max and running sum; counters: int32 arrival counters (zero between launches)."""
-
-    partials: torch.Tensor
-    counters: torch.Tensor
-
-
-@triton.jit
-def _combine_row(out_ptr, ws_ptr, t, h, NUM_SPLITS, D, s_ot, s_oh, s_wt, s_wh, s_ws,
-                 SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Query row t, head h: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. SPLITS_PAD is
-    the workspace's capacity (not the step's split count), so the reduction tree over the
-    splits is the same in every step; missing and empty splits add exact zeros. Loads bypass L1
-    (.cg): other programs wrote the partials."""
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    smask = s < NUM_SPLITS
-    base = ws_ptr + t * s_wt + h * s_wh + s * s_ws
-    m = tl.load(base + D, mask=smask, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(base + D + 1, mask=smask, other=0.0, cache_modifier=".cg")
-    m_max = tl.max(m, axis=0)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_safe)
-    total = tl.sum(w * l, axis=0)
-    acc = tl.load(base[:, None] + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0,
-                  cache_modifier=".cg")
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + t * s_ot + h * s_oh + d, cast_to(o, out_ptr.dtype.element_ty), mask=d < D)
+MIN_CHUNK = 256
+WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks try them)
 
 
 @triton.jit
 def _attention_kernel(
     out_ptr, q_ptr, k_cache, v_cache, k_scale, v_scale, k_smooth,
-    cu_ptr, ctx_ptr, bt_ptr, ws_ptr, lock_ptr,
+    cu_ptr, ctx_ptr, bt_ptr, ws_ptr,
     KVH, GROUP, D, qk_scale,
     s_qt, s_qh, s_ot, s_oh,
     s_cp, s_cs, s_ch, s_sp, s_ss, s_sh, s_bt,
@@ -112,7 +76,7 @@ def _attention_kernel(
     PAGE: tl.constexpr, CAUSAL: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, ROW_SPLITS: tl.constexpr, MIN_CHUNK_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid: (batch * kv_heads, cdiv(max_query_len, BLOCK_Q), splits). CHUNK: positions per
     split; with ROW_SPLITS (BLOCK_Q = 1) the split target instead, each row's chunk being
@@ -202,23 +166,11 @@ def _attention_kernel(
             acc = mma(cast_to(p, v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
 
-    if SPLIT:  # unnormalized partial + (max, sum); the last split to arrive combines
+    if SPLIT:  # unnormalized partial + (max, sum) for _combine_kernel
         w = ws_ptr + tok * s_wt + head.to(tl.int64) * s_wh + split * s_ws
         tl.store(w[:, None] + d[None, :], acc, mask=row_ok[:, None] & dmask[None, :])
         tl.store(w + D, m_i, mask=row_ok)
         tl.store(w + D + 1, l_i, mask=row_ok)
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        lock = lock_ptr + pid_bg * tl.num_programs(1) + qb
-        num_splits = tl.num_programs(2)
-        arrived = tl.atomic_add(lock, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            for i in range(0, BLOCK_Q * GROUP):  # this block's query rows x heads of the group
-                row = qb * BLOCK_Q + i // GROUP
-                if row < q_len:
-                    _combine_row(out_ptr, ws_ptr, (q_start + row).to(tl.int64),
-                                 (g * GROUP + i % GROUP).to(tl.int64), num_splits, D,
-                                 s_ot, s_oh, s_wt, s_wh, s_ws, SPLITS_PAD, BLOCK_D)
-            tl.atomic_xchg(lock, 0)  # re-arm for the next launch / graph replay
     else:
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         optr = out_ptr + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
@@ -226,20 +178,44 @@ def _attention_kernel(
                  mask=row_ok[:, None] & dmask[None, :])
 
 
+@triton.jit(do_not_specialize=["NUM_SPLITS"])  # one binary for every step's split count
+def _combine_kernel(out_ptr, ws_ptr, NUM_SPLITS, D, s_ot, s_oh, s_wt, s_wh, s_ws,
+                    SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """Grid: (tokens, heads). out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+    SPLITS_PAD is the workspace's capacity (not the step's split count), so the reduction tree
+    over the splits is the same in every step; missing and empty splits add exact zeros."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < NUM_SPLITS
+    base = ws_ptr + t * s_wt + h * s_wh + s * s_ws
+    m = tl.load(base + D, mask=smask, other=float("-inf"))
+    l = tl.load(base + D + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe)
+    total = tl.sum(w * l, axis=0)
+    acc = tl.load(base[:, None] + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + t * s_ot + h * s_oh + d, cast_to(o, out_ptr.dtype.element_ty), mask=d < D)
+
+
 # --- launch ------------------------------------------------------------------------------------
 
 
 def workspace(num_tokens, num_heads, head_dim, max_context_len, device):
-    """The split-KV workspace (SplitWorkspace). The partials' shape is its capacity: a step with
-    more query rows than it holds, or a longer context than it was sized for, runs with fewer
-    splits. One counter per (query row, head) covers every (sequence, kv head, query block)."""
+    """The split-KV workspace: float32 (tokens, heads, splits, head_dim + 2) holding each split's
+    unnormalized output, running max and running sum. Its shape is its capacity: a step with more
+    query rows than it holds, or a longer context than it was sized for, runs with fewer splits."""
     tokens = min(int(num_tokens), SPLIT_MAX_TOKENS)
-    splits = min(MAX_SPLITS, cdiv(max(int(max_context_len), 1), MIN_CHUNK))
+    splits = min(MAX_SPLITS, cdiv(max(int(max_context_len), 1), WORKSPACE_MIN_CHUNK))
     if tokens <= 0 or splits <= 1:
         return None
-    return SplitWorkspace(
-        torch.empty((tokens, num_heads, splits, head_dim + 2), dtype=torch.float32, device=device),
-        torch.zeros(tokens * num_heads, dtype=torch.int32, device=device))
+    return torch.empty((tokens, num_heads, splits, head_dim + 2), dtype=torch.float32,
+                       device=device)
 
 
 def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
@@ -266,7 +242,9 @@ def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
 
 def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
                      context_lens, block_table, max_query_len, max_context_len, scale, causal,
-                     ws, tiles=None, splits=None):
+                     ws, tiles=None, splits=None, min_chunk=MIN_CHUNK):
+    """tiles, splits, min_chunk: launch settings for benchmarks (defaults: _tiles, ~2 programs
+    per SM, MIN_CHUNK)."""
     n, heads, hd = q.shape
     if n == 0:
         return
@@ -289,17 +267,15 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
 
     # Split-KV when the step is small (decode, verify) and the workspace can hold it.
     num_splits = 1
-    part = ws.partials if ws is not None else None
-    fits = (part is not None and max_q <= SPLIT_MAX_Q and n <= part.shape[0]
-            and heads <= part.shape[1] and part.shape[3] == hd + 2
-            and batch * kv_heads * q_blocks <= ws.counters.numel())
+    fits = (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0]
+            and heads <= ws.shape[1] and ws.shape[3] == hd + 2)
     if fits:
         # ~2 programs per SM from the sequences' heads alone (row mode: never from the rows).
         base = batch * kv_heads * (1 if row_mode else q_blocks)
-        target = max(1, min(part.shape[2], cdiv(2 * sm_count(q.device), base)))
+        target = max(1, min(ws.shape[2], cdiv(2 * sm_count(q.device), base)))
         if splits is not None:
-            target = max(1, min(int(splits), part.shape[2]))
-        num_splits = min(target, cdiv(max_ctx, MIN_CHUNK))
+            target = max(1, min(int(splits), ws.shape[2]))
+        num_splits = min(target, cdiv(max_ctx, min_chunk))
     if row_mode:
         # The grid covers the longest row's splits; each program derives its row's partition
         # (kernel's ROW_SPLITS) from the target, so CHUNK carries the target.
@@ -314,20 +290,23 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     else:
         s_sp = s_ss = s_sh = 0
     split = num_splits > 1
-    wsp, locks = (part, ws.counters) if split else (q, q)
-    s_wt, s_wh, s_ws = (part.stride(0), part.stride(1), part.stride(2)) if split else (0, 0, 0)
+    wsp = ws if split else q
+    s_wt, s_wh, s_ws = (ws.stride(0), ws.stride(1), ws.stride(2)) if split else (0, 0, 0)
     grid = (batch * kv_heads, q_blocks, num_splits)
     _attention_kernel[grid](
         out, q, k_cache, v_cache, k_scale if int8 else q, v_scale if int8 else q,
-        k_smooth if k_smooth is not None else q, cu_seqlens_q, context_lens, block_table, wsp, locks,
+        k_smooth if k_smooth is not None else q, cu_seqlens_q, context_lens, block_table, wsp,
         kv_heads, group, hd, float(scale) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
         block_table.stride(0), s_wt, s_wh, s_ws, chunk,
         PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=split,
-        F32=f32, ROW_SPLITS=row_mode, MIN_CHUNK_C=MIN_CHUNK, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
-        SPLITS_PAD=next_pow2(part.shape[2]) if split else 1,
-        num_warps=warps, num_stages=stages, **pdl_args(),
+        F32=f32, ROW_SPLITS=row_mode, MIN_CHUNK_C=min_chunk, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_N=block_n, BLOCK_D=next_pow2(hd), num_warps=warps, num_stages=stages, **pdl_args(),
     )
+    if split:
+        _combine_kernel[(n, heads)](
+            out, ws, num_splits, hd, out.stride(0), out.stride(1), s_wt, s_wh, s_ws,
+            SPLITS_PAD=next_pow2(ws.shape[2]), BLOCK_D=next_pow2(hd), num_warps=4, **pdl_args(),
+        )
 

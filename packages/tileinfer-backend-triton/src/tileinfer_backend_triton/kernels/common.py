@@ -89,28 +89,13 @@ def cast_to(x, ty: tl.constexpr):
 
 
 @triton.jit
-def int8_to_float(w):
-    """int8 values to float32, exactly, on the integer and FMA pipes.
-
-    ``w.to(tl.float32)`` is an I2F conversion, which an SM retires at a quarter of its FP32 rate
-    or less: dequantizing INT8 weights or KV pages at memory speed is bound by it. Instead the
-    sign-extended byte b is placed in the mantissa of 2^23 (bits 0x4B000000 + 128 + b, the float
-    2^23 + 128 + b, exact) and 2^23 + 128 is subtracted: an integer add and a float add."""
-    if INTERPRET:
-        return w.to(tl.float32)
-    else:
-        biased = w.to(tl.int32) + 0x4B000080
-        return biased.to(tl.float32, bitcast=True) - 8388736.0
-
-
-@triton.jit
 def int8_to(w, ty: tl.constexpr):
     """INT8 weights/cache values to the dot operand type (exact in bf16/fp16). The interpreter's
     int8 -> bf16 conversion is broken; it gets float32 (its dots run in float32 anyway)."""
     if INTERPRET:
         return w.to(tl.float32)
     else:
-        return int8_to_float(w).to(ty)
+        return w.to(ty)
 
 
 @triton.jit

@@ -43,8 +43,8 @@ import triton
 import triton.language as tl
 
 from .activations import silu_mul_math, xielu_math
-from .common import (INTERPRET_MODE, cast_to, cdiv, int8_to, int8_to_float, mma, pdl_args,
-                     pdl_launch_dependents, pdl_wait, sm_count)
+from .common import (INTERPRET_MODE, cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents,
+                     pdl_wait, sm_count)
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
@@ -104,14 +104,6 @@ def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
         return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
 
 
-@triton.jit
-def _w_float(w, INT8: tl.constexpr):
-    if INT8:
-        return int8_to_float(w)
-    else:
-        return w.to(tl.float32)
-
-
 # M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,
 # a separate binary from the one of M = 2..8; one binary for every row count keeps a verify
 # step's rows on exactly the decode step's instructions.
@@ -167,14 +159,14 @@ def _gemv_kernel(
             if UNROLL == 2:
                 na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K)
             xv = _gemv_x(x_rows, k0, k_hi, rk, EVEN_K)
-            part_a += _w_float(wa, INT8) * xv
+            part_a += wa.to(tl.float32) * xv
             if ACT == 1:
-                part_b += _w_float(wb, INT8) * xv
+                part_b += wb.to(tl.float32) * xv
             if UNROLL == 2:
                 xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk, EVEN_K)
-                part_a += _w_float(wa2, INT8) * xv2
+                part_a += wa2.to(tl.float32) * xv2
                 if ACT == 1:
-                    part_b += _w_float(wb2, INT8) * xv2
+                    part_b += wb2.to(tl.float32) * xv2
             wa, wb, wa2, wb2 = na, nb, na2, nb2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]

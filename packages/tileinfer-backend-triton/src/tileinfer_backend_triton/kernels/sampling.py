@@ -1,7 +1,11 @@
 """Device sampling and the p/q acceptance rule, token for token as ``tileinfer.sampling``.
 
 One program per logit row walks the vocabulary in BLOCK-wide chunks (a 128256-entry row is
-0.5 MB and stays in L2 across the passes):
+0.5 MB and stays in L2 across the passes). Greedy and plain temperature sampling (no top-k /
+top-p, no probabilities) need one pass only, which one program makes in ~17 us; they split the
+row over many programs instead (``_argmax_split_kernel``): each takes the argmax of its chunk and
+the last to arrive picks among the chunks in order (earlier chunks win ties, so the token is the
+same first index of the maximum).
 
 * greedy: one pass of argmax (first index on ties, as torch.argmax);
 * temperature: ``s = logits * float32(1 / temperature)`` (one multiply, as the host);
@@ -23,6 +27,8 @@ to an ulp, may pick differently (about one token in a million, as the host modul
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import triton
@@ -261,6 +267,57 @@ def _accept_kernel(out_ptr, logits_ptr, draft_ptr, q_ptr, seed_ptr, counter_ptr,
     tl.store(out_ptr + rows, tl.where(accept, d, tok).to(out_ptr.dtype.element_ty), mask=rmask)
 
 
+@triton.jit
+def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, part_i, lock_ptr,
+                         V, s_l, inv_t, CHUNK,
+                         GREEDY: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+                         PDL: tl.constexpr):
+    """Grid: (rows, chunks). The token of greedy / plain temperature sampling of one row, split
+    over CHUNK-wide pieces of the vocabulary. Scores are exactly _sample_kernel's (greedy: the
+    logits; else s + Gumbel noise). part_v / part_i: (rows, CHUNKS_PAD) chunk maxima and their
+    first indices; lock_ptr: one arrival counter per row (zero between launches)."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    rows = row + tl.arange(0, 1)  # [1]: the helpers take row vectors
+    rmask = rows >= 0
+    row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
+    best_v = tl.full([1], float("-inf"), tl.float32)
+    best_i = tl.zeros([1], tl.int32)
+    lo = chunk * CHUNK
+    hi = tl.minimum(lo + CHUNK, V)
+    if GREEDY:
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptrs[:, None] + offs[None, :], mask=(offs < hi)[None, :],
+                        other=float("-inf"))
+            best_v, best_i = _argmax_update(best_v, best_i, x, start)
+    else:
+        keys = _stream_key(seed_ptr, counter_ptr, rows)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            sc, key, valid = _scores(row_ptrs, offs, hi, inv_t, rmask)
+            x = tl.where(valid, sc + _gumbel(keys[:, None], offs[None, :]), float("-inf"))
+            best_v, best_i = _argmax_update(best_v, best_i, x, start)
+    slot = row * CHUNKS_PAD + chunk
+    tl.store(part_v + slot + tl.arange(0, 1), best_v)
+    tl.store(part_i + slot + tl.arange(0, 1), best_i)
+    tl.debug_barrier()  # the chunk's result is written before the release below
+    chunks = tl.num_programs(1)
+    arrived = tl.atomic_add(lock_ptr + row, 1, sem="acq_rel")
+    if arrived == chunks - 1:  # the last chunk of this row: pick, in chunk order
+        c = tl.arange(0, CHUNKS_PAD)
+        cmask = c < chunks
+        v = tl.load(part_v + row * CHUNKS_PAD + c, mask=cmask, other=float("-inf"),
+                    cache_modifier=".cg")
+        i = tl.load(part_i + row * CHUNKS_PAD + c, mask=cmask, other=0, cache_modifier=".cg")
+        first = tl.min(tl.where(cmask & (v == tl.max(v, axis=0)), c, CHUNKS_PAD), axis=0)
+        tok = tl.sum(tl.where(c == first, i, 0), axis=0)
+        tl.store(out_ptr + row, tok.to(out_ptr.dtype.element_ty))
+        tl.atomic_xchg(lock_ptr + row, 0)  # re-arm for the next launch / graph replay
+
+
 # --- launch ------------------------------------------------------------------------------------
 
 
@@ -274,6 +331,48 @@ def _tiles(n: int, vocab: int):
         rows = min(next_pow2(n), 64)
         return rows, max(16, min(next_pow2(vocab), 32768 // rows)), 4
     return 1, min(next_pow2(vocab), SAMPLE_BLOCK), 16
+
+
+# The split argmax: chunk width (GPU / interpreter, where several chunks exercise the pick), and
+# its scratch, allocated once per device (from reserve_scratch before graph capture, or on
+# first use); rows beyond SPLIT_MAX_ROWS take the one-program kernel.
+SPLIT_CHUNK = 4096
+SPLIT_CHUNK_INTERPRET = 256
+SPLIT_MAX_ROWS = 64
+SPLIT_MAX_CHUNKS = 64
+
+
+class _SplitScratch:
+    def __init__(self):
+        self._by_device = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device):
+        key = (device.type, device.index)
+        with self._lock:
+            buffers = self._by_device.get(key)
+            if buffers is None:
+                size = SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS
+                buffers = (torch.empty(size, dtype=torch.float32, device=device),
+                           torch.empty(size, dtype=torch.int32, device=device),
+                           torch.zeros(SPLIT_MAX_ROWS, dtype=torch.int32, device=device))
+                self._by_device[key] = buffers
+        return buffers
+
+
+SCRATCH = _SplitScratch()
+
+
+def reserve_scratch(device):
+    SCRATCH.get(torch.device(device))
+
+
+def _split_chunk(vocab: int) -> int:
+    """Chunk width of the split argmax, or 0 where it does not apply (too many chunks)."""
+    chunk = SPLIT_CHUNK_INTERPRET if INTERPRET_MODE else SPLIT_CHUNK
+    while triton.cdiv(vocab, chunk) > SPLIT_MAX_CHUNKS:
+        chunk *= 2
+    return chunk
 
 
 def _inv_temperature(temperature: float) -> float:
@@ -295,6 +394,16 @@ def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_o
     if n == 0:
         return
     greedy, has_topk, has_topp, inv_t = _flags(vocab, temperature, top_k, top_p)
+    if probs_out is None and not has_topk and not has_topp and n <= SPLIT_MAX_ROWS:
+        chunk = _split_chunk(vocab)
+        chunks = triton.cdiv(vocab, chunk)
+        part_v, part_i, locks = SCRATCH.get(logits.device)
+        _argmax_split_kernel[(n, chunks)](
+            out, logits, seed, counter, part_v, part_i, locks, vocab, logits.stride(0), inv_t,
+            chunk, GREEDY=greedy, BLOCK=chunk, CHUNKS_PAD=SPLIT_MAX_CHUNKS,
+            num_warps=8 if chunk >= 2048 else 4, **pdl_args(),
+        )
+        return
     probs = probs_out if probs_out is not None else logits
     rows, block, warps = _tiles(n, vocab)
     _sample_kernel[(triton.cdiv(n, rows),)](
