@@ -5,6 +5,11 @@
 - a captured CUDA graph of a sequence of ops, replayed on new inputs, equals the eager run;
 - the on-disk cubin cache is reused by a new process;
 - the decode GEMV, the prefill GEMM and split-KV attention at model-sized shapes match ref;
+- decode attention (attention_decode.cu, 1..16 tokens) matches ref across page and tile
+  boundaries, and each row of a verify step equals its 1-token step bit for bit;
+- the row-streaming GEMV (gemv_rows.cu) in several configurations, split-K on and off, matches ref
+  for every dtype / epilogue / output at 1..8 tokens, and every row of a k-token step equals its
+  1-token step bit for bit;
 - the bf16 / INT8 model path takes no fallback to ref.
 """
 
@@ -431,12 +436,13 @@ def test_model_path_takes_no_fallback(cuda, cuda_ops):
 # row computed in a 1-token step, bit for bit; the tuning sweeps (bench.py) must only pick among
 # correct configurations.
 
-GEMV_SWEEP_SAMPLE = [None, {"warps": 2, "stages": 3, "l2_256b": False},
-                     {"warps": 4, "stages": 2, "l2_256b": False},
-                     {"warps": 16, "stages": 4, "l2_256b": True}]
+GEMV_SWEEP_SAMPLE = [None, {"kernel": "mma"}, {"kernel": "mma", "warps": 2, "stages": 3, "l2_256b": False},
+                     {"kernel": "mma", "warps": 4, "stages": 2, "l2_256b": False},
+                     {"kernel": "mma", "warps": 16, "stages": 4, "l2_256b": True}]
 
 
 @pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else
+                         "mma" if "warps" not in c else
                          f"w{c['warps']}s{c['stages']}{'L2' if c['l2_256b'] else ''}")
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cuda_ops, cfg, int8):
@@ -472,7 +478,220 @@ def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cuda_o
     assert_close(out, expected, torch.bfloat16)
 
 
-ATTN_SWEEP_SAMPLE = [{"stages": 3}, {"blocks_per_sm": 1, "stages": 3}, {"blocks_per_sm": 6}]
+# --- the row-streaming GEMV (gemv_rows.cu) --------------------------------------------------------
+# Configurations: the heuristic's, and tiles / warps / grid splits around it. K = 1040 (bf16 and
+# INT8) is no multiple of a warp step (256 bf16 / 512 int8 elements): the last round is masked;
+# split in 3 (whole warp steps a split), the last split holds only 16 elements of K, split in 2
+# (bf16) 768 + 272. Idle warps: 8 warps for 3 to 5 steps. 300 output rows: the last row tile is
+# partial for every ROWS.
+ROWS_CONFIGS = [
+    {"kernel": "rows"},
+    {"kernel": "rows", "rows": 2, "unroll": 4, "warps": 2, "split_k": 2},
+    {"kernel": "rows", "rows": 8, "unroll": 1, "warps": 4, "split_k": 3},
+    {"kernel": "rows", "rows": 1, "unroll": 3, "warps": 8, "split_k": 1},
+]
+ROWS_OUT_F, ROWS_IN_F = 300, 1040
+XIELU_PARAMS = (0.8, 0.9, 0.5, -1e-6)
+
+
+def _rows_id(cfg):
+    if "rows" not in cfg:
+        return "default"
+    return f"r{cfg['rows']}u{cfg['unroll']}w{cfg['warps']}k{cfg['split_k']}"
+
+
+@pytest.fixture(scope="module")
+def rows_builds(cuda_ops):
+    """Every gemv_rows.cu build the tests below launch, compiled in parallel up front (each test
+    would otherwise compile two or three builds one after the other)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tileinfer_backend_cuda import compiler
+
+    device = torch.cuda.current_device()
+    arch = compiler.device_arch(device)
+    jobs = {}
+    for cfg in ROWS_CONFIGS:
+        for int8 in (False, True):
+            for epilogue, outs in (("none", ("bf16_t", "float")), ("swiglu", ("bf16_t",)),
+                                   ("xielu", ("bf16_t",))):
+                saved = dict(cuda_ops.gemv_overrides)
+                cuda_ops.gemv_overrides.clear()
+                cuda_ops.gemv_overrides.update(cfg)
+                try:
+                    full = cuda_ops.gemv_config(ROWS_OUT_F, ROWS_IN_F, int8, epilogue, device)
+                finally:
+                    cuda_ops.gemv_overrides.clear()
+                    cuda_ops.gemv_overrides.update(saved)
+                for out_name in outs:
+                    for tokens in (1, cuda_ops.GEMV_MAX_TOKENS):
+                        d = cuda_ops.gemv_rows_defines(full, int8, epilogue, out_name, tokens,
+                                                       cuda_ops._pdl(device))
+                        jobs[tuple(sorted(d.items()))] = (arch, d)
+    with ProcessPoolExecutor(max_workers=max(1, min(16, (os.cpu_count() or 2) - 1)),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(_compile_rows, jobs.values()))
+
+
+def _compile_rows(job):
+    from tileinfer_backend_cuda import compiler
+
+    arch, defines = job
+    compiler.compile_cubin("gemv_rows.cu", arch, defines)
+
+
+def _rows_modules_loaded(cfg_warps):
+    from tileinfer_backend_cuda import compiler
+
+    return [m for m in compiler.loaded_modules()
+            if m.file == "gemv_rows.cu" and m.defines.get("WARPS") == cfg_warps]
+
+
+def _call(cuda, epilogue, out, x, w, scale):
+    if epilogue == "swiglu":
+        cuda.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16,
+                                                        device=DEV))
+    elif epilogue == "xielu":
+        cuda.linear_xielu(out, x, w, scale, *XIELU_PARAMS)
+    else:
+        cuda.linear(out, x, w, scale)
+
+
+def _ref_call(ref, epilogue, out, x, w, scale):
+    if epilogue == "swiglu":
+        ref.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16,
+                                                       device=DEV))
+    elif epilogue == "xielu":
+        ref.linear_xielu(out, x, w, scale, *XIELU_PARAMS)
+    else:
+        ref.linear(out, x, w, scale)
+
+
+@pytest.mark.parametrize("cfg", ROWS_CONFIGS, ids=_rows_id)
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("epilogue,out_dtype", [("none", torch.bfloat16), ("none", torch.float32),
+                                                ("swiglu", torch.bfloat16), ("xielu", torch.bfloat16)],
+                         ids=["none-bf16", "none-f32", "swiglu", "xielu"])
+def test_gemv_rows_matches_ref_and_rows_match_one_token_steps(cuda, ref, cuda_ops, rows_builds, cfg,
+                                                              int8, epilogue, out_dtype):
+    """n = 1..8 tokens against ref; the first n rows of an 8-token call equal the n-token call
+    and each row equals its 1-token call, bit for bit; repeated split-K calls agree exactly
+    (the arrival counters re-arm themselves)."""
+    g = torch.Generator().manual_seed(7 + int8)
+    n_max = cuda_ops.GEMV_MAX_TOKENS
+    w_rows = 2 * ROWS_OUT_F if epilogue == "swiglu" else ROWS_OUT_F
+    x = torch.randn(n_max, ROWS_IN_F, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(w_rows, ROWS_IN_F, generator=g) * 0.03).to(torch.bfloat16)
+    scale = None
+    if int8:
+        w, scale = quantize_weight(w)
+        scale = scale.to(DEV)
+    w = w.to(DEV)
+    cuda_ops.gemv_overrides.clear()
+    cuda_ops.gemv_overrides.update(cfg)
+    cuda_ops.fallback_counts.clear()
+    try:
+        full = cuda_ops.gemv_config(ROWS_OUT_F, ROWS_IN_F, int8, epilogue, torch.cuda.current_device())
+        assert full["kernel"] == "rows"
+        out8 = torch.full((n_max, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+        _call(cuda, epilogue, out8, x, w, scale)
+        for _ in range(2):
+            again = torch.full_like(out8, float("nan"))
+            _call(cuda, epilogue, again, x, w, scale)
+            assert torch.equal(again, out8), "a repeated call differs"
+        for n in range(1, n_max):
+            out = torch.full((n, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+            _call(cuda, epilogue, out, x[:n], w, scale)
+            assert torch.equal(out, out8[:n]), f"the {n}-token step differs from the 8-token rows"
+            expected = torch.empty_like(out)
+            _ref_call(ref, epilogue, expected, x[:n], w, scale)
+            assert_close(out, expected, torch.bfloat16, what=f"{n} tokens")
+        for j in range(n_max):
+            one = torch.full((1, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+            _call(cuda, epilogue, one, x[j:j + 1], w, scale)
+            assert torch.equal(one[0], out8[j]), f"row {j} differs from its 1-token step"
+    finally:
+        cuda_ops.gemv_overrides.clear()
+    expected = torch.empty_like(out8)
+    _ref_call(ref, epilogue, expected, x, w, scale)
+    assert_close(out8, expected, torch.bfloat16, what="8 tokens")
+    assert not cuda_ops.fallback_counts, dict(cuda_ops.fallback_counts)
+    assert _rows_modules_loaded(full["warps"]), "the rows kernel did not run"
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("shape", [(4096, 4096, "none"), (14336, 4096, "swiglu"), (4096, 14336, "none"),
+                                   (2048, 8192, "none"), (128256, 2048, "none")],
+                         ids=["o", "gate_up", "down", "down-1b", "lm_head-1b"])
+def test_gemv_rows_default_and_split_model_shapes(cuda, ref, cuda_ops, int8, shape):
+    """The default configuration and a grid split of K at model shapes (no tail), 1 and 3
+    tokens, against ref and row for row against the 1-token step."""
+    o_rows, in_f, epilogue = shape
+    g = torch.Generator(device=DEV).manual_seed(o_rows + in_f)  # large weights: made on the GPU
+    w_rows = 2 * o_rows if epilogue == "swiglu" else o_rows
+    x = torch.randn(3, in_f, generator=g, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(w_rows, in_f, generator=g, device=DEV) * 0.02).to(torch.bfloat16)
+    scale = None
+    if int8:
+        w, scale = quantize_weight(w)
+    expected = torch.empty(3, o_rows, dtype=torch.bfloat16, device=DEV)
+    _ref_call(ref, epilogue, expected, x, w, scale)
+    for cfg in ({"kernel": "rows"}, {"kernel": "rows", "split_k": 4}):
+        cuda_ops.gemv_overrides.clear()
+        cuda_ops.gemv_overrides.update(cfg)
+        try:
+            out = torch.full((3, o_rows), float("nan"), dtype=torch.bfloat16, device=DEV)
+            _call(cuda, epilogue, out, x, w, scale)
+            one = torch.full((1, o_rows), float("nan"), dtype=torch.bfloat16, device=DEV)
+            _call(cuda, epilogue, one, x[2:3], w, scale)
+        finally:
+            cuda_ops.gemv_overrides.clear()
+        assert_close(out, expected, torch.bfloat16, what=str(cfg))
+        assert torch.equal(one[0], out[2]), f"{cfg}: row 2 differs from its 1-token step"
+
+
+def test_gemv_rows_split_k_graph_replay(cuda, cuda_ops):
+    """A captured split-K GEMV replays on new inputs exactly as it runs eagerly (the counters are
+    re-armed by the kernel, the scratch was reserved before the capture)."""
+    g = torch.Generator().manual_seed(9)
+    in_f, o_rows = 4096, 1024
+    w = (torch.randn(o_rows, in_f, generator=g) * 0.02).to(torch.bfloat16).to(DEV)
+    xs = [torch.randn(2, in_f, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3)]
+    x = torch.empty_like(xs[0])
+    out = torch.empty(2, o_rows, dtype=torch.bfloat16, device=DEV)
+    cuda.attention_workspace(2, 8, 128, 1024, DEV)  # reserves the GEMV's split-K scratch too
+    cuda_ops.gemv_overrides.clear()
+    cuda_ops.gemv_overrides.update({"kernel": "rows", "rows": 4, "unroll": 2, "warps": 2, "split_k": 4})
+    try:
+        eager = []
+        for xi in xs:
+            x.copy_(xi)
+            cuda.linear(out, x, w, None)
+            eager.append(out.clone())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            cuda.linear(out, x, w, None)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):  # the same counters, three times in one graph
+                cuda.linear(out, x, w, None)
+    finally:
+        cuda_ops.gemv_overrides.clear()
+    for xi, want in zip(xs, eager):
+        x.copy_(xi)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
+# attention.cu's configurations (decode steps on it: "decode" off) and attention_decode.cu's.
+ATTN_SWEEP_SAMPLE = [{"decode": False, "stages": 3}, {"decode": False, "blocks_per_sm": 1, "stages": 3},
+                     {"decode": False, "blocks_per_sm": 6}, {"decode_blocks_per_sm": 1, "decode_stages": 2},
+                     {"decode_blocks_per_sm": 4, "decode_stages": 1}, {"decode_stages": 4},
+                     {"decode_blocks_per_sm": 3}]
 
 
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
@@ -527,11 +746,105 @@ def test_attention_verify_rows_equal_decode_rows(cuda, kind, k, context):
         assert torch.equal(one[0], out[i]), f"row {i} of the {k}-token step differs"
 
 
+# --- decode attention (attention_decode.cu: the warps split each key tile) -----------------------
+
+# Contexts across page (16 or 64) and tile (64) boundaries, and query tokens (1..12, 32 in all:
+# the workspace's capacity); the rows of a step cross the boundaries too.
+DECODE_CONTEXTS = [1, 15, 16, 17, 63, 64, 65, 130, 1000, 5000]
+DECODE_Q_LENS = [1, 2, 3, 8, 1, 12, 1, 1, 1, 2]
+
+
+def _decode_module_loaded():
+    from tileinfer_backend_cuda import compiler
+
+    return any(m.file == "attention_decode.cu" for m in compiler.loaded_modules())
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "block"])
+def test_decode_attention_matches_ref(cuda, ref, kind, head_dim, group, page_size, causal):
+    """Steps of 1..12 query tokens per sequence: a batch of every context (few splits) and each
+    sequence alone (the context split over many blocks), against ref."""
+    kv_heads = 2
+    heads = kv_heads * group
+    q_lens = DECODE_Q_LENS
+    contexts = [max(c, n) for c, n in zip(DECODE_CONTEXTS, q_lens)]
+    gen = torch.Generator().manual_seed(head_dim + group + page_size)
+    q, cache, cu, ctx, table = fill_paged_step(q_lens, contexts, heads, kv_heads, head_dim,
+                                               page_size, kind, DEV, gen)
+    scale = head_dim ** -0.5
+    max_ctx = table.shape[1] * page_size
+    ws = cuda.attention_workspace(q.shape[0], heads, head_dim, max_ctx, q.device)
+    expected = torch.empty_like(q)
+    max_q = max(q_lens)
+    ref.attention(expected, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, causal, None)
+    out = torch.full_like(q, float("nan"))
+    cuda.attention(out, q, *cache.pools(), cu, ctx, table, max_q, max_ctx, scale, causal, ws)
+    assert _decode_module_loaded()
+    assert_close(out, expected, what="batched step")
+    for b, n in enumerate(q_lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        one = torch.full_like(q[rows], float("nan"))
+        cuda.attention(one, q[rows].contiguous(), *cache.pools(),
+                       torch.tensor([0, n], dtype=torch.int32, device=DEV), ctx[b:b + 1].contiguous(),
+                       table[b:b + 1].contiguous(), n, max_ctx, scale, causal, ws)
+        assert_close(one, expected[rows], what=f"sequence {b} alone ({n} tokens, {contexts[b]} keys)")
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("head_dim,group", [(128, 4), (64, 8), (128, 1), (256, 4)],
+                         ids=["d128-g4", "d64-g8", "d128-g1", "d256-g4"])
+@pytest.mark.parametrize("k", [2, 5, 8, 16])
+@pytest.mark.parametrize("where", ["short", "tile", "split"])
+def test_decode_attention_verify_rows_equal_one_token_rows(cuda, ref, cuda_ops, kind, head_dim, group,
+                                                           k, where):
+    """Row i of a k-token causal step equals the 1-token step at its position bit for bit, with
+    the k positions across a tile boundary (at 64 or 1024 keys) or across the context length at
+    which the keys per split grow (64 * num_splits: that step's rows split the context
+    differently, and the block loads two runs of tiles). d256-g4 and d64-g8 have two row tiles
+    at 8 tokens, four at 16 (a DFlash block)."""
+    heads, kv_heads, page_size = 8 * group, 8, 16
+    splits = cuda_ops.attention_decode_splits(1, kv_heads, cuda_ops.MAX_SPLITS,
+                                              torch.cuda.current_device())
+    boundary = {"short": 64, "tile": 1024, "split": 64 * splits}[where]
+    total = boundary + k // 2  # the rows see total - k + 1 .. total keys: boundary and boundary + 1
+    context = total - k + 1
+    gen = torch.Generator().manual_seed(total + k + head_dim)
+    q, cache, _, _, table = fill_paged_step([k], [total], heads, kv_heads, head_dim, page_size,
+                                            kind, DEV, gen)
+    scale = head_dim ** -0.5
+    max_ctx = max(table.shape[1] * page_size, 64 * 64 * 4)  # enough for `splits` splits
+    ws = cuda.attention_workspace(k, heads, head_dim, max_ctx, q.device)
+    assert cuda_ops.attention_decode_splits(1, kv_heads, ws.shape[2],
+                                            torch.cuda.current_device()) == splits
+    out = torch.full_like(q, float("nan"))
+    cu = torch.tensor([0, k], dtype=torch.int32, device=DEV)
+    cuda.attention(out, q, *cache.pools(), cu, torch.tensor([total], dtype=torch.int32, device=DEV),
+                   table, k, max_ctx, scale, True, ws)
+    expected = torch.empty_like(q)
+    ref.attention(expected, q, *cache.pools(), cu, torch.tensor([total], dtype=torch.int32, device=DEV),
+                  table, k, max_ctx, scale, True, None)
+    assert_close(out, expected)
+    cu1 = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    for i in range(k):
+        one = torch.full_like(q[:1], float("nan"))
+        cuda.attention(one, q[i:i + 1].contiguous(), *cache.pools(), cu1,
+                       torch.tensor([context + i], dtype=torch.int32, device=DEV), table, 1,
+                       max_ctx, scale, True, ws)
+        assert torch.equal(one[0], out[i]), f"row {i} of the {k}-token step differs"
+
+
+@pytest.mark.parametrize("gemv", [{}, {"kernel": "mma"}, {"kernel": "rows", "warps": 2, "split_k": 2}],
+                         ids=["default", "mma", "rows-split"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-def test_pdl_chain_equals_plain_launches(cuda, cuda_ops, int8):
+def test_pdl_chain_equals_plain_launches(cuda, cuda_ops, int8, gemv):
     """With programmatic dependent launch (ops.PDL) the GEMVs start before the previous kernel
     ends; the chain norm -> GEMV -> GEMV -> norm -> SwiGLU GEMV -> GEMV must give exactly the
-    plain launches' results, eagerly and replayed from a CUDA graph."""
+    plain launches' results, eagerly and replayed from a CUDA graph (for both GEMV kernel
+    families, and with split-K GEMVs back to back on the same counters)."""
     g = torch.Generator().manual_seed(3)
     hidden, inter = 2048, 8192
 
@@ -562,6 +875,8 @@ def test_pdl_chain_equals_plain_launches(cuda, cuda_ops, int8):
     def run(pdl, graph=False):
         saved = cuda_ops.PDL
         cuda_ops.PDL = pdl
+        cuda_ops.gemv_overrides.clear()
+        cuda_ops.gemv_overrides.update(gemv)
         try:
             residual.copy_(x0)
             delta.zero_()
@@ -586,8 +901,31 @@ def test_pdl_chain_equals_plain_launches(cuda, cuda_ops, int8):
             return residual.clone(), delta.clone()
         finally:
             cuda_ops.PDL = saved
+            cuda_ops.gemv_overrides.clear()
 
     plain = run(False)
     assert torch.isfinite(plain[0].float()).all()
     for got in (run(True), run(True, graph=True)):
         assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("total", [70, 300, 1100])
+def test_decode_attention_does_not_depend_on_the_cache_size(cuda, total):
+    """The same step on workspaces sized for caches of different lengths (a draft model that is
+    the target itself keeps a smaller cache) gives the same bits: the split boundaries of a row
+    depend on its own context only."""
+    heads, kv_heads, head_dim, page_size = 32, 8, 64, 16
+    gen = torch.Generator().manual_seed(total)
+    q, cache, _, _, table = fill_paged_step([1], [total], heads, kv_heads, head_dim, page_size,
+                                            "bf16", DEV, gen)
+    cu = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    ctx = torch.tensor([total], dtype=torch.int32, device=DEV)
+    outs = []
+    for max_ctx in (table.shape[1] * page_size, 32768):
+        ws = cuda.attention_workspace(1, heads, head_dim, max_ctx, q.device)
+        out = torch.full_like(q, float("nan"))
+        cuda.attention(out, q, *cache.pools(), cu, ctx, table, 1, max_ctx, head_dim ** -0.5, True,
+                       ws)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])

@@ -6,13 +6,14 @@
 #
 # tests: every kernel variant compiled into the disk cache first (in parallel), then the
 #        conformance suite for the cuda backend, tests/test_cuda_backend_gpu.py (model shapes,
-#        launch configurations, row invariance of verify steps, PDL) and the greedy speculative
-#        identity tests for cuda, one pytest process per group, so that a kernel fault (which
-#        poisons the CUDA context) in one group cannot hide the results of the others;
+#        launch configurations, decode attention, row invariance of verify steps, PDL) and the
+#        greedy speculative identity tests for cuda, one pytest process per group, so that a
+#        kernel fault (which poisons the CUDA context) in one group cannot hide the results of
+#        the others;
 # bench: python -m tileinfer_backend_cuda.bench (JSON in OUT_DIR/bench.json, saved after every
 #        section; table and summary in OUT_DIR/bench.txt).
-# About 4 minutes on an H200 for `all`. Logs go to OUT_DIR/*.txt; a summary line per group is
-# printed last, then the benchmark's table.
+# About 6-8 minutes on an H200 for `all` (the benchmark sweeps two GEMV kernel families). Logs
+# go to OUT_DIR/*.txt; a summary line per group is printed last, then the benchmark's table.
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [tests|bench|all]}
 what=${2:-all}
@@ -46,15 +47,16 @@ print(f"compiled {len(variants.builds())} variants in {time.time() - t:.1f} s")
 PY
 
 if [[ $what == tests || $what == all ]]; then
-  run_group conformance 60 --pyargs tileinfer.testing.conformance --tileinfer-backend cuda
+  run_group conformance 120 --pyargs tileinfer.testing.conformance --tileinfer-backend cuda
   gpu=(tests/test_cuda_backend_gpu.py -m gpu)
-  run_group gpu-kernels 80 "${gpu[@]}" -k "gemv or swiglu or gemm or pdl or attention or graph_replay"
+  run_group gpu-kernels 300 "${gpu[@]}" -k "(gemv or swiglu or gemm or pdl or attention or graph_replay) and not decode_attention"
+  run_group gpu-decode-attention 120 "${gpu[@]}" -k "decode_attention"
   run_group gpu-graph-sampling 60 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention and not graph_replay"
   run_group speculative 45 tests/test_speculative.py -m gpu -k "cuda and greedy"
 fi
 
 if [[ $what == bench || $what == all ]]; then
-  timeout 150 python3 -m tileinfer_backend_cuda.bench --out "$out/bench.json" >"$out/bench.txt" 2>&1
+  timeout 420 python3 -m tileinfer_backend_cuda.bench --out "$out/bench.json" >"$out/bench.txt" 2>&1
   rc=$?
   if [[ $rc != 0 && -f $out/bench.json ]]; then  # cut short: the table of what was saved
     python3 -m tileinfer_backend_cuda.bench --table "$out/bench.json" >>"$out/bench.txt" 2>&1

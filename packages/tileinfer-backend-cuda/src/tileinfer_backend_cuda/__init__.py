@@ -18,9 +18,11 @@ from tileinfer.hookspecs import hookimpl
 MIN_CAPABILITY = (8, 0)
 
 NOTES = {
-    "linear": "decode (<= 8 tokens): tensor-core GEMV streaming bf16/INT8 weights through a "
-              "cp.async ring; prefill: cuBLAS through torch.matmul for bf16, own tiled mma GEMM "
-              "for INT8 weights or float32 outputs; float32/float16 models: torch.matmul",
+    "linear": "decode (<= 8 tokens): row-streaming GEMV (warps stream whole bf16/INT8 weight "
+              "rows with 16-byte loads, split-K for narrow outputs; TILEINFER_CUDA_GEMV=mma: the "
+              "tensor-core GEMV fed by a cp.async ring); prefill: cuBLAS through torch.matmul "
+              "for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; float32/float16 "
+              "models: torch.matmul",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "

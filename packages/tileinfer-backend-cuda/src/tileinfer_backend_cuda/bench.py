@@ -6,14 +6,18 @@ default configurations only). Sections:
 
 - ``copy``: device-to-device copy bandwidth (read + write), the ceiling for streaming kernels;
 - ``gemv``: the decode GEMV (1 token) at the llama3-8b and llama3.2-1b matrix shapes, bf16 and
-  INT8, for the default configuration (``ops.GEMV_TABLE`` or the heuristic) and a sweep of
-  (warps, stages, L2 prefetch hint), against cuBLAS (torch.matmul) on the same weights; the GEMV
-  time per decode token of each model; the winners as ``ops.GEMV_TABLE`` entries;
+  INT8, for the default configuration of both kernel families (``ops.GEMV_KERNEL``: "rows",
+  gemv_rows.cu, and "mma", gemv.cu), a sweep of the mma kernel's (warps, stages, L2 prefetch
+  hint) and of the rows kernel's (rows, unroll, warps, split_k) around its default, against
+  cuBLAS (torch.matmul) on the same weights; the GEMV time per decode token of each model; the
+  winners of each family as ``ops.GEMV_TABLE`` / ``ops.GEMV_ROWS_TABLE`` entries;
 - ``layers``: a layer's decode chain without attention (norms and the four GEMVs, as the model
   launches them), plain and with programmatic dependent launch (``ops.PDL``);
-- ``attention``: decode attention (batch 1) at the llama3-8b and llama3.2-1b head shapes, bf16
-  and INT8 pages, 272 to 32768 keys, with a sweep of ``ops.ATTN_CONFIG`` (split target, K/V
-  ring depth) from 8192 keys up;
+- ``attention``: decode attention (batch 1; one token, and an 8-token verify step at 8192 keys)
+  at the llama3-8b and llama3.2-1b head shapes, bf16 and INT8 pages, 272 to 32768 keys, on the
+  decode path (attention_decode.cu, "new") and on attention.cu ("old"), with sweeps of
+  ``ops.ATTN_CONFIG`` (split target, K/V ring depth: the decode path's everywhere, attention.cu's
+  from 8192 keys up); new over old, and INT8 over bf16;
 - ``sampling``: greedy and top-k/top-p sampling over a 128256-token vocabulary;
 - ``gemm``: prefill GEMM (512 tokens), INT8 weights and float32 output, against cuBLAS bf16.
 
@@ -110,6 +114,40 @@ def gemv_configs():
     return configs
 
 
+def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device):
+    """The rows kernel's sweep at one shape (about 8-12 configurations): the tile (rows x unroll,
+    the same 8 weight chunks a lane per round, and two smaller ones) at the default parallelism
+    along K, and the parallelism (warps of a block x grid splits: half, once, twice and four
+    times the default's, each as warps first and as splits first) at the default tile.
+    Configurations that launch the same kernel (splits reduced by a short K), give a warp no step
+    or do not fit the split-K scratch are left out."""
+    default = ops.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="rows")
+    mats = 2 if epilogue == "swiglu" else 1
+    tiles = [(rows // mats, unroll) for rows, unroll in ((4, 2), (2, 4), (8, 1), (2, 2), (4, 1))
+             if rows // mats >= 1]
+    par0 = default["warps"] * default["split_k"]
+    steps = -(-k_dim // (32 * ops._rows_lane_k(int8)))
+    candidates = [{"rows": r, "unroll": u, "warps": default["warps"], "split_k": default["split_k"]}
+                  for r, u in tiles]
+    for par in sorted({max(1, par0 // 2), par0, 2 * par0, 4 * par0}):
+        # the split of K inside the block first, then the grid's split first
+        warps_first = min(par, 8)
+        split_first = max(1, par // 4)
+        for warps in dict.fromkeys((warps_first, split_first)):
+            candidates.append({"rows": default["rows"], "unroll": default["unroll"],
+                               "warps": warps, "split_k": par // warps})
+    configs, seen = [], set()
+    for cfg in candidates:
+        splits, _ = ops.gemv_rows_split(cfg, k_dim, int8)
+        key = (cfg["rows"], cfg["unroll"], cfg["warps"], splits)
+        if (key in seen or cfg["warps"] * splits > steps
+                or (splits > 1 and not ops._GemvScratch.fits(splits, mats, o_rows))):
+            continue
+        seen.add(key)
+        configs.append({**cfg, "split_k": splits})
+    return configs
+
+
 def _gemv_defines(cfg, int8, epilogue, out_dtype):
     d = {"W_INT8": int(int8), "INT8_LOAD": 16, "EPILOGUE": ops._EPILOGUES[epilogue],
          "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8), "WARPS": cfg["warps"],
@@ -142,16 +180,26 @@ def _precompile(jobs):
 
 def _compile_job(args):
     arch, file, defines = args
-    compiler.compile_cubin(file, arch, defines)
+    compiler.compile_cubin(file, arch, defines, _EXTRA_OPTIONS.get(file, ()))
+
+
+_EXTRA_OPTIONS = {"attention_decode.cu": ops._ATTN_DECODE_OPTIONS}  # as ops compiles them
+
+
+def _family_best(row, kernel):
+    timed = [c for c in row["configs"] if c["config"]["kernel"] == kernel]
+    return max(timed, key=lambda c: c["tb_per_s"]) if timed else None
 
 
 def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
-    """Every matrix of `model` at 1 token: the default configuration (GEMV_TABLE or the heuristic)
-    and, with sweep, every configuration of gemv_configs() that fits in shared memory."""
+    """Every matrix of `model` at 1 token: the default configuration of each kernel family
+    (GEMV_TABLE / GEMV_ROWS_TABLE or the heuristics) and, with sweep, every configuration of
+    gemv_configs() that fits in shared memory (mma) and of gemv_rows_configs() (rows)."""
     shapes = MODELS[model]
     results = []
     x = torch.randn(1, max(c for _, c in shapes.values()), device="cuda").to(torch.bfloat16)
     device = torch.cuda.current_device()
+    other = "mma" if ops.GEMV_KERNEL == "rows" else "rows"
     for name, (rows, cols) in shapes.items():
         epilogue, out_name = _shape_kind(name)
         o_rows = rows // 2 if epilogue == "swiglu" else rows
@@ -169,14 +217,20 @@ def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
         default = ops.gemv_config(o_rows, cols, int8, epilogue, device)
         row = {"model": model, "shape": name, "rows": rows, "cols": cols, "int8": int8,
                "epilogue": epilogue, "weight_bytes": nbytes, "default": default, "configs": []}
-        candidates = [None] + (gemv_configs() if sweep else [])
+        candidates = [None, {"kernel": other}]
+        if sweep:
+            candidates += [{"kernel": "mma", **c} for c in gemv_configs()
+                           if ops.gemv_ring_bytes(c, cols, int8, epilogue) <= GEMV_RING_LIMIT]
+            candidates += [{"kernel": "rows", **c}
+                           for c in gemv_rows_configs(o_rows, cols, int8, epilogue, device)]
+        timed = []
         for cfg in candidates:
             ops.gemv_overrides.clear()
-            if cfg is not None:
-                if cfg == default or ops.gemv_ring_bytes(cfg, cols, int8, epilogue) > GEMV_RING_LIMIT:
-                    continue
-                ops.gemv_overrides.update(cfg)
+            ops.gemv_overrides.update(cfg or {})
             chosen = ops.gemv_config(o_rows, cols, int8, epilogue, device)
+            if chosen in timed:
+                continue
+            timed.append(chosen)
             # every copy once per replay: what one replay reads does not fit in L2
             t = time_graph(lambda i: call(*ws[i % len(ws)]), reps=max(10, len(ws)), replays=5)
             row["configs"].append({"config": chosen, "default": cfg is None, "seconds": t,
@@ -191,6 +245,12 @@ def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
         row["best"] = best["config"]
         row["best_seconds"] = best["seconds"]
         row["best_tb_per_s"] = best["tb_per_s"]
+        for kernel in ("mma", "rows"):
+            fam = _family_best(row, kernel)
+            if fam is not None:
+                row[f"best_{kernel}"] = fam["config"]
+                row[f"best_{kernel}_seconds"] = fam["seconds"]
+                row[f"best_{kernel}_tb_per_s"] = fam["tb_per_s"]
         row["default_seconds"] = row["configs"][0]["seconds"]
         row["default_tb_per_s"] = row["configs"][0]["tb_per_s"]
         results.append(row)
@@ -199,19 +259,31 @@ def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
     return results
 
 
-def gemv_table(rows: list[dict]) -> dict:
-    """The sweep's winners as ops.GEMV_TABLE entries: "(o_rows, K, int8, epilogue)" -> config."""
+_MMA_TABLE_KEYS = ("warps", "stages", "l2_256b")
+_ROWS_TABLE_KEYS = ("rows", "unroll", "warps", "split_k")
+
+
+def gemv_table(rows: list[dict], kernel: str = "mma") -> dict:
+    """A family's winners as table entries, "(o_rows, K, int8, epilogue)" -> config:
+    ops.GEMV_TABLE (mma) or ops.GEMV_ROWS_TABLE (rows)."""
+    keys = _MMA_TABLE_KEYS if kernel == "mma" else _ROWS_TABLE_KEYS
     table = {}
     for row in rows:
+        best = row.get(f"best_{kernel}")
+        if best is None and kernel == "mma" and "kernel" not in row["best"]:
+            best = row["best"]  # a run from before the rows kernel
+        if best is None:
+            continue
         o_rows = row["rows"] // 2 if row["epilogue"] == "swiglu" else row["rows"]
         key = f"({o_rows}, {row['cols']}, {row['int8']}, {row['epilogue']!r})"
-        table[key] = {k: row["best"][k] for k in ("warps", "stages", "l2_256b")}
+        table[key] = {k: best[k] for k in keys}
     return table
 
 
 def per_token(rows: list[dict], model: str, int8: bool, which: str) -> float:
     """Seconds of GEMV per decode token: layers x (qkv + o + gate_up + down) + lm_head."""
-    t = {r["shape"]: r[f"{which}_seconds"] for r in rows if r["model"] == model and r["int8"] == int8}
+    t = {r["shape"]: r[f"{which}_seconds"] for r in rows
+         if r["model"] == model and r["int8"] == int8 and f"{which}_seconds" in r}
     if len(t) < 5:
         return float("nan")
     return LAYERS[model] * (t["qkv"] + t["o"] + t["gate_up"] + t["down"]) + t["lm_head"]
@@ -222,18 +294,35 @@ ATTN_SHAPES = {"llama3-8b": (32, 8, 128), "llama3.2-1b": (32, 8, 64)}
 
 
 def attention_configs():
-    """The sweep: split target (blocks per SM) x K/V ring depth."""
+    """The sweep of attention.cu (prefill, and decode steps with "decode" off): split target
+    (blocks per SM) x K/V ring depth."""
     return [{"blocks_per_sm": b, "stages": s} for b in (1, 2, 3, 4, 6) for s in (2, 3)]
 
 
+def attention_decode_configs():
+    """The sweep of attention_decode.cu: split target x K/V ring depth (0: the deepest that fits
+    that many blocks per SM, ops.attention_decode_stages)."""
+    return [{"decode_blocks_per_sm": b, "decode_stages": s} for b in (1, 2, 3, 4) for s in (0, 2, 3, 4)]
+
+
+def _attention_config_name(cfg):
+    if cfg["decode"]:
+        return f"decode: blocks/SM {cfg['decode_blocks_per_sm']} stages {cfg['decode_stages'] or 'auto'}"
+    return f"attention.cu: blocks/SM {cfg['blocks_per_sm']} stages {cfg['stages']}"
+
+
 def bench_attention(sweep: bool) -> list[dict]:
-    """Decode attention, batch 1, one query token, causal, page size 16. The cache rotates over
-    enough copies that it does not sit in L2 (as the weights do in bench_gemv)."""
+    """Decode attention (batch 1, causal, page size 16) on the decode path (attention_decode.cu,
+    "new") and on attention.cu ("old", ops.ATTN_CONFIG's "decode" off), both with their default
+    configuration and, with sweep, their sweeps. One query token, and one 8-token verify step.
+    The cache rotates over enough copies that it does not sit in L2 (as the weights do in
+    bench_gemv)."""
     results = []
     page_size = 16
-    cases = [("llama3-8b", ctx) for ctx in (272, 4096, 8192, 16384, 32768)]
-    cases += [("llama3.2-1b", ctx) for ctx in (8192, 32768)]
-    for model, ctx in cases:
+    cases = [("llama3-8b", ctx, 1) for ctx in (272, 4096, 8192, 16384, 32768)]
+    cases += [("llama3-8b", 8192, 8)]
+    cases += [("llama3.2-1b", ctx, 1) for ctx in (8192, 32768)]
+    for model, ctx, tokens in cases:
         heads, kv_heads, head_dim = ATTN_SHAPES[model]
         for kind in ("bf16", "int8"):
             pages = ctx // page_size + 1
@@ -252,35 +341,47 @@ def bench_attention(sweep: bool) -> list[dict]:
                     v = torch.randn(shape, device="cuda").to(torch.bfloat16)
                     ks = vs = None
                 caches.append((k, v, ks, vs))
-            q = torch.randn(1, heads, head_dim, device="cuda").to(torch.bfloat16)
+            q = torch.randn(tokens, heads, head_dim, device="cuda").to(torch.bfloat16)
             out = torch.empty_like(q)
-            cu = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+            cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
             lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
             table = torch.arange(pages, dtype=torch.int32, device="cuda")[None]
             max_ctx = pages * page_size
-            ws = ops.attention_workspace(1, heads, head_dim, max_ctx, "cuda")
+            ws = ops.attention_workspace(tokens, heads, head_dim, max_ctx, "cuda")
 
             def call(i):
                 k, v, ks, vs = caches[i % len(caches)]
-                ops.attention(out, q, k, v, ks, vs, None, cu, lens, table, 1, max_ctx,
+                ops.attention(out, q, k, v, ks, vs, None, cu, lens, table, tokens, max_ctx,
                               head_dim ** -0.5, True, ws)
 
-            row = {"model": model, "kind": kind, "context": ctx, "kv_bytes": kv_bytes,
-                   "default": ops.attention_config(), "configs": []}
-            candidates = [None] + (attention_configs() if sweep and ctx >= 8192 else [])
+            ops.attention_overrides.clear()
+            default = ops.attention_config()
+            row = {"model": model, "kind": kind, "context": ctx, "tokens": tokens,
+                   "kv_bytes": kv_bytes, "default": default, "configs": []}
+            candidates = [None, {"decode": False}]
+            if sweep:
+                candidates += attention_decode_configs()
+                if ctx >= 8192:
+                    candidates += [{"decode": False, **c} for c in attention_configs()]
             for cfg in candidates:
                 ops.attention_overrides.clear()
                 if cfg is not None:
-                    if cfg == row["default"]:
+                    if {**default, **cfg} == default:
                         continue
                     ops.attention_overrides.update(cfg)
                 t = time_graph(call, reps=max(10, len(caches)), replays=5)
                 row["configs"].append({"config": ops.attention_config(), "default": cfg is None,
                                        "seconds": t, "tb_per_s": kv_bytes / t / 1e12})
             ops.attention_overrides.clear()
+            old = [c for c in row["configs"] if not c["config"]["decode"]]
+            old_default = next(c for c in old if c["config"] == {**default, "decode": False})
             best = min(row["configs"], key=lambda c: c["seconds"])
             row.update(default_seconds=row["configs"][0]["seconds"],
-                       default_tb_per_s=row["configs"][0]["tb_per_s"], best=best["config"],
+                       default_tb_per_s=row["configs"][0]["tb_per_s"],
+                       old_seconds=old_default["seconds"], old_tb_per_s=old_default["tb_per_s"],
+                       old_best_seconds=min(c["seconds"] for c in old),
+                       new_best_seconds=min(c["seconds"] for c in row["configs"] if c["config"]["decode"]),
+                       best=best["config"],
                        best_seconds=best["seconds"], best_tb_per_s=best["tb_per_s"])
             results.append(row)
             del caches
@@ -372,25 +473,43 @@ def bench_layers(model: str, int8: bool) -> dict:
 def _precompile_all(sweep: bool):
     """Every kernel variant the run will launch, compiled in parallel up front."""
     jobs = []
+    device = torch.cuda.current_device()
+    pdl = {"PDL": 1} if ops._pdl(device) else {}  # the sweeps launch as the model does
     for int8 in (False, True):
         for name in ("qkv", "gate_up"):
             epilogue, out_name = _shape_kind(name)
             for cfg in gemv_configs() if sweep else []:
-                jobs.append(("gemv.cu", _gemv_defines(cfg, int8, epilogue, out_name)))
-    device = torch.cuda.current_device()
+                jobs.append(("gemv.cu", {**_gemv_defines(cfg, int8, epilogue, out_name), **pdl}))
     for shapes in MODELS.values():  # the default configurations, plain and with PDL
         for name, (rows, cols) in shapes.items():
             epilogue, out_name = _shape_kind(name)
+            o_rows = rows // 2 if epilogue == "swiglu" else rows
             for int8 in (False, True):
-                cfg = ops.gemv_config(rows // 2 if epilogue == "swiglu" else rows, cols, int8,
-                                      epilogue, device)
+                cfg = ops.gemv_config(o_rows, cols, int8, epilogue, device, kernel="mma")
                 d = _gemv_defines(cfg, int8, epilogue, out_name)
                 jobs += [("gemv.cu", d), ("gemv.cu", {**d, "PDL": 1})]
+                cfg = ops.gemv_config(o_rows, cols, int8, epilogue, device, kernel="rows")
+                for with_pdl in (False, True):
+                    jobs.append(("gemv_rows.cu", ops.gemv_rows_defines(
+                        cfg, int8, epilogue, out_name, ops.gemv_rows_tokens(1), with_pdl)))
+                for cfg in gemv_rows_configs(o_rows, cols, int8, epilogue, device) if sweep else []:
+                    jobs.append(("gemv_rows.cu", ops.gemv_rows_defines(
+                        cfg, int8, epilogue, out_name, ops.gemv_rows_tokens(1), bool(pdl))))
+    unique = {}
+    for file, defines in jobs:
+        unique.setdefault((file, tuple(sorted(defines.items()))), (file, defines))
+    jobs = list(unique.values())
     for head_dim in (64, 128):
         for int8 in (0, 1):
             for stages in (2, 3):
                 jobs.append(("attention.cu", {"HEAD_DIM": head_dim, "KV_INT8": int8, "SMOOTH": 0,
                                               "KV_STAGES": stages}))
+            m_tiles = ops.attention_decode_m_tiles(head_dim, 4)  # the benchmark's group
+            stages = {ops.attention_decode_stages(head_dim, bool(int8), False, m_tiles, b, device)
+                      for b in (1, 2, 3, 4)} | {2, 3, 4}  # attention_decode_configs()
+            for s in sorted(stages):
+                jobs.append(("attention_decode.cu", {"HEAD_DIM": head_dim, "KV_INT8": int8,
+                                                     "SMOOTH": 0, "KV_STAGES": s, "M_TILES": m_tiles}))
     _precompile(jobs)
 
 
@@ -428,10 +547,12 @@ def main(argv=None):
                 report["gemv"] += bench_gemv(model, int8, sweep)
                 save()
         report["gemv_per_token"] = [
-            {"model": m, "int8": q, "default_seconds": per_token(report["gemv"], m, q, "default"),
-             "best_seconds": per_token(report["gemv"], m, q, "best")}
+            {"model": m, "int8": q, "kernel": ops.GEMV_KERNEL,
+             **{f"{which}_seconds": per_token(report["gemv"], m, q, which)
+                for which in ("default", "best", "best_mma", "best_rows")}}
             for m in MODELS for q in (False, True)]
-        report["gemv_table"] = gemv_table(report["gemv"])
+        report["gemv_table"] = gemv_table(report["gemv"], "mma")
+        report["gemv_rows_table"] = gemv_table(report["gemv"], "rows")
         save()
     if "attention" in sections:
         report["attention"] = bench_attention(sweep)
@@ -453,30 +574,48 @@ def main(argv=None):
     return 0
 
 
+def _config_name(cfg: dict) -> str:
+    """A GEMV configuration in a few characters: mma "w4 s4 L2", rows "r4 u2 w2 k1"."""
+    if cfg.get("kernel", "mma") == "rows":
+        return f"r{cfg['rows']} u{cfg['unroll']} w{cfg['warps']} k{cfg['split_k']}"
+    return f"w{cfg['warps']} s{cfg['stages']}" + (" L2" if cfg.get("l2_256b") else "")
+
+
 def print_table(report: dict):
     """The short table: fractions of the measured copy bandwidth (read + write)."""
     copy_bw = report.get("copy", {}).get("tb_per_s") or float("nan")
     print(f"\ncopy {copy_bw:.2f} TB/s; compile {report.get('compile_seconds', 0):.0f} s, "
           f"total {report['wall_seconds']:.0f} s")
     if report.get("gemv"):
-        print("gemv (1 token)            default          best             best config"
-              "                  cuBLAS")
+        print(f"{'gemv (1 token)':27s}{'default':22s}{'best mma':33s}{'best rows':33s}cuBLAS")
     for row in report.get("gemv", []):
         cub = row.get("cublas", {}).get("tb_per_s")
-        b = row["best"]
+        if "best_mma" not in row and "best_rows" not in row:  # a run from before the rows kernel
+            row = {**row, "best_mma": row["best"], "best_mma_seconds": row["best_seconds"],
+                   "best_mma_tb_per_s": row["best_tb_per_s"]}
+
+        def cell(kernel):
+            cfg = row.get(f"best_{kernel}")
+            if cfg is None:
+                return " " * 31
+            return (f"{row[f'best_{kernel}_seconds'] * 1e6:7.1f} us "
+                    f"{row[f'best_{kernel}_tb_per_s'] / copy_bw:4.0%} {_config_name(cfg):14s}")
+
         print(f"  {row['model']:11s} {row['shape']:7s} {'int8' if row['int8'] else 'bf16'} "
-              f"{row['default_seconds'] * 1e6:7.1f} us {row['default_tb_per_s'] / copy_bw:4.0%}  "
-              f"{row['best_seconds'] * 1e6:7.1f} us {row['best_tb_per_s'] / copy_bw:4.0%}  "
-              f"w{b['warps']:<2d} s{b['stages']} {'L2-256B' if b['l2_256b'] else '       '}"
-              f"          " + (f"{cub / copy_bw:4.0%}" if cub else ""))
+              f"{row['default_seconds'] * 1e6:7.1f} us {row['default_tb_per_s'] / copy_bw:4.0%} "
+              f"{row['default'].get('kernel', 'mma'):4s}  {cell('mma')}  {cell('rows')}  "
+              + (f"{cub / copy_bw:4.0%}" if cub else ""))
     for row in report.get("gemv_per_token", []):
-        print(f"  per token {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: default "
-              f"{row['default_seconds'] * 1e3:.3f} ms, best {row['best_seconds'] * 1e3:.3f} ms")
-    if report.get("gemv_table"):
-        print("  GEMV_TABLE = {")
-        for key, cfg in report["gemv_table"].items():
-            print(f"      {key}: {cfg},")
-        print("  }")
+        line = ", ".join(f"{which.replace('_', ' ')} {row[f'{which}_seconds'] * 1e3:.3f} ms"
+                         for which in ("default", "best", "best_mma", "best_rows")
+                         if f"{which}_seconds" in row)
+        print(f"  per token {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: {line}")
+    for name, key in (("GEMV_TABLE", "gemv_table"), ("GEMV_ROWS_TABLE", "gemv_rows_table")):
+        if report.get(key):
+            print(f"  {name} = {{")
+            for k, cfg in report[key].items():
+                print(f"      {k}: {cfg},")
+            print("  }")
     for row in report.get("layers", []):
         plain, pdl = row["plain"], row["pdl"]
         if "error" in plain or "error" in pdl:
@@ -486,21 +625,30 @@ def print_table(report: dict):
               f"{plain['seconds_per_layer'] * 1e6:6.1f} us/layer ({plain['tb_per_s'] / copy_bw:4.0%}), "
               f"with PDL {pdl['seconds_per_layer'] * 1e6:6.1f} us ({pdl['tb_per_s'] / copy_bw:4.0%})")
     if report.get("attention"):
-        print("attention (decode, batch 1)  default          best             best config")
+        print("attention (batch 1)               new (decode)     old (attention.cu)  best"
+              "             best config")
     by_key = {}
     for row in report.get("attention", []):
-        by_key[(row["model"], row["context"], row["kind"])] = row
-        b = row["best"]
-        print(f"  {row['model']:11s} {row['kind']} ctx {row['context']:6d} "
+        tokens = row.get("tokens", 1)
+        by_key[(row["model"], row["context"], tokens, row["kind"])] = row
+        old = (f"{row['old_seconds'] * 1e6:7.1f} us {row['old_tb_per_s'] / copy_bw:4.0%}"
+               if "old_seconds" in row else " " * 15)
+        print(f"  {row['model']:11s} {row['kind']} ctx {row['context']:6d} q{tokens} "
               f"{row['default_seconds'] * 1e6:7.1f} us {row['default_tb_per_s'] / copy_bw:4.0%}  "
-              f"{row['best_seconds'] * 1e6:7.1f} us {row['best_tb_per_s'] / copy_bw:4.0%}  "
-              f"blocks/SM {b['blocks_per_sm']} stages {b['stages']}")
-    for (model, ctx, kind), row in by_key.items():
-        bf = by_key.get((model, ctx, "bf16"))
+              f"{old}     {row['best_seconds'] * 1e6:7.1f} us {row['best_tb_per_s'] / copy_bw:4.0%}  "
+              f"{_attention_config_name({'decode': False, **row['best']})}")
+    for (model, ctx, tokens, kind), row in by_key.items():
+        if "old_seconds" in row:
+            print(f"  new over old {model} {kind} ctx {ctx} q{tokens}: default "
+                  f"{row['old_seconds'] / row['default_seconds']:.2f}x, best of each "
+                  f"{row['old_best_seconds'] / row['new_best_seconds']:.2f}x")
+    for (model, ctx, tokens, kind), row in by_key.items():
+        bf = by_key.get((model, ctx, tokens, "bf16"))
         if kind == "int8" and bf:
-            print(f"  int8 speedup over bf16 {model} ctx {ctx}: default "
+            old = (f", old {bf['old_seconds'] / row['old_seconds']:.2f}x" if "old_seconds" in row else "")
+            print(f"  int8 speedup over bf16 {model} ctx {ctx} q{tokens}: default "
                   f"{bf['default_seconds'] / row['default_seconds']:.2f}x, best "
-                  f"{bf['best_seconds'] / row['best_seconds']:.2f}x")
+                  f"{bf['best_seconds'] / row['best_seconds']:.2f}x{old}")
     for row in report.get("sampling", []):
         print(f"sampling {row['params']}: {row['seconds'] * 1e6:.1f} us")
     for row in report.get("gemm", []):

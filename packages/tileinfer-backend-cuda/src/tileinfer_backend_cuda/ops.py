@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import Counter
 
 import torch
@@ -29,22 +30,37 @@ SPLIT_MAX_TOKENS = 32
 MAX_SPLITS = 64  # workspace capacity; the split count actually used: attention_config
 ATTN_BLOCK_N = 64  # keys per tile of attention.cu
 ATTN_BLOCK_M = 64  # packed query rows per block of attention.cu
-# Attention launch settings: "blocks_per_sm": the split-KV target (splits are added until the
-# grid has about this many blocks per SM), "stages": the K/V cp.async ring depth (KV_STAGES).
-# The split count depends on the batch, the kv heads, the row tiles and max_context_len, not on
-# the step's token count (steps of 1..8 tokens at decode have one row tile); a split covers
-# whole 64-key tiles, so while a context fits in 64 * num_splits keys the split boundaries are
-# the same in a 1-token step and in a verify step, and so is each row's result (greedy
-# speculative decoding relies on this).
-ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2}
+# Steps of at most this many query tokens per sequence (decode, speculative verify: 16 is a
+# DFlash block of the "-b16" drafters) run attention_decode.cu, whose four warps split each key
+# tile; longer steps (prefill) run attention.cu.
+ATTN_DECODE_MAX_TOKENS = 16
+# Attention launch settings. attention.cu: "blocks_per_sm": the split-KV target (splits are
+# added until the grid has about this many blocks per SM), "stages": the K/V cp.async ring depth
+# (KV_STAGES). attention_decode.cu: "decode": use it (False: decode steps run attention.cu, for
+# comparisons), "decode_blocks_per_sm": its split-KV target, "decode_stages": its ring depth
+# (0: the deepest ring with which decode_blocks_per_sm blocks fit on an SM,
+# attention_decode_stages). The decode split count depends on the batch, the kv heads and the
+# GPU, never on the step's token count or the cache's size, and each row's split boundaries on
+# its own context only (see attention_decode.cu), so a row of a verify step equals the 1-token
+# step at its position bit for bit, also on another cache (greedy speculative decoding relies
+# on this).
+ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
+               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
 
 fallback_counts: Counter = Counter()
 
 # Tuning overrides for benchmarks: e.g. {"warps": 8, "stages": 6, "l2_256b": True} forces the
-# GEMV variant (see gemv_config).
+# GEMV variant, {"kernel": "rows", "rows": 4, "unroll": 2, "warps": 2, "split_k": 1} the row-streaming
+# kernel's (see gemv_config).
 gemv_overrides: dict = {}
+
+# The decode GEMV's kernel family: "rows" (gemv_rows.cu: each warp streams a few whole rows along K
+# with 16-byte register loads, split-K where the output is narrow) or "mma" (gemv.cu: tensor-core
+# fragments fed through a cp.async ring). TILEINFER_CUDA_GEMV=mma selects the old one, e.g. to
+# compare them. Where the rows kernel cannot run (INT8 weights with K % 16 != 0), "mma" is used.
+GEMV_KERNEL = os.environ.get("TILEINFER_CUDA_GEMV", "rows")
 
 # Programmatic dependent launch on the decode path (on by default; TILEINFER_CUDA_PDL=0 turns it
 # off; a layer's kernel chain measured 7-13% faster with it on an H200): the GEMV, the norms, attention_inputs / store_kv and attention are launched with
@@ -287,13 +303,102 @@ GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 
-def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
-    """The GEMV variant for an (n_rows, k_dim) weight: GEMV_TABLE's entry, else the heuristic;
-    ``gemv_overrides`` (benchmarks) take precedence."""
-    entry = GEMV_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
-    config = dict(entry) if entry is not None else gemv_heuristic(n_rows, k_dim, int8, epilogue, device)
-    config.setdefault("l2_256b", False)
-    config.update(gemv_overrides)
+# Per-shape launch configurations of the row-streaming kernel (gemv_rows.cu), same keys as
+# GEMV_TABLE -> {"rows": ..., "unroll": ..., "warps": ..., "split_k": ...}; a shape missing here
+# gets gemv_rows_heuristic. bench.py prints a sweep's winners as "GEMV_ROWS_TABLE = {...}".
+GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    # H200 sweep of bench.py (2026-11-30): the rows kernel's best per llama3-8b / llama3.2-1b
+    # decode shape; per token 3.59 ms (8B bf16), 2.12 ms (8B int8), 0.649 / 0.440 ms (1B).
+    (6144, 4096, False, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (4096, 4096, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (14336, 4096, False, 'swiglu'): {'rows': 2, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (4096, 14336, False, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (128256, 4096, False, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (6144, 4096, True, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (4096, 4096, True, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (14336, 4096, True, 'swiglu'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (4096, 14336, True, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (128256, 4096, True, 'none'): {'rows': 4, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (3072, 2048, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (2048, 2048, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 2, 'split_k': 1},
+    (8192, 2048, False, 'swiglu'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (2048, 8192, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (128256, 2048, False, 'none'): {'rows': 4, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (3072, 2048, True, 'none'): {'rows': 2, 'unroll': 4, 'warps': 1, 'split_k': 1},
+    (2048, 2048, True, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (8192, 2048, True, 'swiglu'): {'rows': 4, 'unroll': 1, 'warps': 1, 'split_k': 1},
+    (2048, 8192, True, 'none'): {'rows': 2, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (128256, 2048, True, 'none'): {'rows': 4, 'unroll': 1, 'warps': 1, 'split_k': 1},
+}
+
+_MMA_KEYS = frozenset({"stages", "l2_256b"})
+_ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
+
+
+def _override_family() -> str | None:
+    """The kernel family gemv_overrides ask for: "kernel", else told by their keys, else None."""
+    if gemv_overrides.get("kernel"):
+        return gemv_overrides["kernel"]
+    if _ROWS_KEYS & gemv_overrides.keys():
+        return "rows"
+    if _MMA_KEYS & gemv_overrides.keys():
+        return "mma"
+    return None
+
+
+def _rows_lane_k(int8: bool) -> int:
+    """k of one lane's 16-byte weight chunk in gemv_rows.cu (LANE_K); a warp step is 32 of them."""
+    return 16 if int8 else 8
+
+
+def gemv_rows_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+    """The default row-streaming configuration for an (n_rows, k_dim) weight.
+
+    A warp streams `rows` output rows (gate and up rows for SwiGLU) with `unroll` steps of 512
+    bytes a row per round: 8 weight chunks of 16 bytes per lane and round, two rounds in flight,
+    which keeps a 1-token build near 96 registers (about 20 resident warps per SM).
+    The parallelism along K (warps of a block, then grid splits) doubles while the grid's warps
+    still fit in one wave of ~20 resident warps per SM (a partial last wave leaves the SMs with
+    too few loads in flight) and every warp keeps at least two rounds of work.
+    """
+    mats = 2 if epilogue == "swiglu" else 1
+    rows, unroll = (2, 2) if mats == 2 else (4, 2)
+    steps = _cdiv(k_dim, 32 * _rows_lane_k(int8))  # warp steps along a row
+    tiles = _cdiv(n_rows, rows)
+    resident = 20 * _num_sms(device)
+    par = 1
+    while par < 16 and tiles * par * 2 <= resident and steps // (par * 2) >= 2 * unroll:
+        par *= 2
+    warps = min(par, 4)
+    return {"rows": rows, "unroll": unroll, "warps": warps, "split_k": par // warps}
+
+
+def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
+                kernel: str | None = None) -> dict:
+    """The GEMV variant for an (n_rows, k_dim) weight, with its family under "kernel".
+
+    The family: ``kernel``, else the one ``gemv_overrides`` ask for, else GEMV_KERNEL. "mma":
+    GEMV_TABLE's entry, else gemv_heuristic; "rows": GEMV_ROWS_TABLE's entry, else
+    gemv_rows_heuristic. ``gemv_overrides`` (benchmarks) take precedence when they are of the
+    same family. Never a function of the token count (row invariance)."""
+    asked = _override_family()
+    kernel = kernel or asked or GEMV_KERNEL
+    key = (n_rows, k_dim, bool(int8), epilogue)
+    if kernel == "rows":
+        entry = GEMV_ROWS_TABLE.get(key)
+        config = (dict(entry) if entry is not None
+                  else gemv_rows_heuristic(n_rows, k_dim, int8, epilogue, device))
+        config.setdefault("split_k", 1)
+    elif kernel == "mma":
+        entry = GEMV_TABLE.get(key)
+        config = (dict(entry) if entry is not None
+                  else gemv_heuristic(n_rows, k_dim, int8, epilogue, device))
+        config.setdefault("l2_256b", False)
+    else:
+        raise ValueError(f"unknown GEMV kernel family {kernel!r} (TILEINFER_CUDA_GEMV): 'rows' or 'mma'")
+    if asked in (None, kernel):
+        config.update(gemv_overrides)
+    config["kernel"] = kernel
     return config
 
 
@@ -310,6 +415,10 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = _dev(out)
     cfg = gemv_config(o_rows, k_dim, int8, epilogue, device)
+    if cfg["kernel"] == "rows":
+        if k_dim % _rows_lane_k(int8) == 0:  # rows start 16-byte aligned
+            return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
+        cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
     int8_load = 16 if k_dim % 16 == 0 else 8
     defines = {
         "W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": _EPILOGUES[epilogue],
@@ -326,6 +435,121 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
     k.launch((_cdiv(o_rows, 16),), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params), smem,
              pdl=pdl)
+
+
+class _GemvScratch:
+    """Per-device split-K scratch of gemv_rows.cu: float32 partial sums [split][mat][token][O] and
+    one arrival counter per row tile (zero between launches: the last block of a tile re-arms
+    it). Allocated once per device by ``reserve`` (attention_workspace calls it, so a model runner
+    has it before it captures graphs) or on first use outside a capture; never grown: a launch
+    that needs more than it holds runs without split-K (decided from the shape alone, so never
+    differently for 1 and 8 tokens)."""
+
+    PARTIALS = 1 << 21  # floats (8 MiB)
+    COUNTERS = 1 << 15
+
+    def __init__(self):
+        self._by_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, device):
+        """The device's buffers, allocated on the first call (not inside a graph capture: None)."""
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        buffers = self._by_device.get(index)
+        if buffers is None and not torch.cuda.is_current_stream_capturing():
+            with self._lock:
+                buffers = self._by_device.get(index)
+                if buffers is None:
+                    dev = torch.device("cuda", index)
+                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=dev),
+                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=dev))
+                    torch.cuda.synchronize(dev)  # the counters are zero before any stream uses them
+                    self._by_device[index] = buffers
+        return buffers
+
+    def get(self, device: int):
+        """The buffers, or None where they are missing and cannot be allocated now (a capture)."""
+        return self._by_device.get(device) or self.reserve(device)
+
+    @classmethod
+    def fits(cls, splits: int, mats: int, n_rows: int) -> bool:
+        """Room for a launch: partials of every split, mat and token slot; a counter per row tile
+        (n_rows bounds the tiles for every rows value)."""
+        return splits * mats * GEMV_MAX_TOKENS * n_rows <= cls.PARTIALS and n_rows <= cls.COUNTERS
+
+
+GEMV_SCRATCH = _GemvScratch()
+
+# The rows kernel compiled for 1 token slot at n = 1 (fewer registers than 8 slots). Its sums are
+# the 8-slot build's bit for bit (the same fmaf sequence per token and row); False launches the
+# 8-slot build at n = 1 too.
+GEMV_ROWS_ONE_TOKEN_BUILD = os.environ.get("TILEINFER_CUDA_GEMV_ONE_TOKEN_BUILD", "1") == "1"
+
+
+def gemv_rows_tile(cfg: dict, tokens: int, int8: bool, epilogue: str) -> tuple[int, int]:
+    """(rows, unroll) of a launch: the configuration's, reduced for builds of several token slots
+    (their accumulators and x chunks take the registers): at most 4 weight chunks a round (bf16)
+    or 2 (INT8). Neither changes the order of any sum, so the rows stay bit-identical to the
+    1-token build's."""
+    rows, unroll = cfg["rows"], cfg["unroll"]
+    if tokens > 1:
+        mats = 2 if epilogue == "swiglu" else 1
+        budget = 2 if int8 else 4
+        while mats * rows * unroll > budget and unroll > 1:
+            unroll = (unroll + 1) // 2
+        while mats * rows * unroll > budget and rows > 1:
+            rows //= 2
+    return rows, unroll
+
+
+def gemv_rows_split(cfg: dict, k_dim: int, int8: bool) -> tuple[int, int]:
+    """(splits, k_split): the grid's split of K, whole warp steps per split; from the weight's
+    shape and the configuration only (never from the token count)."""
+    step_k = 32 * _rows_lane_k(int8)
+    splits = max(1, min(int(cfg.get("split_k", 1)), _cdiv(k_dim, step_k)))
+    k_split = _cdiv(_cdiv(k_dim, splits), step_k) * step_k
+    return _cdiv(k_dim, k_split), k_split
+
+
+def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, tokens: int,
+                      pdl: bool) -> dict:
+    """The defines of a gemv_rows.cu build (bench.py precompiles with the same function)."""
+    rows, unroll = gemv_rows_tile(cfg, tokens, int8, epilogue)
+    defines = {"W_INT8": int(int8), "EPILOGUE": _EPILOGUES[epilogue], "OUT_DTYPE": out_dtype,
+               "ROUND_BF16": int(not int8), "ROWS": rows, "UNROLL": unroll,
+               "WARPS": cfg["warps"], "TOKENS": tokens}
+    if pdl:
+        defines["PDL"] = 1
+    return defines
+
+
+def gemv_rows_tokens(n: int) -> int:
+    """The token slots of the build that runs an n-token step."""
+    return 1 if n == 1 and GEMV_ROWS_ONE_TOKEN_BUILD else GEMV_MAX_TOKENS
+
+
+def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows):
+    n, k_dim = x.shape
+    int8 = weight.dtype == torch.int8
+    device = _dev(out)
+    splits, k_split = gemv_rows_split(cfg, k_dim, int8)
+    scratch = counters = None
+    if splits > 1:
+        mats = 2 if epilogue == "swiglu" else 1
+        buffers = GEMV_SCRATCH.get(device) if _GemvScratch.fits(splits, mats, o_rows) else None
+        if buffers is None:
+            _fallback("gemv", "no split-K (scratch too small, or first reserved inside a graph capture)")
+            splits, k_split = 1, k_dim
+        else:
+            scratch, counters = buffers
+    tokens = gemv_rows_tokens(n)
+    pdl = _pdl(device)
+    defines = gemv_rows_defines(cfg, int8, epilogue, _DTYPE_NAMES[out.dtype], tokens, pdl)
+    k = _kernel("gemv_rows.cu", "gemv_rows", "ppppiiiqffff" + "ipp", device, defines)
+    k.launch((_cdiv(o_rows, defines["ROWS"]), splits), (cfg["warps"] * 32,),
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params, k_split,
+              scratch, counters), pdl=pdl)
 
 
 def _gemm(out, x, weight, weight_scale):
@@ -475,7 +699,10 @@ def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device
     Only steps of at most SPLIT_MAX_TOKENS rows split the context (larger ones have enough row
     tiles to fill the GPU), so a workspace for larger steps would never be used: None.
     """
-    splits = min(MAX_SPLITS, _cdiv(max(1, max_context_len), ATTN_BLOCK_N))
+    GEMV_SCRATCH.reserve(device)  # the decode GEMV's split-K scratch, before any graph capture
+    # Every cache that can split at all gets the full MAX_SPLITS, so that the decode kernel's
+    # split count (and with it each row's split boundaries) does not depend on the cache size.
+    splits = MAX_SPLITS if max_context_len > ATTN_BLOCK_N else 1
     if splits <= 1 or not 0 < num_tokens <= SPLIT_MAX_TOKENS:
         return None
     return torch.zeros((num_tokens, num_heads, splits, head_dim + 2), dtype=torch.float32,
@@ -503,6 +730,71 @@ def attention_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int) -
     return q_bytes + stages * 2 * ATTN_BLOCK_N * head_dim * 2
 
 
+# attention_decode.cu without multiply-add contraction: each m-tile's unrolled copy of the
+# per-row arithmetic rounds the same way (row invariance, see the kernel's header).
+_ATTN_DECODE_OPTIONS = ("-fmad=false",)
+_smem_per_sm: dict[int, int] = {}
+
+
+def _smem_per_multiprocessor(device: int) -> int:
+    """Shared memory of one SM, for all its blocks (228 KB on an H100/H200)."""
+    n = _smem_per_sm.get(device)
+    if n is None:
+        props = torch.cuda.get_device_properties(device)
+        n = _smem_per_sm[device] = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    return n
+
+
+def attention_decode_m_tiles(head_dim: int, group: int) -> int:
+    """16-row m-tiles per warp of attention_decode.cu (M_TILES): two where a verify step's
+    ATTN_DECODE_MAX_TOKENS x group rows need more than one and the accumulators fit in registers
+    (head_dim <= 128). A function of the model only, so steps of any size run the same variant."""
+    return 2 if head_dim <= 128 and ATTN_DECODE_MAX_TOKENS * group > 16 else 1
+
+
+def attention_decode_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int,
+                                m_tiles: int) -> int:
+    """sizeof(SharedTiles) of attention_decode.cu: the query tile(s), the warps' (m, l), and the
+    K/V ring, whose memory then holds the warps' float32 O (4 x rows x head_dim) for the merge."""
+    rows = 16 * m_tiles
+    q_bytes = (2 if smooth else 1) * rows * head_dim * 2
+    stats = 2 * 4 * rows * 4
+    if int8:  # per stage and warp: 16 keys of raw int8 K and V and their scales; bf16 K and V tiles
+        ring = stages * 4 * (2 * 16 * head_dim + 2 * 16 * 4) + 2 * ATTN_BLOCK_N * head_dim * 2
+    else:
+        ring = stages * 2 * ATTN_BLOCK_N * head_dim * 2
+    return q_bytes + stats + max(ring, 4 * rows * head_dim * 4)
+
+
+def attention_decode_stages(head_dim: int, int8: bool, smooth: bool, m_tiles: int,
+                            blocks_per_sm: int, device: int, max_stages: int = 6) -> int:
+    """The deepest K/V ring (at most max_stages) with which blocks_per_sm blocks of
+    attention_decode.cu fit on one SM; at least two stages where one block fits."""
+    def smem(stages):
+        return attention_decode_smem_bytes(head_dim, int8, smooth, stages, m_tiles)
+
+    # per block: 1 KB reserved by the system and the kernel's few static bytes
+    budget = _smem_per_multiprocessor(device) // max(1, blocks_per_sm) - 1024 - 128
+    stages = max_stages
+    while stages > 2 and smem(stages) > budget:
+        stages -= 1
+    while stages > 1 and smem(stages) > _smem_limit(device) - 1024:
+        stages -= 1
+    return stages
+
+
+def attention_decode_splits(batch: int, kv_heads: int, workspace_splits: int, device: int) -> int:
+    """Split count of attention_decode.cu: about decode_blocks_per_sm blocks per SM over the
+    (sequence, kv head) pairs, at most the workspace's splits. The row tiles do not count, so a
+    verify step splits like a 1-token step, and neither does the cache's longest context (the
+    splits past a row's keys are empty and exit at once): a row's split boundaries depend on
+    its own context only, so the same model on two caches of different sizes (a draft model
+    that is the target itself) computes every row bit for bit alike."""
+    cfg = attention_config()
+    target = cfg.get("splits") or _cdiv(cfg["decode_blocks_per_sm"] * _num_sms(device), batch * kv_heads)
+    return max(1, min(target, workspace_splits))
+
+
 def attention_config() -> dict:
     config = dict(ATTN_CONFIG)
     config.update(attention_overrides)
@@ -521,34 +813,55 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
     kv_heads = k_cache.shape[2]
     batch = context_lens.shape[0]
     group = heads // kv_heads
-    row_tiles = _cdiv(max_query_len * group, ATTN_BLOCK_M)
-    if n_tokens == 0 or batch == 0 or row_tiles == 0:
+    if n_tokens == 0 or batch == 0 or max_query_len * group <= 0:
         return
     device = _dev(q)
     cfg = attention_config()
+    int8 = k_cache.dtype == torch.int8
+    smooth = k_smooth is not None
+    decode = cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS
+    if decode:  # attention_decode.cu: row tiles of 16 x m_tiles rows
+        m_tiles = attention_decode_m_tiles(head_dim, group)
+        row_tiles = _cdiv(max_query_len * group, 16 * m_tiles)
+    else:
+        row_tiles = _cdiv(max_query_len * group, ATTN_BLOCK_M)
     num_splits = 1
     ws = workspace
     if (ws is not None and n_tokens <= ws.shape[0] and ws.shape[1] == heads
             and ws.shape[3] == head_dim + 2 and batch * kv_heads * row_tiles <= ws.shape[0] * heads * ws.shape[2]):
-        base_blocks = batch * kv_heads * row_tiles
-        target = cfg.get("splits") or _cdiv(cfg["blocks_per_sm"] * _num_sms(device), base_blocks)
-        num_splits = max(1, min(target, ws.shape[2], _cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
-    int8 = k_cache.dtype == torch.int8
-    smooth = k_smooth is not None
-    stages = cfg["stages"]
-    smem = attention_smem_bytes(head_dim, int8, smooth, stages)
+        if decode:
+            num_splits = attention_decode_splits(batch, kv_heads, ws.shape[2], device)
+        else:
+            base_blocks = batch * kv_heads * row_tiles
+            target = cfg.get("splits") or _cdiv(cfg["blocks_per_sm"] * _num_sms(device), base_blocks)
+            num_splits = max(1, min(target, ws.shape[2], _cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     limit = _smem_limit(device) - 1024  # room for the static shared memory
-    while stages > 1 and smem > limit:  # a shallower ring where the GPU has less shared memory
+    if decode:
+        stages = cfg["decode_stages"] or attention_decode_stages(
+            head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"], device)
+        smem_bytes = lambda s: attention_decode_smem_bytes(head_dim, int8, smooth, s, m_tiles)  # noqa: E731
+    else:
+        stages = cfg["stages"]
+        smem_bytes = lambda s: attention_smem_bytes(head_dim, int8, smooth, s)  # noqa: E731
+    while stages > 1 and smem_bytes(stages) > limit:  # a shallower ring where the GPU has less shared memory
         stages -= 1
-        smem = attention_smem_bytes(head_dim, int8, smooth, stages)
     defines = {"HEAD_DIM": head_dim, "KV_INT8": int(int8), "SMOOTH": int(smooth), "KV_STAGES": stages}
-    kern = _kernel("attention.cu", "attention", "p" * 10 + "iiiif" + "ii" + "pi", device, defines)
-    kern.launch((row_tiles * num_splits, kv_heads, batch), (128,),
-                (out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
-                 block_table, heads, kv_heads, k_cache.shape[1], block_table.shape[1],
-                 float(scale) * math.log2(math.e), int(bool(causal)), num_splits,
-                 ws if num_splits > 1 else None, ws.shape[2] if num_splits > 1 else 0), smem,
-                pdl=_pdl(device))
+    common = (out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+              block_table, heads, kv_heads, k_cache.shape[1], block_table.shape[1],
+              float(scale) * math.log2(math.e), int(bool(causal)), num_splits)
+    split_ws = (ws if num_splits > 1 else None, ws.shape[2] if num_splits > 1 else 0)
+    if decode:
+        # Blocks only for the splits a row of this cache can have keys in (each split holds
+        # >= 64 keys); the partition itself is num_splits' (attention_decode.cu's header).
+        grid_splits = min(num_splits, _cdiv(max(1, max_context_len), ATTN_BLOCK_N))
+        kern = _kernel("attention_decode.cu", "attention_decode", "p" * 10 + "iiiif" + "iii" + "pi",
+                       device, {**defines, "M_TILES": m_tiles}, _ATTN_DECODE_OPTIONS)
+        kern.launch((row_tiles * grid_splits, kv_heads, batch), (128,),
+                    common + (grid_splits,) + split_ws, smem_bytes(stages), pdl=_pdl(device))
+    else:
+        kern = _kernel("attention.cu", "attention", "p" * 10 + "iiiif" + "ii" + "pi", device, defines)
+        kern.launch((row_tiles * num_splits, kv_heads, batch), (128,), common + split_ws,
+                    smem_bytes(stages), pdl=_pdl(device))
 
 
 # --- sampling ------------------------------------------------------------------------------------

@@ -40,6 +40,18 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", WARPS=4, STAGES=2, PDL=1)
     add("gemv.cu", WARPS=2, STAGES=3)
 
+    # gemv_rows.cu: every dtype / epilogue / output, then the tiles, warps, token slots and PDL.
+    for w_int8 in (0, 1):
+        for epilogue in (0, 1, 2):
+            for out_dtype in ("bf16_t", "float"):
+                add("gemv_rows.cu", W_INT8=w_int8, EPILOGUE=epilogue, OUT_DTYPE=out_dtype,
+                    ROUND_BF16=1 - w_int8, ROWS=2 if epilogue == 1 else 4, UNROLL=2, WARPS=2,
+                    TOKENS=1 if out_dtype == "float" else 8)
+    for rows, unroll, warps, tokens, pdl in ((1, 4, 1, 1, 1), (8, 1, 4, 1, 0), (4, 3, 8, 3, 1),
+                                             (2, 2, 1, 8, 1), (2, 4, 2, 1, 0)):
+        add("gemv_rows.cu", ROWS=rows, UNROLL=unroll, WARPS=warps, TOKENS=tokens, PDL=pdl)
+    add("gemv_rows.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, ROWS=1, UNROLL=1, WARPS=4, TOKENS=8, PDL=1)
+
     for w_int8 in (0, 1):
         for out_dtype in ("bf16_t", "float"):
             add("gemm.cu", W_INT8=w_int8, OUT_DTYPE=out_dtype, ROUND_BF16=1 - w_int8)
@@ -50,6 +62,22 @@ def builds() -> list[tuple[str, dict, tuple]]:
     for kv_int8 in (0, 1):  # deeper rings (the benchmark's sweep), and none (small GPUs)
         add("attention.cu", HEAD_DIM=128, KV_INT8=kv_int8, SMOOTH=0, KV_STAGES=3)
         add("attention.cu", HEAD_DIM=256, KV_INT8=kv_int8, SMOOTH=kv_int8, KV_STAGES=1)
+
+    # attention_decode.cu, with -fmad=false as ops compiles it: every head size, page kind and m-tile
+    # count (ops.attention_decode_m_tiles) with the ring depth ops.attention_decode_stages picks on
+    # an H200 (two blocks per SM), then the other depths of the benchmark's sweep.
+    h200_stages = {  # (head_dim, m_tiles): stages for bf16, bf16 smoothed, int8, int8 smoothed
+        (64, 1): (6, 6, 6, 6), (64, 2): (6, 6, 6, 6), (128, 1): (3, 3, 4, 4), (128, 2): (3, 2, 4, 3),
+        (256, 1): (2, 2, 2, 2)}
+    decode = lambda **d: add("attention_decode.cu", ("-fmad=false",), **d)  # noqa: E731
+    for (head_dim, m_tiles), stages in h200_stages.items():
+        for (kv_int8, smooth), depth in zip(((0, 0), (0, 1), (1, 0), (1, 1)), stages):
+            decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles, KV_STAGES=depth)
+    for head_dim, depths in ((128, (1, 2, 3, 4, 6)), (64, (2, 3, 4))):
+        for kv_int8 in (0, 1):
+            for depth in depths:
+                if depth != h200_stages[(head_dim, 2)][2 * kv_int8]:
+                    decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
 
     add("sampling.cu", SAMPLING_OPTIONS)
     return out

@@ -1,5 +1,8 @@
 // Paged grouped-query attention for a step of one or more sequences (prefill, decode, speculative
 // verification, DFlash blocks), bf16 or INT8 pages, causal or not.
+// ops.attention runs steps of at most 16 query tokens per sequence (decode, verify) with
+// attention_decode.cu instead: with few packed rows (4 per kv head for llama3-8b), only warp 0
+// of a block here would compute; there the four warps split each key tile.
 //
 // Technique: FlashAttention-2 (Dao, arXiv:2307.08691) tiles over a paged KV cache (vLLM,
 // arXiv:2309.06180), with GQA packing and flash-decoding's split-KV (Dao et al., "Flash-Decoding

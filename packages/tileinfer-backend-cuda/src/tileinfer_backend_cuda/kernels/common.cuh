@@ -61,6 +61,17 @@ __device__ __forceinline__ void int8x4_to_bf16x2(u32 v, u32& lo, u32& hi) {
     hi = pack_bf16x2(f2, f3);
 }
 
+// The same trick to float32: f[i] = byte i of v, exactly, in two instructions an element (a byte
+// permute and a subtraction) where a (float)int conversion runs at a quarter of FP32's rate.
+__device__ __forceinline__ void int8x4_to_float4(u32 v, float (&f)[4]) {
+    const u32 biased = v ^ 0x80808080u;
+    const float magic = 8388736.0f;  // 2^23 + 128
+    f[0] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440)) - magic;
+    f[1] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441)) - magic;
+    f[2] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7442)) - magic;
+    f[3] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7443)) - magic;
+}
+
 __device__ __forceinline__ float int8_to_float(signed char v) { return (float)(int)v; }
 
 // --- chunked loads and stores -----------------------------------------------------------------

@@ -18,7 +18,8 @@ scale); P is rounded to bf16 for the P @ V product, as FlashAttention does.
 
 Split-KV (flash-decoding, Dao et al. 2023): at decode there are only batch x kv_heads (e.g. 8)
 programs per layer, far fewer than the 132 SMs; splitting each sequence's positions into chunks
-gives ~2 programs per SM. Each split writes its unnormalized output, running max and sum to the
+of at least MIN_CHUNK gives SPLITS_PER_SM programs per SM (also at short contexts: one program
+walking 256 positions page gather after page gather is latency-bound). Each split writes its unnormalized output, running max and sum to the
 workspace; ``_combine_kernel`` rescales and sums them. The workspace comes from the
 ``attention_workspace`` hook, allocated once.
 
@@ -60,8 +61,14 @@ ROW_INVARIANT_MAX_Q = 8
 # Workspace capacity: query rows (tokens) and splits per head; splits hold >= MIN_CHUNK positions.
 SPLIT_MAX_TOKENS = 64
 MAX_SPLITS = 64
-MIN_CHUNK = 256
-WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks try them)
+MIN_CHUNK = 64
+WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks try others)
+# Split-KV target in programs per SM (H200 sweep of benchmarks/ops.py, 2026-11-30, llama3-8b
+# decode shapes): bf16 pages 4 (32k: 40 us = 80% of copy, against 53 us with 2; 8k: 15.5 against
+# 18.6 us), INT8 pages 2 with 128-position tiles (their conversions make more programs per SM
+# no faster). Splits of MIN_CHUNK = 64 positions also help short contexts (256 positions: 6.1
+# against 8.8 us unsplit; 1024: 8.3 against 12.4 us with splits of 256).
+SPLITS_PER_SM = {False: 4, True: 2}
 
 
 @triton.jit
@@ -230,7 +237,7 @@ def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
     if max_query_len <= SPLIT_MAX_Q:
         block_m = max(min(max(next_pow2(max_query_len * group), 16), 64), next_pow2(group))
         if block_m <= 16:
-            return block_m, 64, 4, 3
+            return block_m, 128 if int8 else 64, 4, 3
         if block_m <= 32:
             return block_m, 64, 4, 2
         return block_m, 64, 8, 3
@@ -243,8 +250,8 @@ def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
 def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
                      context_lens, block_table, max_query_len, max_context_len, scale, causal,
                      ws, tiles=None, splits=None, min_chunk=MIN_CHUNK):
-    """tiles, splits, min_chunk: launch settings for benchmarks (defaults: _tiles, ~2 programs
-    per SM, MIN_CHUNK)."""
+    """tiles, splits, min_chunk: launch settings for benchmarks (defaults: _tiles,
+    SPLITS_PER_SM, MIN_CHUNK)."""
     n, heads, hd = q.shape
     if n == 0:
         return
@@ -270,9 +277,10 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     fits = (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0]
             and heads <= ws.shape[1] and ws.shape[3] == hd + 2)
     if fits:
-        # ~2 programs per SM from the sequences' heads alone (row mode: never from the rows).
+        # SPLITS_PER_SM programs per SM from the sequences' heads alone (row mode: never from
+        # the rows).
         base = batch * kv_heads * (1 if row_mode else q_blocks)
-        target = max(1, min(ws.shape[2], cdiv(2 * sm_count(q.device), base)))
+        target = max(1, min(ws.shape[2], cdiv(SPLITS_PER_SM[int8] * sm_count(q.device), base)))
         if splits is not None:
             target = max(1, min(int(splits), ws.shape[2]))
         num_splits = min(target, cdiv(max_ctx, min_chunk))

@@ -1,0 +1,532 @@
+// Paged grouped-query attention for decode and speculative verify steps (at most
+// ops.ATTN_DECODE_MAX_TOKENS = 16 query tokens per sequence: a DFlash block of 16 included), bf16
+// or INT8 pages, causal or not: the four warps of a block split the keys.
+//
+// Why a second kernel: attention.cu packs BM = 64 query rows over 4 warps x 16 rows, but a decode
+// step has few packed rows per kv head (llama3-8b: 32 query heads / 8 kv heads = 4), so there
+// warp 0 does all the math and warps 1-3 compute on padding. Here (FlashAttention-2's tiling,
+// Dao, arXiv:2307.08691, with the keys of a tile split over the warps as in flash-decoding,
+// Dao et al. 2023, which also gives the split-KV combine):
+//   * A block owns one sequence b, one kv head, one split of the context and a row tile of up to
+//     BM = 16 * M_TILES packed query rows r = i * group + h (query position i, head h of the kv
+//     head's group, as in attention.cu). Every warp holds the whole row tile: m-tiles of 16 rows.
+//   * Warp w takes keys [16w, 16w + 16) of every 64-key tile: S = Q K^T for its 16 keys (two
+//     mma.m16n8k16 n-tiles per m-tile), its own online softmax state (m, l) per row and its own O
+//     accumulator over P V for those keys (one k-step of 16). Each m-tile is computed the same
+//     way, so a row's arithmetic does not depend on which m-tile holds it.
+//   * The K/V cp.async ring (KV_STAGES stages of 64 keys) is shared by the warps, each copying
+//     and reading only its own 16-key slice of a stage (page-table lookups included; with INT8
+//     pages each warp converts its own slice to bf16 with common.cuh's exact magic-number
+//     conversion): inside the loop warps never wait for each other, only __syncwarp.
+//   * After the last tile the warps' (m, l, O) go through shared memory (where the ring was) and
+//     are merged in the fixed order 0, 1, 2, 3: M = max m_w, O = sum_w 2^(m_w - M) O_w,
+//     l = sum_w 2^(m_w - M) l_w; then O / l is written, or with split-KV the split's normalized
+//     partial and its log-sum-exp M + log2(l), which the last block of the row tile to finish
+//     combines in split order exactly as attention.cu does.
+// Split-KV partition, per row: a row that sees c keys (causal: its position + 1, else the
+// context) takes keys [s * C, min(c, (s + 1) * C)) in split s, C = 64 * ceil(c / (64 * num_splits)).
+// It depends only on c and num_splits (chosen on the host from the batch, the kv heads and the
+// GPU, never from the step's token count or the cache's size), so the same model on two caches
+// (a draft model that is the target itself) gives the same bits, and a row of a verify step sees the same tiles, masks
+// and order of work as the 1-token step at its position, and gives the same bits (greedy
+// speculative decoding relies on this). A block loads the union of its rows' ranges: C changes
+// every 64 * num_splits >= 64 positions, so over the <= 32 positions of a row tile it takes at
+// most two values, and the union is at most two runs of tiles [a0, a1) and [b0, b1) (for any
+// step size: a step of more rows only has more row tiles); a tile (or a warp's 16 keys of it)
+// masked for a row leaves that row's (m, l, O) exactly unchanged (alpha = 1, p = 0), so the
+// extra tiles change nothing.
+// Tiles start at multiples of 64 keys, so with pages of 16 a warp's 16 keys are one page.
+//
+// Shapes, arguments, grid and workspace as in attention.cu, with BM = 16 * M_TILES rows per row
+// tile: grid (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), where
+// grid_splits = min(num_splits, ceil(max_context_len / 64)): C >= 64, so a row has keys in at
+// most ceil(c / 64) splits, and the splits past those would only exit.
+// Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_decode_smem_bytes mirrors it).
+// Compiled with -fmad=false (ops): no multiply-add contraction, so every unrolled copy of the
+// per-row arithmetic (one per m-tile) rounds the same way.
+//
+// Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
+// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2).
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef KV_INT8
+#define KV_INT8 0
+#endif
+#ifndef SMOOTH
+#define SMOOTH 0
+#endif
+#ifndef KV_STAGES
+#define KV_STAGES 3
+#endif
+#ifndef M_TILES
+#define M_TILES 2
+#endif
+
+constexpr int BN = 64, WARPS = 4, THREADS = WARPS * 32;
+constexpr int KEYS = BN / WARPS;  // keys of each tile per warp
+constexpr int BM = 16 * M_TILES;  // packed query rows per block
+constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
+constexpr int Q_PARTS = SMOOTH ? 2 : 1;
+constexpr int WS_ROW = HEAD_DIM + 2;
+constexpr u32 FULL = 0xffffffffu;
+static_assert(KV_STAGES >= 1 && (M_TILES == 1 || M_TILES == 2), "defines");
+static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim");
+
+#if KV_INT8
+typedef signed char kv_t;
+#else
+typedef bf16_t kv_t;
+#endif
+
+// 16-byte chunks of one key's row as stored (bf16 or int8): 4..32, so they divide a warp.
+constexpr int LOAD_CHUNKS = HEAD_DIM * (int)sizeof(kv_t) / 16;
+constexpr int KEY_STEP = 32 / LOAD_CHUNKS;  // keys the warp's lanes copy at once
+constexpr int LOADS = KEYS / KEY_STEP;      // copies per lane per tile, for K and for V
+
+// Shared-memory tiles are rows of HEAD_DIM bf16; chunk c of row r lives at chunk c ^ (r % 8) of
+// the row, so the 8 rows an ldmatrix reads hit 8 different bank groups.
+__device__ __forceinline__ int tile_chunk(int row, int chunk) {
+    return row * CHUNKS + (chunk ^ (row & 7));
+}
+
+struct WarpSlice {  // one warp's 16 keys of one ring stage
+#if KV_INT8
+    uint4 k_raw[KEYS * LOAD_CHUNKS];  // int8 rows as copied, key-major, unswizzled
+    uint4 v_raw[KEYS * LOAD_CHUNKS];
+    float k_scale[KEYS];
+    float v_scale[KEYS];
+#else
+    uint4 k[KEYS * CHUNKS];  // bf16 rows, copied in place (swizzled)
+    uint4 v[KEYS * CHUNKS];
+#endif
+};
+
+struct Ring {
+    WarpSlice stage[KV_STAGES][WARPS];
+#if KV_INT8
+    uint4 k[WARPS][KEYS * CHUNKS];  // each warp's slice converted to bf16 (swizzled)
+    uint4 v[WARPS][KEYS * CHUNKS];
+#endif
+};
+
+struct SharedTiles {
+    uint4 q[Q_PARTS][BM * CHUNKS];
+    float row_max[WARPS][BM];  // each warp's softmax state at the end
+    float row_sum[WARPS][BM];
+    union {
+        Ring ring;
+        float o[WARPS][BM * HEAD_DIM];  // each warp's O after the loop (8-float groups swizzled)
+    };
+};
+
+// Float index of (row, col) in a warp's O: 8-float groups XOR (row % 4), so that the float2
+// stores of rows g = 0..7 spread over all banks.
+__device__ __forceinline__ int o_index(int row, int col) {
+    return row * HEAD_DIM + (col ^ ((row & 3) << 3));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
+                 const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+                 const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+                 const float* __restrict__ k_smooth, const int* __restrict__ cu_seqlens_q,
+                 const int* __restrict__ context_lens, const int* __restrict__ block_table,
+                 int heads, int kv_heads, int page_size, int max_pages, float scale_log2,
+                 int causal, int num_splits, int grid_splits, float* ws, int ws_splits) {
+    extern __shared__ uint4 smem_raw[];
+    SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
+    __shared__ int is_last_block;
+
+    pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
+    // Up to pdl_wait only the step's metadata (cu_seqlens_q, context_lens, block_table) is read:
+    // it is uploaded before the step's first kernel, which is launched without PDL, and no kernel
+    // writes it, so it is complete even while the previous kernels still run.
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // num_splits defines the partition; the grid has blocks for the first grid_splits splits only
+    // (the host's bound on the splits any row of the cache can have keys in, see the header).
+    const int split = blockIdx.x % grid_splits, row_tile = blockIdx.x / grid_splits;
+    const int kvh = blockIdx.y, b = blockIdx.z;
+    const int group = heads / kv_heads;
+    const int q_start = cu_seqlens_q[b];
+    const int q_len = cu_seqlens_q[b + 1] - q_start;
+    const int ctx = context_lens[b];
+    const int rows = q_len * group;  // packed query rows of (b, kvh)
+    const int m0 = row_tile * BM;
+    if (m0 >= rows) return;  // the same for every split: no counter to bump
+    const int m_tiles = min(M_TILES, (rows - m0 + 15) / 16);
+
+    // Keys row rg sees, and the keys per split of a row that sees c keys (see the header).
+    auto row_keys = [&](int rg) { return causal ? ctx - q_len + rg / group + 1 : ctx; };
+    auto split_keys = [&](int c) { return BN * max(1, (c + BN * num_splits - 1) / (BN * num_splits)); };
+    const int c_first = row_keys(m0), c_last = row_keys(min(rows, m0 + BM) - 1);
+    const int chunk_first = split_keys(c_first), chunk_last = split_keys(c_last);
+    // Splits with keys for some row of the tile: 0 .. active_splits - 1 (at least split 0, which
+    // writes the zeros of rows that see no key).
+    const int active_splits = max(1, min(num_splits, (c_last + chunk_first - 1) / chunk_first));
+    if (split >= active_splits) return;  // not counted by the combine either
+    // This block's keys: [a0, a1) for the rows of chunk_first, then [b0, b1) for those of chunk_last.
+    const int a0 = split * chunk_first, a1 = min(c_last, a0 + chunk_first);
+    const int b0 = max(a1, split * chunk_last);
+    const int b1 = chunk_last == chunk_first ? b0 : max(b0, min(c_last, (split + 1) * chunk_last));
+    const int tiles_a = (max(0, a1 - a0) + BN - 1) / BN;
+    const int n_tiles = tiles_a + (b1 - b0 + BN - 1) / BN;
+    auto tile_start = [&](int tile) { return tile < tiles_a ? a0 + tile * BN : b0 + (tile - tiles_a) * BN; };
+    auto tile_end = [&](int tile) { return tile < tiles_a ? a1 : b1; };
+
+    // Per thread: rows g and g + 8 of each m-tile; the keys [lo, hi) each may see in this split.
+    int row_lo[M_TILES][2], row_hi[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rg = m0 + mt * 16 + g + 8 * h;
+            const int c = rg < rows ? row_keys(rg) : 0, chunk = split_keys(c);
+            row_lo[mt][h] = split * chunk;
+            row_hi[mt][h] = min(c, row_lo[mt][h] + chunk);
+        }
+
+    const i64 kv_row_stride = (i64)kv_heads * HEAD_DIM;  // elements between consecutive slots
+    const int* pages = block_table + (i64)b * max_pages;
+    // Lane `lane` looks up the page (and the INT8 scale) of key lane % 16 of the warp's slice and
+    // copies chunk load_c of keys load_key0 + j * KEY_STEP, j < LOADS.
+    const int my_key = lane & (KEYS - 1);
+    const int load_c = lane % LOAD_CHUNKS, load_key0 = lane / LOAD_CHUNKS;
+
+    // Block-table entry of key my_key of the warp's slice of tile `tile`; -1 past the keys.
+    auto page_of = [&](int tile) {
+        if (tile >= n_tiles) return -1;
+        const int pos = tile_start(tile) + warp * KEYS + my_key;
+        return pos < tile_end(tile) ? pages[pos / page_size] : -1;
+    };
+
+    // Start the copies of the warp's slice of tile `tile` into ring stage `stage` (zeros past the
+    // keys), as one commit group; page = page_of(tile). Every call commits a group (possibly
+    // empty), so "tile i has landed" is a fixed count of outstanding groups.
+    auto issue = [&](int tile, int stage, int page) {
+        if (tile < n_tiles) {
+            WarpSlice& dst = sm.ring.stage[stage][warp];
+            const int pos = tile_start(tile) + warp * KEYS + my_key;
+            const int slot = page >= 0 ? page * page_size + pos % page_size : -1;
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) {
+                const int key = load_key0 + j * KEY_STEP;
+                const int key_slot = __shfl_sync(FULL, slot, key);
+                const bool valid = key_slot >= 0;
+                const i64 offset = (valid ? (i64)key_slot * kv_row_stride : 0) + (i64)kvh * HEAD_DIM +
+                                   load_c * (16 / (int)sizeof(kv_t));
+#if KV_INT8
+                const int cell = key * LOAD_CHUNKS + load_c;
+                cp_async_cg16(smem_addr(&dst.k_raw[cell]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&dst.v_raw[cell]), v_cache + offset, valid ? 16 : 0);
+#else
+                const int cell = tile_chunk(key, load_c);
+                cp_async_cg16(smem_addr(&dst.k[cell]), k_cache + offset, valid ? 16 : 0);
+                cp_async_cg16(smem_addr(&dst.v[cell]), v_cache + offset, valid ? 16 : 0);
+#endif
+            }
+#if KV_INT8
+            // lanes 0-15: the key scales of the slice's 16 keys, lanes 16-31: the value scales
+            const i64 idx = (slot >= 0 ? (i64)slot : 0) * kv_heads + kvh;
+            float* scale_dst = lane < KEYS ? &dst.k_scale[my_key] : &dst.v_scale[my_key];
+            cp_async_ca4(smem_addr(scale_dst), (lane < KEYS ? k_scale : v_scale) + idx, slot >= 0 ? 4 : 0);
+#endif
+        }
+        cp_async_commit();
+    };
+
+    int page = page_of(0);  // metadata: before pdl_wait (see above)
+    pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
+#pragma unroll
+    for (int i = 0; i < KV_STAGES - 1; ++i) {
+        issue(i, i, page);
+        page = page_of(i + 1);
+    }
+
+    // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
+    for (int id = tid; id < m_tiles * 16 * CHUNKS; id += THREADS) {
+        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (rg < rows) {
+            const int token = q_start + rg / group, head = kvh * group + rg % group;
+            v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
+        }
+#if SMOOTH
+        // q . (smooth * k) = (q * smooth) . k; q * smooth = hi + lo in bf16 (error ~2^-16).
+        const u32* pv = reinterpret_cast<const u32*>(&v);
+        const float* sm_row = k_smooth + kvh * HEAD_DIM + c * 8;
+        uint4 hi, lo;
+        u32* ph = reinterpret_cast<u32*>(&hi);
+        u32* pl = reinterpret_cast<u32*>(&lo);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float x = bf16_lo(pv[e]) * sm_row[2 * e], y = bf16_hi(pv[e]) * sm_row[2 * e + 1];
+            ph[e] = pack_bf16x2(x, y);
+            pl[e] = pack_bf16x2(x - bf16_lo(ph[e]), y - bf16_hi(ph[e]));
+        }
+        sm.q[0][tile_chunk(r, c)] = hi;
+        sm.q[1][tile_chunk(r, c)] = lo;
+#else
+        sm.q[0][tile_chunk(r, c)] = v;
+#endif
+    }
+    __syncthreads();  // the query tile is complete: the loop's only block-wide dependency
+
+    // Per thread and m-tile: rows g and g + 8; running max / sum in the log2 domain.
+    float row_max[M_TILES][2], row_sum[M_TILES][2];  // row_sum: this thread's columns only
+    float o_acc[M_TILES][HEAD_DIM / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+        row_max[mt][0] = row_max[mt][1] = neg_inf();
+        row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < HEAD_DIM / 8; ++d)
+            o_acc[mt][d][0] = o_acc[mt][d][1] = o_acc[mt][d][2] = o_acc[mt][d][3] = 0.0f;
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int stage = it % KV_STAGES;
+#if KV_STAGES == 1
+        __syncwarp();  // every lane is done with tile it - 1
+        issue(it, 0, page);
+        page = page_of(it + 1);
+        cp_async_wait<0>();
+#else
+        cp_async_wait<KV_STAGES - 2>();  // this lane's copies of tile `it` have landed
+        __syncwarp();  // ... and every lane's; every lane is done with tile it - 1, refilled next
+        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES, page);
+        page = page_of(it + KV_STAGES);  // read now, used next iteration: its latency hides
+#endif
+        const int kv0 = tile_start(it) + warp * KEYS;  // the warp's 16 keys
+        if (kv0 >= tile_end(it)) continue;  // all past the keys: masked for every row, a no-op
+        const WarpSlice& in = sm.ring.stage[stage][warp];
+#if KV_INT8
+        // int8 -> bf16 (exact): each lane converts the chunks it copied itself (16 int8 of a
+        // key = two 8-element bf16 chunks of the swizzled slice).
+#pragma unroll
+        for (int j = 0; j < LOADS; ++j) {
+            const int key = load_key0 + j * KEY_STEP, cell = key * LOAD_CHUNKS + load_c;
+            const uint4 rk = in.k_raw[cell], rv = in.v_raw[cell];
+            uint4 k0, k1, v0, v1;
+            int8x4_to_bf16x2(rk.x, k0.x, k0.y);
+            int8x4_to_bf16x2(rk.y, k0.z, k0.w);
+            int8x4_to_bf16x2(rk.z, k1.x, k1.y);
+            int8x4_to_bf16x2(rk.w, k1.z, k1.w);
+            int8x4_to_bf16x2(rv.x, v0.x, v0.y);
+            int8x4_to_bf16x2(rv.y, v0.z, v0.w);
+            int8x4_to_bf16x2(rv.z, v1.x, v1.y);
+            int8x4_to_bf16x2(rv.w, v1.z, v1.w);
+            sm.ring.k[warp][tile_chunk(key, 2 * load_c)] = k0;
+            sm.ring.k[warp][tile_chunk(key, 2 * load_c + 1)] = k1;
+            sm.ring.v[warp][tile_chunk(key, 2 * load_c)] = v0;
+            sm.ring.v[warp][tile_chunk(key, 2 * load_c + 1)] = v1;
+        }
+        const uint4* k_tile = sm.ring.k[warp];
+        const uint4* v_tile = sm.ring.v[warp];
+#else
+        const uint4* k_tile = in.k;
+        const uint4* v_tile = in.v;
+#endif
+        __syncwarp();  // every lane's copies (KV_STAGES 1) or conversions (INT8) are visible
+
+        // --- S = Q K^T: per m-tile 16 rows x the warp's 16 keys (2 n-tiles of 8) ---
+        float s[M_TILES][2][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+            u32 kf[2][2];  // B fragments of keys 0-7 and 8-15, dims kk * 16 .. + 15
+            const int key = (lane & 7) + ((lane >> 4) << 3), c = kk * 2 + ((lane >> 3) & 1);
+            ldmatrix_x4(kf[0][0], kf[0][1], kf[1][0], kf[1][1], smem_addr(&k_tile[tile_chunk(key, c)]));
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                if (mt >= m_tiles) break;
+#pragma unroll
+                for (int part = 0; part < Q_PARTS; ++part) {
+                    u32 a0, a1, a2, a3;
+                    const int r = mt * 16 + (lane & 15), cq = kk * 2 + (lane >> 4);
+                    ldmatrix_x4(a0, a1, a2, a3, smem_addr(&sm.q[part][tile_chunk(r, cq)]));
+                    mma_bf16_16816(s[mt][0], a0, a1, a2, a3, kf[0][0], kf[0][1]);
+                    mma_bf16_16816(s[mt][1], a0, a1, a2, a3, kf[1][0], kf[1][1]);
+                }
+            }
+        }
+
+        // --- scale, mask, online softmax; P as the A fragment of one m16n8k16 k-step ---
+        u32 p_frag[M_TILES][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            if (mt >= m_tiles) break;
+            float tile_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j * 8 + 2 * t + (e & 1), pos = kv0 + key, h = e >> 1;
+                    float v = s[mt][j][e] * scale_log2;
+#if KV_INT8
+                    v *= in.k_scale[key];
+#endif
+                    if (pos < row_lo[mt][h] || pos >= row_hi[mt][h]) v = neg_inf();
+                    s[mt][j][e] = v;
+                    tile_max[h] = fmaxf(tile_max[h], v);
+                }
+            float alpha[2], base[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL, tile_max[h], 1));
+                tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL, tile_max[h], 2));
+                const float new_max = fmaxf(row_max[mt][h], tile_max[h]);
+                base[h] = new_max == neg_inf() ? 0.0f : new_max;  // a fully masked row stays at zero
+                alpha[h] = exp2f(row_max[mt][h] - base[h]);
+                row_max[mt][h] = new_max;
+                row_sum[mt][h] *= alpha[h];
+            }
+            if (__any_sync(FULL, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // x * 1 == x: skip
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM / 8; ++d) {
+                    o_acc[mt][d][0] *= alpha[0];
+                    o_acc[mt][d][1] *= alpha[0];
+                    o_acc[mt][d][2] *= alpha[1];
+                    o_acc[mt][d][3] *= alpha[1];
+                }
+            }
+            float p[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    p[j][e] = exp2f(s[mt][j][e] - base[e >> 1]);
+                    row_sum[mt][e >> 1] += p[j][e];
+#if KV_INT8
+                    p[j][e] *= in.v_scale[j * 8 + 2 * t + (e & 1)];
+#endif
+                }
+            p_frag[mt][0] = pack_bf16x2(p[0][0], p[0][1]);  // row g, keys 2t, 2t + 1
+            p_frag[mt][1] = pack_bf16x2(p[0][2], p[0][3]);  // row g + 8
+            p_frag[mt][2] = pack_bf16x2(p[1][0], p[1][1]);  // row g, keys 8 + 2t, 8 + 2t + 1
+            p_frag[mt][3] = pack_bf16x2(p[1][2], p[1][3]);  // row g + 8
+        }
+
+        // --- O += P V: k = the warp's 16 keys, n = HEAD_DIM (V fragments shared by the m-tiles) ---
+#pragma unroll
+        for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
+            u32 b0, b1, b2, b3;
+            const int key = (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
+            ldmatrix_x4_trans(b0, b1, b2, b3, smem_addr(&v_tile[tile_chunk(key, c)]));
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                if (mt >= m_tiles) break;
+                const u32* a = p_frag[mt];
+                mma_bf16_16816(o_acc[mt][2 * dp], a[0], a[1], a[2], a[3], b0, b1);
+                mma_bf16_16816(o_acc[mt][2 * dp + 1], a[0], a[1], a[2], a[3], b2, b3);
+            }
+        }
+    }
+
+    cp_async_wait<0>();  // no copy may still target the ring, whose memory is reused below
+    __syncthreads();     // every warp is done with the ring
+
+    // --- the warps' states to shared memory ---
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+        if (mt >= m_tiles) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = mt * 16 + g + 8 * h;
+            float l = row_sum[mt][h];  // over the quad's columns
+            l += __shfl_xor_sync(FULL, l, 1);
+            l += __shfl_xor_sync(FULL, l, 2);
+            if (t == 0) {
+                sm.row_max[warp][r] = row_max[mt][h];
+                sm.row_sum[warp][r] = l;
+            }
+#pragma unroll
+            for (int d = 0; d < HEAD_DIM / 8; ++d)
+                *reinterpret_cast<float2*>(&sm.o[warp][o_index(r, d * 8 + 2 * t)]) =
+                    make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
+        }
+    }
+    __syncthreads();
+
+    // --- merge in warp order, normalize, write the output or this split's partial ---
+    // A thread per (row, 8 dims).
+    const bool split_mode = num_splits > 1;
+    for (int id = tid; id < m_tiles * 16 * CHUNKS; id += THREADS) {
+        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
+        if (rg >= rows) break;  // later ids only have later rows
+        float m = neg_inf();
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sm.row_max[w][r]);
+        const float base = m == neg_inf() ? 0.0f : m;
+        float l = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float f = exp2f(sm.row_max[w][r] - base);  // 0 for a warp that saw no key
+            l += f * sm.row_sum[w][r];
+            const float4* src = reinterpret_cast<const float4*>(&sm.o[w][o_index(r, c * 8)]);
+            const float4 x0 = src[0], x1 = src[1];
+            acc[0] += f * x0.x; acc[1] += f * x0.y; acc[2] += f * x0.z; acc[3] += f * x0.w;
+            acc[4] += f * x1.x; acc[5] += f * x1.y; acc[6] += f * x1.z; acc[7] += f * x1.w;
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const i64 token = q_start + rg / group, head = kvh * group + rg % group;
+        if (!split_mode) {
+            uint4 v;
+            v.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
+            v.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
+            v.z = pack_bf16x2(acc[4] * inv, acc[5] * inv);
+            v.w = pack_bf16x2(acc[6] * inv, acc[7] * inv);
+            *reinterpret_cast<uint4*>(out + (token * heads + head) * HEAD_DIM + c * 8) = v;
+        } else {
+            float* dst = ws + ((token * heads + head) * ws_splits + split) * WS_ROW;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)  // float2: a workspace row is 8- but not 16-byte aligned
+                *reinterpret_cast<float2*>(dst + c * 8 + 2 * e) =
+                    make_float2(acc[2 * e] * inv, acc[2 * e + 1] * inv);
+            if (c == 0) dst[HEAD_DIM] = l > 0.0f ? m + log2f(l) : neg_inf();
+        }
+    }
+    if (!split_mode) return;
+
+    // --- split-KV: the last block of this row tile combines the splits (as attention.cu) ---
+    const int row_tiles = gridDim.x / grid_splits;
+    int* counter = reinterpret_cast<int*>(ws) +
+                   ((i64)(b * kv_heads + kvh) * row_tiles + row_tile) * WS_ROW + HEAD_DIM + 1;
+    __threadfence();  // this block's partials are visible before it is counted
+    __syncthreads();
+    if (tid == 0) is_last_block = atomicAdd(counter, 1) == active_splits - 1;
+    __syncthreads();
+    if (!is_last_block) return;
+    __threadfence();
+    for (int r = warp; r < m_tiles * 16; r += WARPS) {  // a warp per row, lanes over head_dim
+        const int rg = m0 + r;
+        if (rg >= rows) break;
+        const i64 token = q_start + rg / group, head = kvh * group + rg % group;
+        const float* part = ws + (token * heads + head) * ws_splits * WS_ROW;
+        float max_lse = neg_inf();
+        for (int sp = 0; sp < active_splits; ++sp) max_lse = fmaxf(max_lse, __ldcg(part + sp * WS_ROW + HEAD_DIM));
+        float acc[HEAD_DIM / 32], weight_sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] = 0.0f;
+#pragma unroll 4
+        for (int sp = 0; sp < active_splits; ++sp) {  // unrolled: several partials' loads in flight
+            const float l = __ldcg(part + sp * WS_ROW + HEAD_DIM);
+            if (l == neg_inf()) continue;  // no key of this row in the split
+            const float wgt = exp2f(l - max_lse);
+            weight_sum += wgt;
+#pragma unroll
+            for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] += wgt * __ldcg(part + sp * WS_ROW + lane + 32 * e);
+        }
+        const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+        bf16_t* dst = out + (token * heads + head) * HEAD_DIM;
+#pragma unroll
+        for (int e = 0; e < HEAD_DIM / 32; ++e) dst[lane + 32 * e] = from_float<bf16_t>(acc[e] * inv);
+    }
+    if (tid == 0) *counter = 0;  // ready for the next launch (and the next graph replay)
+}
