@@ -243,13 +243,16 @@ def gemv_sweep_configs():
     from tileinfer_backend_triton.kernels.linear import GemvConfig as G
 
     # The defaults (linear.gemv_config) are the first of each list (SwiGLU: block_n halved
-    # below, so 8 x 256 bf16 / 4 x 512 int8); then neighbours of them and the previous defaults.
+    # below, so 8 x 256 bf16 / 4 x 512 int8); then neighbours of them, forced split-K (2, 4: more
+    # programs for the small matrices of llama3.2-1b) and one step of a single tile.
     return {
-        False: [G(8, 512, 0, 4, 3, 2), G(16, 256, 0, 4, 3, 2), G(4, 1024, 0, 4, 3, 2),
-                G(8, 512, 0, 8, 3, 2), G(8, 512, 1, 4, 3, 2), G(16, 512, 0, 8, 3, 2),
-                G(64, 128, 0, 4, 4, 1, dot=True)],
-        True: [G(8, 512, 0, 4, 3, 2), G(16, 512, 0, 8, 3, 2), G(4, 1024, 0, 4, 3, 2),
-               G(8, 1024, 0, 4, 3, 2), G(8, 512, 1, 4, 3, 2), G(16, 1024, 0, 8, 3, 2)],
+        False: [G(8, 512, 0, 4, 3, 2), G(4, 512, 0, 4, 3, 2), G(8, 256, 0, 4, 3, 2),
+                G(16, 256, 0, 4, 3, 2), G(4, 1024, 0, 4, 3, 2), G(8, 512, 1, 4, 3, 2),
+                G(8, 512, 2, 4, 3, 2), G(8, 512, 4, 4, 3, 2), G(4, 512, 2, 4, 3, 2),
+                G(8, 1024, 0, 4, 3, 1)],
+        True: [G(8, 512, 0, 4, 3, 2), G(4, 512, 0, 4, 3, 2), G(4, 1024, 0, 4, 3, 2),
+               G(8, 1024, 0, 4, 3, 2), G(8, 512, 1, 4, 3, 2), G(8, 512, 2, 4, 3, 2),
+               G(8, 1024, 2, 4, 3, 2), G(16, 1024, 0, 8, 3, 2)],
     }
 
 
@@ -258,6 +261,7 @@ def bench_gemv_sweep(summary):
     from tileinfer_backend_triton.kernels import linear
 
     sweep = gemv_sweep_configs()
+    table = []  # the winners as linear.GEMV_TABLE entries
     for model, cfg in MODELS.items():
         for int8 in (False, True):
             for name, (n, k, kind) in decode_shapes(cfg).items():
@@ -285,7 +289,11 @@ def bench_gemv_sweep(summary):
                 if best:
                     summary.append((f"sweep best {model} {name}", "int8" if int8 else "bf16", "triton",
                                     best[0], f"{best[2] / COPY_CEILING:.2f} of copy; {best[1]}"))
+                    table.append(f"    ({n // 2 if kind == 'swiglu' else n}, {k}, {int8}, {act}): "
+                                 f"{best[1]},")
             torch.cuda.empty_cache()
+    print("GEMV_TABLE = {  # tileinfer_backend_triton.kernels.linear\n" + "\n".join(table) + "\n}",
+          file=sys.stderr)
 
 
 def bench_gemm(tables, summary):

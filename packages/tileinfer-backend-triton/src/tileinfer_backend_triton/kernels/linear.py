@@ -326,7 +326,12 @@ class GemmConfig:
     num_stages: int = 3
 
 
-def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
+# Per-shape GEMV tiles for 1..ROW_INVARIANT_MAX_M tokens, (n_out, k, int8, act) -> GemvConfig,
+# over gemv_config's defaults (benchmarks/ops.py's sweep prints its winners in this form).
+GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {}
+
+
+def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
     """Default GEMV tiles, picked from the H200 sweep of benchmarks/ops.py (rows ``sweep:*``,
     llama3-8b and llama3.2-1b decode shapes, 2026-11-30).
 
@@ -343,6 +348,9 @@ def gemv_config(m: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
         return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
                           unroll=2 if k >= 512 else 1)
     if m <= ROW_INVARIANT_MAX_M:
+        entry = None if f32 else GEMV_TABLE.get((n, k, int8, act))
+        if entry is not None:
+            return entry
         if f32:
             return GemvConfig(block_n=16, block_k=128, num_warps=4)
         if act == ACT_SWIGLU:
@@ -425,7 +433,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     common = dict(ACT=act, INT8=int8, ROUND_X=not int8, F32=f32)
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
-        cfg = config or gemv_config(m, k, int8, act, f32)
+        cfg = config or gemv_config(m, n_out, k, int8, act, f32)
         # Row programs (CUDA cores) up to ROW_INVARIANT_MAX_M tokens, else 16-row dot tiles.
         block_m = 1 if (m <= ROW_INVARIANT_MAX_M and not cfg.dot) else 16
         unroll = cfg.unroll if block_m == 1 else 1
