@@ -137,8 +137,8 @@ def bench_generation(model: Model, prompt_len: int = 16, new_tokens: int = 256,
 
 
 def _step_times(runner: ModelRunner, cache, prompt, steps: int = 50) -> dict:
-    """GPU time of one captured 1-token step (replays back to back) and the host time to issue
-    one pipelined step (while the GPU is busy): when host < GPU, pipelining hides the host."""
+    """GPU time of one captured 1-token step (replays back to back) and the host's own time to
+    prepare and issue one pipelined step: when host < GPU, pipelining hides the host."""
     greedy = SamplingParams()
     seq = cache.new_sequence()
     runner.forward(seq, prompt, greedy)
