@@ -33,7 +33,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 COPY_CEILING = 4.18e12  # bytes/s, DESIGN.md
 MATMUL_CEILING = 770e12  # bf16 FLOP/s, DESIGN.md
@@ -68,24 +67,10 @@ def emit(**row):
 
 
 def _time_graph(calls, replays=7, min_calls=40):
+    from tileinfer.bench import time_graph
+
     passes = max(1, math.ceil(min_calls / len(calls)))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(passes):
-            for call in calls:
-                call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (passes * len(calls)))
-    del graph
-    return statistics.median(times), "graph"
+    return time_graph(calls * passes, replays) * 1e6, "graph"
 
 
 def _time_eager(calls, replays=7, min_calls=20):

@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 
 import torch
+from tileinfer import bench as tileinfer_bench
 
 from . import compiler, ops
 
@@ -48,7 +48,8 @@ LLAMA3_1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
 
 
 def time_graph(fn, reps: int = 20, replays: int = 7) -> float:
-    """Median seconds per fn(i) call, with `reps` calls captured in one CUDA graph."""
+    """Median seconds per fn(i) call, with `reps` calls captured in one CUDA graph (two warm-up
+    calls first, on a side stream: compiles and first-use allocations stay out of the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -56,21 +57,7 @@ def time_graph(fn, reps: int = 20, replays: int = 7) -> float:
             fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / reps)
-    return statistics.median(times)
+    return tileinfer_bench.time_graph([lambda i=i: fn(i) for i in range(reps)], replays)
 
 
 def bench_copy() -> dict:

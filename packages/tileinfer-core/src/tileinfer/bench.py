@@ -10,6 +10,7 @@ Random weights of a named shape serve for speed: decode time does not depend on 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 
 import torch
@@ -66,6 +67,29 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
                            norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size))
     return Model(c, weights, get_backend(backend), dtype, device, max_len, quantize=quantize)
+
+
+def time_graph(calls, replays: int = 7) -> float:
+    """Median seconds per call of ``calls`` (zero-argument callables, already run once so that
+    their kernels are compiled), captured back to back in one CUDA graph and replayed: the way
+    a model runner issues decode steps, without launch overhead. The per-op benchmarks time
+    kernels with it."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
 
 
 def copy_bandwidth(device="cuda", nbytes: int = 1 << 30) -> float:

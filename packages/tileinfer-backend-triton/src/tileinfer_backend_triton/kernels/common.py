@@ -16,6 +16,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 INTERPRET_MODE = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INTERPRET = tl.constexpr(INTERPRET_MODE)
@@ -165,35 +166,25 @@ def tl_dtype(dtype: torch.dtype):
 # program of this one has called it (or exited). Both are no-ops in a kernel launched without
 # the attribute.
 
-PDL_SUPPORTED = False  # griddepcontrol needs sm_90; set from the device below
+PDL_SUPPORTED = False  # griddepcontrol needs sm_90 (and a GPU: never under the interpreter)
 if not INTERPRET_MODE:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
     try:
         PDL_SUPPORTED = (torch.cuda.is_available()
                          and torch.cuda.get_device_capability()[0] >= 9)
     except Exception:  # pragma: no cover - a broken driver: run without
         PDL_SUPPORTED = False
 
-    @triton.jit
-    def pdl_wait(PDL: tl.constexpr):
-        if PDL:
-            gdc_wait()
 
-    @triton.jit
-    def pdl_launch_dependents(PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
 
-else:
 
-    @triton.jit
-    def pdl_wait(PDL: tl.constexpr):
-        pass
-
-    @triton.jit
-    def pdl_launch_dependents(PDL: tl.constexpr):
-        pass
+@triton.jit
+def pdl_launch_dependents(PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
 
 
 _pdl_enabled = PDL_SUPPORTED and os.environ.get("TILEINFER_TRITON_PDL", "1") != "0"

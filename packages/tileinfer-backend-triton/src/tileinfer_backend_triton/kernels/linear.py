@@ -104,6 +104,38 @@ def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
         return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.constexpr,
+                F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tensor-core K loop over [k_lo, k_hi) (the 9..16-token GEMV and the prefill GEMM): x rows
+    [BLOCK_M, BLOCK_K] against weight rows [BLOCK_N, BLOCK_K] (and SwiGLU's up rows); returns
+    the float32 sums [BLOCK_M, BLOCK_N] of both. Software-pipelined num_stages deep by Triton."""
+    x_ty: tl.constexpr = x_rows.dtype.element_ty
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            xv = tl.load(x_rows + k0)
+            wa = tl.load(w_a + k0)
+            if ACT == 1:
+                wb = tl.load(w_b + k0)
+        else:
+            kmask = (k0 + rk) < k_hi
+            xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
+            wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
+            if ACT == 1:
+                wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
+        if INT8:  # int8 values are exact in bf16/fp16
+            wa = int8_to(wa, x_ty)
+        acc_a = mma(xv, tl.trans(wa), acc_a, F32)
+        if ACT == 1:
+            if INT8:
+                wb = int8_to(wb, x_ty)
+            acc_b = mma(xv, tl.trans(wb), acc_b, F32)
+    return acc_a, acc_b
+
+
 # M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,
 # a separate binary from the one of M = 2..8; one binary for every row count keeps a verify
 # step's rows on exactly the decode step's instructions.
@@ -195,27 +227,8 @@ def _gemv_kernel(
         # 9..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
         pdl_launch_dependents(PDL)
         pdl_wait(PDL)
-        acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            if EVEN_K:
-                xv = tl.load(x_rows + k0)
-                wa = tl.load(w_a + k0)
-                if ACT == 1:
-                    wb = tl.load(w_b + k0)
-            else:
-                kmask = (k0 + rk) < k_hi
-                xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
-                wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
-                if ACT == 1:
-                    wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
-            if INT8:  # int8 values are exact in bf16/fp16
-                wa = int8_to(wa, x_ty)
-            acc_a = mma(xv, tl.trans(wa), acc_a, F32)
-            if ACT == 1:
-                if INT8:
-                    wb = int8_to(wb, x_ty)
-                acc_b = mma(xv, tl.trans(wb), acc_b, F32)
+        acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT, INT8, F32, EVEN_K,
+                                   BLOCK_M, BLOCK_N, BLOCK_K)
 
     if SPLIT_K == 1:
         _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
@@ -275,29 +288,10 @@ def _gemm_kernel(
     a_ptrs = x_ptr + rm_safe.to(tl.int64)[:, None] * s_xm + rk[None, :]
     wa_ptrs = w_ptr + rn_safe.to(tl.int64)[:, None] * s_wn + rk[None, :]
     wb_ptrs = w_ptr + (rn_safe + N_OUT).to(tl.int64)[:, None] * s_wn + rk[None, :]
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs + k0)
-            wa = tl.load(wa_ptrs + k0)
-            if ACT == 1:
-                wb = tl.load(wb_ptrs + k0)
-        else:
-            kmask = (k0 + rk) < K
-            a = tl.load(a_ptrs + k0, mask=kmask[None, :], other=0.0)
-            wa = tl.load(wa_ptrs + k0, mask=kmask[None, :], other=0.0)
-            if ACT == 1:
-                wb = tl.load(wb_ptrs + k0, mask=kmask[None, :], other=0.0)
-        if INT8:
-            wa = int8_to(wa, x_ty)
-        acc_a = mma(a, tl.trans(wa), acc_a, F32)
-        if ACT == 1:
-            if INT8:
-                wb = int8_to(wb, x_ty)
-            acc_b = mma(a, tl.trans(wb), acc_b, F32)
+    acc_a, acc_b = _dot_k_loop(a_ptrs, wa_ptrs, wb_ptrs, 0, K, rk, ACT, INT8, F32, EVEN_K,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
     _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
                     alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
 
