@@ -32,6 +32,16 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
+def _weight(rows, cols, g, int8, std=0.02):
+    """A random (rows, cols) bf16 weight from generator g (on g's device), INT8-quantized per row
+    when int8: (weight, scale or None) on the GPU."""
+    w = (torch.randn(rows, cols, generator=g, device=g.device) * std).to(torch.bfloat16)
+    if not int8:
+        return w.to(DEV), None
+    q, scale = quantize_weight(w)
+    return q.to(DEV), scale.to(DEV)
+
+
 @pytest.fixture(scope="module")
 def cuda():
     if not torch.cuda.is_available():
@@ -338,12 +348,7 @@ def test_disk_cache_reused_by_a_new_process(tmp_path):
 def test_decode_gemv_model_shapes(cuda, ref, n, out_f, in_f, int8):
     g = torch.Generator().manual_seed(out_f + in_f + n)
     x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(out_f, in_f, generator=g) * 0.02).to(torch.bfloat16)
-    scale = None
-    if int8:
-        w, scale = quantize_weight(w)
-        scale = scale.to(DEV)
-    w = w.to(DEV)
+    w, scale = _weight(out_f, in_f, g, int8)
     for out_dtype in (torch.bfloat16, torch.float32):
         out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
         expected = torch.empty_like(out)
@@ -357,12 +362,7 @@ def test_decode_swiglu_xielu_model_shapes(cuda, ref, int8):
     g = torch.Generator().manual_seed(2)
     n, hidden, inter = 4, 4096, 14336
     x = torch.randn(n, hidden, generator=g).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(2 * inter, hidden, generator=g) * 0.02).to(torch.bfloat16)
-    scale = None
-    if int8:
-        w, scale = quantize_weight(w)
-        scale = scale.to(DEV)
-    w = w.to(DEV)
+    w, scale = _weight(2 * inter, hidden, g, int8)
     out, expected = (torch.empty(n, inter, dtype=torch.bfloat16, device=DEV) for _ in range(2))
     scratch = torch.empty(n, 2 * inter, dtype=torch.bfloat16, device=DEV)
     cuda.linear_swiglu(out, x, w, scale, scratch)
@@ -449,12 +449,7 @@ def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cuda_o
     g = torch.Generator().manual_seed(11)
     out_f, in_f, n = 3000, 4096, 8
     x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(2 * out_f, in_f, generator=g) * 0.02).to(torch.bfloat16)
-    scale = None
-    if int8:
-        w, scale = quantize_weight(w)
-        scale = scale.to(DEV)
-    w = w.to(DEV)
+    w, scale = _weight(2 * out_f, in_f, g, int8)
     cuda_ops.gemv_overrides.clear()
     if cfg is not None:
         cuda_ops.gemv_overrides.update(cfg)
@@ -582,12 +577,7 @@ def test_gemv_rows_matches_ref_and_rows_match_one_token_steps(cuda, ref, cuda_op
     n_max = cuda_ops.GEMV_MAX_TOKENS
     w_rows = 2 * ROWS_OUT_F if epilogue == "swiglu" else ROWS_OUT_F
     x = torch.randn(n_max, ROWS_IN_F, generator=g).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(w_rows, ROWS_IN_F, generator=g) * 0.03).to(torch.bfloat16)
-    scale = None
-    if int8:
-        w, scale = quantize_weight(w)
-        scale = scale.to(DEV)
-    w = w.to(DEV)
+    w, scale = _weight(w_rows, ROWS_IN_F, g, int8, std=0.03)
     cuda_ops.gemv_overrides.clear()
     cuda_ops.gemv_overrides.update(cfg)
     cuda_ops.fallback_counts.clear()
@@ -631,10 +621,7 @@ def test_gemv_rows_default_and_split_model_shapes(cuda, ref, cuda_ops, int8, sha
     g = torch.Generator(device=DEV).manual_seed(o_rows + in_f)  # large weights: made on the GPU
     w_rows = 2 * o_rows if epilogue == "swiglu" else o_rows
     x = torch.randn(3, in_f, generator=g, device=DEV).to(torch.bfloat16)
-    w = (torch.randn(w_rows, in_f, generator=g, device=DEV) * 0.02).to(torch.bfloat16)
-    scale = None
-    if int8:
-        w, scale = quantize_weight(w)
+    w, scale = _weight(w_rows, in_f, g, int8)
     expected = torch.empty(3, o_rows, dtype=torch.bfloat16, device=DEV)
     _ref_call(ref, epilogue, expected, x, w, scale)
     for cfg in ({"kernel": "rows"}, {"kernel": "rows", "split_k": 4}):
@@ -848,15 +835,8 @@ def test_pdl_chain_equals_plain_launches(cuda, cuda_ops, int8, gemv):
     g = torch.Generator().manual_seed(3)
     hidden, inter = 2048, 8192
 
-    def weight(rows, cols):
-        w = (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
-        if not int8:
-            return w.to(DEV), None
-        q, s = quantize_weight(w)
-        return q.to(DEV), s.to(DEV)
-
-    w = {"qkv": weight(3072, hidden), "o": weight(hidden, hidden),
-         "gate_up": weight(2 * inter, hidden), "down": weight(hidden, inter)}
+    w = {"qkv": _weight(3072, hidden, g, int8), "o": _weight(hidden, hidden, g, int8),
+         "gate_up": _weight(2 * inter, hidden, g, int8), "down": _weight(hidden, inter, g, int8)}
     norm_w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).to(DEV)
     x0 = torch.randn(1, hidden, generator=g).to(torch.bfloat16).to(DEV)
     bf = dict(dtype=torch.bfloat16, device=DEV)

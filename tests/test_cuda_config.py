@@ -18,7 +18,7 @@ SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block m
 def fake_gpu(monkeypatch):
     """An H200-sized device 0 (132 SMs) for the heuristics, clean tables and overrides, and the
     mma kernel family (the tests of the rows family set it themselves)."""
-    monkeypatch.setitem(ops._sm_counts, 0, 132)
+    monkeypatch.setitem(ops._device_properties, (0, "multi_processor_count"), 132)
     monkeypatch.setattr(ops, "GEMV_TABLE", {})
     monkeypatch.setattr(ops, "GEMV_ROWS_TABLE", {})
     monkeypatch.setattr(ops, "GEMV_KERNEL", "mma")

@@ -95,26 +95,33 @@ def _kernel(file, name, signature, device, defines=None, extra_options=()):
     return compiler.load_module(file, device, defines, extra_options).kernel(name, signature)
 
 
-_sm_counts: dict[int, int] = {}
+_device_properties: dict[tuple[int, str], int] = {}
+
+
+def _device_property(device: int, name: str, default: int | None = None) -> int:
+    """``torch.cuda.get_device_properties(device).<name>`` (default where torch lacks it), read
+    once per device."""
+    key = (device, name)
+    value = _device_properties.get(key)
+    if value is None:
+        props = torch.cuda.get_device_properties(device)
+        value = _device_properties[key] = (getattr(props, name) if default is None
+                                           else getattr(props, name, default))
+    return value
 
 
 def _num_sms(device: int) -> int:
-    n = _sm_counts.get(device)
-    if n is None:
-        n = _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
-
-
-_smem_limits: dict[int, int] = {}
+    return _device_property(device, "multi_processor_count")
 
 
 def _smem_limit(device: int) -> int:
     """The most shared memory one block may opt in to (227 KB on an H100/H200)."""
-    n = _smem_limits.get(device)
-    if n is None:
-        props = torch.cuda.get_device_properties(device)
-        n = _smem_limits[device] = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
-    return n
+    return _device_property(device, "shared_memory_per_block_optin", 227 * 1024)
+
+
+def _smem_per_multiprocessor(device: int) -> int:
+    """Shared memory of one SM, for all its blocks (228 KB on an H100/H200)."""
+    return _device_property(device, "shared_memory_per_multiprocessor", 228 * 1024)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -733,16 +740,6 @@ def attention_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int) -
 # attention_decode.cu without multiply-add contraction: each m-tile's unrolled copy of the
 # per-row arithmetic rounds the same way (row invariance, see the kernel's header).
 _ATTN_DECODE_OPTIONS = ("-fmad=false",)
-_smem_per_sm: dict[int, int] = {}
-
-
-def _smem_per_multiprocessor(device: int) -> int:
-    """Shared memory of one SM, for all its blocks (228 KB on an H100/H200)."""
-    n = _smem_per_sm.get(device)
-    if n is None:
-        props = torch.cuda.get_device_properties(device)
-        n = _smem_per_sm[device] = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    return n
 
 
 def attention_decode_m_tiles(head_dim: int, group: int) -> int:

@@ -255,18 +255,8 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
             v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
         }
 #if SMOOTH
-        // q . (smooth * k) = (q * smooth) . k; q * smooth = hi + lo in bf16 (error ~2^-16).
-        const u32* pv = reinterpret_cast<const u32*>(&v);
-        const float* sm_row = k_smooth + kvh * HEAD_DIM + c * 8;
-        uint4 hi, lo;
-        u32* ph = reinterpret_cast<u32*>(&hi);
-        u32* pl = reinterpret_cast<u32*>(&lo);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float x = bf16_lo(pv[e]) * sm_row[2 * e], y = bf16_hi(pv[e]) * sm_row[2 * e + 1];
-            ph[e] = pack_bf16x2(x, y);
-            pl[e] = pack_bf16x2(x - bf16_lo(ph[e]), y - bf16_hi(ph[e]));
-        }
+        uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
+        split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
         sm.q[0][tile_chunk(r, c)] = hi;
         sm.q[1][tile_chunk(r, c)] = lo;
 #else

@@ -47,6 +47,32 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
 
+// The activations, in float32 as PyTorch computes them: silu(x) = x / (1 + exp(-x)); xIELU
+// (arXiv:2411.13010) as transformers' XIELUActivation: x > 0: alpha_p * x^2 + beta * x; else
+// (expm1(min(x, eps)) - x) * alpha_n + beta * x.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float xielu_f32(float x, float alpha_p, float alpha_n, float beta,
+                                           float eps) {
+    return x > 0.0f ? alpha_p * x * x + beta * x
+                    : (expm1f(fminf(x, eps)) - x) * alpha_n + beta * x;
+}
+
+// Smoothed keys (key = smooth * scale * int8) fold the smoothing into the query:
+// q . (smooth * k) = (q * smooth) . k. The 8 bf16 query values v (k0..k0 + 8) times smooth[0..8)
+// are split into bf16 hi + lo (error ~2^-16), two mma passes in the attention kernels.
+__device__ __forceinline__ void split_smoothed_query(const uint4& v, const float* smooth,
+                                                     uint4& hi, uint4& lo) {
+    const u32* pv = reinterpret_cast<const u32*>(&v);
+    u32* ph = reinterpret_cast<u32*>(&hi);
+    u32* pl = reinterpret_cast<u32*>(&lo);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float a = bf16_lo(pv[e]) * smooth[2 * e], b = bf16_hi(pv[e]) * smooth[2 * e + 1];
+        ph[e] = pack_bf16x2(a, b);
+        pl[e] = pack_bf16x2(a - bf16_lo(ph[e]), b - bf16_hi(ph[e]));
+    }
+}
+
 // Four int8 (the bytes of v) to two bf16x2 registers, exactly (|value| <= 128 fits bf16's 8 bits).
 // Each byte b is biased to b + 128 and placed in the mantissa of 2^23 (0x4B000000 | byte), so
 // the float is 2^23 + 128 + b; subtracting 2^23 + 128 leaves b exactly.

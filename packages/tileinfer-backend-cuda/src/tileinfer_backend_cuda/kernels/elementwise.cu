@@ -35,8 +35,6 @@ extern "C" __global__ void embed(unsigned short* __restrict__ out,
 #endif
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
 // silu_mul: out (n, inter) = silu(gate) * up for gate_up (n, 2 * inter) = [gate | up].
 // silu(gate) is rounded to T before the product (transformers computes act_fn(gate) * up).
 // One thread per VEC outputs; inter is a multiple of VEC.
@@ -53,14 +51,6 @@ extern "C" __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ g
 #pragma unroll
     for (int e = 0; e < VEC; ++e) o[e] = round_to<T>(silu(g[e])) * u[e];
     store_chunk<T, VEC>(out + row * inter + col, o);
-}
-
-// xIELU (arXiv:2411.13010) as transformers' XIELUActivation computes it, in float32:
-// x > 0: alpha_p * x^2 + beta * x; else (expm1(min(x, eps)) - x) * alpha_n + beta * x.
-__device__ __forceinline__ float xielu_f32(float x, float alpha_p, float alpha_n, float beta,
-                                           float eps) {
-    return x > 0.0f ? alpha_p * x * x + beta * x
-                    : (expm1f(fminf(x, eps)) - x) * alpha_n + beta * x;
 }
 
 // xielu: out = xielu(x) elementwise over `count` elements (a multiple of VEC); out may be x.

@@ -76,13 +76,6 @@ typedef signed char w_t;
 typedef bf16_t w_t;
 #endif
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-__device__ __forceinline__ float xielu_f32(float v, float alpha_p, float alpha_n, float beta,
-                                           float eps) {
-    return v > 0.0f ? alpha_p * v * v + beta * v
-                    : (expm1f(fminf(v, eps)) - v) * alpha_n + beta * v;
-}
-
 __device__ __forceinline__ void copy_w(u32 dst, const w_t* src, bool valid) {
     if (W_BYTES == 16) cp_async_cg16(dst, src, valid ? 16 : 0);
     else cp_async_ca8(dst, src, valid ? 8 : 0);

@@ -98,10 +98,9 @@ typedef signed char w_t;
 typedef bf16_t w_t;
 #endif
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-// Written out as the fused multiply-adds a compiler would contract it to, so that every build
-// rounds it the same way.
-__device__ __forceinline__ float xielu_f32(float v, float alpha_p, float alpha_n, float beta,
+// common.cuh's xielu_f32 written out as the fused multiply-adds a compiler would contract it
+// to, so that every build rounds it the same way.
+__device__ __forceinline__ float xielu_fma(float v, float alpha_p, float alpha_n, float beta,
                                            float eps) {
     return v > 0.0f ? fmaf(alpha_p * v, v, beta * v)
                     : fmaf(expm1f(fminf(v, eps)) - v, alpha_n, beta * v);
@@ -301,7 +300,7 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
         const float gate = round_to<bf16_t>(v[0]), up = round_to<bf16_t>(v[MATS - 1]);
         y = round_to<bf16_t>(silu(gate)) * up;
 #elif EPILOGUE == 2
-        y = xielu_f32(round_to<bf16_t>(v[0]), alpha_p, alpha_n, beta, eps);
+        y = xielu_fma(round_to<bf16_t>(v[0]), alpha_p, alpha_n, beta, eps);
 #else
         y = ROUND_BF16 ? round_to<bf16_t>(v[0]) : v[0];
 #endif
