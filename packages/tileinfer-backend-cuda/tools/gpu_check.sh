@@ -51,7 +51,7 @@ if [[ $what == tests || $what == all ]]; then
   gpu=(tests/test_cuda_backend_gpu.py -m gpu)
   run_group gpu-kernels 300 "${gpu[@]}" -k "(gemv or swiglu or gemm or pdl or attention or graph_replay) and not decode_attention"
   run_group gpu-decode-attention 120 "${gpu[@]}" -k "decode_attention"
-  run_group gpu-graph-sampling 60 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention and not graph_replay"
+  run_group gpu-graph-sampling 180 "${gpu[@]}" -k "not gemv and not swiglu and not gemm and not pdl and not attention and not graph_replay"
   run_group speculative 45 tests/test_speculative.py -m gpu -k "cuda and greedy"
 fi
 

@@ -780,6 +780,15 @@ def attention_decode_stages(head_dim: int, int8: bool, smooth: bool, m_tiles: in
     return stages
 
 
+def attention_decode_tiles(max_context_len: int, num_splits: int) -> int:
+    """The most key tiles a block of attention_decode.cu loads for a cache whose rows see at most
+    max_context_len keys (its split's tiles, plus one where a row tile's rows straddle two split
+    sizes), and at least 2: a deeper ring would only hold empty stages in about 100 KB of shared
+    memory a block."""
+    split_keys = ATTN_BLOCK_N * _cdiv(max(1, max_context_len), ATTN_BLOCK_N * num_splits)
+    return max(2, split_keys // ATTN_BLOCK_N + 1)
+
+
 def attention_decode_splits(batch: int, kv_heads: int, workspace_splits: int, device: int) -> int:
     """Split count of attention_decode.cu: about decode_blocks_per_sm blocks per SM over the
     (sequence, kv head) pairs, at most the workspace's splits. The row tiles do not count, so a
@@ -834,8 +843,9 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
             num_splits = max(1, min(target, ws.shape[2], _cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     limit = _smem_limit(device) - 1024  # room for the static shared memory
     if decode:
-        stages = cfg["decode_stages"] or attention_decode_stages(
-            head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"], device)
+        stages = cfg["decode_stages"] or min(
+            attention_decode_stages(head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"], device),
+            attention_decode_tiles(max_context_len, num_splits))
         smem_bytes = lambda s: attention_decode_smem_bytes(head_dim, int8, smooth, s, m_tiles)  # noqa: E731
     else:
         stages = cfg["stages"]

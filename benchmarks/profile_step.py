@@ -1,0 +1,141 @@
+"""Where the time of one decode step goes: the kernels of a captured 1-token step, profiled.
+
+Builds a random-weight model of a named shape (as `tileinfer bench` does), decodes to a context
+of ``--context`` positions, then replays the captured 1-token step (greedy, on-device sampling)
+under torch.profiler and prints, per kernel name, the calls per step, the mean kernel duration
+and the *attributed* time: from the end of the kernel before it to its own end. Kernels of a
+decode step depend on each other, so the attributed times add up to the step's GPU time and
+include each kernel's launch latency and its wait for the one before (with programmatic
+dependent launch a kernel starts early, so its own duration overstates its share).
+
+    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8] [--kv-cache int8]
+
+One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
+profiles the step once per set of the CUDA backend's attention overrides (ops.attention_overrides,
+keys of ops.ATTN_CONFIG plus "splits"), with a new runner (new graphs) each time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+
+import torch
+
+from tileinfer.bench import random_model, shape_config
+from tileinfer.runner import ModelRunner
+from tileinfer.sampling import SamplingParams
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without template arguments and parameter lists."""
+    name = re.sub(r"\(.*\)$", "", name)
+    name = re.sub(r"<.*>", "", name)
+    return name.split("::")[-1][:60]
+
+
+def kernel_events(prof_trace: str) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every GPU kernel in a Chrome trace, in start order."""
+    with open(prof_trace) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [(short_name(e["name"]), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+               for e in events if e.get("cat") == "kernel"]
+    return sorted(kernels, key=lambda k: k[1])
+
+
+def profile_step(runner, seq, replays: int) -> list[tuple[str, float, float]]:
+    graph = runner._slots[1].graphs[(0.0, 0, 1.0)]  # the greedy 1-token step
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return kernel_events(path)
+
+
+def summarize(kernels, replays: int) -> tuple[list[dict], float]:
+    stats = defaultdict(lambda: dict(calls=0, dur=0.0, attributed=0.0))
+    prev_end = kernels[0][1]
+    for name, start, end in kernels:
+        s = stats[name]
+        s["calls"] += 1
+        s["dur"] += end - start
+        s["attributed"] += max(0.0, end - prev_end)
+        prev_end = max(prev_end, end)
+    span_us = (kernels[-1][2] - kernels[0][1]) / replays
+    rows = [dict(kernel=n, calls_per_step=s["calls"] / replays, mean_us=s["dur"] / s["calls"],
+                 attributed_us_per_step=s["attributed"] / replays)
+            for n, s in stats.items()]
+    rows.sort(key=lambda r: -r["attributed_us_per_step"])
+    return rows, span_us
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="llama3.2-1b")
+    p.add_argument("--backend", default="cuda")
+    p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
+    p.add_argument("--context", type=int, default=144, help="cached positions before the step")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--cuda-attention", type=json.loads, default=[None],
+                   help="JSON list of attention override dicts for the cuda backend")
+    args = p.parse_args()
+
+    model = random_model(shape_config(args.shape), backend=args.backend,
+                         quantize="int8" if args.int8 else None, max_len=args.context + 64)
+    kv = None if args.kv_cache == "bf16" else "int8"
+    cache = model.new_cache(args.context + 64, quantize=kv)
+    for overrides in args.cuda_attention:
+        if overrides is not None:
+            from tileinfer_backend_cuda import ops
+
+            ops.attention_overrides.clear()
+            ops.attention_overrides.update(overrides)
+        rows, span = profile_context(model, cache, args.context, args.replays)
+        what = dict(shape=args.shape, backend=args.backend, weights="int8" if args.int8 else "bf16",
+                    kv_cache=args.kv_cache, context=args.context)
+        if overrides is not None:
+            what["attention_overrides"] = overrides
+        print_profile(what, rows, span)
+
+
+def profile_context(model, cache, context: int, replays: int):
+    """Profile of the 1-token step after ``context`` cached positions, on a new runner."""
+    runner = ModelRunner(model, cache, graphs=True)
+    greedy = SamplingParams()
+    seq = cache.new_sequence()
+    runner.forward(seq, list(range(1, context + 1)), greedy)
+    runner.decode_from_device(seq, greedy)  # captures the 1-token graph
+    torch.cuda.synchronize()
+    result = summarize(profile_step(runner, seq, replays), replays)
+    cache.release(seq)
+    return result
+
+
+def print_profile(what: dict, rows: list[dict], span: float):
+    for r in rows:
+        print(json.dumps(dict(what, **{k: round(v, 3) if isinstance(v, float) else v
+                                       for k, v in r.items()})))
+    print(json.dumps(dict(what, kernel="step", span_us=round(span, 1))))
+    err = sys.stderr
+    print(f"\n{' '.join(str(v) for v in what.values())}: GPU span {span:.1f} us per step", file=err)
+    print(f"{'kernel':<60} {'calls':>6} {'mean us':>8} {'attr us':>8} {'share':>6}", file=err)
+    for r in rows:
+        print(f"{r['kernel']:<60} {r['calls_per_step']:>6.1f} {r['mean_us']:>8.2f} "
+              f"{r['attributed_us_per_step']:>8.1f} {r['attributed_us_per_step'] / span:>6.1%}",
+              file=err)
+
+
+if __name__ == "__main__":
+    main()
