@@ -782,8 +782,8 @@ def test_decode_attention_matches_ref(cuda, ref, kind, head_dim, group, page_siz
 
 
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
-@pytest.mark.parametrize("head_dim,group", [(128, 4), (64, 8), (128, 1), (256, 4)],
-                         ids=["d128-g4", "d64-g8", "d128-g1", "d256-g4"])
+@pytest.mark.parametrize("head_dim,group", [(128, 4), (64, 8), (128, 1), (256, 4), (64, 2)],
+                         ids=["d128-g4", "d64-g8", "d128-g1", "d256-g4", "d64-g2"])
 @pytest.mark.parametrize("k", [2, 5, 8, 16])
 @pytest.mark.parametrize("where", ["short", "tile", "split"])
 def test_decode_attention_verify_rows_equal_one_token_rows(cuda, ref, cuda_ops, kind, head_dim, group,

@@ -78,7 +78,16 @@ class DraftProposer(Proposer):
         keep = min(common, len(tokens) - 1)
         self._proposed_for = len(tokens)
         self.cache.truncate(seq, keep)
-        logits = runner.forward(seq, tokens[keep:])
+        new = tokens[keep:]
+        if len(new) > self.k + 1:
+            # Longer than any verify step: a prompt, which the target ran as one step and then
+            # sampled the last token from. Run it the same way (the prompt, then that token in
+            # a 1-token step), so that a draft model equal to the target computes that token's
+            # keys, values and logits bit for bit as the target did (a prompt step's matrix
+            # products round differently from a decode step's).
+            runner.forward(seq, new[:-1])
+            new = new[-1:]
+        logits = runner.forward(seq, new)
         probs = None if params.greedy else self._probs[:k]
         for j in range(k):
             # Draft j is for position len(tokens) + j; its stream is the drafter's.
