@@ -444,19 +444,14 @@ def _gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=(0.0, 0.0,
              pdl=pdl)
 
 
-class _GemvScratch:
-    """Per-device split-K scratch of gemv_rows.cu: float32 partial sums [split][mat][token][O] and
-    one arrival counter per row tile (zero between launches: the last block of a tile re-arms
-    it). Allocated once per device by ``reserve`` (attention_workspace calls it, so a model runner
-    has it before it captures graphs) or on first use outside a capture; never grown: a launch
-    that needs more than it holds runs without split-K (decided from the shape alone, so never
-    differently for 1 and 8 tokens)."""
+class _DeviceScratch:
+    """Scratch buffers allocated once per device by ``reserve`` (attention_workspace calls it, so
+    a model runner has them before it captures graphs) or on first use outside a capture; never
+    grown. ``make(device)`` returns the buffers; counters among them must start at zero."""
 
-    PARTIALS = 1 << 21  # floats (8 MiB)
-    COUNTERS = 1 << 15
-
-    def __init__(self):
-        self._by_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    def __init__(self, make):
+        self._make = make
+        self._by_device: dict[int, tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
 
     def reserve(self, device):
@@ -469,8 +464,7 @@ class _GemvScratch:
                 buffers = self._by_device.get(index)
                 if buffers is None:
                     dev = torch.device("cuda", index)
-                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=dev),
-                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=dev))
+                    buffers = self._make(dev)
                     torch.cuda.synchronize(dev)  # the counters are zero before any stream uses them
                     self._by_device[index] = buffers
         return buffers
@@ -479,6 +473,20 @@ class _GemvScratch:
         """The buffers, or None where they are missing and cannot be allocated now (a capture)."""
         return self._by_device.get(device) or self.reserve(device)
 
+
+class _GemvScratch(_DeviceScratch):
+    """Per-device split-K scratch of gemv_rows.cu: float32 partial sums [split][mat][token][O] and
+    one arrival counter per row tile (zero between launches: the last block of a tile re-arms
+    it). A launch that needs more than it holds runs without split-K (decided from the shape
+    alone, so never differently for 1 and 8 tokens)."""
+
+    PARTIALS = 1 << 21  # floats (8 MiB)
+    COUNTERS = 1 << 15
+
+    def __init__(self):
+        super().__init__(lambda dev: (torch.empty(self.PARTIALS, dtype=torch.float32, device=dev),
+                                      torch.zeros(self.COUNTERS, dtype=torch.int32, device=dev)))
+
     @classmethod
     def fits(cls, splits: int, mats: int, n_rows: int) -> bool:
         """Room for a launch: partials of every split, mat and token slot; a counter per row tile
@@ -486,7 +494,23 @@ class _GemvScratch:
         return splits * mats * GEMV_MAX_TOKENS * n_rows <= cls.PARTIALS and n_rows <= cls.COUNTERS
 
 
+class _ArgmaxScratch(_DeviceScratch):
+    """sampling.cu's argmax_split: each chunk's maximum and its index, [row][chunk], and one
+    arrival counter per row (zero between launches)."""
+
+    ROWS = 64
+    CHUNKS = 256  # of ARGMAX_CHUNK logits: vocabularies up to 1M
+    ARGMAX_CHUNK = 4096
+
+    def __init__(self):
+        n = self.ROWS * self.CHUNKS
+        super().__init__(lambda dev: (torch.empty(n, dtype=torch.float32, device=dev),
+                                      torch.empty(n, dtype=torch.int32, device=dev),
+                                      torch.zeros(self.ROWS, dtype=torch.int32, device=dev)))
+
+
 GEMV_SCRATCH = _GemvScratch()
+ARGMAX_SCRATCH = _ArgmaxScratch()
 
 # The rows kernel compiled for 1 token slot at n = 1 (fewer registers than 8 slots). Its sums are
 # the 8-slot build's bit for bit (the same fmaf sequence per token and row); False launches the
@@ -707,6 +731,7 @@ def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device
     tiles to fill the GPU), so a workspace for larger steps would never be used: None.
     """
     GEMV_SCRATCH.reserve(device)  # the decode GEMV's split-K scratch, before any graph capture
+    ARGMAX_SCRATCH.reserve(device)  # and the split greedy sampler's
     # Every cache that can split at all gets the full MAX_SPLITS, so that the decode kernel's
     # split count (and with it each row's split boundaries) does not depend on the cache size.
     splits = MAX_SPLITS if max_context_len > ATTN_BLOCK_N else 1
@@ -889,8 +914,18 @@ def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_o
     n, vocab = logits.shape
     if n == 0:
         return
+    device = _dev(logits)
+    chunks = _cdiv(vocab, _ArgmaxScratch.ARGMAX_CHUNK)
+    scratch = ARGMAX_SCRATCH.get(device)
+    if (params.greedy and probs_out is None and scratch is not None and n <= _ArgmaxScratch.ROWS
+            and chunks <= _ArgmaxScratch.CHUNKS):  # the decode step's case: split the row
+        part_v, part_i, counters = scratch
+        k = _kernel("sampling.cu", "argmax_split", "ppiippp", device, None, _SAMPLING_OPTIONS)
+        k.launch((chunks, n), (256,), (out, logits, vocab, _ArgmaxScratch.ARGMAX_CHUNK, part_v,
+                                       part_i, counters), pdl=_pdl(device))
+        return
     inv_t = 1.0 if params.greedy else params.inv_temperature
-    k = _kernel("sampling.cu", "sample", "ppiififppp", _dev(logits), None, _SAMPLING_OPTIONS)
+    k = _kernel("sampling.cu", "sample", "ppiififppp", device, None, _SAMPLING_OPTIONS)
     k.launch((n,), (1024,), (out, logits, vocab, int(params.greedy), inv_t, int(top_k),
                              float(top_p), seed, counter, probs_out))
 

@@ -293,6 +293,60 @@ sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int g
     if (tid == 0) out[j] = token;
 }
 
+// argmax_split: greedy sampling of row j = blockIdx.y split over the vocabulary (one block of one
+// row is latency-bound: 8 us for 128256 logits on an H200). Block c takes the CHUNK logits from
+// c * CHUNK, writes its maximum and that maximum's first index to part_v / part_i[j][c], and the
+// last block of the row to arrive (counter[j], zero between launches, re-armed by that block)
+// picks among the chunks in chunk order: the same first index of the maximum as sample's greedy
+// branch (NaNs never win; an all-NaN row gives 0x7FFFFFFF, as there). Launched with PDL: the
+// logits are read after pdl_wait.
+constexpr int SPLIT_THREADS = 256;
+
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+argmax_split(int* __restrict__ out, const float* __restrict__ logits, int vocab, int chunk,
+             float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ counter) {
+    __shared__ float red_v[SPLIT_THREADS / 32];
+    __shared__ int red_i[SPLIT_THREADS / 32];
+    __shared__ int is_last;
+    const int j = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int chunks = gridDim.x;
+    pdl_launch_dependents();
+    pdl_wait();
+    const float* row = logits + (i64)j * vocab;
+    float best = neg_inf();
+    int best_i = 0x7FFFFFFF;
+    const int end = min(vocab, (c + 1) * chunk);
+    for (int i = c * chunk + tid; i < end; i += SPLIT_THREADS) better(best, best_i, row[i], i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        better(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+    if (lane == 0) { red_v[warp] = best; red_i[warp] = best_i; }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < SPLIT_THREADS / 32; ++w) better(best, best_i, red_v[w], red_i[w]);
+        part_v[(i64)j * chunks + c] = best;
+        part_i[(i64)j * chunks + c] = best_i;
+        __threadfence();  // the chunk's result is visible before it is counted
+        is_last = atomicAdd(counter + j, 1) == chunks - 1;
+    }
+    __syncthreads();
+    if (!is_last || warp != 0) return;
+    __threadfence();
+    // One warp: lane l takes chunks l, l + 32, ... in order, then the lanes' results merge
+    // (better() keeps the lower index on ties, so the order of merging does not matter).
+    best = neg_inf();
+    best_i = 0x7FFFFFFF;
+    for (int k = lane; k < chunks; k += 32)
+        better(best, best_i, __ldcg(part_v + (i64)j * chunks + k), __ldcg(part_i + (i64)j * chunks + k));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        better(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+    if (lane == 0) {
+        out[j] = best_i;
+        counter[j] = 0;  // ready for the next launch (and the next graph replay)
+    }
+}
+
 // accept: the p/q rule for row j (tileinfer.sampling.accept_rows). draft_probs (n, vocab) or
 // null (a one-hot q at the draft).
 extern "C" __global__ void __launch_bounds__(THREADS)
