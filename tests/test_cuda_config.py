@@ -250,3 +250,36 @@ def test_gemv_rows_scratch_capacity_does_not_depend_on_rows_or_tokens():
     assert ops._GemvScratch.fits(8, 1, 4096) and ops._GemvScratch.fits(4, 2, 14336)
     assert not ops._GemvScratch.fits(2, 1, ops._GemvScratch.COUNTERS + 1)
     assert not ops._GemvScratch.fits(64, 2, 4096)
+
+
+def _decode_block_tiles(ctx, q_len, group, num_splits, m_rows=32):
+    """The most key tiles a block of attention_decode.cu loads for one causal step (q_len tokens
+    on ctx cached positions, the step's included): the kernel's partition, in Python."""
+    def split_keys(c):
+        return 64 * max(1, -(-c // (64 * num_splits)))
+
+    rows, most = q_len * group, 0
+    for m0 in range(0, rows, m_rows):
+        c_first = ctx - q_len + m0 // group + 1
+        c_last = ctx - q_len + (min(rows, m0 + m_rows) - 1) // group + 1
+        first, last = split_keys(c_first), split_keys(c_last)
+        active = max(1, min(num_splits, -(-c_last // first)))
+        for split in range(active):
+            a0 = split * first
+            a1 = min(c_last, a0 + first)
+            b0 = max(a1, split * last)
+            b1 = b0 if last == first else max(b0, min(c_last, (split + 1) * last))
+            most = max(most, -(-max(0, a1 - a0) // 64) + -(-(b1 - b0) // 64))
+    return most
+
+
+@pytest.mark.parametrize("max_ctx", [64, 304, 1000, 4096])
+@pytest.mark.parametrize("num_splits", [1, 4, 33, 64])
+def test_decode_attention_ring_holds_every_tile_a_block_loads(max_ctx, num_splits):
+    """The ring depth cap (attention_decode_tiles) is never below the tiles one block loads, for
+    any step of 1..16 tokens on a cache of max_ctx positions, and never below two stages."""
+    cap = ops.attention_decode_tiles(max_ctx, num_splits)
+    assert cap >= 2
+    most = max(_decode_block_tiles(ctx, q_len, 4, num_splits)
+               for q_len in (1, 2, 5, 8, 16) for ctx in range(q_len, max_ctx + 1, 7))
+    assert most <= cap, (most, cap)

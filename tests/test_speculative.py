@@ -270,6 +270,28 @@ def test_draft_model_with_another_vocabulary_is_refused(tiny, tmp_path):
     assert len(seq) == 0 and cache.free_pages == cache.num_pages
 
 
+def test_draft_model_runs_a_prompt_as_the_target_did(tiny):
+    """The target runs a prompt in one step and the token sampled from it in the next; the draft
+    catches up the same way (a prompt step's matrix products round differently from a decode
+    step's, so one step of prompt + token would compute that token's keys and logits on another
+    path than the target: a draft equal to the target could then disagree with it). Short
+    catch-ups (the last draft and the target's token) stay one step."""
+    target = load(tiny)
+    proposer = DraftProposer(target, k=3)
+    steps = []
+    forward = proposer.runner.forward
+
+    def counting_forward(seq, ids, *args, **kwargs):
+        steps.append(len(ids))
+        return forward(seq, ids, *args, **kwargs)
+
+    proposer.runner.forward = counting_forward
+    prompt = repetitive_prompt()
+    out = generate(target, prompt, 12, stop_ids=[], speculative=proposer)
+    assert steps[:2] == [len(prompt), 1]  # the prompt, then the target's first token
+    assert all(n <= proposer.k + 1 for n in steps[2:]) and len(out) == 12
+
+
 @pytest.mark.parametrize("k", [0, -2, 1.5])
 def test_draft_proposer_needs_k_at_least_one(tiny, k):
     with pytest.raises(ValueError, match="k"):
