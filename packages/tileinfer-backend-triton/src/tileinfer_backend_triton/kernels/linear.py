@@ -323,7 +323,8 @@ class GemmConfig:
 # Per-shape GEMV tiles for 1..ROW_INVARIANT_MAX_M tokens, (n_out, k, int8, act) -> GemvConfig,
 # over gemv_config's defaults (benchmarks/ops.py's sweep prints its winners in this form): the
 # H200 sweep of 2026-11-30 (session 3), where the winner beat the default by more than 2%.
-# n_out of a SwiGLU entry (act 1) is the intermediate size; its block_n counts gate + up rows.
+# n_out of a SwiGLU entry (act 1) is the intermediate size; a program takes block_n gate rows
+# and the block_n up rows that go with them.
 _G = GemvConfig
 GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
     # llama3-8b, bf16 (us: default -> entry)
