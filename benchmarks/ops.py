@@ -15,6 +15,7 @@ per call.
 
     python benchmarks/ops.py                    # everything (about 2-3 minutes on an H200)
     python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv verify sweep gemm attn misc
+                                                #   and cuda-sweep (not in the default run)
 
 The group "verify" times the triton GEMVs at 4, 8 and 16 tokens (the verify steps of speculative
 decoding: up to 8 tokens every row runs the 1-token programs, bit-identical to a decode step;
@@ -281,6 +282,48 @@ def bench_gemv_sweep(summary):
           file=sys.stderr)
 
 
+def bench_cuda_rows_sweep(table, summary):
+    """The CUDA backend's row-streaming GEMV configurations (its bench.gemv_rows_configs) at every
+    decode shape, timed as the per-op table times them; prints the winners as GEMV_ROWS_TABLE."""
+    from tileinfer_backend_cuda import bench as cuda_bench, ops as cuda_ops
+
+    device = torch.cuda.current_device()
+    winners = []
+    try:
+        for model, cfg in MODELS.items():
+            for int8 in (False, True):
+                for name, (n, k, kind) in decode_shapes(cfg).items():
+                    epilogue = "swiglu" if kind == "swiglu" else "none"
+                    n_out = n // 2 if kind == "swiglu" else n
+                    best = None
+                    # the override is read at each launch: the same calls time every config
+                    calls, nbytes = _linear_calls(table, name, 1, n, k, kind, int8)
+                    for c in cuda_bench.gemv_rows_configs(n_out, k, int8, epilogue, device):
+                        cuda_ops.gemv_overrides.clear()
+                        cuda_ops.gemv_overrides.update({"kernel": "rows", **c})
+                        timed = try_time(calls, op=f"cuda-sweep:{name}", model=model, config=str(c))
+                        if timed is None:
+                            continue
+                        us = timed[0]
+                        emit(op=f"cuda-sweep:{name}", model=model, shape=f"1x{n}x{k}",
+                             weights="int8" if int8 else "bf16", backend="cuda", config=str(c),
+                             median_us=round(us, 2),
+                             frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
+                        if best is None or us < best[0]:
+                            best = (us, c, nbytes)
+                    del calls
+                    if best:
+                        summary.append((f"cuda sweep best {model} {name}", "int8" if int8 else "bf16",
+                                        "cuda", best[0],
+                                        f"{best[2] / (best[0] * 1e-6) / COPY_CEILING:.3f} of copy; {best[1]}"))
+                        winners.append(f"    ({n_out}, {k}, {int8}, {epilogue!r}): {best[1]},")
+                torch.cuda.empty_cache()
+    finally:
+        cuda_ops.gemv_overrides.clear()
+    print("GEMV_ROWS_TABLE = {  # tileinfer_backend_cuda.ops\n" + "\n".join(winners) + "\n}",
+          file=sys.stderr)
+
+
 def bench_gemm(tables, summary):
     m = PREFILL
     cfg = MODELS["llama3-8b"]
@@ -521,6 +564,8 @@ def main():
             bench_gemv({"triton": tables["triton"]}, summary, m=m)
     if "sweep" in only and "triton" in tables:
         bench_gemv_sweep(summary)
+    if "cuda-sweep" in only and "cuda" in tables:
+        bench_cuda_rows_sweep(tables["cuda"], summary)
     if "gemm" in only:
         bench_gemm(tables, summary)
     if "attn" in only:
