@@ -543,24 +543,15 @@ def _rows_modules_loaded(cfg_warps):
             if m.file == "gemv_rows.cu" and m.defines.get("WARPS") == cfg_warps]
 
 
-def _call(cuda, epilogue, out, x, w, scale):
+def _call(backend, epilogue, out, x, w, scale):
+    """The linear op of ``epilogue`` on ``backend`` (cuda, or ref for the expected values)."""
     if epilogue == "swiglu":
-        cuda.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16,
-                                                        device=DEV))
+        backend.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0],
+                                                            dtype=torch.bfloat16, device=DEV))
     elif epilogue == "xielu":
-        cuda.linear_xielu(out, x, w, scale, *XIELU_PARAMS)
+        backend.linear_xielu(out, x, w, scale, *XIELU_PARAMS)
     else:
-        cuda.linear(out, x, w, scale)
-
-
-def _ref_call(ref, epilogue, out, x, w, scale):
-    if epilogue == "swiglu":
-        ref.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16,
-                                                       device=DEV))
-    elif epilogue == "xielu":
-        ref.linear_xielu(out, x, w, scale, *XIELU_PARAMS)
-    else:
-        ref.linear(out, x, w, scale)
+        backend.linear(out, x, w, scale)
 
 
 @pytest.mark.parametrize("cfg", ROWS_CONFIGS, ids=_rows_id)
@@ -595,7 +586,7 @@ def test_gemv_rows_matches_ref_and_rows_match_one_token_steps(cuda, ref, cuda_op
             _call(cuda, epilogue, out, x[:n], w, scale)
             assert torch.equal(out, out8[:n]), f"the {n}-token step differs from the 8-token rows"
             expected = torch.empty_like(out)
-            _ref_call(ref, epilogue, expected, x[:n], w, scale)
+            _call(ref, epilogue, expected, x[:n], w, scale)
             assert_close(out, expected, torch.bfloat16, what=f"{n} tokens")
         for j in range(n_max):
             one = torch.full((1, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
@@ -604,7 +595,7 @@ def test_gemv_rows_matches_ref_and_rows_match_one_token_steps(cuda, ref, cuda_op
     finally:
         cuda_ops.gemv_overrides.clear()
     expected = torch.empty_like(out8)
-    _ref_call(ref, epilogue, expected, x, w, scale)
+    _call(ref, epilogue, expected, x, w, scale)
     assert_close(out8, expected, torch.bfloat16, what="8 tokens")
     assert not cuda_ops.fallback_counts, dict(cuda_ops.fallback_counts)
     assert _rows_modules_loaded(full["warps"]), "the rows kernel did not run"
@@ -623,7 +614,7 @@ def test_gemv_rows_default_and_split_model_shapes(cuda, ref, cuda_ops, int8, sha
     x = torch.randn(3, in_f, generator=g, device=DEV).to(torch.bfloat16)
     w, scale = _weight(w_rows, in_f, g, int8)
     expected = torch.empty(3, o_rows, dtype=torch.bfloat16, device=DEV)
-    _ref_call(ref, epilogue, expected, x, w, scale)
+    _call(ref, epilogue, expected, x, w, scale)
     for cfg in ({"kernel": "rows"}, {"kernel": "rows", "split_k": 4}):
         cuda_ops.gemv_overrides.clear()
         cuda_ops.gemv_overrides.update(cfg)
