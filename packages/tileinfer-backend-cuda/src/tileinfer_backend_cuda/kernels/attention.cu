@@ -58,25 +58,10 @@
 #endif
 
 constexpr int BM = 64, BN = 64, WARPS = 4, THREADS = WARPS * 32;
-constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
-constexpr int Q_PARTS = SMOOTH ? 2 : 1;
-constexpr int WS_ROW = HEAD_DIM + 2;
 static_assert(KV_STAGES >= 1, "at least one K/V stage");
 
-#if KV_INT8
-typedef signed char kv_t;
-#else
-typedef bf16_t kv_t;
-#endif
+#include "attention_tiles.cuh"  // CHUNKS, WS_ROW, kv_t, LOAD_CHUNKS, tile_chunk, ...
 
-// Shared-memory tiles are rows of HEAD_DIM bf16; chunk c of row r lives at chunk
-// c ^ (r % 8) of the row, so the 8 rows an ldmatrix reads hit 8 different bank groups.
-__device__ __forceinline__ int tile_chunk(int row, int chunk) {
-    return row * CHUNKS + (chunk ^ (row & 7));
-}
-
-// 16-byte chunks of one key's (or value's) page row as loaded: bf16 or int8.
-constexpr int LOAD_CHUNKS = HEAD_DIM * (int)sizeof(kv_t) / 16;
 constexpr int LOADS_PER_THREAD = BN * LOAD_CHUNKS / THREADS;  // exact: HEAD_DIM % 64 == 0
 static_assert(THREADS % LOAD_CHUNKS == 0 && LOADS_PER_THREAD * THREADS == BN * LOAD_CHUNKS, "tiling");
 
@@ -129,22 +114,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     const int kv_stop = min(kv_end, kv_begin + chunk);
 
     // --- the query tile (rows past `rows` are zeros) ---
-    for (int id = tid; id < BM * CHUNKS; id += THREADS) {
-        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (rg < rows) {
-            const int token = q_start + rg / group, head = kvh * group + rg % group;
-            v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
-        }
-#if SMOOTH
-        uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
-        split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
-        sm.q[0][tile_chunk(r, c)] = hi;
-        sm.q[1][tile_chunk(r, c)] = lo;
-#else
-        sm.q[0][tile_chunk(r, c)] = v;
-#endif
-    }
+    load_query_tile(sm.q[0], sm.q[Q_PARTS - 1], q, k_smooth, BM, m0, rows, q_start, group, kvh, heads);
 
     // Per thread: rows g and g + 8 of the warp's 16; running max / sum in the log2 domain.
     float row_max[2] = {neg_inf(), neg_inf()};
@@ -230,14 +200,8 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
             const uint4 rk = sm.k_raw[stage][key * LOAD_CHUNKS + load_c];
             const uint4 rv = sm.v_raw[stage][key * LOAD_CHUNKS + load_c];
             uint4 k0, k1, v0, v1;
-            int8x4_to_bf16x2(rk.x, k0.x, k0.y);
-            int8x4_to_bf16x2(rk.y, k0.z, k0.w);
-            int8x4_to_bf16x2(rk.z, k1.x, k1.y);
-            int8x4_to_bf16x2(rk.w, k1.z, k1.w);
-            int8x4_to_bf16x2(rv.x, v0.x, v0.y);
-            int8x4_to_bf16x2(rv.y, v0.z, v0.w);
-            int8x4_to_bf16x2(rv.z, v1.x, v1.y);
-            int8x4_to_bf16x2(rv.w, v1.z, v1.w);
+            int8x16_to_bf16x16(rk, k0, k1);
+            int8x16_to_bf16x16(rv, v0, v1);
             sm.k[tile_chunk(key, 2 * load_c)] = k0;
             sm.k[tile_chunk(key, 2 * load_c + 1)] = k1;
             sm.v[tile_chunk(key, 2 * load_c)] = v0;
@@ -395,25 +359,8 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
         const int rg = m0 + r;
         if (rg >= rows) break;
         const i64 token = q_start + rg / group, head = kvh * group + rg % group;
-        const float* part = ws + (token * heads + head) * ws_splits * WS_ROW;
-        float max_lse = neg_inf();
-        for (int sp = 0; sp < num_splits; ++sp) max_lse = fmaxf(max_lse, __ldcg(part + sp * WS_ROW + HEAD_DIM));
-        float acc[HEAD_DIM / 32], weight_sum = 0.0f;
-#pragma unroll
-        for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] = 0.0f;
-#pragma unroll 4
-        for (int sp = 0; sp < num_splits; ++sp) {  // unrolled: several partials' loads in flight
-            const float l = __ldcg(part + sp * WS_ROW + HEAD_DIM);
-            if (l == neg_inf()) continue;  // an empty split
-            const float wgt = exp2f(l - max_lse);
-            weight_sum += wgt;
-#pragma unroll
-            for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] += wgt * __ldcg(part + sp * WS_ROW + lane + 32 * e);
-        }
-        const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-        bf16_t* dst = out + (token * heads + head) * HEAD_DIM;
-#pragma unroll
-        for (int e = 0; e < HEAD_DIM / 32; ++e) dst[lane + 32 * e] = from_float<bf16_t>(acc[e] * inv);
+        combine_split_row(out + (token * heads + head) * HEAD_DIM,
+                          ws + (token * heads + head) * ws_splits * WS_ROW, num_splits, lane);
     }
     if (tid == 0) *counter = 0;  // ready for the next launch (and the next graph replay)
 }

@@ -68,29 +68,15 @@
 constexpr int BN = 64, WARPS = 4, THREADS = WARPS * 32;
 constexpr int KEYS = BN / WARPS;  // keys of each tile per warp
 constexpr int BM = 16 * M_TILES;  // packed query rows per block
-constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
-constexpr int Q_PARTS = SMOOTH ? 2 : 1;
-constexpr int WS_ROW = HEAD_DIM + 2;
 constexpr u32 FULL = 0xffffffffu;
 static_assert(KV_STAGES >= 1 && (M_TILES == 1 || M_TILES == 2), "defines");
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim");
 
-#if KV_INT8
-typedef signed char kv_t;
-#else
-typedef bf16_t kv_t;
-#endif
+#include "attention_tiles.cuh"  // CHUNKS, WS_ROW, kv_t, LOAD_CHUNKS, tile_chunk, ...
 
-// 16-byte chunks of one key's row as stored (bf16 or int8): 4..32, so they divide a warp.
-constexpr int LOAD_CHUNKS = HEAD_DIM * (int)sizeof(kv_t) / 16;
+// LOAD_CHUNKS (a key row's 16-byte chunks) is 4..32, so they divide a warp.
 constexpr int KEY_STEP = 32 / LOAD_CHUNKS;  // keys the warp's lanes copy at once
 constexpr int LOADS = KEYS / KEY_STEP;      // copies per lane per tile, for K and for V
-
-// Shared-memory tiles are rows of HEAD_DIM bf16; chunk c of row r lives at chunk c ^ (r % 8) of
-// the row, so the 8 rows an ldmatrix reads hit 8 different bank groups.
-__device__ __forceinline__ int tile_chunk(int row, int chunk) {
-    return row * CHUNKS + (chunk ^ (row & 7));
-}
 
 struct WarpSlice {  // one warp's 16 keys of one ring stage
 #if KV_INT8
@@ -247,22 +233,8 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     }
 
     // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
-    for (int id = tid; id < m_tiles * 16 * CHUNKS; id += THREADS) {
-        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (rg < rows) {
-            const int token = q_start + rg / group, head = kvh * group + rg % group;
-            v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
-        }
-#if SMOOTH
-        uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
-        split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
-        sm.q[0][tile_chunk(r, c)] = hi;
-        sm.q[1][tile_chunk(r, c)] = lo;
-#else
-        sm.q[0][tile_chunk(r, c)] = v;
-#endif
-    }
+    load_query_tile(sm.q[0], sm.q[Q_PARTS - 1], q, k_smooth, m_tiles * 16, m0, rows, q_start, group,
+                    kvh, heads);
     __syncthreads();  // the query tile is complete: the loop's only block-wide dependency
 
     // Per thread and m-tile: rows g and g + 8; running max / sum in the log2 domain.
@@ -301,14 +273,8 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
             const int key = load_key0 + j * KEY_STEP, cell = key * LOAD_CHUNKS + load_c;
             const uint4 rk = in.k_raw[cell], rv = in.v_raw[cell];
             uint4 k0, k1, v0, v1;
-            int8x4_to_bf16x2(rk.x, k0.x, k0.y);
-            int8x4_to_bf16x2(rk.y, k0.z, k0.w);
-            int8x4_to_bf16x2(rk.z, k1.x, k1.y);
-            int8x4_to_bf16x2(rk.w, k1.z, k1.w);
-            int8x4_to_bf16x2(rv.x, v0.x, v0.y);
-            int8x4_to_bf16x2(rv.y, v0.z, v0.w);
-            int8x4_to_bf16x2(rv.z, v1.x, v1.y);
-            int8x4_to_bf16x2(rv.w, v1.z, v1.w);
+            int8x16_to_bf16x16(rk, k0, k1);
+            int8x16_to_bf16x16(rv, v0, v1);
             sm.ring.k[warp][tile_chunk(key, 2 * load_c)] = k0;
             sm.ring.k[warp][tile_chunk(key, 2 * load_c + 1)] = k1;
             sm.ring.v[warp][tile_chunk(key, 2 * load_c)] = v0;
@@ -498,25 +464,8 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         const int rg = m0 + r;
         if (rg >= rows) break;
         const i64 token = q_start + rg / group, head = kvh * group + rg % group;
-        const float* part = ws + (token * heads + head) * ws_splits * WS_ROW;
-        float max_lse = neg_inf();
-        for (int sp = 0; sp < active_splits; ++sp) max_lse = fmaxf(max_lse, __ldcg(part + sp * WS_ROW + HEAD_DIM));
-        float acc[HEAD_DIM / 32], weight_sum = 0.0f;
-#pragma unroll
-        for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] = 0.0f;
-#pragma unroll 4
-        for (int sp = 0; sp < active_splits; ++sp) {  // unrolled: several partials' loads in flight
-            const float l = __ldcg(part + sp * WS_ROW + HEAD_DIM);
-            if (l == neg_inf()) continue;  // no key of this row in the split
-            const float wgt = exp2f(l - max_lse);
-            weight_sum += wgt;
-#pragma unroll
-            for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] += wgt * __ldcg(part + sp * WS_ROW + lane + 32 * e);
-        }
-        const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-        bf16_t* dst = out + (token * heads + head) * HEAD_DIM;
-#pragma unroll
-        for (int e = 0; e < HEAD_DIM / 32; ++e) dst[lane + 32 * e] = from_float<bf16_t>(acc[e] * inv);
+        combine_split_row(out + (token * heads + head) * HEAD_DIM,
+                          ws + (token * heads + head) * ws_splits * WS_ROW, active_splits, lane);
     }
     if (tid == 0) *counter = 0;  // ready for the next launch (and the next graph replay)
 }

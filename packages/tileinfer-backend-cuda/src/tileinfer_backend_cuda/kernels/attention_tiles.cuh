@@ -1,0 +1,82 @@
+// What attention.cu and attention_decode.cu share, included after their defines (HEAD_DIM,
+// KV_INT8, SMOOTH) and their THREADS: the swizzled bf16 tile layout, the query tile load, the
+// int8 -> bf16 conversion of a copied page-row chunk, and the split-KV combine of one query row.
+#pragma once
+#include "common.cuh"
+
+constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks of bf16 per row
+constexpr int Q_PARTS = SMOOTH ? 2 : 1;
+constexpr int WS_ROW = HEAD_DIM + 2;  // a workspace row: a split's partial, its log-sum-exp, a counter
+
+#if KV_INT8
+typedef signed char kv_t;
+#else
+typedef bf16_t kv_t;
+#endif
+
+// 16-byte chunks of one key's (or value's) page row as stored: bf16 or int8.
+constexpr int LOAD_CHUNKS = HEAD_DIM * (int)sizeof(kv_t) / 16;
+
+// Shared-memory tiles are rows of HEAD_DIM bf16; chunk c of row r lives at chunk c ^ (r % 8) of
+// the row, so the 8 rows an ldmatrix reads hit 8 different bank groups.
+__device__ __forceinline__ int tile_chunk(int row, int chunk) {
+    return row * CHUNKS + (chunk ^ (row & 7));
+}
+
+// The query tile: packed rows m0 .. m0 + tile_rows of (sequence, kv head kvh), row rg being query
+// token q_start + rg / group at head kvh * group + rg % group (rows past `rows` are zeros), into
+// q_hi (swizzled); with SMOOTH the smoothed query as bf16 hi + lo parts (common.cuh).
+__device__ __forceinline__ void load_query_tile(uint4* q_hi, uint4* q_lo, const bf16_t* q,
+                                                const float* k_smooth, int tile_rows, int m0,
+                                                int rows, int q_start, int group, int kvh,
+                                                int heads) {
+    for (int id = threadIdx.x; id < tile_rows * CHUNKS; id += THREADS) {
+        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (rg < rows) {
+            const int token = q_start + rg / group, head = kvh * group + rg % group;
+            v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
+        }
+#if SMOOTH
+        uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
+        split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
+        q_hi[tile_chunk(r, c)] = hi;
+        q_lo[tile_chunk(r, c)] = lo;
+#else
+        q_hi[tile_chunk(r, c)] = v;
+#endif
+    }
+}
+
+// 16 int8 of a page row (one copied chunk) to the two 8-element bf16 chunks they make, exactly.
+__device__ __forceinline__ void int8x16_to_bf16x16(const uint4& raw, uint4& lo, uint4& hi) {
+    int8x4_to_bf16x2(raw.x, lo.x, lo.y);
+    int8x4_to_bf16x2(raw.y, lo.z, lo.w);
+    int8x4_to_bf16x2(raw.z, hi.x, hi.y);
+    int8x4_to_bf16x2(raw.w, hi.z, hi.w);
+}
+
+// One query row's output from its splits' partials (flash-decoding's combine), by one warp:
+// part holds `splits` workspace rows (normalized partial, log-sum-exp); a split with no key of
+// the row (log-sum-exp -inf) adds nothing; out_row = sum_s 2^(lse_s - max) partial_s / sum_s
+// 2^(lse_s - max), in split order.
+__device__ __forceinline__ void combine_split_row(bf16_t* out_row, const float* part, int splits,
+                                                  int lane) {
+    float max_lse = neg_inf();
+    for (int sp = 0; sp < splits; ++sp) max_lse = fmaxf(max_lse, __ldcg(part + sp * WS_ROW + HEAD_DIM));
+    float acc[HEAD_DIM / 32], weight_sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] = 0.0f;
+#pragma unroll 4
+    for (int sp = 0; sp < splits; ++sp) {  // unrolled: several partials' loads in flight
+        const float l = __ldcg(part + sp * WS_ROW + HEAD_DIM);
+        if (l == neg_inf()) continue;  // no key of this row in the split
+        const float wgt = exp2f(l - max_lse);
+        weight_sum += wgt;
+#pragma unroll
+        for (int e = 0; e < HEAD_DIM / 32; ++e) acc[e] += wgt * __ldcg(part + sp * WS_ROW + lane + 32 * e);
+    }
+    const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+#pragma unroll
+    for (int e = 0; e < HEAD_DIM / 32; ++e) out_row[lane + 32 * e] = from_float<bf16_t>(acc[e] * inv);
+}
