@@ -98,18 +98,20 @@ __device__ __forceinline__ u64 block_sum_u64(u64 v, Shared& sh) {
 __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
 }
-__device__ __forceinline__ int block_argmax(float v, int i, Shared& sh) {
+// The warp's best (value, index) in every lane (better(): the lower index on ties).
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
+__device__ __forceinline__ int block_argmax(float v, int i, Shared& sh) {
+    warp_argmax(v, i);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) { sh.red_f[threadIdx.x >> 5] = v; sh.red_i[threadIdx.x >> 5] = i; }
     __syncthreads();
     v = sh.red_f[threadIdx.x & 31];
     i = sh.red_i[threadIdx.x & 31];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    warp_argmax(v, i);
     return i;
 }
 
@@ -317,9 +319,7 @@ argmax_split(int* __restrict__ out, const float* __restrict__ logits, int vocab,
     int best_i = 0x7FFFFFFF;
     const int end = min(vocab, (c + 1) * chunk);
     for (int i = c * chunk + tid; i < end; i += SPLIT_THREADS) better(best, best_i, row[i], i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        better(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+    warp_argmax(best, best_i);
     if (lane == 0) { red_v[warp] = best; red_i[warp] = best_i; }
     __syncthreads();
     if (tid == 0) {
@@ -338,9 +338,7 @@ argmax_split(int* __restrict__ out, const float* __restrict__ logits, int vocab,
     best_i = 0x7FFFFFFF;
     for (int k = lane; k < chunks; k += 32)
         better(best, best_i, __ldcg(part_v + (i64)j * chunks + k), __ldcg(part_i + (i64)j * chunks + k));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        better(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+    warp_argmax(best, best_i);
     if (lane == 0) {
         out[j] = best_i;
         counter[j] = 0;  // ready for the next launch (and the next graph replay)
