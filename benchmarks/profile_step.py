@@ -48,8 +48,8 @@ def kernel_events(prof_trace: str) -> list[tuple[str, float, float]]:
     return sorted(kernels, key=lambda k: k[1])
 
 
-def profile_step(runner, seq, replays: int) -> list[tuple[str, float, float]]:
-    graph = runner._slots[1].graphs[(0.0, 0, 1.0)]  # the greedy 1-token step
+def profile_step(runner, replays: int) -> list[tuple[str, float, float]]:
+    graph = runner.captured_graph(1, SamplingParams())  # the greedy 1-token step
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
@@ -118,7 +118,7 @@ def profile_context(model, cache, context: int, replays: int):
     runner.forward(seq, list(range(1, context + 1)), greedy)
     runner.decode_from_device(seq, greedy)  # captures the 1-token graph
     torch.cuda.synchronize()
-    result = summarize(profile_step(runner, seq, replays), replays)
+    result = summarize(profile_step(runner, replays), replays)
     cache.release(seq)
     return result
 

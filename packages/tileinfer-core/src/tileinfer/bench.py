@@ -167,7 +167,7 @@ def _step_times(runner: ModelRunner, cache, prompt, steps: int = 50) -> dict:
     seq = cache.new_sequence()
     runner.forward(seq, prompt, greedy)
     runner.decode_from_device(seq, greedy)
-    graph = runner._slots[1].graphs[(0.0, 0, 1.0)]
+    graph = runner.captured_graph(1, greedy)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

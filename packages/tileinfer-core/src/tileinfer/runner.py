@@ -108,11 +108,21 @@ class ModelRunner:
             if sampling is not None:
                 self._sample_into(slot.logits, sampling, self.next_token)
             return
-        key = None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p)
+        key = self._graph_key(sampling)
         graph = slot.graphs.get(key)
         if graph is None:
             graph = slot.graphs[key] = self._capture(slot, sampling)
         graph.replay()
+
+    @staticmethod
+    def _graph_key(sampling: SamplingParams | None):
+        return None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p)
+
+    def captured_graph(self, n: int, sampling: SamplingParams | None):
+        """The CUDA graph of the n-token step (last row's logits) sampling with ``sampling``, once
+        a step has captured it, else None: benchmarks replay it to time the GPU alone."""
+        slot = self._slots.get(n)
+        return None if slot is None else slot.graphs.get(self._graph_key(sampling))
 
     def _sample_into(self, logits, sampling, out):
         self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
