@@ -89,7 +89,6 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
           int max_pages, float scale_log2, int causal, int num_splits, float* ws, int ws_splits) {
     extern __shared__ uint4 smem_raw[];
     SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
-    __shared__ int is_last_block;
 
     pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
     pdl_wait();               // with PDL (common.cuh): the previous kernel is done from here on
@@ -349,12 +348,7 @@ attention(bf16_t* __restrict__ out, const bf16_t* __restrict__ q, const kv_t* __
     const int row_tiles = gridDim.x / num_splits;
     int* counter = reinterpret_cast<int*>(ws) +
                    ((i64)(b * kv_heads + kvh) * row_tiles + row_tile) * WS_ROW + HEAD_DIM + 1;
-    __threadfence();  // this block's partials are visible before it is counted
-    __syncthreads();
-    if (tid == 0) is_last_block = atomicAdd(counter, 1) == num_splits - 1;
-    __syncthreads();
-    if (!is_last_block) return;
-    __threadfence();
+    if (!last_split_to_arrive(counter, num_splits)) return;
     for (int r = warp; r < BM; r += WARPS) {  // a warp per row, lanes over head_dim
         const int rg = m0 + r;
         if (rg >= rows) break;

@@ -124,7 +124,6 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                  int causal, int num_splits, int grid_splits, float* ws, int ws_splits) {
     extern __shared__ uint4 smem_raw[];
     SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
-    __shared__ int is_last_block;
 
     pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
     // Up to pdl_wait only the step's metadata (cu_seqlens_q, context_lens, block_table) is read:
@@ -454,12 +453,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     const int row_tiles = gridDim.x / grid_splits;
     int* counter = reinterpret_cast<int*>(ws) +
                    ((i64)(b * kv_heads + kvh) * row_tiles + row_tile) * WS_ROW + HEAD_DIM + 1;
-    __threadfence();  // this block's partials are visible before it is counted
-    __syncthreads();
-    if (tid == 0) is_last_block = atomicAdd(counter, 1) == active_splits - 1;
-    __syncthreads();
-    if (!is_last_block) return;
-    __threadfence();
+    if (!last_split_to_arrive(counter, active_splits)) return;
     for (int r = warp; r < m_tiles * 16; r += WARPS) {  // a warp per row, lanes over head_dim
         const int rg = m0 + r;
         if (rg >= rows) break;

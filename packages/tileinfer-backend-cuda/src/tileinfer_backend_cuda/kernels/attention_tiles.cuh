@@ -1,6 +1,6 @@
 // What attention.cu and attention_decode.cu share, included after their defines (HEAD_DIM,
 // KV_INT8, SMOOTH) and their THREADS: the swizzled bf16 tile layout, the query tile load, the
-// int8 -> bf16 conversion of a copied page-row chunk, and the split-KV combine of one query row.
+// int8 -> bf16 conversion of a copied page-row chunk, and the split-KV arrival and combine.
 #pragma once
 #include "common.cuh"
 
@@ -54,6 +54,20 @@ __device__ __forceinline__ void int8x16_to_bf16x16(const uint4& raw, uint4& lo, 
     int8x4_to_bf16x2(raw.y, lo.z, lo.w);
     int8x4_to_bf16x2(raw.z, hi.x, hi.y);
     int8x4_to_bf16x2(raw.w, hi.z, hi.w);
+}
+
+// Split-KV arrival, called by every thread after the block wrote its partials: counts the block
+// on `counter` (its row tile's, in the workspace) and tells every thread whether it arrived last
+// of `splits`; that block then sees every split's partials (and re-arms the counter).
+__device__ __forceinline__ bool last_split_to_arrive(int* counter, int splits) {
+    __shared__ int is_last;
+    __threadfence();  // this block's partials are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!is_last) return false;
+    __threadfence();
+    return true;
 }
 
 // One query row's output from its splits' partials (flash-decoding's combine), by one warp:
