@@ -15,7 +15,8 @@ per call.
 
     python benchmarks/ops.py                    # everything (about 2-3 minutes on an H200)
     python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv verify sweep gemm attn misc
-                                                #   and cuda-sweep (not in the default run)
+                                                #   and cuda-sweep, cuda-attn-sweep (not in the
+                                                #   default run)
 
 The group "verify" times the triton GEMVs at 4, 8 and 16 tokens (the verify steps of speculative
 decoding: up to 8 tokens every row runs the 1-token programs, bit-identical to a decode step;
@@ -474,6 +475,57 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
                  frac_of_ceiling=round(bw / COPY_CEILING, 3))
 
 
+# The CUDA decode attention's launch settings tried by cuda-attn-sweep (ops.ATTN_CONFIG keys).
+CUDA_ATTN_SWEEP = [{"decode_blocks_per_sm": b, "decode_stages": s}
+                   for b in (2, 3, 4, 6, 8) for s in (0, 2, 3, 4)]
+
+
+def bench_cuda_attention_sweep(table, summary):
+    """The CUDA decode attention at the 8B shape under each CUDA_ATTN_SWEEP setting (split
+    target x ring depth), bf16 and INT8 pages, at 8k and 32k context."""
+    from tileinfer_backend_cuda import ops as cuda_ops
+
+    cfg = MODELS["llama3-8b"]
+    heads, kvh, hd, page = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], 16
+    contexts = [c for c in CONTEXTS if c >= 8192] or list(CONTEXTS)
+    best = {}
+    try:
+        for kind in ("bf16", "int8"):
+            for ctx in contexts:
+                elt = 1 if kind == "int8" else 2
+                nbytes = 2 * ctx * kvh * hd * elt + (2 * ctx * kvh * 4 if kind == "int8" else 0)
+                caches = [_paged_cache(ctx, kvh, hd, page, kind == "int8") for _ in range(copies_for(nbytes))]
+                q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
+                out = torch.empty_like(q)
+                cu = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+                ctx_t = torch.tensor([ctx], dtype=torch.int32, device=DEV)
+                max_ctx = caches[0][1].shape[1] * page
+                ws = table.attention_workspace(1, heads, hd, max_ctx, q.device)
+                calls = [lambda c=c, t=t: table.attention(out, q, *c, cu, ctx_t, t, 1, max_ctx,
+                                                          hd ** -0.5, True, ws)
+                         for c, t in caches]
+                for setting in CUDA_ATTN_SWEEP:
+                    cuda_ops.attention_overrides.clear()
+                    cuda_ops.attention_overrides.update(setting)
+                    timed = try_time(calls, op="cuda-attn-sweep", kv=kind, shape=f"ctx{ctx}",
+                                     config=str(setting))
+                    if timed is None:
+                        continue
+                    us = timed[0]
+                    emit(op="cuda-attn-sweep", shape=f"ctx{ctx} h{heads}/{kvh} d{hd} p{page}", kv=kind,
+                         backend="cuda", config=str(setting), median_us=round(us, 2),
+                         frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
+                    if (kind, ctx) not in best or us < best[kind, ctx][0]:
+                        best[kind, ctx] = (us, setting, nbytes)
+                del calls, caches
+                torch.cuda.empty_cache()
+    finally:
+        cuda_ops.attention_overrides.clear()
+    for (kind, ctx), (us, setting, nbytes) in best.items():
+        summary.append((f"cuda attn sweep best ctx{ctx}", kind, "cuda", us,
+                        f"{nbytes / (us * 1e-6) / COPY_CEILING:.2f} of copy; {setting}"))
+
+
 def bench_misc(tables, summary):
     cfg = MODELS["llama3-8b"]
     h, heads, kvh, hd = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -566,6 +618,8 @@ def main():
         bench_gemv_sweep(summary)
     if "cuda-sweep" in only and "cuda" in tables:
         bench_cuda_rows_sweep(tables["cuda"], summary)
+    if "cuda-attn-sweep" in only and "cuda" in tables:
+        bench_cuda_attention_sweep(tables["cuda"], summary)
     if "gemm" in only:
         bench_gemm(tables, summary)
     if "attn" in only:
