@@ -81,17 +81,27 @@ def _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
 
 
 @triton.jit
-def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr):
+def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+            W_VEC: tl.constexpr):
     """Weight rows [BLOCK_N, BLOCK_K] of one K tile (and SwiGLU's up rows); ok: a scalar, False
-    loads nothing (zeros). The weights depend on no earlier kernel (see _gemv_kernel's PDL)."""
+    loads nothing (zeros). The weights depend on no earlier kernel (see _gemv_kernel's PDL).
+
+    INT8 rows are loaded W_VEC values per thread and load, the float32 sums' layout (x's: BLOCK_K
+    over the block's threads): with Triton's own choice (16 int8, one 16-byte load) the products
+    were moved to the sums' layout through shared memory, with barriers, at every K tile."""
     if EVEN_K:
         wmask = ok
     else:
         wmask = ((k0 + rk) < k_hi)[None, :] & ok
-    wa = tl.load(w_a + k0, mask=wmask, other=0.0)
+    pa = w_a + k0
+    pb = w_b + k0
+    if w_a.dtype.element_ty == tl.int8:
+        pa = tl.max_contiguous(pa, [1, W_VEC])
+        pb = tl.max_contiguous(pb, [1, W_VEC])
+    wa = tl.load(pa, mask=wmask, other=0.0)
     wb = wa
     if ACT == 1:
-        wb = tl.load(w_b + k0, mask=wmask, other=0.0)
+        wb = tl.load(pb, mask=wmask, other=0.0)
     return wa, wb
 
 
@@ -146,7 +156,8 @@ def _gemv_kernel(
     alpha_p, alpha_n, beta, eps,
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
     2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
@@ -181,10 +192,10 @@ def _gemv_kernel(
             pdl_launch_dependents(PDL)
             pdl_wait(PDL)
             for k0 in range(k_lo, k_hi, STEP):
-                wa, wb = _gemv_w(w_a, w_b, k0, k_hi, rk, True, ACT, EVEN_K)
+                wa, wb = _gemv_w(w_a, w_b, k0, k_hi, rk, True, ACT, EVEN_K, W_VEC)
                 xv = _gemv_x(x_rows, k0, k_hi, rk, EVEN_K)
                 if UNROLL == 2:
-                    wa2, wb2 = _gemv_w(w_a, w_b, k0 + BLOCK_K, k_hi, rk, True, ACT, EVEN_K)
+                    wa2, wb2 = _gemv_w(w_a, w_b, k0 + BLOCK_K, k_hi, rk, True, ACT, EVEN_K, W_VEC)
                     xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk, EVEN_K)
                 part_a += wa.to(tl.float32) * xv
                 if ACT == 1:
@@ -199,18 +210,19 @@ def _gemv_kernel(
             # weights depend on no earlier kernel: with PDL they are requested before pdl_wait,
             # while the previous kernel still runs (attention before the o projection, a norm
             # before qkv / gate_up).
-            wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K)
+            wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
             wa2, wb2 = wa, wb
             if UNROLL == 2:
-                wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K)
+                wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
             pdl_launch_dependents(PDL)
             pdl_wait(PDL)
             for k0 in range(k_lo, k_hi, STEP):
                 more = k0 + STEP < k_hi
-                na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K)
+                na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
                 na2, nb2 = na, nb
                 if UNROLL == 2:
-                    na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K)
+                    na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K,
+                                       W_VEC)
                 xv = _gemv_x(x_rows, k0, k_hi, rk, EVEN_K)
                 part_a += wa.to(tl.float32) * xv
                 if ACT == 1:
@@ -477,6 +489,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
             alpha_p, alpha_n, beta, eps,
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
             EVEN_K=(k % step == 0) and (k_split % step == 0), UNROLL=unroll,
+            W_VEC=max(1, min(16, cfg.block_k // (32 * cfg.num_warps))),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common, **pdl_args(),
         )
         return
