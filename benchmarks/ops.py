@@ -300,7 +300,8 @@ def bench_cuda_rows_sweep(table, summary):
                     best = None
                     # the override is read at each launch: the same calls time every config
                     calls, nbytes = _linear_calls(table, name, 1, n, k, kind, int8)
-                    for c in cuda_bench.gemv_rows_configs(n_out, k, int8, epilogue, device):
+                    cuda_ops.gemv_overrides.clear()  # the configurations derive from the table's
+                    for c in cuda_bench.gemv_rows_configs(n_out, k, int8, epilogue, device, wide=True):
                         cuda_ops.gemv_overrides.clear()
                         cuda_ops.gemv_overrides.update({"kernel": "rows", **c})
                         timed = try_time(calls, op=f"cuda-sweep:{name}", model=model, config=str(c))
@@ -477,8 +478,9 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
 
 
 # The CUDA decode attention's launch settings tried by cuda-attn-sweep (ops.ATTN_CONFIG keys).
-CUDA_ATTN_SWEEP = [{"decode_blocks_per_sm": b, "decode_stages": s}
-                   for b in (2, 3, 4, 6, 8) for s in (0, 2, 3, 4)]
+CUDA_ATTN_SWEEP = ([{"decode_blocks_per_sm": b, "decode_stages": s}
+                    for b in (1, 2, 3, 4) for s in (0, 2, 3)]
+                   + [{"splits": n} for n in (8, 16, 24, 48)])
 
 
 def bench_cuda_attention_sweep(table, summary):

@@ -101,11 +101,12 @@ def gemv_configs():
     return configs
 
 
-def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device):
+def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device, wide=False):
     """The rows kernel's sweep at one shape (about 8-12 configurations): the tile (rows x unroll,
     the same 8 weight chunks a lane per round, and two smaller ones) at the default parallelism
     along K, and the parallelism (warps of a block x grid splits: half, once, twice and four
-    times the default's, each as warps first and as splits first) at the default tile.
+    times the default's, each as warps first and as splits first) at the default tile; wide:
+    also every tile at 1, 2, 4 and 8 warps without a grid split (about 30 configurations).
     Configurations that launch the same kernel (splits reduced by a short K), give a warp no step
     or do not fit the split-K scratch are left out."""
     default = ops.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="rows")
@@ -114,8 +115,12 @@ def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device):
              if rows // mats >= 1]
     par0 = default["warps"] * default["split_k"]
     steps = -(-k_dim // (32 * ops._rows_lane_k(int8)))
-    candidates = [{"rows": r, "unroll": u, "warps": default["warps"], "split_k": default["split_k"]}
-                  for r, u in tiles]
+    candidates = [{key: default[key] for key in ("rows", "unroll", "warps", "split_k")}]
+    candidates += [{"rows": r, "unroll": u, "warps": default["warps"], "split_k": default["split_k"]}
+                   for r, u in tiles]
+    if wide:
+        candidates += [{"rows": r, "unroll": u, "warps": w, "split_k": 1}
+                       for r, u in tiles for w in (1, 2, 4, 8)]
     for par in sorted({max(1, par0 // 2), par0, 2 * par0, 4 * par0}):
         # the split of K inside the block first, then the grid's split first
         warps_first = min(par, 8)
