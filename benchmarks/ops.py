@@ -480,6 +480,7 @@ def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
 # The CUDA decode attention's launch settings tried by cuda-attn-sweep (ops.ATTN_CONFIG keys).
 CUDA_ATTN_SWEEP = ([{"decode_blocks_per_sm": b, "decode_stages": s}
                     for b in (1, 2, 3, 4) for s in (0, 2, 3)]
+                   + [{"decode_blocks_per_sm": b, "decode_stages": 1} for b in (3, 4)]
                    + [{"splits": n} for n in (8, 16, 24, 48)])
 
 
