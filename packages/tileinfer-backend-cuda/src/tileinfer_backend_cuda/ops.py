@@ -769,14 +769,14 @@ def attention_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int) -
 _ATTN_DECODE_OPTIONS = ("-fmad=false",)
 
 
-def attention_decode_m_tiles(head_dim: int, group: int, max_query_len: int = ATTN_DECODE_MAX_TOKENS) -> int:
-    """16-row m-tiles per warp of attention_decode.cu (M_TILES): two where a step's
-    max_query_len x group packed rows need more than one and the accumulators fit in registers
-    (head_dim <= 128), else one. Every m-tile runs the same per-row arithmetic (the kernel's
-    header), so a row's bits do not depend on M_TILES, and a 1-token step keeps the smaller
-    variant: with one m-tile the O accumulators take half the registers, and more blocks fit on
-    an SM."""
-    return 2 if head_dim <= 128 and max_query_len * group > 16 else 1
+def attention_decode_m_tiles(head_dim: int, group: int) -> int:
+    """16-row m-tiles per warp of attention_decode.cu (M_TILES): two where a verify step's
+    ATTN_DECODE_MAX_TOKENS x group rows need more than one and the accumulators fit in registers
+    (head_dim <= 128). A function of the model only, so steps of any size run the same variant.
+    (A row's bits would not depend on M_TILES, but the one-m-tile variant for 1-token steps, with
+    128 instead of ~220 registers, made the llama3-8b INT8 decode step slower on the H200:
+    2.666 against 2.492 ms, though the op alone was as fast or faster.)"""
+    return 2 if head_dim <= 128 and ATTN_DECODE_MAX_TOKENS * group > 16 else 1
 
 
 def attention_decode_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages: int,
@@ -858,7 +858,7 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
     smooth = k_smooth is not None
     decode = cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS
     if decode:  # attention_decode.cu: row tiles of 16 x m_tiles rows
-        m_tiles = attention_decode_m_tiles(head_dim, group, max_query_len)
+        m_tiles = attention_decode_m_tiles(head_dim, group)
         row_tiles = _cdiv(max_query_len * group, 16 * m_tiles)
     else:
         row_tiles = _cdiv(max_query_len * group, ATTN_BLOCK_M)

@@ -76,45 +76,57 @@ __device__ __forceinline__ bool last_split_to_arrive(int* counter, int splits) {
 // 2^(lse_s - max), added in split order.
 // This runs at the very end of the kernel, by the last block to arrive, so its memory latency
 // is the kernel's tail: the splits' log-sum-exps are read at once (lane i: splits i, i + 32,
-// ...), and the partials in batches of COMBINE_BATCH splits whose loads are all issued before
-// any of them is added (a loop that loads, then adds, one split at a time waits an L2 round
-// trip per split: about 0.6 us per split measured at 33-64 splits).
+// ...) together with the first COMBINE_BATCH partials, and the partials of each later batch
+// are all requested before any of them is added (a loop that loads, then adds, one split at a
+// time waits an L2 round trip per split: about 0.6 us per split measured at 33-64 splits).
 constexpr int COMBINE_BATCH = 8;
+constexpr int COMBINE_HELD = 2;  // log-sum-exps a lane keeps from the first read: 64 splits
 
 __device__ __forceinline__ void combine_split_row(bf16_t* out_row, const float* part, int splits,
                                                   int lane) {
     constexpr u32 ALL = 0xffffffffu;
     constexpr int E = HEAD_DIM / 32;  // lane holds dims lane + 32 e
+    auto lse_of = [&](int sp) { return sp < splits ? __ldcg(part + sp * WS_ROW + HEAD_DIM) : neg_inf(); };
+    float x[COMBINE_BATCH][E];  // the partials of splits first .. first + COMBINE_BATCH - 1
+    auto load_batch = [&](int first) {
+#pragma unroll
+        for (int i = 0; i < COMBINE_BATCH; ++i)
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                x[i][e] = first + i < splits ? __ldcg(part + (first + i) * WS_ROW + lane + 32 * e) : 0.0f;
+    };
+    load_batch(0);
+    float held[COMBINE_HELD];  // lane's splits lane + 32 j (ops: at most 64 splits)
     float max_lse = neg_inf();
-    for (int sp = lane; sp < splits; sp += 32) max_lse = fmaxf(max_lse, __ldcg(part + sp * WS_ROW + HEAD_DIM));
+#pragma unroll
+    for (int j = 0; j < COMBINE_HELD; ++j) {
+        held[j] = lse_of(lane + 32 * j);
+        max_lse = fmaxf(max_lse, held[j]);
+    }
+    for (int sp = lane + 32 * COMBINE_HELD; sp < splits; sp += 32) max_lse = fmaxf(max_lse, lse_of(sp));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) max_lse = fmaxf(max_lse, __shfl_xor_sync(ALL, max_lse, o));
     float acc[E], weight_sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (int s0 = 0; s0 < splits; s0 += 32) {
-        // lane i: split s0 + i's weight, and whether it has any key of the row
-        const int mine = s0 + lane;
-        const float my_lse = mine < splits ? __ldcg(part + mine * WS_ROW + HEAD_DIM) : neg_inf();
-        const int my_keys = my_lse != neg_inf();
-        const float my_weight = my_keys ? exp2f(my_lse - max_lse) : 0.0f;
-        const int n = min(32, splits - s0);
-        for (int b0 = 0; b0 < n; b0 += COMBINE_BATCH) {
-            float x[COMBINE_BATCH][E];
+    float my_weight = 0.0f;  // lane i: the weight of split 32 c + i of the current chunk c
+    int my_keys = 0;         // ... and whether that split has any key of the row
+    for (int first = 0; first < splits; first += COMBINE_BATCH) {
+        if (first % 32 == 0) {
+            const int chunk = first / 32;
+            const float my_lse = chunk == 0 ? held[0] : chunk == 1 ? held[1] : lse_of(first + lane);
+            my_keys = my_lse != neg_inf();
+            my_weight = my_keys ? exp2f(my_lse - max_lse) : 0.0f;
+        }
+        if (first > 0) load_batch(first);
 #pragma unroll
-            for (int i = 0; i < COMBINE_BATCH; ++i)
+        for (int i = 0; i < COMBINE_BATCH; ++i) {  // in split order
+            const float wgt = __shfl_sync(ALL, my_weight, (first + i) & 31);
+            const int keys = __shfl_sync(ALL, my_keys, (first + i) & 31);
+            if (first + i < splits && keys) {
+                weight_sum += wgt;
 #pragma unroll
-                for (int e = 0; e < E; ++e)
-                    x[i][e] = b0 + i < n ? __ldcg(part + (s0 + b0 + i) * WS_ROW + lane + 32 * e) : 0.0f;
-#pragma unroll
-            for (int i = 0; i < COMBINE_BATCH; ++i) {  // in split order
-                const float wgt = __shfl_sync(ALL, my_weight, (b0 + i) & 31);
-                const int keys = __shfl_sync(ALL, my_keys, (b0 + i) & 31);
-                if (b0 + i < n && keys) {
-                    weight_sum += wgt;
-#pragma unroll
-                    for (int e = 0; e < E; ++e) acc[e] += wgt * x[i][e];
-                }
+                for (int e = 0; e < E; ++e) acc[e] += wgt * x[i][e];
             }
         }
     }
