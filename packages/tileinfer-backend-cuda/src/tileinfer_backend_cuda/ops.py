@@ -39,13 +39,16 @@ ATTN_DECODE_MAX_TOKENS = 16
 # (KV_STAGES). attention_decode.cu: "decode": use it (False: decode steps run attention.cu, for
 # comparisons), "decode_blocks_per_sm": its split-KV target, "decode_stages": its ring depth
 # (0: the deepest ring with which decode_blocks_per_sm blocks fit on an SM,
-# attention_decode_stages). The decode split count depends on the batch, the kv heads and the
-# GPU, never on the step's token count or the cache's size, and each row's split boundaries on
-# its own context only (see attention_decode.cu), so a row of a verify step equals the 1-token
-# step at its position bit for bit, also on another cache (greedy speculative decoding relies
-# on this).
+# attention_decode_stages), "decode_pdl_trigger": where its blocks let the next kernel launch
+# ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER). The decode split count depends
+# on the batch, the kv heads and the GPU, never on the step's token count or the cache's size,
+# and each row's split boundaries on its own context only (see attention_decode.cu), so a row of
+# a verify step equals the 1-token step at its position bit for bit, also on another cache
+# (greedy speculative decoding relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
-               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0}
+               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
+               "decode_pdl_trigger": "start"}
+_PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
 
@@ -892,8 +895,12 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
         # Blocks only for the splits a row of this cache can have keys in (each split holds
         # >= 64 keys); the partition itself is num_splits' (attention_decode.cu's header).
         grid_splits = min(num_splits, _cdiv(max(1, max_context_len), ATTN_BLOCK_N))
+        decode_defines = {**defines, "M_TILES": m_tiles}
+        trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
+        if trigger:
+            decode_defines["PDL_TRIGGER"] = trigger
         kern = _kernel("attention_decode.cu", "attention_decode", "p" * 10 + "iiiif" + "iii" + "pi",
-                       device, {**defines, "M_TILES": m_tiles}, _ATTN_DECODE_OPTIONS)
+                       device, decode_defines, _ATTN_DECODE_OPTIONS)
         kern.launch((row_tiles * grid_splits, kv_heads, batch), (128,),
                     common + (grid_splits,) + split_ws, smem_bytes(stages), pdl=_pdl(device))
     else:

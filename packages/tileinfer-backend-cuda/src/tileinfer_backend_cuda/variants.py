@@ -79,6 +79,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
                 if depth != h200_stages[(head_dim, 2)][2 * kv_int8]:
                     decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
 
+    decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
+
     add("sampling.cu", SAMPLING_OPTIONS)
     return out
 

@@ -45,8 +45,14 @@
 // Compiled with -fmad=false (ops): no multiply-add contraction, so every unrolled copy of the
 // per-row arithmetic (one per m-tile) rounds the same way.
 //
+// Programmatic dependent launch: the next kernel (the o projection's GEMV) may launch, and
+// start prefetching its weight, once every block has passed pdl_launch_dependents: at the
+// kernel's start (PDL_TRIGGER 0), or after its key loop (PDL_TRIGGER 1), so that the weight
+// prefetch does not compete with this kernel's K/V loads (an experiment: ops.ATTN_CONFIG's
+// "decode_pdl_trigger").
+//
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
-// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2).
+// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -63,6 +69,9 @@
 #endif
 #ifndef M_TILES
 #define M_TILES 2
+#endif
+#ifndef PDL_TRIGGER
+#define PDL_TRIGGER 0
 #endif
 
 constexpr int BN = 64, WARPS = 4, THREADS = WARPS * 32;
@@ -125,7 +134,9 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     extern __shared__ uint4 smem_raw[];
     SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
 
+#if PDL_TRIGGER == 0
     pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
+#endif
     // Up to pdl_wait only the step's metadata (cu_seqlens_q, context_lens, block_table) is read:
     // it is uploaded before the step's first kernel, which is launched without PDL, and no kernel
     // writes it, so it is complete even while the previous kernels still run.
@@ -384,6 +395,9 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         }
     }
 
+#if PDL_TRIGGER == 1
+    pdl_launch_dependents();  // this block's K/V loads are done
+#endif
     cp_async_wait<0>();  // no copy may still target the ring, whose memory is reused below
     __syncthreads();     // every warp is done with the ring
 
