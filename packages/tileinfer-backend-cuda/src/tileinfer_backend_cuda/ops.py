@@ -40,11 +40,12 @@ ATTN_DECODE_MAX_TOKENS = 16
 # comparisons), "decode_blocks_per_sm": its split-KV target, "decode_stages": its ring depth
 # (0: the deepest ring with which decode_blocks_per_sm blocks fit on an SM,
 # attention_decode_stages), "decode_pdl_trigger": where its blocks let the next kernel launch
-# ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER). The decode split count depends
-# on the batch, the kv heads and the GPU, never on the step's token count or the cache's size,
-# and each row's split boundaries on its own context only (see attention_decode.cu), so a row of
-# a verify step equals the 1-token step at its position bit for bit, also on another cache
-# (greedy speculative decoding relies on this).
+# ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER); overrides may also force
+# "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles). The decode split
+# count depends on the batch, the kv heads and the GPU, never on the step's token count or the
+# cache's size, and each row's split boundaries on its own context only (see
+# attention_decode.cu), so a row of a verify step equals the 1-token step at its position bit
+# for bit, also on another cache (greedy speculative decoding relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
                "decode_pdl_trigger": "start"}
@@ -861,7 +862,7 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
     smooth = k_smooth is not None
     decode = cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS
     if decode:  # attention_decode.cu: row tiles of 16 x m_tiles rows
-        m_tiles = attention_decode_m_tiles(head_dim, group)
+        m_tiles = cfg.get("decode_m_tiles") or attention_decode_m_tiles(head_dim, group)
         row_tiles = _cdiv(max_query_len * group, 16 * m_tiles)
     else:
         row_tiles = _cdiv(max_query_len * group, ATTN_BLOCK_M)
