@@ -49,8 +49,12 @@ DEV = "cuda"
 DRY_RUN = False  # --dry-run: tiny shapes on the CPU (TRITON_INTERPRET=1) to check the script
 CONTEXTS = (256, 1024, 8192, 16384, 32768)
 # The Triton attention sweep: split targets tried per context, with (min_chunk) the shortest split.
+# (Between 33 and 64 splits at 8k-32k: the blocks per SM that fit are 2-3, so 40-50 splits of
+# the 8 kv heads are one wave where 64 are about two.)
 SWEEP_SPLITS = {256: ((1, 256), (2, 64), (4, 64)), 1024: ((1, 1024), (4, 256), (8, 64), (16, 64)),
-                8192: ((17, 256), (33, 256), (64, 64)), 32768: ((17, 256), (33, 256), (64, 256))}
+                8192: ((17, 256), (33, 256), (40, 64), (48, 64), (64, 64)),
+                16384: ((33, 256), (40, 256), (48, 256), (64, 256)),
+                32768: ((17, 256), (33, 256), (40, 256), (48, 256), (64, 256))}
 PREFILL = 2048
 ROWS: list[dict] = []
 OUT_FILE = None
