@@ -404,24 +404,55 @@ def _paged_cache(ctx, kv_heads, hd, page, int8, smooth=False):
     return (k, v, ks, vs, sm), table
 
 
+@dataclasses.dataclass
+class DecodeStep:
+    """A 1-token decode step of the llama3-8b attention shape (pages of 16) at context ctx, on
+    enough copies of the paged cache that none stays in L2; nbytes: the K/V (and scale) bytes
+    one call reads."""
+
+    ctx: int
+    kind: str  # "bf16" or "int8" pages
+    heads: int
+    head_dim: int
+    caches: list
+    q: torch.Tensor
+    out: torch.Tensor
+    cu: torch.Tensor
+    ctx_t: torch.Tensor
+    max_ctx: int
+    nbytes: int
+
+    def calls(self, attention, ws, **launch):
+        """One zero-argument call per cache copy of attention(out, q, cache..., ws, **launch)
+        (an op table's attention, or a kernel's launcher with its settings)."""
+        return [lambda c=c, t=t: attention(self.out, self.q, *c, self.cu, self.ctx_t, t, 1,
+                                           self.max_ctx, self.head_dim ** -0.5, True, ws, **launch)
+                for c, t in self.caches]
+
+
+def _decode_step(ctx, kind):
+    cfg = MODELS["llama3-8b"]
+    heads, kvh, hd, page = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], 16
+    int8 = kind == "int8"
+    nbytes = 2 * ctx * kvh * hd * (1 if int8 else 2) + (2 * ctx * kvh * 4 if int8 else 0)
+    caches = [_paged_cache(ctx, kvh, hd, page, int8) for _ in range(copies_for(nbytes))]
+    q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
+    return DecodeStep(ctx, kind, heads, hd, caches, q, torch.empty_like(q),
+                      torch.tensor([0, 1], dtype=torch.int32, device=DEV),
+                      torch.tensor([ctx], dtype=torch.int32, device=DEV),
+                      caches[0][1].shape[1] * page, nbytes)
+
+
 def bench_attention(tables, summary):
     cfg = MODELS["llama3-8b"]
     heads, kvh, hd, page = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], 16
     for kind in ("bf16", "int8"):
         for ctx in CONTEXTS:
-            elt = 1 if kind == "int8" else 2
-            nbytes = 2 * ctx * kvh * hd * elt + (2 * ctx * kvh * 4 if kind == "int8" else 0)
-            caches = [_paged_cache(ctx, kvh, hd, page, kind == "int8") for _ in range(copies_for(nbytes))]
-            q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
-            out = torch.empty_like(q)
-            cu = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-            ctx_t = torch.tensor([ctx], dtype=torch.int32, device=DEV)
-            max_ctx = caches[0][1].shape[1] * page
+            step = _decode_step(ctx, kind)
+            nbytes = step.nbytes
             for backend, table in tables.items():
-                ws = table.attention_workspace(1, heads, hd, max_ctx, q.device)
-                calls = [lambda c=c, t=t: table.attention(out, q, *c, cu, ctx_t, t, 1, max_ctx,
-                                                          hd ** -0.5, True, ws)
-                         for c, t in caches]
+                ws = table.attention_workspace(1, heads, hd, step.max_ctx, step.q.device)
+                calls = step.calls(table.attention, ws)
                 timed = try_time(calls, graph=table.graph_safe, op="attn:decode", kv=kind,
                                  shape=f"ctx{ctx}", backend=backend)
                 if timed is None:
@@ -434,8 +465,8 @@ def bench_attention(tables, summary):
                 summary.append((f"attn decode ctx{ctx}", kind, backend, us,
                                 f"{bw / COPY_CEILING:.2f} of copy"))
             if "triton" in tables and ctx in SWEEP_SPLITS:
-                _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind)
-            del caches
+                _attention_sweep(step)
+            del step
             torch.cuda.empty_cache()
     # prefill attention, PREFILL tokens causal (FLOPs: 4 * q * ctx / 2 * head_dim * heads)
     n = PREFILL
@@ -457,19 +488,16 @@ def bench_attention(tables, summary):
         summary.append((f"attn prefill {n}", "bf16", backend, us, f"{tf:.0f} TFLOP/s"))
 
 
-def _attention_sweep(caches, q, out, cu, ctx_t, max_ctx, heads, hd, kind):
+def _attention_sweep(step):
     from tileinfer_backend_triton.kernels import attention
 
-    ws = attention.workspace(1, heads, hd, max_ctx, q.device)
-    elt = 1 if kind == "int8" else 2
-    ctx = int(ctx_t[0])
-    nbytes = 2 * ctx * 8 * hd * elt + (2 * ctx * 8 * 4 if kind == "int8" else 0)
+    ctx, kind, nbytes = step.ctx, step.kind, step.nbytes
+    ws = attention.workspace(1, step.heads, step.head_dim, step.max_ctx, step.q.device)
     for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 4, 4),
                   (16, 128, 8, 3)):
         for splits, min_chunk in SWEEP_SPLITS[ctx]:
-            calls = [lambda c=c, t=t: attention.launch_attention(
-                out, q, *c, cu, ctx_t, t, 1, max_ctx, hd ** -0.5, True, ws, tiles=tiles,
-                splits=splits, min_chunk=min_chunk) for c, t in caches]
+            calls = step.calls(attention.launch_attention, ws, tiles=tiles, splits=splits,
+                               min_chunk=min_chunk)
             try:
                 us, _ = time_calls(calls)
             except Exception as exc:
@@ -500,18 +528,10 @@ def bench_cuda_attention_sweep(table, summary):
     try:
         for kind in ("bf16", "int8"):
             for ctx in contexts:
-                elt = 1 if kind == "int8" else 2
-                nbytes = 2 * ctx * kvh * hd * elt + (2 * ctx * kvh * 4 if kind == "int8" else 0)
-                caches = [_paged_cache(ctx, kvh, hd, page, kind == "int8") for _ in range(copies_for(nbytes))]
-                q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
-                out = torch.empty_like(q)
-                cu = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-                ctx_t = torch.tensor([ctx], dtype=torch.int32, device=DEV)
-                max_ctx = caches[0][1].shape[1] * page
-                ws = table.attention_workspace(1, heads, hd, max_ctx, q.device)
-                calls = [lambda c=c, t=t: table.attention(out, q, *c, cu, ctx_t, t, 1, max_ctx,
-                                                          hd ** -0.5, True, ws)
-                         for c, t in caches]
+                step = _decode_step(ctx, kind)
+                nbytes = step.nbytes
+                ws = table.attention_workspace(1, heads, hd, step.max_ctx, step.q.device)
+                calls = step.calls(table.attention, ws)
                 for setting in CUDA_ATTN_SWEEP:
                     cuda_ops.attention_overrides.clear()
                     cuda_ops.attention_overrides.update(setting)
@@ -525,7 +545,7 @@ def bench_cuda_attention_sweep(table, summary):
                          frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
                     if (kind, ctx) not in best or us < best[kind, ctx][0]:
                         best[kind, ctx] = (us, setting, nbytes)
-                del calls, caches
+                del calls, step
                 torch.cuda.empty_cache()
     finally:
         cuda_ops.attention_overrides.clear()
