@@ -697,6 +697,18 @@ def test_attention_configs_match_ref(cuda, ref, cuda_ops, kind, cfg):
     assert torch.equal(out, again)
 
 
+def _assert_rows_equal_one_token_steps(cuda, out, q, cache, table, context, max_ctx, scale, ws):
+    """Row i of out (a k-token causal step's output, k = len(q)) equals the 1-token step at
+    position context - 1 + i on the same cache, bit for bit."""
+    cu1 = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    for i in range(q.shape[0]):
+        one = torch.full_like(q[:1], float("nan"))
+        cuda.attention(one, q[i:i + 1].contiguous(), *cache.pools(), cu1,
+                       torch.tensor([context + i], dtype=torch.int32, device=DEV), table, 1,
+                       max_ctx, scale, True, ws)
+        assert torch.equal(one[0], out[i]), f"row {i} of the {q.shape[0]}-token step differs"
+
+
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
 @pytest.mark.parametrize("k", [2, 8])
 @pytest.mark.parametrize("context", [40, 1500])
@@ -715,13 +727,7 @@ def test_attention_verify_rows_equal_decode_rows(cuda, kind, k, context):
     cu = torch.tensor([0, k], dtype=torch.int32, device=DEV)
     cuda.attention(out, q, *cache.pools(), cu, torch.tensor([total], dtype=torch.int32, device=DEV),
                    table, k, max_ctx, scale, True, ws)
-    cu1 = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-    for i in range(k):
-        one = torch.full_like(q[:1], float("nan"))
-        cuda.attention(one, q[i:i + 1].contiguous(), *cache.pools(), cu1,
-                       torch.tensor([context + i], dtype=torch.int32, device=DEV), table, 1,
-                       max_ctx, scale, True, ws)
-        assert torch.equal(one[0], out[i]), f"row {i} of the {k}-token step differs"
+    _assert_rows_equal_one_token_steps(cuda, out, q, cache, table, context, max_ctx, scale, ws)
 
 
 # --- decode attention (attention_decode.cu: the warps split each key tile) -----------------------
@@ -806,13 +812,7 @@ def test_decode_attention_verify_rows_equal_one_token_rows(cuda, ref, cuda_ops, 
     ref.attention(expected, q, *cache.pools(), cu, torch.tensor([total], dtype=torch.int32, device=DEV),
                   table, k, max_ctx, scale, True, None)
     assert_close(out, expected)
-    cu1 = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-    for i in range(k):
-        one = torch.full_like(q[:1], float("nan"))
-        cuda.attention(one, q[i:i + 1].contiguous(), *cache.pools(), cu1,
-                       torch.tensor([context + i], dtype=torch.int32, device=DEV), table, 1,
-                       max_ctx, scale, True, ws)
-        assert torch.equal(one[0], out[i]), f"row {i} of the {k}-token step differs"
+    _assert_rows_equal_one_token_steps(cuda, out, q, cache, table, context, max_ctx, scale, ws)
 
 
 @pytest.mark.parametrize("gemv", [{}, {"kernel": "mma"}, {"kernel": "rows", "warps": 2, "split_k": 2}],
