@@ -12,7 +12,9 @@ dependent launch a kernel starts early, so its own duration overstates its share
 
 One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
 profiles the step once per set of the CUDA backend's attention overrides (ops.attention_overrides,
-keys of ops.ATTN_CONFIG plus "splits"), with a new runner (new graphs) each time.
+keys of ops.ATTN_CONFIG plus "splits"), with a new runner (new graphs) each time;
+``--cuda-gemv '[{}, {"prefetch_tiles": 2}]'`` likewise with its GEMV overrides
+(ops.gemv_overrides, applied to every GEMV of the step), each with each attention set.
 """
 
 from __future__ import annotations
@@ -90,24 +92,28 @@ def main():
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--cuda-attention", type=json.loads, default=[None],
                    help="JSON list of attention override dicts for the cuda backend")
+    p.add_argument("--cuda-gemv", type=json.loads, default=[None],
+                   help="JSON list of GEMV override dicts for the cuda backend")
     args = p.parse_args()
 
     model = random_model(shape_config(args.shape), backend=args.backend,
                          quantize="int8" if args.int8 else None, max_len=args.context + 64)
     kv = None if args.kv_cache == "bf16" else "int8"
     cache = model.new_cache(args.context + 64, quantize=kv)
-    for overrides in args.cuda_attention:
-        if overrides is not None:
-            from tileinfer_backend_cuda import ops
+    for attention in args.cuda_attention:
+        for gemv in args.cuda_gemv:
+            what = dict(shape=args.shape, backend=args.backend,
+                        weights="int8" if args.int8 else "bf16", kv_cache=args.kv_cache,
+                        context=args.context)
+            for name, overrides in (("attention_overrides", attention), ("gemv_overrides", gemv)):
+                if overrides is not None:
+                    from tileinfer_backend_cuda import ops
 
-            ops.attention_overrides.clear()
-            ops.attention_overrides.update(overrides)
-        rows, span = profile_context(model, cache, args.context, args.replays)
-        what = dict(shape=args.shape, backend=args.backend, weights="int8" if args.int8 else "bf16",
-                    kv_cache=args.kv_cache, context=args.context)
-        if overrides is not None:
-            what["attention_overrides"] = overrides
-        print_profile(what, rows, span)
+                    getattr(ops, name).clear()
+                    getattr(ops, name).update(overrides)
+                    what[name] = overrides
+            rows, span = profile_context(model, cache, args.context, args.replays)
+            print_profile(what, rows, span)
 
 
 def profile_context(model, cache, context: int, replays: int):

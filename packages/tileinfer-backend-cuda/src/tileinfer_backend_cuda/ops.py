@@ -48,7 +48,7 @@ ATTN_DECODE_MAX_TOKENS = 16
 # for bit, also on another cache (greedy speculative decoding relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
-               "decode_pdl_trigger": "start"}
+               "decode_pdl_trigger": "after_loop"}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
@@ -345,7 +345,7 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 _MMA_KEYS = frozenset({"stages", "l2_256b"})
-_ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
+_ROWS_KEYS = frozenset({"rows", "unroll", "split_k", "prefetch_tiles"})
 
 
 def _override_family() -> str | None:
@@ -558,6 +558,8 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
                "WARPS": cfg["warps"], "TOKENS": tokens}
     if pdl:
         defines["PDL"] = 1
+    if cfg.get("prefetch_tiles"):
+        defines["PREFETCH_TILES"] = int(cfg["prefetch_tiles"])
     return defines
 
 
