@@ -13,7 +13,7 @@ dependent launch a kernel starts early, so its own duration overstates its share
 One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
 profiles the step once per set of the CUDA backend's attention overrides (ops.attention_overrides,
 keys of ops.ATTN_CONFIG plus "splits"), with a new runner (new graphs) each time;
-``--cuda-gemv '[{}, {"prefetch_tiles": 2}]'`` likewise with its GEMV overrides
+``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV overrides
 (ops.gemv_overrides, applied to every GEMV of the step), each with each attention set.
 """
 

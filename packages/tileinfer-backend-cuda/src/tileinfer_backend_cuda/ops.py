@@ -345,7 +345,7 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 _MMA_KEYS = frozenset({"stages", "l2_256b"})
-_ROWS_KEYS = frozenset({"rows", "unroll", "split_k", "prefetch_tiles"})
+_ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 
 
 def _override_family() -> str | None:
@@ -558,8 +558,6 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
                "WARPS": cfg["warps"], "TOKENS": tokens}
     if pdl:
         defines["PDL"] = 1
-    if cfg.get("prefetch_tiles"):
-        defines["PREFETCH_TILES"] = int(cfg["prefetch_tiles"])
     return defines
 
 

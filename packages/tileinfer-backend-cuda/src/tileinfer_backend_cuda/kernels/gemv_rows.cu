@@ -49,15 +49,9 @@
 // first round's weight loads are issued, then the kernel waits for the previous grid
 // (pdl_wait), then loads x; every global write (output, scratch, counters) follows pdl_wait.
 //
-// L2 prefetch (PREFETCH_TILES = F > 0, sm_90, grids without a split of K): block b first asks
-// the L2 for the weights of row tiles F * b .. F * b + F - 1 (bulk prefetches, no registers), so
-// the blocks resident at launch (the first wave) start the stream of the whole matrix while the
-// previous kernel still runs (PDL), and the later blocks find their rows in L2. Tile t's rows
-// are contiguous in W (rows t * ROWS ..), so a block's share is one range per matrix.
-//
 // Defines: W_INT8 (0/1), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16, ROWS (output rows per block), UNROLL (steps per round, 1..4), WARPS (warps
-// splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1), PREFETCH_TILES.
+// splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -87,9 +81,6 @@
 #ifndef PDL
 #define PDL 0
 #endif
-#ifndef PREFETCH_TILES
-#define PREFETCH_TILES 0
-#endif
 typedef OUT_DTYPE out_t;
 
 constexpr int MAX_TOKENS = 8;                     // the scratch's token slots (ops.GEMV_MAX_TOKENS)
@@ -113,19 +104,6 @@ __device__ __forceinline__ float xielu_fma(float v, float alpha_p, float alpha_n
                                            float eps) {
     return v > 0.0f ? fmaf(alpha_p * v, v, beta * v)
                     : fmaf(expm1f(fminf(v, eps)) - v, alpha_n, beta * v);
-}
-
-// Asks the L2 for `bytes` (a multiple of 16) from p (16-byte aligned), in 16 KB requests.
-__device__ __forceinline__ void prefetch_l2(const void* p, i64 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr i64 PIECE = 16384;
-    const char* c = static_cast<const char*>(p);
-    for (i64 off = threadIdx.x * PIECE; off < bytes; off += (i64)blockDim.x * PIECE) {
-        const unsigned size = (unsigned)min(PIECE, bytes - off);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + off), "r"(size)
-                     : "memory");
-    }
-#endif
 }
 
 // A weight chunk: read once, so not kept in L1 (x and the scratch are).
@@ -276,17 +254,6 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
     pdl_launch_dependents();
 #endif
     s.load_round(buf_a, 0);
-#if PREFETCH_TILES > 0
-    if (splits == 1) {
-        const int first_row = blockIdx.x * PREFETCH_TILES * ROWS;
-        const int last_row = min(O, first_row + PREFETCH_TILES * ROWS);
-        if (first_row < last_row)
-#pragma unroll
-            for (int m = 0; m < MATS; ++m)
-                prefetch_l2(w + ((i64)m * O + first_row) * K,
-                            (i64)(last_row - first_row) * K * sizeof(w_t));
-    }
-#endif
 #if PDL
     pdl_wait();  // x, the output and the scratch belong to the previous kernels until here
 #endif
