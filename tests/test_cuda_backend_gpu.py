@@ -730,6 +730,65 @@ def test_attention_verify_rows_equal_decode_rows(cuda, kind, k, context):
     _assert_rows_equal_one_token_steps(cuda, out, q, cache, table, context, max_ctx, scale, ws)
 
 
+# --- attention_with_inputs: attention_decode.cu's fused attention inputs ------------------------
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qknorm"])
+@pytest.mark.parametrize("case", [  # q_lens, context_lens, heads, kv_heads, head_dim, page_size
+    ([1], [1], 32, 8, 128, 16),                      # first token: one split
+    ([1], [144], 32, 8, 128, 16),                    # the profiled decode step (3 splits)
+    ([1, 1, 1], [4000, 1, 2500], 32, 8, 128, 16),    # batched, long contexts: many splits
+    ([1], [3000], 9, 3, 64, 64),                     # SmolLM2 heads, pages of 64
+    ([1, 1], [700, 65], 16, 2, 256, 16),             # head_dim 256, GQA 8
+])
+def test_fused_attention_inputs_equal_the_two_ops(cuda, cuda_ops, kind, qk_norm, case):
+    """1-token steps: the fused kernel gives the bits of attention_inputs then attention (the
+    decode_fused_inputs = False path), in the output and in every byte of the cache; its rows
+    therefore also equal a verify step's, which runs the two ops."""
+    from tileinfer.testing.conformance import decode_step_inputs, rand, rope_tables
+
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size = case
+    gen = torch.Generator().manual_seed(sum(context_lens) + head_dim)
+    _, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, DEV, gen)
+    qkv, positions, slots = decode_step_inputs(q_lens, context_lens, table.cpu(), heads, kv_heads,
+                                               head_dim, page_size, DEV, gen)
+    norms = (None, None)
+    if qk_norm:
+        norms = tuple(rand((head_dim,), torch.bfloat16, DEV, 1.0, gen) + 1 for _ in range(2))
+    cos, sin = rope_tables(8192, head_dim, DEV)
+    n, max_ctx = qkv.shape[0], table.shape[1] * page_size
+    ws = cuda.attention_workspace(n, heads, head_dim, max_ctx, DEV)
+    step = (qkv, *norms, cos, sin, positions, slots, 1e-6, cu, ctx, table, 1, max_ctx,
+            head_dim ** -0.5, True, ws)
+    results = []
+    for fused in (True, False):
+        pools = cache.clone()
+        out = torch.full((n, heads, head_dim), float("nan"), dtype=torch.bfloat16, device=DEV)
+        cuda_ops.attention_overrides.update(decode_fused_inputs=fused)
+        try:
+            cuda.attention_with_inputs(out, torch.empty_like(out), *pools.pools(), *step)
+        finally:
+            cuda_ops.attention_overrides.clear()
+        results.append((out, pools))
+    assert any(m.file == "attention_decode.cu" and m.defines.get("FUSED_INPUTS")
+               for m in compiler_modules()), "the fused kernel did not run"
+    (fused_out, fused_cache), (two_ops_out, two_ops_cache) = results
+    assert not fused_out.isnan().any()
+    assert torch.equal(fused_out, two_ops_out)
+    for name in ("k", "v", "k_scale", "v_scale"):  # bit patterns: unwritten slots hold NaN
+        a, b = getattr(fused_cache, name), getattr(two_ops_cache, name)
+        assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8)), \
+            f"{name} differs"
+
+
+def compiler_modules():
+    from tileinfer_backend_cuda import compiler
+
+    return compiler.loaded_modules()
+
+
 # --- decode attention (attention_decode.cu: the warps split each key tile) -----------------------
 
 # Contexts across page (16 or 64) and tile (64) boundaries, and query tokens (1..12, 32 in all:

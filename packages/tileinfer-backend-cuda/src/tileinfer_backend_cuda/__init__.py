@@ -72,7 +72,7 @@ def tileinfer_backend_info():
 # back to ref, but get_backend("cuda") refuses first with the reason above.
 OPS = ("embed", "rmsnorm", "add_rmsnorm", "linear", "linear_swiglu", "linear_xielu", "silu_mul",
        "xielu", "rope", "store_kv", "attention_inputs", "attention_workspace", "attention",
-       "sample_tokens", "accept_tokens")
+       "attention_with_inputs", "sample_tokens", "accept_tokens")
 
 if _AVAILABLE:
     from . import ops as _ops

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-HEADER_NAMES = ("common.cuh", "attention_tiles.cuh")
+HEADER_NAMES = ("common.cuh", "attention_tiles.cuh", "head_vector.cuh")
 # Bumped when the way cubins are built changes in a way the key does not see.
 CACHE_FORMAT = 1
 BASE_OPTIONS = ("-std=c++17", "-default-device")

@@ -41,14 +41,16 @@ ATTN_DECODE_MAX_TOKENS = 16
 # (0: the deepest ring with which decode_blocks_per_sm blocks fit on an SM,
 # attention_decode_stages), "decode_pdl_trigger": where its blocks let the next kernel launch
 # ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER); overrides may also force
-# "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles). The decode split
-# count depends on the batch, the kv heads and the GPU, never on the step's token count or the
-# cache's size, and each row's split boundaries on its own context only (see
-# attention_decode.cu), so a row of a verify step equals the 1-token step at its position bit
-# for bit, also on another cache (greedy speculative decoding relies on this).
+# "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles);
+# "decode_fused_inputs": attention_with_inputs runs one kernel for 1-token steps (False: the two
+# ops' kernels, for comparisons). The decode split count depends on the batch, the kv heads and
+# the GPU, never on the step's token count or the cache's size, and each row's split boundaries
+# on its own context only (see attention_decode.cu), so a row of a verify step equals the
+# 1-token step at its position bit for bit, also on another cache (greedy speculative decoding
+# relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
-               "decode_pdl_trigger": "after_loop"}
+               "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
@@ -697,19 +699,28 @@ def store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
                  k_cache.shape[1], k.stride(0), k.stride(1)), pdl=_pdl(_dev(k)))
 
 
+def _inputs_ok(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm, cos,
+               sin, positions, slots) -> bool:
+    """What kv.cu's attention_inputs takes (else the ref op runs)."""
+    n, heads, head_dim = q_out.shape
+    kv_heads = k_cache.shape[2]
+    norm = q_norm if q_norm is not None else k_norm
+    return (qkv.dtype in _DTYPE_NAMES and q_out.dtype in _DTYPE_NAMES and _contig(qkv, q_out, q_norm, k_norm)
+            and qkv.shape == (n, (heads + 2 * kv_heads) * head_dim) and _aligned(qkv, q_out)
+            and (q_norm is None or k_norm is None or q_norm.dtype == k_norm.dtype)
+            and (norm is None or norm.dtype in _DTYPE_NAMES)
+            and _contig(cos, sin, positions, slots) and cos.dtype == sin.dtype == torch.float32
+            and positions.dtype == torch.int32 and slots.dtype == torch.int64
+            and _cache_ok(k_cache, v_cache, k_scale, v_scale, k_smooth, head_dim))
+
+
 def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
                      cos, sin, positions, slots, eps):
     n, heads, head_dim = q_out.shape
     kv_heads = k_cache.shape[2]
     norm = q_norm if q_norm is not None else k_norm
-    ok = (qkv.dtype in _DTYPE_NAMES and q_out.dtype in _DTYPE_NAMES and _contig(qkv, q_out, q_norm, k_norm)
-          and qkv.shape == (n, (heads + 2 * kv_heads) * head_dim) and _aligned(qkv, q_out)
-          and (q_norm is None or k_norm is None or q_norm.dtype == k_norm.dtype)
-          and (norm is None or norm.dtype in _DTYPE_NAMES)
-          and _contig(cos, sin, positions, slots) and cos.dtype == sin.dtype == torch.float32
-          and positions.dtype == torch.int32 and slots.dtype == torch.int64
-          and _cache_ok(k_cache, v_cache, k_scale, v_scale, k_smooth, head_dim))
-    if not ok:
+    if not _inputs_ok(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
+                      cos, sin, positions, slots):
         _fallback("attention_inputs", "layout")
         return _ref.attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv,
                                      q_norm, k_norm, cos, sin, positions, slots, eps)
@@ -842,8 +853,48 @@ def attention_config() -> dict:
     return config
 
 
+def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm,
+                          k_norm, cos, sin, positions, slots, eps, cu_seqlens_q, context_lens,
+                          block_table, max_query_len, max_context_len, scale, causal, workspace):
+    """attention_inputs then attention; one kernel (attention_decode.cu's FUSED_INPUTS) for steps
+    of one query token per sequence, where both ops would run their kernels."""
+    n, heads, head_dim = q_out.shape
+    norm = q_norm if q_norm is not None else k_norm
+    cfg = attention_config()
+    fused = (cfg["decode"] and cfg["decode_fused_inputs"] and max_query_len == 1
+             and n == context_lens.shape[0] > 0 and qkv.dtype == torch.bfloat16
+             and (norm is None or norm.dtype == torch.bfloat16)
+             and _inputs_ok(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm,
+                            k_norm, cos, sin, positions, slots)
+             and _attention_ok(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth,
+                               cu_seqlens_q, context_lens, block_table))
+    if not fused:
+        attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
+                         cos, sin, positions, slots, eps)
+        attention(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                  context_lens, block_table, max_query_len, max_context_len, scale, causal,
+                  workspace)
+        return
+    _attention(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+               context_lens, block_table, max_query_len, max_context_len, scale, causal, workspace,
+               inputs=(qkv, q_norm, k_norm, cos, sin, positions, slots, float(eps)))
+
+
 def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
               block_table, max_query_len, max_context_len, scale, causal, workspace):
+    _attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+               block_table, max_query_len, max_context_len, scale, causal, workspace)
+
+
+# attention_decode.cu's arguments of the fused attention inputs when there are none.
+_NO_INPUTS = (None,) * 7 + (0.0,)
+
+
+def _attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+               block_table, max_query_len, max_context_len, scale, causal, workspace, inputs=None):
+    """The attention op's launch; `inputs` (attention_with_inputs: qkv, q_norm, k_norm, cos, sin,
+    positions, slots, eps) makes the decode kernel compute q and store the new key and value
+    itself (the caller checked that the step qualifies)."""
     if not _attention_ok(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
                          context_lens, block_table):
         _fallback("attention", "dtype or layout")
@@ -900,11 +951,19 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
         trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
         if trigger:
             decode_defines["PDL_TRIGGER"] = trigger
-        kern = _kernel("attention_decode.cu", "attention_decode", "p" * 10 + "iiiif" + "iii" + "pi",
+        if inputs is not None:
+            decode_defines["FUSED_INPUTS"] = 1
+            norm = inputs[1] if inputs[1] is not None else inputs[2]
+            if norm is not None:
+                decode_defines["NORM_DTYPE"] = _DTYPE_NAMES[norm.dtype]
+        kern = _kernel("attention_decode.cu", "attention_decode",
+                       "p" * 10 + "iiiif" + "iii" + "pi" + "p" * 7 + "f",
                        device, decode_defines, _ATTN_DECODE_OPTIONS)
         kern.launch((row_tiles * grid_splits, kv_heads, batch), (128,),
-                    common + (grid_splits,) + split_ws, smem_bytes(stages), pdl=_pdl(device))
+                    common + (grid_splits,) + split_ws + (inputs or _NO_INPUTS),
+                    smem_bytes(stages), pdl=_pdl(device))
     else:
+        assert inputs is None, "fused attention inputs need the decode kernel"
         kern = _kernel("attention.cu", "attention", "p" * 10 + "iiiif" + "ii" + "pi", device, defines)
         kern.launch((row_tiles * num_splits, kv_heads, batch), (128,), common + split_ws,
                     smem_bytes(stages), pdl=_pdl(device))

@@ -80,6 +80,13 @@ def builds() -> list[tuple[str, dict, tuple]]:
                     decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
 
     decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
+    # with the attention inputs fused (ops.attention_with_inputs), also with a one-stage ring
+    for (head_dim, m_tiles), stages in h200_stages.items():
+        for (kv_int8, smooth), depth in zip(((0, 0), (0, 1), (1, 0), (1, 1)), stages):
+            decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
+                   KV_STAGES=depth, PDL_TRIGGER=1, FUSED_INPUTS=1)
+    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=1, M_TILES=2, KV_STAGES=1, FUSED_INPUTS=1,
+           NORM_DTYPE="float")
 
     add("sampling.cu", SAMPLING_OPTIONS)
     return out

@@ -178,6 +178,16 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
            block_table, max_query_len, scale, causal)
 
 
+@hookimpl
+def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm,
+                          k_norm, cos, sin, positions, slots, eps, cu_seqlens_q, context_lens,
+                          block_table, max_query_len, max_context_len, scale, causal, workspace):
+    attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm, cos,
+                     sin, positions, slots, eps)
+    attention(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
+              block_table, max_query_len, max_context_len, scale, causal, workspace)
+
+
 def _visible(context_len, q_len, q_index, key_pos, causal):
     """Which cached positions a query sees: all of the context, or up to its own position."""
     visible = key_pos < context_len

@@ -127,6 +127,18 @@ if _AVAILABLE:
                                     max_context_len, scale, causal, workspace)
 
     @hookimpl
+    def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv,
+                              q_norm, k_norm, cos, sin, positions, slots, eps, cu_seqlens_q,
+                              context_lens, block_table, max_query_len, max_context_len, scale,
+                              causal, workspace):
+        # Not fused: the two kernels above, one after the other.
+        attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
+                         cos, sin, positions, slots, eps)
+        attention(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                  context_lens, block_table, max_query_len, max_context_len, scale, causal,
+                  workspace)
+
+    @hookimpl
     def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
         _sampling.launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out)
 

@@ -184,6 +184,22 @@ def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q
 
 
 @hookspec
+def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm,
+                          k_norm, cos, sin, positions, slots, eps, cu_seqlens_q, context_lens,
+                          block_table, max_query_len, max_context_len, scale, causal, workspace):
+    """``attention_inputs`` and then ``attention`` over the cache it wrote, as one op (a backend
+    can then run a decode step's two as one kernel).
+
+    The arguments are those of the two ops: ``attention_inputs(q_out, k_cache, v_cache, k_scale,
+    v_scale, k_smooth, qkv, q_norm, k_norm, cos, sin, positions, slots, eps)``, then
+    ``attention(out, q_out, k_cache, ..., workspace)``. The cache and out are as after the two
+    ops; q_out is scratch that a backend which does not fuse may use (what it holds afterwards is
+    unspecified). The model calls it only where the backend implements it itself (ref's fallback
+    would run the two ops of ref, not the backend's own).
+    """
+
+
+@hookspec
 def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
     """Sample one token per logit row with a counter-based random stream.
 

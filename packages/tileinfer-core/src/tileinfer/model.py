@@ -6,6 +6,8 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
     qkv = h @ W_qkv.T                   (n, (heads + 2 kv_heads) head_dim)
     q = rope(qnorm(q)); cache <- rope(knorm(k)), v          (attention_inputs)
     a = attention(q, cache)             causal, grouped-query, over the paged cache
+                                        (both in one op, attention_with_inputs, where the
+                                        backend implements it itself)
     delta = a @ W_o.T
     x += delta; h = rmsnorm(x)          (add_rmsnorm)
     m = silu(h @ W_gate.T) * (h @ W_up.T)      (linear_swiglu; Apertus: xielu(h @ W_up.T))
@@ -85,6 +87,9 @@ class Model:
         self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
         self.model_dir, self.quantize = model_dir, quantize
         self.cos, self.sin = rope_tables(config, max_len, dtype, self.device)
+        # attention_inputs + attention as one op only where the backend has it itself: ref's
+        # fallback would replace the backend's own two ops with ref's.
+        self.fused_attention = "attention_with_inputs" not in ops.fallbacks
 
     @property
     def backend(self) -> str:
@@ -189,13 +194,16 @@ class Model:
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
             ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv))
-            ops.attention_inputs(b.q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth,
-                                 b.qkv, layer.q_norm, layer.k_norm, self.cos, self.sin,
-                                 meta.positions, meta.slots, eps)
-            ops.attention(b.attn, b.q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale,
-                          kv.k_smooth, meta.cu_seqlens_q, meta.context_lens, meta.block_table,
-                          meta.max_query_len, meta.max_context_len, c.attention_scale, True,
-                          b.workspace)
+            inputs = (kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth, b.qkv,
+                      layer.q_norm, layer.k_norm, self.cos, self.sin, meta.positions, meta.slots,
+                      eps)
+            step = (meta.cu_seqlens_q, meta.context_lens, meta.block_table, meta.max_query_len,
+                    meta.max_context_len, c.attention_scale, True, b.workspace)
+            if self.fused_attention:
+                ops.attention_with_inputs(b.attn, b.q, *inputs, *step)
+            else:
+                ops.attention_inputs(b.q, *inputs)
+                ops.attention(b.attn, b.q, *inputs[:5], *step)
             ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o))
             ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
             if layer.xielu is not None:

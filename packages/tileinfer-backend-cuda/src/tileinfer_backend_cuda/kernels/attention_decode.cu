@@ -52,8 +52,19 @@
 // kernel's K/V loads: on the H200 the later trigger took a llama3.2-1b step from 832 to 805 us
 // and a llama3-8b INT8-weight step from 2539 to 2529 us (benchmarks/profile_step.py).
 //
+// Fused attention inputs (FUSED_INPUTS = 1; ops.attention_with_inputs, for steps of one query
+// token per sequence): the kernel also does attention_inputs' work, reading the qkv projection
+// instead of q, so that no kernel runs between the projection and attention. Every block of
+// (sequence, kv head) computes its group's queries from qkv (RMSNorm with q_norm if any, RoPE,
+// rounded to bf16: kv.cu's arithmetic, shared through head_vector.cuh, so the bits are those
+// of the two ops) straight into its query tile. The block of the last split, which holds the new
+// position, first stores the new key and value of its kv head into the cache, then starts its
+// copies (the barrier between orders the two). Scratch: the warp's slice of the last ring stage,
+// which no copy targets before the loop. q_out is not written.
+//
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
-// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1).
+// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
+// FUSED_INPUTS (0/1), NORM_DTYPE (q/k norm weights' type).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -74,6 +85,12 @@
 #ifndef PDL_TRIGGER
 #define PDL_TRIGGER 0
 #endif
+#ifndef FUSED_INPUTS
+#define FUSED_INPUTS 0
+#endif
+#ifndef NORM_DTYPE
+#define NORM_DTYPE bf16_t
+#endif
 
 constexpr int BN = 64, WARPS = 4, THREADS = WARPS * 32;
 constexpr int KEYS = BN / WARPS;  // keys of each tile per warp
@@ -83,6 +100,12 @@ static_assert(KV_STAGES >= 1 && (M_TILES == 1 || M_TILES == 2), "defines");
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim");
 
 #include "attention_tiles.cuh"  // CHUNKS, WS_ROW, kv_t, LOAD_CHUNKS, tile_chunk, ...
+// head_vector.cuh's parameters: the fused inputs read bf16 activations into a bf16 or INT8 cache.
+#define CACHE_INT8 KV_INT8
+typedef bf16_t T;
+typedef bf16_t CACHE_T;
+typedef NORM_DTYPE NORM_T;
+#include "head_vector.cuh"  // load_head, norm_rope, store_vector
 
 // LOAD_CHUNKS (a key row's 16-byte chunks) is 4..32, so they divide a warp.
 constexpr int KEY_STEP = 32 / LOAD_CHUNKS;  // keys the warp's lanes copy at once
@@ -126,12 +149,17 @@ __device__ __forceinline__ int o_index(int row, int col) {
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
-                 const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-                 const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+                 kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
+                 float* __restrict__ k_scale, float* __restrict__ v_scale,
                  const float* __restrict__ k_smooth, const int* __restrict__ cu_seqlens_q,
                  const int* __restrict__ context_lens, const int* __restrict__ block_table,
                  int heads, int kv_heads, int page_size, int max_pages, float scale_log2,
-                 int causal, int num_splits, int grid_splits, float* ws, int ws_splits) {
+                 int causal, int num_splits, int grid_splits, float* ws, int ws_splits,
+                 // FUSED_INPUTS only (attention_inputs' arguments; q is unused then):
+                 const bf16_t* __restrict__ qkv, const NORM_T* __restrict__ q_norm,
+                 const NORM_T* __restrict__ k_norm, const float* __restrict__ cos_table,
+                 const float* __restrict__ sin_table, const int* __restrict__ positions,
+                 const i64* __restrict__ slots, float eps) {
     extern __shared__ uint4 smem_raw[];
     SharedTiles& sm = *reinterpret_cast<SharedTiles*>(smem_raw);
 
@@ -237,6 +265,32 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 
     int page = page_of(0);  // metadata: before pdl_wait (see above)
     pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
+#if FUSED_INPUTS
+    // One query token per sequence (ops): rows r < group are heads kvh * group + r of token
+    // q_start, at position ctx - 1. Scratch: this warp's HEAD_DIM floats (RoPE) and HEAD_DIM bf16
+    // (a finished query row) in its slice of the last ring stage.
+    const int slots_per_token = heads + 2 * kv_heads;
+    const bf16_t* token_qkv = qkv + (i64)q_start * slots_per_token * HEAD_DIM;
+    float* rotate = reinterpret_cast<float*>(&sm.ring.stage[KV_STAGES - 1][warp]);
+    bf16_t* q_row = reinterpret_cast<bf16_t*>(rotate + HEAD_DIM);
+    if (split == active_splits - 1) {  // the split holding the new key: store it before any copy
+        const i64 slot = slots[q_start];
+        if (slot >= 0 && warp < 2) {
+            float x[PER_LANE];
+            if (warp == 0) {  // the key: norm, RoPE, rounded to bf16 (kv.cu's attention_inputs)
+                load_head<T>(token_qkv + (i64)(heads + kvh) * HEAD_DIM, lane, x);
+                norm_rope(x, lane, k_norm, eps, rotate, cos_table, sin_table, positions[q_start]);
+#pragma unroll
+                for (int e = 0; e < PER_LANE; ++e) x[e] = round_to<T>(x[e]);
+                store_vector(x, lane, slot, kvh, kv_heads, page_size, k_cache, k_scale, k_smooth);
+            } else {  // the value, as it is
+                load_head<T>(token_qkv + (i64)(heads + kv_heads + kvh) * HEAD_DIM, lane, x);
+                store_vector(x, lane, slot, kvh, kv_heads, page_size, v_cache, v_scale, nullptr);
+            }
+        }
+        __syncthreads();  // the new key and value are in the cache before this block copies them
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < KV_STAGES - 1; ++i) {
         issue(i, i, page);
@@ -244,8 +298,25 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     }
 
     // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
+#if FUSED_INPUTS
+    for (int r = warp; r < m_tiles * 16; r += WARPS) {
+        if (r < rows) {
+            float x[PER_LANE];
+            load_head<T>(token_qkv + (i64)(kvh * group + r) * HEAD_DIM, lane, x);
+            norm_rope(x, lane, q_norm, eps, rotate, cos_table, sin_table, positions[q_start]);
+            store_head<bf16_t>(q_row, lane, x);  // the bf16 query attention_inputs would write
+            __syncwarp();
+        }
+        for (int c = lane; c < CHUNKS; c += 32) {
+            const uint4 v = r < rows ? reinterpret_cast<const uint4*>(q_row)[c] : make_uint4(0, 0, 0, 0);
+            store_query_chunk(sm.q[0], sm.q[Q_PARTS - 1], v, k_smooth, kvh, r, c);
+        }
+        __syncwarp();  // q_row is rewritten by the warp's next row
+    }
+#else
     load_query_tile(sm.q[0], sm.q[Q_PARTS - 1], q, k_smooth, m_tiles * 16, m0, rows, q_start, group,
                     kvh, heads);
+#endif
     __syncthreads();  // the query tile is complete: the loop's only block-wide dependency
 
     // Per thread and m-tile: rows g and g + 8; running max / sum in the log2 domain.

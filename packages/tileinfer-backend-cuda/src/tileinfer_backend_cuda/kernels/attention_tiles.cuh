@@ -23,9 +23,22 @@ __device__ __forceinline__ int tile_chunk(int row, int chunk) {
     return row * CHUNKS + (chunk ^ (row & 7));
 }
 
+// Chunk c (8 bf16) of query tile row r into q_hi (swizzled); with SMOOTH the smoothed query as
+// bf16 hi + lo parts (common.cuh), the smoothing factors of kv head kvh.
+__device__ __forceinline__ void store_query_chunk(uint4* q_hi, uint4* q_lo, const uint4& v,
+                                                  const float* k_smooth, int kvh, int r, int c) {
+#if SMOOTH
+    uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
+    split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
+    q_hi[tile_chunk(r, c)] = hi;
+    q_lo[tile_chunk(r, c)] = lo;
+#else
+    q_hi[tile_chunk(r, c)] = v;
+#endif
+}
+
 // The query tile: packed rows m0 .. m0 + tile_rows of (sequence, kv head kvh), row rg being query
-// token q_start + rg / group at head kvh * group + rg % group (rows past `rows` are zeros), into
-// q_hi (swizzled); with SMOOTH the smoothed query as bf16 hi + lo parts (common.cuh).
+// token q_start + rg / group at head kvh * group + rg % group (rows past `rows` are zeros).
 __device__ __forceinline__ void load_query_tile(uint4* q_hi, uint4* q_lo, const bf16_t* q,
                                                 const float* k_smooth, int tile_rows, int m0,
                                                 int rows, int q_start, int group, int kvh,
@@ -37,14 +50,7 @@ __device__ __forceinline__ void load_query_tile(uint4* q_hi, uint4* q_lo, const 
             const int token = q_start + rg / group, head = kvh * group + rg % group;
             v = *reinterpret_cast<const uint4*>(q + ((i64)token * heads + head) * HEAD_DIM + c * 8);
         }
-#if SMOOTH
-        uint4 hi, lo;  // q * smooth = hi + lo (common.cuh)
-        split_smoothed_query(v, k_smooth + kvh * HEAD_DIM + c * 8, hi, lo);
-        q_hi[tile_chunk(r, c)] = hi;
-        q_lo[tile_chunk(r, c)] = lo;
-#else
-        q_hi[tile_chunk(r, c)] = v;
-#endif
+        store_query_chunk(q_hi, q_lo, v, k_smooth, kvh, r, c);
     }
 }
 

@@ -390,6 +390,60 @@ def test_attention(ops, ref, device, kind, causal, case):
     assert_close(out, expected)
 
 
+def decode_step_inputs(q_lens, context_lens, table, heads, kv_heads, head_dim, page_size, device,
+                       gen):
+    """qkv and the positions / slots of a step whose sequence b has q_lens[b] new tokens at the
+    end of its context_lens[b] positions (pages from the block table)."""
+    positions, slots = [], []
+    for b, (n, ctx) in enumerate(zip(q_lens, context_lens)):
+        for pos in range(ctx - n, ctx):
+            positions.append(pos)
+            slots.append(int(table[b, pos // page_size]) * page_size + pos % page_size)
+    qkv = rand((len(positions), (heads + 2 * kv_heads) * head_dim), torch.bfloat16, device, 1.0, gen)
+    return (qkv, torch.tensor(positions, dtype=torch.int32, device=device),
+            torch.tensor(slots, dtype=torch.int64, device=device))
+
+
+ATTENTION_WITH_INPUTS_CASES = [  # q_lens, context_lens, heads, kv_heads, head_dim, page_size
+    ([1], [1], 4, 4, 64, 16),                      # first token
+    ([1], [77], 8, 1, 128, 16),                    # decode, GQA 8
+    ([1, 1, 1], [5, 300, 129], 8, 2, 64, 16),      # batched decode
+    ([1], [1100], 8, 2, 128, 16),                  # long context: the new key in the last split
+    ([4, 1], [300, 70], 9, 3, 64, 16),             # a verify step beside a decode row
+]
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qknorm"])
+@pytest.mark.parametrize("case", ATTENTION_WITH_INPUTS_CASES,
+                         ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}/{c[3]}-d{c[4]}")
+def test_attention_with_inputs(ops, ref, device, kind, qk_norm, case):
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size = case
+    gen = torch.Generator().manual_seed(sum(context_lens) + 7)
+    _, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, device, gen)
+    expected = cache.clone()
+    qkv, positions, slots = decode_step_inputs(q_lens, context_lens, table.cpu(), heads, kv_heads,
+                                               head_dim, page_size, device, gen)
+    q_norm = k_norm = None
+    if qk_norm:
+        q_norm, k_norm = rand((head_dim,), torch.bfloat16, device) + 1, rand((head_dim,), torch.bfloat16, device) + 1
+    cos, sin = rope_tables(2048, head_dim, device)
+    n = qkv.shape[0]
+    scale = head_dim ** -0.5
+    max_q, max_ctx = max(q_lens), table.shape[1] * page_size
+    out, out_exp = poisoned((n, heads, head_dim), torch.bfloat16, device), poisoned((n, heads, head_dim), torch.bfloat16, device)
+    ws = ops.attention_workspace(n, heads, head_dim, max_ctx, device)
+    inputs = (qkv, q_norm, k_norm, cos, sin, positions, slots, 1e-6, cu, ctx, table, max_q, max_ctx,
+              scale, True)
+    ops.attention_with_inputs(out, poisoned(out.shape, torch.bfloat16, device), *cache.pools(),
+                              *inputs, ws)
+    ref.attention_with_inputs(out_exp, poisoned(out.shape, torch.bfloat16, device),
+                              *expected.pools(), *inputs, None)
+    assert_cache_equal(cache, expected, slots, page_size)
+    assert_close(out, out_exp)
+
+
 # --- sampling ------------------------------------------------------------------------------------
 
 SAMPLING = [
