@@ -254,16 +254,6 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
     pdl_launch_dependents();
 #endif
     s.load_round(buf_a, 0);
-#if W_INT8
-    // The scales of the rows this thread finishes (row idx % ROWS of every idx it takes below,
-    // the same row for all since the block's size is a multiple of ROWS), requested now: read in
-    // the epilogue they would add a memory round trip to the end of every block.
-    static_assert((WARPS * 32) % ROWS == 0, "the epilogue's rows repeat every block size");
-    float row_scale[MATS];
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-        row_scale[m] = __ldg(w_scale + (i64)m * O + min(row_base + (int)(threadIdx.x % ROWS), O - 1));
-#endif
 #if PDL
     pdl_wait();  // x, the output and the scratch belong to the previous kernels until here
 #endif
@@ -301,7 +291,7 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
 #if W_INT8
-            v[m] *= row_scale[m];  // row == row_base + threadIdx.x % ROWS
+            v[m] *= w_scale[(i64)m * O + row];
 #endif
         }
         float y;
