@@ -858,7 +858,7 @@ def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smoo
                           block_table, max_query_len, max_context_len, scale, causal, workspace):
     """attention_inputs then attention; one kernel (attention_decode.cu's FUSED_INPUTS) for steps
     of one query token per sequence, where both ops would run their kernels."""
-    n, heads, head_dim = q_out.shape
+    n = q_out.shape[0]
     norm = q_norm if q_norm is not None else k_norm
     cfg = attention_config()
     fused = (cfg["decode"] and cfg["decode_fused_inputs"] and max_query_len == 1

@@ -85,8 +85,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
         for (kv_int8, smooth), depth in zip(((0, 0), (0, 1), (1, 0), (1, 1)), stages):
             decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
                    KV_STAGES=depth, PDL_TRIGGER=1, FUSED_INPUTS=1)
-    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=1, M_TILES=2, KV_STAGES=1, FUSED_INPUTS=1,
-           NORM_DTYPE="float")
+    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=1, M_TILES=2, KV_STAGES=1, FUSED_INPUTS=1)
 
     add("sampling.cu", SAMPLING_OPTIONS)
     return out

@@ -194,16 +194,16 @@ class Model:
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
             ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv))
-            inputs = (kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth, b.qkv,
-                      layer.q_norm, layer.k_norm, self.cos, self.sin, meta.positions, meta.slots,
-                      eps)
+            pools = (kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth)
+            inputs = (b.qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, meta.positions,
+                      meta.slots, eps)
             step = (meta.cu_seqlens_q, meta.context_lens, meta.block_table, meta.max_query_len,
                     meta.max_context_len, c.attention_scale, True, b.workspace)
             if self.fused_attention:
-                ops.attention_with_inputs(b.attn, b.q, *inputs, *step)
+                ops.attention_with_inputs(b.attn, b.q, *pools, *inputs, *step)
             else:
-                ops.attention_inputs(b.q, *inputs)
-                ops.attention(b.attn, b.q, *inputs[:5], *step)
+                ops.attention_inputs(b.q, *pools, *inputs)
+                ops.attention(b.attn, b.q, *pools, *step)
             ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o))
             ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
             if layer.xielu is not None:
