@@ -28,6 +28,9 @@ NOTES = {
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
                  "flash-decoding split-KV with an in-kernel combine; bf16 queries with head_dim "
                  "a multiple of 64 (others: the ref implementation, not graph-safe)",
+    "attention_with_inputs": "steps of one token per sequence: one kernel (the decode attention "
+                             "computes the queries and stores the new key and value itself); "
+                             "other steps: attention_inputs + attention",
     "sample_tokens": "one block per row; top-k by radix select, top-p by bisection over "
                      "fixed-point masses; float32 logits",
     "accept_tokens": "one block per row, the p/q rule with the host's hash",

@@ -49,6 +49,7 @@ NOTES = {
     "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
     "attention": "paged FlashAttention-2 kernel, GQA heads packed per KV head, split-KV "
                  "(flash-decoding) for decode steps",
+    "attention_with_inputs": "attention_inputs + attention (two kernels)",
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
 }
