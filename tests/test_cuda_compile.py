@@ -47,6 +47,24 @@ def test_kernel_compiles_to_sm90_cubin(build):
     assert cubin[:4] == b"\x7fELF", "NVRTC must produce a cubin (ELF), not PTX"
 
 
+@pytest.mark.parametrize("head_dim,m_tiles", [(64, 2), (128, 1), (128, 2), (256, 1)])
+@pytest.mark.parametrize("kv_int8,smooth", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_decode_attention_smem_mirror_matches_the_kernel(head_dim, m_tiles, kv_int8, smooth):
+    """ops.attention_decode_smem_bytes (the launch's dynamic shared memory) equals the kernel's
+    sizeof(SharedTiles): the kernel static_asserts it when given SMEM_BYTES."""
+    from tileinfer_backend_cuda import ops
+
+    stages = 3
+    size = ops.attention_decode_smem_bytes(head_dim, bool(kv_int8), bool(smooth), stages, m_tiles)
+    defines = {"HEAD_DIM": head_dim, "KV_INT8": kv_int8, "SMOOTH": smooth, "M_TILES": m_tiles,
+               "KV_STAGES": stages}
+    compiler.compile_cubin("attention_decode.cu", ARCH, {**defines, "SMEM_BYTES": size},
+                           ("-fmad=false",), use_cache=False)
+    with pytest.raises(compiler.CompileError, match="SharedTiles"):
+        compiler.compile_cubin("attention_decode.cu", ARCH, {**defines, "SMEM_BYTES": size + 16},
+                               ("-fmad=false",), use_cache=False)
+
+
 def test_compile_error_names_the_file_and_shows_the_log():
     with pytest.raises(compiler.CompileError) as info:
         compiler.compile_source("broken.cu", 'extern "C" __global__ void k() { undefined_thing(); }',

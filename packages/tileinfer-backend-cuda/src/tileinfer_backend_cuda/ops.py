@@ -43,14 +43,17 @@ ATTN_DECODE_MAX_TOKENS = 16
 # ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER); overrides may also force
 # "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles);
 # "decode_fused_inputs": attention_with_inputs runs one kernel for 1-token steps (False: the two
-# ops' kernels, for comparisons). The decode split count depends on the batch, the kv heads and
+# ops' kernels, for comparisons); "decode_page_ahead": how many tiles ahead its warps read the
+# block table (PAGE_AHEAD). The decode split count depends on the batch, the kv heads and
 # the GPU, never on the step's token count or the cache's size, and each row's split boundaries
 # on its own context only (see attention_decode.cu), so a row of a verify step equals the
 # 1-token step at its position bit for bit, also on another cache (greedy speculative decoding
 # relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
-               "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True}
+               "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
+               "decode_page_ahead": 4}
+_KERNEL_PAGE_AHEAD = 4  # attention_decode.cu's default PAGE_AHEAD (not passed: one cache key)
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
@@ -799,11 +802,13 @@ def attention_decode_smem_bytes(head_dim: int, int8: bool, smooth: bool, stages:
     """sizeof(SharedTiles) of attention_decode.cu: the query tile(s), the warps' (m, l), and the
     K/V ring, whose memory then holds the warps' float32 O (4 x rows x head_dim) for the merge."""
     rows = 16 * m_tiles
-    q_bytes = (2 if smooth else 1) * rows * head_dim * 2
     stats = 2 * 4 * rows * 4
-    if int8:  # per stage and warp: 16 keys of raw int8 K and V and their scales; bf16 K and V tiles
-        ring = stages * 4 * (2 * 16 * head_dim + 2 * 16 * 4) + 2 * ATTN_BLOCK_N * head_dim * 2
+    if int8:  # the query as int8 hi and lo parts and a scale per row; per stage and warp: 16 keys
+        # of int8 K and V and their scales
+        q_bytes = 2 * rows * head_dim + 4 * rows
+        ring = stages * 4 * (2 * 16 * head_dim + 2 * 16 * 4)
     else:
+        q_bytes = (2 if smooth else 1) * rows * head_dim * 2
         ring = stages * 2 * ATTN_BLOCK_N * head_dim * 2
     return q_bytes + stats + max(ring, 4 * rows * head_dim * 4)
 
@@ -951,6 +956,8 @@ def _attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_
         trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
         if trigger:
             decode_defines["PDL_TRIGGER"] = trigger
+        if cfg["decode_page_ahead"] != _KERNEL_PAGE_AHEAD:
+            decode_defines["PAGE_AHEAD"] = int(cfg["decode_page_ahead"])
         if inputs is not None:
             decode_defines["FUSED_INPUTS"] = 1
             norm = inputs[1] if inputs[1] is not None else inputs[2]

@@ -15,9 +15,16 @@
 //     accumulator over P V for those keys (one k-step of 16). Each m-tile is computed the same
 //     way, so a row's arithmetic does not depend on which m-tile holds it.
 //   * The K/V cp.async ring (KV_STAGES stages of 64 keys) is shared by the warps, each copying
-//     and reading only its own 16-key slice of a stage (page-table lookups included; with INT8
-//     pages each warp converts its own slice to bf16 with common.cuh's exact magic-number
-//     conversion): inside the loop warps never wait for each other, only __syncwarp.
+//     and reading only its own 16-key slice of a stage (page-table lookups included): inside
+//     the loop warps never wait for each other, only __syncwarp.
+//   * INT8 pages are read from the ring as copied, with no conversion pass through shared
+//     memory: S = Q K^T runs on int8 tensor cores (mma.m16n8k32) with the query quantized to
+//     two int8 parts per element (store_query_row_int8: within 2^-16 of the row's largest
+//     element) and int32 sums, scaled by the query's and each key's scale; for O += P V a
+//     transposing ldmatrix of the int8 values gives each lane bytes that convert to bf16 B
+//     fragments exactly in registers (common.cuh's int8_even_to_bf16x2), and P carries the
+//     value scales. On the H200 (llama3-8b shape, 32k context) the conversion pass had made
+//     INT8 pages slower than bf16: 1150 instructions per warp and tile, 8-way bank conflicts.
 //   * After the last tile the warps' (m, l, O) go through shared memory (where the ring was) and
 //     are merged in the fixed order 0, 1, 2, 3: M = max m_w, O = sum_w 2^(m_w - M) O_w,
 //     l = sum_w 2^(m_w - M) l_w; then O / l is written, or with split-KV the split's normalized
@@ -64,7 +71,8 @@
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), NORM_DTYPE (q/k norm weights' type).
+// FUSED_INPUTS (0/1), PAGE_AHEAD (block-table lookahead in tiles, >= 1), NORM_DTYPE (q/k norm
+// weights' type).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -87,6 +95,9 @@
 #endif
 #ifndef FUSED_INPUTS
 #define FUSED_INPUTS 0
+#endif
+#ifndef PAGE_AHEAD
+#define PAGE_AHEAD 4
 #endif
 #ifndef NORM_DTYPE
 #define NORM_DTYPE bf16_t
@@ -111,10 +122,23 @@ typedef NORM_DTYPE NORM_T;
 constexpr int KEY_STEP = 32 / LOAD_CHUNKS;  // keys the warp's lanes copy at once
 constexpr int LOADS = KEYS / KEY_STEP;      // copies per lane per tile, for K and for V
 
+#if KV_INT8
+// Rows of HEAD_DIM int8 (cached keys and values, the quantized query) are RAW_CHUNKS 16-byte
+// chunks; chunk c of row r lives at chunk c ^ f(r) of the row, so that the 8 rows an ldmatrix
+// reads hit 8 different bank groups: f(r) = r % 8 where a row is a multiple of 128 bytes, else
+// (a row of 64 or 192 bytes, two rows per 128) (r / 2) % 4.
+constexpr int RAW_CHUNKS = HEAD_DIM / 16;
+__device__ __forceinline__ int raw_chunk(int row, int chunk) {
+    return row * RAW_CHUNKS + (chunk ^ (RAW_CHUNKS % 8 == 0 ? (row & 7) : ((row >> 1) & 3)));
+}
+// The quantized query (see store_query_row_int8): |256 hi + lo| <= Q_INT_MAX = 127 * 256.
+constexpr float Q_INT_MAX = 32512.0f;
+#endif
+
 struct WarpSlice {  // one warp's 16 keys of one ring stage
 #if KV_INT8
-    uint4 k_raw[KEYS * LOAD_CHUNKS];  // int8 rows as copied, key-major, unswizzled
-    uint4 v_raw[KEYS * LOAD_CHUNKS];
+    uint4 k_raw[KEYS * RAW_CHUNKS];  // int8 rows as copied, key-major (swizzled: raw_chunk)
+    uint4 v_raw[KEYS * RAW_CHUNKS];
     float k_scale[KEYS];
     float v_scale[KEYS];
 #else
@@ -125,14 +149,15 @@ struct WarpSlice {  // one warp's 16 keys of one ring stage
 
 struct Ring {
     WarpSlice stage[KV_STAGES][WARPS];
-#if KV_INT8
-    uint4 k[WARPS][KEYS * CHUNKS];  // each warp's slice converted to bf16 (swizzled)
-    uint4 v[WARPS][KEYS * CHUNKS];
-#endif
 };
 
 struct SharedTiles {
+#if KV_INT8
+    uint4 q8[2][BM * RAW_CHUNKS];  // the query tile as int8 hi and lo parts (swizzled: raw_chunk)
+    float q_scale[BM];             // ... and each row's scale
+#else
     uint4 q[Q_PARTS][BM * CHUNKS];
+#endif
     float row_max[WARPS][BM];  // each warp's softmax state at the end
     float row_sum[WARPS][BM];
     union {
@@ -141,11 +166,57 @@ struct SharedTiles {
     };
 };
 
+#ifdef SMEM_BYTES  // tests/test_cuda_compile.py: ops.attention_decode_smem_bytes mirrors this
+static_assert(sizeof(SharedTiles) == SMEM_BYTES, "ops.attention_decode_smem_bytes != sizeof(SharedTiles)");
+#endif
+
 // Float index of (row, col) in a warp's O: 8-float groups XOR (row % 4), so that the float2
 // stores of rows g = 0..7 spread over all banks.
 __device__ __forceinline__ int o_index(int row, int col) {
     return row * HEAD_DIM + (col ^ ((row & 3) << 3));
 }
+
+#if KV_INT8
+// Row r of the query tile for INT8 pages, by one warp, from the row's bf16 values at src (lane l
+// reads elements 8l .. 8l + 7; nullptr: a row of zeros): x = q * smooth (float32; smooth: the
+// kv head's key smoothing factors, or none) is quantized so that Q K^T runs on int8 tensor cores
+// with the cached int8 keys, exactly: x ~ scale * (256 * hi + lo), integers hi in [-127, 127] and
+// lo in [-128, 127], scale = max |x| / Q_INT_MAX. Each element is within scale / 2 = 2^-16 max |x|
+// of x (the bf16 query itself carries 2^-9 of each element).
+__device__ __forceinline__ void store_query_row_int8(SharedTiles& sm, const bf16_t* src,
+                                                     const float* k_smooth, int kvh, int r,
+                                                     int lane) {
+    float x[8];
+    const bool mine = lane < CHUNKS;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (mine && src != nullptr) raw = *reinterpret_cast<const uint4*>(src + lane * 8);
+    const u32* w = reinterpret_cast<const u32*>(&raw);
+    float largest = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        x[e] = e % 2 ? bf16_hi(w[e / 2]) : bf16_lo(w[e / 2]);
+#if SMOOTH
+        if (mine) x[e] *= k_smooth[kvh * HEAD_DIM + lane * 8 + e];
+#endif
+        largest = fmaxf(largest, fabsf(x[e]));
+    }
+    largest = warp_max(largest);
+    const float inv = largest > 0.0f ? Q_INT_MAX / largest : 0.0f;
+    u32 hi[2] = {0, 0}, lo[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int v = __float2int_rn(x[e] * inv);  // |v| <= Q_INT_MAX
+        const int h = (v + 128) >> 8;              // floor: v - 256 h in [-128, 127]
+        hi[e / 4] |= (u32)(h & 0xff) << (8 * (e % 4));
+        lo[e / 4] |= (u32)((v - 256 * h) & 0xff) << (8 * (e % 4));
+    }
+    if (mine) {
+        reinterpret_cast<uint2*>(&sm.q8[0][raw_chunk(r, lane >> 1)])[lane & 1] = make_uint2(hi[0], hi[1]);
+        reinterpret_cast<uint2*>(&sm.q8[1][raw_chunk(r, lane >> 1)])[lane & 1] = make_uint2(lo[0], lo[1]);
+    }
+    if (lane == 0) sm.q_scale[r] = largest / Q_INT_MAX;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
@@ -244,7 +315,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                 const i64 offset = (valid ? (i64)key_slot * kv_row_stride : 0) + (i64)kvh * HEAD_DIM +
                                    load_c * (16 / (int)sizeof(kv_t));
 #if KV_INT8
-                const int cell = key * LOAD_CHUNKS + load_c;
+                const int cell = raw_chunk(key, load_c);
                 cp_async_cg16(smem_addr(&dst.k_raw[cell]), k_cache + offset, valid ? 16 : 0);
                 cp_async_cg16(smem_addr(&dst.v_raw[cell]), v_cache + offset, valid ? 16 : 0);
 #else
@@ -263,7 +334,21 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         cp_async_commit();
     };
 
-    int page = page_of(0);  // metadata: before pdl_wait (see above)
+    // Block-table entries of the next PAGE_AHEAD tiles to copy (this lane's key of the warp's
+    // slice), read that many tiles ahead: each is a global load, from DRAM the first time the
+    // block table is read, and one tile ahead the loop waited for it on every tile.
+    int ahead[PAGE_AHEAD];
+#pragma unroll
+    for (int j = 0; j < PAGE_AHEAD; ++j) ahead[j] = page_of(j);  // metadata: before pdl_wait
+    int next_tile = 0;
+    auto next_page = [&]() {  // the entry of tile next_tile, which the caller copies next
+        const int p = ahead[0];
+#pragma unroll
+        for (int j = 0; j + 1 < PAGE_AHEAD; ++j) ahead[j] = ahead[j + 1];
+        ahead[PAGE_AHEAD - 1] = page_of(next_tile + PAGE_AHEAD);
+        ++next_tile;
+        return p;
+    };
     pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
 #if FUSED_INPUTS
     // One query token per sequence (ops): rows r < group are heads kvh * group + r of token
@@ -292,10 +377,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     }
 #endif
 #pragma unroll
-    for (int i = 0; i < KV_STAGES - 1; ++i) {
-        issue(i, i, page);
-        page = page_of(i + 1);
-    }
+    for (int i = 0; i < KV_STAGES - 1; ++i) issue(i, i, next_page());
 
     // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
 #if FUSED_INPUTS
@@ -307,11 +389,22 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
             store_head<bf16_t>(q_row, lane, x);  // the bf16 query attention_inputs would write
             __syncwarp();
         }
+#if KV_INT8
+        store_query_row_int8(sm, r < rows ? q_row : nullptr, k_smooth, kvh, r, lane);
+#else
         for (int c = lane; c < CHUNKS; c += 32) {
             const uint4 v = r < rows ? reinterpret_cast<const uint4*>(q_row)[c] : make_uint4(0, 0, 0, 0);
             store_query_chunk(sm.q[0], sm.q[Q_PARTS - 1], v, k_smooth, kvh, r, c);
         }
+#endif
         __syncwarp();  // q_row is rewritten by the warp's next row
+    }
+#elif KV_INT8
+    for (int r = warp; r < m_tiles * 16; r += WARPS) {
+        const int rg = m0 + r;
+        const bf16_t* src = rg < rows ? q + ((i64)(q_start + rg / group) * heads + kvh * group + rg % group) * HEAD_DIM
+                                      : nullptr;
+        store_query_row_int8(sm, src, k_smooth, kvh, r, lane);
     }
 #else
     load_query_tile(sm.q[0], sm.q[Q_PARTS - 1], q, k_smooth, m_tiles * 16, m0, rows, q_start, group,
@@ -322,6 +415,14 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     // Per thread and m-tile: rows g and g + 8; running max / sum in the log2 domain.
     float row_max[M_TILES][2], row_sum[M_TILES][2];  // row_sum: this thread's columns only
     float o_acc[M_TILES][HEAD_DIM / 8][4];
+#if KV_INT8
+    // Per row: the query's scale times scale_log2, applied to each int32 score.
+    float row_coef[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_coef[mt][h] = sm.q_scale[mt * 16 + g + 8 * h] * scale_log2;
+#endif
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
         row_max[mt][0] = row_max[mt][1] = neg_inf();
@@ -335,43 +436,63 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         const int stage = it % KV_STAGES;
 #if KV_STAGES == 1
         __syncwarp();  // every lane is done with tile it - 1
-        issue(it, 0, page);
-        page = page_of(it + 1);
+        issue(it, 0, next_page());
         cp_async_wait<0>();
 #else
         cp_async_wait<KV_STAGES - 2>();  // this lane's copies of tile `it` have landed
         __syncwarp();  // ... and every lane's; every lane is done with tile it - 1, refilled next
-        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES, page);
-        page = page_of(it + KV_STAGES);  // read now, used next iteration: its latency hides
+        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES, next_page());
 #endif
         const int kv0 = tile_start(it) + warp * KEYS;  // the warp's 16 keys
         if (kv0 >= tile_end(it)) continue;  // all past the keys: masked for every row, a no-op
         const WarpSlice& in = sm.ring.stage[stage][warp];
-#if KV_INT8
-        // int8 -> bf16 (exact): each lane converts the chunks it copied itself (16 int8 of a
-        // key = two 8-element bf16 chunks of the swizzled slice).
-#pragma unroll
-        for (int j = 0; j < LOADS; ++j) {
-            const int key = load_key0 + j * KEY_STEP, cell = key * LOAD_CHUNKS + load_c;
-            const uint4 rk = in.k_raw[cell], rv = in.v_raw[cell];
-            uint4 k0, k1, v0, v1;
-            int8x16_to_bf16x16(rk, k0, k1);
-            int8x16_to_bf16x16(rv, v0, v1);
-            sm.ring.k[warp][tile_chunk(key, 2 * load_c)] = k0;
-            sm.ring.k[warp][tile_chunk(key, 2 * load_c + 1)] = k1;
-            sm.ring.v[warp][tile_chunk(key, 2 * load_c)] = v0;
-            sm.ring.v[warp][tile_chunk(key, 2 * load_c + 1)] = v1;
-        }
-        const uint4* k_tile = sm.ring.k[warp];
-        const uint4* v_tile = sm.ring.v[warp];
-#else
-        const uint4* k_tile = in.k;
-        const uint4* v_tile = in.v;
-#endif
-        __syncwarp();  // every lane's copies (KV_STAGES 1) or conversions (INT8) are visible
+        __syncwarp();  // every lane's copies are visible (KV_STAGES 1)
 
         // --- S = Q K^T: per m-tile 16 rows x the warp's 16 keys (2 n-tiles of 8) ---
         float s[M_TILES][2][4];
+#if KV_INT8
+        // On int8 tensor cores, straight from the copied pages: the hi and lo query parts times
+        // the keys (32 dims a k-step), then s = (256 hi + lo) * the row's coefficient; the key
+        // scales come with the masking below.
+        {
+            int s_int[2][M_TILES][2][4];  // [part][m-tile][n-tile][element]
+#pragma unroll
+            for (int part = 0; part < 2; ++part)
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        s_int[part][mt][j][0] = s_int[part][mt][j][1] = s_int[part][mt][j][2] = s_int[part][mt][j][3] = 0;
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 32; ++kk) {
+                u32 kf[2][2];  // B fragments of keys 0-7 and 8-15, dims 32 kk .. + 31
+                const int key = (lane & 7) + ((lane >> 4) << 3), c = kk * 2 + ((lane >> 3) & 1);
+                ldmatrix_x4(kf[0][0], kf[0][1], kf[1][0], kf[1][1], smem_addr(&in.k_raw[raw_chunk(key, c)]));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    if (mt >= m_tiles) break;
+#pragma unroll
+                    for (int part = 0; part < 2; ++part) {
+                        u32 a0, a1, a2, a3;
+                        const int r = mt * 16 + (lane & 15), cq = kk * 2 + (lane >> 4);
+                        ldmatrix_x4(a0, a1, a2, a3, smem_addr(&sm.q8[part][raw_chunk(r, cq)]));
+                        mma_s8_16832(s_int[part][mt][0], a0, a1, a2, a3, kf[0][0], kf[0][1]);
+                        mma_s8_16832(s_int[part][mt][1], a0, a1, a2, a3, kf[1][0], kf[1][1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)  // |256 hi + lo| < 2^31 (HEAD_DIM <= 256)
+                        s[mt][j][e] = (float)(s_int[0][mt][j][e] * 256 + s_int[1][mt][j][e]) *
+                                      row_coef[mt][e >> 1];
+        }
+#else
+        const uint4* k_tile = in.k;
+        const uint4* v_tile = in.v;
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -394,6 +515,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                 }
             }
         }
+#endif
 
         // --- scale, mask, online softmax; P as the A fragment of one m16n8k16 k-step ---
         u32 p_frag[M_TILES][4];
@@ -406,9 +528,10 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = j * 8 + 2 * t + (e & 1), pos = kv0 + key, h = e >> 1;
-                    float v = s[mt][j][e] * scale_log2;
 #if KV_INT8
-                    v *= in.k_scale[key];
+                    float v = s[mt][j][e] * in.k_scale[key];  // s has the query's scale and log2(e)
+#else
+                    float v = s[mt][j][e] * scale_log2;
 #endif
                     if (pos < row_lo[mt][h] || pos >= row_hi[mt][h]) v = neg_inf();
                     s[mt][j][e] = v;
@@ -421,7 +544,9 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                 tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL, tile_max[h], 2));
                 const float new_max = fmaxf(row_max[mt][h], tile_max[h]);
                 base[h] = new_max == neg_inf() ? 0.0f : new_max;  // a fully masked row stays at zero
-                alpha[h] = exp2f(row_max[mt][h] - base[h]);
+                // 1 where the max did not change (also for a fully masked row, such as the padding
+                // rows past `rows`: so that they do not force the rescale below on every tile)
+                alpha[h] = new_max == row_max[mt][h] ? 1.0f : exp2f(row_max[mt][h] - base[h]);
                 row_max[mt][h] = new_max;
                 row_sum[mt][h] *= alpha[h];
             }
@@ -452,6 +577,31 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         }
 
         // --- O += P V: k = the warp's 16 keys, n = HEAD_DIM (V fragments shared by the m-tiles) ---
+#if KV_INT8
+        // Straight from the copied int8 pages: a transposing ldmatrix of 16 keys x 32 dims gives
+        // lane (g, t) the bytes of keys 2t, 2t + 1 (r0; r1: 8 + 2t, 9 + 2t) at dims 2g, 2g + 1
+        // of each 16-dim chunk, which make the bf16 B fragments of two n-tiles: columns g =
+        // dims 2g (the even bytes) and 2g + 1 (the odd ones). So o_acc n-tile 2c + p holds dims
+        // 16c + 2col + p of chunk c (d0: dim 16c + 4t + p, d1: 16c + 4t + 2 + p).
+#pragma unroll
+        for (int dp = 0; dp < HEAD_DIM / 32; ++dp) {
+            u32 r0, r1, r2, r3;
+            const int key = (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
+            ldmatrix_x4_trans(r0, r1, r2, r3, smem_addr(&in.v_raw[raw_chunk(key, c)]));
+            const u32 b[4][2] = {{int8_even_to_bf16x2(r0), int8_even_to_bf16x2(r1)},
+                                 {int8_odd_to_bf16x2(r0), int8_odd_to_bf16x2(r1)},
+                                 {int8_even_to_bf16x2(r2), int8_even_to_bf16x2(r3)},
+                                 {int8_odd_to_bf16x2(r2), int8_odd_to_bf16x2(r3)}};
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                if (mt >= m_tiles) break;
+                const u32* a = p_frag[mt];
+#pragma unroll
+                for (int n = 0; n < 4; ++n)
+                    mma_bf16_16816(o_acc[mt][4 * dp + n], a[0], a[1], a[2], a[3], b[n][0], b[n][1]);
+            }
+        }
+#else
 #pragma unroll
         for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
             u32 b0, b1, b2, b3;
@@ -465,6 +615,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                 mma_bf16_16816(o_acc[mt][2 * dp + 1], a[0], a[1], a[2], a[3], b2, b3);
             }
         }
+#endif
     }
 
 #if PDL_TRIGGER == 1
@@ -487,10 +638,18 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
                 sm.row_max[warp][r] = row_max[mt][h];
                 sm.row_sum[warp][r] = l;
             }
+#if KV_INT8
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 16; ++c)  // dims 16c + 4t .. + 3 (see O += P V)
+                *reinterpret_cast<float4*>(&sm.o[warp][o_index(r, c * 16 + 4 * t)]) =
+                    make_float4(o_acc[mt][2 * c][2 * h], o_acc[mt][2 * c + 1][2 * h],
+                                o_acc[mt][2 * c][2 * h + 1], o_acc[mt][2 * c + 1][2 * h + 1]);
+#else
 #pragma unroll
             for (int d = 0; d < HEAD_DIM / 8; ++d)
                 *reinterpret_cast<float2*>(&sm.o[warp][o_index(r, d * 8 + 2 * t)]) =
                     make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
+#endif
         }
     }
     __syncthreads();

@@ -169,6 +169,31 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32 a0, u32 a1, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// D += A * B for one m16n8k32 tile of int8 (exact int32 arithmetic): A 16x32 (row major, 4
+// registers of 4 int8), B 32x8 ("col": 2 registers), D 16x8 int32. Layouts (g = lane / 4,
+// t = lane % 4): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][4t+16..], a3 = A[g+8][4t+16..];
+// b0 = B[4t..4t+3][g], b1 = B[4t+16..4t+19][g]; d as mma_bf16_16816's.
+__device__ __forceinline__ void mma_s8_16832(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                             u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes 0 and 2 of v (int8) as a bf16x2, exactly, in three instructions: with b = byte,
+// 0x4300 | (b & 0x7f) is the bf16 128 + (b & 0x7f), and 0xc300 | (b & 0x80) is -128 (b >= 0) or
+// -256 (b < 0); their sum (one bf16x2 fma by 1, exact: every term and the result are integers
+// of at most 8 bits) is b. int8_odd_to_bf16x2: bytes 1 and 3.
+__device__ __forceinline__ u32 int8_even_to_bf16x2(u32 v) {
+    const u32 top = (v & 0x007f007fu) | 0x43004300u, bias = (v & 0x00800080u) | 0xc300c300u;
+    u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(top), "r"(0x3f803f80u), "r"(bias));
+    return r;
+}
+__device__ __forceinline__ u32 int8_odd_to_bf16x2(u32 v) { return int8_even_to_bf16x2(v >> 8); }
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
