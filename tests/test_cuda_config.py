@@ -252,11 +252,11 @@ def test_gemv_rows_scratch_capacity_does_not_depend_on_rows_or_tokens():
     assert not ops._GemvScratch.fits(64, 2, 4096)
 
 
-def _decode_block_tiles(ctx, q_len, group, num_splits, m_rows=32):
+def _decode_block_tiles(ctx, q_len, group, num_splits, min_tiles, m_rows=32):
     """The most key tiles a block of attention_decode.cu loads for one causal step (q_len tokens
     on ctx cached positions, the step's included): the kernel's partition, in Python."""
     def split_keys(c):
-        return 64 * max(1, -(-c // (64 * num_splits)))
+        return 64 * max(min_tiles, -(-c // (64 * num_splits)))
 
     rows, most = q_len * group, 0
     for m0 in range(0, rows, m_rows):
@@ -275,11 +275,12 @@ def _decode_block_tiles(ctx, q_len, group, num_splits, m_rows=32):
 
 @pytest.mark.parametrize("max_ctx", [64, 304, 1000, 4096])
 @pytest.mark.parametrize("num_splits", [1, 4, 33, 64])
-def test_decode_attention_ring_holds_every_tile_a_block_loads(max_ctx, num_splits):
+@pytest.mark.parametrize("min_tiles", [1, 4])
+def test_decode_attention_ring_holds_every_tile_a_block_loads(max_ctx, num_splits, min_tiles):
     """The ring depth cap (attention_decode_tiles) is never below the tiles one block loads, for
     any step of 1..16 tokens on a cache of max_ctx positions, and never below two stages."""
-    cap = ops.attention_decode_tiles(max_ctx, num_splits)
+    cap = ops.attention_decode_tiles(max_ctx, num_splits, min_tiles)
     assert cap >= 2
-    most = max(_decode_block_tiles(ctx, q_len, 4, num_splits)
+    most = max(_decode_block_tiles(ctx, q_len, 4, num_splits, min_tiles)
                for q_len in (1, 2, 5, 8, 16) for ctx in range(q_len, max_ctx + 1, 7))
     assert most <= cap, (most, cap)

@@ -44,16 +44,20 @@ ATTN_DECODE_MAX_TOKENS = 16
 # "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles);
 # "decode_fused_inputs": attention_with_inputs runs one kernel for 1-token steps (False: the two
 # ops' kernels, for comparisons); "decode_page_ahead": how many tiles ahead its warps read the
-# block table (PAGE_AHEAD). The decode split count depends on the batch, the kv heads and
+# block table (PAGE_AHEAD); "decode_combine_batch": the splits whose partials the combine
+# requests at once (COMBINE_BATCH: 8, 16 or 32); "decode_min_split_tiles": the fewest 64-key
+# tiles a split takes (MIN_SPLIT_TILES: shorter contexts take fewer splits). The decode split count depends on the batch, the kv heads and
 # the GPU, never on the step's token count or the cache's size, and each row's split boundaries
 # on its own context only (see attention_decode.cu), so a row of a verify step equals the
 # 1-token step at its position bit for bit, also on another cache (greedy speculative decoding
 # relies on this).
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
-               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 0,
+               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
-               "decode_page_ahead": 4}
-_KERNEL_PAGE_AHEAD = 4  # attention_decode.cu's default PAGE_AHEAD (not passed: one cache key)
+               "decode_page_ahead": 4, "decode_combine_batch": 8, "decode_min_split_tiles": 2}
+# attention_decode.cu's defaults, passed only when the config differs (one cache key)
+_KERNEL_DEFAULTS = {"decode_page_ahead": ("PAGE_AHEAD", 4), "decode_combine_batch": ("COMBINE_BATCH", 8),
+                    "decode_min_split_tiles": ("MIN_SPLIT_TILES", 2)}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}
@@ -830,13 +834,13 @@ def attention_decode_stages(head_dim: int, int8: bool, smooth: bool, m_tiles: in
     return stages
 
 
-def attention_decode_tiles(max_context_len: int, num_splits: int) -> int:
+def attention_decode_tiles(max_context_len: int, num_splits: int, min_split_tiles: int = 1) -> int:
     """An upper bound on the key tiles a block of attention_decode.cu loads for a cache whose rows
     see at most max_context_len keys: two runs of at most one split's tiles each (a row tile whose
     rows straddle two split sizes loads the union of both), and at least 2. A deeper ring would
     only hold empty stages, in about 100 KB of shared memory a block at the auto depth (a
     llama3.2-1b decode step measured 896 us with it, 843 us capped)."""
-    split_tiles = _cdiv(max(1, max_context_len), ATTN_BLOCK_N * num_splits)
+    split_tiles = max(min_split_tiles, _cdiv(max(1, max_context_len), ATTN_BLOCK_N * num_splits))
     return max(2, 2 * split_tiles)
 
 
@@ -936,7 +940,7 @@ def _attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_
     if decode:
         stages = cfg["decode_stages"] or min(
             attention_decode_stages(head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"], device),
-            attention_decode_tiles(max_context_len, num_splits))
+            attention_decode_tiles(max_context_len, num_splits, cfg["decode_min_split_tiles"]))
         smem_bytes = lambda s: attention_decode_smem_bytes(head_dim, int8, smooth, s, m_tiles)  # noqa: E731
     else:
         stages = cfg["stages"]
@@ -950,14 +954,17 @@ def _attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_
     split_ws = (ws if num_splits > 1 else None, ws.shape[2] if num_splits > 1 else 0)
     if decode:
         # Blocks only for the splits a row of this cache can have keys in (each split holds
-        # >= 64 keys); the partition itself is num_splits' (attention_decode.cu's header).
-        grid_splits = min(num_splits, _cdiv(max(1, max_context_len), ATTN_BLOCK_N))
+        # >= 64 * decode_min_split_tiles keys); the partition itself is num_splits'
+        # (attention_decode.cu's header).
+        grid_splits = min(num_splits, _cdiv(max(1, max_context_len),
+                                            ATTN_BLOCK_N * cfg["decode_min_split_tiles"]))
         decode_defines = {**defines, "M_TILES": m_tiles}
         trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
         if trigger:
             decode_defines["PDL_TRIGGER"] = trigger
-        if cfg["decode_page_ahead"] != _KERNEL_PAGE_AHEAD:
-            decode_defines["PAGE_AHEAD"] = int(cfg["decode_page_ahead"])
+        for key, (define, default) in _KERNEL_DEFAULTS.items():
+            if cfg[key] != default:
+                decode_defines[define] = int(cfg[key])
         if inputs is not None:
             decode_defines["FUSED_INPUTS"] = 1
             norm = inputs[1] if inputs[1] is not None else inputs[2]

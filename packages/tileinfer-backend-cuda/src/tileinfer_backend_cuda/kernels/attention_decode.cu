@@ -31,8 +31,10 @@
 //     partial and its log-sum-exp M + log2(l), which the last block of the row tile to finish
 //     combines in split order exactly as attention.cu does.
 // Split-KV partition, per row: a row that sees c keys (causal: its position + 1, else the
-// context) takes keys [s * C, min(c, (s + 1) * C)) in split s, C = 64 * ceil(c / (64 * num_splits)).
-// It depends only on c and num_splits (chosen on the host from the batch, the kv heads and the
+// context) takes keys [s * C, min(c, (s + 1) * C)) in split s,
+// C = 64 * max(MIN_SPLIT_TILES, ceil(c / (64 * num_splits))): a short context takes fewer splits
+// (one up to 64 * MIN_SPLIT_TILES keys, which then writes its output directly, with no combine).
+// C depends only on c and num_splits (chosen on the host from the batch, the kv heads and the
 // GPU, never from the step's token count or the cache's size), so the same model on two caches
 // (a draft model that is the target itself) gives the same bits, and a row of a verify step sees the same tiles, masks
 // and order of work as the 1-token step at its position, and gives the same bits (greedy
@@ -46,8 +48,8 @@
 //
 // Shapes, arguments, grid and workspace as in attention.cu, with BM = 16 * M_TILES rows per row
 // tile: grid (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), where
-// grid_splits = min(num_splits, ceil(max_context_len / 64)): C >= 64, so a row has keys in at
-// most ceil(c / 64) splits, and the splits past those would only exit.
+// grid_splits = min(num_splits, ceil(max_context_len / (64 * MIN_SPLIT_TILES))): C >= 64 *
+// MIN_SPLIT_TILES, so a row has keys in at most that many splits, and the others would only exit.
 // Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_decode_smem_bytes mirrors it).
 // Compiled with -fmad=false (ops): no multiply-add contraction, so every unrolled copy of the
 // per-row arithmetic (one per m-tile) rounds the same way.
@@ -71,7 +73,7 @@
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), PAGE_AHEAD (block-table lookahead in tiles, >= 1), NORM_DTYPE (q/k norm
+// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), PAGE_AHEAD (block-table lookahead in tiles, >= 1), NORM_DTYPE (q/k norm
 // weights' type).
 #include "common.cuh"
 
@@ -95,6 +97,9 @@
 #endif
 #ifndef FUSED_INPUTS
 #define FUSED_INPUTS 0
+#endif
+#ifndef MIN_SPLIT_TILES
+#define MIN_SPLIT_TILES 2
 #endif
 #ifndef PAGE_AHEAD
 #define PAGE_AHEAD 4
@@ -257,7 +262,9 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 
     // Keys row rg sees, and the keys per split of a row that sees c keys (see the header).
     auto row_keys = [&](int rg) { return causal ? ctx - q_len + rg / group + 1 : ctx; };
-    auto split_keys = [&](int c) { return BN * max(1, (c + BN * num_splits - 1) / (BN * num_splits)); };
+    auto split_keys = [&](int c) {
+        return BN * max(MIN_SPLIT_TILES, (c + BN * num_splits - 1) / (BN * num_splits));
+    };
     const int c_first = row_keys(m0), c_last = row_keys(min(rows, m0 + BM) - 1);
     const int chunk_first = split_keys(c_first), chunk_last = split_keys(c_last);
     // Splits with keys for some row of the tile: 0 .. active_splits - 1 (at least split 0, which
@@ -656,7 +663,9 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 
     // --- merge in warp order, normalize, write the output or this split's partial ---
     // A thread per (row, 8 dims).
-    const bool split_mode = num_splits > 1;
+    // One active split holds every key of the tile's rows: its normalized output is what the
+    // combine of that one split would write (weight exp2(0) = 1), so it is written directly.
+    const bool split_mode = active_splits > 1;
     for (int id = tid; id < m_tiles * 16 * CHUNKS; id += THREADS) {
         const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
         if (rg >= rows) break;  // later ids only have later rows

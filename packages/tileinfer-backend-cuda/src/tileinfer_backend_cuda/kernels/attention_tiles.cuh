@@ -85,7 +85,9 @@ __device__ __forceinline__ bool last_split_to_arrive(int* counter, int splits) {
 // ...) together with the first COMBINE_BATCH partials, and the partials of each later batch
 // are all requested before any of them is added (a loop that loads, then adds, one split at a
 // time waits an L2 round trip per split: about 0.6 us per split measured at 33-64 splits).
-constexpr int COMBINE_BATCH = 8;
+#ifndef COMBINE_BATCH
+#define COMBINE_BATCH 8  // 8, 16 or 32 (a divisor of 32)
+#endif
 constexpr int COMBINE_HELD = 2;  // log-sum-exps a lane keeps from the first read: 64 splits
 
 __device__ __forceinline__ void combine_split_row(bf16_t* out_row, const float* part, int splits,
