@@ -284,3 +284,18 @@ def test_decode_attention_ring_holds_every_tile_a_block_loads(max_ctx, num_split
     most = max(_decode_block_tiles(ctx, q_len, 4, num_splits, min_tiles)
                for q_len in (1, 2, 5, 8, 16) for ctx in range(q_len, max_ctx + 1, 7))
     assert most <= cap, (most, cap)
+
+
+def test_variants_hold_the_default_decode_builds():
+    """variants.builds (CI's compile test, the warm cache) has the decode attention builds that
+    ops launches by default: the default ring depth, fused inputs, every page kind and m-tile count."""
+    from tileinfer_backend_cuda import variants
+
+    depth = ops.ATTN_CONFIG["decode_stages"]
+    fused = {(d["HEAD_DIM"], d["KV_INT8"], d["SMOOTH"], d["M_TILES"])
+             for file, d, _ in variants.builds()
+             if file == "attention_decode.cu" and d.get("FUSED_INPUTS") == 1 and d["KV_STAGES"] == depth}
+    for head_dim, group in ((64, 4), (128, 4), (128, 1), (256, 2)):
+        m_tiles = ops.attention_decode_m_tiles(head_dim, group)
+        for kv_int8, smooth in ((0, 0), (1, 0), (1, 1)):
+            assert (head_dim, kv_int8, smooth, m_tiles) in fused

@@ -54,10 +54,10 @@ ATTN_DECODE_MAX_TOKENS = 16
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
-               "decode_page_ahead": 4, "decode_combine_batch": 8, "decode_min_split_tiles": 2}
+               "decode_page_ahead": 4, "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 # attention_decode.cu's defaults, passed only when the config differs (one cache key)
 _KERNEL_DEFAULTS = {"decode_page_ahead": ("PAGE_AHEAD", 4), "decode_combine_batch": ("COMBINE_BATCH", 8),
-                    "decode_min_split_tiles": ("MIN_SPLIT_TILES", 2)}
+                    "decode_min_split_tiles": ("MIN_SPLIT_TILES", 1)}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).
 attention_overrides: dict = {}

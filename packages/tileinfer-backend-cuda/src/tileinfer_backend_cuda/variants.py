@@ -64,27 +64,32 @@ def builds() -> list[tuple[str, dict, tuple]]:
         add("attention.cu", HEAD_DIM=256, KV_INT8=kv_int8, SMOOTH=kv_int8, KV_STAGES=1)
 
     # attention_decode.cu, with -fmad=false as ops compiles it: every head size, page kind and m-tile
-    # count (ops.attention_decode_m_tiles) with the ring depth ops.attention_decode_stages picks on
-    # an H200 (two blocks per SM), then the other depths of the benchmark's sweep.
-    h200_stages = {  # (head_dim, m_tiles): stages for bf16, bf16 smoothed, int8, int8 smoothed
-        (64, 1): (6, 6, 6, 6), (64, 2): (6, 6, 6, 6), (128, 1): (3, 3, 6, 6), (128, 2): (3, 2, 6, 6),
-        (256, 1): (2, 2, 3, 3)}
+    # count (ops.attention_decode_m_tiles) with the default ring depth (ops.ATTN_CONFIG's
+    # "decode_stages": 2), then the other depths of the benchmark's sweep (the automatic depths,
+    # ops.attention_decode_stages, are 3 or 6 at head_dim 128 on an H200, 6 at 64).
+    default_depth = 2
+    shapes = ((64, 1), (64, 2), (128, 1), (128, 2), (256, 1))  # (head_dim, m_tiles)
+    kinds = ((0, 0), (0, 1), (1, 0), (1, 1))  # (kv_int8, smooth)
     decode = lambda **d: add("attention_decode.cu", ("-fmad=false",), **d)  # noqa: E731
-    for (head_dim, m_tiles), stages in h200_stages.items():
-        for (kv_int8, smooth), depth in zip(((0, 0), (0, 1), (1, 0), (1, 1)), stages):
-            decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles, KV_STAGES=depth)
-    for head_dim, depths in ((128, (1, 2, 3, 4, 6)), (64, (2, 3, 4))):
+    for head_dim, m_tiles in shapes:
+        for kv_int8, smooth in kinds:
+            decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
+                   KV_STAGES=default_depth)
+    for head_dim, depths in ((128, (1, 3, 4, 6)), (64, (3, 4, 6))):
         for kv_int8 in (0, 1):
             for depth in depths:
-                if depth != h200_stages[(head_dim, 2)][2 * kv_int8]:
-                    decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
+                decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
+    # the tuning defines at a value other than their default
+    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=0, M_TILES=2, KV_STAGES=2, PAGE_AHEAD=1, COMBINE_BATCH=32,
+           MIN_SPLIT_TILES=4)
 
     decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
-    # with the attention inputs fused (ops.attention_with_inputs), also with a one-stage ring
-    for (head_dim, m_tiles), stages in h200_stages.items():
-        for (kv_int8, smooth), depth in zip(((0, 0), (0, 1), (1, 0), (1, 1)), stages):
+    # with the attention inputs fused (ops.attention_with_inputs), as ops launches them (the
+    # PDL trigger after the loop), also with a one-stage ring
+    for head_dim, m_tiles in shapes:
+        for kv_int8, smooth in kinds:
             decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
-                   KV_STAGES=depth, PDL_TRIGGER=1, FUSED_INPUTS=1)
+                   KV_STAGES=default_depth, PDL_TRIGGER=1, FUSED_INPUTS=1)
     decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=1, M_TILES=2, KV_STAGES=1, FUSED_INPUTS=1)
 
     add("sampling.cu", SAMPLING_OPTIONS)

@@ -99,7 +99,7 @@
 #define FUSED_INPUTS 0
 #endif
 #ifndef MIN_SPLIT_TILES
-#define MIN_SPLIT_TILES 2
+#define MIN_SPLIT_TILES 1
 #endif
 #ifndef PAGE_AHEAD
 #define PAGE_AHEAD 4
