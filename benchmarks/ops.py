@@ -611,9 +611,14 @@ def main():
     parser.add_argument("--out", default="", help="also write the JSON lines to this file")
     parser.add_argument("--triton-pdl", choices=("on", "off"), default="on",
                         help="programmatic dependent launch of the Triton kernels (default on)")
+    parser.add_argument("--cuda-attn-configs", type=json.loads, default=None,
+                        help="JSON list of ops.ATTN_CONFIG override dicts for cuda-attn-sweep "
+                             "(default: CUDA_ATTN_SWEEP), e.g. '[{}, {\"decode_stages\": 0}]'")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU (with TRITON_INTERPRET=1): checks the script")
     args = parser.parse_args()
+    if args.cuda_attn_configs is not None:
+        CUDA_ATTN_SWEEP[:] = args.cuda_attn_configs
     if args.dry_run:
         _dry_run_setup()
     elif not torch.cuda.is_available():
