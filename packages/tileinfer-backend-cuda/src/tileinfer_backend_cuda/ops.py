@@ -46,11 +46,13 @@ ATTN_DECODE_MAX_TOKENS = 16
 # ops' kernels, for comparisons); "decode_page_ahead": how many tiles ahead its warps read the
 # block table (PAGE_AHEAD); "decode_combine_batch": the splits whose partials the combine
 # requests at once (COMBINE_BATCH: 8, 16 or 32); "decode_min_split_tiles": the fewest 64-key
-# tiles a split takes (MIN_SPLIT_TILES: shorter contexts take fewer splits). The decode split count depends on the batch, the kv heads and
-# the GPU, never on the step's token count or the cache's size, and each row's split boundaries
-# on its own context only (see attention_decode.cu), so a row of a verify step equals the
-# 1-token step at its position bit for bit, also on another cache (greedy speculative decoding
-# relies on this).
+# tiles a split takes (MIN_SPLIT_TILES: shorter contexts take fewer splits; 2 or 4 made the
+# llama3-8b step at context 144 slower on the H200). The decode split count depends on the
+# batch, the kv heads and the GPU, never on the step's token count or the cache's size, and each
+# row's split boundaries on its own context only (see attention_decode.cu), so a row of a verify
+# step equals the 1-token step at its position bit for bit, also on another cache (greedy
+# speculative decoding relies on this). Two ring stages by default: the fastest per op on the
+# H200 at 8k and 32k context (bf16 and INT8 pages), the same as the automatic depth end to end.
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,

@@ -25,7 +25,8 @@
 //     fragments exactly in registers (common.cuh's int8_even_to_bf16x2), and P carries the
 //     value scales. On the H200 (llama3-8b shape, 32k context) the conversion pass had made
 //     INT8 pages slower than bf16 (53.0 against 47.2 us: 1150 instructions per warp and tile,
-//     8-way bank conflicts); this way they take 39.8 us against bf16's 46.5 (about 740).
+//     8-way bank conflicts); this way they take 39.8 us against bf16's 46.5 (about 740
+//     instructions per warp and tile).
 //   * After the last tile the warps' (m, l, O) go through shared memory (where the ring was) and
 //     are merged in the fixed order 0, 1, 2, 3: M = max m_w, O = sum_w 2^(m_w - M) O_w,
 //     l = sum_w 2^(m_w - M) l_w; then O / l is written, or with split-KV the split's normalized
@@ -74,8 +75,9 @@
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), PAGE_AHEAD (block-table lookahead in tiles, >= 1), NORM_DTYPE (q/k norm
-// weights' type).
+// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), PAGE_AHEAD (block-table
+// lookahead in tiles, >= 1), COMBINE_BATCH (attention_tiles.cuh), NORM_DTYPE (q/k norm weights'
+// type).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
