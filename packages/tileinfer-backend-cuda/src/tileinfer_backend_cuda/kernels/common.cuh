@@ -182,7 +182,8 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], u32 a0, u32 a1, u32 a2
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Bytes 0 and 2 of v (int8) as a bf16x2, exactly, in three instructions: with b = byte,
+// Bytes 0 and 2 of v (int8) as a bf16x2, exactly (sm_90 SASS: four LOP3 and one HADD2.BF16;
+// bytes 1 and 3 one shift more): with b = byte,
 // 0x4300 | (b & 0x7f) is the bf16 128 + (b & 0x7f), and 0xc300 | (b & 0x80) is -128 (b >= 0) or
 // -256 (b < 0); their sum (one bf16x2 fma by 1, exact: every term and the result are integers
 // of at most 8 bits) is b. int8_odd_to_bf16x2: bytes 1 and 3.
