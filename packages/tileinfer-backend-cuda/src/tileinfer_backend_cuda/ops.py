@@ -43,8 +43,7 @@ ATTN_DECODE_MAX_TOKENS = 16
 # ("start" or "after_loop", attention_decode.cu's PDL_TRIGGER); overrides may also force
 # "decode_m_tiles" (1 or 2: the same bits per row, attention_decode_m_tiles);
 # "decode_fused_inputs": attention_with_inputs runs one kernel for 1-token steps (False: the two
-# ops' kernels, for comparisons); "decode_page_ahead": how many tiles ahead its warps read the
-# block table (PAGE_AHEAD); "decode_combine_batch": the splits whose partials the combine
+# ops' kernels, for comparisons); "decode_combine_batch": the splits whose partials the combine
 # requests at once (COMBINE_BATCH: 8, 16 or 32); "decode_min_split_tiles": the fewest 64-key
 # tiles a split takes (MIN_SPLIT_TILES: shorter contexts take fewer splits; 2 or 4 made the
 # llama3-8b step at context 144 slower on the H200). The decode split count depends on the
@@ -56,9 +55,9 @@ ATTN_DECODE_MAX_TOKENS = 16
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
-               "decode_page_ahead": 4, "decode_combine_batch": 8, "decode_min_split_tiles": 1}
+               "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 # attention_decode.cu's defaults, passed only when the config differs (one cache key)
-_KERNEL_DEFAULTS = {"decode_page_ahead": ("PAGE_AHEAD", 4), "decode_combine_batch": ("COMBINE_BATCH", 8),
+_KERNEL_DEFAULTS = {"decode_combine_batch": ("COMBINE_BATCH", 8),
                     "decode_min_split_tiles": ("MIN_SPLIT_TILES", 1)}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Tuning overrides for benchmarks (same keys as ATTN_CONFIG).

@@ -80,8 +80,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
             for depth in depths:
                 decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=0, M_TILES=2, KV_STAGES=depth)
     # the tuning defines at a value other than their default
-    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=0, M_TILES=2, KV_STAGES=2, PAGE_AHEAD=1, COMBINE_BATCH=32,
-           MIN_SPLIT_TILES=4)
+    decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=0, M_TILES=2, KV_STAGES=2, COMBINE_BATCH=32, MIN_SPLIT_TILES=4)
 
     decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
     # with the attention inputs fused (ops.attention_with_inputs), as ops launches them (the

@@ -75,9 +75,8 @@
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), PAGE_AHEAD (block-table
-// lookahead in tiles, >= 1), COMBINE_BATCH (attention_tiles.cuh), NORM_DTYPE (q/k norm weights'
-// type).
+// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), COMBINE_BATCH
+// (attention_tiles.cuh), NORM_DTYPE (q/k norm weights' type).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -103,9 +102,6 @@
 #endif
 #ifndef MIN_SPLIT_TILES
 #define MIN_SPLIT_TILES 1
-#endif
-#ifndef PAGE_AHEAD
-#define PAGE_AHEAD 4
 #endif
 #ifndef NORM_DTYPE
 #define NORM_DTYPE bf16_t
@@ -344,23 +340,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         cp_async_commit();
     };
 
-    // Block-table entries of the next PAGE_AHEAD tiles to copy (this lane's key of the warp's
-    // slice), read that many tiles ahead, so that a tile's copies never wait for its entry (a
-    // global load, from DRAM the first time the block table is read). On the H200 this is within
-    // noise of reading one tile ahead (llama3-8b shape, 32k context, INT8 pages: 42.9 against
-    // 43.2 us); it is cheap, and the more a block's tiles, the more it can matter.
-    int ahead[PAGE_AHEAD];
-#pragma unroll
-    for (int j = 0; j < PAGE_AHEAD; ++j) ahead[j] = page_of(j);  // metadata: before pdl_wait
-    int next_tile = 0;
-    auto next_page = [&]() {  // the entry of tile next_tile, which the caller copies next
-        const int p = ahead[0];
-#pragma unroll
-        for (int j = 0; j + 1 < PAGE_AHEAD; ++j) ahead[j] = ahead[j + 1];
-        ahead[PAGE_AHEAD - 1] = page_of(next_tile + PAGE_AHEAD);
-        ++next_tile;
-        return p;
-    };
+    int page = page_of(0);  // metadata: before pdl_wait (see above)
     pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
 #if FUSED_INPUTS
     // One query token per sequence (ops): rows r < group are heads kvh * group + r of token
@@ -389,7 +369,10 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     }
 #endif
 #pragma unroll
-    for (int i = 0; i < KV_STAGES - 1; ++i) issue(i, i, next_page());
+    for (int i = 0; i < KV_STAGES - 1; ++i) {
+        issue(i, i, page);
+        page = page_of(i + 1);
+    }
 
     // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
 #if FUSED_INPUTS
@@ -448,12 +431,14 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         const int stage = it % KV_STAGES;
 #if KV_STAGES == 1
         __syncwarp();  // every lane is done with tile it - 1
-        issue(it, 0, next_page());
+        issue(it, 0, page);
+        page = page_of(it + 1);
         cp_async_wait<0>();
 #else
         cp_async_wait<KV_STAGES - 2>();  // this lane's copies of tile `it` have landed
         __syncwarp();  // ... and every lane's; every lane is done with tile it - 1, refilled next
-        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES, next_page());
+        issue(it + KV_STAGES - 1, (it + KV_STAGES - 1) % KV_STAGES, page);
+        page = page_of(it + KV_STAGES);  // read now, used next iteration: its latency hides
 #endif
         const int kv0 = tile_start(it) + warp * KEYS;  // the warp's 16 keys
         if (kv0 >= tile_end(it)) continue;  // all past the keys: masked for every row, a no-op
