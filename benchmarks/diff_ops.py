@@ -16,9 +16,10 @@ import json
 import torch
 
 from tileinfer import forward, get_backend, load_model
-from tileinfer.backends import OP_NAMES, OpTable
-from tileinfer.bench import random_model
-from tileinfer.config import config_from_dict
+from tileinfer.backend.registry import OP_NAMES, OpTable
+from tileinfer.model.random_weights import random_model
+from tileinfer.model.config import config_from_dict
+from tileinfer.engine.cache import new_cache
 
 SMOLLM2 = dict(model_type="llama", num_hidden_layers=4, hidden_size=576, num_attention_heads=9,
                num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
@@ -87,7 +88,7 @@ def main():
                              device=args.device, max_len=4096)
     report: dict = {}
     model.ops = mirrored(model.ops, get_backend("ref"), report)
-    cache = model.new_cache(512)
+    cache = new_cache(model, 512)
     seq = cache.new_sequence()
     ids = torch.randint(0, model.config.vocab_size, (args.prompt_len,)).tolist()
     logits = forward(model, cache, seq, ids)

@@ -73,7 +73,7 @@ def emit(**row):
 
 
 def _time_graph(calls, replays=7, min_calls=40):
-    from tileinfer.bench import time_graph
+    from timing import time_graph
 
     passes = max(1, math.ceil(min_calls / len(calls)))
     return time_graph(calls * passes, replays) * 1e6, "graph"
@@ -137,7 +137,7 @@ def copies_for(nbytes: int) -> int:
 
 
 def backends():
-    from tileinfer.backends import list_backends
+    from tileinfer.backend.registry import list_backends
 
     kind = "cpu" if DRY_RUN else "cuda"
     return [b.name for b in list_backends() if b.available and kind in b.info.devices]
@@ -623,7 +623,7 @@ def main():
         _dry_run_setup()
     elif not torch.cuda.is_available():
         sys.exit("benchmarks/ops.py needs a CUDA GPU")
-    from tileinfer.backends import get_backend
+    from tileinfer.backend.registry import get_backend
 
     names = [b for b in args.backends.split(",") if b] or backends()
     if "triton" in names and not DRY_RUN:

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import torch
+from tileinfer.engine.cache import new_cache
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE / "data" / "kjv-genesis.txt"
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from tileinfer import calibrate_key_smoothing, load_model, load_tokenizer, memory_report
-    from tileinfer.default_model import default_model_dir
+    from tileinfer.io.default_model import default_model_dir
 
     configs = args.configs.split(",")
     unknown = set(configs) - set(CONFIGS)
@@ -168,9 +169,9 @@ def main(argv=None) -> int:
     for name in (n for n in CONFIGS if n in configs):
         model = {"int8-weights": int8, "int8-all": int8, "fp32": fp32}.get(name, base)
         if name in ("bf16", "int8-weights", "fp32"):
-            cache = model.new_cache(max_len, page_size=ps)
+            cache = new_cache(model, max_len, page_size=ps)
         else:
-            cache = model.new_cache(max_len, page_size=ps, quantize="int8",
+            cache = new_cache(model, max_len, page_size=ps, quantize="int8",
                                     key_smoothing=None if name == "int8-kv" else smoothing)
         setups[name] = (model, cache)
 

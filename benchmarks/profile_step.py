@@ -29,9 +29,10 @@ from collections import defaultdict
 
 import torch
 
-from tileinfer.bench import random_model, shape_config
-from tileinfer.runner import ModelRunner
-from tileinfer.sampling import SamplingParams
+from tileinfer.model.random_weights import random_model, shape_config
+from tileinfer.engine.runner import ModelRunner
+from tileinfer.backend.sampling import SamplingParams
+from tileinfer.engine.cache import new_cache
 
 
 def short_name(name: str) -> str:
@@ -99,7 +100,7 @@ def main():
     model = random_model(shape_config(args.shape), backend=args.backend,
                          quantize="int8" if args.int8 else None, max_len=args.context + 64)
     kv = None if args.kv_cache == "bf16" else "int8"
-    cache = model.new_cache(args.context + 64, quantize=kv)
+    cache = new_cache(model, args.context + 64, quantize=kv)
     for attention in args.cuda_attention:
         for gemv in args.cuda_gemv:
             what = dict(shape=args.shape, backend=args.backend,

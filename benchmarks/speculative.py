@@ -29,6 +29,7 @@ import sys
 import time
 
 import torch
+from tileinfer.engine.cache import new_cache
 
 # The paragraph is most of the answer: prompt lookup drafts well once the model copies it.
 GROUNDED = (
@@ -61,7 +62,7 @@ def top2_gap_ulps(model, prompt, tokens, index) -> float:
     """bf16 ulps between the best two logits that plain decoding saw before tokens[index]."""
     from tileinfer import forward
 
-    cache = model.new_cache(len(prompt) + index + 1)
+    cache = new_cache(model, len(prompt) + index + 1)
     logits = forward(model, cache, cache.new_sequence(), prompt + tokens[:index])[0]
     top = torch.topk(logits.float(), 2).values
     ulp = 2.0 ** (torch.floor(torch.log2(top[0].abs())) - 7)  # bf16 keeps 8 significant bits
@@ -72,7 +73,7 @@ def bench_task(model, name, prompt, stop_ids, ks, new_tokens, repeats):
     from tileinfer import ModelRunner, NgramProposer, SamplingParams, SpecStats, generate_into
 
     greedy = SamplingParams()
-    cache = model.new_cache(len(prompt) + new_tokens + 16)
+    cache = new_cache(model, len(prompt) + new_tokens + 16)
     runner = ModelRunner(model, cache)
 
     def run(proposer):
@@ -116,8 +117,8 @@ def bench_task(model, name, prompt, stop_ids, ks, new_tokens, repeats):
 
 def bench_tasks(args):
     from tileinfer import ChatMessage, chat_prompt, load_model, load_tokenizer
-    from tileinfer.default_model import default_model_dir
-    from tileinfer.generation_config import generation_defaults
+    from tileinfer.io.default_model import default_model_dir
+    from tileinfer.io.generation_config import generation_defaults
 
     folder = args.model or default_model_dir()
     if str(folder).endswith(".gguf"):  # e.g. the SmolLM2 GGUF carried to the GPU machine
@@ -140,11 +141,11 @@ def bench_tasks(args):
 
 def bench_verify_cost(args):
     from tileinfer import ModelRunner
-    from tileinfer.bench import random_model, shape_config
+    from tileinfer.model.random_weights import random_model, shape_config
 
     model = random_model(shape_config(args.shape), dtype=args.dtype, backend=args.backend,
                          device=args.device, max_len=args.context + 64)
-    cache = model.new_cache(args.context + 64)
+    cache = new_cache(model, args.context + 64)
     runner = ModelRunner(model, cache)
     runner.add_sizes(range(1, 10))
     seq = cache.new_sequence()

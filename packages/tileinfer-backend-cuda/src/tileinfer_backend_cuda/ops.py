@@ -16,7 +16,7 @@ from collections import Counter
 
 import torch
 import tileinfer_backend_ref as _ref
-from tileinfer.sampling import SamplingParams
+from tileinfer.backend.sampling import SamplingParams
 
 from . import compiler
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tileinfer.backends import BackendInfo
-from tileinfer.hookspecs import hookimpl
-from tileinfer.sampling import SamplingParams, accept_rows, sample_rows
+from tileinfer.backend.registry import BackendInfo
+from tileinfer.backend.hookspecs import hookimpl
+from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
 
 @hookimpl

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from tileinfer.backends import BackendInfo
-from tileinfer.hookspecs import hookimpl
+from tileinfer.backend.registry import BackendInfo
+from tileinfer.backend.hookspecs import hookimpl
 
 
 def _availability():

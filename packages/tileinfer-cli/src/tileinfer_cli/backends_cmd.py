@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tileinfer.backends import OP_NAMES, list_backends
+from tileinfer.backend.registry import OP_NAMES, list_backends
 
 
 def add_parser(sub):

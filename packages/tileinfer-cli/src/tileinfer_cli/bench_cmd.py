@@ -35,11 +35,13 @@ def _flags(choice):
 def run(args, out):
     import torch
 
-    from tileinfer import backends, load_model, memory_report
-    from tileinfer.bench import (bench_generation, bytes_per_decode_token, copy_bandwidth,
-                                 random_model, shape_config)
+    from tileinfer import load_model, memory_report
+    from tileinfer.backend import default_backend_name
+    from tileinfer.model.random_weights import random_model, shape_config
 
-    backend = args.backend or backends.default_backend_name()
+    from .bench_measure import bench_generation, bytes_per_decode_token, copy_bandwidth
+
+    backend = args.backend or default_backend_name()
     quantize = "int8" if args.int8 else None
     kv = None if args.kv_cache == "bf16" else "int8"
     max_len = args.prompt_len + args.new_tokens + 64
@@ -88,7 +90,7 @@ def run(args, out):
 
 
 def _print_memory(m, out):
-    from tileinfer.memory import format_bytes
+    from tileinfer.engine.memory import format_bytes
 
     print(f"weights {format_bytes(m['weight_bytes'])} ({m['weights']}; "
           f"{format_bytes(m['decode_weight_bytes'])} read per decode token), KV cache "

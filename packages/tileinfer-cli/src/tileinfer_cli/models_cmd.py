@@ -24,7 +24,7 @@ def add_parser(sub):
 
 
 def pull(args, out):
-    from tileinfer.hub import pull
+    from tileinfer.io.hub import pull
 
     path = pull(args.repo_id, revision=args.revision)
     print(f"pulled {args.repo_id} ({args.revision}) into {path}", file=out)
@@ -39,7 +39,7 @@ def _size(n: int) -> str:
 
 
 def list_(args, out):
-    from tileinfer.hub import list_models
+    from tileinfer.io.hub import list_models
 
     models = list_models()
     if not models:
@@ -50,7 +50,7 @@ def list_(args, out):
 
 
 def rm(args, out):
-    from tileinfer.hub import remove_model
+    from tileinfer.io.hub import remove_model
 
     remove_model(args.repo_id, revision=args.revision)
     print(f"removed {args.repo_id}" + (f" ({args.revision})" if args.revision else ""), file=out)
@@ -58,7 +58,7 @@ def rm(args, out):
 
 
 def import_(args, out):
-    from tileinfer.gguf_import import import_gguf
+    from tileinfer.io.gguf_import import import_gguf
 
     path = import_gguf(args.path, name=args.name)
     print(f"imported {args.path} into {path}", file=out)

@@ -65,7 +65,7 @@ def speculative_from(args, model):
             raise UserError("--draft-k needs --speculative")
         return None
     from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash,
-                           load_model)
+                           load_model, resolve_model_dir)
 
     kind, _, name = _speculative_spec(spec).partition(":")
     k = {} if args.draft_k is None else {"k": args.draft_k}
@@ -79,26 +79,6 @@ def speculative_from(args, model):
     return DFlashProposer(load_dflash(resolve_model_dir(name), model), sample=True, **k)
 
 
-def resolve_model_dir(name):
-    """The folder of --model: a folder, a pulled repo id, a .gguf file (imported), or the default."""
-    from pathlib import Path
-
-    if name is None:
-        from tileinfer.default_model import default_model_dir
-
-        return default_model_dir()
-    if str(name).endswith(".gguf") and Path(name).is_file():
-        from tileinfer.gguf_import import import_gguf, is_current_import
-        from tileinfer.paths import models_home
-
-        source = Path(name)
-        folder = models_home() / source.stem
-        return folder if is_current_import(folder, source) else import_gguf(source, folder)
-    from tileinfer.hub import model_dir
-
-    return model_dir(name)
-
-
 def resolve_dtype(name, backend):
     if name != "auto":
         return DTYPES[name]
@@ -110,10 +90,11 @@ def resolve_dtype(name, backend):
 
 def load(args):
     """(model, tokenizer, folder) from the model options."""
-    from tileinfer import backends, load_model, load_tokenizer
+    from tileinfer import load_model, load_tokenizer, resolve_model_dir
+    from tileinfer.backend import default_backend_name
 
     folder = resolve_model_dir(args.model)
-    backend = args.backend or backends.default_backend_name()
+    backend = args.backend or default_backend_name()
     model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
                        max_len=args.max_len, quantize="int8" if args.int8 else None)
     return model, load_tokenizer(folder), folder
@@ -122,7 +103,7 @@ def load(args):
 def sampling_from(args, folder, config):
     """SamplingParams and stop ids: the authors' defaults, overridden by the options."""
     from tileinfer import SamplingParams
-    from tileinfer.generation_config import generation_defaults
+    from tileinfer import generation_defaults
 
     defaults, stop_ids = generation_defaults(folder, config)
     params = SamplingParams(
@@ -131,3 +112,14 @@ def sampling_from(args, folder, config):
         top_p=defaults.top_p if args.top_p is None else args.top_p,
     )
     return params, stop_ids
+
+
+def kv_cache_from(args, model):
+    """(kv_quantize, key_smoothing) of --kv-cache."""
+    if args.kv_cache == "bf16":
+        return None, None
+    if args.kv_cache == "int8-smooth":
+        from tileinfer import calibrate_key_smoothing
+
+        return "int8", calibrate_key_smoothing(model)
+    return "int8", None

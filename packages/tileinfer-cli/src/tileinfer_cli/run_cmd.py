@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from .errors import UserError
-from .options import (add_model_options, add_sampling_options, add_speculative_options, load,
-                      sampling_from)
-from .session import new_session
+from .options import (add_model_options, add_sampling_options, add_speculative_options,
+                      kv_cache_from, load, sampling_from, speculative_from)
 
 
 def add_parser(sub):
@@ -31,13 +31,31 @@ def run(args, out):
     prompt = args.words[-1]
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
-    session, stream = new_session(args, model, tokenizer, sampling, stop_ids, out)
-    _, stats = session.reply(prompt, args.max_new_tokens, on_token=stream.put)
+    from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
+
+    template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
+    text = chat_prompt(folder, [ChatMessage("user", prompt)], add_generation_prompt=True,
+                       **template_kwargs)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    room = model.max_len - len(ids)
+    if room < 1:
+        raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
+                        "room for an answer")
+    kv_cache, key_smoothing = kv_cache_from(args, model)
+    speculative = speculative_from(args, model)
+    spec = SpecStats() if speculative is not None else None
+    stream = TextStream(tokenizer, out)
+    start = time.perf_counter()
+    new = generate(model, ids, min(args.max_new_tokens, room), sampling, stop_ids=stop_ids,
+                   seed=args.seed, on_token=stream.put, kv_quantize=kv_cache,
+                   key_smoothing=key_smoothing, speculative=speculative, spec_stats=spec)
+    seconds = time.perf_counter() - start
     stream.end()
     print(file=out)
     if args.stats:
-        print(f"[{stats.prefilled} prompt tokens, {stats.generated} generated, "
-              f"{stats.tokens_per_second:.1f} tok/s, backend {model.ops.name}]", file=sys.stderr)
-        if stats.spec is not None:
-            print(f"[{stats.spec.summary()}]", file=sys.stderr)
+        print(f"[{len(ids)} prompt tokens, {len(new)} generated, "
+              f"{len(new) / seconds if seconds > 0 else 0.0:.1f} tok/s, backend "
+              f"{model.ops.name}]", file=sys.stderr)
+        if spec is not None:
+            print(f"[{spec.summary()}]", file=sys.stderr)
     return 0

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from tileinfer.backends import get_backend
-from tileinfer.sampling import SamplingParams
+from tileinfer.backend.registry import get_backend
+from tileinfer.backend.sampling import SamplingParams
 
 TOLERANCE = {  # dtype: (atol, rtol)
     torch.float32: (1e-4, 1e-4),

@@ -20,7 +20,7 @@ def _selected_backends(config) -> list[str]:
     chosen = config.getoption("--tileinfer-backend")
     if chosen:
         return chosen
-    from tileinfer.backends import list_backends
+    from tileinfer.backend.registry import list_backends
 
     return [b.name for b in list_backends() if b.available]
 

@@ -1,0 +1,186 @@
+"""The op contract: one pluggy hookspec per op that the model or the speculative path calls.
+
+A backend is a plugin (a module or an object) registered under the entry-point group ``tileinfer``.
+It implements ``tileinfer_backend_info`` and any subset of the ops below with ``@hookimpl``
+functions of the same names and argument names. Ops it lacks fall back to the ``ref`` backend,
+except ``attention_with_inputs``, which is optional (docs/writing-a-backend.md).
+
+Conventions shared by every op (docs/architecture.md has the reasons):
+
+- Shapes are PyTorch's row-major shapes: hidden states ``(tokens, hidden)``, per-head tensors
+  ``(tokens, heads, head_dim)``, linear weights ``(out_features, in_features)`` as in safetensors.
+- Every op is *in place*: it writes its result into preallocated tensors (``out`` and the others
+  named in its docstring), returns nothing, allocates no device memory (scratch is made by
+  ``attention_workspace`` and ``reserve_scratch``) and never synchronizes with the host, so that a
+  whole step can be captured in a CUDA graph. ``tileinfer.backend.ops`` has allocating wrappers.
+- Activations are ``bfloat16`` (or ``float16``/``float32``); arithmetic is done in float32 and
+  rounded to the activation dtype where transformers rounds, so greedy tokens match it.
+- Token ids, positions, context lengths and block tables are ``int32``; cache slots are ``int64``.
+- The grouped arguments are the frozen dataclasses of ``tileinfer.backend.types``: ``LayerKV``
+  (one layer's pages), ``AttentionStep`` (the step's positions, slots and block tables),
+  ``QKTransform`` (q/k norms and RoPE tables), ``XIELUScalars``.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("tileinfer")
+hookimpl = pluggy.HookimplMarker("tileinfer")
+
+# Sampling filters keep at most this many candidates when top_k > 0 is requested.
+MAX_TOP_K = 1024
+
+
+@hookspec
+def tileinfer_backend_info():
+    """Describe this backend: return a ``tileinfer.backend.BackendInfo``.
+
+    Called once when the plugin is loaded. ``available`` says whether it can run on this machine,
+    and ``reason`` why not (e.g. "no CUDA GPU").
+    """
+
+
+@hookspec
+def embed(out, table, ids):
+    """Embedding lookup.
+
+    table: (vocab, hidden); ids: (n,) int32, 0-based; out: (n, hidden), ``out[i] = table[ids[i]]``.
+    """
+
+
+@hookspec
+def rmsnorm(out, x, weight, eps):
+    """RMS normalization over the last dimension.
+
+    x: (..., dim), e.g. (n, hidden) or (n, heads, head_dim); weight: (dim,); out: like x.
+    In float32: ``x_hat = x * rsqrt(mean(x**2) + eps)``, rounded to x's dtype, then
+    ``out = weight * x_hat`` rounded to out's dtype (the two roundings of transformers' LlamaRMSNorm).
+    """
+
+
+@hookspec
+def add_rmsnorm(residual, out, delta, weight, eps):
+    """Residual update and RMS normalization in one op.
+
+    residual, delta, out: (n, hidden). First ``residual += delta`` (rounded to residual's dtype),
+    then ``out = rmsnorm(residual, weight, eps)`` as in ``rmsnorm``. Writes residual and out.
+    """
+
+
+@hookspec
+def linear(out, x, weight, weight_scale):
+    """``out = x @ weight.T``.
+
+    x: (n, in); weight: (out_features, in), same dtype as x, or int8 with weight_scale
+    (out_features,) float32 meaning ``W[j, :] = weight_scale[j] * weight[j, :]`` (weight_scale is
+    None for a float weight). out: (n, out_features), bf16 or float32; accumulation in float32.
+    A float weight's product is rounded to x's dtype (F.linear's output) also when out is float32
+    (the model writes its float32 logits this way); an INT8 weight's scaled sum is rounded once,
+    to out's dtype.
+    """
+
+
+@hookspec
+def linear_swiglu(out, x, weight, weight_scale, gate_up):
+    """SwiGLU MLP input: ``gate, up = split(x @ weight.T); out = silu(gate) * up``.
+
+    weight: (2 * inter, in), gate rows stacked over up rows (int8 with weight_scale as in linear);
+    out: (n, inter). gate_up: (n, 2 * inter) scratch in x's dtype that a backend which does not
+    fuse may use. Rounding as transformers: gate and up rounded to x's dtype, ``silu(gate)`` rounded,
+    the product rounded.
+    """
+
+
+@hookspec
+def linear_xielu(out, x, weight, weight_scale, xielu):
+    """Ungated MLP input of Apertus: ``out = xielu(x @ weight.T)``.
+
+    weight: (inter, in) (int8 with weight_scale as in linear); out: (n, inter); xielu: the
+    layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation is computed
+    in float32 and rounded once to out's dtype.
+    """
+
+
+@hookspec
+def attention_inputs(q_out, kv, qkv, qk, step):
+    """Everything between the fused q/k/v projection and attention, as one op.
+
+    qkv: (n, (heads + 2 * kv_heads) * head_dim), the q, k and v heads in that order; kv: the
+    layer's ``LayerKV``; qk: a ``QKTransform``; step: an ``AttentionStep``. In float32: applies
+    the per-head RMSNorm (if qk.q_norm / qk.k_norm are given, as ``rmsnorm`` with qk.norm_eps,
+    rounded to qkv's dtype) and RoPE at step.positions to the queries and keys; writes the
+    queries, rounded once, into q_out (n, heads, head_dim); stores the keys (rounded to qkv's
+    dtype) and values at step.slots. Float cache: the vectors are copied. INT8 cache: each key is
+    first divided by kv.k_smooth (if not None), then each vector gets ``scale = max|vec| / 127``
+    (1.0 for an all-zero vector) in k_scale/v_scale and ``round(vec / scale)`` clamped to
+    [-127, 127] in k_cache/v_cache.
+    """
+
+
+@hookspec
+def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
+    """Scratch memory that ``attention`` needs for steps of up to num_tokens query rows over up to
+    max_context_len cached positions: a tensor (allocated here, once per buffer set) or None.
+    The model allocates it with a step's buffers and passes it to every attention call."""
+
+
+@hookspec
+def attention(out, q, kv, step, scale, causal, workspace):
+    """Paged grouped-query attention for a step of one or more sequences.
+
+    q, out: (n, heads, head_dim); query head h reads kv head ``h // (heads // kv_heads)`` of the
+    layer's pages kv (``LayerKV``); step: an ``AttentionStep``. Query row i of sequence b sits
+    at position ``p = context_lens[b] - q_len_b + i``. causal: it sees cached positions
+    ``0..p``; not causal: all ``context_lens[b]`` positions (a DFlash block).
+    ``softmax(scale * q.k)`` in float32, the result rounded to out's dtype. workspace: from
+    ``attention_workspace`` (or None).
+    """
+
+
+@hookspec
+def attention_with_inputs(out, q_out, kv, qkv, qk, step, scale, causal, workspace):
+    """Optional: ``attention_inputs`` and then ``attention`` over the cache it wrote, as one op,
+    so that a backend can run a decode step's two as one kernel.
+
+    The model calls it instead of the two ops only when the backend implements it itself; a
+    backend that does not fuse them leaves it out. The cache and out are as after the two ops;
+    q_out is scratch (what it holds afterwards is unspecified).
+    """
+
+
+@hookspec
+def reserve_scratch(device):
+    """Allocate, once per device, any scratch memory the ops keep for themselves (split-K
+    partials, sampling reductions), so that nothing is allocated while a CUDA graph is being
+    captured. Called before a capture and when step buffers are made; a no-op when the backend
+    keeps none."""
+
+
+@hookspec
+def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+    """Sample one token per logit row with a counter-based random stream.
+
+    logits: (n, vocab) float32; out: (n,) int32; seed, counter: (1,) int64 device tensors; row j
+    uses the stream ``(seed, counter + j)`` (the op does not advance counter). temperature,
+    top_k, top_p: Python numbers. See ``tileinfer.backend.sampling`` for the exact definition, which
+    ``sample_host`` implements: temperature 0 is argmax (lowest index on ties); otherwise the
+    filtered distribution p (softmax of logits / temperature restricted to the top_k largest, then
+    to the smallest top set whose mass reaches top_p) is sampled by the Gumbel-max trick with the
+    noise ``tileinfer.backend.sampling.gumbel(seed, counter + j, token)``. probs_out: None, or (n, vocab)
+    float32 receiving p (zeros outside the kept set) for speculative sampling.
+    """
+
+
+@hookspec
+def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed, counter):
+    """The p/q rule of speculative sampling, one row per drafted position.
+
+    logits: (n, vocab) float32 target logits; draft_ids: (n,) int32; draft_probs: (n, vocab)
+    float32 draft distributions q, or None for deterministic drafts (q one-hot at the draft).
+    With p the target's filtered distribution as in ``sample_tokens``: accept the draft d if
+    ``u * q[d] < p[d]`` with u the uniform ``tileinfer.backend.sampling.uniform(seed, counter + j,
+    ACCEPT_SALT)``, writing d to out[j]; otherwise write a token sampled from
+    ``max(p - q, 0)`` (renormalized) with the Gumbel noise of ``(seed, counter + j)``.
+    A rejected row's token therefore always differs from its draft.
+    """

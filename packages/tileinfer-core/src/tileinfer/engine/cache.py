@@ -1,0 +1,240 @@
+"""The paged KV cache: page pools per layer, a page allocator, and the sequences that own pages.
+
+Layout (see ``hookspecs``): per layer a key pool and a value pool ``(num_pages, page_size,
+kv_heads, head_dim)``; cache slot ``s`` is offset ``s % page_size`` of page ``s // page_size``. A
+``Sequence`` lists its pages in position order (its block table): position p lives in page
+``pages[p // page_size]`` at offset ``p % page_size``.
+
+INT8 cache: the pools are int8 and every cached vector has one float32 scale (``k_scale``/
+``v_scale`` ``(num_pages, page_size, kv_heads)``): ``vec ~= scale * q``. About half the bytes of
+bf16 (head_dim + 4 bytes per vector instead of 2 * head_dim), and half what decode attention reads.
+Keys can be smoothed: divided per channel by ``k_smooth`` (kv_heads, head_dim) before being
+quantized and multiplied back when read, so that a few large channels (keys after RoPE have some)
+do not set the scale of every vector and wash out the small channels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..backend.types import LayerKV
+from ..model.config import ModelConfig
+
+
+class OutOfPagesError(RuntimeError):
+    """The cache has fewer free pages than a step needs. Raised before anything changes."""
+
+    def __init__(self, needed: int, free: int):
+        self.needed, self.free = needed, free
+        super().__init__(f"the KV cache is out of pages: the step needs {needed} more pages, "
+                         f"only {free} are free")
+
+
+class ContextLengthError(ValueError):
+    """A sequence would grow past the longest one the model or the cache can hold."""
+
+
+@dataclass
+class Sequence:
+    """A sequence's place in the cache: its pages (block table, in position order) and the token
+    ids whose keys and values are cached, in position order. Its pages may cover more positions
+    than it has tokens (reserved ahead of a step)."""
+
+    pages: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def common_prefix_len(a, b) -> int:
+    """How many leading token ids two sequences of ids share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PageAllocator:
+    """Free page ids; hands out the lowest free ids first (deterministic layouts in tests)."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() gives the lowest id
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfPagesError(n, len(self._free))
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages):
+        self._free.extend(pages)
+        self._free.sort(reverse=True)
+
+
+def kv_bytes_per_token(config: ModelConfig, quantize: str | None = None,
+                       dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of cache one position takes over all layers (keys and values)."""
+    vectors = 2 * config.num_layers * config.num_kv_heads
+    if quantize == "int8":
+        return vectors * (config.head_dim + 4)  # int8 values + one float32 scale
+    if quantize is not None:
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    return vectors * config.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class PagedKVCache:
+    """Key/value page pools for every layer of a model, and the allocator of their pages.
+
+    config: the model's ModelConfig. num_pages pages of page_size positions each. dtype: the
+    activation dtype (the pools' dtype unless quantize="int8"). key_smoothing: with an INT8 cache,
+    one (kv_heads, head_dim) tensor of positive factors per layer (see
+    ``key_smoothing_from_calibration``), or None. max_seq_len: the longest a sequence may grow
+    (default: every page); it sets the width of the block tables of a step, so keep it at the
+    model's max_len for static (CUDA graph) step metadata.
+    """
+
+    def __init__(self, config: ModelConfig, num_pages: int, page_size: int = 16,
+                 dtype: torch.dtype = torch.bfloat16, device=None, quantize: str | None = None,
+                 key_smoothing=None, max_seq_len: int | None = None):
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
+        if quantize not in (None, "int8"):
+            raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        if key_smoothing is not None and quantize != "int8":
+            raise ValueError("key_smoothing applies to an INT8 cache only (quantize='int8')")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.config = config
+        self.num_pages, self.page_size = num_pages, page_size
+        self.dtype, self.device, self.quantize = dtype, torch.device(device), quantize
+        self.max_seq_len = num_pages * page_size if max_seq_len is None else max_seq_len
+        self.max_pages_per_seq = math.ceil(self.max_seq_len / page_size)
+        self.allocator = PageAllocator(num_pages)
+
+        shape = (config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim)
+        pool_dtype = torch.int8 if quantize == "int8" else dtype
+        # One tensor per kind for all layers; layer l's pools are views [l]. Zero-filled so that
+        # even a stray read of an unwritten slot is finite.
+        self.k_pages = torch.zeros(shape, dtype=pool_dtype, device=self.device)
+        self.v_pages = torch.zeros(shape, dtype=pool_dtype, device=self.device)
+        self.k_scales = self.v_scales = self.k_smooth = None
+        if quantize == "int8":
+            self.k_scales = torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
+            self.v_scales = torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
+        if key_smoothing is not None:
+            self.k_smooth = self._check_smoothing(key_smoothing)
+
+    def _check_smoothing(self, key_smoothing) -> torch.Tensor:
+        c = self.config
+        factors = torch.stack([torch.as_tensor(f, dtype=torch.float32) for f in key_smoothing])
+        expected = (c.num_layers, c.num_kv_heads, c.head_dim)
+        if tuple(factors.shape) != expected:
+            raise ValueError(f"key_smoothing must hold one (kv_heads, head_dim) = "
+                             f"{expected[1:]} tensor per layer ({expected[0]}), got shape "
+                             f"{tuple(factors.shape)}")
+        if not bool((factors > 0).all()) or not bool(torch.isfinite(factors).all()):
+            raise ValueError("key_smoothing factors must be finite and > 0")
+        return factors.to(self.device).contiguous()
+
+    def layer(self, i: int) -> LayerKV:
+        pick = lambda t: None if t is None else t[i]  # noqa: E731
+        return LayerKV(self.k_pages[i], self.v_pages[i], pick(self.k_scales),
+                       pick(self.v_scales), pick(self.k_smooth))
+
+    @property
+    def free_pages(self) -> int:
+        return self.allocator.free
+
+    def pages_for(self, num_positions: int) -> int:
+        return math.ceil(num_positions / self.page_size)
+
+    def new_sequence(self) -> Sequence:
+        return Sequence()
+
+    def check_length(self, seq: Sequence, n: int, max_len: int | None = None):
+        """ContextLengthError if seq cannot grow by n positions (within max_len too, if given)."""
+        limit = self.max_seq_len if max_len is None else min(max_len, self.max_seq_len)
+        if len(seq) + n > limit:
+            source = ("the model's max_len" if max_len is not None and max_len <= self.max_seq_len
+                      else "the cache's max_seq_len")
+            raise ContextLengthError(
+                f"{len(seq)} cached + {n} new tokens exceed the maximum sequence length {limit} "
+                f"({source})")
+
+    def reserve_all(self, requests):
+        """Give each (sequence, n) of requests pages for n more positions, all or none.
+
+        Raises OutOfPagesError(needed, free) before anything changes when the free pages do not
+        cover every request together.
+        """
+        requests = list(requests)
+        for seq, n in requests:
+            self.check_length(seq, n)
+        needs = [max(0, self.pages_for(len(seq) + n) - len(seq.pages)) for seq, n in requests]
+        if sum(needs) > self.free_pages:
+            raise OutOfPagesError(sum(needs), self.free_pages)
+        for (seq, _), need in zip(requests, needs):
+            seq.pages.extend(self.allocator.allocate(need))
+
+    def reserve(self, seq: Sequence, n: int):
+        """Pages for n more positions of seq; OutOfPagesError (nothing changed) if too few."""
+        self.reserve_all([(seq, n)])
+
+    def truncate(self, seq: Sequence, n: int):
+        """Keep the first n cached positions of seq and return the pages it no longer needs."""
+        if not 0 <= n <= len(seq):
+            raise ValueError(f"cannot truncate a sequence of {len(seq)} tokens to {n}")
+        del seq.tokens[n:]
+        keep = self.pages_for(n)
+        self.allocator.release(seq.pages[keep:])
+        del seq.pages[keep:]
+
+    def release(self, seq: Sequence):
+        """Return every page of seq; it is empty afterwards."""
+        self.truncate(seq, 0)
+
+    def sequence_keys(self, layer: int, seq: Sequence) -> torch.Tensor:
+        """The cached keys of seq in one layer (len(seq), kv_heads, head_dim), dequantized."""
+        pages = torch.tensor(seq.pages, dtype=torch.long, device=self.device)
+        keys = self.k_pages[layer][pages].flatten(0, 1)[:len(seq)].float()
+        if self.k_scales is not None:
+            keys = keys * self.k_scales[layer][pages].flatten(0, 1)[:len(seq), :, None]
+        if self.k_smooth is not None:
+            keys = keys * self.k_smooth[layer]
+        return keys
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.k_pages, self.v_pages, self.k_scales, self.v_scales)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def new_cache(model, max_tokens: int | None = None, page_size: int = 16,
+              quantize: str | None = None, key_smoothing=None,
+              num_pages: int | None = None) -> PagedKVCache:
+    """A cache in model's dtype and device, with pages for max_tokens positions (default the
+    model's max_len) unless num_pages is given; sequences may grow to the model's max_len."""
+    if num_pages is None:
+        num_pages = math.ceil((max_tokens or model.max_len) / page_size)
+    return PagedKVCache(model.config, num_pages, page_size=page_size, dtype=model.dtype,
+                        device=model.device, quantize=quantize, key_smoothing=key_smoothing,
+                        max_seq_len=model.max_len)
+
+
+def check_cache(model, cache: PagedKVCache):
+    """ValueError unless cache was made for model's config, dtype and device kind."""
+    if cache.config != model.config:
+        raise ValueError("the KV cache was made for another model configuration")
+    if cache.dtype != model.dtype or cache.device.type != model.device.type:
+        raise ValueError(f"the KV cache holds {cache.dtype} on {cache.device}; the model runs "
+                         f"{model.dtype} on {model.device}")

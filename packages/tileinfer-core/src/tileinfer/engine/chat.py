@@ -1,0 +1,125 @@
+"""ChatSession: a conversation with a model that reuses the KV cache of the prefix a turn shares.
+
+Each turn renders the whole conversation with the model's chat template, tokenizes it, and keeps
+the cached positions of the longest common prefix of those ids and the cached ones (rolling the
+cache back to it with ``truncate``); only the rest is prefilled. A turn that fails (out of pages,
+a prompt too long, an interrupt) leaves the conversation and the cache exactly as they were: the
+positions dropped to reach the common prefix are recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import common_prefix_len
+from ..io.chat_template import ChatMessage, chat_prompt
+from .generate import generate_into
+from .runner import ModelRunner
+from ..backend.sampling import SamplingParams
+from .speculative.proposer import SpecStats
+from .cache import new_cache
+
+
+@dataclass
+class TurnStats:
+    """One chat turn: prompt tokens reused from the cache, prefilled, and tokens generated;
+    with speculative decoding, its steps and drafts (``spec``, else None)."""
+
+    reused: int
+    prefilled: int
+    generated: int
+    seconds: float
+    spec: SpecStats | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.seconds if self.seconds > 0 else float("nan")
+
+
+class PromptTooLongError(ValueError):
+    """The conversation no longer fits the session's KV cache."""
+
+
+class ChatSession:
+    """A conversation with ``model``, with its own paged KV cache for up to ``max_tokens`` positions.
+
+    template: a model folder or template source for ``chat_prompt`` (default: the model's folder).
+    kv_cache: None (model dtype) or "int8", with optional per-layer ``key_smoothing`` factors
+    (``tileinfer.calibrate_key_smoothing``). stop_ids default to the model's EOS ids.
+    speculative: a proposer for speculative decoding (see ``tileinfer.speculative``).
+    """
+
+    def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(),
+                 stop_ids=None, enable_thinking: bool | None = None, max_tokens: int | None = None,
+                 kv_cache: str | None = None, key_smoothing=None, seed: int | None = None, system: str | None = None,
+                 template: str | Path | None = None, graphs: bool | None = None, page_size: int = 16,
+                 speculative=None):
+        self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
+        self.stop_ids = list(model.config.eos_token_ids if stop_ids is None else stop_ids)
+        self.enable_thinking = enable_thinking
+        self.max_tokens = max_tokens or model.max_len
+        if self.max_tokens > model.max_len:
+            raise ValueError(f"max_tokens {self.max_tokens} exceeds the model's max_len {model.max_len}")
+        self.template = template if template is not None else model.model_dir
+        if self.template is None:
+            raise ValueError("this model has no folder to read a chat template from; pass template=")
+        self.seed = seed
+        self.speculative = speculative
+        self.turns = 0
+        self.cache = new_cache(model, self.max_tokens, page_size=page_size, quantize=kv_cache,
+                                     key_smoothing=key_smoothing)
+        self.runner = ModelRunner(model, self.cache, graphs=graphs)
+        self.seq = self.cache.new_sequence()
+        self.system = system
+        self.messages: list[ChatMessage] = []
+        self.reset()
+
+    def reset(self):
+        """Clear the conversation (keeping the system message) and free its cache pages."""
+        self.cache.release(self.seq)
+        self.seq = self.cache.new_sequence()
+        self.messages = [ChatMessage("system", self.system)] if self.system else []
+
+    def prompt_ids(self, messages) -> list[int]:
+        kwargs = {}
+        if self.enable_thinking is not None:
+            kwargs["enable_thinking"] = self.enable_thinking
+        text = chat_prompt(self.template, messages, add_generation_prompt=True, **kwargs)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def reply(self, text: str, max_new_tokens: int = 1024, on_token=None) -> tuple[str, TurnStats]:
+        """Add the user message ``text``, generate the reply, add it to the conversation."""
+        messages = self.messages + [ChatMessage("user", text)]
+        ids = self.prompt_ids(messages)
+        if len(ids) + 1 > self.max_tokens:
+            raise PromptTooLongError(
+                f"the conversation is {len(ids)} tokens, the session holds {self.max_tokens}; "
+                "reset it or start a session with a larger max_tokens")
+        max_new_tokens = min(max_new_tokens, self.max_tokens - len(ids))
+        cached = list(self.seq.tokens)
+        # Keep at least one token to run: its logits give the first reply token.
+        reused = min(common_prefix_len(cached, ids), len(ids) - 1)
+        start = time.perf_counter()
+        self.cache.truncate(self.seq, reused)
+        seed = None if self.seed is None else self.seed + self.turns
+        spec = SpecStats() if self.speculative is not None else None
+        try:
+            new = generate_into(self.runner, self.seq, ids[reused:], max_new_tokens, self.sampling,
+                                self.stop_ids, seed, on_token, speculative=self.speculative,
+                                spec_stats=spec)
+        except BaseException:
+            self._restore(cached, reused)
+            raise
+        seconds = time.perf_counter() - start
+        reply = self.tokenizer.decode(new, skip_special_tokens=True)
+        self.messages = messages + [ChatMessage("assistant", reply)]
+        self.turns += 1
+        return reply, TurnStats(reused, len(ids) - reused, len(new), seconds, spec)
+
+    def _restore(self, cached, reused):
+        """Bring the cache back to ``cached`` after a failed turn (recomputing dropped positions)."""
+        self.cache.truncate(self.seq, reused)
+        if len(cached) > reused:
+            self.runner.forward(self.seq, cached[reused:])

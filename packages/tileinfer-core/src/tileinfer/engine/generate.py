@@ -1,0 +1,153 @@
+"""Token generation: plain step-by-step decoding and pipelined decoding.
+
+Every token is sampled by the backend's ``sample_tokens`` op from the stream (seed, k) for the
+k-th new token, so the result is a function of the logits and one seed whichever path runs it:
+``tileinfer.sampling.sample_host(logits, params, seed, k)`` picks the same token.
+
+Pipelined decoding (CUDA graphs on a CUDA device): each step's sampled token is written on the
+device into the next step's input, and copied to pinned host memory asynchronously. The host
+launches step k + 1 before it reads token k, so the GPU never waits for Python; when token k turns
+out to be a stop token (or the last one asked for), the one step launched past it is rolled back
+with ``truncate``. Afterwards the sequence holds the input ids and every generated token except
+the last, exactly as in plain decoding.
+
+Speculative decoding (``speculative=`` a proposer, see ``tileinfer.speculative``) checks several
+drafted tokens per target step instead; its stream usage is described in
+``tileinfer.speculative.decode``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+
+import torch
+
+from .runner import ModelRunner
+from ..backend.sampling import SamplingParams
+from .speculative.decode import generate_speculative
+from .speculative.proposer import Proposer, SpecStats
+from .cache import new_cache
+
+
+def _check_args(max_new_tokens, sampling):
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError("sampling must be a tileinfer.SamplingParams")
+
+
+def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
+                  sampling: SamplingParams = SamplingParams(), stop_ids: Iterable[int] | None = None,
+                  seed: int | None = None, on_token: Callable[[int], None] | None = None,
+                  pipeline: bool | None = None, speculative: Proposer | None = None,
+                  spec_stats: SpecStats | None = None) -> list[int]:
+    """Continue ``seq`` with ``ids`` and generate up to ``max_new_tokens`` tokens.
+
+    Returns the new token ids without the stop token. ``on_token(id)`` is called for each new
+    token as soon as the host knows it. ``stop_ids`` defaults to the model's EOS ids. ``pipeline``
+    defaults to on when the runner uses CUDA graphs. On an error (e.g. the cache runs out of
+    pages) the sequence is rolled back to where it was and the error re-raised.
+
+    speculative: a proposer (``NgramProposer``, ``DraftProposer``, ``DFlashProposer``) whose
+    drafts the model checks several per step (``pipeline`` does not apply); ``spec_stats``, a
+    ``SpecStats``, counts its steps and drafts.
+    """
+    _check_args(max_new_tokens, sampling)
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("generate needs at least one input token")
+    stop = set(runner.model.config.eos_token_ids if stop_ids is None else stop_ids)
+    seed = random.getrandbits(63) if seed is None else int(seed)
+    if pipeline is None:
+        pipeline = runner.graphs
+    start = len(seq)
+    try:
+        if speculative is not None:  # sets up the stream (seed, counter) itself
+            return generate_speculative(runner, seq, ids, speculative, max_new_tokens, sampling,
+                                        stop, seed, on_token, spec_stats)
+        runner.seed.fill_(seed)
+        runner.counter.zero_()
+        loop = _pipelined if pipeline else _stepwise
+        return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
+    except BaseException:
+        runner.cache.truncate(seq, start)
+        raise
+
+
+def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
+    new: list[int] = []
+    pending = ids
+    while True:
+        runner.forward(seq, pending, sampling)
+        token = int(runner.next_token[0])  # waits for the step
+        if token in stop:
+            break
+        new.append(token)
+        if on_token is not None:
+            on_token(token)
+        if len(new) == max_new_tokens:
+            break
+        pending = [token]
+    return new
+
+
+def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
+    device_token = runner.next_token
+    host_tokens = torch.empty(max_new_tokens + 1, dtype=torch.int32, pin_memory=True)
+    events = []
+
+    def launch_copy(k):
+        host_tokens[k : k + 1].copy_(device_token, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        events.append(event)
+
+    runner.forward(seq, ids, sampling)  # prefill; samples token 0 on the device
+    launch_copy(0)
+    base = len(seq)  # positions of generated tokens start here
+    new: list[int] = []
+    k = 0  # the token the host reads next
+    while True:
+        if k + 1 < max_new_tokens:
+            # Step k + 1 consumes token k straight from the device, before the host knows it.
+            runner.decode_from_device(seq, sampling)
+            launch_copy(k + 1)
+        events[k].synchronize()
+        token = int(host_tokens[k])
+        if token in stop:
+            break
+        new.append(token)
+        if k + 1 < max_new_tokens:  # step k + 1 ran with token k: replace its placeholder
+            seq.tokens[base + k] = token
+        if on_token is not None:
+            on_token(token)
+        if len(new) == max_new_tokens:
+            break
+        k += 1
+    # Token k was the last: it is never run, and any step launched with it is rolled back.
+    torch.cuda.current_stream().synchronize()
+    runner.cache.truncate(seq, base + k)
+    return new
+
+
+def generate(model, prompt_ids, max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
+             stop_ids=None, seed: int | None = None, on_token=None, pipeline: bool | None = None,
+             graphs: bool | None = None, kv_quantize: str | None = None, key_smoothing=None,
+             page_size: int = 16, speculative: Proposer | None = None,
+             spec_stats: SpecStats | None = None):
+    """One-shot generation in a fresh KV cache sized for the prompt and ``max_new_tokens``."""
+    _check_args(max_new_tokens, sampling)
+    total = len(prompt_ids) + max_new_tokens
+    if total > model.max_len:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's max_len {model.max_len}")
+    cache = new_cache(model, total, page_size=page_size, quantize=kv_quantize,
+                            key_smoothing=key_smoothing)
+    runner = ModelRunner(model, cache, graphs=graphs)
+    seq = cache.new_sequence()
+    try:
+        return generate_into(runner, seq, prompt_ids, max_new_tokens, sampling, stop_ids, seed,
+                             on_token, pipeline, speculative, spec_stats)
+    finally:
+        cache.release(seq)

@@ -1,0 +1,210 @@
+"""ModelRunner: forward steps of one sequence with static buffers and CUDA graphs.
+
+Steps of up to ``MAX_GRAPH_TOKENS`` tokens (decode, speculative verification) run from static
+metadata and activation buffers; on a CUDA device with a graph-safe backend each step size is
+captured once in a CUDA graph (forward plus, optionally, device sampling) and replayed. Longer
+steps (prefill) run eagerly with buffers allocated for them.
+
+Replaying needs the step's metadata in the static tensors: the host builds it (reserving pages)
+and sends it with one copy from a pinned staging buffer. The token ids of a step can instead come
+from the device: the sampling op writes the next token straight into the 1-token step's ids, so
+pipelined decoding (``tileinfer.generate``) never waits for the host.
+
+Speculative decoding adds two things: steps that return the logits of every row (a verify step
+of the last token and k drafts: ``forward(..., all_logits=True)``, with static slots and graphs
+of their own), and the output hidden states of chosen layers, which a DFlash drafter reads after
+each step (``capture_hidden_states``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..backend.sampling import SamplingParams
+from .graphs import capture_graph
+from .step import prepare_step, static_metadata
+
+MAX_GRAPH_TOKENS = 8
+
+
+@dataclass
+class _Slot:
+    """Static state of one step size: metadata, buffers, its graphs and its last logits."""
+
+    meta: object
+    buffers: object
+    logits: torch.Tensor | None = None  # output of the last run
+    # One graph per sampling captured with it: None (no sampling) or (temperature, top_k, top_p).
+    graphs: dict = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Forward steps of ``model`` on ``cache``, with CUDA graphs for steps of 1..8 tokens.
+
+    graphs: None picks them when the model is on CUDA and its backend is graph-safe.
+    """
+
+    def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=()):
+        self.model, self.cache = model, cache
+        on_cuda = torch.device(model.device).type == "cuda"
+        if graphs is None:
+            graphs = on_cuda and model.ops.graph_safe
+        if graphs and not on_cuda:
+            raise ValueError("CUDA graphs need a model on a CUDA device")
+        if graphs and not model.ops.graph_safe:
+            raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
+        self.graphs = graphs
+        self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
+        self._slots: dict[int, _Slot] = {}  # steps that return the last row's logits
+        self._all_logits_slots: dict[int, _Slot] = {}  # steps that return every row's logits
+        # Layers whose output hidden states every step writes, and who reads them after a step.
+        self.hidden_layers: tuple[int, ...] = ()
+        self.step_listener = None
+        device = model.device
+        # The counter-based random stream of device sampling: seed and the next counter.
+        self.seed = torch.zeros(1, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self._pool = None  # the graphs share one memory pool
+
+    # -- static slots ------------------------------------------------------------------------
+
+    def _slot(self, n: int, all_logits: bool = False) -> _Slot:
+        slots = self._all_logits_slots if all_logits else self._slots
+        slot = slots.get(n)
+        if slot is None:
+            meta = static_metadata(self.model, n, self.cache, n_logits=n if all_logits else 1)
+            slot = _Slot(meta, self.model.new_buffers(n, meta.num_logits,
+                                                      hidden_layers=self.hidden_layers))
+            slots[n] = slot
+        return slot
+
+    def add_sizes(self, sizes):
+        """Also run steps of these token counts from static slots (and graphs)."""
+        self.sizes = sorted(set(self.sizes) | {int(n) for n in sizes})
+
+    def capture_hidden_states(self, layers, listener):
+        """Have every step write the output hidden states of ``layers`` (transformers'
+        ``hidden_states[layer + 1]`` before any final norm, see ``StepBuffers.hidden_out``) and
+        then call ``listener(seq, start, ids, hidden_out)``: the step ran ``ids`` at positions
+        ``start..`` of ``seq``, and ``hidden_out`` maps each layer to its (len(ids), hidden) rows,
+        valid until the next step of that size. A DFlash drafter reads them. Static slots made
+        without these outputs are dropped (and their graphs captured again when next used)."""
+        layers = tuple(sorted({int(layer) for layer in layers}))
+        if layers != self.hidden_layers:
+            self._slots.clear()
+            self._all_logits_slots.clear()
+            self.hidden_layers = layers
+        self.step_listener = listener
+
+    def _after_step(self, seq, start, ids, buffers):
+        if self.step_listener is not None:
+            self.step_listener(seq, start, ids, buffers.hidden_out)
+
+    def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None):
+        """Run the slot's step (replay or eager) and, if sampling, sample its last row."""
+        if not self.graphs:
+            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            if sampling is not None:
+                self._sample_into(slot.logits, sampling, self.next_token)
+            return
+        key = self._graph_key(sampling)
+        graph = slot.graphs.get(key)
+        if graph is None:
+            graph = slot.graphs[key] = self._capture(slot, sampling)
+        graph.replay()
+
+    @staticmethod
+    def _graph_key(sampling: SamplingParams | None):
+        return None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p)
+
+    def captured_graph(self, n: int, sampling: SamplingParams | None):
+        """The CUDA graph of the n-token step (last row's logits) sampling with ``sampling``, once
+        a step has captured it, else None: benchmarks replay it to time the GPU alone."""
+        slot = self._slots.get(n)
+        return None if slot is None else slot.graphs.get(self._graph_key(sampling))
+
+    def _sample_into(self, logits, sampling, out):
+        self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
+                                     sampling.top_p, self.seed, self.counter, None)
+        self.counter.add_(1)
+
+    def _capture(self, slot: _Slot, sampling: SamplingParams | None) -> torch.cuda.CUDAGraph:
+        """Capture the slot's step (and sampling) in a graph. The step's metadata is already in
+        the static tensors; capturing does not run it, so the first replay does."""
+        counter = self.counter.clone()
+
+        def warmup():  # samples into scratch so that the step's input ids stay as they are
+            logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            if sampling is not None:
+                self._sample_into(logits, sampling, torch.empty_like(self.next_token))
+                self.counter.copy_(counter)
+
+        def step():
+            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            if sampling is not None:
+                self._sample_into(slot.logits, sampling, self.next_token)
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return capture_graph(step, warmup=warmup, pool=self._pool)
+
+    # -- public steps ------------------------------------------------------------------------
+
+    def forward(self, seq, ids, sampling: SamplingParams | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Run ``ids`` after the cached positions of ``seq`` and append them to it; returns the
+        last row's logits (1, vocab) float32, or every row's (len(ids), vocab) with all_logits
+        (a speculative verify step). Short steps' logits live in static buffers: read them
+        before the next step of the same kind and length. With ``sampling``, also samples the
+        next token from the last row on the device into ``next_token`` with the stream
+        (seed, counter) and advances the counter. On an error the sequence is left as it was."""
+        ids = [int(i) for i in ids]
+        n, start = len(ids), len(seq)
+        max_len = self.model.max_len
+        try:
+            if n in self.sizes:
+                slot = self._slot(n, all_logits)
+                prepare_step(self.cache, [seq], [ids], all_logits=all_logits, max_len=max_len,
+                             out=slot.meta)
+                self._run_static(slot, n, sampling)
+                logits, buffers = slot.logits, slot.buffers
+            else:
+                meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
+                                    max_len=max_len)
+                buffers = self.model.new_buffers(n, meta.num_logits,
+                                                 hidden_layers=self.hidden_layers)
+                logits = self.model.forward_step(meta, buffers, self.cache)
+                if sampling is not None:
+                    self._sample_into(logits, sampling, self.next_token)
+        except BaseException:
+            self.cache.truncate(seq, start)  # gives back pages reserved for the step
+            raise
+        seq.tokens.extend(ids)
+        self._after_step(seq, start, ids, buffers)
+        return logits if all_logits else logits[-1:]
+
+    def decode_from_device(self, seq, sampling: SamplingParams | None):
+        """One pipelined decode step whose input is the token the previous step sampled on the
+        device (already in ``next_token``); the host only sends positions and slots. Appends a
+        placeholder id (-1) to ``seq``: the caller writes the real token once it knows it.
+        Returns the step's logits (1, vocab), valid until the next 1-token step."""
+        start = len(seq)
+        slot = self._slot(1)
+        try:
+            prepare_step(self.cache, [seq], [[-1]], max_len=self.model.max_len, out=slot.meta,
+                         keep_ids=True)
+            self._run_static(slot, 1, sampling)
+        except BaseException:
+            self.cache.truncate(seq, start)
+            raise
+        seq.tokens.append(-1)
+        self._after_step(seq, start, [-1], slot.buffers)
+        return slot.logits
+
+    @property
+    def next_token(self) -> torch.Tensor:
+        """(1,) int32 on the device: the token the last sampling step drew, which is also the
+        input of the next 1-token step."""
+        return self._slot(1).meta.ids

@@ -1,0 +1,219 @@
+"""The decoder: a forward step built from the op table's in-place ops on preallocated buffers.
+
+Per layer (hidden states x of the step's n tokens, (n, hidden)):
+
+    h = rmsnorm(x)                     (layer 0)  or  x += delta; h = rmsnorm(x)  (add_rmsnorm)
+    qkv = h @ W_qkv.T                   (n, (heads + 2 kv_heads) head_dim)
+    q = rope(qnorm(q)); cache <- rope(knorm(k)), v          (attention_inputs)
+    a = attention(q, cache)             causal, grouped-query, over the paged cache
+                                        (both in one op, attention_with_inputs, where the
+                                        backend implements it itself)
+    delta = a @ W_o.T
+    x += delta; h = rmsnorm(x)          (add_rmsnorm)
+    m = silu(h @ W_gate.T) * (h @ W_up.T)      (linear_swiglu; Apertus: xielu(h @ W_up.T))
+    delta = m @ W_down.T
+
+then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
+and ``logits = h @ W_lm_head.T`` is computed in the model dtype and converted to float32 (as
+transformers rounds its logits to bf16 before ``.float()``, so that greedy ties break alike).
+
+``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
+no ``.tolist()``): only op-table calls, views, and torch's out= forms of a row gather
+(``index_select``) and copies (the float32 logits, ``hidden_out``), so a runner can capture it in
+a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether the ops
+themselves are capturable is the backend's ``graph_safe``).
+
+The model layer knows nothing of the engine: a step (``tileinfer.engine.step.StepMetadata``) and
+the KV cache (``tileinfer.engine.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
+through ``meta.ids``, ``meta.logit_rows``, ``meta.attention`` and ``cache.layer(i)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..backend import OpTable, QKTransform
+from .config import ModelConfig
+from .quant import linear_operands
+from .rope import rope_tables
+from .weights import ModelWeights
+
+
+@dataclass
+class StepBuffers:
+    """Preallocated activations of steps of n tokens with m logit rows (``Model.new_buffers``).
+
+    hidden_out: layer index -> (n, hidden) tensor receiving that layer's output hidden states
+    (the residual stream after the layer, transformers' ``hidden_states[layer + 1]``), for the
+    layers asked for; a speculative drafter (DFlash) reads them.
+    """
+
+    hidden: torch.Tensor  # (n, hidden) residual stream
+    normed: torch.Tensor  # (n, hidden) normalized input of the next projection
+    qkv: torch.Tensor  # (n, qkv_size)
+    q: torch.Tensor  # (n, heads, head_dim) queries after norm + RoPE
+    attn: torch.Tensor  # (n, heads, head_dim) attention output
+    delta: torch.Tensor  # (n, hidden) output of o_proj / down_proj, added to the residual
+    act: torch.Tensor  # (n, intermediate) MLP activation
+    gate_up: torch.Tensor | None  # (n, 2 * intermediate) scratch of linear_swiglu
+    logit_hidden: torch.Tensor  # (m, hidden) gathered residual rows
+    logit_delta: torch.Tensor  # (m, hidden) gathered last delta rows
+    logit_normed: torch.Tensor  # (m, hidden)
+    logits_model_dtype: torch.Tensor  # (m, vocab) in the model dtype
+    logits: torch.Tensor  # (m, vocab) float32 (the same tensor when the model is float32)
+    workspace: object  # the attention op's scratch, or None
+    max_context_len: int  # the longest context the workspace is sized for
+    hidden_out: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def num_logits(self) -> int:
+        return self.logits.shape[0]
+
+
+class Model:
+    """A loaded model: config, weights, the op table, RoPE tables, dtype, device, max_len."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, ops: OpTable,
+                 dtype: torch.dtype, device, max_len: int, model_dir: Path | None = None,
+                 quantize: str | None = None):
+        self.config, self.weights, self.ops = config, weights, ops
+        self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
+        self.model_dir, self.quantize = model_dir, quantize
+        self.cos, self.sin = rope_tables(config, max_len, dtype, self.device)
+        # Per layer: the q/k norms and RoPE tables between the qkv projection and attention.
+        self.qk = [QKTransform(self.cos, self.sin, layer.q_norm, layer.k_norm, config.rms_norm_eps)
+                   for layer in weights.layers]
+
+    @property
+    def backend(self) -> str:
+        return self.ops.name
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether the backend runs attention_inputs + attention as one op of its own."""
+        return self.ops.attention_with_inputs is not None
+
+    def __repr__(self):
+        c = self.config
+        return (f"Model({c.model_type}, layers={c.num_layers}, hidden={c.hidden_size}, "
+                f"backend={self.backend!r}, dtype={self.dtype}, device={self.device}, "
+                f"max_len={self.max_len}, quantize={self.quantize!r})")
+
+    def new_buffers(self, n_tokens: int, n_logits: int, hidden_layers=(),
+                    max_context_len: int | None = None) -> StepBuffers:
+        """Buffers for steps of n_tokens tokens and n_logits logit rows.
+
+        hidden_layers: layers whose output hidden states the step writes to ``hidden_out``.
+        max_context_len: the longest context the attention workspace must serve (default
+        max_len, which covers every step ``prepare_step`` builds for this model).
+        """
+        c, dt, dev = self.config, self.dtype, self.device
+        max_context_len = max_context_len or self.max_len
+
+        def empty(*shape, dtype=dt):
+            return torch.empty(shape, dtype=dtype, device=dev)
+
+        for layer in hidden_layers:
+            if not 0 <= layer < c.num_layers:
+                raise ValueError(f"hidden_layers: layer {layer} is not in 0..{c.num_layers - 1}")
+        self.ops.reserve_scratch(dev)
+        logits_model_dtype = empty(n_logits, c.vocab_size)
+        return StepBuffers(
+            hidden=empty(n_tokens, c.hidden_size),
+            normed=empty(n_tokens, c.hidden_size),
+            qkv=empty(n_tokens, c.qkv_size),
+            q=empty(n_tokens, c.num_heads, c.head_dim),
+            attn=empty(n_tokens, c.num_heads, c.head_dim),
+            delta=empty(n_tokens, c.hidden_size),
+            act=empty(n_tokens, c.intermediate_size),
+            gate_up=empty(n_tokens, 2 * c.intermediate_size) if c.mlp == "swiglu" else None,
+            logit_hidden=empty(n_logits, c.hidden_size),
+            logit_delta=empty(n_logits, c.hidden_size),
+            logit_normed=empty(n_logits, c.hidden_size),
+            logits_model_dtype=logits_model_dtype,
+            logits=(logits_model_dtype if dt == torch.float32
+                    else empty(n_logits, c.vocab_size, dtype=torch.float32)),
+            workspace=self.ops.attention_workspace(n_tokens, c.num_heads, c.head_dim,
+                                                   max_context_len, dev),
+            max_context_len=max_context_len,
+            hidden_out={layer: empty(n_tokens, c.hidden_size) for layer in hidden_layers},
+        )
+
+    def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True) -> torch.Tensor:
+        """Run one step; returns ``buffers.logits`` (m, vocab) float32 for meta.logit_rows.
+
+        meta: the step (``StepMetadata``); cache: the KV cache it was prepared on, which already
+        holds pages for the step; the step writes the keys and values of its tokens at its slots.
+        causal=False: every row sees the whole context of its sequence (a DFlash block).
+        Graph-capturable: see the module docstring.
+        """
+        if (buffers.num_tokens, buffers.num_logits) != (meta.num_tokens, meta.num_logits):
+            raise ValueError(f"buffers for {buffers.num_tokens} tokens / {buffers.num_logits} "
+                             f"logit rows do not fit a step of {meta.num_tokens} / "
+                             f"{meta.num_logits}")
+        if meta.max_context_len > buffers.max_context_len:
+            raise ValueError(f"the step's max_context_len {meta.max_context_len} exceeds the "
+                             f"buffers' {buffers.max_context_len}")
+        ops, c, w, b = self.ops, self.config, self.weights, buffers
+        n, eps, step = meta.num_tokens, c.rms_norm_eps, meta.attention
+        ops.embed(b.hidden, w.embed, meta.ids)
+        for i, layer in enumerate(w.layers):
+            if i == 0:
+                ops.rmsnorm(b.normed, b.hidden, layer.attn_norm, eps)
+            else:
+                ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.attn_norm, eps)
+                if i - 1 in b.hidden_out:  # b.hidden is now layer i - 1's output
+                    b.hidden_out[i - 1].copy_(b.hidden)
+            kv = cache.layer(i)
+            ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv))
+            if self.fused_attention:
+                ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
+                                          c.attention_scale, causal, b.workspace)
+            else:
+                ops.attention_inputs(b.q, kv, b.qkv, self.qk[i], step)
+                ops.attention(b.attn, b.q, kv, step, c.attention_scale, causal, b.workspace)
+            ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o))
+            ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
+            if layer.xielu is not None:
+                ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu)
+            else:
+                ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up)
+            ops.linear(b.delta, b.act, *linear_operands(layer.down))
+        last = c.num_layers - 1
+        if last in b.hidden_out:
+            torch.add(b.hidden, b.delta, out=b.hidden_out[last])
+        return self._logits(meta, b)
+
+    def _logits(self, meta, b: StepBuffers) -> torch.Tensor:
+        """The last residual add, the final norm and the lm_head, on the logit rows only."""
+        w, eps = self.weights, self.config.rms_norm_eps
+        # A step with a logit row per token (decode, verify) has them all, in order: no gather.
+        if meta.num_logits == meta.num_tokens:
+            hidden, delta = b.hidden, b.delta
+        else:
+            hidden, delta = b.logit_hidden, b.logit_delta
+            torch.index_select(b.hidden, 0, meta.logit_rows, out=hidden)
+            torch.index_select(b.delta, 0, meta.logit_rows, out=delta)
+        self.ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
+        head, head_scale = linear_operands(w.lm_head)
+        if head_scale is None:
+            # A float head's product is rounded to the model dtype even when the op writes
+            # float32 (the linear contract), so it writes the float32 logits directly.
+            self.ops.linear(b.logits, b.logit_normed, head, None)
+        else:
+            self.ops.linear(b.logits_model_dtype, b.logit_normed, head, head_scale)
+            if b.logits is not b.logits_model_dtype:
+                b.logits.copy_(b.logits_model_dtype)
+        return b.logits
+
+
+def max_length(model: Model) -> int:
+    """The longest sequence model can process: the positions its RoPE tables cover."""
+    return model.max_len

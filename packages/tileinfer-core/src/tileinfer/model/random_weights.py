@@ -1,0 +1,55 @@
+"""Models of random weights in a named or given shape: for speed measurements (decode speed does
+not depend on the values) and for serving benchmarks without a checkpoint."""
+
+from __future__ import annotations
+
+import torch
+
+from ..backend import get_backend
+from .config import config_from_dict
+from .decoder import Model
+from .quant import quantize_int8
+from .weights import LayerWeights, ModelWeights
+
+SHAPES = {
+    "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                      num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
+    "llama3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256),
+}
+
+
+def shape_config(name: str):
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    return config_from_dict(dict(SHAPES[name], model_type="llama", rms_norm_eps=1e-5,
+                                 rope_theta=500000.0, max_position_embeddings=131072,
+                                 tie_word_embeddings=False, eos_token_id=128001))
+
+
+def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", quantize=None,
+                 max_len: int = 4096, seed: int = 0) -> Model:
+    """A model of ``config`` with random weights (std 0.02), every layer's tensors distinct."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    c = config
+
+    def w(*shape):
+        return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+    def linear(*shape):
+        return quantize_int8(w(*shape)) if quantize == "int8" else w(*shape)
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype, device=device)
+
+    up_rows = 2 * c.intermediate_size if c.mlp == "swiglu" else c.intermediate_size
+    layers = [LayerWeights(attn_norm=ones(c.hidden_size), qkv=linear(c.qkv_size, c.hidden_size),
+                           q_norm=ones(c.head_dim) if c.qk_norm else None,
+                           k_norm=ones(c.head_dim) if c.qk_norm else None,
+                           o=linear(c.hidden_size, c.q_size), mlp_norm=ones(c.hidden_size),
+                           up=linear(up_rows, c.hidden_size),
+                           down=linear(c.hidden_size, c.intermediate_size))
+              for _ in range(c.num_layers)]
+    weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
+                           norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size))
+    return Model(c, weights, get_backend(backend), dtype, device, max_len, quantize=quantize)

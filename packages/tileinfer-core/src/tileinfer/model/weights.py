@@ -1,0 +1,284 @@
+"""Weights of a model directory: safetensors files read with ``safetensors.safe_open``.
+
+``safe_open`` memory-maps each file and reads only the tensors asked for. A sharded checkpoint
+lists its tensors' files in ``model.safetensors.index.json`` (``weight_map``); otherwise every
+``*.safetensors`` file in the directory is opened.
+
+At load, the per-projection tensors of transformers' checkpoints are fused so that one ``linear``
+op computes them together:
+
+- ``qkv`` ((heads + 2 * kv_heads) * head_dim, hidden): q_proj rows, then k_proj, then v_proj;
+- ``gate_up`` (2 * intermediate, hidden): gate_proj rows over up_proj rows (SwiGLU models), or
+  ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP.
+
+Tensor names per architecture (``model.layers.{i}.`` prefix):
+
+=====================  ============================  ======================================
+                       Llama / Mistral / Qwen3       Apertus
+=====================  ============================  ======================================
+norm before attention  input_layernorm               attention_layernorm
+norm before the MLP    post_attention_layernorm      feedforward_layernorm
+attention              self_attn.{q,k,v,o}_proj      self_attn.{q,k,v,o}_proj
+per-head q/k norm      self_attn.{q,k}_norm (Qwen3)  self_attn.{q,k}_norm
+MLP                    mlp.{gate,up,down}_proj       mlp.{up,down}_proj,
+                                                     mlp.act_fn.{alpha_p,alpha_n,beta,eps}
+=====================  ============================  ======================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+
+from ..backend.types import XIELUScalars
+from .config import ModelConfig
+from .quant import Int8Weight, quantize_int8
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit its config: missing tensor, wrong shape, unreadable file."""
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Linear weights are tensors (out, in) or ``Int8Weight``s."""
+
+    attn_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor | Int8Weight  # (qkv_size, hidden)
+    q_norm: torch.Tensor | None  # (head_dim,) or None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor | Int8Weight  # (hidden, heads * head_dim)
+    mlp_norm: torch.Tensor  # (hidden,)
+    # SwiGLU: gate_up (2 * inter, hidden), gate rows over up rows; xIELU: up (inter, hidden)
+    up: torch.Tensor | Int8Weight
+    down: torch.Tensor | Int8Weight  # (hidden, inter)
+    xielu: XIELUScalars | None = None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # (vocab, hidden), always in the model dtype
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # (hidden,)
+    lm_head: torch.Tensor | Int8Weight  # (vocab, hidden); the embed tensor itself when tied
+
+    def tensors(self):
+        """Every distinct weight tensor (a tied lm_head is counted once)."""
+        seen = {}
+        items = [self.embed, self.norm, self.lm_head]
+        for layer in self.layers:
+            items += [layer.attn_norm, layer.qkv, layer.q_norm, layer.k_norm, layer.o,
+                      layer.mlp_norm, layer.up, layer.down]
+        for item in items:
+            parts = (item.q, item.scale) if isinstance(item, Int8Weight) else (item,)
+            for t in parts:
+                if t is not None:
+                    seen[id(t)] = t
+        return list(seen.values())
+
+
+class Checkpoint:
+    """The tensors of a model directory's safetensors files, by name (use as a context manager)."""
+
+    def __init__(self, model_dir):
+        self.model_dir = Path(model_dir)
+        self._stack = contextlib.ExitStack()
+        self._handles = {}  # file name -> open safe_open handle
+        index = self.model_dir / INDEX_FILE
+        if index.is_file():
+            try:
+                self.weight_map = dict(json.loads(index.read_text())["weight_map"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise WeightsError(f"{index} is not a valid safetensors index: {exc!r}") from None
+        else:
+            files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
+            if not files:
+                raise WeightsError(f"no *.safetensors files in {self.model_dir}")
+            self.weight_map = {}
+            for file in files:
+                for name in self._handle(file).keys():
+                    self.weight_map.setdefault(name, file)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def _handle(self, file):
+        if file not in self._handles:
+            path = self.model_dir / file
+            if not path.is_file():
+                raise WeightsError(f"{path} (listed in {INDEX_FILE}) does not exist")
+            try:
+                self._handles[file] = self._stack.enter_context(
+                    safe_open(str(path), framework="pt", device="cpu"))
+            except (SafetensorError, OSError) as exc:
+                raise WeightsError(f"{path} is truncated or corrupt and cannot be read as "
+                                   f"safetensors: {exc}") from None
+        return self._handles[file]
+
+    def has(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def _file(self, name):
+        if name not in self.weight_map:
+            raise WeightsError(f"tensor {name!r} is missing from the checkpoint in "
+                               f"{self.model_dir}")
+        return self.weight_map[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        handle = self._handle(self._file(name))
+        try:
+            return tuple(handle.get_slice(name).get_shape())
+        except SafetensorError as exc:
+            raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor ``name`` (on the CPU, memory-mapped), checked to have ``shape``."""
+        got = self.shape(name)
+        if got != tuple(shape):
+            raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        try:
+            return self._handle(self._file(name)).get_tensor(name)
+        except SafetensorError as exc:
+            raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
+
+
+def stacked_tensor(ckpt: Checkpoint, parts, cols, dtype, device) -> torch.Tensor:
+    """Tensors (rows_i, cols) stacked along rows into one new (sum rows_i, cols) tensor."""
+    total = sum(rows for _, rows in parts)
+    out = torch.empty(total, cols, dtype=dtype, device=device)
+    start = 0
+    for name, rows in parts:
+        out[start:start + rows].copy_(ckpt.get(name, (rows, cols)))  # converts dtype and device
+        start += rows
+    return out
+
+
+def _xielu_scalars(ckpt: Checkpoint, prefix: str, dtype) -> XIELUScalars:
+    def scalar(name):
+        full = prefix + name
+        shape = ckpt.shape(full)
+        if shape not in ((), (1,)):
+            raise WeightsError(f"tensor {full!r} has shape {list(shape)}, expected a scalar "
+                               "([] or [1])")
+        return ckpt.get(full, shape).reshape(()).to(dtype)
+
+    alpha_p, alpha_n, beta, eps = (scalar(n) for n in ("alpha_p", "alpha_n", "beta", "eps"))
+    # Rounded to the model dtype at each step, as XIELUActivation._xielu_python computes them.
+    return XIELUScalars(
+        alpha_p=float(F.softplus(alpha_p)),
+        alpha_n=float(beta + F.softplus(alpha_n)),
+        beta=float(beta),
+        eps=float(eps),
+    )
+
+
+def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
+    """Role -> tensor name suffix in layer i (``model.layers.{i}.`` + suffix)."""
+    apertus = config.model_type == "apertus"
+    names = {
+        "attn_norm": ("attention_layernorm" if apertus else "input_layernorm") + ".weight",
+        "mlp_norm": ("feedforward_layernorm" if apertus else "post_attention_layernorm")
+        + ".weight",
+        "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
+        "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
+        "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+    }
+    if config.qk_norm:
+        names.update(q_norm="self_attn.q_norm.weight", k_norm="self_attn.k_norm.weight")
+    if config.mlp == "swiglu":
+        names["gate"] = "mlp.gate_proj.weight"
+    else:
+        names.update({n: f"mlp.act_fn.{n}" for n in ("alpha_p", "alpha_n", "beta", "eps")})
+    return names
+
+
+def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor this engine reads from a checkpoint for config, with its shape as
+    transformers saves it (xIELU scalars: ``()``, or ``(1,)`` for alpha_p/alpha_n; both are
+    accepted). lm_head: include ``lm_head.weight`` (untied models)."""
+    c = config
+    hidden, inter = c.hidden_size, c.intermediate_size
+    roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "q": (c.q_size, hidden),
+             "k": (c.kv_size, hidden), "v": (c.kv_size, hidden), "o": (hidden, c.q_size),
+             "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
+             "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "alpha_p": (1,), "alpha_n": (1,),
+             "beta": (), "eps": ()}
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, hidden)}
+    layer_names = layer_tensor_names(c)
+    for i in range(c.num_layers):
+        for role, suffix in layer_names.items():
+            shapes[f"model.layers.{i}.{suffix}"] = roles[role]
+    shapes["model.norm.weight"] = (hidden,)
+    if lm_head:
+        shapes["lm_head.weight"] = (c.vocab_size, hidden)
+    return shapes
+
+
+def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="cpu",
+                 quantize: str | None = None) -> ModelWeights:
+    """Read, check, fuse and convert the weights of ``model_dir`` for ``config``.
+
+    quantize: None, or "int8" to store every linear weight (qkv, o, gate_up/up, down, lm_head) as
+    an ``Int8Weight``. The embedding table stays in ``dtype``, so a tied lm_head gets its own INT8
+    copy.
+    """
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    c = config
+    shapes = checkpoint_shapes(c)
+    names = layer_tensor_names(c)
+    with Checkpoint(model_dir) as ckpt:
+        def load(name):
+            return ckpt.get(name, shapes[name]).to(device=device, dtype=dtype)
+
+        def stacked(*names_):
+            return stacked_tensor(ckpt, [(n, shapes[n][0]) for n in names_], c.hidden_size, dtype,
+                            device)
+
+        def linear(weight):
+            return quantize_int8(weight) if quantize == "int8" else weight
+
+        embed = load("model.embed_tokens.weight")
+        layers = []
+        for i in range(c.num_layers):
+            n = {role: f"model.layers.{i}.{suffix}" for role, suffix in names.items()}
+            up = stacked(n["gate"], n["up"]) if c.mlp == "swiglu" else load(n["up"])
+            layers.append(LayerWeights(
+                attn_norm=load(n["attn_norm"]),
+                qkv=linear(stacked(n["q"], n["k"], n["v"])),
+                q_norm=load(n["q_norm"]) if c.qk_norm else None,
+                k_norm=load(n["k_norm"]) if c.qk_norm else None,
+                o=linear(load(n["o"])),
+                mlp_norm=load(n["mlp_norm"]),
+                up=linear(up),
+                down=linear(load(n["down"])),
+                xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
+                       if c.mlp == "xielu" else None),
+            ))
+        norm = load("model.norm.weight")
+        # transformers ties lm_head to the embedding when tie_word_embeddings is set, and then
+        # does not save it; a checkpoint without lm_head.weight is read the same way.
+        if c.tie_word_embeddings or not ckpt.has("lm_head.weight"):
+            lm_head = embed
+        else:
+            lm_head = load("lm_head.weight")
+        # The embedding table stays in dtype: a tied lm_head gets its own INT8 copy.
+        lm_head = linear(lm_head)
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's weights (a Model or ModelWeights), a tied lm_head counted once."""
+    weights = getattr(model, "weights", model)
+    return sum(t.numel() * t.element_size() for t in weights.tensors())

@@ -1,0 +1,239 @@
+"""config.json reading: the real configs of ../shared/fixtures/models, both transformers forms,
+RoPE tables, and clear errors. transformers' own reading of the same files is the reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from tileinfer.model.config import ConfigError, check_max_len, config_from_dict, load_config
+from tileinfer.model import load_model
+from tileinfer.model.rope import inverse_frequencies, rope_tables
+from tileinfer.model.weights import WeightsError, checkpoint_shapes
+from tiny_models import COMMON, single_torch_thread, tiny  # noqa: F401
+
+transformers.logging.set_verbosity_error()
+
+
+def fixture_dirs(shared_dir):
+    dirs = sorted(p.parent for p in (shared_dir / "fixtures" / "models").glob("*/config.json"))
+    assert dirs, "no config.json among the fixtures"
+    return dirs
+
+
+def transformers_config(path):
+    return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+def _as_tuple(ids):
+    return () if ids is None else tuple(ids) if isinstance(ids, (list, tuple)) else (ids,)
+
+
+def _check_against_transformers(config, hf):
+    """Every ModelConfig field against transformers' reading of the same config."""
+    assert config.model_type == hf.model_type
+    assert config.vocab_size == hf.vocab_size
+    assert config.hidden_size == hf.hidden_size
+    assert config.intermediate_size == hf.intermediate_size
+    assert config.num_layers == hf.num_hidden_layers
+    assert config.num_heads == hf.num_attention_heads
+    assert config.num_kv_heads == hf.num_key_value_heads
+    assert config.head_dim == (getattr(hf, "head_dim", None)
+                               or hf.hidden_size // hf.num_attention_heads)
+    assert config.rms_norm_eps == hf.rms_norm_eps
+    assert config.max_position_embeddings == hf.max_position_embeddings
+    assert config.tie_word_embeddings == hf.tie_word_embeddings
+    assert config.eos_token_ids == _as_tuple(hf.eos_token_id)
+    assert config.bos_token_id == hf.bos_token_id
+    rope = hf.rope_parameters
+    assert config.rope_theta == rope["rope_theta"]
+    if rope["rope_type"] == "default":
+        assert config.rope_scaling is None
+    else:
+        assert config.rope_scaling == {k: rope[k] for k in config.rope_scaling}
+
+
+def _meta_model_shapes(hf):
+    """Parameter and saved-buffer shapes of transformers' model for hf, built without memory."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if hf.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)  # tied: not saved
+    return shapes
+
+
+def test_real_configs_load_like_transformers(shared_dir):
+    for path in fixture_dirs(shared_dir):
+        config = load_config(path)
+        hf = transformers_config(path)
+        _check_against_transformers(config, hf)
+        # The tensors the loader will ask for are exactly those of transformers' model.
+        assert checkpoint_shapes(config, lm_head=not config.tie_word_embeddings) == \
+            _meta_model_shapes(hf), path.name
+
+
+def test_real_configs_rope_like_transformers(shared_dir):
+    for path in fixture_dirs(shared_dir):
+        config = load_config(path)
+        hf = transformers_config(path)
+        rotary = _rotary_class(hf)(hf)
+        inv_freq, scaling = inverse_frequencies(config)
+        assert torch.equal(inv_freq, rotary.inv_freq), path.name
+        assert scaling == rotary.attention_scaling
+        # The bf16 tables hold transformers' bf16 cos/sin (its tables repeat the half twice).
+        positions = torch.tensor([[0, 1, 2, 1000, 8191, 20000]])
+        x = torch.zeros(1, dtype=torch.bfloat16)
+        cos_hf, sin_hf = rotary(x, positions)
+        cos, sin = rope_tables(config, 20001, torch.bfloat16)
+        half = config.head_dim // 2
+        assert torch.equal(cos[positions[0]], cos_hf[0, :, :half].float()), path.name
+        assert torch.equal(sin[positions[0]], sin_hf[0, :, half:].float()), path.name
+
+
+def _rotary_class(hf):
+    module = {"llama": transformers.models.llama.modeling_llama,
+              "qwen3": transformers.models.qwen3.modeling_qwen3,
+              "mistral": transformers.models.mistral.modeling_mistral,
+              "apertus": transformers.models.apertus.modeling_apertus}[hf.model_type]
+    name = {"llama": "Llama", "qwen3": "Qwen3", "mistral": "Mistral", "apertus": "Apertus"}
+    return getattr(module, name[hf.model_type] + "RotaryEmbedding")
+
+
+def _to_transformers5_form(d):
+    """The transformers 5 form of a transformers 4 config.json: rope_theta and rope_scaling
+    folded into rope_parameters (as transformers 5 writes it)."""
+    d = dict(d)
+    rope = dict(d.pop("rope_scaling", None) or {"rope_type": "default"})
+    rope["rope_theta"] = d.pop("rope_theta")
+    d["rope_parameters"] = rope
+    return d
+
+
+def test_transformers5_form_reads_like_transformers4_form(shared_dir, tmp_path):
+    """The fixtures are in the transformers 4 form; each is rewritten into the 5 form here."""
+    for path in fixture_dirs(shared_dir):
+        v4 = json.loads((path / "config.json").read_text())
+        v5 = _to_transformers5_form(v4)
+        assert "rope_theta" not in v5 and "rope_scaling" not in v5
+        assert config_from_dict(v5) == load_config(path), path.name
+        (tmp_path / "config.json").write_text(json.dumps(v5))
+        _check_against_transformers(config_from_dict(v5), transformers_config(tmp_path))
+
+
+def test_tiny_configs_saved_by_transformers5_load(tiny):
+    """transformers 5.17 writes rope_parameters; Apertus' default RoPE is llama3."""
+    for arch in ("llama", "mistral", "qwen3", "apertus"):
+        path = tiny.directory(arch)
+        assert "rope_parameters" in json.loads((path / "config.json").read_text())
+        config = load_config(path)
+        _check_against_transformers(config, transformers_config(path))
+        assert config.qk_norm == (arch in ("qwen3", "apertus"))
+        assert config.mlp == ("xielu" if arch == "apertus" else "swiglu")
+    assert load_config(tiny.directory("apertus")).rope_scaling["rope_type"] == "llama3"
+
+
+def test_a_fixture_model_without_weights_is_refused_without_downloading(shared_dir):
+    path = shared_dir / "fixtures" / "models" / "Qwen3-0.6B"
+    before = sorted(p.name for p in path.iterdir())
+    with pytest.raises(WeightsError, match="no \\*.safetensors files"):
+        load_model(path, dtype=torch.float32, max_len=16)
+    assert sorted(p.name for p in path.iterdir()) == before
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+def _tiny_dict(**changes):
+    d = dict(COMMON, model_type="llama")
+    d.update(changes)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def test_unknown_model_type_is_a_clear_error():
+    with pytest.raises(ConfigError, match="'model_type' is 'gpt2', which is not supported"):
+        config_from_dict(_tiny_dict(model_type="gpt2"))
+
+
+def test_missing_model_type_is_a_clear_error():
+    d = _tiny_dict()
+    del d["model_type"]
+    with pytest.raises(ConfigError, match="'model_type' is missing"):
+        config_from_dict(d)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "hidden_size", "intermediate_size",
+                                   "num_hidden_layers", "num_attention_heads"])
+def test_missing_required_field_is_named(field):
+    d = _tiny_dict()
+    del d[field]
+    with pytest.raises(ConfigError, match=f"'{field}' is missing"):
+        config_from_dict(d)
+
+
+def test_wrong_field_type_is_named():
+    with pytest.raises(ConfigError, match="'hidden_size' must be an integer"):
+        config_from_dict(_tiny_dict(hidden_size="256"))
+
+
+def test_unsupported_rope_type_names_the_field():
+    with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'yarn'"):
+        config_from_dict(_tiny_dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(ConfigError, match="'rope_parameters.rope_type' is 'dynamic'"):
+        config_from_dict(_tiny_dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                     "rope_theta": 1e4}))
+
+
+def test_llama3_rope_without_its_factor_names_the_field():
+    with pytest.raises(ConfigError, match="'rope_scaling.factor' is required"):
+        config_from_dict(_tiny_dict(rope_scaling={"rope_type": "llama3", "low_freq_factor": 1.0,
+                                                  "high_freq_factor": 4.0}))
+
+
+@pytest.mark.parametrize("field", ["attention_bias", "mlp_bias"])
+def test_biases_are_refused(field):
+    with pytest.raises(ConfigError, match=f"'{field}' is true"):
+        config_from_dict(_tiny_dict(**{field: True}))
+
+
+def test_other_activation_is_refused():
+    with pytest.raises(ConfigError, match="'hidden_act' is 'gelu'"):
+        config_from_dict(_tiny_dict(hidden_act="gelu"))
+
+
+def test_partial_rotary_is_refused():
+    with pytest.raises(ConfigError, match="'partial_rotary_factor' is 0.5"):
+        config_from_dict(_tiny_dict(partial_rotary_factor=0.5))
+
+
+def test_mistral_sliding_window_shorter_than_max_len_is_refused(tmp_path):
+    config = config_from_dict(_tiny_dict(model_type="mistral", sliding_window=64))
+    check_max_len(config, 64)  # the window covers every position: exact, accepted
+    with pytest.raises(ConfigError, match="'sliding_window' is 64, smaller than max_len 128"):
+        check_max_len(config, 128)
+    (tmp_path / "config.json").write_text(json.dumps(_tiny_dict(model_type="mistral",
+                                                                sliding_window=64)))
+    with pytest.raises(ConfigError, match="sliding-window attention is not implemented"):
+        load_model(tmp_path, max_len=128)
+    # A null window (Mistral Nemo) is global attention.
+    assert config_from_dict(_tiny_dict(model_type="mistral", sliding_window=None) |
+                            {"sliding_window": None}).sliding_window is None
+
+
+def test_qwen3_sliding_window_only_counts_when_enabled():
+    off = config_from_dict(_tiny_dict(model_type="qwen3", sliding_window=32))
+    assert off.sliding_window is None
+    on = config_from_dict(_tiny_dict(model_type="qwen3", sliding_window=32,
+                                     use_sliding_window=True))
+    with pytest.raises(ConfigError, match="'sliding_window' is 32"):
+        check_max_len(on, 64)
+
+
+def test_missing_or_invalid_config_json(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(tmp_path)

