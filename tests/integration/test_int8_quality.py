@@ -40,7 +40,7 @@ from tileinfer.io.tokenizer import load_tokenizer
 from tiny_models import COMMON, load_reference, prompt_ids, tiny  # noqa: F401
 from tileinfer.engine.cache import new_cache
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "benchmarks" / "data" / "kjv-genesis.txt"
 CONFIG = config_from_dict(dict(COMMON, model_type="llama"))  # head_dim 64, 2 kv heads, 2 layers
 
