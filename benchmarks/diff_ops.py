@@ -34,7 +34,7 @@ SKIP = {"attention_workspace"}
 def mirrored(table: OpTable, ref: OpTable, report: dict) -> OpTable:
     import inspect
 
-    from tileinfer import hookspecs
+    from tileinfer.backend import hookspecs
 
     ops = {}
     for name in OP_NAMES:

@@ -200,9 +200,9 @@ def main():
     p.add_argument("--skip-tasks", action="store_true")
     p.add_argument("--skip-verify-cost", action="store_true")
     args = p.parse_args()
-    from tileinfer import backends
+    from tileinfer.backend import default_backend_name
 
-    args.backend = args.backend or backends.default_backend_name()
+    args.backend = args.backend or default_backend_name()
     args.ks = [int(k) for k in args.ks.split(",")]
     args.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     t0 = time.perf_counter()

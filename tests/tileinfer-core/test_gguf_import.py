@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from tileinfer import default_model
+from tileinfer.io import default_model
 from tileinfer.io.chat_template import ChatMessage, chat_prompt
 from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_path, default_model_dir
 from tileinfer.io.gguf_import import GGUFImportError, import_gguf

@@ -12,6 +12,7 @@ import random
 import time
 
 import torch
+
 from tileinfer import ModelRunner, SamplingParams, generate_into, new_cache
 from tileinfer.engine.cache import kv_bytes_per_token
 from tileinfer.model.weights import weight_bytes

@@ -64,8 +64,8 @@ def speculative_from(args, model):
         if getattr(args, "draft_k", None) is not None:
             raise UserError("--draft-k needs --speculative")
         return None
-    from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash,
-                           load_model, resolve_model_dir)
+    from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash, load_model,
+                           resolve_model_dir)
 
     kind, _, name = _speculative_spec(spec).partition(":")
     k = {} if args.draft_k is None else {"k": args.draft_k}
@@ -102,8 +102,7 @@ def load(args):
 
 def sampling_from(args, folder, config):
     """SamplingParams and stop ids: the authors' defaults, overridden by the options."""
-    from tileinfer import SamplingParams
-    from tileinfer import generation_defaults
+    from tileinfer import SamplingParams, generation_defaults
 
     defaults, stop_ids = generation_defaults(folder, config)
     params = SamplingParams(

@@ -2,8 +2,8 @@
 graphs, pipelined decoding), generation, chat sessions and speculative decoding. It imports the
 model, backend and io layers."""
 
-from .cache import (ContextLengthError, OutOfPagesError, PagedKVCache, Sequence,
-                    kv_bytes_per_token, new_cache)
+from .cache import (ContextLengthError, OutOfPagesError, PagedKVCache, Sequence, kv_bytes_per_token,
+                    new_cache)
 from .calibration import calibrate_key_smoothing, key_smoothing_from_calibration
 from .chat import ChatSession, PromptTooLongError, TurnStats
 from .forward import forward, forward_batch

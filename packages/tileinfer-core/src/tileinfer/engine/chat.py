@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import common_prefix_len
+from ..backend.sampling import SamplingParams
 from ..io.chat_template import ChatMessage, chat_prompt
+from .cache import common_prefix_len, new_cache
 from .generate import generate_into
 from .runner import ModelRunner
-from ..backend.sampling import SamplingParams
 from .speculative.proposer import SpecStats
-from .cache import new_cache
 
 
 @dataclass

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .runner import ModelRunner
 from ..backend.sampling import SamplingParams
+from .cache import new_cache
+from .runner import ModelRunner
 from .speculative.decode import generate_speculative
 from .speculative.proposer import Proposer, SpecStats
-from .cache import new_cache
 
 
 def _check_args(max_new_tokens, sampling):

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from .cache import PagedKVCache
 from ..model.quant import Int8Weight
 from ..model.weights import weight_bytes
+from .cache import PagedKVCache
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
 

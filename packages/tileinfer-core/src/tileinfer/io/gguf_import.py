@@ -24,18 +24,15 @@ import numpy as np
 import torch
 from gguf.quants import dequantize
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
+from .gguf_tokenizer import build_tokenizer, generation_config_from
 from .paths import models_home
 
 # Bump when the importer's output changes, so cached imports are redone.
 IMPORTER_VERSION = 1
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-
-
-class GGUFImportError(ValueError):
-    """The file is not a readable GGUF, or holds something the importer does not support."""
 
 
 # GGUF tensor name (after "blk.N.") -> HF llama parameter name (after "model.layers.N.").
@@ -55,66 +52,6 @@ _GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-# Pre-tokenizers of byte-level BPE vocabularies, by tokenizer.ggml.pre (the names llama.cpp gives
-# them in llama-vocab.cpp), written the way those models' own tokenizer.json files write them.
-_GPT2 = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-# SmolLM, StarCoder: every digit on its own, then the GPT-2 split.
-_DIGITS_THEN_GPT2 = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _GPT2])
-_LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA3 = pre_tokenizers.Sequence(
-    [
-        pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ]
-)
-# name -> (pre-tokenizer, BPE ignore_merges as llama.cpp sets it for that name)
-_PRE_TOKENIZERS = {
-    "gpt-2": (_GPT2, False),
-    "gpt2": (_GPT2, False),
-    "smollm": (_DIGITS_THEN_GPT2, False),
-    "starcoder": (_DIGITS_THEN_GPT2, False),
-    "llama-bpe": (_LLAMA3, True),
-    "llama3": (_LLAMA3, True),
-}
-
-# GGUF token types (llama.cpp's llama_token_type).
-_CONTROL, _USER_DEFINED = 3, 4
-
-
-class _Metadata:
-    """Typed access to a GGUF file's key/value metadata."""
-
-    def __init__(self, reader: gguf.GGUFReader, path: Path):
-        self.reader = reader
-        self.path = path
-
-    def get(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except Exception as e:
-            raise GGUFImportError(f"{self.path}: cannot read metadata {key}: {e}") from e
-
-    def require(self, key: str):
-        value = self.get(key)
-        if value is None:
-            raise GGUFImportError(f"{self.path}: the metadata key {key} is missing")
-        return value
-
-
-def _open(path: Path) -> gguf.GGUFReader:
-    if not path.is_file():
-        raise GGUFImportError(f"no such GGUF file: {path}")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # truncated or not a GGUF: the reader raises ValueError, IndexError, ...
-        raise GGUFImportError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
-
 
 # --- config ------------------------------------------------------------------------------------
 
@@ -138,7 +75,7 @@ def _llama3_rope_factors(head_dim, theta, factor, low_freq_factor, high_freq_fac
     return np.array(out)
 
 
-def _rope_scaling(meta: _Metadata, arch: str, head_dim: int, theta: float, rope_freqs: np.ndarray | None):
+def _rope_scaling(meta: GGUFMetadata, arch: str, head_dim: int, theta: float, rope_freqs: np.ndarray | None):
     kind = meta.get(f"{arch}.rope.scaling.type")
     if rope_freqs is not None:
         # llama3 scaling leaves only the divisors in the file. Llama 3.1-3.3 all use low/high
@@ -164,7 +101,7 @@ def _rope_scaling(meta: _Metadata, arch: str, head_dim: int, theta: float, rope_
     raise GGUFImportError(f"{meta.path}: RoPE scaling {kind!r} is not supported (only none, linear and llama3)")
 
 
-def _config(meta: _Metadata, arch: str, vocab_size: int, tied: bool, rope_freqs, dtype: torch.dtype) -> dict:
+def _config(meta: GGUFMetadata, arch: str, vocab_size: int, tied: bool, rope_freqs, dtype: torch.dtype) -> dict:
     hidden = int(meta.require(f"{arch}.embedding_length"))
     heads = int(meta.require(f"{arch}.attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
@@ -288,88 +225,6 @@ def _check_shapes(tensors: dict, config: dict, path: Path) -> None:
             raise GGUFImportError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
 
 
-# --- tokenizer ---------------------------------------------------------------------------------
-
-
-def _tokenizer(meta: _Metadata) -> tuple[Tokenizer, dict]:
-    """tokenizer.json content from the GGUF vocabulary, and the special token strings."""
-    kind = meta.require("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise GGUFImportError(
-            f"{meta.path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'; "
-            "SentencePiece vocabularies are not)"
-        )
-    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
-    if pre not in _PRE_TOKENIZERS:
-        raise GGUFImportError(
-            f"{meta.path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE_TOKENIZERS))})"
-        )
-    pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
-    tokens = list(meta.require("tokenizer.ggml.tokens"))
-    merges = []
-    for merge in meta.require("tokenizer.ggml.merges"):
-        pair = merge.split(" ")
-        if len(pair) != 2:
-            raise GGUFImportError(f"{meta.path}: malformed merge {merge!r}")
-        merges.append(tuple(pair))
-    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    if len(types) != len(tokens):
-        raise GGUFImportError(f"{meta.path}: {len(tokens)} tokens but {len(types)} token types")
-
-    def token(key):
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if i is None:
-            return None
-        if not 0 <= int(i) < len(tokens):
-            raise GGUFImportError(f"{meta.path}: tokenizer.ggml.{key}_token_id {i} is outside the vocabulary")
-        return tokens[int(i)]
-
-    named = {"bos_token": token("bos"), "eos_token": token("eos"), "unk_token": token("unknown"), "pad_token": token("padding")}
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise GGUFImportError(f"{meta.path}: the vocabulary repeats tokens")
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token=named["unk_token"], ignore_merges=ignore_merges))
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    # Control tokens are special (skipped by skip_special_tokens); user-defined ones are plain
-    # added tokens. Both match whole in the text before BPE runs.
-    tok.add_tokens(
-        [AddedToken(t, special=ty == _CONTROL, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
-    )
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    for flag, key in ((add_bos, "bos_token"), (add_eos, "eos_token")):
-        if flag and named[key] is None:
-            raise GGUFImportError(f"{meta.path}: the file asks to add a {key} but names none")
-    if add_bos or add_eos:
-        bos, eos = named["bos_token"], named["eos_token"]
-        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
-        pair = single + ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else [])
-        specials = {t: vocab[t] for t, on in ((bos, add_bos), (eos, add_eos)) if on}
-        tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(specials.items()))
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    flags = {"add_bos_token": add_bos, "add_eos_token": add_eos}
-    return tok, {**{k: v for k, v in named.items() if v is not None}, **flags}
-
-
-def _generation_config(meta: _Metadata, config: dict) -> dict:
-    out = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
-    # Sampling settings some GGUF files carry (general.sampling.*), in generation_config terms.
-    temp = meta.get("general.sampling.temp")
-    top_k = meta.get("general.sampling.top_k")
-    top_p = meta.get("general.sampling.top_p")
-    if temp is not None or top_k is not None or top_p is not None:
-        out["do_sample"] = temp is None or float(temp) > 0
-        if temp is not None:
-            out["temperature"] = float(temp)
-        if top_k is not None:
-            out["top_k"] = int(top_k)
-        if top_p is not None:
-            out["top_p"] = float(top_p)
-    return out
-
-
 # --- the import --------------------------------------------------------------------------------
 
 
@@ -389,13 +244,13 @@ def import_gguf(
     path = Path(path).expanduser()
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype}")
-    reader = _open(path)
-    meta = _Metadata(reader, path)
+    reader = open_gguf(path)
+    meta = GGUFMetadata(reader, path)
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise GGUFImportError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
 
-    tokenizer, token_strings = _tokenizer(meta)
+    tokenizer, token_strings = build_tokenizer(meta)
     rope = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     rope_freqs = _dequantized(rope, path).astype(np.float64) if rope is not None else None
     tied = not any(t.name == "output.weight" for t in reader.tensors)
@@ -422,7 +277,7 @@ def import_gguf(
         if template is not None:
             tokenizer_config["chat_template"] = template
         _write_json(staging / "tokenizer_config.json", tokenizer_config)
-        _write_json(staging / "generation_config.json", _generation_config(meta, config))
+        _write_json(staging / "generation_config.json", generation_config_from(meta, config))
         _write_json(staging / "config.json", config)
         stat = path.stat()
         _write_json(

@@ -14,18 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from huggingface_hub import constants, hf_hub_download, scan_cache_dir, snapshot_download, try_to_load_from_cache
-from huggingface_hub.errors import (
-    CacheNotFound,
-    EntryNotFoundError,
-    GatedRepoError,
-    HfHubHTTPError,
-    HFValidationError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+from huggingface_hub import (constants, hf_hub_download, scan_cache_dir, snapshot_download,
+                             try_to_load_from_cache)
+from huggingface_hub.errors import (CacheNotFound, EntryNotFoundError, GatedRepoError,
+                                    HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                    OfflineModeIsEnabled, RepositoryNotFoundError,
+                                    RevisionNotFoundError)
 from huggingface_hub.utils import tqdm as hub_tqdm
 from huggingface_hub.utils import validate_repo_id
 

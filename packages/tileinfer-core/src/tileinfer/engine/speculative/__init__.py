@@ -8,11 +8,11 @@ Pass one as ``generate(..., speculative=proposer, spec_stats=SpecStats())`` (or 
 ``generate_into`` or ``ChatSession``).
 """
 
-from .proposer import Draft, Proposer, SpecStats
-from .ngram import NgramProposer
-from .draft import DraftProposer
-from .dflash import DFlashDrafter, DFlashProposer, load_dflash
 from .decode import generate_speculative
+from .dflash import DFlashDrafter, DFlashProposer, load_dflash
+from .draft import DraftProposer
+from .ngram import NgramProposer
+from .proposer import Draft, Proposer, SpecStats
 
 __all__ = ["DFlashDrafter", "DFlashProposer", "Draft", "DraftProposer", "NgramProposer",
            "Proposer", "SpecStats", "generate_speculative", "load_dflash"]

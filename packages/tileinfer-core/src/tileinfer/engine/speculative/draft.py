@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ..runner import ModelRunner
 from ...backend.sampling import SamplingParams
-from ..cache import common_prefix_len
+from ..cache import common_prefix_len, new_cache
+from ..runner import ModelRunner
 from .proposer import Draft, Proposer, check_k, draft_seed
-from ..cache import new_cache
 
 
 class DraftProposer(Proposer):

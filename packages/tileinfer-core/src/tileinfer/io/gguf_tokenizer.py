@@ -1,0 +1,114 @@
+"""tokenizer.json and generation_config.json contents from a GGUF file's metadata: the byte-level
+BPE vocabulary, merges and token types rebuilt with ``tokenizers``."""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from .gguf_reader import GGUFImportError, GGUFMetadata
+
+# Pre-tokenizers of byte-level BPE vocabularies, by tokenizer.ggml.pre (the names llama.cpp gives
+# them in llama-vocab.cpp), written the way those models' own tokenizer.json files write them.
+_GPT2 = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+# SmolLM, StarCoder: every digit on its own, then the GPT-2 split.
+_DIGITS_THEN_GPT2 = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _GPT2])
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3 = pre_tokenizers.Sequence(
+    [
+        pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ]
+)
+# name -> (pre-tokenizer, BPE ignore_merges as llama.cpp sets it for that name)
+_PRE_TOKENIZERS = {
+    "gpt-2": (_GPT2, False),
+    "gpt2": (_GPT2, False),
+    "smollm": (_DIGITS_THEN_GPT2, False),
+    "starcoder": (_DIGITS_THEN_GPT2, False),
+    "llama-bpe": (_LLAMA3, True),
+    "llama3": (_LLAMA3, True),
+}
+
+# GGUF token types (llama.cpp's llama_token_type).
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
+    """tokenizer.json content from the GGUF vocabulary, and the special token strings."""
+    kind = meta.require("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise GGUFImportError(
+            f"{meta.path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'; "
+            "SentencePiece vocabularies are not)"
+        )
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if pre not in _PRE_TOKENIZERS:
+        raise GGUFImportError(
+            f"{meta.path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE_TOKENIZERS))})"
+        )
+    pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+    tokens = list(meta.require("tokenizer.ggml.tokens"))
+    merges = []
+    for merge in meta.require("tokenizer.ggml.merges"):
+        pair = merge.split(" ")
+        if len(pair) != 2:
+            raise GGUFImportError(f"{meta.path}: malformed merge {merge!r}")
+        merges.append(tuple(pair))
+    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    if len(types) != len(tokens):
+        raise GGUFImportError(f"{meta.path}: {len(tokens)} tokens but {len(types)} token types")
+
+    def token(key):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if i is None:
+            return None
+        if not 0 <= int(i) < len(tokens):
+            raise GGUFImportError(f"{meta.path}: tokenizer.ggml.{key}_token_id {i} is outside the vocabulary")
+        return tokens[int(i)]
+
+    named = {"bos_token": token("bos"), "eos_token": token("eos"), "unk_token": token("unknown"), "pad_token": token("padding")}
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise GGUFImportError(f"{meta.path}: the vocabulary repeats tokens")
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=named["unk_token"], ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    # Control tokens are special (skipped by skip_special_tokens); user-defined ones are plain
+    # added tokens. Both match whole in the text before BPE runs.
+    tok.add_tokens(
+        [AddedToken(t, special=ty == _CONTROL, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
+    )
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    for flag, key in ((add_bos, "bos_token"), (add_eos, "eos_token")):
+        if flag and named[key] is None:
+            raise GGUFImportError(f"{meta.path}: the file asks to add a {key} but names none")
+    if add_bos or add_eos:
+        bos, eos = named["bos_token"], named["eos_token"]
+        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
+        pair = single + ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else [])
+        specials = {t: vocab[t] for t, on in ((bos, add_bos), (eos, add_eos)) if on}
+        tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(specials.items()))
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    flags = {"add_bos_token": add_bos, "add_eos_token": add_eos}
+    return tok, {**{k: v for k, v in named.items() if v is not None}, **flags}
+
+
+def generation_config_from(meta: GGUFMetadata, config: dict) -> dict:
+    out = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    # Sampling settings some GGUF files carry (general.sampling.*), in generation_config terms.
+    temp = meta.get("general.sampling.temp")
+    top_k = meta.get("general.sampling.top_k")
+    top_p = meta.get("general.sampling.top_p")
+    if temp is not None or top_k is not None or top_p is not None:
+        out["do_sample"] = temp is None or float(temp) > 0
+        if temp is not None:
+            out["temperature"] = float(temp)
+        if top_k is not None:
+            out["top_k"] = int(top_k)
+        if top_p is not None:
+            out["top_p"] = float(top_p)
+    return out
