@@ -27,7 +27,7 @@ for step in $steps; do
       done ;;
     tests)
       timeout 500 python3 -m pytest -p no:cacheprovider tests -m gpu -q -rf -p no:randomly -n 4 \
-        --ignore=tests/test_conformance.py > "$out/gpu-tests.log" 2>&1
+        --ignore=tests/integration/test_conformance.py > "$out/gpu-tests.log" 2>&1
       echo "gpu tests: $(tail -n 1 "$out/gpu-tests.log")" ;;
     ops)
       timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"

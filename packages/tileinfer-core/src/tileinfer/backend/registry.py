@@ -229,7 +229,8 @@ def list_backends() -> list[Backend]:
 def default_backend_name() -> str:
     """The backend used when none is named: triton, then cuda (on a GPU), else ref.
 
-    Triton comes first: it is the faster of the two on the llama3-8b shape (benchmarks/RESULTS.md)."""
+    Triton comes first: it needs no NVRTC and runs on any GPU Triton supports; cuda (faster on
+    Hopper, see benchmarks/RESULTS.md) is chosen by name."""
     _registry.load_entry_points()
     for name in ("triton", "cuda"):
         b = _registry.backends.get(name)
