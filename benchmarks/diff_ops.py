@@ -11,56 +11,86 @@ the first call that exceeded the tolerance.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 
 import torch
-
-from tileinfer import forward, get_backend, load_model
+from tileinfer import config_from_dict, forward, get_backend, load_model, new_cache
+from tileinfer.backend import hookspecs
 from tileinfer.backend.registry import OP_NAMES, OpTable
+from tileinfer.backend.types import LayerKV
 from tileinfer.model.random_weights import random_model
-from tileinfer.model.config import config_from_dict
-from tileinfer.engine.cache import new_cache
 
 SMOLLM2 = dict(model_type="llama", num_hidden_layers=4, hidden_size=576, num_attention_heads=9,
                num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
                rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
                tie_word_embeddings=True, eos_token_id=2)
-# Arguments each op writes (the rest are inputs).
-WRITES = {"add_rmsnorm": ("residual", "out"), "store_kv": ("k_cache", "v_cache", "k_scale", "v_scale"),
-          "attention_inputs": ("q_out", "k_cache", "v_cache", "k_scale", "v_scale")}
-SKIP = {"attention_workspace"}
+# Arguments each op writes (the rest are inputs); a LayerKV's tensors are compared one by one.
+WRITES = {"add_rmsnorm": ("residual", "out"), "attention_inputs": ("q_out", "kv"),
+          "attention_with_inputs": ("out", "kv")}
+SKIP = {"attention_workspace", "reserve_scratch"}
+
+
+def _clone(value):
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, LayerKV):
+        return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name))
+                                             for f in dataclasses.fields(value)})
+    return value
+
+
+def _written(value) -> dict:
+    """name -> floating tensor of an argument an op writes."""
+    if isinstance(value, LayerKV):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                if torch.is_tensor(getattr(value, f.name))
+                and getattr(value, f.name).dtype.is_floating_point}
+    return {"": value} if torch.is_tensor(value) and value.dtype.is_floating_point else {}
+
+
+def _ref_call(ref: OpTable, name: str):
+    """ref's version of an op; ref leaves out the optional fused attention: its two ops."""
+    if name != "attention_with_inputs":
+        return getattr(ref, name)
+
+    def fused(out, q_out, kv, qkv, qk, step, scale, causal, workspace):
+        ref.attention_inputs(q_out, kv, qkv, qk, step)
+        ref.attention(out, q_out, kv, step, scale, causal, None)
+    return fused
 
 
 def mirrored(table: OpTable, ref: OpTable, report: dict) -> OpTable:
-    import inspect
-
-    from tileinfer.backend import hookspecs
-
     ops = {}
     for name in OP_NAMES:
-        fn, ref_fn = getattr(table, name), getattr(ref, name)
-        if name in SKIP:
+        fn = getattr(table, name)
+        if name in SKIP or fn is None:
             ops[name] = fn
             continue
         params = list(inspect.signature(getattr(hookspecs, name)).parameters)
         writes = WRITES.get(name, ("out",))
 
-        def call(*args, _fn=fn, _ref=ref_fn, _name=name, _params=params, _writes=writes):
-            copies = [a.clone() if torch.is_tensor(a) else a for a in args]
-            if _name == "attention":
+        def call(*args, _fn=fn, _ref=_ref_call(ref, name), _name=name, _params=params,
+                 _writes=writes):
+            copies = [_clone(a) for a in args]
+            if _name in ("attention", "attention_with_inputs"):
                 copies[-1] = None  # ref needs no workspace
             _fn(*args)
             _ref(*copies)
             entry = report.setdefault(_name, {"calls": 0, "max_err": 0.0, "first_bad": None})
             entry["calls"] += 1
             for i, p in enumerate(_params):
-                if p in _writes and torch.is_tensor(args[i]) and args[i].dtype.is_floating_point:
-                    a, e = args[i].float(), copies[i].float()
+                if p not in _writes:
+                    continue
+                mine, theirs = _written(args[i]), _written(copies[i])
+                for field, a in mine.items():
+                    a, e = a.float(), theirs[field].float()
                     err = float((a - e).abs().max()) if a.numel() else 0.0
                     bad = (a - e).abs() > 2e-2 + 2e-2 * e.abs()
                     entry["max_err"] = max(entry["max_err"], err)
                     if bad.any() and entry["first_bad"] is None:
-                        entry["first_bad"] = {"call": entry["calls"], "arg": p,
+                        entry["first_bad"] = {"call": entry["calls"], "arg": f"{p}.{field}".strip("."),
                                               "shape": list(a.shape), "err": err,
                                               "bad": int(bad.sum())}
             return None
