@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tileinfer.engine.cache import new_cache
 
 

@@ -30,15 +30,16 @@ import torch
 
 from tileinfer import memory_report
 from tileinfer.backend.registry import get_backend
-from tileinfer.engine.cache import (PagedKVCache, calibrate_key_smoothing, calibration_text,
-                             key_smoothing_from_calibration)
-from tileinfer.model.config import config_from_dict
-from tileinfer.model import forward, load_model
-from tileinfer.model.quant import Int8Weight
+from tileinfer.engine.cache import PagedKVCache, new_cache
+from tileinfer.engine.calibration import (calibrate_key_smoothing, calibration_text,
+                                          key_smoothing_from_calibration)
+from tileinfer.engine.forward import forward
 from tileinfer.engine.step import prepare_step
 from tileinfer.io.tokenizer import load_tokenizer
+from tileinfer.model import load_model
+from tileinfer.model.config import config_from_dict
+from tileinfer.model.quant import Int8Weight
 from tiny_models import COMMON, load_reference, prompt_ids, tiny  # noqa: F401
-from tileinfer.engine.cache import new_cache
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "benchmarks" / "data" / "kjv-genesis.txt"
@@ -325,9 +326,10 @@ def test_cli_int8_smooth_session_calibrates_on_the_default_text(smollm2):
     on ``calibration_text()``."""
     import io
 
-    from tileinfer import SamplingParams
     from tileinfer_cli.main import build_parser
     from tileinfer_cli.session import new_session
+
+    from tileinfer import SamplingParams
 
     args = build_parser().parse_args(["run", "--kv-cache", "int8-smooth", "--max-len", "256",
                                       "hello"])

@@ -24,11 +24,12 @@ import pytest
 import torch
 
 from tileinfer.backend.registry import list_backends
-from tileinfer.model import forward, forward_batch, load_model
+from tileinfer.engine.cache import new_cache
+from tileinfer.engine.forward import forward, forward_batch
 from tileinfer.engine.step import prepare_step
+from tileinfer.model import load_model
 from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, prompt_ids,  # noqa: F401
                          single_torch_thread, tiny)
-from tileinfer.engine.cache import new_cache
 
 PAGE_SIZE = 16
 STEPS = 40
@@ -203,7 +204,7 @@ def test_hidden_out_holds_transformers_layer_outputs(tiny, arch):
     meta = prepare_step(cache, [cache.new_sequence()], [ids], max_len=model.max_len)
     layers = tuple(range(model.config.num_layers))
     buffers = model.new_buffers(len(ids), 1, hidden_layers=layers)
-    model.forward_step(meta, buffers)
+    model.forward_step(meta, buffers, cache)
     for i in layers:
         expected = outputs[i].reshape(len(ids), -1)
         torch.testing.assert_close(buffers.hidden_out[i].cpu(), expected, rtol=0, atol=1e-5)

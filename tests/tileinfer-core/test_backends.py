@@ -2,8 +2,9 @@
 
 import pytest
 
-from tileinfer.backend.registry import BackendError, BackendInfo, Registry, get_backend, list_backends
 from tileinfer.backend.hookspecs import hookimpl
+from tileinfer.backend.registry import (BackendError, BackendInfo, Registry, get_backend,
+                                        list_backends)
 
 
 def test_installed_backends_are_listed_with_status():

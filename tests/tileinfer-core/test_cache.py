@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.backend.registry import get_backend, list_backends
+from tileinfer.backend.registry import list_backends
 from tileinfer.engine.cache import (ContextLengthError, OutOfPagesError, PagedKVCache,
-                             calibrate_key_smoothing, key_smoothing_from_calibration,
-                             kv_bytes_per_token)
+                                    kv_bytes_per_token, new_cache)
+from tileinfer.engine.calibration import calibrate_key_smoothing, key_smoothing_from_calibration
+from tileinfer.engine.forward import forward
+from tileinfer.engine.step import StepMetadata, prepare_step, static_metadata
+from tileinfer.model import load_model
+from tileinfer_backend_ref.kv import store_kv  # the ground truth's cache writes
 from tileinfer.model.config import config_from_dict
-from tileinfer.model import forward, load_model
-from tileinfer.engine.step import StepMetadata, prepare_step
-from tiny_models import (COMMON, load_reference, prompt_ids, single_torch_thread,  # noqa: F401
-                         tiny)
-from tileinfer.engine.step import static_metadata
-from tileinfer.engine.cache import new_cache
+from tiny_models import COMMON, load_reference, prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 CONFIG = config_from_dict(dict(COMMON, model_type="qwen3"))
 
@@ -96,7 +95,7 @@ def test_step_slots_put_each_position_where_the_block_table_says():
     assert meta.logit_rows.tolist() == [5, 7] and meta.max_query_len == 6
     keys = torch.randn(8, CONFIG.num_kv_heads, CONFIG.head_dim)
     kv = cache.layer(0)
-    get_backend("ref").store_kv(kv.k_cache, kv.v_cache, None, None, None, keys, keys, meta.slots)
+    store_kv(kv, keys, keys, meta.slots)
     a.tokens.extend([1] * 6)
     b.tokens.extend([2] * 2)
     assert torch.equal(cache.sequence_keys(0, a)[3:], keys[:6])
@@ -126,7 +125,7 @@ def test_static_metadata_and_buffers_replay_eager_steps(tiny):
         token = int(logits[-1].argmax())
         logits = forward(model, eager_cache, eager, [token])
         prepare_step(static_cache, [seq], [[token]], max_len=model.max_len, out=meta, append=True)
-        static_logits = model.forward_step(meta, buffers)
+        static_logits = model.forward_step(meta, buffers, static_cache)
         assert torch.equal(static_logits, logits)
         assert _pointers(meta) + _pointers(buffers) == pointers
     assert seq.tokens == eager.tokens
@@ -233,8 +232,7 @@ def test_key_smoothing_reduces_int8_error_of_keys_with_outlier_channels():
         seq.tokens.extend([0] * 64)
         keys = draw(64)
         kv = cache.layer(0)
-        get_backend("ref").store_kv(kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth,
-                                    keys, keys, meta.slots)
+        store_kv(kv, keys, keys, meta.slots)
         errors[name] = (cache.sequence_keys(0, seq) - keys)[..., 3:].abs().mean().item()
     assert errors["smoothed"] < 0.5 * errors["plain"], errors
 
@@ -277,11 +275,11 @@ def test_forward_step_replays_in_a_cuda_graph(tiny, backend):
     stream = torch.cuda.Stream()  # warm up (lazy compilation) off the capture
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        model.forward_step(meta, buffers)
+        model.forward_step(meta, buffers, graph_cache)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = model.forward_step(meta, buffers)
+        out = model.forward_step(meta, buffers, graph_cache)
     for _ in range(20):
         logits = forward(model, eager_cache, eager, [token])
         graph.replay()

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer import (ChatSession, OutOfPagesError, PromptTooLongError, load_model,
-                       load_tokenizer)
+from tileinfer import ChatSession, OutOfPagesError, PromptTooLongError, load_model, load_tokenizer
 
 N = 6  # reply tokens per turn: enough to see a turn, cheap on the CPU
 

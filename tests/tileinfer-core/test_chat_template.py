@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from tileinfer.io.chat_template import ChatMessage, ChatTemplateError, chat_prompt, load_chat_template
+from tileinfer.io.chat_template import (ChatMessage, ChatTemplateError, chat_prompt,
+                                        load_chat_template)
 
 U, A, S = "user", "assistant", "system"
 # Text that trips naive escaping: non-ASCII, emoji, quotes, HTML characters, newlines, Jinja-like braces.

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from tileinfer import OutOfPagesError, SamplingParams, forward, load_model
+from tileinfer.backend.sampling import sample_host
+from tileinfer.engine.cache import new_cache
 from tileinfer.engine.generate import generate, generate_into
 from tileinfer.engine.runner import ModelRunner
-from tileinfer.backend.sampling import sample_host
 from tiny_models import prompt_ids, tiny  # noqa: F401
-from tileinfer.engine.cache import new_cache
 
 MAX_LEN = 160
 SAMPLINGS = [SamplingParams(0.0), SamplingParams(1.0, top_k=40), SamplingParams(0.8, top_p=0.9)]

@@ -6,8 +6,8 @@ import shutil
 import pytest
 from transformers import GenerationConfig
 
-from tileinfer.io.generation_config import generation_defaults
 from tileinfer.backend.sampling import SamplingParams
+from tileinfer.io.generation_config import generation_defaults
 
 
 def transformers_reading(folder):

@@ -16,12 +16,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.engine.cache import calibrate_key_smoothing
-from tileinfer.model import forward, load_model
+from tileinfer.engine.cache import new_cache
+from tileinfer.engine.calibration import calibrate_key_smoothing
+from tileinfer.engine.forward import forward
+from tileinfer.model import load_model
 from tileinfer.model.quant import Int8Weight, quantize_int8
 from tileinfer.model.weights import weight_bytes
 from tiny_models import ARCHS, prompt_ids, single_torch_thread, tiny  # noqa: F401
-from tileinfer.engine.cache import new_cache
 
 STEPS = 40
 

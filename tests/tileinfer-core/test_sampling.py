@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from tileinfer.backend.sampling import (SamplingParams, accept_rows, bits_to_uniform, filtered_probs,
-                                sample_host, sample_rows, uniform)
+from tileinfer.backend.sampling import (SamplingParams, accept_rows, bits_to_uniform,
+                                        filtered_probs, sample_host, sample_rows, uniform)
 
 N = 40_000  # samples per distribution test: the standard error of a frequency is <= 0.0025
 

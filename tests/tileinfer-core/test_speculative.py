@@ -11,14 +11,14 @@ import random
 import pytest
 import torch
 
+from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tileinfer import (ChatSession, DraftProposer, NgramProposer, SamplingParams, SpecStats,
                        load_model, load_tokenizer)
+from tileinfer.engine.cache import new_cache
 from tileinfer.engine.generate import generate, generate_into
 from tileinfer.engine.runner import ModelRunner
 from tileinfer.engine.speculative.proposer import Draft, Proposer
-from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tiny_models import prompt_ids, tiny  # noqa: F401
-from tileinfer.engine.cache import new_cache
 
 MAX_LEN = 160
 STEPS = 64

@@ -14,15 +14,15 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 
+from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tileinfer import (ConfigError, DFlashProposer, SamplingParams, SpecStats, WeightsError,
                        load_dflash, load_model)
+from tileinfer.backend.sampling import filtered_probs
+from tileinfer.engine.cache import new_cache
 from tileinfer.engine.generate import generate, generate_into
 from tileinfer.engine.runner import ModelRunner
-from tileinfer.backend.sampling import filtered_probs
 from tileinfer.engine.speculative.dflash import build_target_layer_ids
-from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tiny_models import COMMON, build_tiny, prompt_ids, save_tiny, tiny  # noqa: F401
-from tileinfer.engine.cache import new_cache
 
 MAX_LEN = 160
 MASK = 509  # a row of the target's embedding table, as <|MASK|> is for Qwen3's drafters

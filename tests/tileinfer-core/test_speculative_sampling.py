@@ -11,14 +11,14 @@ import itertools
 import pytest
 import torch
 
-from tileinfer import ModelRunner, SamplingParams, SpecStats, forward, get_backend
-from tileinfer.model.random_weights import random_model
-from tileinfer.model.config import config_from_dict
-from tileinfer.engine.generate import generate_into
-from tileinfer.backend.sampling import filtered_probs
-from tileinfer.engine.speculative.proposer import Draft, Proposer
 from speculative_helpers import one_cpu_thread  # noqa: F401
+from tileinfer import ModelRunner, SamplingParams, SpecStats, forward, get_backend
+from tileinfer.backend.sampling import filtered_probs
 from tileinfer.engine.cache import new_cache
+from tileinfer.engine.generate import generate_into
+from tileinfer.engine.speculative.proposer import Draft, Proposer
+from tileinfer.model.config import config_from_dict
+from tileinfer.model.random_weights import random_model
 
 
 def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from tileinfer.model.config import load_config
 from tileinfer.model import load_model
+from tileinfer.model.config import load_config
 from tileinfer.model.weights import INDEX_FILE, WeightsError, load_weights, weight_bytes
 from tiny_models import load_reference, save_tiny, single_torch_thread, tiny  # noqa: F401
 
