@@ -1,29 +1,36 @@
-"""Benchmarks of the CUDA backend's kernels on the GPU: ``python -m tileinfer_backend_cuda.bench``.
+"""Benchmarks of the CUDA backend's kernels on the GPU, from the repository root:
+
+    python3 benchmarks/cuda_kernels.py [--out OUT.json] [--no-sweep] [--sections gemv,attention]
+    python3 benchmarks/cuda_kernels.py --table OUT.json    # the table of a saved run
+    python3 benchmarks/cuda_kernels.py --check             # the sweeps' sanity checks (no GPU)
 
 Prints one JSON line (the sweeps' per-configuration rows only in the ``--out`` file), then a
-short table (fractions are of the measured copy bandwidth). About two minutes on an H200 with the sweeps (``--no-sweep``: the
-default configurations only). Sections:
+short table (fractions are of the measured copy bandwidth). About two minutes on an H200 with the
+sweeps (``--no-sweep``: the default configurations only). Sections:
 
 - ``copy``: device-to-device copy bandwidth (read + write), the ceiling for streaming kernels;
 - ``gemv``: the decode GEMV (1 token) at the llama3-8b and llama3.2-1b matrix shapes, bf16 and
-  INT8, for the default configuration of both kernel families (``ops.GEMV_KERNEL``: "rows",
-  gemv_rows.cu, and "mma", gemv.cu), a sweep of the mma kernel's (warps, stages, L2 prefetch
-  hint) and of the rows kernel's (rows, unroll, warps, split_k) around its default, against
-  cuBLAS (torch.matmul) on the same weights; the GEMV time per decode token of each model; the
-  winners of each family as ``ops.GEMV_TABLE`` / ``ops.GEMV_ROWS_TABLE`` entries;
+  INT8, for the default configuration of both kernel families ("rows", gemv_rows.cu, the shipped
+  one, and "mma", gemv.cu, with MMA_GEMV_TABLE below), a sweep of the mma kernel's (warps,
+  stages, L2 prefetch hint) and of the rows kernel's (rows, unroll, warps, split_k) around its
+  default, against cuBLAS (torch.matmul) on the same weights; the GEMV time per decode token of
+  each model; the winners of each family as ``MMA_GEMV_TABLE`` / ``GEMV_ROWS_TABLE``
+  (ops/tuning.py) entries;
 - ``layers``: a layer's decode chain without attention (norms and the four GEMVs, as the model
-  launches them), plain and with programmatic dependent launch (``ops.PDL``);
+  launches them), plain and with programmatic dependent launch;
 - ``attention``: decode attention (batch 1; one token, and an 8-token verify step at 8192 keys)
   at the llama3-8b and llama3.2-1b head shapes, bf16 and INT8 pages, 272 to 32768 keys, on the
   decode path (attention_decode.cu, "new") and on attention.cu ("old"), with sweeps of
-  ``ops.ATTN_CONFIG`` (split target, K/V ring depth: the decode path's everywhere, attention.cu's
-  from 8192 keys up); new over old, and INT8 over bf16;
+  ``tuning.ATTN_CONFIG`` (split target, K/V ring depth: the decode path's everywhere,
+  attention.cu's from 8192 keys up); new over old, and INT8 over bf16;
 - ``sampling``: greedy and top-k/top-p sampling over a 128256-token vocabulary;
 - ``gemm``: prefill GEMM (512 tokens), INT8 weights and float32 output, against cuBLAS bf16.
 
-Timing: each measured call is repeated in one captured CUDA graph (no launch overhead from
-Python), weights and KV caches rotate over enough copies that nothing stays in the 50 MB L2, and
-the median of several replays is reported.
+Configurations other than the shipped ones are set through the backend's one benchmark-only
+switch (``tuning.experiment``, the ``TILEINFER_CUDA_EXPERIMENTS`` setting, which also applies to
+a whole run from the environment). Timing: each measured call is repeated in one captured CUDA
+graph (timing.py; no launch overhead from Python), weights and KV caches rotate over enough
+copies that nothing stays in the 50 MB L2, and the median of several replays is reported.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ import math
 import sys
 import time
 
+import timing
 import torch
-from tileinfer import bench as tileinfer_bench
-
-from . import compiler, ops
+from tileinfer.backend.types import AttentionStep, LayerKV
+from tileinfer_backend_cuda import compiler
+from tileinfer_backend_cuda.ops import attention as attn_ops
+from tileinfer_backend_cuda.ops import common, linear, norm, sampling, tuning
 
 L2_BYTES = 50 * 2**20
 
@@ -45,6 +54,40 @@ LLAMA3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
              "down": (4096, 14336), "lm_head": (128256, 4096)}
 LLAMA3_1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
              "down": (2048, 8192), "lm_head": (128256, 2048)}
+
+
+# The mma GEMV's (gemv.cu's) per-shape configurations, as the shipped GEMV_ROWS_TABLE's keys:
+# this benchmark's "default" of that family (the backend ships only gemv_heuristic for it, for
+# INT8 weights with K % 16 != 0). The winners of this benchmark's sweep on an H200
+# (benchmarks/RESULTS.md, "CUDA backend check and sweep").
+MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (6144, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
+    (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, True, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (2048, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (8192, 2048, False, 'swiglu'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (2048, 8192, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 2048, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (2048, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
+    (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
+    (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+}
+
+
+def experiment(**changes):
+    """tuning.experiment with ``changes`` over the experiments in force (those of the environment,
+    TILEINFER_CUDA_EXPERIMENTS, for the whole run)."""
+    return tuning.experiment({**tuning.experiments, **changes})
 
 
 def time_graph(fn, reps: int = 20, replays: int = 7) -> float:
@@ -57,7 +100,7 @@ def time_graph(fn, reps: int = 20, replays: int = 7) -> float:
             fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    return tileinfer_bench.time_graph([lambda i=i: fn(i) for i in range(reps)], replays)
+    return timing.time_graph([lambda i=i: fn(i) for i in range(reps)], replays)
 
 
 def bench_copy() -> dict:
@@ -109,12 +152,12 @@ def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device, wide=False):
     also every tile at 1, 2, 4 and 8 warps without a grid split (about 30 configurations).
     Configurations that launch the same kernel (splits reduced by a short K), give a warp no step
     or do not fit the split-K scratch are left out."""
-    default = ops.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="rows")
+    default = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="rows")
     mats = 2 if epilogue == "swiglu" else 1
     tiles = [(rows // mats, unroll) for rows, unroll in ((4, 2), (2, 4), (8, 1), (2, 2), (4, 1))
              if rows // mats >= 1]
     par0 = default["warps"] * default["split_k"]
-    steps = -(-k_dim // (32 * ops._rows_lane_k(int8)))
+    steps = -(-k_dim // (32 * tuning.rows_lane_k(int8)))
     candidates = [{key: default[key] for key in ("rows", "unroll", "warps", "split_k")}]
     candidates += [{"rows": r, "unroll": u, "warps": default["warps"], "split_k": default["split_k"]}
                    for r, u in tiles]
@@ -130,23 +173,22 @@ def gemv_rows_configs(o_rows, k_dim, int8, epilogue, device, wide=False):
                                "warps": warps, "split_k": par // warps})
     configs, seen = [], set()
     for cfg in candidates:
-        splits, _ = ops.gemv_rows_split(cfg, k_dim, int8)
+        splits, _ = tuning.gemv_rows_split(cfg, k_dim, int8)
         key = (cfg["rows"], cfg["unroll"], cfg["warps"], splits)
         if (key in seen or cfg["warps"] * splits > steps
-                or (splits > 1 and not ops._GemvScratch.fits(splits, mats, o_rows))):
+                or (splits > 1 and not common.GemvScratch.fits(splits, mats, o_rows))):
             continue
         seen.add(key)
         configs.append({**cfg, "split_k": splits})
     return configs
 
 
-def _gemv_defines(cfg, int8, epilogue, out_dtype):
-    d = {"W_INT8": int(int8), "INT8_LOAD": 16, "EPILOGUE": ops._EPILOGUES[epilogue],
-         "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8), "WARPS": cfg["warps"],
-         "STAGES": cfg["stages"]}
-    if cfg.get("l2_256b"):
-        d["STREAM_L2_256B"] = None
-    return d
+def mma_config(o_rows, k_dim, int8, epilogue, device) -> dict:
+    """gemv.cu's configuration as this benchmark runs it by default: MMA_GEMV_TABLE's entry, else
+    the backend's gemv_heuristic."""
+    entry = MMA_GEMV_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {})
+    with experiment(gemv={"kernel": "mma", **entry}):
+        return tuning.gemv_config(o_rows, k_dim, int8, epilogue, device)
 
 
 def _shape_kind(name):
@@ -175,7 +217,7 @@ def _compile_job(args):
     compiler.compile_cubin(file, arch, defines, _EXTRA_OPTIONS.get(file, ()))
 
 
-_EXTRA_OPTIONS = {"attention_decode.cu": ops._ATTN_DECODE_OPTIONS}  # as ops compiles them
+_EXTRA_OPTIONS = {"attention_decode.cu": attn_ops.DECODE_OPTIONS}  # as the ops compile them
 
 
 def _family_best(row, kernel):
@@ -184,14 +226,14 @@ def _family_best(row, kernel):
 
 
 def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
-    """Every matrix of `model` at 1 token: the default configuration of each kernel family
-    (GEMV_TABLE / GEMV_ROWS_TABLE or the heuristics) and, with sweep, every configuration of
-    gemv_configs() that fits in shared memory (mma) and of gemv_rows_configs() (rows)."""
+    """Every matrix of `model` at 1 token: the shipped configuration (GEMV_ROWS_TABLE or the
+    heuristic), the mma family's (MMA_GEMV_TABLE or its heuristic) and, with sweep, every
+    configuration of gemv_configs() that fits in shared memory (mma) and of gemv_rows_configs()
+    (rows)."""
     shapes = MODELS[model]
     results = []
     x = torch.randn(1, max(c for _, c in shapes.values()), device="cuda").to(torch.bfloat16)
     device = torch.cuda.current_device()
-    other = "mma" if ops.GEMV_KERNEL == "rows" else "rows"
     for name, (rows, cols) in shapes.items():
         epilogue, out_name = _shape_kind(name)
         o_rows = rows // 2 if epilogue == "swiglu" else rows
@@ -201,33 +243,30 @@ def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
         if epilogue == "swiglu":
             out = torch.empty(1, o_rows, dtype=torch.bfloat16, device="cuda")
             scratch = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
-            call = lambda w, s: ops.linear_swiglu(out, xi, w, s, scratch)  # noqa: E731
+            call = lambda w, s: linear.linear_swiglu(out, xi, w, s, scratch)  # noqa: E731
         else:
             out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
-            call = lambda w, s: ops.linear(out, xi, w, s)  # noqa: E731
-        ops.gemv_overrides.clear()
-        default = ops.gemv_config(o_rows, cols, int8, epilogue, device)
+            call = lambda w, s: linear.linear(out, xi, w, s)  # noqa: E731
+        default = tuning.gemv_config(o_rows, cols, int8, epilogue, device)
         row = {"model": model, "shape": name, "rows": rows, "cols": cols, "int8": int8,
                "epilogue": epilogue, "weight_bytes": nbytes, "default": default, "configs": []}
-        candidates = [None, {"kernel": other}]
+        candidates = [None, mma_config(o_rows, cols, int8, epilogue, device)]
         if sweep:
             candidates += [{"kernel": "mma", **c} for c in gemv_configs()
-                           if ops.gemv_ring_bytes(c, cols, int8, epilogue) <= GEMV_RING_LIMIT]
+                           if linear.gemv_ring_bytes(c, cols, int8, epilogue) <= GEMV_RING_LIMIT]
             candidates += [{"kernel": "rows", **c}
                            for c in gemv_rows_configs(o_rows, cols, int8, epilogue, device)]
         timed = []
         for cfg in candidates:
-            ops.gemv_overrides.clear()
-            ops.gemv_overrides.update(cfg or {})
-            chosen = ops.gemv_config(o_rows, cols, int8, epilogue, device)
-            if chosen in timed:
-                continue
-            timed.append(chosen)
-            # every copy once per replay: what one replay reads does not fit in L2
-            t = time_graph(lambda i: call(*ws[i % len(ws)]), reps=max(10, len(ws)), replays=5)
+            with experiment(gemv=cfg or tuning.experiments["gemv"]):
+                chosen = tuning.gemv_config(o_rows, cols, int8, epilogue, device)
+                if chosen in timed:
+                    continue
+                timed.append(chosen)
+                # every copy once per replay: what one replay reads does not fit in L2
+                t = time_graph(lambda i: call(*ws[i % len(ws)]), reps=max(10, len(ws)), replays=5)
             row["configs"].append({"config": chosen, "default": cfg is None, "seconds": t,
                                    "tb_per_s": nbytes / t / 1e12})
-        ops.gemv_overrides.clear()
         if not int8:  # cuBLAS on the same weights (gate and up as one matrix, no activation)
             out2 = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
             t = time_graph(lambda i: torch.matmul(xi, ws[i % len(ws)][0].t(), out=out2),
@@ -257,7 +296,7 @@ _ROWS_TABLE_KEYS = ("rows", "unroll", "warps", "split_k")
 
 def gemv_table(rows: list[dict], kernel: str = "mma") -> dict:
     """A family's winners as table entries, "(o_rows, K, int8, epilogue)" -> config:
-    ops.GEMV_TABLE (mma) or ops.GEMV_ROWS_TABLE (rows)."""
+    MMA_GEMV_TABLE (mma) or tuning.GEMV_ROWS_TABLE (rows)."""
     keys = _MMA_TABLE_KEYS if kernel == "mma" else _ROWS_TABLE_KEYS
     table = {}
     for row in rows:
@@ -293,7 +332,7 @@ def attention_configs():
 
 def attention_decode_configs():
     """The sweep of attention_decode.cu: split target x K/V ring depth (0: the deepest that fits
-    that many blocks per SM, ops.attention_decode_stages)."""
+    that many blocks per SM, attention_decode_stages)."""
     return [{"decode_blocks_per_sm": b, "decode_stages": s} for b in (1, 2, 3, 4) for s in (0, 2, 3, 4)]
 
 
@@ -305,7 +344,7 @@ def _attention_config_name(cfg):
 
 def bench_attention(sweep: bool) -> list[dict]:
     """Decode attention (batch 1, causal, page size 16) on the decode path (attention_decode.cu,
-    "new") and on attention.cu ("old", ops.ATTN_CONFIG's "decode" off), both with their default
+    "new") and on attention.cu ("old", the "decode" switch off), both with their default
     configuration and, with sweep, their sweeps. One query token, and one 8-token verify step.
     The cache rotates over enough copies that it does not sit in L2 (as the weights do in
     bench_gemv)."""
@@ -339,15 +378,15 @@ def bench_attention(sweep: bool) -> list[dict]:
             lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
             table = torch.arange(pages, dtype=torch.int32, device="cuda")[None]
             max_ctx = pages * page_size
-            ws = ops.attention_workspace(tokens, heads, head_dim, max_ctx, "cuda")
+            ws = attn_ops.attention_workspace(tokens, heads, head_dim, max_ctx, "cuda")
+            empty = torch.empty(0, dtype=torch.int32, device="cuda")
+            step = AttentionStep(empty, empty.long(), cu, lens, table, tokens, max_ctx)
+            layers = [LayerKV(*c) for c in caches]
 
             def call(i):
-                k, v, ks, vs = caches[i % len(caches)]
-                ops.attention(out, q, k, v, ks, vs, None, cu, lens, table, tokens, max_ctx,
-                              head_dim ** -0.5, True, ws)
+                attn_ops.attention(out, q, layers[i % len(layers)], step, head_dim ** -0.5, True, ws)
 
-            ops.attention_overrides.clear()
-            default = ops.attention_config()
+            default = tuning.attention_config()
             row = {"model": model, "kind": kind, "context": ctx, "tokens": tokens,
                    "kv_bytes": kv_bytes, "default": default, "configs": []}
             candidates = [None, {"decode": False}]
@@ -356,15 +395,14 @@ def bench_attention(sweep: bool) -> list[dict]:
                 if ctx >= 8192:
                     candidates += [{"decode": False, **c} for c in attention_configs()]
             for cfg in candidates:
-                ops.attention_overrides.clear()
-                if cfg is not None:
-                    if {**default, **cfg} == default:
-                        continue
-                    ops.attention_overrides.update(cfg)
-                t = time_graph(call, reps=max(10, len(caches)), replays=5)
-                row["configs"].append({"config": ops.attention_config(), "default": cfg is None,
+                if cfg is not None and {**default, **cfg} == default:
+                    continue
+                settings = {**tuning.experiments["attention"], **(cfg or {})}
+                with experiment(attention=settings):
+                    t = time_graph(call, reps=max(10, len(caches)), replays=5)
+                    config = tuning.attention_config()
+                row["configs"].append({"config": config, "default": cfg is None,
                                        "seconds": t, "tb_per_s": kv_bytes / t / 1e12})
-            ops.attention_overrides.clear()
             old = [c for c in row["configs"] if not c["config"]["decode"]]
             old_default = next(c for c in old if c["config"] == {**default, "decode": False})
             best = min(row["configs"], key=lambda c: c["seconds"])
@@ -376,7 +414,7 @@ def bench_attention(sweep: bool) -> list[dict]:
                        best=best["config"],
                        best_seconds=best["seconds"], best_tb_per_s=best["tb_per_s"])
             results.append(row)
-            del caches
+            del caches, layers
             torch.cuda.empty_cache()
     return results
 
@@ -392,8 +430,8 @@ def bench_sampling() -> list[dict]:
     counter = torch.tensor([0], device="cuda")
     for p in (SamplingParams(0.0), SamplingParams(0.8), SamplingParams(0.7, top_k=50),
               SamplingParams(0.8, top_p=0.9), SamplingParams(0.8, top_k=50, top_p=0.9)):
-        t = time_graph(lambda i: ops.sample_tokens(out, logits, p.temperature, p.top_k, p.top_p,
-                                                   seed, counter, None), reps=10)
+        t = time_graph(lambda i: sampling.sample_tokens(out, logits, p.temperature, p.top_k,
+                                                        p.top_p, seed, counter, None), reps=10)
         results.append({"params": str(p), "seconds": t})
     return results
 
@@ -409,7 +447,7 @@ def bench_gemm() -> list[dict]:
     for label, weight, s, dtype in (("own bf16 -> fp32", w, None, torch.float32),
                                     ("own int8 -> bf16", q, scale, torch.bfloat16)):
         out = torch.empty(m, rows, dtype=dtype, device="cuda")
-        t = time_graph(lambda i: ops._gemm(out, x, weight, s), reps=10)
+        t = time_graph(lambda i: linear.gemm(out, x, weight, s), reps=10)
         results.append({"kernel": label, "seconds": t, "tflop_per_s": flops / t / 1e12})
     out = torch.empty(m, rows, dtype=torch.bfloat16, device="cuda")
     t = time_graph(lambda i: torch.matmul(x, w.t(), out=out), reps=10)
@@ -420,7 +458,7 @@ def bench_gemm() -> list[dict]:
 def bench_layers(model: str, int8: bool) -> dict:
     """The decode chain of a layer without attention, as the model launches it: add_rmsnorm ->
     qkv GEMV -> o GEMV -> add_rmsnorm -> gate_up GEMV + SwiGLU -> down GEMV, over the model's
-    layers (weights rotate out of L2), with and without programmatic dependent launch (ops.PDL).
+    layers (weights rotate out of L2), with and without programmatic dependent launch.
     Compare with the sum of the separately timed GEMVs to see what the kernel boundaries cost."""
     shapes = MODELS[model]
     hidden = shapes["o"][0]
@@ -437,26 +475,22 @@ def bench_layers(model: str, int8: bool) -> dict:
 
     def layer(i):
         w = layers[i % len(layers)]
-        ops.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
-        ops.linear(qkv, normed, *w["qkv"])
-        ops.linear(delta, qkv[:, :hidden], *w["o"])  # stands in for the attention output
-        ops.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
-        ops.linear_swiglu(act, normed, *w["gate_up"], gate_up)
-        ops.linear(delta, act, *w["down"])
+        norm.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
+        linear.linear(qkv, normed, *w["qkv"])
+        linear.linear(delta, qkv[:, :hidden], *w["o"])  # stands in for the attention output
+        norm.add_rmsnorm(residual, normed, delta, norm_w, 1e-5)
+        linear.linear_swiglu(act, normed, *w["gate_up"], gate_up)
+        linear.linear(delta, act, *w["down"])
 
     row = {"model": model, "int8": int8, "layer_weight_bytes": layer_bytes}
-    saved = ops.PDL
-    try:
-        for pdl in (False, True):
-            ops.PDL = pdl
-            try:
+    for pdl in (False, True):
+        try:
+            with experiment(pdl=pdl):
                 t = time_graph(layer, reps=LAYERS[model], replays=5)
-            except Exception as exc:  # e.g. a driver without PDL in graphs: report, go on
-                row["pdl" if pdl else "plain"] = {"error": f"{type(exc).__name__}: {exc}"}
-                continue
-            row["pdl" if pdl else "plain"] = {"seconds_per_layer": t, "tb_per_s": layer_bytes / t / 1e12}
-    finally:
-        ops.PDL = saved
+        except Exception as exc:  # e.g. a driver without PDL in graphs: report, go on
+            row["pdl" if pdl else "plain"] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        row["pdl" if pdl else "plain"] = {"seconds_per_layer": t, "tb_per_s": layer_bytes / t / 1e12}
     del layers
     torch.cuda.empty_cache()
     return row
@@ -466,43 +500,88 @@ def _precompile_all(sweep: bool):
     """Every kernel variant the run will launch, compiled in parallel up front."""
     jobs = []
     device = torch.cuda.current_device()
-    pdl = {"PDL": 1} if ops._pdl(device) else {}  # the sweeps launch as the model does
+    pdl = tuning.pdl(device)  # the sweeps launch as the model does
     for int8 in (False, True):
         for name in ("qkv", "gate_up"):
             epilogue, out_name = _shape_kind(name)
             for cfg in gemv_configs() if sweep else []:
-                jobs.append(("gemv.cu", {**_gemv_defines(cfg, int8, epilogue, out_name), **pdl}))
+                jobs.append(("gemv.cu", linear.gemv_defines(cfg, int8, 16, epilogue, out_name, pdl)))
     for shapes in MODELS.values():  # the default configurations, plain and with PDL
         for name, (rows, cols) in shapes.items():
             epilogue, out_name = _shape_kind(name)
             o_rows = rows // 2 if epilogue == "swiglu" else rows
             for int8 in (False, True):
-                cfg = ops.gemv_config(o_rows, cols, int8, epilogue, device, kernel="mma")
-                d = _gemv_defines(cfg, int8, epilogue, out_name)
-                jobs += [("gemv.cu", d), ("gemv.cu", {**d, "PDL": 1})]
-                cfg = ops.gemv_config(o_rows, cols, int8, epilogue, device, kernel="rows")
+                cfg = mma_config(o_rows, cols, int8, epilogue, device)
                 for with_pdl in (False, True):
-                    jobs.append(("gemv_rows.cu", ops.gemv_rows_defines(
-                        cfg, int8, epilogue, out_name, ops.gemv_rows_tokens(1), with_pdl)))
+                    jobs.append(("gemv.cu", linear.gemv_defines(cfg, int8, 16, epilogue, out_name,
+                                                                with_pdl)))
+                cfg = tuning.gemv_config(o_rows, cols, int8, epilogue, device, kernel="rows")
+                for with_pdl in (False, True):
+                    jobs.append(("gemv_rows.cu", linear.gemv_rows_defines(
+                        cfg, int8, epilogue, out_name, tuning.gemv_rows_tokens(1), with_pdl)))
                 for cfg in gemv_rows_configs(o_rows, cols, int8, epilogue, device) if sweep else []:
-                    jobs.append(("gemv_rows.cu", ops.gemv_rows_defines(
-                        cfg, int8, epilogue, out_name, ops.gemv_rows_tokens(1), bool(pdl))))
-    unique = {}
-    for file, defines in jobs:
-        unique.setdefault((file, tuple(sorted(defines.items()))), (file, defines))
-    jobs = list(unique.values())
+                    jobs.append(("gemv_rows.cu", linear.gemv_rows_defines(
+                        cfg, int8, epilogue, out_name, tuning.gemv_rows_tokens(1), pdl)))
+    trigger = attn_ops._PDL_TRIGGERS[tuning.attention_config()["decode_pdl_trigger"]]
     for head_dim in (64, 128):
         for int8 in (0, 1):
             for stages in (2, 3):
                 jobs.append(("attention.cu", {"HEAD_DIM": head_dim, "KV_INT8": int8, "SMOOTH": 0,
                                               "KV_STAGES": stages}))
-            m_tiles = ops.attention_decode_m_tiles(head_dim, 4)  # the benchmark's group
-            stages = {ops.attention_decode_stages(head_dim, bool(int8), False, m_tiles, b, device)
+            m_tiles = attn_ops.attention_decode_m_tiles(head_dim, 4)  # the benchmark's group
+            stages = {attn_ops.attention_decode_stages(head_dim, bool(int8), False, m_tiles, b,
+                                                       device)
                       for b in (1, 2, 3, 4)} | {2, 3, 4}  # attention_decode_configs()
-            for s in sorted(stages):
-                jobs.append(("attention_decode.cu", {"HEAD_DIM": head_dim, "KV_INT8": int8,
-                                                     "SMOOTH": 0, "KV_STAGES": s, "M_TILES": m_tiles}))
-    _precompile(jobs)
+            for depth in sorted(stages):
+                defines = {"HEAD_DIM": head_dim, "KV_INT8": int8, "SMOOTH": 0, "KV_STAGES": depth,
+                           "M_TILES": m_tiles}
+                jobs.append(("attention_decode.cu", {**defines, "PDL_TRIGGER": trigger}
+                             if trigger else defines))
+    unique = {}
+    for file, defines in jobs:
+        unique.setdefault((file, tuple(sorted(defines.items()))), (file, defines))
+    _precompile(list(unique.values()))
+
+
+SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block may have
+
+
+def _check_rows_config(cfg, o_rows, k_dim, int8, epilogue):
+    """A launchable gemv_rows.cu configuration: legal defines, no idle warps, a split-K that fits
+    the backend's scratch."""
+    assert cfg["rows"] in (1, 2, 4, 8) and 1 <= cfg["unroll"] <= 4 and cfg["warps"] in (1, 2, 4, 8), cfg
+    splits, _ = tuning.gemv_rows_split(cfg, k_dim, int8)
+    assert cfg["warps"] * splits <= -(-k_dim // (32 * tuning.rows_lane_k(int8))), cfg
+    assert splits == 1 or common.GemvScratch.fits(splits, 2 if epilogue == "swiglu" else 1, o_rows), cfg
+
+
+def check_configs(device: int) -> int:
+    """The sweeps' sanity checks: every mma configuration the sweep may time fits in a block's
+    shared memory beside gemv.cu's static buffer, and so does every MMA_GEMV_TABLE entry; the
+    rows sweep at each model shape holds 6..14 distinct launchable configurations, the shipped
+    one among them. Returns how many configurations were checked."""
+    checked = 0
+    for shapes in MODELS.values():
+        for name, (rows, cols) in shapes.items():
+            epilogue, _ = _shape_kind(name)
+            o_rows = rows // 2 if epilogue == "swiglu" else rows
+            for int8 in (False, True):
+                mma = [c for c in gemv_configs()
+                       if linear.gemv_ring_bytes(c, cols, int8, epilogue) <= GEMV_RING_LIMIT]
+                mma.append(mma_config(o_rows, cols, int8, epilogue, device))
+                for cfg in mma:
+                    ring = linear.gemv_ring_bytes(cfg, cols, int8, epilogue)
+                    static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
+                    assert ring <= GEMV_RING_LIMIT and ring + static <= SMEM_PER_BLOCK, cfg
+                configs = gemv_rows_configs(o_rows, cols, int8, epilogue, device)
+                keys = [(c["rows"], c["unroll"], c["warps"], c["split_k"]) for c in configs]
+                assert 6 <= len(configs) <= 14 and len(set(keys)) == len(keys), configs
+                shipped = tuning.gemv_config(o_rows, cols, int8, epilogue, device, kernel="rows")
+                assert {k: shipped[k] for k in ("rows", "unroll", "warps", "split_k")} in configs
+                for cfg in configs:
+                    _check_rows_config(cfg, o_rows, cols, int8, epilogue)
+                checked += len(mma) + len(configs)
+    return checked
 
 
 def main(argv=None):
@@ -511,14 +590,25 @@ def main(argv=None):
     parser.add_argument("--no-sweep", action="store_true", help="default configurations only")
     parser.add_argument("--sections", default="copy,gemv,attention,layers,sampling,gemm")
     parser.add_argument("--table", metavar="JSON", help="print the table of a saved run and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="check the sweeps' configurations (an H200-sized device without a "
+                             "GPU) and exit")
     args = parser.parse_args(argv)
     if args.table:
         with open(args.table) as f:
             print_table(json.load(f))
         return 0
+    if args.check:
+        if not torch.cuda.is_available():  # device 0 as an H200 (132 SMs)
+            common._device_properties[(0, "multi_processor_count")] = 132
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        print(f"checked {check_configs(device)} configurations")
+        return 0
     sections = args.sections.split(",")
     sweep = not args.no_sweep
     t0 = time.time()
+    check_configs(torch.cuda.current_device())
+    common.reserve_scratch("cuda")  # as a model runner does before it captures graphs
     report = {"device": torch.cuda.get_device_name(), "nvrtc": compiler.nvrtc_version(),
               "torch": torch.__version__}
     _precompile_all(sweep)
@@ -539,7 +629,7 @@ def main(argv=None):
                 report["gemv"] += bench_gemv(model, int8, sweep)
                 save()
         report["gemv_per_token"] = [
-            {"model": m, "int8": q, "kernel": ops.GEMV_KERNEL,
+            {"model": m, "int8": q, "kernel": "rows",
              **{f"{which}_seconds": per_token(report["gemv"], m, q, which)
                 for which in ("default", "best", "best_mma", "best_rows")}}
             for m in MODELS for q in (False, True)]
@@ -556,7 +646,7 @@ def main(argv=None):
         report["sampling"] = bench_sampling()
     if "gemm" in sections:
         report["gemm"] = bench_gemm()
-    report["fallbacks"] = dict(ops.fallback_counts)
+    report["fallbacks"] = dict(common.fallback_counts)
     save()
     # stdout: the JSON without the sweeps' per-configuration rows, then the table
     summary = {k: ([{f: v for f, v in row.items() if f != "configs"} for row in val]
@@ -602,7 +692,7 @@ def print_table(report: dict):
                          for which in ("default", "best", "best_mma", "best_rows")
                          if f"{which}_seconds" in row)
         print(f"  per token {row['model']:11s} {'int8' if row['int8'] else 'bf16'}: {line}")
-    for name, key in (("GEMV_TABLE", "gemv_table"), ("GEMV_ROWS_TABLE", "gemv_rows_table")):
+    for name, key in (("MMA_GEMV_TABLE", "gemv_table"), ("GEMV_ROWS_TABLE", "gemv_rows_table")):
         if report.get(key):
             print(f"  {name} = {{")
             for k, cfg in report[key].items():

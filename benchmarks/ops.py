@@ -35,6 +35,7 @@ import sys
 import time
 
 import torch
+from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform
 
 COPY_CEILING = 4.18e12  # bytes/s, DESIGN.md
 MATMUL_CEILING = 770e12  # bf16 FLOP/s, DESIGN.md
@@ -144,7 +145,7 @@ def backends():
 
 
 def _dry_run_setup():
-    global DEV, DRY_RUN, CONTEXTS, PREFILL, ROTATE_BYTES
+    global DEV, DRY_RUN, CONTEXTS, PREFILL
     global SWEEP_SPLITS
     DEV, DRY_RUN, CONTEXTS, PREFILL = "cpu", True, (300, 700), 40
     SWEEP_SPLITS = {700: ((2, 64),)}
@@ -289,46 +290,42 @@ def bench_gemv_sweep(summary):
 
 
 def bench_cuda_rows_sweep(table, summary):
-    """The CUDA backend's row-streaming GEMV configurations (its bench.gemv_rows_configs) at every
-    decode shape, timed as the per-op table times them; prints the winners as GEMV_ROWS_TABLE."""
-    from tileinfer_backend_cuda import bench as cuda_bench, ops as cuda_ops
+    """The CUDA backend's row-streaming GEMV configurations (cuda_kernels.gemv_rows_configs, each
+    set through the backend's experiments switch) at every decode shape, timed as the per-op
+    table times them; prints the winners as GEMV_ROWS_TABLE (tileinfer_backend_cuda/ops/tuning.py)."""
+    import cuda_kernels
 
     device = torch.cuda.current_device()
     winners = []
-    try:
-        for model, cfg in MODELS.items():
-            for int8 in (False, True):
-                for name, (n, k, kind) in decode_shapes(cfg).items():
-                    epilogue = "swiglu" if kind == "swiglu" else "none"
-                    n_out = n // 2 if kind == "swiglu" else n
-                    best = None
-                    # the override is read at each launch: the same calls time every config
-                    calls, nbytes = _linear_calls(table, name, 1, n, k, kind, int8)
-                    cuda_ops.gemv_overrides.clear()  # the configurations derive from the table's
-                    for c in cuda_bench.gemv_rows_configs(n_out, k, int8, epilogue, device, wide=True):
-                        cuda_ops.gemv_overrides.clear()
-                        cuda_ops.gemv_overrides.update({"kernel": "rows", **c})
+    for model, cfg in MODELS.items():
+        for int8 in (False, True):
+            for name, (n, k, kind) in decode_shapes(cfg).items():
+                epilogue = "swiglu" if kind == "swiglu" else "none"
+                n_out = n // 2 if kind == "swiglu" else n
+                best = None
+                # the setting is read at each launch: the same calls time every config
+                calls, nbytes = _linear_calls(table, name, 1, n, k, kind, int8)
+                for c in cuda_kernels.gemv_rows_configs(n_out, k, int8, epilogue, device, wide=True):
+                    with cuda_kernels.experiment(gemv={"kernel": "rows", **c}):
                         timed = try_time(calls, op=f"cuda-sweep:{name}", model=model, config=str(c))
-                        if timed is None:
-                            continue
-                        us = timed[0]
-                        emit(op=f"cuda-sweep:{name}", model=model, shape=f"1x{n}x{k}",
-                             weights="int8" if int8 else "bf16", backend="cuda", config=str(c),
-                             median_us=round(us, 2),
-                             frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
-                        if best is None or us < best[0]:
-                            best = (us, c, nbytes)
-                    del calls
-                    if best:
-                        summary.append((f"cuda sweep best {model} {name}", "int8" if int8 else "bf16",
-                                        "cuda", best[0],
-                                        f"{best[2] / (best[0] * 1e-6) / COPY_CEILING:.3f} of copy; {best[1]}"))
-                        winners.append(f"    ({n_out}, {k}, {int8}, {epilogue!r}): {best[1]},")
-                torch.cuda.empty_cache()
-    finally:
-        cuda_ops.gemv_overrides.clear()
-    print("GEMV_ROWS_TABLE = {  # tileinfer_backend_cuda.ops\n" + "\n".join(winners) + "\n}",
-          file=sys.stderr)
+                    if timed is None:
+                        continue
+                    us = timed[0]
+                    emit(op=f"cuda-sweep:{name}", model=model, shape=f"1x{n}x{k}",
+                         weights="int8" if int8 else "bf16", backend="cuda", config=str(c),
+                         median_us=round(us, 2),
+                         frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
+                    if best is None or us < best[0]:
+                        best = (us, c, nbytes)
+                del calls
+                if best:
+                    summary.append((f"cuda sweep best {model} {name}", "int8" if int8 else "bf16",
+                                    "cuda", best[0],
+                                    f"{best[2] / (best[0] * 1e-6) / COPY_CEILING:.3f} of copy; {best[1]}"))
+                    winners.append(f"    ({n_out}, {k}, {int8}, {epilogue!r}): {best[1]},")
+            torch.cuda.empty_cache()
+    print("GEMV_ROWS_TABLE = {  # tileinfer_backend_cuda/ops/tuning.py\n" + "\n".join(winners)
+          + "\n}", file=sys.stderr)
 
 
 def bench_gemm(tables, summary):
@@ -388,6 +385,8 @@ def bench_gemm(tables, summary):
 
 
 def _paged_cache(ctx, kv_heads, hd, page, int8, smooth=False):
+    """A LayerKV of random pages for ctx positions (one spare page) and a block table over them
+    in random order."""
     pages = math.ceil(ctx / page)
     shape = (pages + 1, page, kv_heads, hd)
     if int8:
@@ -401,33 +400,50 @@ def _paged_cache(ctx, kv_heads, hd, page, int8, smooth=False):
         v = torch.randn(shape, device=DEV).to(torch.bfloat16)
         ks = vs = sm = None
     table = torch.randperm(pages, device=DEV).to(torch.int32)[None]
-    return (k, v, ks, vs, sm), table
+    return LayerKV(k, v, ks, vs, sm), table
+
+
+def _step(n, ctx, table, max_ctx, positions=None, slots=None):
+    """The AttentionStep of one sequence: n query tokens at the end of ctx cached positions."""
+    if positions is None:
+        positions = torch.empty(0, dtype=torch.int32, device=DEV)
+    if slots is None:
+        slots = torch.empty(0, dtype=torch.int64, device=DEV)
+    return AttentionStep(positions, slots, torch.tensor([0, n], dtype=torch.int32, device=DEV),
+                         torch.tensor([ctx], dtype=torch.int32, device=DEV), table, n, max_ctx)
 
 
 @dataclasses.dataclass
 class DecodeStep:
     """A 1-token decode step of the llama3-8b attention shape (pages of 16) at context ctx, on
-    enough copies of the paged cache that none stays in L2; nbytes: the K/V (and scale) bytes
-    one call reads."""
+    enough copies of the paged cache (each a LayerKV and its step's AttentionStep) that none
+    stays in L2; nbytes: the K/V (and scale) bytes one call reads."""
 
     ctx: int
     kind: str  # "bf16" or "int8" pages
     heads: int
     head_dim: int
-    caches: list
+    copies: list  # (LayerKV, AttentionStep)
     q: torch.Tensor
     out: torch.Tensor
-    cu: torch.Tensor
-    ctx_t: torch.Tensor
     max_ctx: int
     nbytes: int
 
-    def calls(self, attention, ws, **launch):
-        """One zero-argument call per cache copy of attention(out, q, cache..., ws, **launch)
-        (an op table's attention, or a kernel's launcher with its settings)."""
-        return [lambda c=c, t=t: attention(self.out, self.q, *c, self.cu, self.ctx_t, t, 1,
-                                           self.max_ctx, self.head_dim ** -0.5, True, ws, **launch)
-                for c, t in self.caches]
+    def calls(self, attention, ws):
+        """One zero-argument call per cache copy of an op table's attention."""
+        return [lambda kv=kv, st=st: attention(self.out, self.q, kv, st, self.head_dim ** -0.5,
+                                               True, ws)
+                for kv, st in self.copies]
+
+    def kernel_calls(self, launch, ws, **settings):
+        """The same calls of a kernel launcher that takes the tensors one by one (Triton's
+        launch_attention) with its launch settings."""
+        return [lambda kv=kv, st=st: launch(self.out, self.q, kv.k_cache, kv.v_cache, kv.k_scale,
+                                            kv.v_scale, kv.k_smooth, st.cu_seqlens_q,
+                                            st.context_lens, st.block_table, st.max_query_len,
+                                            st.max_context_len, self.head_dim ** -0.5, True, ws,
+                                            **settings)
+                for kv, st in self.copies]
 
 
 def _decode_step(ctx, kind):
@@ -436,11 +452,10 @@ def _decode_step(ctx, kind):
     int8 = kind == "int8"
     nbytes = 2 * ctx * kvh * hd * (1 if int8 else 2) + (2 * ctx * kvh * 4 if int8 else 0)
     caches = [_paged_cache(ctx, kvh, hd, page, int8) for _ in range(copies_for(nbytes))]
+    max_ctx = caches[0][1].shape[1] * page
     q = torch.randn(1, heads, hd, device=DEV).to(torch.bfloat16)
-    return DecodeStep(ctx, kind, heads, hd, caches, q, torch.empty_like(q),
-                      torch.tensor([0, 1], dtype=torch.int32, device=DEV),
-                      torch.tensor([ctx], dtype=torch.int32, device=DEV),
-                      caches[0][1].shape[1] * page, nbytes)
+    return DecodeStep(ctx, kind, heads, hd, [(kv, _step(1, ctx, t, max_ctx)) for kv, t in caches],
+                      q, torch.empty_like(q), max_ctx, nbytes)
 
 
 def bench_attention(tables, summary):
@@ -471,13 +486,11 @@ def bench_attention(tables, summary):
     # prefill attention, PREFILL tokens causal (FLOPs: 4 * q * ctx / 2 * head_dim * heads)
     n = PREFILL
     for backend, table in tables.items():
-        (k, v, ks, vs, sm), bt = _paged_cache(n, kvh, hd, page, False)
+        kv, bt = _paged_cache(n, kvh, hd, page, False)
         q = torch.randn(n, heads, hd, device=DEV).to(torch.bfloat16)
         out = torch.empty_like(q)
-        cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
-        ctx_t = torch.tensor([n], dtype=torch.int32, device=DEV)
-        timed = try_time([lambda: table.attention(out, q, k, v, ks, vs, sm, cu, ctx_t, bt, n,
-                                                  bt.shape[1] * page, hd ** -0.5, True, None)],
+        step = _step(n, n, bt, bt.shape[1] * page)
+        timed = try_time([lambda: table.attention(out, q, kv, step, hd ** -0.5, True, None)],
                          graph=table.graph_safe, op="attn:prefill", backend=backend)
         if timed is None:
             continue
@@ -496,8 +509,8 @@ def _attention_sweep(step):
     for tiles in ((16, 64, 4, 3), (16, 32, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2), (16, 64, 4, 4),
                   (16, 128, 8, 3)):
         for splits, min_chunk in SWEEP_SPLITS[ctx]:
-            calls = step.calls(attention.launch_attention, ws, tiles=tiles, splits=splits,
-                               min_chunk=min_chunk)
+            calls = step.kernel_calls(attention.launch_attention, ws, tiles=tiles, splits=splits,
+                                      min_chunk=min_chunk)
             try:
                 us, _ = time_calls(calls)
             except Exception as exc:
@@ -509,7 +522,9 @@ def _attention_sweep(step):
                  frac_of_ceiling=round(bw / COPY_CEILING, 3))
 
 
-# The CUDA decode attention's launch settings tried by cuda-attn-sweep (ops.ATTN_CONFIG keys).
+# The CUDA decode attention's launch settings tried by cuda-attn-sweep: the backend's
+# experiments' "attention" settings (keys of tileinfer_backend_cuda.ops.tuning.ATTN_CONFIG, and
+# "splits").
 CUDA_ATTN_SWEEP = ([{"decode_blocks_per_sm": b, "decode_stages": s}
                     for b in (1, 2, 3, 4) for s in (0, 2, 3)]
                    + [{"decode_blocks_per_sm": b, "decode_stages": 1} for b in (3, 4)]
@@ -519,36 +534,32 @@ CUDA_ATTN_SWEEP = ([{"decode_blocks_per_sm": b, "decode_stages": s}
 def bench_cuda_attention_sweep(table, summary):
     """The CUDA decode attention at the 8B shape under each CUDA_ATTN_SWEEP setting (split
     target x ring depth), bf16 and INT8 pages, at 8k and 32k context."""
-    from tileinfer_backend_cuda import ops as cuda_ops
+    import cuda_kernels
 
     cfg = MODELS["llama3-8b"]
     heads, kvh, hd, page = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], 16
     contexts = [c for c in CONTEXTS if c >= 8192] or list(CONTEXTS)
     best = {}
-    try:
-        for kind in ("bf16", "int8"):
-            for ctx in contexts:
-                step = _decode_step(ctx, kind)
-                nbytes = step.nbytes
-                ws = table.attention_workspace(1, heads, hd, step.max_ctx, step.q.device)
-                calls = step.calls(table.attention, ws)
-                for setting in CUDA_ATTN_SWEEP:
-                    cuda_ops.attention_overrides.clear()
-                    cuda_ops.attention_overrides.update(setting)
+    for kind in ("bf16", "int8"):
+        for ctx in contexts:
+            step = _decode_step(ctx, kind)
+            nbytes = step.nbytes
+            ws = table.attention_workspace(1, heads, hd, step.max_ctx, step.q.device)
+            calls = step.calls(table.attention, ws)
+            for setting in CUDA_ATTN_SWEEP:
+                with cuda_kernels.experiment(attention=setting):
                     timed = try_time(calls, op="cuda-attn-sweep", kv=kind, shape=f"ctx{ctx}",
                                      config=str(setting))
-                    if timed is None:
-                        continue
-                    us = timed[0]
-                    emit(op="cuda-attn-sweep", shape=f"ctx{ctx} h{heads}/{kvh} d{hd} p{page}", kv=kind,
-                         backend="cuda", config=str(setting), median_us=round(us, 2),
-                         frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
-                    if (kind, ctx) not in best or us < best[kind, ctx][0]:
-                        best[kind, ctx] = (us, setting, nbytes)
-                del calls, step
-                torch.cuda.empty_cache()
-    finally:
-        cuda_ops.attention_overrides.clear()
+                if timed is None:
+                    continue
+                us = timed[0]
+                emit(op="cuda-attn-sweep", shape=f"ctx{ctx} h{heads}/{kvh} d{hd} p{page}", kv=kind,
+                     backend="cuda", config=str(setting), median_us=round(us, 2),
+                     frac_of_ceiling=round(nbytes / (us * 1e-6) / COPY_CEILING, 3))
+                if (kind, ctx) not in best or us < best[kind, ctx][0]:
+                    best[kind, ctx] = (us, setting, nbytes)
+            del calls, step
+            torch.cuda.empty_cache()
     for (kind, ctx), (us, setting, nbytes) in best.items():
         summary.append((f"cuda attn sweep best ctx{ctx}", kind, "cuda", us,
                         f"{nbytes / (us * 1e-6) / COPY_CEILING:.2f} of copy; {setting}"))
@@ -569,15 +580,15 @@ def bench_misc(tables, summary):
         emit(op="add_rmsnorm", shape=f"1x{h}", backend=backend, median_us=round(us, 2), timing=how)
         summary.append((f"add_rmsnorm 1x{h}", "bf16", backend, us, ""))
         for kind in ("bf16", "int8"):
-            (k, v, ks, vs, sm), _ = _paged_cache(4096, kvh, hd, 16, kind == "int8")
+            kv, bt = _paged_cache(4096, kvh, hd, 16, kind == "int8")
             qkv = torch.randn(1, (heads + 2 * kvh) * hd, device=DEV).to(torch.bfloat16)
             q_out = torch.empty(1, heads, hd, dtype=torch.bfloat16, device=DEV)
             ang = torch.arange(8192, device=DEV)[:, None] * torch.rand(hd // 2, device=DEV)[None]
-            cos, sin = ang.cos(), ang.sin()
-            pos = torch.tensor([4000], dtype=torch.int32, device=DEV)
-            slots = torch.tensor([4000], dtype=torch.int64, device=DEV)
-            timed = try_time([lambda: table.attention_inputs(q_out, k, v, ks, vs, sm, qkv, None, None,
-                                                             cos, sin, pos, slots, 1e-6)],
+            qk = QKTransform(ang.cos(), ang.sin(), None, None, 1e-6)
+            step = _step(1, 4001, bt, bt.shape[1] * 16,
+                         torch.tensor([4000], dtype=torch.int32, device=DEV),
+                         torch.tensor([4000], dtype=torch.int64, device=DEV))
+            timed = try_time([lambda: table.attention_inputs(q_out, kv, qkv, qk, step)],
                              op="attention_inputs", kv=kind, backend=backend)
             if timed is None:
                 continue
@@ -612,7 +623,8 @@ def main():
     parser.add_argument("--triton-pdl", choices=("on", "off"), default="on",
                         help="programmatic dependent launch of the Triton kernels (default on)")
     parser.add_argument("--cuda-attn-configs", type=json.loads, default=None,
-                        help="JSON list of ops.ATTN_CONFIG override dicts for cuda-attn-sweep "
+                        help="JSON list of the cuda backend's attention experiment settings "
+                             "(tuning.ATTN_CONFIG keys, \"splits\") for cuda-attn-sweep "
                              "(default: CUDA_ATTN_SWEEP), e.g. '[{}, {\"decode_stages\": 0}]'")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU (with TRITON_INTERPRET=1): checks the script")

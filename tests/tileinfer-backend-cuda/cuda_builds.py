@@ -1,13 +1,15 @@
-"""Representative builds of every kernel file: each define of each file takes each of its values
-at least once. CI compiles all of them to cubins (no GPU needed); ``warm_cache`` compiles them
-into the disk cache ahead of a run.
+"""Representative builds of every kernel file of the CUDA backend: each define of each file takes
+each of its values at least once, and the builds the ops launch by default are among them.
+test_cuda_compile.py compiles all of them to cubins (no GPU needed); tools/gpu_check.sh compiles
+them into the disk cache before the GPU tests.
 
 A build is ``(file, defines, extra_options)`` as ``compiler.compile_cubin`` takes them.
 """
 
 from __future__ import annotations
 
-SAMPLING_OPTIONS = ("-fmad=false",)
+from tileinfer_backend_cuda.ops.attention import DECODE_OPTIONS
+from tileinfer_backend_cuda.ops.sampling import SAMPLING_OPTIONS
 
 
 def builds() -> list[tuple[str, dict, tuple]]:
@@ -35,7 +37,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
     for warps, stages in ((4, 2), (4, 3), (16, 4), (16, 8)):
         add("gemv.cu", WARPS=warps, STAGES=stages)
     add("gemv.cu", STREAM_L2_256B=None)
-    for w_int8, epilogue in ((0, 0), (1, 1)):  # programmatic dependent launch (ops.PDL)
+    for w_int8, epilogue in ((0, 0), (1, 1)):  # programmatic dependent launch
         add("gemv.cu", W_INT8=w_int8, EPILOGUE=epilogue, ROUND_BF16=1 - w_int8, WARPS=8, STAGES=8, PDL=1)
     add("gemv.cu", WARPS=4, STAGES=2, PDL=1)
     add("gemv.cu", WARPS=2, STAGES=3)
@@ -63,14 +65,14 @@ def builds() -> list[tuple[str, dict, tuple]]:
         add("attention.cu", HEAD_DIM=128, KV_INT8=kv_int8, SMOOTH=0, KV_STAGES=3)
         add("attention.cu", HEAD_DIM=256, KV_INT8=kv_int8, SMOOTH=kv_int8, KV_STAGES=1)
 
-    # attention_decode.cu, with -fmad=false as ops compiles it: every head size, page kind and m-tile
-    # count (ops.attention_decode_m_tiles) with the default ring depth (ops.ATTN_CONFIG's
+    # attention_decode.cu, with -fmad=false as the ops compile it: every head size, page kind and
+    # m-tile count (attention_decode_m_tiles) with the default ring depth (tuning.ATTN_CONFIG's
     # "decode_stages": 2), then the other depths of the benchmark's sweep (the automatic depths,
-    # ops.attention_decode_stages, are 3 or 6 at head_dim 128 on an H200, 6 at 64).
+    # attention_decode_stages, are 3 or 6 at head_dim 128 on an H200, 6 at 64).
     default_depth = 2
     shapes = ((64, 1), (64, 2), (128, 1), (128, 2), (256, 1))  # (head_dim, m_tiles)
     kinds = ((0, 0), (0, 1), (1, 0), (1, 1))  # (kv_int8, smooth)
-    decode = lambda **d: add("attention_decode.cu", ("-fmad=false",), **d)  # noqa: E731
+    decode = lambda **d: add("attention_decode.cu", DECODE_OPTIONS, **d)  # noqa: E731
     for head_dim, m_tiles in shapes:
         for kv_int8, smooth in kinds:
             decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
@@ -83,8 +85,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
     decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=0, M_TILES=2, KV_STAGES=2, COMBINE_BATCH=32, MIN_SPLIT_TILES=4)
 
     decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
-    # with the attention inputs fused (ops.attention_with_inputs), as ops launches them (the
-    # PDL trigger after the loop), also with a one-stage ring
+    # with the attention inputs fused (attention_with_inputs), as the ops launch them (the PDL
+    # trigger after the loop), also with a one-stage ring
     for head_dim, m_tiles in shapes:
         for kv_int8, smooth in kinds:
             decode(HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=m_tiles,
@@ -94,12 +96,3 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("sampling.cu", SAMPLING_OPTIONS)
     return out
 
-
-def warm_cache(arch: str = "sm_90") -> int:
-    """Compile every representative build into the disk cache; returns how many were compiled."""
-    from . import compiler
-
-    before = compiler.stats.compiled
-    for file, defines, extra in builds():
-        compiler.compile_cubin(file, arch, defines, extra)
-    return compiler.stats.compiled - before

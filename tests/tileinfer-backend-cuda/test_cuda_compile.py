@@ -12,10 +12,12 @@ import sys
 
 import pytest
 
-from tileinfer_backend_cuda import compiler, variants
+from cuda_builds import builds
+from tileinfer_backend_cuda import compiler
+from tileinfer_backend_cuda.ops import attention
 
 ARCH = "sm_90"  # the H200
-BUILDS = variants.builds()
+BUILDS = builds()
 
 
 def _build_id(build):
@@ -50,19 +52,18 @@ def test_kernel_compiles_to_sm90_cubin(build):
 @pytest.mark.parametrize("head_dim,m_tiles", [(64, 2), (128, 1), (128, 2), (256, 1)])
 @pytest.mark.parametrize("kv_int8,smooth", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_decode_attention_smem_mirror_matches_the_kernel(head_dim, m_tiles, kv_int8, smooth):
-    """ops.attention_decode_smem_bytes (the launch's dynamic shared memory) equals the kernel's
+    """attention_decode_smem_bytes (the launch's dynamic shared memory) equals the kernel's
     sizeof(SharedTiles): the kernel static_asserts it when given SMEM_BYTES."""
-    from tileinfer_backend_cuda import ops
-
     stages = 3
-    size = ops.attention_decode_smem_bytes(head_dim, bool(kv_int8), bool(smooth), stages, m_tiles)
+    size = attention.attention_decode_smem_bytes(head_dim, bool(kv_int8), bool(smooth), stages,
+                                                 m_tiles)
     defines = {"HEAD_DIM": head_dim, "KV_INT8": kv_int8, "SMOOTH": smooth, "M_TILES": m_tiles,
                "KV_STAGES": stages}
     compiler.compile_cubin("attention_decode.cu", ARCH, {**defines, "SMEM_BYTES": size},
-                           ("-fmad=false",), use_cache=False)
+                           attention.DECODE_OPTIONS, use_cache=False)
     with pytest.raises(compiler.CompileError, match="SharedTiles"):
         compiler.compile_cubin("attention_decode.cu", ARCH, {**defines, "SMEM_BYTES": size + 16},
-                               ("-fmad=false",), use_cache=False)
+                               attention.DECODE_OPTIONS, use_cache=False)
 
 
 def test_compile_error_names_the_file_and_shows_the_log():
@@ -121,3 +122,14 @@ def test_kernels_ship_in_the_package():
     files = {p.name for p in compiler.KERNEL_DIR.iterdir()}
     assert "common.cuh" in files
     assert {"attention.cu", "gemv.cu", "gemv_rows.cu", "sampling.cu"} <= files
+
+
+def test_package_ships_no_benchmark_code_and_short_modules():
+    """The wheel holds the ops and the compiler: benchmarks and sweeps live in benchmarks/, the
+    representative builds in tests/; no Python module of the package is over 400 lines."""
+    root = compiler.KERNEL_DIR.parent
+    modules = {p.relative_to(root).as_posix(): p for p in root.rglob("*.py")}
+    assert {"__init__.py", "compiler.py", "ops/__init__.py", "ops/common.py", "ops/tuning.py"} <= set(modules)
+    assert not {"bench.py", "variants.py", "ops.py"} & set(modules)
+    too_long = {name: n for name, p in modules.items() if (n := len(p.read_text().splitlines())) > 400}
+    assert not too_long, too_long

@@ -1,186 +1,195 @@
-"""Launch configuration of the CUDA backend's GEMV and attention (no GPU needed): the per-shape
-GEMV tables and their precedence, the choice of kernel family (gemv.cu "mma" / gemv_rows.cu
-"rows"), the shared memory each configuration asks for, the rows kernel's split of K and its
-independence of the token count, and the benchmark's sweeps staying within what a block may take
-on an H200.
+"""The CUDA backend's launch configuration and plumbing, without a GPU: the op table against the
+contract, the fallback to ref, the benchmark-only switch (TILEINFER_CUDA_EXPERIMENTS), the GEMV
+tables and heuristics and their precedence, the shared memory each configuration asks for, the
+rows kernel's split of K and its independence of the token count, and the decode attention's
+ring depth.
 """
 
 from __future__ import annotations
 
-import pytest
+import inspect
+import os
+import subprocess
+import sys
 
-from tileinfer_backend_cuda import bench, ops
+import pytest
+import torch
+
+from tileinfer_backend_cuda import ops
+from tileinfer_backend_cuda.ops import attention, common, linear, tuning
 
 SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block may have
+
+# (output rows, K, epilogue) of the llama3-8b and llama3.2-1b decode GEMVs
+MODEL_SHAPES = {
+    "llama3-8b": [(6144, 4096, "none"), (4096, 4096, "none"), (14336, 4096, "swiglu"),
+                  (4096, 14336, "none"), (128256, 4096, "none")],
+    "llama3.2-1b": [(3072, 2048, "none"), (2048, 2048, "none"), (8192, 2048, "swiglu"),
+                    (2048, 8192, "none"), (128256, 2048, "none")],
+}
+SHAPES = [shape for shapes in MODEL_SHAPES.values() for shape in shapes]
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """An H200-sized device 0 (132 SMs) for the heuristics, clean tables and overrides, and the
-    mma kernel family (the tests of the rows family set it themselves)."""
-    monkeypatch.setitem(ops._device_properties, (0, "multi_processor_count"), 132)
-    monkeypatch.setattr(ops, "GEMV_TABLE", {})
-    monkeypatch.setattr(ops, "GEMV_ROWS_TABLE", {})
-    monkeypatch.setattr(ops, "GEMV_KERNEL", "mma")
-    monkeypatch.setattr(ops, "gemv_overrides", {})
-    monkeypatch.setattr(ops, "attention_overrides", {})
+    """An H200-sized device 0 (132 SMs) for the heuristics, an empty rows table and no
+    experiments."""
+    monkeypatch.setitem(common._device_properties, (0, "multi_processor_count"), 132)
+    monkeypatch.setattr(tuning, "GEMV_ROWS_TABLE", {})
+    with tuning.experiment({}):
+        yield
 
 
-def _heuristic(*shape):
-    return ops.gemv_heuristic(*shape, 0) | {"l2_256b": False, "kernel": "mma"}
+def _mma(*shape):
+    return tuning.gemv_heuristic(*shape, 0) | {"kernel": "mma"}
 
 
-def _rows_heuristic(*shape):
-    return ops.gemv_rows_heuristic(*shape, 0) | {"kernel": "rows"}
+def _rows(*shape):
+    return tuning.gemv_rows_heuristic(*shape, 0) | {"kernel": "rows"}
 
 
-def test_gemv_table_entry_replaces_the_heuristic(fake_gpu):
-    assert ops.gemv_config(6144, 4096, False, "none", 0) == _heuristic(6144, 4096, False, "none")
-    ops.GEMV_TABLE[(6144, 4096, False, "none")] = {"warps": 4, "stages": 3}
-    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 4, "stages": 3,
-                                                             "l2_256b": False, "kernel": "mma"}
-    # other shapes, and the same shape with INT8 weights, keep the heuristic
-    assert ops.gemv_config(6144, 4096, True, "none", 0) == _heuristic(6144, 4096, True, "none")
-    assert ops.gemv_config(4096, 4096, False, "none", 0) == _heuristic(4096, 4096, False, "none")
-    # benchmark overrides win over the table
-    ops.gemv_overrides.update({"warps": 16, "stages": 2, "l2_256b": True})
-    assert ops.gemv_config(6144, 4096, False, "none", 0) == {"warps": 16, "stages": 2,
-                                                             "l2_256b": True, "kernel": "mma"}
+# --- the op table --------------------------------------------------------------------------------
 
 
-def test_gemv_table_entries_do_not_depend_on_the_token_count():
-    """The configuration is a function of the weight only (gemv_config takes no token count), so
-    a row's sum is the same at 1 and at 8 tokens."""
-    import inspect
+def test_every_op_of_the_contract_is_implemented_with_its_argument_names():
+    from tileinfer.backend import OP_NAMES, hookspecs
 
-    assert "n" not in inspect.signature(ops.gemv_config).parameters
-    for key, cfg in ops.GEMV_TABLE.items():
+    assert set(ops.OPS) == set(OP_NAMES)
+    for name, fn in ops.OPS.items():
+        spec = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert list(inspect.signature(fn).parameters) == spec, name
+
+
+def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
+    from tileinfer.backend import get_backend
+
+    ref = get_backend("ref")
+    common.fallback_counts.clear()
+    table = torch.randn(10, 6).to(torch.bfloat16)
+    ids = torch.tensor([3, 0, 9])  # int64: the kernel takes int32
+    out, expected = torch.empty(3, 6, dtype=torch.bfloat16), torch.empty(3, 6, dtype=torch.bfloat16)
+    ops.OPS["embed"](out, table, ids)
+    ref.embed(expected, table, ids)
+    assert torch.equal(out, expected)
+    x = torch.randn(6, 4).to(torch.bfloat16).t()  # not contiguous
+    w = torch.rand(6).to(torch.bfloat16)
+    out, expected = torch.empty(4, 6, dtype=torch.bfloat16), torch.empty(4, 6, dtype=torch.bfloat16)
+    ops.OPS["rmsnorm"](out, x, w, 1e-6)
+    ref.rmsnorm(expected, x, w, 1e-6)
+    assert torch.equal(out, expected)
+    assert dict(common.fallback_counts) == {"embed: layout": 1, "rmsnorm: layout": 1}
+    common.fallback_counts.clear()
+
+
+# --- the benchmark-only switch -------------------------------------------------------------------
+
+
+def test_experiments_default_to_the_shipped_configuration():
+    assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True}
+    assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
+
+
+def test_experiments_reject_unknown_settings():
+    for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}}):
+        with pytest.raises(ValueError, match="unknown settings"):
+            tuning.set_experiments(bad)
+    assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))
+
+
+def test_experiment_applies_and_restores(fake_gpu):
+    shape = (4096, 4096, False, "none")
+    with tuning.experiment({"gemv": {"kernel": "mma"}, "attention": {"stages": 3}, "pdl": False}):
+        assert tuning.gemv_config(*shape, 0) == _mma(*shape)
+        assert tuning.attention_config() == {**tuning.ATTN_CONFIG, "stages": 3}
+        assert not tuning.experiments["pdl"]
+    assert tuning.gemv_config(*shape, 0) == _rows(*shape)
+    assert tuning.attention_config() == tuning.ATTN_CONFIG
+    assert tuning.experiments["pdl"]
+
+
+def test_pdl_needs_the_architecture_and_the_switch(monkeypatch):
+    monkeypatch.setitem(tuning._pdl_arch, 0, True)
+    monkeypatch.setitem(tuning._pdl_arch, 1, False)  # an sm_80 GPU: no griddepcontrol
+    with tuning.experiment({}):
+        assert tuning.pdl(0) and not tuning.pdl(1)
+    with tuning.experiment({"pdl": False}):
+        assert not tuning.pdl(0)
+
+
+def test_experiments_come_from_the_environment():
+    script = ("from tileinfer_backend_cuda.ops import tuning; "
+              "print(tuning.experiments['gemv'], tuning.experiments['pdl'])")
+    env = {k: v for k, v in os.environ.items() if k != tuning.EXPERIMENTS_ENV}
+    for value, expected in ((None, "{} True"),
+                            ('{"gemv": {"kernel": "mma"}, "pdl": false}', "{'kernel': 'mma'} False")):
+        run_env = env if value is None else {**env, tuning.EXPERIMENTS_ENV: value}
+        r = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == expected
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env={**env, tuning.EXPERIMENTS_ENV: '{"gemv": {"kernal": "mma"}}'})
+    assert r.returncode != 0 and "gemv.kernal" in r.stderr
+
+
+# --- decode GEMV configuration -------------------------------------------------------------------
+
+
+def test_gemv_family_and_its_precedence(fake_gpu, monkeypatch):
+    shape = (4096, 4096, False, "none")
+    assert tuning.gemv_config(*shape, 0) == _rows(*shape)
+    # a table entry replaces the heuristic for its shape only
+    monkeypatch.setitem(tuning.GEMV_ROWS_TABLE, shape, {"rows": 8, "unroll": 1, "warps": 4,
+                                                        "split_k": 2})
+    entry = {"rows": 8, "unroll": 1, "warps": 4, "split_k": 2, "kernel": "rows"}
+    assert tuning.gemv_config(*shape, 0) == entry
+    assert tuning.gemv_config(4096, 4096, True, "none", 0) == _rows(4096, 4096, True, "none")
+    # the other family on request (INT8 weights with K % 16 != 0), from its heuristic
+    assert tuning.gemv_config(*shape, 0, kernel="mma") == _mma(*shape)
+    # experiments: their family is "kernel", else told by their keys; they apply to it only
+    with tuning.experiment({"gemv": {"warps": 16, "stages": 2}}):
+        assert tuning.gemv_config(*shape, 0) == _mma(*shape) | {"warps": 16, "stages": 2}
+        assert tuning.gemv_config(*shape, 0, kernel="rows") == entry
+    with tuning.experiment({"gemv": {"split_k": 1}}):
+        assert tuning.gemv_config(*shape, 0) == entry | {"split_k": 1}
+    with tuning.experiment({"gemv": {"kernel": "mma"}}):
+        assert tuning.gemv_config(*shape, 0) == _mma(*shape)
+    with tuning.experiment({"gemv": {"kernel": "nope"}}):
+        with pytest.raises(ValueError, match="nope"):
+            tuning.gemv_config(*shape, 0)
+
+
+def test_gemv_configuration_does_not_depend_on_the_token_count():
+    """gemv_config takes no token count, and every table entry is a launchable configuration."""
+    assert "n" not in inspect.signature(tuning.gemv_config).parameters
+    for key, cfg in tuning.GEMV_ROWS_TABLE.items():
         o_rows, k_dim, int8, epilogue = key
-        assert epilogue in ops._EPILOGUES and isinstance(int8, bool)
-        assert ops.gemv_ring_bytes(cfg | {"l2_256b": False}, k_dim, int8, epilogue) <= bench.GEMV_RING_LIMIT
-    for key, cfg in ops.GEMV_ROWS_TABLE.items():
-        o_rows, k_dim, int8, epilogue = key
-        assert epilogue in ops._EPILOGUES and isinstance(int8, bool)
+        assert epilogue in linear.EPILOGUES and isinstance(int8, bool)
         _check_rows_config(cfg, o_rows, k_dim, int8, epilogue)
 
 
-@pytest.mark.parametrize("model", list(bench.MODELS))
 @pytest.mark.parametrize("int8", [False, True])
-def test_gemv_heuristic_fits_in_shared_memory(fake_gpu, model, int8):
-    for name, (rows, cols) in bench.MODELS[model].items():
-        epilogue = "swiglu" if name == "gate_up" else "none"
-        o_rows = rows // 2 if epilogue == "swiglu" else rows
-        cfg = ops.gemv_config(o_rows, cols, int8, epilogue, 0)
-        assert ops.gemv_ring_bytes(cfg, cols, int8, epilogue) <= 100 * 1024
-
-
-def test_gemv_sweep_is_skipped_where_the_ring_does_not_fit():
-    for cfg in bench.gemv_configs():
-        for int8 in (False, True):
-            for epilogue in ("none", "swiglu"):
-                ring = ops.gemv_ring_bytes(cfg, 4096, int8, epilogue)
-                static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
-                if ring <= bench.GEMV_RING_LIMIT:
-                    assert ring + static <= SMEM_PER_BLOCK
-
-
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("smooth", [False, True])
-def test_attention_shared_memory_fits(head_dim, int8, smooth):
-    """The default ring depth fits every supported head size; deeper rings fit at 128."""
-    assert ops.attention_smem_bytes(head_dim, int8, smooth, ops.ATTN_CONFIG["stages"]) <= 200 * 1024
-    if head_dim <= 128:
-        for cfg in bench.attention_configs():
-            assert ops.attention_smem_bytes(head_dim, int8, smooth, cfg["stages"]) <= 200 * 1024
-
-
-def test_attention_smem_matches_the_kernel_layout():
-    """attention.cu's SharedTiles at HEAD_DIM 128: q 64 x 128 bf16; bf16 pages: K and V per
-    stage; int8: bf16 K and V tiles + per stage raw int8 K and V and 64 + 64 float scales."""
-    q = 64 * 128 * 2
-    assert ops.attention_smem_bytes(128, False, False, 2) == q + 2 * 2 * 64 * 128 * 2
-    bf16_tiles, raw_stage = 2 * 64 * 128 * 2, 2 * 64 * 128 + 2 * 64 * 4
-    assert ops.attention_smem_bytes(128, True, False, 3) == q + bf16_tiles + 3 * raw_stage
-    assert ops.attention_smem_bytes(128, True, True, 2) == 2 * q + bf16_tiles + 2 * raw_stage
-
-
-def test_attention_config_overrides(fake_gpu):
-    assert ops.attention_config() == ops.ATTN_CONFIG
-    ops.attention_overrides.update({"stages": 3})
-    assert ops.attention_config() == {**ops.ATTN_CONFIG, "stages": 3}
-
-
-def test_benchmark_precompiles_every_swept_variant_name():
-    """The sweep's defines are the ones ops._gemv passes (a mismatch would time a cold compile)."""
-    d = bench._gemv_defines({"warps": 4, "stages": 3, "l2_256b": True}, True, "swiglu", "bf16_t")
-    assert d == {"W_INT8": 1, "INT8_LOAD": 16, "EPILOGUE": 1, "OUT_DTYPE": "bf16_t",
-                 "ROUND_BF16": 0, "WARPS": 4, "STAGES": 3, "STREAM_L2_256B": None}
-
-
-# --- the row-streaming GEMV (gemv_rows.cu) -------------------------------------------------------
-
-SHAPES = [(name, rows // 2 if name == "gate_up" else rows, cols,
-           "swiglu" if name == "gate_up" else "none")
-          for shapes in bench.MODELS.values() for name, (rows, cols) in shapes.items()]
+@pytest.mark.parametrize("o_rows,k_dim,epilogue", SHAPES + [(2000, 1032, "none")])
+def test_mma_gemv_heuristic_fits_in_shared_memory(fake_gpu, o_rows, k_dim, int8, epilogue):
+    cfg = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")
+    ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
+    static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
+    assert ring <= 100 * 1024 and ring + static <= SMEM_PER_BLOCK
 
 
 def _check_rows_config(cfg, o_rows, k_dim, int8, epilogue):
     """A launchable configuration: legal defines, no idle warps, a split-K that fits the scratch."""
     assert cfg["rows"] in (1, 2, 4, 8) and 1 <= cfg["unroll"] <= 4 and cfg["warps"] in (1, 2, 4, 8)
-    splits, k_split = ops.gemv_rows_split(cfg, k_dim, int8)
-    steps = -(-k_dim // (32 * ops._rows_lane_k(int8)))
+    splits, k_split = tuning.gemv_rows_split(cfg, k_dim, int8)
+    steps = -(-k_dim // (32 * tuning.rows_lane_k(int8)))
     assert cfg["warps"] * splits <= steps
-    assert splits == 1 or ops._GemvScratch.fits(splits, 2 if epilogue == "swiglu" else 1, o_rows)
-
-
-def test_gemv_kernel_family_and_its_precedence(fake_gpu, monkeypatch):
-    shape = (4096, 4096, False, "none")
-    assert ops.gemv_config(*shape, 0)["kernel"] == "mma"
-    monkeypatch.setattr(ops, "GEMV_KERNEL", "rows")
-    assert ops.gemv_config(*shape, 0) == _rows_heuristic(*shape)
-    # a table entry replaces the heuristic for its shape only
-    ops.GEMV_ROWS_TABLE[shape] = {"rows": 8, "unroll": 1, "warps": 4, "split_k": 2}
-    assert ops.gemv_config(*shape, 0) == {"rows": 8, "unroll": 1, "warps": 4, "split_k": 2,
-                                          "kernel": "rows"}
-    assert ops.gemv_config(4096, 4096, True, "none", 0) == _rows_heuristic(4096, 4096, True, "none")
-    # the other family on request, from its own table / heuristic
-    assert ops.gemv_config(*shape, 0, kernel="mma") == _heuristic(*shape)
-    # overrides: their family is "kernel", else told by their keys; they apply to that family only
-    ops.gemv_overrides.update({"warps": 16, "stages": 2})
-    assert ops.gemv_config(*shape, 0) == _heuristic(*shape) | {"warps": 16, "stages": 2}
-    assert ops.gemv_config(*shape, 0, kernel="rows")["warps"] == 4
-    ops.gemv_overrides.clear()
-    ops.gemv_overrides.update({"split_k": 1})
-    assert ops.gemv_config(*shape, 0) == {"rows": 8, "unroll": 1, "warps": 4, "split_k": 1,
-                                          "kernel": "rows"}
-    ops.gemv_overrides.clear()
-    ops.gemv_overrides.update({"kernel": "mma"})
-    assert ops.gemv_config(*shape, 0) == _heuristic(*shape)
-    ops.gemv_overrides.update({"kernel": "nope"})
-    with pytest.raises(ValueError, match="nope"):
-        ops.gemv_config(*shape, 0)
-
-
-def test_gemv_kernel_default_is_rows_unless_the_environment_says():
-    import os
-    import subprocess
-    import sys
-
-    script = "from tileinfer_backend_cuda import ops; print(ops.GEMV_KERNEL)"
-    env = {k: v for k, v in os.environ.items() if k != "TILEINFER_CUDA_GEMV"}
-    for value, expected in ((None, "rows"), ("mma", "mma"), ("rows", "rows")):
-        run_env = env if value is None else {**env, "TILEINFER_CUDA_GEMV": value}
-        r = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True,
-                           text=True)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == expected
+    assert splits == 1 or common.GemvScratch.fits(splits, 2 if epilogue == "swiglu" else 1, o_rows)
 
 
 @pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("name,o_rows,k_dim,epilogue", SHAPES)
-def test_gemv_rows_heuristic_is_launchable(fake_gpu, name, o_rows, k_dim, int8, epilogue):
-    cfg = ops.gemv_rows_heuristic(o_rows, k_dim, int8, epilogue, 0)
+@pytest.mark.parametrize("o_rows,k_dim,epilogue", SHAPES)
+def test_gemv_rows_heuristic_is_launchable(fake_gpu, o_rows, k_dim, int8, epilogue):
+    cfg = tuning.gemv_rows_heuristic(o_rows, k_dim, int8, epilogue, 0)
     _check_rows_config(cfg, o_rows, k_dim, int8, epilogue)
     # 8 weight chunks of 16 bytes per lane and round (the 1-token build's register budget)
     assert (2 if epilogue == "swiglu" else 1) * cfg["rows"] * cfg["unroll"] == 8
@@ -192,25 +201,25 @@ def test_gemv_rows_heuristic_is_launchable(fake_gpu, name, o_rows, k_dim, int8, 
 def test_gemv_rows_split_covers_k_in_whole_warp_steps(k_dim, int8, split_k):
     if int8 and k_dim % 16:
         pytest.skip("INT8 rows need K % 16 == 0 (others run gemv.cu)")
-    splits, k_split = ops.gemv_rows_split({"split_k": split_k}, k_dim, int8)
-    step_k = 32 * ops._rows_lane_k(int8)
+    splits, k_split = tuning.gemv_rows_split({"split_k": split_k}, k_dim, int8)
+    step_k = 32 * tuning.rows_lane_k(int8)
     assert 1 <= splits <= split_k and k_split % step_k == 0
     assert (splits - 1) * k_split < k_dim <= splits * k_split  # no empty split
 
 
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("epilogue", ["none", "swiglu", "xielu"])
-def test_gemv_rows_multi_token_build_keeps_every_sum_order(fake_gpu, int8, epilogue):
+def test_gemv_rows_multi_token_build_keeps_every_sum_order(int8, epilogue):
     """The builds for 1 and for 8 token slots may differ in rows and unroll (registers), never in
     what orders a row's sum: WARPS and the split of K; the launch of a step never depends on n
     beyond choosing the build."""
     for cfg in ({"rows": 4, "unroll": 2, "warps": 2, "split_k": 3},
                 {"rows": 8, "unroll": 4, "warps": 1, "split_k": 1},
                 {"rows": 1, "unroll": 1, "warps": 8, "split_k": 2}):
-        one = ops.gemv_rows_defines(cfg, int8, epilogue, "bf16_t", ops.gemv_rows_tokens(1), True)
-        for n in range(2, ops.GEMV_MAX_TOKENS + 1):
-            assert ops.gemv_rows_tokens(n) == ops.GEMV_MAX_TOKENS
-        many = ops.gemv_rows_defines(cfg, int8, epilogue, "bf16_t", ops.gemv_rows_tokens(8), True)
+        one = linear.gemv_rows_defines(cfg, int8, epilogue, "bf16_t", tuning.gemv_rows_tokens(1), True)
+        for n in range(2, common.GEMV_MAX_TOKENS + 1):
+            assert tuning.gemv_rows_tokens(n) == common.GEMV_MAX_TOKENS
+        many = linear.gemv_rows_defines(cfg, int8, epilogue, "bf16_t", tuning.gemv_rows_tokens(8), True)
         assert one["TOKENS"] == 1 and many["TOKENS"] == 8
         assert {k: v for k, v in one.items() if k not in ("ROWS", "UNROLL", "TOKENS")} == \
                {k: v for k, v in many.items() if k not in ("ROWS", "UNROLL", "TOKENS")}
@@ -219,37 +228,66 @@ def test_gemv_rows_multi_token_build_keeps_every_sum_order(fake_gpu, int8, epilo
         assert (one["ROWS"], one["UNROLL"]) == (cfg["rows"], cfg["unroll"])
 
 
-@pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("name,o_rows,k_dim,epilogue", SHAPES)
-def test_gemv_rows_sweep(fake_gpu, name, o_rows, k_dim, int8, epilogue):
-    """About 8-12 distinct, launchable configurations a shape, the default among them."""
-    configs = bench.gemv_rows_configs(o_rows, k_dim, int8, epilogue, 0)
-    assert 6 <= len(configs) <= 14, configs
-    keys = [(c["rows"], c["unroll"], c["warps"], c["split_k"]) for c in configs]
-    assert len(set(keys)) == len(keys)
-    default = ops.gemv_rows_heuristic(o_rows, k_dim, int8, epilogue, 0)
-    assert default in configs
-    for cfg in configs:
-        _check_rows_config(cfg, o_rows, k_dim, int8, epilogue)
-
-
-def test_gemv_rows_sweep_defines_are_the_launch_defines(fake_gpu):
-    """bench precompiles with ops.gemv_rows_defines, the function _gemv_rows launches with."""
-    import inspect
-
-    src = inspect.getsource(ops._gemv_rows)
+def test_gemv_launch_defines():
+    """The launches build their defines with these functions (benchmarks/cuda_kernels.py
+    precompiles with them too)."""
+    src = inspect.getsource(linear._gemv_rows)
     assert "gemv_rows_defines(" in src and "gemv_rows_tokens(n)" in src
-    d = ops.gemv_rows_defines({"rows": 2, "unroll": 4, "warps": 2, "split_k": 2}, True, "swiglu",
-                              "bf16_t", 1, True)
+    assert "gemv_defines(" in inspect.getsource(linear.gemv)
+    d = linear.gemv_rows_defines({"rows": 2, "unroll": 4, "warps": 2, "split_k": 2}, True,
+                                 "swiglu", "bf16_t", 1, True)
     assert d == {"W_INT8": 1, "EPILOGUE": 1, "OUT_DTYPE": "bf16_t", "ROUND_BF16": 0, "ROWS": 2,
                  "UNROLL": 4, "WARPS": 2, "TOKENS": 1, "PDL": 1}
+    d = linear.gemv_defines({"warps": 4, "stages": 3, "l2_256b": True}, True, 8, "xielu",
+                            "float", False)
+    assert d == {"W_INT8": 1, "INT8_LOAD": 8, "EPILOGUE": 2, "OUT_DTYPE": "float",
+                 "ROUND_BF16": 0, "WARPS": 4, "STAGES": 3, "STREAM_L2_256B": None}
 
 
 def test_gemv_rows_scratch_capacity_does_not_depend_on_rows_or_tokens():
     # the partials hold 8 token slots whatever n is; a counter per output row bounds every tiling
-    assert ops._GemvScratch.fits(8, 1, 4096) and ops._GemvScratch.fits(4, 2, 14336)
-    assert not ops._GemvScratch.fits(2, 1, ops._GemvScratch.COUNTERS + 1)
-    assert not ops._GemvScratch.fits(64, 2, 4096)
+    assert common.GemvScratch.fits(8, 1, 4096) and common.GemvScratch.fits(4, 2, 14336)
+    assert not common.GemvScratch.fits(2, 1, common.GemvScratch.COUNTERS + 1)
+    assert not common.GemvScratch.fits(64, 2, 4096)
+
+
+# --- attention -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("smooth", [False, True])
+def test_attention_shared_memory_fits(head_dim, int8, smooth):
+    """The default ring depth fits every supported head size; a deeper ring fits at 128."""
+    depth = tuning.ATTN_CONFIG["stages"]
+    assert attention.attention_smem_bytes(head_dim, int8, smooth, depth) <= 200 * 1024
+    if head_dim <= 128:
+        assert attention.attention_smem_bytes(head_dim, int8, smooth, depth + 1) <= 200 * 1024
+    m_tiles = attention.attention_decode_m_tiles(head_dim, 4)
+    size = attention.attention_decode_smem_bytes(head_dim, int8, smooth,
+                                                 tuning.ATTN_CONFIG["decode_stages"], m_tiles)
+    assert size <= SMEM_PER_BLOCK - 1024
+    if head_dim <= 128:  # decode_blocks_per_sm = 2 blocks fit on an SM
+        assert 2 * (size + 1024) <= 228 * 1024
+
+
+def test_attention_smem_matches_the_kernel_layout():
+    """attention.cu's SharedTiles at HEAD_DIM 128: q 64 x 128 bf16; bf16 pages: K and V per
+    stage; int8: bf16 K and V tiles + per stage raw int8 K and V and 64 + 64 float scales."""
+    q = 64 * 128 * 2
+    assert attention.attention_smem_bytes(128, False, False, 2) == q + 2 * 2 * 64 * 128 * 2
+    bf16_tiles, raw_stage = 2 * 64 * 128 * 2, 2 * 64 * 128 + 2 * 64 * 4
+    assert attention.attention_smem_bytes(128, True, False, 3) == q + bf16_tiles + 3 * raw_stage
+    assert attention.attention_smem_bytes(128, True, True, 2) == 2 * q + bf16_tiles + 2 * raw_stage
+
+
+def test_attention_workspace_only_where_steps_split():
+    ws = attention.attention_workspace(8, 32, 128, 4096, "cpu")
+    assert ws.shape == (8, 32, attention.MAX_SPLITS, 130) and ws.dtype == torch.float32
+    # the same splits for every cache that can split (row split boundaries never depend on it)
+    assert attention.attention_workspace(1, 32, 128, 65, "cpu").shape[2] == attention.MAX_SPLITS
+    assert attention.attention_workspace(8, 32, 128, 64, "cpu") is None  # one tile
+    assert attention.attention_workspace(attention.SPLIT_MAX_TOKENS + 1, 32, 128, 4096, "cpu") is None
 
 
 def _decode_block_tiles(ctx, q_len, group, num_splits, min_tiles, m_rows=32):
@@ -279,23 +317,32 @@ def _decode_block_tiles(ctx, q_len, group, num_splits, min_tiles, m_rows=32):
 def test_decode_attention_ring_holds_every_tile_a_block_loads(max_ctx, num_splits, min_tiles):
     """The ring depth cap (attention_decode_tiles) is never below the tiles one block loads, for
     any step of 1..16 tokens on a cache of max_ctx positions, and never below two stages."""
-    cap = ops.attention_decode_tiles(max_ctx, num_splits, min_tiles)
+    cap = attention.attention_decode_tiles(max_ctx, num_splits, min_tiles)
     assert cap >= 2
     most = max(_decode_block_tiles(ctx, q_len, 4, num_splits, min_tiles)
                for q_len in (1, 2, 5, 8, 16) for ctx in range(q_len, max_ctx + 1, 7))
     assert most <= cap, (most, cap)
 
 
-def test_variants_hold_the_default_decode_builds():
-    """variants.builds (CI's compile test, the warm cache) has the decode attention builds that
-    ops launches by default: the default ring depth, fused inputs, every page kind and m-tile count."""
-    from tileinfer_backend_cuda import variants
+def test_decode_splits_depend_on_batch_heads_and_gpu_only(fake_gpu):
+    for batch, kv_heads in ((1, 8), (3, 8), (1, 2), (64, 8)):
+        splits = attention.attention_decode_splits(batch, kv_heads, attention.MAX_SPLITS, 0)
+        assert splits == max(1, min(-(-2 * 132 // (batch * kv_heads)), attention.MAX_SPLITS))
+    with tuning.experiment({"attention": {"splits": 5}}):
+        assert attention.attention_decode_splits(1, 8, attention.MAX_SPLITS, 0) == 5
 
-    depth = ops.ATTN_CONFIG["decode_stages"]
+
+def test_compile_builds_hold_the_default_decode_builds():
+    """cuda_builds (the compile test's builds, the GPU check's warm cache) has the decode
+    attention builds the ops launch by default: the default ring depth, fused inputs, every page
+    kind and m-tile count."""
+    from cuda_builds import builds
+
+    depth = tuning.ATTN_CONFIG["decode_stages"]
     fused = {(d["HEAD_DIM"], d["KV_INT8"], d["SMOOTH"], d["M_TILES"])
-             for file, d, _ in variants.builds()
+             for file, d, _ in builds()
              if file == "attention_decode.cu" and d.get("FUSED_INPUTS") == 1 and d["KV_STAGES"] == depth}
     for head_dim, group in ((64, 4), (128, 4), (128, 1), (256, 2)):
-        m_tiles = ops.attention_decode_m_tiles(head_dim, group)
+        m_tiles = attention.attention_decode_m_tiles(head_dim, group)
         for kv_int8, smooth in ((0, 0), (1, 0), (1, 1)):
             assert (head_dim, kv_int8, smooth, m_tiles) in fused

@@ -3,7 +3,8 @@
 The kernels are ``.cu`` files in ``kernels/`` (shipped in the wheel), compiled by
 ``compiler.py`` to cubins for the GPU's architecture with NVRTC through cuda-bindings, cached on
 disk, and launched with the driver API on PyTorch's current stream, so a step of ops can be
-captured in a CUDA graph. ``ops.py`` holds the op wrappers; this module registers them.
+captured in a CUDA graph. ``ops/`` holds the op wrappers, one module per kernel family; this
+module registers them.
 
 The backend needs a CUDA GPU of compute capability 8.0 or newer (bf16 tensor cores, cp.async),
 ``cuda-bindings`` and the NVRTC library (the ``nvidia-cuda-nvrtc`` wheel). No CUDA toolkit is
@@ -12,17 +13,16 @@ needed: the kernels include no toolkit header.
 
 from __future__ import annotations
 
-from tileinfer.backend.registry import BackendInfo
-from tileinfer.backend.hookspecs import hookimpl
+from tileinfer.backend import BackendInfo, hookimpl
 
 MIN_CAPABILITY = (8, 0)
 
 NOTES = {
     "linear": "decode (<= 8 tokens): row-streaming GEMV (warps stream whole bf16/INT8 weight "
-              "rows with 16-byte loads, split-K for narrow outputs; TILEINFER_CUDA_GEMV=mma: the "
-              "tensor-core GEMV fed by a cp.async ring); prefill: cuBLAS through torch.matmul "
-              "for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; float32/float16 "
-              "models: torch.matmul",
+              "rows with 16-byte loads, split-K for narrow outputs; INT8 weights with "
+              "K % 16 != 0: the tensor-core GEMV fed by a cp.async ring); prefill: cuBLAS "
+              "through torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 "
+              "outputs; float32/float16 models: torch.matmul",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
@@ -70,16 +70,12 @@ def tileinfer_backend_info():
                        graph_safe=True, notes=NOTES)
 
 
-# The op implementations live in ops.py; each is registered here under its hookspec's name (pluggy
-# checks the argument names). Without a usable GPU nothing is registered and every op would fall
-# back to ref, but get_backend("cuda") refuses first with the reason above.
-OPS = ("embed", "rmsnorm", "add_rmsnorm", "linear", "linear_swiglu", "linear_xielu", "silu_mul",
-       "xielu", "rope", "store_kv", "attention_inputs", "attention_workspace", "attention",
-       "attention_with_inputs", "sample_tokens", "accept_tokens")
-
+# The op implementations live in ops/ (ops.OPS); each is registered here under its hookspec's
+# name (pluggy checks the argument names). Without a usable GPU nothing is registered and every
+# op would fall back to ref, but get_backend("cuda") refuses first with the reason above.
 if _AVAILABLE:
     from . import ops as _ops
 
-    for _name in OPS:
-        globals()[_name] = hookimpl(getattr(_ops, _name))
-    del _name
+    for _name, _fn in _ops.OPS.items():
+        globals()[_name] = hookimpl(_fn)
+    del _name, _fn

@@ -38,7 +38,7 @@
 // Workspace (split-KV): float32 (tokens_cap, heads, ws_splits, HEAD_DIM + 2): partial outputs,
 // the lse in column HEAD_DIM and, viewed as int32, the tile counters in column HEAD_DIM + 1.
 //
-// Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_smem_bytes mirrors it).
+// Dynamic shared memory: sizeof(SharedTiles) below (ops/attention.py's attention_smem_bytes).
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth; 1 = load, then compute, for GPUs with less shared memory).

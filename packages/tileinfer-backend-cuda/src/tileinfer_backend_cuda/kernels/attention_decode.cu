@@ -1,5 +1,5 @@
 // Paged grouped-query attention for decode and speculative verify steps (at most
-// ops.ATTN_DECODE_MAX_TOKENS = 16 query tokens per sequence: a DFlash block of 16 included), bf16
+// ATTN_DECODE_MAX_TOKENS = 16 query tokens per sequence: a DFlash block of 16 included), bf16
 // or INT8 pages, causal or not: the four warps of a block split the keys.
 //
 // Why a second kernel: attention.cu packs BM = 64 query rows over 4 warps x 16 rows, but a decode
@@ -52,18 +52,18 @@
 // tile: grid (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), where
 // grid_splits = min(num_splits, ceil(max_context_len / (64 * MIN_SPLIT_TILES))): C >= 64 *
 // MIN_SPLIT_TILES, so a row has keys in at most that many splits, and the others would only exit.
-// Dynamic shared memory: sizeof(SharedTiles) below (ops.attention_decode_smem_bytes mirrors it).
+// Dynamic shared memory: sizeof(SharedTiles) below (ops/attention.py mirrors it).
 // Compiled with -fmad=false (ops): no multiply-add contraction, so every unrolled copy of the
 // per-row arithmetic (one per m-tile) rounds the same way.
 //
 // Programmatic dependent launch: the next kernel (the o projection's GEMV) may launch, and
 // start prefetching its weight, once every block has passed pdl_launch_dependents: at the
-// kernel's start (PDL_TRIGGER 0), or after its key loop (PDL_TRIGGER 1, ops.ATTN_CONFIG's
+// kernel's start (PDL_TRIGGER 0), or after its key loop (PDL_TRIGGER 1, ops/tuning.py's
 // default "decode_pdl_trigger"), so that the weight prefetch does not compete with this
 // kernel's K/V loads: on the H200 the later trigger took a llama3.2-1b step from 832 to 805 us
 // and a llama3-8b INT8-weight step from 2539 to 2529 us (benchmarks/profile_step.py).
 //
-// Fused attention inputs (FUSED_INPUTS = 1; ops.attention_with_inputs, for steps of one query
+// Fused attention inputs (FUSED_INPUTS = 1; attention_with_inputs, for steps of one query
 // token per sequence): the kernel also does attention_inputs' work, reading the qkv projection
 // instead of q, so that no kernel runs between the projection and attention. Every block of
 // (sequence, kv head) computes its group's queries from qkv (RMSNorm with q_norm if any, RoPE,
@@ -170,7 +170,7 @@ struct SharedTiles {
     };
 };
 
-#ifdef SMEM_BYTES  // tests/test_cuda_compile.py: ops.attention_decode_smem_bytes mirrors this
+#ifdef SMEM_BYTES  // test_cuda_compile.py: ops/attention.py's attention_decode_smem_bytes
 static_assert(sizeof(SharedTiles) == SMEM_BYTES, "ops.attention_decode_smem_bytes != sizeof(SharedTiles)");
 #endif
 

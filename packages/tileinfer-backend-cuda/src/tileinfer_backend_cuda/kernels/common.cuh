@@ -237,7 +237,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 }
 
 // --- programmatic dependent launch (sm_90+) ----------------------------------------------------
-// A kernel launched with programmatic stream serialization (ops.PDL) may start before the
+// A kernel launched with programmatic stream serialization (tuning.pdl) may start before the
 // previous kernel on the stream has finished: it must call pdl_wait() before it reads what that
 // kernel wrote or writes what it reads; pdl_wait() returns once the previous grid has completed
 // and its memory is visible. pdl_launch_dependents() lets the next such kernel start early (its

@@ -23,7 +23,7 @@
 // Grid: ceil(O / 16) blocks of 16 output rows (for SwiGLU, gate rows j and up rows O + j in one
 // block); block: WARPS * 32 threads; dynamic shared memory: ring_bytes() below.
 //
-// Programmatic dependent launch (PDL = 1, launched with ops.PDL): the weight does not depend on
+// Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
 // the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
 // then waits for the previous grid (pdl_wait), then issues those steps' x copies; the prologue
 // is one commit group (padded with empty groups, so the steady state's counting is unchanged),

@@ -28,7 +28,7 @@
 //     [split][mat][token][O]; the last block of a row tile to arrive (an atomic counter per tile,
 //     __threadfence on both sides) adds the splits in split order, applies the epilogue and
 //     re-arms its counter to 0 (no memset before a launch, and a CUDA graph replays correctly).
-//     ops.py allocates the scratch and the counters once per device.
+//     ops/common.py allocates the scratch and the counters once per device (reserve_scratch).
 // Row invariance: a (token, row) sum depends only on K, WARPS and the split of K, never on n or
 // on the other tokens, so a row of an 8-token verify step equals the same row of a 1-token step
 // bit for bit. TOKENS (the token slots compiled in, registers for acc) may differ between the two
@@ -83,7 +83,7 @@
 #endif
 typedef OUT_DTYPE out_t;
 
-constexpr int MAX_TOKENS = 8;                     // the scratch's token slots (ops.GEMV_MAX_TOKENS)
+constexpr int MAX_TOKENS = 8;                     // the scratch's token slots (GEMV_MAX_TOKENS)
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;       // weight matrices per block: gate (and up)
 constexpr int WROWS = MATS * ROWS;                // weight rows a warp streams
 constexpr int LANE_K = W_INT8 ? 16 : 8;           // k of one lane's 16-byte weight chunk

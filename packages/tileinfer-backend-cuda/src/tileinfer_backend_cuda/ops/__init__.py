@@ -1,0 +1,29 @@
+"""The CUDA backend's ops, one module per kernel family of ``kernels/``: thin wrappers that check
+layouts, pick a build and a grid, and launch on PyTorch's current stream (``compiler.py``).
+
+common.py: dtypes, layout checks, device properties, per-device scratch, the fallback to ref;
+tuning.py: launch configurations and the benchmark-only switch (TILEINFER_CUDA_EXPERIMENTS);
+elementwise.py, norm.py, linear.py, kv.py, attention.py, sampling.py: the ops.
+"""
+
+from . import attention, common, elementwise, kv, linear, norm, sampling, tuning  # noqa: F401
+
+# The ops of the contract (tileinfer.backend.hookspecs) that this backend implements.
+OPS = {
+    "embed": elementwise.embed,
+    "rmsnorm": norm.rmsnorm,
+    "add_rmsnorm": norm.add_rmsnorm,
+    "linear": linear.linear,
+    "linear_swiglu": linear.linear_swiglu,
+    "linear_xielu": linear.linear_xielu,
+    "attention_inputs": kv.attention_inputs,
+    "attention_workspace": attention.attention_workspace,
+    "attention": attention.attention,
+    "attention_with_inputs": attention.attention_with_inputs,
+    "reserve_scratch": common.reserve_scratch,
+    "sample_tokens": sampling.sample_tokens,
+    "accept_tokens": sampling.accept_tokens,
+}
+
+# Calls that went to the ref backend (or a slower path), by op and reason.
+fallback_counts = common.fallback_counts

@@ -1,0 +1,176 @@
+"""The linear ops: decode GEMVs (gemv_rows.cu, and gemv.cu where the rows kernel cannot run) for
+up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU epilogues fused; prefill through cuBLAS
+(bf16 x bf16 -> bf16) or gemm.cu (INT8 weights, float32 outputs).
+
+Shapes: x (n, K) bf16 with unit stride along K; weight (O, K) bf16, or int8 with a float32 scale
+per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows).
+Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
+8 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
+                     contig, dev, fallback, fallback_counts, kernel)
+from . import elementwise
+from .tuning import gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens, pdl, rows_lane_k
+
+EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
+_NO_XIELU = (0.0, 0.0, 0.0, 0.0)
+
+
+def gemv_ok(out, x, weight, weight_scale) -> bool:
+    n, k_dim = x.shape
+    return (x.dtype == torch.bfloat16 and weight.dtype in (torch.bfloat16, torch.int8)
+            and out.dtype in (torch.bfloat16, torch.float32) and x.stride(1) == 1
+            and x.stride(0) % 8 == 0 and k_dim % 8 == 0 and contig(weight, out, weight_scale)
+            and aligned(x, weight)
+            and ((weight.dtype == torch.bfloat16 and weight_scale is None)
+                 or (weight.dtype == torch.int8 and weight_scale is not None
+                     and weight_scale.dtype == torch.float32)))
+
+
+def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str) -> int:
+    """Dynamic shared memory of a gemv.cu build: WARPS x STAGES x PARTS x 32 x 16 bytes."""
+    lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
+    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
+    return config["warps"] * config["stages"] * parts * 32 * 16
+
+
+def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype: str,
+                 pdl_on: bool) -> dict:
+    """The defines of a gemv.cu build."""
+    defines = {"W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": EPILOGUES[epilogue],
+               "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8),
+               "WARPS": cfg["warps"], "STAGES": cfg["stages"]}
+    if cfg.get("l2_256b"):
+        defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
+    if pdl_on:
+        defines["PDL"] = 1
+    return defines
+
+
+def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, tokens: int,
+                      pdl_on: bool) -> dict:
+    """The defines of a gemv_rows.cu build."""
+    rows, unroll = gemv_rows_tile(cfg, tokens, int8, epilogue)
+    defines = {"W_INT8": int(int8), "EPILOGUE": EPILOGUES[epilogue], "OUT_DTYPE": out_dtype,
+               "ROUND_BF16": int(not int8), "ROWS": rows, "UNROLL": unroll,
+               "WARPS": cfg["warps"], "TOKENS": tokens}
+    if pdl_on:
+        defines["PDL"] = 1
+    return defines
+
+
+def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU):
+    """The decode GEMV of a gemv_ok call with at most GEMV_MAX_TOKENS rows."""
+    n, k_dim = x.shape
+    int8 = weight.dtype == torch.int8
+    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
+    device = dev(out)
+    cfg = gemv_config(o_rows, k_dim, int8, epilogue, device)
+    if cfg["kernel"] == "rows":
+        if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
+            return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
+        cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
+    pdl_on = pdl(device)
+    defines = gemv_defines(cfg, int8, 16 if k_dim % 16 == 0 else 8, epilogue,
+                           DTYPE_NAMES[out.dtype], pdl_on)
+    k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
+    k.launch((cdiv(o_rows, 16),), (cfg["warps"] * 32,),
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
+             gemv_ring_bytes(cfg, k_dim, int8, epilogue), pdl=pdl_on)
+
+
+def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows):
+    n, k_dim = x.shape
+    int8 = weight.dtype == torch.int8
+    device = dev(out)
+    splits, k_split = gemv_rows_split(cfg, k_dim, int8)
+    scratch = counters = None
+    if splits > 1:
+        mats = 2 if epilogue == "swiglu" else 1
+        buffers = GEMV_SCRATCH.get(device) if GemvScratch.fits(splits, mats, o_rows) else None
+        if buffers is None:  # not a ref fallback: the same kernel without the grid's split
+            fallback_counts["gemv: no split-K (scratch too small, or first reserved inside a "
+                            "graph capture)"] += 1
+            splits, k_split = 1, k_dim
+        else:
+            scratch, counters = buffers
+    pdl_on = pdl(device)
+    defines = gemv_rows_defines(cfg, int8, epilogue, DTYPE_NAMES[out.dtype], gemv_rows_tokens(n),
+                                pdl_on)
+    k = kernel("gemv_rows.cu", "gemv_rows", "ppppiiiqffff" + "ipp", device, defines)
+    k.launch((cdiv(o_rows, defines["ROWS"]), splits), (cfg["warps"] * 32,),
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params, k_split,
+              scratch, counters), pdl=pdl_on)
+
+
+def gemm(out, x, weight, weight_scale):
+    """gemm.cu: prefill with INT8 weights or a float32 output (gemv_ok's layouts)."""
+    m, k_dim = x.shape
+    n_cols = weight.shape[0]
+    int8 = weight.dtype == torch.int8
+    defines = {"W_INT8": int(int8), "OUT_DTYPE": DTYPE_NAMES[out.dtype],
+               "ROUND_BF16": int(not int8)}
+    k = kernel("gemm.cu", "gemm", "ppppiiiq", dev(out), defines)
+    k.launch((cdiv(n_cols, 128), cdiv(m, 128)), (256,),
+             (out, x, weight, weight_scale, m, n_cols, k_dim, x.stride(0)))
+
+
+def _linear_into(out, x, weight, weight_scale) -> bool:
+    """out = x @ W.T with the kernel that fits; False when none does."""
+    if x.dim() != 2 or out.dim() != 2 or x.shape[0] != out.shape[0] or out.shape[1] != weight.shape[0]:
+        return False
+    n = x.shape[0]
+    if n == 0:
+        return True
+    if gemv_ok(out, x, weight, weight_scale):
+        if n <= GEMV_MAX_TOKENS:
+            gemv(out, x, weight, weight_scale)
+        elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
+            torch.matmul(x, weight.t(), out=out)  # prefill: cuBLAS
+        else:
+            gemm(out, x, weight, weight_scale)
+        return True
+    if (weight_scale is None and x.dtype == weight.dtype == out.dtype
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16) and out.is_contiguous()):
+        torch.matmul(x, weight.t(), out=out)  # float32 / float16 models: cuBLAS
+        return True
+    return False
+
+
+def linear(out, x, weight, weight_scale):
+    if not _linear_into(out, x, weight, weight_scale):
+        fallback("linear", f"{x.dtype} x {weight.dtype} -> {out.dtype} layout",
+                 out, x, weight, weight_scale)
+
+
+def linear_swiglu(out, x, weight, weight_scale, gate_up):
+    n = x.shape[0]
+    if n == 0:
+        return
+    if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
+            and gemv_ok(out, x, weight, weight_scale)):
+        return gemv(out, x, weight, weight_scale, "swiglu")
+    if (gate_up.dtype == x.dtype and gate_up.is_contiguous()
+            and elementwise.silu_mul_ok(out, gate_up)
+            and _linear_into(gate_up, x, weight, weight_scale)):
+        return elementwise.silu_mul(out, gate_up)
+    fallback("linear_swiglu", "layout", out, x, weight, weight_scale, gate_up)
+
+
+def linear_xielu(out, x, weight, weight_scale, xielu):
+    n = x.shape[0]
+    if n == 0:
+        return
+    s = xielu
+    if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
+            and gemv_ok(out, x, weight, weight_scale)):
+        return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps))
+    if (out.dtype == x.dtype and elementwise.xielu_ok(out, out)
+            and _linear_into(out, x, weight, weight_scale)):
+        return elementwise.xielu(out, out, s)
+    fallback("linear_xielu", "layout", out, x, weight, weight_scale, xielu)

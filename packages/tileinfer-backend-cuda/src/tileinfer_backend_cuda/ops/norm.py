@@ -1,0 +1,47 @@
+"""norm.cu: RMSNorm and the fused residual add + RMSNorm, a warp per row up to 1024 elements
+(q/k head norms, small hidden sizes), a block per row above."""
+
+from __future__ import annotations
+
+from .common import DTYPE_NAMES, aligned, cdiv, contig, dev, fallback, kernel
+from .tuning import pdl
+
+
+def _launch(op, out, x, delta, weight, eps):
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    if rows == 0:
+        return
+    # One access moves VEC elements of x and of the weight: 16 bytes of the wider of the two.
+    vec = 16 // max(x.element_size(), weight.element_size())
+    if dim % vec or not aligned(out, x, delta, weight):
+        vec = 1
+    defines = {"DTYPE": DTYPE_NAMES[x.dtype], "WEIGHT_DTYPE": DTYPE_NAMES[weight.dtype], "VEC": vec}
+    device = dev(out)
+    if dim <= 1024:  # a warp per row
+        name, sig = f"{op}_warp", "pppqif" if op == "rmsnorm" else "ppppqif"
+        k = kernel("norm.cu", name, sig, device, defines)
+        args = ((out, x, weight, rows, dim, eps) if op == "rmsnorm"
+                else (x, out, delta, weight, rows, dim, eps))
+        k.launch((cdiv(rows, 8),), (256,), args, pdl=pdl(device))
+    else:  # a block per row
+        name, sig = f"{op}_block", "pppif" if op == "rmsnorm" else "ppppif"
+        k = kernel("norm.cu", name, sig, device, defines)
+        threads = min(512, cdiv(cdiv(dim, vec), 32) * 32)
+        args = (out, x, weight, dim, eps) if op == "rmsnorm" else (x, out, delta, weight, dim, eps)
+        k.launch((rows,), (threads,), args, pdl=pdl(device))
+
+
+def rmsnorm(out, x, weight, eps):
+    if not (contig(out, x, weight) and out.dtype == x.dtype and out.shape == x.shape
+            and x.dtype in DTYPE_NAMES and weight.dtype in DTYPE_NAMES):
+        return fallback("rmsnorm", "layout", out, x, weight, eps)
+    _launch("rmsnorm", out, x, None, weight, eps)
+
+
+def add_rmsnorm(residual, out, delta, weight, eps):
+    if not (contig(residual, out, delta, weight) and residual.dtype == out.dtype == delta.dtype
+            and residual.shape == out.shape == delta.shape and residual.dtype in DTYPE_NAMES
+            and weight.dtype in DTYPE_NAMES):
+        return fallback("add_rmsnorm", "layout", residual, out, delta, weight, eps)
+    _launch("add_rmsnorm", out, residual, delta, weight, eps)

@@ -1,0 +1,59 @@
+"""sampling.cu: device sampling and the speculative p/q accept rule, token-identical to the host
+definition (tileinfer.backend.sampling); one block per logit row, or for greedy rows without
+probabilities the argmax split over the vocabulary (the decode step's case)."""
+
+from __future__ import annotations
+
+import torch
+from tileinfer.backend.sampling import SamplingParams
+
+from .common import ARGMAX_SCRATCH, ArgmaxScratch, cdiv, contig, dev, fallback, kernel
+from .tuning import pdl
+
+# Every float operation rounds as the host's does.
+SAMPLING_OPTIONS = ("-fmad=false",)
+
+
+def _ok(logits, *others) -> bool:
+    return logits.dim() == 2 and logits.dtype == torch.float32 and contig(logits, *others)
+
+
+def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+    params = SamplingParams(temperature, top_k, top_p)  # validates, as the host does
+    if not (_ok(logits, out, seed, counter, probs_out) and out.dtype == torch.int32
+            and (probs_out is None or probs_out.dtype == torch.float32)):
+        return fallback("sample_tokens", "layout", out, logits, temperature, top_k, top_p, seed,
+                        counter, probs_out)
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    device = dev(logits)
+    chunks = cdiv(vocab, ArgmaxScratch.ARGMAX_CHUNK)
+    scratch = ARGMAX_SCRATCH.get(device)
+    if (params.greedy and probs_out is None and scratch is not None and n <= ArgmaxScratch.ROWS
+            and chunks <= ArgmaxScratch.CHUNKS):
+        part_v, part_i, counters = scratch
+        k = kernel("sampling.cu", "argmax_split", "ppiippp", device, None, SAMPLING_OPTIONS)
+        k.launch((chunks, n), (256,), (out, logits, vocab, ArgmaxScratch.ARGMAX_CHUNK, part_v,
+                                       part_i, counters), pdl=pdl(device))
+        return
+    inv_t = 1.0 if params.greedy else params.inv_temperature
+    k = kernel("sampling.cu", "sample", "ppiififppp", device, None, SAMPLING_OPTIONS)
+    k.launch((n,), (1024,), (out, logits, vocab, int(params.greedy), inv_t, int(top_k),
+                             float(top_p), seed, counter, probs_out))
+
+
+def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed, counter):
+    params = SamplingParams(temperature, top_k, top_p)
+    if not (_ok(logits, out, draft_ids, draft_probs, seed, counter)
+            and out.dtype == draft_ids.dtype == torch.int32
+            and (draft_probs is None or draft_probs.dtype == torch.float32)):
+        return fallback("accept_tokens", "layout", out, logits, draft_ids, draft_probs,
+                        temperature, top_k, top_p, seed, counter)
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    inv_t = 1.0 if params.greedy else params.inv_temperature
+    k = kernel("sampling.cu", "accept", "ppppiififpp", dev(logits), None, SAMPLING_OPTIONS)
+    k.launch((n,), (1024,), (out, logits, draft_ids, draft_probs, vocab, int(params.greedy), inv_t,
+                             int(top_k), float(top_p), seed, counter))

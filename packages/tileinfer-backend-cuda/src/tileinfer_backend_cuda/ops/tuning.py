@@ -1,0 +1,249 @@
+"""Launch configurations: the per-shape tables, the heuristics for shapes not in them, and the one
+benchmark-only switch that overrides them.
+
+Measured figures behind the tables are in benchmarks/RESULTS.md; the design reasons in
+docs/cuda-kernels.md. No configuration depends on a step's token count: a row of a speculative
+verify step must equal the same row of a 1-token step bit for bit (greedy speculative decoding
+relies on it).
+
+The switch: ``TILEINFER_CUDA_EXPERIMENTS``, a JSON object read at import (benchmarks and tests
+change it with ``set_experiments`` / ``experiment``), with the keys
+
+- ``"gemv"``: decode GEMV settings that replace the tables' for every shape: ``"kernel"``
+  (``"rows"``, gemv_rows.cu, the default; ``"mma"``, gemv.cu, kept for comparisons and for INT8
+  weights with K % 16 != 0) and that family's keys (rows: rows, unroll, warps, split_k; mma:
+  warps, stages, l2_256b);
+- ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
+  ``"decode_m_tiles"`` (1 or 2);
+- ``"pdl"``: false launches the decode path without programmatic dependent launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from .. import compiler
+from .common import GEMV_MAX_TOKENS, cdiv, num_sms
+
+# --- the benchmark-only switch ---------------------------------------------------------------
+
+EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
+_ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
+_MMA_KEYS = frozenset({"stages", "l2_256b"})
+_GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
+
+# attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
+# many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
+# "decode_stages" (0: the deepest ring that fits, attention.attention_decode_stages),
+# "decode_pdl_trigger" ("start" or "after_loop": where its blocks let the next kernel launch),
+# "decode_combine_batch" (COMBINE_BATCH: 8, 16 or 32), "decode_min_split_tiles"
+# (MIN_SPLIT_TILES). Comparison switches: "decode" (False: decode steps run attention.cu) and
+# "decode_fused_inputs" (False: attention_with_inputs runs the two ops' kernels).
+# The values: the H200's best per op and end to end (benchmarks/RESULTS.md, sessions 5 and 6).
+ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
+               "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
+               "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
+               "decode_combine_batch": 8, "decode_min_split_tiles": 1}
+_ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles"}
+
+
+def _checked(settings) -> dict:
+    """The experiments of ``settings`` (a dict, a JSON string or None) over the defaults; a
+    ValueError names an unknown key."""
+    if isinstance(settings, str):
+        settings = json.loads(settings) if settings.strip() else {}
+    settings = dict(settings or {})
+    unknown = set(settings) - {"gemv", "attention", "pdl"}
+    unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
+    unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
+    if unknown:
+        raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
+    return {"gemv": dict(settings.get("gemv", {})),
+            "attention": dict(settings.get("attention", {})),
+            "pdl": bool(settings.get("pdl", True))}
+
+
+experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
+
+
+def set_experiments(settings=None):
+    """Replace the experiments (None or {}: the shipped configuration)."""
+    new = _checked(settings)
+    experiments.clear()
+    experiments.update(new)
+
+
+@contextlib.contextmanager
+def experiment(settings):
+    """``with experiment({"gemv": {"kernel": "mma"}}): ...``; the previous ones afterwards."""
+    saved = {k: (dict(v) if isinstance(v, dict) else v) for k, v in experiments.items()}
+    set_experiments(settings)
+    try:
+        yield
+    finally:
+        experiments.clear()
+        experiments.update(saved)
+
+
+_pdl_arch: dict[int, bool] = {}
+
+
+def pdl(device: int) -> bool:
+    """Launch the decode path's kernels with programmatic dependent launch (each launch overlaps
+    the previous kernel's end): where the GPU has griddepcontrol (sm_90 and newer)."""
+    ok = _pdl_arch.get(device)
+    if ok is None:
+        ok = _pdl_arch[device] = int(compiler.device_arch(device)[3:].rstrip("af")) >= 90
+    return ok and experiments["pdl"]
+
+
+def attention_config() -> dict:
+    config = dict(ATTN_CONFIG)
+    config.update(experiments["attention"])
+    return config
+
+
+# --- decode GEMV -----------------------------------------------------------------------------
+
+# gemv_rows.cu per weight shape (output rows, K, int8 weights, epilogue; for SwiGLU the output
+# rows are the intermediate size) -> rows per warp, unroll, warps (the in-block split of K),
+# split_k (the grid's split of K). The winners of `benchmarks/ops.py --only cuda-sweep` on an H200
+# (benchmarks/RESULTS.md, session 4); other shapes get gemv_rows_heuristic.
+GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (6144, 4096, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 4, 'split_k': 1},
+    (4096, 4096, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 4, 'split_k': 1},
+    (14336, 4096, False, 'swiglu'): {'rows': 1, 'unroll': 4, 'warps': 4, 'split_k': 1},
+    (4096, 14336, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (128256, 4096, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 4, 'split_k': 1},
+    (6144, 4096, True, 'none'): {'rows': 2, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (4096, 4096, True, 'none'): {'rows': 4, 'unroll': 1, 'warps': 4, 'split_k': 1},
+    (14336, 4096, True, 'swiglu'): {'rows': 2, 'unroll': 1, 'warps': 4, 'split_k': 1},
+    (4096, 14336, True, 'none'): {'rows': 4, 'unroll': 1, 'warps': 4, 'split_k': 1},
+    (128256, 4096, True, 'none'): {'rows': 4, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (3072, 2048, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (2048, 2048, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 2, 'split_k': 1},
+    (8192, 2048, False, 'swiglu'): {'rows': 2, 'unroll': 1, 'warps': 4, 'split_k': 1},
+    (2048, 8192, False, 'none'): {'rows': 8, 'unroll': 1, 'warps': 8, 'split_k': 1},
+    (128256, 2048, False, 'none'): {'rows': 2, 'unroll': 2, 'warps': 2, 'split_k': 1},
+    (3072, 2048, True, 'none'): {'rows': 2, 'unroll': 4, 'warps': 1, 'split_k': 1},
+    (2048, 2048, True, 'none'): {'rows': 4, 'unroll': 2, 'warps': 4, 'split_k': 1},
+    (8192, 2048, True, 'swiglu'): {'rows': 4, 'unroll': 1, 'warps': 1, 'split_k': 1},
+    (2048, 8192, True, 'none'): {'rows': 4, 'unroll': 1, 'warps': 8, 'split_k': 1},
+    (128256, 2048, True, 'none'): {'rows': 4, 'unroll': 1, 'warps': 2, 'split_k': 1},
+}
+
+
+def rows_lane_k(int8: bool) -> int:
+    """k of one lane's 16-byte weight chunk in gemv_rows.cu (LANE_K); a warp step is 32 of them."""
+    return 16 if int8 else 8
+
+
+def gemv_rows_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+    """gemv_rows.cu's configuration for a shape not in GEMV_ROWS_TABLE.
+
+    A warp streams `rows` rows (gate and up rows for SwiGLU) with `unroll` steps of 512 bytes a
+    row per round: 8 chunks of 16 bytes per lane and round (a 1-token build near 96 registers,
+    about 20 resident warps per SM). The parallelism along K (warps of a block, then grid splits)
+    doubles while the grid still fits in one wave of ~20 warps per SM and every warp keeps at
+    least two rounds of work.
+    """
+    mats = 2 if epilogue == "swiglu" else 1
+    rows, unroll = (2, 2) if mats == 2 else (4, 2)
+    steps = cdiv(k_dim, 32 * rows_lane_k(int8))  # warp steps along a row
+    tiles = cdiv(n_rows, rows)
+    resident = 20 * num_sms(device)
+    par = 1
+    while par < 16 and tiles * par * 2 <= resident and steps // (par * 2) >= 2 * unroll:
+        par *= 2
+    warps = min(par, 4)
+    return {"rows": rows, "unroll": unroll, "warps": warps, "split_k": par // warps}
+
+
+def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+    """gemv.cu's configuration: warps splitting K and ring stages, aiming at about 16 warps per SM
+    over the grid, a ring of at most ~100 KB per block (two blocks per SM) and no more stages
+    than a warp has steps."""
+    lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
+    steps = cdiv(k_dim, 4 * lane_k)
+    tiles = cdiv(n_rows, 16)
+    target_warps = 16 * num_sms(device)
+    warps = 4
+    while warps < 16 and tiles * warps < target_warps and steps >= 2 * warps * 2:
+        warps *= 2
+    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
+    stages = 8
+    while stages > 2 and warps * stages * parts * 512 > 100 * 1024:
+        stages -= 2
+    stages = max(2, min(stages, cdiv(steps, warps) + 1))
+    if stages % 2:
+        stages += 1
+    return {"warps": warps, "stages": stages, "l2_256b": False}
+
+
+def _asked_family(overrides: dict) -> str | None:
+    """The kernel family the experiments' GEMV settings ask for: "kernel", else told by their
+    keys, else None."""
+    if overrides.get("kernel"):
+        return overrides["kernel"]
+    if _ROWS_KEYS & overrides.keys():
+        return "rows"
+    if _MMA_KEYS & overrides.keys():
+        return "mma"
+    return None
+
+
+def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
+                kernel: str | None = None) -> dict:
+    """The decode GEMV's configuration for an (n_rows, k_dim) weight, its family under "kernel".
+
+    The family: ``kernel``, else the experiments', else "rows". rows: GEMV_ROWS_TABLE's entry,
+    else gemv_rows_heuristic; mma: gemv_heuristic. The experiments' settings replace those of
+    their own family. Never a function of the token count."""
+    overrides = experiments["gemv"]
+    asked = _asked_family(overrides)
+    kernel = kernel or asked or "rows"
+    if kernel == "rows":
+        entry = GEMV_ROWS_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
+        config = (dict(entry) if entry is not None
+                  else gemv_rows_heuristic(n_rows, k_dim, int8, epilogue, device))
+        config.setdefault("split_k", 1)
+    elif kernel == "mma":
+        config = gemv_heuristic(n_rows, k_dim, int8, epilogue, device)
+    else:
+        raise ValueError(f"unknown GEMV kernel family {kernel!r}: 'rows' or 'mma'")
+    if asked in (None, kernel):
+        config.update(overrides)
+    config["kernel"] = kernel
+    return config
+
+
+def gemv_rows_tokens(n: int) -> int:
+    """The token slots of the gemv_rows.cu build that runs an n-token step: 1 for n = 1 (fewer
+    registers), else GEMV_MAX_TOKENS; a row's sum is the same in both."""
+    return 1 if n == 1 else GEMV_MAX_TOKENS
+
+
+def gemv_rows_tile(cfg: dict, tokens: int, int8: bool, epilogue: str) -> tuple[int, int]:
+    """(rows, unroll) of a launch: the configuration's, reduced for builds of several token slots
+    (their accumulators and x chunks take the registers) to at most 4 weight chunks a round
+    (bf16) or 2 (INT8). Neither changes the order of any sum."""
+    rows, unroll = cfg["rows"], cfg["unroll"]
+    if tokens > 1:
+        mats = 2 if epilogue == "swiglu" else 1
+        budget = 2 if int8 else 4
+        while mats * rows * unroll > budget and unroll > 1:
+            unroll = (unroll + 1) // 2
+        while mats * rows * unroll > budget and rows > 1:
+            rows //= 2
+    return rows, unroll
+
+
+def gemv_rows_split(cfg: dict, k_dim: int, int8: bool) -> tuple[int, int]:
+    """(splits, k_split): the grid's split of K in whole warp steps, from the weight's shape and
+    the configuration only."""
+    step_k = 32 * rows_lane_k(int8)
+    splits = max(1, min(int(cfg.get("split_k", 1)), cdiv(k_dim, step_k)))
+    k_split = cdiv(cdiv(k_dim, splits), step_k) * step_k
+    return cdiv(k_dim, k_split), k_split

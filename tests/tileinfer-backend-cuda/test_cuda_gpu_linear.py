@@ -1,0 +1,299 @@
+"""The CUDA linear ops on the GPU, against ref: the decode GEMVs (gemv_rows.cu, the default, and
+gemv.cu) at model shapes and in several launch configurations, split-K on and off, for every
+dtype / epilogue / output at 1..8 tokens, with every row of a k-token step equal to its 1-token
+step bit for bit (greedy speculative decoding relies on it); the prefill GEMM; a split-K GEMV
+replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tileinfer.testing.conformance import assert_close, quantize_weight
+
+from cuda_gpu import DEV, XIELU, loaded_modules, weight
+
+pytestmark = pytest.mark.gpu
+
+
+def _experiment(settings):
+    from tileinfer_backend_cuda.ops import tuning
+
+    return tuning.experiment(settings)
+
+
+# --- model-sized shapes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("out_f,in_f", [(6144, 4096), (4096, 14336), (2000, 1032)])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_decode_gemv_model_shapes(cuda, ref, n, out_f, in_f, int8):
+    """(2000, 1032): INT8 weights with K % 16 != 0 run gemv.cu."""
+    g = torch.Generator().manual_seed(out_f + in_f + n)
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w, scale = weight(out_f, in_f, g, int8)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
+        expected = torch.empty_like(out)
+        cuda.linear(out, x, w, scale)
+        ref.linear(expected, x, w, scale)
+        assert_close(out, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_decode_swiglu_xielu_model_shapes(cuda, ref, int8):
+    g = torch.Generator().manual_seed(2)
+    n, hidden, inter = 4, 4096, 14336
+    x = torch.randn(n, hidden, generator=g).to(torch.bfloat16).to(DEV)
+    w, scale = weight(2 * inter, hidden, g, int8)
+    out, expected = (torch.empty(n, inter, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    scratch = torch.empty(n, 2 * inter, dtype=torch.bfloat16, device=DEV)
+    cuda.linear_swiglu(out, x, w, scale, scratch)
+    ref.linear_swiglu(expected, x, w, scale, scratch.clone())
+    assert_close(out, expected)
+    wu, su = w[:inter], None if scale is None else scale[:inter]
+    cuda.linear_xielu(out, x, wu, su, XIELU)
+    ref.linear_xielu(expected, x, wu, su, XIELU)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("n", [9, 300])
+@pytest.mark.parametrize("in_f", [1024, 1032])
+def test_prefill_gemm(cuda, ref, n, in_f):
+    g = torch.Generator().manual_seed(n + in_f)
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(700, in_f, generator=g) * 0.03).to(torch.bfloat16)
+    q, scale = quantize_weight(w)
+    for wt, s in ((w.to(DEV), None), (q.to(DEV), scale.to(DEV))):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = torch.full((n, 700), float("nan"), dtype=out_dtype, device=DEV)
+            expected = torch.empty_like(out)
+            cuda.linear(out, x, wt, s)
+            ref.linear(expected, x, wt, s)
+            assert_close(out, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [1, 8, 40])
+def test_prefill_swiglu_and_xielu(cuda, ref, n):
+    """Above 8 tokens the activations run after the GEMM (elementwise.cu's silu_mul, xielu)."""
+    g = torch.Generator().manual_seed(n)
+    hidden, inter = 1024, 1536
+    x = torch.randn(n, hidden, generator=g).to(torch.bfloat16).to(DEV)
+    w, _ = weight(2 * inter, hidden, g, False)
+    out, expected = (torch.empty(n, inter, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    cuda.linear_swiglu(out, x, w, None, torch.empty(n, 2 * inter, dtype=torch.bfloat16, device=DEV))
+    ref.linear_swiglu(expected, x, w, None, torch.empty(n, 2 * inter, dtype=torch.bfloat16, device=DEV))
+    assert_close(out, expected)
+    cuda.linear_xielu(out, x, w[:inter], None, XIELU)
+    ref.linear_xielu(expected, x, w[:inter], None, XIELU)
+    assert_close(out, expected)
+
+
+# --- launch configurations and row invariance ----------------------------------------------------
+# A row of a verify step of k tokens must equal the same row of a 1-token step, bit for bit; the
+# benchmark's sweeps must only choose among correct configurations.
+
+GEMV_SWEEP_SAMPLE = [None, {"kernel": "mma"}, {"kernel": "mma", "warps": 2, "stages": 3, "l2_256b": False},
+                     {"kernel": "mma", "warps": 4, "stages": 2, "l2_256b": False},
+                     {"kernel": "mma", "warps": 16, "stages": 4, "l2_256b": True}]
+
+
+@pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else
+                         "mma" if "warps" not in c else
+                         f"w{c['warps']}s{c['stages']}{'L2' if c['l2_256b'] else ''}")
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cfg, int8):
+    g = torch.Generator().manual_seed(11)
+    out_f, in_f, n = 3000, 4096, 8
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w, scale = weight(2 * out_f, in_f, g, int8)
+    wo, so = w[:out_f], None if scale is None else scale[:out_f]
+    with _experiment({"gemv": cfg or {}}):
+        out = torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
+        cuda.linear(out, x, wo, so)
+        act = torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
+        cuda.linear_swiglu(act, x, w, scale, torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV))
+        for j in range(n):
+            one = torch.empty(1, out_f, dtype=torch.bfloat16, device=DEV)
+            cuda.linear(one, x[j:j + 1], wo, so)
+            assert torch.equal(one[0], out[j]), f"linear row {j} differs from its 1-token step"
+            cuda.linear_swiglu(one, x[j:j + 1], w, scale,
+                               torch.empty(1, 2 * out_f, dtype=torch.bfloat16, device=DEV))
+            assert torch.equal(one[0], act[j]), f"swiglu row {j} differs from its 1-token step"
+    expected = torch.empty_like(out)
+    ref.linear(expected, x, wo, so)
+    assert_close(out, expected, torch.bfloat16)
+    if cfg is not None:
+        launched = {k.upper(): cfg[k] for k in ("warps", "stages") if k in cfg}
+        assert loaded_modules("gemv.cu", **launched), "gemv.cu did not run"
+
+
+# --- the row-streaming GEMV (gemv_rows.cu) --------------------------------------------------------
+# Configurations: the heuristic's, and tiles / warps / grid splits around it. K = 1040 (bf16 and
+# INT8) is no multiple of a warp step (256 bf16 / 512 int8 elements): the last round is masked;
+# split in 3 (whole warp steps a split), the last split holds only 16 elements of K, split in 2
+# (bf16) 768 + 272. Idle warps: 8 warps for 3 to 5 steps. 300 output rows: the last row tile is
+# partial for every ROWS.
+ROWS_CONFIGS = [
+    {"kernel": "rows"},
+    {"kernel": "rows", "rows": 2, "unroll": 4, "warps": 2, "split_k": 2},
+    {"kernel": "rows", "rows": 8, "unroll": 1, "warps": 4, "split_k": 3},
+    {"kernel": "rows", "rows": 1, "unroll": 3, "warps": 8, "split_k": 1},
+]
+ROWS_OUT_F, ROWS_IN_F = 300, 1040
+
+
+def _rows_id(cfg):
+    if "rows" not in cfg:
+        return "default"
+    return f"r{cfg['rows']}u{cfg['unroll']}w{cfg['warps']}k{cfg['split_k']}"
+
+
+@pytest.fixture(scope="module")
+def rows_builds(cuda):
+    """Every gemv_rows.cu build the tests below launch, compiled in parallel up front (each test
+    would otherwise compile two or three builds one after the other)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tileinfer_backend_cuda import compiler
+    from tileinfer_backend_cuda.ops import common, linear, tuning
+
+    device = torch.cuda.current_device()
+    arch = compiler.device_arch(device)
+    jobs = {}
+    for cfg in ROWS_CONFIGS:
+        for int8 in (False, True):
+            for epilogue, outs in (("none", ("bf16_t", "float")), ("swiglu", ("bf16_t",)),
+                                   ("xielu", ("bf16_t",))):
+                with tuning.experiment({"gemv": cfg}):
+                    full = tuning.gemv_config(ROWS_OUT_F, ROWS_IN_F, int8, epilogue, device)
+                    pdl = tuning.pdl(device)
+                for out_name in outs:
+                    for tokens in (1, common.GEMV_MAX_TOKENS):
+                        d = linear.gemv_rows_defines(full, int8, epilogue, out_name, tokens, pdl)
+                        jobs[tuple(sorted(d.items()))] = (arch, d)
+    with ProcessPoolExecutor(max_workers=max(1, min(16, (os.cpu_count() or 2) - 1)),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(_compile_rows, jobs.values()))
+
+
+def _compile_rows(job):
+    from tileinfer_backend_cuda import compiler
+
+    arch, defines = job
+    compiler.compile_cubin("gemv_rows.cu", arch, defines)
+
+
+def _call(backend, epilogue, out, x, w, scale):
+    """The linear op of ``epilogue`` on ``backend`` (cuda, or ref for the expected values)."""
+    if epilogue == "swiglu":
+        backend.linear_swiglu(out, x, w, scale, torch.empty(x.shape[0], w.shape[0],
+                                                            dtype=torch.bfloat16, device=DEV))
+    elif epilogue == "xielu":
+        backend.linear_xielu(out, x, w, scale, XIELU)
+    else:
+        backend.linear(out, x, w, scale)
+
+
+@pytest.mark.parametrize("cfg", ROWS_CONFIGS, ids=_rows_id)
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("epilogue,out_dtype", [("none", torch.bfloat16), ("none", torch.float32),
+                                                ("swiglu", torch.bfloat16), ("xielu", torch.bfloat16)],
+                         ids=["none-bf16", "none-f32", "swiglu", "xielu"])
+def test_gemv_rows_matches_ref_and_rows_match_one_token_steps(cuda, ref, rows_builds, cfg, int8,
+                                                              epilogue, out_dtype):
+    """n = 1..8 tokens against ref; the first n rows of an 8-token call equal the n-token call
+    and each row equals its 1-token call, bit for bit; repeated split-K calls agree exactly
+    (the arrival counters re-arm themselves)."""
+    from tileinfer_backend_cuda.ops import common, tuning
+
+    g = torch.Generator().manual_seed(7 + int8)
+    n_max = common.GEMV_MAX_TOKENS
+    w_rows = 2 * ROWS_OUT_F if epilogue == "swiglu" else ROWS_OUT_F
+    x = torch.randn(n_max, ROWS_IN_F, generator=g).to(torch.bfloat16).to(DEV)
+    w, scale = weight(w_rows, ROWS_IN_F, g, int8, std=0.03)
+    common.fallback_counts.clear()
+    with tuning.experiment({"gemv": cfg}):
+        full = tuning.gemv_config(ROWS_OUT_F, ROWS_IN_F, int8, epilogue, torch.cuda.current_device())
+        assert full["kernel"] == "rows"
+        out8 = torch.full((n_max, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+        _call(cuda, epilogue, out8, x, w, scale)
+        for _ in range(2):
+            again = torch.full_like(out8, float("nan"))
+            _call(cuda, epilogue, again, x, w, scale)
+            assert torch.equal(again, out8), "a repeated call differs"
+        for n in range(1, n_max):
+            out = torch.full((n, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+            _call(cuda, epilogue, out, x[:n], w, scale)
+            assert torch.equal(out, out8[:n]), f"the {n}-token step differs from the 8-token rows"
+            expected = torch.empty_like(out)
+            _call(ref, epilogue, expected, x[:n], w, scale)
+            assert_close(out, expected, torch.bfloat16, what=f"{n} tokens")
+        for j in range(n_max):
+            one = torch.full((1, ROWS_OUT_F), float("nan"), dtype=out_dtype, device=DEV)
+            _call(cuda, epilogue, one, x[j:j + 1], w, scale)
+            assert torch.equal(one[0], out8[j]), f"row {j} differs from its 1-token step"
+    expected = torch.empty_like(out8)
+    _call(ref, epilogue, expected, x, w, scale)
+    assert_close(out8, expected, torch.bfloat16, what="8 tokens")
+    assert not common.fallback_counts, dict(common.fallback_counts)
+    assert loaded_modules("gemv_rows.cu", WARPS=full["warps"]), "the rows kernel did not run"
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("shape", [(4096, 4096, "none"), (14336, 4096, "swiglu"), (4096, 14336, "none"),
+                                   (2048, 8192, "none"), (128256, 2048, "none")],
+                         ids=["o", "gate_up", "down", "down-1b", "lm_head-1b"])
+def test_gemv_rows_default_and_split_model_shapes(cuda, ref, int8, shape):
+    """The default configuration and a grid split of K at model shapes (no tail), 1 and 3
+    tokens, against ref and row for row against the 1-token step."""
+    o_rows, in_f, epilogue = shape
+    g = torch.Generator(device=DEV).manual_seed(o_rows + in_f)  # large weights: made on the GPU
+    w_rows = 2 * o_rows if epilogue == "swiglu" else o_rows
+    x = torch.randn(3, in_f, generator=g, device=DEV).to(torch.bfloat16)
+    w, scale = weight(w_rows, in_f, g, int8)
+    expected = torch.empty(3, o_rows, dtype=torch.bfloat16, device=DEV)
+    _call(ref, epilogue, expected, x, w, scale)
+    for cfg in ({"kernel": "rows"}, {"kernel": "rows", "split_k": 4}):
+        with _experiment({"gemv": cfg}):
+            out = torch.full((3, o_rows), float("nan"), dtype=torch.bfloat16, device=DEV)
+            _call(cuda, epilogue, out, x, w, scale)
+            one = torch.full((1, o_rows), float("nan"), dtype=torch.bfloat16, device=DEV)
+            _call(cuda, epilogue, one, x[2:3], w, scale)
+        assert_close(out, expected, torch.bfloat16, what=str(cfg))
+        assert torch.equal(one[0], out[2]), f"{cfg}: row 2 differs from its 1-token step"
+
+
+def test_gemv_rows_split_k_graph_replay(cuda):
+    """A captured split-K GEMV replays on new inputs exactly as it runs eagerly (the counters are
+    re-armed by the kernel, the scratch was reserved before the capture)."""
+    g = torch.Generator().manual_seed(9)
+    in_f, o_rows = 4096, 1024
+    w = (torch.randn(o_rows, in_f, generator=g) * 0.02).to(torch.bfloat16).to(DEV)
+    xs = [torch.randn(2, in_f, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3)]
+    x = torch.empty_like(xs[0])
+    out = torch.empty(2, o_rows, dtype=torch.bfloat16, device=DEV)
+    cuda.reserve_scratch(DEV)  # the GEMV's split-K scratch, before the capture
+    with _experiment({"gemv": {"kernel": "rows", "rows": 4, "unroll": 2, "warps": 2, "split_k": 4}}):
+        eager = []
+        for xi in xs:
+            x.copy_(xi)
+            cuda.linear(out, x, w, None)
+            eager.append(out.clone())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            cuda.linear(out, x, w, None)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):  # the same counters, three times in one graph
+                cuda.linear(out, x, w, None)
+    for xi, want in zip(xs, eager):
+        x.copy_(xi)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
