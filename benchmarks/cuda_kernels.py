@@ -285,7 +285,7 @@ def bench_gemv(model: str, int8: bool, sweep: bool) -> list[dict]:
         row["default_seconds"] = row["configs"][0]["seconds"]
         row["default_tb_per_s"] = row["configs"][0]["tb_per_s"]
         results.append(row)
-        del ws
+        ws = None  # free the copies before empty_cache
         torch.cuda.empty_cache()
     return results
 
@@ -414,7 +414,7 @@ def bench_attention(sweep: bool) -> list[dict]:
                        best=best["config"],
                        best_seconds=best["seconds"], best_tb_per_s=best["tb_per_s"])
             results.append(row)
-            del caches, layers
+            caches = layers = None  # free the copies before empty_cache
             torch.cuda.empty_cache()
     return results
 
@@ -491,7 +491,7 @@ def bench_layers(model: str, int8: bool) -> dict:
             row["pdl" if pdl else "plain"] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         row["pdl" if pdl else "plain"] = {"seconds_per_layer": t, "tb_per_s": layer_bytes / t / 1e12}
-    del layers
+    layers = None  # free the weights before empty_cache
     torch.cuda.empty_cache()
     return row
 

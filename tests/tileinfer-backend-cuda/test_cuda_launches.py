@@ -1,0 +1,190 @@
+"""The CUDA ops' launches without a GPU: every op, on CPU tensors of model shapes, with the kernels
+replaced by recorders. Each launch must pass its kernel's signature (the argument count and
+kinds that compiler.Kernel.launch packs), pick the kernel the op documents, and build it with
+the defines the shipped configuration implies (the GPU tests then check the results)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
+
+from tileinfer_backend_cuda.ops import (OPS, attention, common, elementwise, kv, linear, norm,
+                                        sampling, tuning)
+
+BF = torch.bfloat16
+
+
+class Launch:
+    def __init__(self, file, name, signature, defines, extra, grid, block, args, smem, pdl):
+        self.file, self.name, self.defines, self.extra = file, name, dict(defines or {}), extra
+        self.grid, self.block, self.args, self.smem, self.pdl = grid, block, args, smem, pdl
+        assert len(args) == len(signature), f"{name}: {len(args)} arguments for {signature!r}"
+        for kind, a in zip(signature, args):
+            ok = {"p": a is None or isinstance(a, torch.Tensor), "i": type(a) is int,
+                  "q": type(a) is int, "f": isinstance(a, float)}[kind]
+            assert ok, f"{name}: {a!r} is no {kind!r} argument"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernels of every ops module replaced by a recorder; device 0 an H200 (sm_90, 132 SMs)
+    with its scratch reserved (on the CPU)."""
+    log = []
+
+    class Recorder:
+        def __init__(self, file, name, signature, device, defines=None, extra_options=()):
+            self.spec = (file, name, signature, defines, extra_options)
+
+        def launch(self, grid, block, args, smem=0, stream=None, pdl=False):
+            log.append(Launch(*self.spec, tuple(grid), tuple(block), args, smem, pdl))
+
+    for mod in (attention, elementwise, kv, linear, norm, sampling):
+        monkeypatch.setattr(mod, "kernel", Recorder)
+        if hasattr(mod, "dev"):
+            monkeypatch.setattr(mod, "dev", lambda t: 0)
+    monkeypatch.setitem(tuning._pdl_arch, 0, True)
+    for name, value in (("multi_processor_count", 132), ("shared_memory_per_block_optin", 232448),
+                        ("shared_memory_per_multiprocessor", 233472)):
+        monkeypatch.setitem(common._device_properties, (0, name), value)
+    monkeypatch.setitem(common.GEMV_SCRATCH._by_device, 0,
+                        (torch.empty(common.GemvScratch.PARTIALS),
+                         torch.zeros(common.GemvScratch.COUNTERS, dtype=torch.int32)))
+    rows = common.ArgmaxScratch.ROWS * common.ArgmaxScratch.CHUNKS
+    monkeypatch.setitem(common.ARGMAX_SCRATCH._by_device, 0,
+                        (torch.empty(rows), torch.empty(rows, dtype=torch.int32),
+                         torch.zeros(common.ArgmaxScratch.ROWS, dtype=torch.int32)))
+    common.fallback_counts.clear()
+    with tuning.experiment({}):
+        yield log
+    assert not common.fallback_counts, dict(common.fallback_counts)
+
+
+def _weight(rows, cols, int8):
+    if int8:
+        return torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows)
+    return torch.randn(rows, cols).to(BF), None
+
+
+def test_embed_and_norms(launches):
+    OPS["embed"](torch.empty(3, 4096, dtype=BF), torch.randn(100, 4096).to(BF),
+                 torch.tensor([1, 2, 3], dtype=torch.int32))
+    x = torch.randn(2, 4096).to(BF)
+    OPS["rmsnorm"](torch.empty_like(x), x, torch.ones(4096, dtype=BF), 1e-5)
+    OPS["add_rmsnorm"](x, torch.empty_like(x), torch.randn_like(x), torch.ones(4096, dtype=BF), 1e-5)
+    heads = torch.randn(2, 32, 128).to(BF)
+    OPS["rmsnorm"](torch.empty_like(heads), heads, torch.ones(128, dtype=BF), 1e-6)
+    assert [(k.file, k.name) for k in launches] == [
+        ("elementwise.cu", "embed"), ("norm.cu", "rmsnorm_block"), ("norm.cu", "add_rmsnorm_block"),
+        ("norm.cu", "rmsnorm_warp")]
+    assert launches[0].defines == {"VEC16": None}
+    assert launches[1].defines == {"DTYPE": "bf16_t", "WEIGHT_DTYPE": "bf16_t", "VEC": 8}
+    assert all(k.pdl for k in launches[1:])
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("n", [1, 3, 40])
+def test_linear_ops(launches, int8, n):
+    x = torch.randn(n, 4096).to(BF)
+    w, s = _weight(6144, 4096, int8)
+    OPS["linear"](torch.empty(n, 6144, dtype=torch.float32), x, w, s)
+    wg, sg = _weight(2 * 1536, 4096, int8)
+    OPS["linear_swiglu"](torch.empty(n, 1536, dtype=BF), x, wg, sg, torch.empty(n, 3072, dtype=BF))
+    OPS["linear_xielu"](torch.empty(n, 1536, dtype=BF), x, wg[:1536], None if sg is None else sg[:1536],
+                        XIELUScalars(0.8, 0.9, 0.5, -1e-6))
+    names = [(k.file, k.name) for k in launches]
+    if n <= common.GEMV_MAX_TOKENS:  # the fused decode GEMVs
+        assert names == [("gemv_rows.cu", "gemv_rows")] * 3
+        assert [k.defines["EPILOGUE"] for k in launches] == [0, 1, 2]
+        assert all(k.defines["TOKENS"] == (1 if n == 1 else 8) and k.pdl for k in launches)
+        cfg = tuning.gemv_config(6144, 4096, int8, "none", 0)
+        assert cfg == {**tuning.GEMV_ROWS_TABLE[(6144, 4096, int8, "none")], "kernel": "rows"}
+        assert launches[0].defines == linear.gemv_rows_defines(
+            cfg, int8, "none", "float", tuning.gemv_rows_tokens(n), True)
+    elif int8:  # prefill: gemm.cu, the activations after it
+        assert names == [("gemm.cu", "gemm"), ("gemm.cu", "gemm"), ("elementwise.cu", "silu_mul"),
+                         ("gemm.cu", "gemm"), ("elementwise.cu", "xielu")]
+    else:  # bf16 prefill: cuBLAS (no launch of ours) except the float32 logits
+        assert names == [("gemm.cu", "gemm"), ("elementwise.cu", "silu_mul"),
+                         ("elementwise.cu", "xielu")]
+
+
+def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
+    w, s = _weight(2000, 1032, True)
+    OPS["linear"](torch.empty(2, 2000, dtype=BF), torch.randn(2, 1032).to(BF), w, s)
+    (k,) = launches
+    assert (k.file, k.defines["INT8_LOAD"], k.defines["PDL"]) == ("gemv.cu", 8, 1)
+    assert k.smem == linear.gemv_ring_bytes(tuning.gemv_heuristic(2000, 1032, True, "none", 0),
+                                            1032, True, "none")
+
+
+def _step(q_lens, contexts, heads=32, kv_heads=8, head_dim=128, kind="int8", qk_norm=True):
+    n, page = sum(q_lens), 16
+    shape = (400, page, kv_heads, head_dim)
+    if kind == "bf16":
+        cache = LayerKV(torch.empty(shape, dtype=BF), torch.empty(shape, dtype=BF))
+    else:
+        cache = LayerKV(torch.empty(shape, dtype=torch.int8), torch.empty(shape, dtype=torch.int8),
+                        torch.empty(shape[:3]), torch.empty(shape[:3]),
+                        torch.ones(kv_heads, head_dim) if kind == "int8-smooth" else None)
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(q_lens, contexts)]).to(torch.int32)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    step = AttentionStep(positions, positions.long(), cu, torch.tensor(contexts, dtype=torch.int32),
+                         torch.zeros(len(q_lens), 400, dtype=torch.int32), max(q_lens), 400 * page)
+    norms = (torch.ones(head_dim, dtype=BF),) * 2 if qk_norm else (None, None)
+    qk = QKTransform(torch.ones(8192, head_dim // 2), torch.zeros(8192, head_dim // 2), *norms, 1e-6)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim).to(BF)
+    ws = OPS["attention_workspace"](n, heads, head_dim, step.max_context_len, "cpu")
+    out, q = torch.empty(n, heads, head_dim, dtype=BF), torch.empty(n, heads, head_dim, dtype=BF)
+    return out, q, cache, qkv, qk, step, ws
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int8-smooth"])
+def test_decode_step_runs_one_fused_kernel(launches, kind):
+    out, q, cache, qkv, qk, step, ws = _step([1, 1], [144, 3000], kind=kind)
+    OPS["attention_with_inputs"](out, q, cache, qkv, qk, step, 0.088, True, ws)
+    (k,) = launches
+    assert (k.file, k.extra, k.pdl) == ("attention_decode.cu", attention.DECODE_OPTIONS, True)
+    assert k.defines == {"HEAD_DIM": 128, "KV_INT8": int(kind != "bf16"),
+                         "SMOOTH": int(kind == "int8-smooth"), "KV_STAGES": 2, "M_TILES": 2,
+                         "PDL_TRIGGER": 1, "FUSED_INPUTS": 1, "NORM_DTYPE": "bf16_t"}
+    splits = attention.attention_decode_splits(2, 8, ws.shape[2], 0)
+    assert splits == 17 and k.grid == (splits, 8, 2)  # 2 blocks per SM over 16 (sequence, kv head)
+
+
+def test_verify_and_prefill_steps_run_the_two_ops(launches):
+    for q_lens, contexts in (([8], [1500]), ([40], [700])):
+        out, q, cache, qkv, qk, step, ws = _step(q_lens, contexts)
+        OPS["attention_with_inputs"](out, q, cache, qkv, qk, step, 0.088, True, ws)
+    assert [(k.file, k.name) for k in launches] == [
+        ("kv.cu", "attention_inputs"), ("attention_decode.cu", "attention_decode"),
+        ("kv.cu", "attention_inputs"), ("attention.cu", "attention")]
+    assert "FUSED_INPUTS" not in launches[1].defines
+    assert launches[3].defines == {"HEAD_DIM": 128, "KV_INT8": 1, "SMOOTH": 0, "KV_STAGES": 2}
+
+
+def test_attention_experiments_reach_the_launch(launches):
+    out, q, cache, qkv, qk, step, ws = _step([1], [3000])
+    with tuning.experiment({"attention": {"decode_fused_inputs": False}}):
+        OPS["attention_with_inputs"](out, q, cache, qkv, qk, step, 0.088, True, ws)
+    with tuning.experiment({"attention": {"decode": False}, "pdl": False}):
+        OPS["attention"](out, q, cache, step, 0.088, True, ws)
+    with tuning.experiment({"attention": {"decode_combine_batch": 32, "splits": 5}}):
+        OPS["attention"](out, q, cache, step, 0.088, True, ws)
+    assert [(k.file, k.pdl) for k in launches] == [
+        ("kv.cu", True), ("attention_decode.cu", True), ("attention.cu", False),
+        ("attention_decode.cu", True)]
+    assert launches[3].defines["COMBINE_BATCH"] == 32 and launches[3].grid[0] == 5
+
+
+def test_sampling(launches):
+    seed, counter = torch.tensor([1]), torch.tensor([0])
+    logits = torch.randn(2, 128256)
+    out = torch.empty(2, dtype=torch.int32)
+    OPS["sample_tokens"](out, logits, 0.0, 0, 1.0, seed, counter, None)  # greedy: split argmax
+    OPS["sample_tokens"](out, logits, 0.8, 50, 0.9, seed, counter, torch.empty_like(logits))
+    OPS["accept_tokens"](out, logits, torch.tensor([3, 4], dtype=torch.int32), None, 0.8, 50, 0.9,
+                         seed, counter)
+    assert [(k.name, k.grid) for k in launches] == [("argmax_split", (32, 2)), ("sample", (2,)),
+                                                    ("accept", (2,))]
+    assert all(k.extra == sampling.SAMPLING_OPTIONS for k in launches)
