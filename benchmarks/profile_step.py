@@ -11,10 +11,10 @@ dependent launch a kernel starts early, so its own duration overstates its share
     python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8] [--kv-cache int8]
 
 One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
-profiles the step once per set of the CUDA backend's attention overrides (ops.attention_overrides,
-keys of ops.ATTN_CONFIG plus "splits"), with a new runner (new graphs) each time;
-``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV overrides
-(ops.gemv_overrides, applied to every GEMV of the step), each with each attention set.
+profiles the step once per set of the CUDA backend's attention experiments (the "attention" key
+of ``TILEINFER_CUDA_EXPERIMENTS``, ops/tuning.py), with a new runner (new graphs) each time;
+``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV experiments (the "gemv"
+key, applied to every GEMV of the step), each with each attention set.
 """
 
 from __future__ import annotations
@@ -106,13 +106,11 @@ def main():
             what = dict(shape=args.shape, backend=args.backend,
                         weights="int8" if args.int8 else "bf16", kv_cache=args.kv_cache,
                         context=args.context)
-            for name, overrides in (("attention_overrides", attention), ("gemv_overrides", gemv)):
-                if overrides is not None:
-                    from tileinfer_backend_cuda import ops
+            if attention is not None or gemv is not None:
+                from tileinfer_backend_cuda.ops import tuning
 
-                    getattr(ops, name).clear()
-                    getattr(ops, name).update(overrides)
-                    what[name] = overrides
+                tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
+                what.update(attention_overrides=attention, gemv_overrides=gemv)
             rows, span = profile_context(model, cache, args.context, args.replays)
             print_profile(what, rows, span)
 
