@@ -1,25 +1,30 @@
-"""``tileinfer backends``: the installed backends, whether they run here, and their fallbacks."""
+"""``tileinfer backends``: the installed backends, whether they run here, and their fallbacks;
+invalid plugins with the reason; names in TILEINFER_BACKENDS that are not installed."""
 
 from __future__ import annotations
 
-from tileinfer.backend.registry import OP_NAMES, list_backends
 
-
-def add_parser(sub):
-    p = sub.add_parser("backends", help="list the installed op backends and whether they run here")
+def add_parser(sub, formatter):
+    p = sub.add_parser("backends", help="list the installed op backends and whether they run here",
+                       formatter_class=formatter,
+                       epilog="TILEINFER_BACKENDS=ref,NAME loads only those plugins.")
     p.set_defaults(func=run)
 
 
 def run(args, out):
+    from tileinfer.backend.registry import FALLBACK, OP_NAMES, list_backends
+
     for backend in list_backends():
         status = "available" if backend.available else f"unavailable: {backend.reason}"
         print(f"{backend.name:<8} {status}", file=out)
+        if backend.source and backend.info is None:
+            print(f"         from {backend.source}", file=out)
         if backend.info is None:
             continue
         print(f"         devices: {', '.join(backend.info.devices)};"
               f" CUDA graphs: {'yes' if backend.info.graph_safe else 'no'}", file=out)
         missing = [op for op in OP_NAMES if op not in backend.implemented]
-        if backend.name != "ref":
+        if backend.name != FALLBACK:
             print(f"         ops: {len(OP_NAMES) - len(missing)}/{len(OP_NAMES)} own"
                   + (f"; from ref: {', '.join(missing)}" if missing else ""), file=out)
         for op, note in sorted(backend.info.notes.items()):

@@ -6,25 +6,40 @@ from __future__ import annotations
 import json
 
 from .errors import UserError
-from .options import DTYPES
+from .options import DTYPES, default_threads, torch_dtype
+from .parsing import int_range
+
+SHAPES = ("llama3-8b", "llama3.2-1b")  # tileinfer.model.random_weights.SHAPES
+
+EPILOG = """\
+examples:
+  tileinfer bench --shape llama3-8b --int8
+  tileinfer bench -m Qwen/Qwen3-0.6B --kv-cache int8 --new-tokens 512
+  tileinfer bench --shape llama3.2-1b --backend ref --dtype fp32 --graphs off --pipeline off
+"""
 
 
-def add_parser(sub):
-    p = sub.add_parser("bench", help="measure prefill/decode throughput (random weights or a model)")
+def add_parser(sub, formatter):
+    p = sub.add_parser("bench", help="measure prefill/decode throughput (random weights or a model)",
+                       epilog=EPILOG, formatter_class=formatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--shape", default="llama3.2-1b",
-                     help="random weights of a named shape: llama3-8b, llama3.2-1b (default)")
-    src.add_argument("--model", "-m", help="a model folder or pulled repo id instead")
+    src.add_argument("--shape", default="llama3.2-1b", choices=SHAPES,
+                     help="random weights of a named shape")
+    src.add_argument("--model", "-m", help="a model (folder, pulled repo id, imported name) "
+                     "instead of random weights")
     p.add_argument("--backend", "-b", help="op backend (default: the fastest that runs here)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=16, metavar="N")
+    p.add_argument("--new-tokens", type=int_range(1, 1 << 20), default=256, metavar="N")
     p.add_argument("--graphs", choices=["on", "off", "both"], default="on")
     p.add_argument("--pipeline", choices=["on", "off", "both"], default="on")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", help="also append the results as JSON lines to this file")
+    p.add_argument("--repeats", type=int_range(1, 1000), default=3, metavar="N")
+    p.add_argument("--threads", type=int_range(1, 1024), metavar="N",
+                   help=f"CPU threads for PyTorch's ops (default: {default_threads()} here)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also append the results as JSON lines to this file")
     p.set_defaults(func=run)
 
 
@@ -41,16 +56,17 @@ def run(args, out):
 
     from .bench_measure import bench_generation, bytes_per_decode_token, copy_bandwidth
 
+    torch.set_num_threads(args.threads or default_threads())
     backend = args.backend or default_backend_name()
     quantize = "int8" if args.int8 else None
     kv = None if args.kv_cache == "bf16" else "int8"
     max_len = args.prompt_len + args.new_tokens + 64
     if args.model:
-        model = load_model(args.model, dtype=DTYPES[args.dtype], backend=backend,
+        model = load_model(args.model, dtype=torch_dtype(args.dtype), backend=backend,
                            max_len=max_len, quantize=quantize)
         name = args.model
     else:
-        model = random_model(shape_config(args.shape), DTYPES[args.dtype], backend,
+        model = random_model(shape_config(args.shape), torch_dtype(args.dtype), backend,
                              "cuda" if torch.cuda.is_available() else "cpu", quantize, max_len)
         name = args.shape
     on_gpu = model.device.type == "cuda"

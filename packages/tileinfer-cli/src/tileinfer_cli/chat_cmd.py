@@ -9,16 +9,29 @@ from __future__ import annotations
 
 import sys
 
+from .errors import UserError
 from .options import (add_model_options, add_sampling_options, add_speculative_options, load,
                       sampling_from)
 from .session import new_session
+from .text_input import checked_text, decoded
 
 HELP = "commands: /reset  /stats  /exit   (Ctrl-C stops a reply)"
 
+EPILOG = """\
+examples:
+  tileinfer chat
+  tileinfer chat Qwen/Qwen3-0.6B --no-think
+  tileinfer chat -m SmolLM2-135M-Instruct --system "You are a pirate." --temperature 0.8
+"""
 
-def add_parser(sub):
-    p = sub.add_parser("chat", help="chat interactively (/reset, /stats, /exit)")
+
+def add_parser(sub, formatter):
+    p = sub.add_parser("chat", help="chat interactively (/reset, /stats, /exit)",
+                       description=__doc__.split("\n\n", 1)[1], epilog=EPILOG,
+                       formatter_class=formatter)
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help="model (or use --model)")
+    p.add_argument("--system", "-s", metavar="TEXT", help="a system message that starts the "
+                   "conversation (kept by /reset)")
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
@@ -28,14 +41,18 @@ def add_parser(sub):
 def _read(prompt, out):
     out.write(prompt)
     out.flush()
-    line = sys.stdin.readline()
+    line = sys.stdin.buffer.readline()
     if not line:
         raise EOFError
-    return line.rstrip("\n")
+    return decoded(line, "the line").rstrip("\r\n")
 
 
 def run(args, out):
+    if args.model and args.model_pos:
+        raise UserError("give the model either as --model or positionally, not both")
     args.model = args.model or args.model_pos
+    if args.system is not None:
+        checked_text(args.system, "--system")
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
     session, stream = new_session(args, model, tokenizer, sampling, stop_ids, out)
@@ -47,6 +64,9 @@ def run(args, out):
         except (EOFError, KeyboardInterrupt):
             print(file=out)
             return 0
+        except UserError as e:  # a line that is not UTF-8: say so, keep the conversation
+            print(f"tileinfer: error: {e}", file=sys.stderr)
+            continue
         if not text:
             continue
         if text in ("/exit", "/quit", "/bye"):

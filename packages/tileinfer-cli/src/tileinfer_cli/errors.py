@@ -8,8 +8,14 @@ class UserError(Exception):
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
+    """Imported only when an exception is being matched (``except user_errors()``), so that
+    ``--help`` does not import tileinfer (and torch)."""
     import tileinfer as ti
+    from tileinfer.engine.chat import ChatSessionBusyError
+    from tileinfer.io.local_models import LocalModelError
+    from tileinfer.model.loader import MemoryLimitError
 
     return (UserError, ti.BackendError, ti.ConfigError, ti.WeightsError, ti.HubError,
             ti.GGUFImportError, ti.ChatTemplateError, ti.OutOfPagesError, ti.ContextLengthError,
-            ti.PromptTooLongError, ti.DefaultModelUnavailable, ValueError, FileNotFoundError)
+            ti.PromptTooLongError, ti.DefaultModelUnavailable, LocalModelError,
+            MemoryLimitError, ChatSessionBusyError, ValueError, FileNotFoundError)

@@ -1,25 +1,54 @@
-"""``tileinfer pull | list | rm | import``: the local model cache."""
+"""``tileinfer pull | list | rm | import``: the models here.
+
+Two places hold them: the Hugging Face cache (``pull``: repo ids such as Qwen/Qwen3-0.6B) and
+TileInfer's models home (``import``: GGUF files, and the embedded default model), whose models go
+by their folder's name. ``list`` shows both, ``rm`` removes either and the leftovers of killed
+imports.
+"""
 
 from __future__ import annotations
 
+from .errors import UserError
 
-def add_parser(sub):
-    p = sub.add_parser("pull", help="download a model's inference files from the Hugging Face hub")
-    p.add_argument("repo_id")
-    p.add_argument("--revision", default="main")
+PULL_EPILOG = """\
+examples:
+  tileinfer pull Qwen/Qwen3-0.6B
+  HF_TOKEN=hf_... tileinfer pull meta-llama/Llama-3.2-1B-Instruct
+"""
+RM_EPILOG = """\
+examples:
+  tileinfer rm Qwen/Qwen3-0.6B                 a pulled model (every revision)
+  tileinfer rm Qwen/Qwen3-0.6B --revision main
+  tileinfer rm my-model                        an imported model (tileinfer list shows names)
+"""
+IMPORT_EPILOG = """\
+examples:
+  tileinfer import ~/Downloads/Llama-3.2-1B-Instruct-Q8_0.gguf
+  tileinfer import model.gguf --name llama1b && tileinfer run -m llama1b "Hi"
+"""
+
+
+def add_parser(sub, formatter):
+    p = sub.add_parser("pull", help="download a model's inference files from the Hugging Face hub",
+                       epilog=PULL_EPILOG, formatter_class=formatter)
+    p.add_argument("repo_id", help="OWNER/NAME on the hub")
+    p.add_argument("--revision", default="main", help="branch, tag or commit")
     p.set_defaults(func=pull)
 
-    p = sub.add_parser("list", help="list pulled and imported models")
+    p = sub.add_parser("list", help="list pulled, imported and default models",
+                       formatter_class=formatter)
     p.set_defaults(func=list_)
 
-    p = sub.add_parser("rm", help="remove a pulled model (all revisions, or --revision)")
-    p.add_argument("repo_id")
-    p.add_argument("--revision")
+    p = sub.add_parser("rm", help="remove a pulled or imported model (and killed imports' "
+                       "leftovers)", epilog=RM_EPILOG, formatter_class=formatter)
+    p.add_argument("name", metavar="NAME", help="a repo id or an imported model's name")
+    p.add_argument("--revision", help="only this revision of a pulled model (default: all)")
     p.set_defaults(func=rm)
 
-    p = sub.add_parser("import", help="import a GGUF file as a model folder in the local cache")
-    p.add_argument("path")
-    p.add_argument("--name", help="folder name (default: the file's name)")
+    p = sub.add_parser("import", help="import a GGUF file as a model folder in the models home",
+                       epilog=IMPORT_EPILOG, formatter_class=formatter)
+    p.add_argument("path", help="the .gguf file")
+    p.add_argument("--name", help="the model's name (default: the file's name without .gguf)")
     p.set_defaults(func=import_)
 
 
@@ -39,21 +68,60 @@ def _size(n: int) -> str:
 
 
 def list_(args, out):
+    from tileinfer.io.default_model import (DEFAULT_MODEL_NAME, DefaultModelUnavailable,
+                                            default_gguf_path)
     from tileinfer.io.hub import list_models
+    from tileinfer.io.local_models import list_local_models
 
-    models = list_models()
-    if not models:
-        print("no models pulled yet: tileinfer pull REPO_ID", file=out)
-    for m in models:
-        print(f"{m.repo_id:<48} {m.revision[:12]:<12} {_size(m.size_bytes):>10}  {m.path}", file=out)
+    rows = [(m.repo_id, f"pulled, {m.revision[:12]}", _size(m.size_bytes), str(m.path))
+            for m in list_models()]
+    local = list_local_models()
+    for m in local:
+        kind = "default, imported" if m.name == DEFAULT_MODEL_NAME else "imported"
+        rows.append((m.name, kind, _size(m.size_bytes), str(m.path)))
+    if DEFAULT_MODEL_NAME not in {m.name for m in local}:
+        try:
+            source = default_gguf_path()
+            rows.append((DEFAULT_MODEL_NAME, "default, imported on first use",
+                         _size(source.stat().st_size), str(source)))
+        except DefaultModelUnavailable:
+            pass
+    if not rows:
+        print("no models here yet: tileinfer pull OWNER/NAME, or tileinfer import FILE.gguf",
+              file=out)
+    for name, kind, size, path in rows:
+        print(f"{name:<40} {kind:<32} {size:>9}  {path}", file=out)
     return 0
 
 
 def rm(args, out):
+    from tileinfer.io.gguf_import import clean_interrupted_imports
     from tileinfer.io.hub import remove_model
+    from tileinfer.io.local_models import is_plain_name, local_model_dir, remove_local_model
 
-    remove_model(args.repo_id, revision=args.revision)
-    print(f"removed {args.repo_id}" + (f" ({args.revision})" if args.revision else ""), file=out)
+    cleaned = clean_interrupted_imports()
+    for folder, size in cleaned:
+        print(f"removed the leftovers of an interrupted import: {folder.name} ({_size(size)})",
+              file=out)
+    if is_plain_name(args.name) and local_model_dir(args.name) is not None:
+        if args.revision:
+            raise UserError(f"{args.name} is an imported model: it has no revisions")
+        freed = remove_local_model(args.name)
+        print(f"removed {args.name} ({_size(freed)})", file=out)
+        return 0
+    if any(f.name.startswith(f".{args.name}.importing-") for f, _ in cleaned):
+        return 0  # only the leftovers of its import were there
+    from tileinfer.io.hub import HubError
+
+    try:
+        freed = remove_model(args.name, revision=args.revision)
+    except HubError:
+        if "/" in args.name:
+            raise
+        raise UserError(f"{args.name!r} is neither an imported model nor a pulled one "
+                        "(tileinfer list shows the models here)") from None
+    print(f"removed {args.name}" + (f" ({args.revision})" if args.revision else "")
+          + f", {_size(freed)} freed", file=out)
     return 0
 
 
@@ -61,5 +129,5 @@ def import_(args, out):
     from tileinfer.io.gguf_import import import_gguf
 
     path = import_gguf(args.path, name=args.name)
-    print(f"imported {args.path} into {path}", file=out)
+    print(f"imported {args.path} as {path.name} into {path}", file=out)
     return 0

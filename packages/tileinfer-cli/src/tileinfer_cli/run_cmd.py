@@ -1,59 +1,144 @@
-"""``tileinfer run [MODEL] PROMPT``: stream one answer to a prompt."""
+"""``tileinfer run [MODEL] [PROMPT]``: answer one prompt, streaming the reply (or as JSON)."""
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 import time
 
 from .errors import UserError
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from)
+from .stops import StopStringFound, StopWriter
+from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
+
+EPILOG = """\
+The prompt comes from the command line, from --file, or from standard input ("-", or when no
+prompt is given and standard input is not a terminal).
+
+examples:
+  tileinfer run "What is the capital of France?"
+  echo "What is the capital of France?" | tileinfer run
+  tileinfer run -m Qwen/Qwen3-0.6B --system "Answer in one word." "Capital of Italy?"
+  tileinfer run -f question.txt --stop $'\\n\\n' --max-new-tokens 200
+  tileinfer run --json "Name three colours" | jq -r .text
+  tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
+
+--json prints one object: text, tokens (the answer's token ids), prompt_tokens, finish_reason
+("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),
+stop (the stop string found, or null), model, backend and timings in seconds (load,
+time_to_first_token, generate) with tokens_per_second.
+"""
 
 
-def add_parser(sub):
-    p = sub.add_parser("run", help="answer one prompt, streaming the reply")
-    p.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
-                   help="the prompt, optionally preceded by the model")
+def add_parser(sub, formatter):
+    p = sub.add_parser("run", help="answer one prompt, streaming the reply",
+                       description="Answer one prompt, streaming the reply.", epilog=EPILOG,
+                       formatter_class=formatter)
+    p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
+                   help='the prompt ("-": standard input), optionally preceded by the model')
+    p.add_argument("--file", "-f", metavar="PATH", help='read the prompt from a file ("-": '
+                   "standard input)")
+    p.add_argument("--system", "-s", metavar="TEXT", help="a system message before the prompt")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the answer where the model writes TEXT (not printed; repeatable)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object after the answer instead of streaming it")
+    p.add_argument("--stats", action="store_true",
+                   help="print token counts and speed to standard error after")
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
-    p.add_argument("--stats", action="store_true", help="print token counts and speed after")
     p.set_defaults(func=run)
 
 
-def run(args, out):
-    if len(args.words) > 2:
-        raise UserError('quote the prompt: tileinfer run [MODEL] "PROMPT"')
-    if len(args.words) == 2:
-        if args.model:
+def prompt_and_model(args) -> tuple[str, str | None]:
+    """(prompt text, model or None) from the positional words, --file and standard input."""
+    words = [checked_text(w, "the command line") for w in args.words]
+    if len(words) > (1 if args.file is not None else 2):
+        raise UserError('quote the prompt: tileinfer run [MODEL] "PROMPT"' if args.file is None
+                        else "with --file, give at most the model positionally")
+    model = args.model
+    if len(words) == 2 or (args.file is not None and words):
+        if model:
             raise UserError("give the model either as --model or positionally, not both")
-        args.model = args.words[0]
-    prompt = args.words[-1]
+        model = words[0]
+    if args.file is not None:
+        prompt = read_file(args.file)
+    elif words and words[-1] != "-":
+        prompt = words[-1]
+    elif words or not stdin_is_terminal():
+        prompt = read_stdin()
+    else:
+        raise UserError('no prompt: tileinfer run "PROMPT", or pipe it in, or --file PATH')
+    if not prompt.strip():
+        raise UserError("the prompt is empty")
+    return prompt.strip("\n"), model
+
+
+def run(args, out):
+    prompt, args.model = prompt_and_model(args)
+    system = checked_text(args.system, "--system") if args.system is not None else None
+    stops = [checked_text(s, "--stop") for s in args.stop]
+    if any(not s for s in stops):
+        raise UserError("--stop needs a non-empty text")
+    started = time.perf_counter()
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
     template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
-    text = chat_prompt(folder, [ChatMessage("user", prompt)], add_generation_prompt=True,
-                       **template_kwargs)
+    messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", prompt)]
+    text = chat_prompt(folder, messages, add_generation_prompt=True, **template_kwargs)
     ids = tokenizer.encode(text, add_special_tokens=False)
     room = model.max_len - len(ids)
     if room < 1:
         raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
                         "room for an answer")
+    limit = min(args.max_new_tokens, room)
     kv_cache, key_smoothing = kv_cache_from(args, model)
     speculative = speculative_from(args, model)
     spec = SpecStats() if speculative is not None else None
-    stream = TextStream(tokenizer, out)
-    start = time.perf_counter()
-    new = generate(model, ids, min(args.max_new_tokens, room), sampling, stop_ids=stop_ids,
-                   seed=args.seed, on_token=stream.put, kv_quantize=kv_cache,
-                   key_smoothing=key_smoothing, speculative=speculative, spec_stats=spec)
-    seconds = time.perf_counter() - start
-    stream.end()
-    print(file=out)
+    sink = io.StringIO() if args.json else out
+    writer = StopWriter(stops, sink)
+    stream = TextStream(tokenizer, writer)
+    new, first = [], []
+
+    def on_token(token):
+        if not first:
+            first.append(time.perf_counter())
+        new.append(token)
+        stream.put(token)
+
+    loaded = time.perf_counter()
+    try:
+        generate(model, ids, limit, sampling, stop_ids=stop_ids, seed=args.seed,
+                 on_token=on_token, kv_quantize=kv_cache, key_smoothing=key_smoothing,
+                 speculative=speculative, spec_stats=spec)
+        stream.end()
+    except StopStringFound:
+        pass
+    writer.end()
+    done = time.perf_counter()
+    seconds = done - loaded
+    finish = "stop" if writer.found is not None or len(new) < limit else "length"
+    decode_s = done - first[0] if first else 0.0
+    rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else 0.0
+    if args.json:
+        print(json.dumps({
+            "text": writer.text, "tokens": new, "prompt_tokens": len(ids),
+            "finish_reason": finish, "stop": writer.found, "model": str(folder),
+            "backend": model.ops.name,
+            "timings": {"load": round(loaded - started, 4),
+                        "time_to_first_token": round(first[0] - loaded, 4) if first else None,
+                        "generate": round(seconds, 4),
+                        "tokens_per_second": round(rate, 3)},
+        }, ensure_ascii=False), file=out)
+    else:
+        print(file=out)
     if args.stats:
-        print(f"[{len(ids)} prompt tokens, {len(new)} generated, "
+        print(f"[{len(ids)} prompt tokens, {len(new)} generated ({finish}), "
               f"{len(new) / seconds if seconds > 0 else 0.0:.1f} tok/s, backend "
               f"{model.ops.name}]", file=sys.stderr)
         if spec is not None:

@@ -12,5 +12,6 @@ def new_session(args, model, tokenizer, sampling, stop_ids, out):
     session = ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                           enable_thinking=args.thinking, max_tokens=args.max_len,
                           kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,
+                          system=getattr(args, "system", None),
                           speculative=speculative_from(args, model))
     return session, TextStream(tokenizer, out)

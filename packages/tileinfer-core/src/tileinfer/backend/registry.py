@@ -3,7 +3,19 @@
 Each backend distribution declares one entry point in the group ``tileinfer`` whose name is the
 backend's name and whose value is a module (or object) with ``@hookimpl`` functions. Set
 ``TILEINFER_BACKENDS=ref,triton`` to load only those plugins (``ref`` is always loaded: it is the
-fallback for every op).
+fallback for every op); a name there that no installed plugin has is reported (a
+``BackendWarning``, and a line of ``tileinfer backends``).
+
+A plugin is checked when it is loaded, and one that fails a check is kept as an *invalid* backend
+(listed with the reason, never chosen) while the others load normally:
+
+- every ``@hookimpl`` must be named after an op of ``hookspecs`` (a misspelled ``rms_norm`` is an
+  error, not a silently unused function) and take the spec's arguments, same names, same order
+  (the op table calls ops positionally);
+- ``tileinfer_backend_info()`` must return a well-formed ``BackendInfo``; an exception or another
+  value (None, ...) makes the plugin invalid;
+- the info's name must equal the entry point's name, and no two plugins may claim one name: an
+  entry point can never replace an installed backend (``ref``, ...).
 
 The hot path never calls ``pm.hook.<op>()``: ``get_backend(name)`` resolves every op once into an
 ``OpTable`` of plain callables, the chosen backend's implementation or else the ref backend's.
@@ -11,10 +23,14 @@ The hot path never calls ``pm.hook.<op>()``: ``get_backend(name)`` resolves ever
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
+import inspect
 import os
+import re
 import threading
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 
 import pluggy
 
@@ -23,24 +39,32 @@ from . import hookspecs
 ENTRY_POINT_GROUP = "tileinfer"
 ALLOW_ENV = "TILEINFER_BACKENDS"
 FALLBACK = "ref"
+INFO_HOOK = "tileinfer_backend_info"
 
 # Every op name, in the order of the hookspecs.
 OP_NAMES = tuple(
     name for name in vars(hookspecs)
     if callable(getattr(hookspecs, name)) and hasattr(getattr(hookspecs, name), "tileinfer_spec")
-    and name != "tileinfer_backend_info"
+    and name != INFO_HOOK
 )
 # Ops a backend may leave out without a fallback: the model then calls the ops they fuse.
 OPTIONAL_OPS = ("attention_with_inputs",)
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class BackendError(RuntimeError):
     """A backend that is unknown, failed to load, or cannot run on this machine."""
 
 
+class BackendWarning(UserWarning):
+    """Something about the installed backends a user should know (e.g. an unknown name in
+    TILEINFER_BACKENDS)."""
+
+
 @dataclass(frozen=True)
 class BackendInfo:
-    """What a backend says about itself.
+    """What a backend says about itself (docs/writing-a-backend.md has each field).
 
     name: the backend's name (also its entry point's name). available: whether it can run here;
     reason: why not. devices: the torch device types it runs on ("cuda", "cpu").
@@ -58,17 +82,19 @@ class BackendInfo:
 
 @dataclass
 class Backend:
-    """A loaded plugin: its info and the ops it implements itself."""
+    """A loaded plugin: its info and the ops it implements itself; for an invalid plugin, no info
+    and ``error`` (why). ``source``: where it came from (distribution and entry point)."""
 
     name: str
     info: BackendInfo | None
     plugin: object | None
     implemented: dict = field(default_factory=dict)  # op name -> callable
     error: str = ""  # why the plugin failed to load
+    source: str = ""
 
     @property
     def available(self) -> bool:
-        return self.info is not None and self.info.available
+        return self.info is not None and self.info.available and not self.error
 
     @property
     def reason(self) -> str:
@@ -110,14 +136,113 @@ def _allowed_names() -> set[str] | None:
     return {n.strip() for n in raw.split(",") if n.strip()} | {FALLBACK}
 
 
+def _parameters(fn) -> tuple[str, ...] | None:
+    """The argument names of fn (``self`` of a method excluded), or None if it takes *args or
+    **kwargs (which the positional call of the op table cannot check)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return tuple(p.name for p in params)
+
+
+SPEC_ARGS = {name: _parameters(getattr(hookspecs, name)) for name in (INFO_HOOK,) + OP_NAMES}
+
+
+def _hookimpls(pm: pluggy.PluginManager, plugin) -> dict[str, object]:
+    """hook name -> function of every ``@hookimpl`` of plugin, checked against the hookspecs.
+    Raises BackendError naming the op for an unknown name or a different argument list."""
+    found = {}
+    for attr in dir(plugin):
+        try:
+            opts = pm.parse_hookimpl_opts(plugin, attr)
+        except Exception:  # an attribute that raises on access is not a hookimpl
+            continue
+        if opts is None:
+            continue
+        hook = opts.get("specname") or attr
+        fn = getattr(plugin, attr)
+        if hook not in SPEC_ARGS:
+            close = difflib.get_close_matches(hook, SPEC_ARGS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BackendError(f"{hook!r} is not an op of the contract{hint}; the ops are "
+                               "listed in tileinfer/backend/hookspecs.py")
+        if hook in found:
+            raise BackendError(f"op {hook!r} is implemented twice")
+        args, spec = _parameters(fn), SPEC_ARGS[hook]
+        if args != spec:
+            got = "*args/**kwargs" if args is None else ", ".join(args)
+            raise BackendError(f"op {hook!r} takes ({got}); the spec is ({', '.join(spec)}): "
+                               "same names, same order")
+        found[hook] = fn
+    return found
+
+
+def _checked_info(info) -> BackendInfo:
+    """info if it is a well-formed BackendInfo (devices made a tuple), else a BackendError."""
+    if not isinstance(info, BackendInfo):
+        raise BackendError(f"{INFO_HOOK}() returned {info!r}, not a tileinfer.backend.BackendInfo")
+    problems = []
+    if not isinstance(info.name, str) or not _NAME_RE.fullmatch(info.name):
+        problems.append(f"name {info.name!r} is not a name (letters, digits, '_', '.', '-')")
+    if not isinstance(info.available, bool):
+        problems.append(f"available is {info.available!r}, not a bool")
+    if not isinstance(info.reason, str):
+        problems.append(f"reason is {info.reason!r}, not a str")
+    devices = info.devices
+    if (not isinstance(devices, (tuple, list)) or not devices
+            or not all(isinstance(d, str) and d for d in devices)):
+        problems.append(f"devices is {devices!r}, not a non-empty tuple of device types")
+    if not isinstance(info.graph_safe, bool):
+        problems.append(f"graph_safe is {info.graph_safe!r}, not a bool")
+    if not isinstance(info.notes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in info.notes.items()):
+        problems.append("notes is not a dict of str to str")
+    if problems:
+        raise BackendError(f"{INFO_HOOK}() returned a bad BackendInfo: {'; '.join(problems)}")
+    return replace(info, devices=tuple(devices))
+
+
+def _dist_name(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.metadata["Name"] if dist is not None else ""
+
+
+def _source(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    where = f"{dist.metadata['Name']} {dist.version}: " if dist is not None else ""
+    return f"{where}entry point {ep.name} = {ep.value}"
+
+
+def _entry_points_by_name():
+    """name -> the distinct entry points of the group that claim it."""
+    by_name: dict[str, list] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        eps = by_name.setdefault(ep.name, [])
+        # The same distribution seen twice on sys.path is one entry point.
+        if not any(e.value == ep.value and _dist_name(e) == _dist_name(ep) for e in eps):
+            eps.append(ep)
+    return by_name
+
+
 class Registry:
-    """All backends known to this process, loaded from entry points on first use."""
+    """All backends known to this process, loaded from entry points on first use.
+
+    ``backends``: name -> Backend (valid or invalid); ``rejected``: plugins refused because their
+    name was taken, listed but never chosen; ``unknown_allowed``: names in TILEINFER_BACKENDS
+    that no installed entry point has.
+    """
 
     def __init__(self):
         self.pm = _new_plugin_manager()
         self.backends: dict[str, Backend] = {}
+        self.rejected: list[Backend] = []
+        self.unknown_allowed: list[str] = []
         self._tables: dict[str, OpTable] = {}
-        self._lock = threading.Lock()
+        self._from_entry_points: set[str] = set()
+        self._lock = threading.RLock()
         self._loaded = False
 
     def load_entry_points(self):
@@ -126,19 +251,51 @@ class Registry:
                 return
             self._loaded = True
             allowed = _allowed_names()
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                if ep.name in self.backends or (allowed is not None and ep.name not in allowed):
+            by_name = _entry_points_by_name()
+            if allowed is not None:
+                self.unknown_allowed = sorted(allowed - set(by_name))
+                if self.unknown_allowed:
+                    warnings.warn(
+                        f"{ALLOW_ENV} names backends that are not installed: "
+                        f"{', '.join(self.unknown_allowed)} (installed: "
+                        f"{', '.join(sorted(by_name)) or 'none'})", BackendWarning, stacklevel=3)
+            for name, eps in sorted(by_name.items()):
+                if allowed is not None and name not in allowed:
                     continue
-                try:
-                    plugin = ep.load()
-                except Exception as exc:  # a broken plugin must not break the others
-                    self.backends[ep.name] = Backend(
-                        ep.name, None, None, error=f"failed to import {ep.value}: {exc!r}")
-                    continue
-                self._register_locked(plugin, ep.name)
+                self._load_entry_point(name, eps)
+
+    def _load_entry_point(self, name, eps):
+        if len(eps) > 1:
+            # Two distributions claim one name: ours (tileinfer-backend-NAME) keeps it, else
+            # neither can be chosen; the others are listed as invalid.
+            own = [ep for ep in eps if _dist_name(ep).lower() == f"tileinfer-backend-{name}"]
+            winner = own[0] if len(own) == 1 else None
+            claimants = ", ".join(_source(ep) for ep in eps)
+            for ep in eps:
+                if ep is not winner:
+                    self.rejected.append(Backend(
+                        name, None, None, source=_source(ep),
+                        error=f"invalid plugin: backend name {name!r} is claimed by several "
+                              f"entry points ({claimants}); uninstall all but one"))
+            if winner is None:
+                self.backends[name] = Backend(
+                    name, None, None, source=claimants,
+                    error=f"invalid plugin: backend name {name!r} is claimed by several entry "
+                          f"points ({claimants}); uninstall all but one")
+                return
+            eps = [winner]
+        ep = eps[0]
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # a broken plugin must not break the others
+            self.backends[name] = Backend(name, None, None, source=_source(ep),
+                                          error=f"failed to import {ep.value}: {exc!r}")
+            return
+        self._register_locked(plugin, name, source=_source(ep), entry_point=True)
 
     def register(self, plugin, name: str | None = None) -> Backend:
-        """Register a backend plugin object directly (tests, notebooks)."""
+        """Register a backend plugin object directly (tests, notebooks). It may replace a plugin
+        registered this way under the same name, never an installed (entry-point) backend."""
         self.load_entry_points()
         with self._lock:
             return self._register_locked(plugin, name)
@@ -147,31 +304,56 @@ class Registry:
         with self._lock:
             backend = self.backends.pop(name, None)
             self._tables.pop(name, None)
-            if backend is not None and backend.plugin is not None:
+            self._from_entry_points.discard(name)
+            if backend is not None and backend.plugin is not None \
+                    and self.pm.is_registered(backend.plugin):
                 self.pm.unregister(backend.plugin)
 
-    def _register_locked(self, plugin, name):
+    def _register_locked(self, plugin, name=None, source="", entry_point=False):
+        label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
         try:
-            self.pm.register(plugin, name=name)  # validates argument names against the specs
-            impls = {
-                op: impl.function
-                for op in ("tileinfer_backend_info",) + OP_NAMES
-                for impl in getattr(self.pm.hook, op).get_hookimpls()
-                if impl.plugin is plugin
-            }
-            info_fn = impls.pop("tileinfer_backend_info", None)
+            impls = _hookimpls(self.pm, plugin)
+            info_fn = impls.pop(INFO_HOOK, None)
             if info_fn is None:
-                raise BackendError("it has no tileinfer_backend_info hook")
-            info = info_fn()
-        except Exception as exc:
-            if self.pm.is_registered(plugin):
-                self.pm.unregister(plugin)
-            backend = Backend(name or repr(plugin), None, None, error=f"invalid plugin: {exc}")
-            self.backends[backend.name] = backend
+                raise BackendError(f"it has no {INFO_HOOK} hook")
+            info = _checked_info(info_fn())
+            if name is not None and info.name != name:
+                raise BackendError(f"its {INFO_HOOK}() names backend {info.name!r}, not "
+                                   f"{name!r}: the entry point's name must equal "
+                                   "BackendInfo.name")
+        except Exception as exc:  # a bad plugin must not break the others
+            message = str(exc) if isinstance(exc, BackendError) else \
+                f"{INFO_HOOK}() raised {type(exc).__name__}: {exc}"
+            backend = Backend(label, None, None, source=source,
+                              error=f"invalid plugin {label!r}: {message}")
+            if label in self._from_entry_points and not entry_point:
+                self.rejected.append(backend)  # never shadow an installed backend
+            else:
+                self.backends[label] = backend
+                self._tables.pop(label, None)
             return backend
-        backend = Backend(info.name, info, plugin, impls)
-        self.backends[info.name] = backend
-        self._tables.pop(info.name, None)
+        name = info.name
+        if name in self._from_entry_points or (entry_point and name in self.backends):
+            backend = Backend(name, None, None, source=source,
+                              error=f"invalid plugin {label!r}: backend {name!r} is already "
+                                    f"installed ({self.backends[name].source or 'registered'})")
+            self.rejected.append(backend)
+            return backend
+        old = self.backends.get(name)
+        if old is not None and old.plugin is not None and self.pm.is_registered(old.plugin):
+            self.pm.unregister(old.plugin)  # a direct re-registration replaces the old one
+        try:  # pluggy's own checks (hookimpl options); ours above are stricter
+            self.pm.register(plugin, name=f"{name}@{id(plugin)}")
+        except Exception as exc:
+            backend = Backend(name, None, None, source=source,
+                              error=f"invalid plugin {label!r}: {exc}")
+            self.backends[name] = backend
+            return backend
+        backend = Backend(name, info, plugin, impls, source=source)
+        self.backends[name] = backend
+        if entry_point:
+            self._from_entry_points.add(name)
+        self._tables.pop(name, None)
         return backend
 
     def get(self, name: str) -> OpTable:
@@ -205,6 +387,16 @@ class Registry:
         self._tables[name] = table
         return table
 
+    def listed(self) -> list[Backend]:
+        """Every backend found, valid or not, the rejected plugins, and a line for each name in
+        TILEINFER_BACKENDS that is not installed."""
+        self.load_entry_points()
+        with self._lock:
+            found = sorted(self.backends.values(), key=lambda b: (b.name != FALLBACK, b.name))
+            missing = [Backend(n, None, None, error=f"not installed (named in {ALLOW_ENV})")
+                       for n in self.unknown_allowed]
+            return found + list(self.rejected) + missing
+
 
 _registry = Registry()
 
@@ -221,9 +413,9 @@ def get_backend(name: str = FALLBACK) -> OpTable:
 
 
 def list_backends() -> list[Backend]:
-    """Every backend found, available or not, with its reason and the ops it implements."""
-    _registry.load_entry_points()
-    return sorted(_registry.backends.values(), key=lambda b: (b.name != FALLBACK, b.name))
+    """Every backend found, available or not, with its reason and the ops it implements; then
+    the invalid plugins that were rejected and the names of TILEINFER_BACKENDS not installed."""
+    return _registry.listed()
 
 
 def default_backend_name() -> str:

@@ -5,17 +5,25 @@ the cached positions of the longest common prefix of those ids and the cached on
 cache back to it with ``truncate``); only the rest is prefilled. A turn that fails (out of pages,
 a prompt too long, an interrupt) leaves the conversation and the cache exactly as they were: the
 positions dropped to reach the common prefix are recomputed.
+
+A session is one conversation and one cache: it serves one turn at a time. A ``reply`` (or
+``reset``) while another thread is inside one raises ``ChatSessionBusyError`` at once and changes
+nothing; use one session per thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..backend.sampling import SamplingParams
 from ..io.chat_template import ChatMessage, chat_prompt
-from .cache import common_prefix_len, new_cache
+from ..model.loader import check_fits
+from .cache import common_prefix_len, kv_bytes_per_token, new_cache
 from .generate import generate_into
 from .runner import ModelRunner
 from .speculative.proposer import SpecStats
@@ -39,6 +47,10 @@ class TurnStats:
 
 class PromptTooLongError(ValueError):
     """The conversation no longer fits the session's KV cache."""
+
+
+class ChatSessionBusyError(RuntimeError):
+    """The session is serving a turn in another thread."""
 
 
 class ChatSession:
@@ -67,16 +79,36 @@ class ChatSession:
         self.seed = seed
         self.speculative = speculative
         self.turns = 0
+        self._busy = threading.Lock()
+        pages = math.ceil(self.max_tokens / page_size)
+        check_fits(pages * page_size * kv_bytes_per_token(model.config, kv_cache, model.dtype),
+                   model.device, f"a KV cache of {self.max_tokens} tokens")
         self.cache = new_cache(model, self.max_tokens, page_size=page_size, quantize=kv_cache,
-                                     key_smoothing=key_smoothing)
+                               key_smoothing=key_smoothing)
         self.runner = ModelRunner(model, self.cache, graphs=graphs)
         self.seq = self.cache.new_sequence()
         self.system = system
         self.messages: list[ChatMessage] = []
-        self.reset()
+        self._reset()
+
+    @contextlib.contextmanager
+    def _turn(self):
+        """The session's lock, taken without waiting: a second thread gets a clear error."""
+        if not self._busy.acquire(blocking=False):
+            raise ChatSessionBusyError(
+                "this ChatSession is serving a turn in another thread; a session holds one "
+                "conversation and serves one turn at a time (use one session per thread)")
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def reset(self):
         """Clear the conversation (keeping the system message) and free its cache pages."""
+        with self._turn():
+            self._reset()
+
+    def _reset(self):
         self.cache.release(self.seq)
         self.seq = self.cache.new_sequence()
         self.messages = [ChatMessage("system", self.system)] if self.system else []
@@ -89,7 +121,12 @@ class ChatSession:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def reply(self, text: str, max_new_tokens: int = 1024, on_token=None) -> tuple[str, TurnStats]:
-        """Add the user message ``text``, generate the reply, add it to the conversation."""
+        """Add the user message ``text``, generate the reply, add it to the conversation.
+        Raises ``ChatSessionBusyError`` if another thread is inside a turn of this session."""
+        with self._turn():
+            return self._reply(text, max_new_tokens, on_token)
+
+    def _reply(self, text, max_new_tokens, on_token):
         messages = self.messages + [ChatMessage("user", text)]
         ids = self.prompt_ids(messages)
         if len(ids) + 1 > self.max_tokens:

@@ -5,7 +5,9 @@ the backend layer only (for ``SamplingParams``)."""
 from .chat_template import ChatMessage, ChatTemplateError, chat_prompt
 from .default_model import DefaultModelUnavailable, default_model_dir
 from .generation_config import generation_defaults
-from .gguf_import import GGUFImportError, import_gguf
+from .gguf_import import GGUFImportError, clean_interrupted_imports, import_gguf
 from .hub import CachedModel, HubError, list_models, model_dir, pull, remove_model
+from .local_models import (LocalModel, LocalModelError, list_local_models, local_model_dir,
+                           remove_local_model)
 from .model_dir import resolve_model_dir
 from .tokenizer import TextStream, Tokenizer, load_tokenizer

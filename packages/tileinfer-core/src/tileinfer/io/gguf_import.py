@@ -6,6 +6,13 @@ default), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, me
 types), tokenizer_config.json (chat template, BOS/EOS), generation_config.json and import.json
 (where it came from, and the importer version, so a stale import can be redone).
 
+An import writes into a hidden staging folder ``.NAME.importing-PID`` beside the target and
+renames it into place when complete. One that was killed (SIGKILL, a power cut) leaves that
+folder behind; the next import into the same models home, and ``tileinfer rm``, remove every
+staging folder whose process is gone (``clean_interrupted_imports``). A progress bar on standard
+error (tqdm; shown when it is a terminal, or with ``progress=True``) follows the import: reading
+the metadata, converting the tensors, writing the folder.
+
 llama.cpp stores the q and k projections with the rows of each head reordered for its RoPE
 (``permute`` in llama.cpp's convert_hf_to_gguf.py: ``(heads, 2, head_dim/2, in)`` swapped to
 ``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k.
@@ -13,10 +20,13 @@ llama.cpp stores the q and k projections with the rows of each head reordered fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
+import threading
 from pathlib import Path
 
 import gguf
@@ -24,6 +34,7 @@ import numpy as np
 import torch
 from gguf.quants import dequantize
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
 from .gguf_tokenizer import build_tokenizer, generation_config_from
@@ -174,9 +185,11 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, head_dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
-def _weights(reader, path: Path, config: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _weights(reader, path: Path, config: dict, dtype: torch.dtype, bar=None) -> dict[str, torch.Tensor]:
     tensors = {}
     for t in reader.tensors:
+        if bar is not None:
+            bar.update(int(t.n_bytes))
         if t.name == "rope_freqs.weight":
             continue  # folded into config.rope_scaling
         name = _hf_name(t.name)
@@ -225,6 +238,79 @@ def _check_shapes(tensors: dict, config: dict, path: Path) -> None:
             raise GGUFImportError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
 
 
+# --- interrupted imports -----------------------------------------------------------------------
+
+_STAGING = re.compile(r"\.(?P<name>.+)\.importing-(?P<pid>\d+)")
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """The hidden folder an import into ``out_dir`` writes before renaming it into place."""
+    return out_dir.parent / f".{out_dir.name}.importing-{os.getpid()}"
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # a process of another user (or an odd number): leave its folder alone
+    return True
+
+
+def interrupted_imports(folder: Path | None = None) -> list[Path]:
+    """Staging folders in ``folder`` (default: the models home) whose importing process is gone."""
+    folder = models_home() if folder is None else Path(folder)
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        m = _STAGING.fullmatch(entry.name)
+        if m and entry.is_dir() and not _process_alive(int(m["pid"])):
+            found.append(entry)
+    return sorted(found)
+
+
+def clean_interrupted_imports(folder: Path | None = None) -> list[tuple[Path, int]]:
+    """Remove the staging folders left by killed imports; returns (folder, bytes freed) each."""
+    removed = []
+    for entry in interrupted_imports(folder):
+        size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append((entry, size))
+    return removed
+
+
+@contextlib.contextmanager
+def _progress(path: Path, enabled: bool | None):
+    """A tqdm bar over the file's bytes (metadata, then tensors), redrawn every half second so
+    that its clock runs while the gguf reader parses the metadata, which reports nothing."""
+    bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, unit_divisor=1024,
+               desc=f"importing {path.name}: reading metadata", disable=None if enabled is None else not enabled,
+               leave=False, dynamic_ncols=True)
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True) if not bar.disable else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join()
+        bar.close()
+
+
 # --- the import --------------------------------------------------------------------------------
 
 
@@ -233,18 +319,36 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def import_gguf(
-    path: str | Path, out_dir: str | Path | None = None, name: str | None = None, *, dtype: torch.dtype = torch.bfloat16
+    path: str | Path,
+    out_dir: str | Path | None = None,
+    name: str | None = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool | None = None,
 ) -> Path:
     """Write the model of the GGUF file at ``path`` as an HF-style folder and return the folder.
 
     The folder is ``out_dir``, else ``<models home>/<name>`` (name defaults to the file's stem; the
     models home is $TILEINFER_HOME/models or ~/.cache/tileinfer/models). An existing folder there is
-    replaced. The folder appears whole or not at all: it is written beside and renamed into place.
+    replaced. The folder appears whole or not at all: it is written beside and renamed into place;
+    staging folders of killed imports there are removed first. progress: a bar on standard error
+    (None: only when it is a terminal).
     """
     path = Path(path).expanduser()
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype}")
+    if name is not None and (not name or "/" in name or "\\" in name or name.startswith(".")):
+        raise ValueError(f"an imported model's name must be a plain folder name, got {name!r}")
+    if not path.is_file():
+        raise GGUFImportError(f"no such GGUF file: {path}")
+    with _progress(path, progress) as bar:
+        return _import(path, out_dir, name, dtype, bar)
+
+
+def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     reader = open_gguf(path)
+    bar.update(path.stat().st_size - sum(int(t.n_bytes) for t in reader.tensors))
+    bar.set_description(f"importing {path.name}: converting tensors")
     meta = GGUFMetadata(reader, path)
     arch = meta.get("general.architecture")
     if arch != "llama":
@@ -256,12 +360,14 @@ def import_gguf(
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     vocab_size = int(meta.get("llama.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
     config = _config(meta, arch, vocab_size, tied, rope_freqs, dtype)
-    tensors = _weights(reader, path, config, dtype)
+    tensors = _weights(reader, path, config, dtype, bar)
     _check_shapes(tensors, config, path)
+    bar.set_description(f"importing {path.name}: writing the model folder")
 
     out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.importing-{os.getpid()}"
+    clean_interrupted_imports(out_dir.parent)
+    staging = staging_dir(out_dir)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:

@@ -4,20 +4,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .default_model import default_model_dir
+from .default_model import DEFAULT_MODEL_NAME, default_model_dir
 from .gguf_import import import_gguf, is_current_import
-from .hub import model_dir
+from .hub import HubError, model_dir
+from .local_models import is_plain_name, local_model_dir
 from .paths import models_home
 
 
 def resolve_model_dir(model=None) -> Path:
-    """The folder of ``model``: the embedded default model for None; a folder as it is; a
-    ``.gguf`` file imported once into the models home (re-imported when the file or the importer
-    changed); else the snapshot of a pulled repo id. Never touches the network."""
+    """The folder of ``model``: the embedded default model for None (or its name,
+    ``SmolLM2-135M-Instruct``); a folder as it is; a ``.gguf`` file imported once into the models
+    home (re-imported when the file or the importer changed); the name of an imported model
+    (``tileinfer list``); else the snapshot of a pulled repo id. Never touches the network."""
     if model is None:
         return default_model_dir()
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         folder = models_home() / path.stem
         return folder if is_current_import(folder, path) else import_gguf(path, folder)
+    if isinstance(model, str) and not path.is_dir() and is_plain_name(model):
+        if model == DEFAULT_MODEL_NAME:
+            return default_model_dir()
+        folder = local_model_dir(model)
+        if folder is not None:
+            return folder
+        try:
+            return model_dir(model)
+        except HubError:
+            raise HubError(
+                f"{model!r} is not a model folder, an imported model or a pulled repo id "
+                "(`tileinfer list` shows the models here; `tileinfer pull OWNER/NAME` downloads "
+                "one, `tileinfer import FILE.gguf` imports one)") from None
     return model_dir(model)

@@ -21,6 +21,21 @@ from tokenizers.decoders import DecodeStream
 from .tokenizer_config import special_tokens
 
 
+def check_unicode(text: str, what: str = "the text") -> str:
+    """text, or a ValueError if it holds a lone surrogate (U+D800..U+DFFF), which no encoding can
+    represent: what Python makes of bytes that were not UTF-8 (``errors="surrogateescape"``, as
+    for the command line) or of a broken UTF-16 pair."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(text[e.start])
+        origin = (f" (the byte 0x{bad - 0xDC00:02x}, which was not UTF-8)"
+                  if 0xDC80 <= bad <= 0xDCFF else "")
+        raise ValueError(f"{what} is not valid Unicode: a lone surrogate U+{bad:04X} at "
+                         f"character {e.start}{origin}") from None
+    return text
+
+
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: byte -> the printable character that stands for it in tokens.
 
@@ -86,6 +101,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        check_unicode(text)
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:

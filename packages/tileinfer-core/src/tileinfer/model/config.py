@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -268,14 +269,32 @@ def load_config(model_dir) -> ModelConfig:
     return config_from_dict(d)
 
 
-def check_max_len(config: ModelConfig, max_len: int):
+class LongContextWarning(UserWarning):
+    """A max_len beyond the model's max_position_embeddings, accepted with allow_long=True."""
+
+
+def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     """Refuse settings this engine would run wrongly.
+
+    A max_len beyond the model's ``max_position_embeddings`` is refused: the model was not
+    trained for those positions and its output there is not to be trusted. ``allow_long=True``
+    accepts it with a ``LongContextWarning``.
 
     Sliding-window attention (Mistral) is not implemented. A query at position p attends to the
     positions ``p - window + 1 .. p``; while every position is below the window (max_len <=
     window) that is all of them, so the window has no effect and plain causal attention is exact.
     A model loaded for longer sequences would silently diverge, hence the error.
     """
+    positions = config.max_position_embeddings
+    if max_len > positions:
+        if not allow_long:
+            raise ConfigError(
+                f"max_len {max_len} exceeds the model's {positions} positions (config field "
+                f"'max_position_embeddings'); use max_len <= {positions}, or insist with "
+                "allow_long=True (tileinfer: --allow-long-context)")
+        warnings.warn(f"max_len {max_len} exceeds the model's {positions} positions (config "
+                      f"field 'max_position_embeddings'): output past position {positions} "
+                      "may be poor", LongContextWarning, stacklevel=3)
     if config.sliding_window is not None and config.sliding_window < max_len:
         raise ConfigError(
             f"config field 'sliding_window' is {config.sliding_window}, smaller than max_len "

@@ -11,6 +11,14 @@ op computes them together:
 - ``gate_up`` (2 * intermediate, hidden): gate_proj rows over up_proj rows (SwiGLU models), or
   ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP.
 
+Before anything is allocated, ``check_checkpoint`` compares the config with the files (the layer
+count, then every tensor's shape from the safetensors headers), so that a config whose sizes do
+not match its weights (``num_hidden_layers: 100000000``) is refused at once, naming the field or
+the tensor. Every tensor is checked for NaN and infinite values as it is loaded (``check_finite``:
+one ``aminmax`` pass, about 9 GB/s on one CPU core, against about 1.2 GB/s for the copy the load
+makes anyway), so that a corrupt file is refused with the tensor's name instead of generating
+garbage.
+
 Tensor names per architecture (``model.layers.{i}.`` prefix):
 
 =====================  ============================  ======================================
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,13 +162,36 @@ class Checkpoint:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
 
 
+def check_finite(t: torch.Tensor, name: str) -> torch.Tensor:
+    """t, or a WeightsError naming tensor ``name`` if it holds NaN or infinite values.
+
+    ``aminmax`` propagates NaN and shows an infinity in its min or max: one pass over the
+    tensor, no tensor-sized temporary (``isfinite(t).all()`` is several times slower)."""
+    if t.is_floating_point() and t.numel():
+        lo, hi = torch.aminmax(t)
+        if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+            bad = int((~torch.isfinite(t)).sum())
+            raise WeightsError(
+                f"tensor {name!r} holds {bad} NaN or infinite value{'s' if bad > 1 else ''} "
+                f"(of {t.numel()}) in {str(t.dtype).removeprefix('torch.')}: the checkpoint is "
+                "corrupt, or its values overflow this dtype")
+    return t
+
+
 def stacked_tensor(ckpt: Checkpoint, parts, cols, dtype, device) -> torch.Tensor:
-    """Tensors (rows_i, cols) stacked along rows into one new (sum rows_i, cols) tensor."""
+    """Tensors (rows_i, cols) stacked along rows into one new (sum rows_i, cols) tensor, each
+    part checked for NaN and infinite values."""
+    for name, rows in parts:  # every shape before the allocation
+        got = ckpt.shape(name)
+        if got != (rows, cols):
+            raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {[rows, cols]}")
     total = sum(rows for _, rows in parts)
     out = torch.empty(total, cols, dtype=dtype, device=device)
     start = 0
     for name, rows in parts:
-        out[start:start + rows].copy_(ckpt.get(name, (rows, cols)))  # converts dtype and device
+        part = out[start:start + rows]
+        part.copy_(ckpt.get(name, (rows, cols)))  # converts dtype and device
+        check_finite(part, name)
         start += rows
     return out
 
@@ -171,7 +203,7 @@ def _xielu_scalars(ckpt: Checkpoint, prefix: str, dtype) -> XIELUScalars:
         if shape not in ((), (1,)):
             raise WeightsError(f"tensor {full!r} has shape {list(shape)}, expected a scalar "
                                "([] or [1])")
-        return ckpt.get(full, shape).reshape(()).to(dtype)
+        return check_finite(ckpt.get(full, shape).reshape(()).to(dtype), full)
 
     alpha_p, alpha_n, beta, eps = (scalar(n) for n in ("alpha_p", "alpha_n", "beta", "eps"))
     # Rounded to the model dtype at each step, as XIELUActivation._xielu_python computes them.
@@ -225,6 +257,29 @@ def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tu
     return shapes
 
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_checkpoint(config: ModelConfig, ckpt: Checkpoint):
+    """Compare config with the checkpoint's headers before anything is allocated: the number of
+    layers first (so that an absurd ``num_hidden_layers`` is refused without listing its
+    tensors), then the shape of every tensor the model reads."""
+    layers = {int(m.group(1)) for name in ckpt.weight_map if (m := _LAYER.match(name))}
+    if config.num_layers > len(layers) or (layers and config.num_layers - 1 not in layers):
+        held = f"layers 0..{max(layers)}" if layers else "no layers"
+        raise WeightsError(f"config field 'num_hidden_layers' is {config.num_layers}, but the "
+                           f"checkpoint in {ckpt.model_dir} holds {held}")
+    shapes = checkpoint_shapes(config, lm_head=not config.tie_word_embeddings
+                               and ckpt.has("lm_head.weight"))
+    for name, shape in shapes.items():
+        if ".act_fn." in name:
+            continue  # xIELU scalars: () or (1,), checked when read
+        got = ckpt.shape(name)
+        if got != tuple(shape):
+            raise WeightsError(f"tensor {name!r} has shape {list(got)}, but config.json's sizes "
+                               f"give {list(shape)}")
+
+
 def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="cpu",
                  quantize: str | None = None) -> ModelWeights:
     """Read, check, fuse and convert the weights of ``model_dir`` for ``config``.
@@ -236,11 +291,13 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     c = config
-    shapes = checkpoint_shapes(c)
-    names = layer_tensor_names(c)
     with Checkpoint(model_dir) as ckpt:
+        check_checkpoint(c, ckpt)
+        shapes = checkpoint_shapes(c)
+        names = layer_tensor_names(c)
+
         def load(name):
-            return ckpt.get(name, shapes[name]).to(device=device, dtype=dtype)
+            return check_finite(ckpt.get(name, shapes[name]).to(device=device, dtype=dtype), name)
 
         def stacked(*names_):
             return stacked_tensor(ckpt, [(n, shapes[n][0]) for n in names_], c.hidden_size, dtype,
@@ -282,3 +339,23 @@ def weight_bytes(model) -> int:
     """Bytes of a model's weights (a Model or ModelWeights), a tied lm_head counted once."""
     weights = getattr(model, "weights", model)
     return sum(t.numel() * t.element_size() for t in weights.tensors())
+
+
+def expected_weight_bytes(config: ModelConfig, dtype=torch.bfloat16,
+                          quantize: str | None = None) -> int:
+    """Bytes ``load_weights`` will allocate for config, computed from the sizes alone (INT8: one
+    byte per linear weight plus a float32 scale per output row; the embedding table stays in
+    dtype and a tied lm_head gets its own INT8 copy)."""
+    c = config
+    size = torch.empty((), dtype=dtype).element_size()
+    hidden, inter = c.hidden_size, c.intermediate_size
+    up_rows = 2 * inter if c.mlp == "swiglu" else inter
+
+    def linear(rows, cols):
+        return rows * cols + 4 * rows if quantize == "int8" else rows * cols * size
+
+    per_layer = (2 * hidden * size + (2 * c.head_dim * size if c.qk_norm else 0)
+                 + linear(c.qkv_size, hidden) + linear(hidden, c.q_size)
+                 + linear(up_rows, hidden) + linear(hidden, inter))
+    head = 0 if c.tie_word_embeddings and quantize is None else linear(c.vocab_size, hidden)
+    return c.vocab_size * hidden * size + c.num_layers * per_layer + hidden * size + head

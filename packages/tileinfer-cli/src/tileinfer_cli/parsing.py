@@ -1,0 +1,74 @@
+"""argparse pieces shared by the commands: a parser whose errors are one line (exit code 2), a
+help formatter that shows defaults and keeps the examples' layout, and range-checked numbers.
+
+Every numeric option is checked here, while the command line is parsed, so that a value out of
+range is refused before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors print one line: ``tileinfer run: error: ...``."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows ``(default: X)`` after each option that has a meaningful default (not None, not a
+    flag's False) and leaves the description and epilog (the examples) as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or "default:" in text or default in (None, False, [])
+                or default is argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def int_range(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{_short(text)} is out of range: use {lo}..{hi}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_range(lo: float, hi: float, lo_open: bool = False):
+    """An argparse type: a finite number in [lo, hi] (or (lo, hi] with lo_open)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise argparse.ArgumentTypeError(f"{_short(text)} is out of range: use a number "
+                                             f"in {interval}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 24 else text[:10] + "..." + text[-6:]
