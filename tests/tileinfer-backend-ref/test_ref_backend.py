@@ -1,12 +1,22 @@
-"""The ref backend's two forms of attention (per sequence on the CPU, padded and sync-free on a
-GPU) agree on every case of the conformance suite, so the conformance run of ref on a GPU checks
-the padded form against the per-sequence reading."""
+"""The ref backend's own checks.
+
+Its two forms of attention (per sequence on the CPU, padded and sync-free on a GPU) agree on
+every case of the conformance suite, so the conformance run of ref on a GPU checks the padded
+form against the per-sequence reading. Its backend-private helpers (RoPE, the KV store, the MLP
+activations), which other backends' kernel tests compare with, are checked against plain torch
+written out independently here.
+"""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from tileinfer.testing.conformance import ATTENTION_CASES, CACHE_KINDS, assert_close, fill_paged_step
-from tileinfer_backend_ref import attention_padded, attention_per_sequence
+from tileinfer.backend import LayerKV, get_backend
+from tileinfer.testing.conformance import (ATTENTION_CASES, CACHE_KINDS, XIELU, assert_close,
+                                           attention_step, fill_paged_step, rope_tables)
+from tileinfer_backend_ref.dense import silu_mul, xielu
+from tileinfer_backend_ref.kv import quantize_vectors, rope, store_kv
+from tileinfer_backend_ref.paged_attention import attention_padded, attention_per_sequence
 
 
 @pytest.mark.parametrize("kind", CACHE_KINDS)
@@ -24,8 +34,78 @@ def test_padded_attention_equals_per_sequence(kind, causal, case):
         used[table[:, -1].long()] = False  # the padding page
         cache.k[~used] = float("nan")
         cache.v[~used] = float("nan")
+    step = attention_step(cu, ctx, table, max(q_lens), table.shape[1] * page_size)
     a, b = torch.empty_like(q), torch.empty_like(q)
-    args = (q, *cache.pools(), cu, ctx, table, max(q_lens), head_dim ** -0.5, causal)
-    attention_per_sequence(a, *args)
-    attention_padded(b, *args)
+    attention_per_sequence(a, q, cache.kv, step, head_dim ** -0.5, causal)
+    attention_padded(b, q, cache.kv, step, head_dim ** -0.5, causal)
     assert_close(b, a)
+
+
+def test_attention_hook_matches_dense_softmax():
+    """One sequence in one page, no paging subtleties: the op equals softmax(q k^T) v."""
+    gen = torch.Generator().manual_seed(0)
+    q, cache, cu, ctx, table = fill_paged_step([3], [10], 4, 2, 64, 16, "bf16", "cpu", gen)
+    out = torch.empty_like(q)
+    step = attention_step(cu, ctx, table, 3, 16)
+    get_backend("ref").attention(out, q, cache.kv, step, 0.125, True, None)
+    page = int(table[0, 0])
+    k = cache.k[page, :10].float().repeat_interleave(2, 1)  # (10, heads, hd)
+    v = cache.v[page, :10].float().repeat_interleave(2, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * 0.125
+    mask = torch.arange(10)[None, :] <= torch.arange(7, 10)[:, None]  # rows at positions 7..9
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    assert_close(out, torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype))
+
+
+def test_rope_rotates_halves():
+    cos, sin = rope_tables(32, 8, "cpu")
+    x = torch.randn(3, 2, 8)
+    pos = torch.tensor([0, 5, 31], dtype=torch.int32)
+    y = rope(x, cos, sin, pos)
+    assert torch.equal(y[0], x[0])  # position 0: cos 1, sin 0
+    for i, p in enumerate(pos.tolist()):
+        angle = p / 10000 ** (torch.arange(4, dtype=torch.float64) / 4)
+        c, s = angle.cos().float(), angle.sin().float()
+        x1, x2 = x[i, :, :4], x[i, :, 4:]
+        torch.testing.assert_close(y[i], torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1))
+    # A rotation keeps each pair's norm.
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_store_kv_int8_rule():
+    """Per-vector INT8: scale max|v| / 127 (1 for a zero vector), keys divided by the smoothing
+    factors first; a float cache gets the values themselves."""
+    page, kv_heads, hd = 4, 2, 8
+    k = torch.randn(3, kv_heads, hd)
+    v = torch.randn(3, kv_heads, hd)
+    k[1] = 0
+    smooth = torch.rand(kv_heads, hd) + 0.5
+    slots = torch.tensor([6, 0, 3])
+    pools = [torch.zeros(3, page, kv_heads, hd, dtype=torch.int8) for _ in range(2)]
+    scales = [torch.zeros(3, page, kv_heads) for _ in range(2)]
+    store_kv(LayerKV(pools[0], pools[1], scales[0], scales[1], smooth), k, v, slots)
+    for vec, pool, scale in ((k / smooth, pools[0], scales[0]), (v, pools[1], scales[1])):
+        s = scale[slots // page, slots % page]
+        amax = vec.abs().amax(-1)
+        torch.testing.assert_close(s, torch.where(amax > 0, amax / 127, 1.0))
+        back = pool[slots // page, slots % page].float() * s[..., None]
+        assert (back - vec).abs().max() <= 0.5 * s.max() + 1e-6  # within half a step
+    assert scales[0][0, 0].tolist() == [1.0, 1.0]  # slot 0 (page 0, offset 0): the zero key
+    q, s = quantize_vectors(torch.tensor([[127.0, -254.0, 1.0]]))
+    assert q.tolist() == [[64, -127, 0]] and s.tolist() == [2.0]  # 63.5 rounds half to even
+    floats = [torch.zeros(2, page, kv_heads, hd, dtype=torch.bfloat16) for _ in range(2)]
+    store_kv(LayerKV(*floats), k, v, torch.tensor([1, 2, 7]))
+    assert torch.equal(floats[1][1, 3], v[2].to(torch.bfloat16))
+
+
+def test_activations():
+    gate, up = torch.randn(4, 16), torch.randn(4, 16)
+    expected = (F.silu(gate).to(torch.bfloat16).float() * up).to(torch.bfloat16)
+    assert torch.equal(silu_mul(gate, up, torch.bfloat16), expected)
+    x = torch.linspace(-4, 4, 33)
+    y = xielu(x, XIELU)
+    pos = x > 0
+    torch.testing.assert_close(y[pos], XIELU.alpha_p * x[pos] ** 2 + XIELU.beta * x[pos])
+    torch.testing.assert_close(
+        y[~pos], (torch.expm1(x[~pos].clamp(max=XIELU.eps)) - x[~pos]) * XIELU.alpha_n
+        + XIELU.beta * x[~pos])

@@ -1,6 +1,7 @@
 """Triton backend on a CUDA GPU: real model shapes against the ref backend (cuBLAS, PyTorch),
 and a decode step captured in a CUDA graph that replays bit-identically to eager execution (the
-ops allocate nothing and never synchronize; the split-K counters re-arm themselves)."""
+ops allocate nothing once reserve_scratch has run and never synchronize; the split-K counters
+re-arm themselves)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 
 from tileinfer.backend.registry import get_backend
 from tileinfer.backend.sampling import SamplingParams, sample_host
-from tileinfer.testing.conformance import assert_close, fill_paged_step, make_weight, poisoned, rand
+from tileinfer.backend.types import QKTransform
+from tileinfer.testing.conformance import (assert_close, attention_step, fill_paged_step,
+                                           make_weight, poisoned, rand)
 
 pytestmark = pytest.mark.gpu
 
@@ -59,8 +62,9 @@ def test_decode_attention_long_context(ops, ref, kind, ctx):
     max_ctx = table.shape[1] * 16
     ws = ops.attention_workspace(1, 32, 128, max_ctx, q.device)
     out, exp = poisoned(q.shape, q.dtype, DEV), poisoned(q.shape, q.dtype, DEV)
-    ops.attention(out, q, *cache.pools(), cu, ctx_t, table, 1, max_ctx, 128 ** -0.5, True, ws)
-    ref.attention(exp, q, *cache.pools(), cu, ctx_t, table, 1, max_ctx, 128 ** -0.5, True, None)
+    step = attention_step(cu, ctx_t, table, 1, max_ctx)
+    ops.attention(out, q, cache.kv, step, 128 ** -0.5, True, ws)
+    ref.attention(exp, q, cache.kv, step, 128 ** -0.5, True, None)
     assert_close(out, exp)
 
 
@@ -68,11 +72,11 @@ def test_prefill_attention_2048(ops, ref):
     gen = torch.Generator().manual_seed(1)
     q, cache, cu, ctx_t, table = fill_paged_step([2048, 300], [2048, 700], 32, 8, 128, 16, "bf16",
                                                  DEV, gen)
-    max_ctx = table.shape[1] * 16
+    step = attention_step(cu, ctx_t, table, 2048, table.shape[1] * 16)
     for causal in (True, False):
         out, exp = poisoned(q.shape, q.dtype, DEV), poisoned(q.shape, q.dtype, DEV)
-        ops.attention(out, q, *cache.pools(), cu, ctx_t, table, 2048, max_ctx, 128 ** -0.5, causal, None)
-        ref.attention(exp, q, *cache.pools(), cu, ctx_t, table, 2048, max_ctx, 128 ** -0.5, causal, None)
+        ops.attention(out, q, cache.kv, step, 128 ** -0.5, causal, None)
+        ref.attention(exp, q, cache.kv, step, 128 ** -0.5, causal, None)
         assert_close(out, exp)
 
 
@@ -115,17 +119,18 @@ def test_decode_step_replays_in_a_cuda_graph(ops):
                 token=torch.empty(1, dtype=torch.int32, device=DEV))
     positions = (ctx_t - 1).clone()
     slots = (table[0, (ctx - 1) // page].long() * page + (ctx - 1) % page).reshape(1)
+    step_meta = attention_step(cu, ctx_t, table, 1, max_ctx, positions, slots)
+    qk = QKTransform(cos, sin)
     seed, counter = torch.tensor([7], device=DEV), torch.tensor([0], device=DEV)
+    ops.reserve_scratch(torch.device(DEV))  # as a model's new_buffers: before any capture
     ws = ops.attention_workspace(1, heads, hd, max_ctx, DEV)
 
     def step():
         b = bufs
         ops.add_rmsnorm(residual, b["x"], delta, norm_w, 1e-5)
         ops.linear(b["qkv"], b["x"], w["qkv"], None)
-        ops.attention_inputs(b["q"], *cache.pools(), b["qkv"], None, None, cos, sin, positions,
-                             slots, 1e-6)
-        ops.attention(b["attn"], b["q"], *cache.pools(), cu, ctx_t, table, 1, max_ctx,
-                      hd ** -0.5, True, ws)
+        ops.attention_inputs(b["q"], cache.kv, b["qkv"], qk, step_meta)
+        ops.attention(b["attn"], b["q"], cache.kv, step_meta, hd ** -0.5, True, ws)
         ops.linear(delta, b["attn"].view(1, heads * hd), w["o"], None)
         ops.add_rmsnorm(residual, b["x"], delta, norm_w, 1e-5)
         ops.linear_swiglu(b["mlp"], b["x"], w["gate_up"], None, None)

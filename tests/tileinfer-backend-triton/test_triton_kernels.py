@@ -1,7 +1,9 @@
 """Triton backend checks beyond the shipped conformance suite: every launch path the heuristics
 can choose (split-K on and off, unrolled and tensor-core GEMV, the tiled GEMM, split-KV on and
 off, odd GQA groups and head sizes, float32 models), the split-K counters re-arming between
-launches, and sampling token-identical to ``tileinfer.sampling`` over many seeds and counters.
+launches, sampling token-identical to ``tileinfer.backend.sampling`` over many seeds and
+counters, and the kernels that no op of the contract exposes (RoPE, the KV store, the
+standalone activations), launched directly against the ref backend's helpers.
 
 They run wherever the triton backend is available: under ``TRITON_INTERPRET=1`` on the CPU (CI,
 small shapes) and on a CUDA GPU.
@@ -9,21 +11,31 @@ small shapes) and on a CUDA GPU.
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 
 from tileinfer.backend.registry import BackendError, get_backend
 from tileinfer.backend.sampling import SamplingParams, accept_host, sample_host
 from tileinfer.testing.conformance import (
+    CACHE_KINDS,
     XIELU,
     Cache,
+    assert_cache_equal,
     assert_close,
+    attention_step,
     fill_paged_step,
     make_weight,
     poisoned,
+    qk_transform,
     rand,
     rope_tables,
 )
+from tileinfer_backend_ref.dense import silu_mul as ref_silu_mul
+from tileinfer_backend_ref.dense import xielu as ref_xielu
+from tileinfer_backend_ref.kv import rope as ref_rope
+from tileinfer_backend_ref.kv import store_kv as ref_store_kv
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +73,12 @@ def _linear_case(linear_mod, ref, device, m, k, n, int8, act, config):
     w, scale = make_weight(rows, k, device, int8)
     out = poisoned((m, n), torch.bfloat16, device)
     expected = poisoned((m, n), torch.bfloat16, device)
-    args = (0.0, 0.0, 0.0, 0.0) if act != linear_mod.ACT_XIELU else XIELU
+    args = (0.0, 0.0, 0.0, 0.0) if act != linear_mod.ACT_XIELU else astuple(XIELU)
     linear_mod.launch_linear(out, x, w, scale, act=act, act_args=args, config=config)
     if act == linear_mod.ACT_SWIGLU:
         ref.linear_swiglu(expected, x, w, scale, poisoned((m, rows), torch.bfloat16, device))
     elif act == linear_mod.ACT_XIELU:
-        ref.linear_xielu(expected, x, w, scale, *XIELU)
+        ref.linear_xielu(expected, x, w, scale, XIELU)
     else:
         ref.linear(expected, x, w, scale)
     assert_close(out, expected)
@@ -152,7 +164,7 @@ def test_attention_split_paths(triton_ops, ref, device, case, splits, kind):
         attention.launch_attention(out, q, *cache.pools(), cu, ctx, table, max(q_lens), max_ctx,
                                    hd ** -0.5, causal, ws,
                                    splits=3 if splits == "forced3" else None)
-        ref.attention(expected, q, *cache.pools(), cu, ctx, table, max(q_lens), max_ctx,
+        ref.attention(expected, q, cache.kv, attention_step(cu, ctx, table, max(q_lens), max_ctx),
                       hd ** -0.5, causal, None)
         assert_close(out, expected, what=f"causal={causal}")
 
@@ -166,8 +178,9 @@ def test_attention_float32_model(triton_ops, ref, device):
     max_ctx = table.shape[1] * 16
     ws = triton_ops.attention_workspace(q.shape[0], 4, 64, max_ctx, q.device)
     out, expected = poisoned(q.shape, q.dtype, device), poisoned(q.shape, q.dtype, device)
-    triton_ops.attention(out, q, *cache.pools(), cu, ctx, table, 6, max_ctx, 0.125, True, ws)
-    ref.attention(expected, q, *cache.pools(), cu, ctx, table, 6, max_ctx, 0.125, True, None)
+    step = attention_step(cu, ctx, table, 6, max_ctx)
+    triton_ops.attention(out, q, cache.kv, step, 0.125, True, ws)
+    ref.attention(expected, q, cache.kv, step, 0.125, True, None)
     assert_close(out, expected, dtype=torch.float16)
 
 
@@ -176,17 +189,82 @@ def test_attention_inputs_head_dim_96(triton_ops, ref, device):
     cache = Cache(4, page, kv_heads, hd, "int8-smooth", device)
     expected = cache.clone()
     qkv = rand((n, (heads + 2 * kv_heads) * hd), torch.bfloat16, device)
-    qn, kn = rand((hd,), torch.bfloat16, device) + 1, rand((hd,), torch.bfloat16, device) + 1
-    cos, sin = rope_tables(64, hd, device)
+    qk = qk_transform(hd, 64, device, qk_norm=True)
     pos = torch.arange(3, 3 + n, dtype=torch.int32).to(device)
     slots = torch.randperm(4 * page)[:n].to(device)
+    table = torch.arange(4, dtype=torch.int32, device=device)[None]  # one sequence, pages 0..3
+    step = attention_step(torch.tensor([0, n], dtype=torch.int32, device=device),
+                          torch.tensor([3 + n], dtype=torch.int32, device=device), table, n,
+                          3 + n, pos, slots)
     q_out, q_exp = poisoned((n, heads, hd), torch.bfloat16, device), poisoned((n, heads, hd), torch.bfloat16, device)
-    triton_ops.attention_inputs(q_out, *cache.pools(), qkv, qn, kn, cos, sin, pos, slots, 1e-6)
-    ref.attention_inputs(q_exp, *expected.pools(), qkv, qn, kn, cos, sin, pos, slots, 1e-6)
+    triton_ops.attention_inputs(q_out, cache.kv, qkv, qk, step)
+    ref.attention_inputs(q_exp, expected.kv, qkv, qk, step)
     assert_close(q_out, q_exp, what="queries")
-    page_idx, off = (slots // page).cpu(), (slots % page).cpu()
-    diff = (cache.k.cpu()[page_idx, off].int() - expected.k.cpu()[page_idx, off].int()).abs()
-    assert int(diff.max()) <= 1
+    assert_cache_equal(cache, expected, slots, page)
+
+
+# --- kernels behind no op: RoPE, the KV store, the standalone activations -----------------------
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "qkv-view"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("n,heads,head_dim", [(1, 4, 64), (7, 3, 128), (20, 8, 64), (3, 2, 96)])
+def test_rope_kernel(device, n, heads, head_dim, dtype, strided):
+    from tileinfer_backend_triton.kernels import rope_kv
+
+    torch.manual_seed(n + heads)
+    cos, sin = rope_tables(512, head_dim, device)
+    if strided:  # the query heads of a fused qkv row: (n, heads, head_dim) with a row stride
+        x = rand((n, heads + 2, head_dim), dtype, device)[:, :heads]
+    else:
+        x = rand((n, heads, head_dim), dtype, device)
+    positions = torch.randint(0, 512, (n,), dtype=torch.int32).to(device)
+    out = poisoned((n, heads, head_dim), dtype, device)
+    rope_kv.launch_rope(out, x, cos, sin, positions)
+    assert_close(out, ref_rope(x, cos, sin, positions).to(dtype))
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+@pytest.mark.parametrize("n,kv_heads,head_dim,page_size",
+                         [(1, 2, 64, 16), (13, 1, 128, 16), (40, 8, 64, 64), (5, 3, 96, 16)])
+def test_store_kv_kernel(device, kind, n, kv_heads, head_dim, page_size):
+    from tileinfer_backend_triton.kernels import rope_kv
+
+    torch.manual_seed(n + kv_heads)
+    num_pages = 2 * n // page_size + 4
+    cache = Cache(num_pages, page_size, kv_heads, head_dim, kind, device)
+    expected = cache.clone()
+    k = rand((n, kv_heads, head_dim), torch.bfloat16, device)
+    v = rand((n, kv_heads, head_dim), torch.bfloat16, device)
+    k[0] = 0  # an all-zero vector gets scale 1
+    slots = torch.randperm(num_pages * page_size)[:n].to(device)
+    rope_kv.launch_store_kv(*cache.pools(), k, v, slots)
+    ref_store_kv(expected.kv, k, v, slots)
+    assert_cache_equal(cache, expected, slots, page_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("n,inter", [(1, 64), (5, 300), (2, 2048)])
+def test_silu_mul_kernel(device, dtype, n, inter):
+    from tileinfer_backend_triton.kernels import activations
+
+    torch.manual_seed(n + inter)
+    gate_up = rand((n, 2 * inter), dtype, device, 2.0)
+    out = poisoned((n, inter), dtype, device)
+    activations.launch_silu_mul(out, gate_up)
+    assert_close(out, ref_silu_mul(gate_up[:, :inter], gate_up[:, inter:], dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("shape", [(1, 64), (9, 333), (2, 3, 40)])
+def test_xielu_kernel(device, dtype, shape):
+    from tileinfer_backend_triton.kernels import activations
+
+    torch.manual_seed(sum(shape))
+    x = rand(shape, dtype, device, 3.0)
+    out = poisoned(shape, dtype, device)
+    activations.launch_xielu(out, x, *astuple(XIELU))
+    assert_close(out, ref_xielu(x, XIELU).to(dtype))
 
 
 # --- sampling: token-identical to the host definition -------------------------------------------

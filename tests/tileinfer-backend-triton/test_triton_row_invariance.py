@@ -7,7 +7,7 @@ each row of a 5- or 8-token step alone and inside the step and require ``torch.e
 every op whose programs reduce across elements (linear and its fused epilogues with and without
 split-K, the norms, attention with several context lengths, some straddling a split boundary,
 and the fused attention inputs). Correctness against the ref backend is checked elsewhere
-(the conformance suite and tests/test_triton_kernels.py). Each is also run for a float32
+(the conformance suite and test_triton_kernels.py). Each is also run for a float32
 model, whose float32 outputs are not rounded to bf16: a different summation order shows there
 even where the bf16 rounding would hide it.
 
@@ -17,6 +17,8 @@ They run wherever the triton backend is available: under ``TRITON_INTERPRET=1`` 
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 
@@ -24,11 +26,12 @@ from tileinfer.backend.registry import BackendError, get_backend
 from tileinfer.testing.conformance import (
     XIELU,
     Cache,
+    attention_step,
     fill_paged_step,
     make_weight,
     poisoned,
+    qk_transform,
     rand,
-    rope_tables,
 )
 
 
@@ -78,7 +81,7 @@ def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, c
     w, scale = make_weight(2 * n if act == linear.ACT_SWIGLU else n, k, device, int8)
     if not int8:
         w = w.to(dtype)
-    args = XIELU if act == linear.ACT_XIELU else (0.0, 0.0, 0.0, 0.0)
+    args = astuple(XIELU) if act == linear.ACT_XIELU else (0.0, 0.0, 0.0, 0.0)
     step = poisoned((m, n), dtype, device)
     linear.launch_linear(step, x, w, scale, act=act, act_args=args, config=config)
     for i in range(m):
@@ -154,15 +157,16 @@ def test_attention_rows_alone_equal_rows_in_the_step(ops, device, step_shape, ki
     scale = hd ** -0.5
     ws = ops.attention_workspace(q_len, heads, hd, capacity, q.device)
     step = poisoned(q.shape, q.dtype, device)
-    ops.attention(step, q, *cache.pools(), cu, ctx, table, q_len, ctx_len, scale, True, ws)
+    ops.attention(step, q, cache.kv, attention_step(cu, ctx, table, q_len, ctx_len), scale, True,
+                  ws)
     ws1 = ops.attention_workspace(1, heads, hd, capacity, q.device)
     cu1 = torch.tensor([0, 1], dtype=cu.dtype).to(device)
     for i in range(q_len):
         ctx_i = ctx_len - q_len + i + 1
         alone = poisoned(q[i:i + 1].shape, q.dtype, device)
-        ops.attention(alone, q[i:i + 1].contiguous(), *cache.pools(), cu1,
-                      torch.tensor([ctx_i], dtype=ctx.dtype).to(device), table, 1, ctx_i, scale,
-                      True, ws1)
+        row_step = attention_step(cu1, torch.tensor([ctx_i], dtype=ctx.dtype).to(device), table,
+                                  1, ctx_i)
+        ops.attention(alone, q[i:i + 1].contiguous(), cache.kv, row_step, scale, True, ws1)
         assert_rows_equal(step[i:i + 1], alone, i, f"attention (row context {ctx_i})")
 
 
@@ -173,18 +177,24 @@ def test_attention_rows_alone_equal_rows_in_the_step(ops, device, step_shape, ki
 def test_attention_inputs_rows_alone_equal_rows_in_the_step(ops, device, kind):
     n, heads, kv_heads, hd, page = 5, 4, 2, 64, 16
     qkv = rand((n, (heads + 2 * kv_heads) * hd), torch.bfloat16, device)
-    qn, kn = rand((hd,), torch.bfloat16, device) + 1, rand((hd,), torch.bfloat16, device) + 1
-    cos, sin = rope_tables(64, hd, device)
+    qk = qk_transform(hd, 64, device, qk_norm=True)
     pos = torch.arange(11, 11 + n, dtype=torch.int32).to(device)
     slots = torch.randperm(4 * page)[:n].to(device)
     cache = Cache(4, page, kv_heads, hd, kind, device)
     alone_cache = cache.clone()  # the same smoothing factors
+    table = torch.arange(4, dtype=torch.int32, device=device)[None]  # one sequence, pages 0..3
+
+    def step_of(rows):
+        m = len(rows)
+        return attention_step(torch.tensor([0, m], dtype=torch.int32, device=device),
+                              pos[rows][-1:] + 1, table, m, int(pos[rows][-1]) + 1, pos[rows],
+                              slots[rows])
+
     step = poisoned((n, heads, hd), torch.bfloat16, device)
-    ops.attention_inputs(step, *cache.pools(), qkv, qn, kn, cos, sin, pos, slots, 1e-6)
+    ops.attention_inputs(step, cache.kv, qkv, qk, step_of(list(range(n))))
     for i in range(n):
         alone = poisoned((1, heads, hd), torch.bfloat16, device)
-        ops.attention_inputs(alone, *alone_cache.pools(), qkv[i:i + 1], qn, kn, cos, sin,
-                             pos[i:i + 1], slots[i:i + 1], 1e-6)
+        ops.attention_inputs(alone, alone_cache.kv, qkv[i:i + 1], qk, step_of([i]))
         assert_rows_equal(step[i:i + 1], alone, i, "attention_inputs queries")
     page_idx, off = (slots // page).cpu(), (slots % page).cpu()
     for name in ("k", "v", "k_scale", "v_scale"):

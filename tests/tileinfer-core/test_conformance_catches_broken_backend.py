@@ -6,8 +6,7 @@ pytest_plugins = ["pytester"]
 
 TOY = """
 import torch
-from tileinfer.backend.registry import BackendInfo, registry
-from tileinfer.backend.hookspecs import hookimpl
+from tileinfer.backend import BackendInfo, get_backend, hookimpl, registry
 
 
 class Toy:
@@ -20,8 +19,9 @@ class Toy:
         out.copy_(x * weight)  # forgets to normalize
 
     @hookimpl
-    def silu_mul(self, out, gate_up):
-        out[:-1] = 0  # leaves the last row unwritten
+    def linear_swiglu(self, out, x, weight, weight_scale, gate_up):
+        get_backend("ref").linear_swiglu(out, x, weight, weight_scale, gate_up)
+        out[-1] = float("nan")  # as if the last row were left unwritten
 
     @hookimpl
     def linear(self, out, x, weight, weight_scale):
@@ -31,6 +31,12 @@ class Toy:
             y = y.to(x.dtype)
         out.copy_(y.to(out.dtype))  # correct
 
+    @hookimpl
+    def attention_with_inputs(self, out, q_out, kv, qkv, qk, step, scale, causal, workspace):
+        ref = get_backend("ref")
+        ref.attention_inputs(q_out, kv, qkv, qk, step)
+        ref.attention(out, q_out, kv, step, 0.5 * scale, causal, workspace)  # the wrong scale
+
 
 registry().register(Toy())
 """
@@ -39,11 +45,17 @@ registry().register(Toy())
 def test_broken_toy_backend_fails_conformance(pytester):
     pytester.makeconftest(textwrap.dedent(TOY))
     pytester.makepyfile(test_suite="from tileinfer.testing.conformance import *\n")
-    result = pytester.runpytest("--tileinfer-backend", "toy", "-k", "rmsnorm or silu_mul or linear",
-                                "-p", "no:randomly", "-q")
+    result = pytester.runpytest("--tileinfer-backend", "toy", "-k",
+                                "rmsnorm or linear or attention_with_inputs", "-p", "no:randomly",
+                                "-q")
     outcomes = result.parseoutcomes()
-    # Every rmsnorm and silu_mul case fails; the correct linear cases pass.
-    result.stdout.fnmatch_lines(["*FAILED*test_rmsnorm*", "*FAILED*test_silu_mul*"])
-    assert outcomes.get("failed", 0) >= 10 + 6
-    assert outcomes.get("passed", 0) >= 20
-    assert not [line for line in result.outlines if "FAILED" in line and "test_linear[" in line]
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    # Every rmsnorm (12) and linear_swiglu (6) case fails; attention_with_inputs fails wherever
+    # the scale matters: every case but the first token's (context 1), 48 of 60.
+    assert sum("test_rmsnorm[" in line for line in failed) == 12
+    assert sum("test_linear_swiglu[" in line for line in failed) == 6
+    assert sum("test_attention_with_inputs[" in line for line in failed) == 48
+    # The correct ops and the ref fallbacks pass: linear, linear_xielu, add_rmsnorm.
+    assert not [line for line in failed if "test_linear[" in line or "test_add_rmsnorm" in line]
+    assert outcomes.get("passed", 0) >= 28 + 1 + 6 + 6 + 12
+    assert outcomes.get("skipped", 0) == 0  # the toy implements attention_with_inputs itself

@@ -1,13 +1,15 @@
 """TileInfer backend of Triton kernels.
 
-Every op of ``tileinfer.hookspecs`` is a thin wrapper here around a launcher in ``kernels/``
-(one op family per module, the kernel beside its launcher). All ops write into the given
-outputs, allocate nothing on the hot path and never synchronize with the host, so a step can be
-captured in a CUDA graph; the only device memory the backend owns is the split-K scratch of the
-linear kernels and the split argmax's scratch of the sampler (each allocated once per device, at
-``attention_workspace`` time or first use) and the attention workspace that
+Every op of ``tileinfer.backend.hookspecs`` except the optional ``attention_with_inputs`` is a
+thin wrapper here around a launcher in ``kernels/`` (one op family per module, the kernel beside
+its launcher; the launchers take plain tensors, the wrappers unpack the grouped arguments). All
+ops write into the given outputs, allocate nothing on the hot path and never synchronize with the
+host, so a step can be captured in a CUDA graph. The device memory the backend owns: the split-K
+scratch of the linear kernels and the split argmax's scratch of the sampler (each allocated once
+per device, by ``reserve_scratch`` or on first use) and the attention workspace that
 ``attention_workspace`` returns. On Hopper the decode-path kernels use programmatic dependent
-launch (kernels/common.py; ``TILEINFER_TRITON_PDL=0`` turns it off).
+launch (kernels/common.py; ``TILEINFER_TRITON_PDL=0`` turns it off). docs/triton-kernels.md
+describes the kernels' design.
 
 On a machine without a CUDA GPU it is available only under Triton's interpreter
 (``TRITON_INTERPRET=1``, which CI uses to check the kernels on the CPU).
@@ -17,8 +19,7 @@ from __future__ import annotations
 
 import os
 
-from tileinfer.backend.registry import BackendInfo
-from tileinfer.backend.hookspecs import hookimpl
+from tileinfer.backend import BackendInfo, hookimpl
 
 
 def _availability():
@@ -37,19 +38,20 @@ def _availability():
 _AVAILABLE, _REASON, _DEVICES = _availability()
 
 if _AVAILABLE:
+    import torch
+
     from .kernels import attention as _attention
     from .kernels import embed as _embed
     from .kernels import linear as _linear
     from .kernels import norms as _norms
     from .kernels import rope_kv as _rope_kv
     from .kernels import sampling as _sampling
-    from .kernels.activations import launch_silu_mul, launch_xielu
 
 NOTES = {
     "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
     "attention": "paged FlashAttention-2 kernel, GQA heads packed per KV head, split-KV "
                  "(flash-decoding) for decode steps",
-    "attention_with_inputs": "attention_inputs + attention (two kernels)",
+    "attention_inputs": "one kernel: q/k RMSNorm, RoPE and the k/v store (bf16 or INT8) per token",
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
 }
@@ -86,58 +88,37 @@ if _AVAILABLE:
         _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU)
 
     @hookimpl
-    def linear_xielu(out, x, weight, weight_scale, alpha_p, alpha_n, beta, eps):
+    def linear_xielu(out, x, weight, weight_scale, xielu):
         _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
-                              act_args=(alpha_p, alpha_n, beta, eps))
+                              act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps))
 
     @hookimpl
-    def silu_mul(out, gate_up):
-        launch_silu_mul(out, gate_up)
-
-    @hookimpl
-    def xielu(out, x, alpha_p, alpha_n, beta, eps):
-        launch_xielu(out, x, alpha_p, alpha_n, beta, eps)
-
-    @hookimpl
-    def rope(out, x, cos, sin, positions):
-        _rope_kv.launch_rope(out, x, cos, sin, positions)
-
-    @hookimpl
-    def store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots):
-        _rope_kv.launch_store_kv(k_cache, v_cache, k_scale, v_scale, k_smooth, k, v, slots)
-
-    @hookimpl
-    def attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
-                         cos, sin, positions, slots, eps):
-        _rope_kv.launch_attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv,
-                                         q_norm, k_norm, cos, sin, positions, slots, eps)
+    def attention_inputs(q_out, kv, qkv, qk, step):
+        _rope_kv.launch_attention_inputs(q_out, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale,
+                                         kv.k_smooth, qkv, qk.q_norm, qk.k_norm, qk.cos, qk.sin,
+                                         step.positions, step.slots, qk.norm_eps)
 
     @hookimpl
     def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
-        # Called once by a model runner before it captures graphs: reserve the linear kernels'
-        # split-K scratch on this device at the same time.
-        _linear.reserve_scratch(device)
-        _sampling.reserve_scratch(device)
         return _attention.workspace(num_tokens, num_heads, head_dim, max_context_len, device)
 
     @hookimpl
-    def attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q, context_lens,
-                  block_table, max_query_len, max_context_len, scale, causal, workspace):
-        _attention.launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth,
-                                    cu_seqlens_q, context_lens, block_table, max_query_len,
-                                    max_context_len, scale, causal, workspace)
+    def attention(out, q, kv, step, scale, causal, workspace):
+        _attention.launch_attention(out, q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale,
+                                    kv.k_smooth, step.cu_seqlens_q, step.context_lens,
+                                    step.block_table, step.max_query_len, step.max_context_len,
+                                    scale, causal, workspace)
 
     @hookimpl
-    def attention_with_inputs(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv,
-                              q_norm, k_norm, cos, sin, positions, slots, eps, cu_seqlens_q,
-                              context_lens, block_table, max_query_len, max_context_len, scale,
-                              causal, workspace):
-        # Not fused: the two kernels above, one after the other.
-        attention_inputs(q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, qkv, q_norm, k_norm,
-                         cos, sin, positions, slots, eps)
-        attention(out, q_out, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
-                  context_lens, block_table, max_query_len, max_context_len, scale, causal,
-                  workspace)
+    def reserve_scratch(device):
+        # Once per device (later calls find it): the linear kernels' split-K partials and
+        # counters, and the split argmax's partials and counters of the sampler. The scratch is
+        # keyed by the device of the launches' tensors, which always has an index ("cuda:0").
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        _linear.reserve_scratch(device)
+        _sampling.reserve_scratch(device)
 
     @hookimpl
     def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):

@@ -1,7 +1,9 @@
 """Elementwise activations: SwiGLU's ``silu(gate) * up`` and Apertus' xIELU.
 
-Both are also fused into the linear kernels' epilogues (see linear.py); these standalone kernels
-serve models that call them on their own. Grid: (rows, column blocks).
+The ``*_math`` functions are the linear kernels' fused epilogues (linear.py). The standalone
+kernels are behind no op of the contract (the ops fuse them); their launchers remain for code
+that needs the activation alone and are tested against the ref backend. Grid: (rows, column
+blocks).
 """
 
 from __future__ import annotations

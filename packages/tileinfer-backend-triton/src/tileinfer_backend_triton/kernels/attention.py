@@ -1,49 +1,18 @@
 """Paged grouped-query attention: one FlashAttention-2 style kernel for decode and prefill steps,
-with flash-decoding's split-KV for long contexts, and the small kernel that combines the splits.
+with flash-decoding's split-KV, and the kernel that combines the splits.
 
-Work decomposition. A program owns one (sequence, kv head) pair, a block of BLOCK_Q query rows
-of that sequence and (split-KV) one chunk of its cached positions. The GQA group's query heads
-are packed into the M dimension of the tiles: row ``r`` of a [BLOCK_M, head_dim] query tile is
-query row ``r // group`` at head ``kv_head * group + r % group``, so each K/V page is read once
-per group, not once per query head. Decode (one query row, group 4) fills 4 of 16 rows of the
-smallest tensor-core tile; the kernel is memory-bound there, the padding costs nothing. Prefill
-tiles hold BLOCK_M = 128 rows (32 positions x 4 heads), and a causal program stops at its last
-row's position.
+A program owns one (sequence, kv head), BLOCK_Q query rows and (split-KV) one chunk of the cached
+positions. The GQA group is packed into the tile's M dimension: tile row ``r`` is query row
+``r // group`` at head ``kv_head * group + r % group``, so each K/V page is read once per group.
+Position j lives at offset ``j % page_size`` of page ``block_table[b, j // page_size]``;
+positions past a sequence's context are masked, never read. Online softmax in float32 with exp2
+(log2(e) folded into the scale); P rounded to the activation dtype for P @ V.
 
-KV pages are gathered per BLOCK_N positions through the block table (position j lives at offset
-``j % page_size`` of page ``block_table[b, j // page_size]``); positions past a sequence's
-context are masked and never read, so padding pages are never touched. Softmax is the online
-(running max / running sum) form in float32 with base-2 exponentials (log2(e) folded into the
-scale); P is rounded to bf16 for the P @ V product, as FlashAttention does.
-
-Split-KV (flash-decoding, Dao et al. 2023): at decode there are only batch x kv_heads (e.g. 8)
-programs per layer, far fewer than the 132 SMs; splitting each sequence's positions into chunks
-of at least MIN_CHUNK gives SPLITS_PER_SM programs per SM (also at short contexts: one program
-walking 256 positions page gather after page gather is latency-bound). Each split writes its
-unnormalized output, running max and sum to the workspace; ``_combine_kernel`` rescales and sums
-them (a separate kernel: combining in the last split program to arrive serialized the rows and
-cost ~10 us per call on an H200). The workspace comes from the ``attention_workspace`` hook,
-allocated once.
-
-Row invariance (steps of up to ROW_INVARIANT_MAX_Q = 8 query rows per sequence: decode, and the
-verify steps of speculative decoding). Greedy speculative decoding emits exactly plain greedy's
-tokens only if a verify step computes each row bit for bit as a 1-row decode step of that row
-would. So these steps use one query row per program (BLOCK_Q = 1: the tile holds the row's GQA
-group, exactly the decode tile), and each program derives its split partition on the device
-from its own row's visible length (``pos + 1`` when causal): the number of splits is
-``min(split_target, cdiv(visible, MIN_CHUNK))`` with a split target that depends only on the
-batch and the heads, never on the step's rows or on the longest context. Splits past a row's
-own count write empty partials (max -inf, sum 0), which the combine adds as exact zeros; the
-combine kernel is compiled for the workspace's capacity of splits, not for the step's, so its
-reduction tree is the same for every step. Longer steps (prefill) keep the tiles of several
-query rows.
-
-INT8 pages: keys/values are int8 with one float32 scale per cached vector; keys may carry
-per-channel smoothing ``key = smooth * scale * k8``. Smoothing is folded into the query
-(``q . (smooth * k) = (q * smooth) . k``); the smoothed query is split into a bf16 high and low
-part so the int8 keys (exact in bf16) still go through the tensor cores without losing the
-query's float32 precision. The key scale multiplies the score column, the value scale the
-probabilities before P @ V.
+Steps of up to ROW_INVARIANT_MAX_Q rows per sequence run one row per program, each deriving its
+split partition from its own visible length, so a verify row equals the decode step of that row
+bit for bit. INT8 pages: key smoothing is folded into the query (kept as a bf16 hi + lo pair),
+the key scale multiplies the scores, the value scale the probabilities.
+docs/triton-kernels.md has the design and its reasons.
 """
 
 from __future__ import annotations
@@ -65,11 +34,8 @@ SPLIT_MAX_TOKENS = 64
 MAX_SPLITS = 64
 MIN_CHUNK = 64
 WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks try others)
-# Split-KV target in programs per SM (H200 sweep of benchmarks/ops.py, 2026-11-30, llama3-8b
-# decode shapes): bf16 pages 4 (32k: 40 us = 80% of copy, against 53 us with 2; 8k: 15.5 against
-# 18.6 us), INT8 pages 2 with 128-position tiles (their conversions make more programs per SM
-# no faster). Splits of MIN_CHUNK = 64 positions also help short contexts (256 positions: 6.1
-# against 8.8 us unsplit; 1024: 8.3 against 12.4 us with splits of 256).
+# Split-KV target in programs per SM, by INT8 pages (from benchmarks/ops.py's sweep; the figures
+# are in benchmarks/RESULTS.md).
 SPLITS_PER_SM = {False: 4, True: 2}
 
 

@@ -155,16 +155,11 @@ def tl_dtype(dtype: torch.dtype):
 
 # --- programmatic dependent launch ------------------------------------------------------------
 #
-# In a CUDA graph of back-to-back kernels each boundary costs the drain of one kernel and the
-# launch and ramp-up of the next (a few microseconds: at batch 1 a decode step is ~150 kernels).
-# With programmatic dependent launch (Hopper) a kernel launched with ``launch_pdl`` may start
-# while the previous one is still running: it must call ``pdl_wait()`` (PTX griddepcontrol.wait)
-# before it reads what an earlier kernel wrote or writes what one reads; that returns once the
-# previous grid has completed and its memory is visible (so, every kernel waiting, once every
-# earlier kernel has). Work that depends on no earlier kernel, like loading a GEMV's weights, can
-# come before the wait. ``pdl_launch_dependents()`` lets the next kernel launch once every
-# program of this one has called it (or exited). Both are no-ops in a kernel launched without
-# the attribute.
+# A kernel launched with ``launch_pdl`` (Hopper) may start while the previous one still runs: it
+# calls ``pdl_wait()`` (griddepcontrol.wait) before it touches what an earlier kernel writes or
+# reads, and ``pdl_launch_dependents()`` to let the next kernel launch. Work that depends on no
+# earlier kernel (a GEMV's first weight tiles) may come before the wait. Both are no-ops in a
+# kernel launched without the attribute. docs/triton-kernels.md has more.
 
 PDL_SUPPORTED = False  # griddepcontrol needs sm_90 (and a GPU: never under the interpreter)
 if not INTERPRET_MODE:

@@ -1,55 +1,43 @@
 """Linear layers: ``out = epilogue(x @ W.T)`` for bf16/fp16/fp32 and INT8 weights.
 
 Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
-and the fused SwiGLU / xIELU activations):
+the fused SwiGLU / xIELU activations):
 
-* ``_gemv_kernel``, decode and verify steps (1..16 tokens). Batch-1 decode reads every weight
-  once per token, so
-  this kernel is designed from the memory bound: each program streams a [BLOCK_N, BLOCK_K] tile of
-  weight rows per iteration with 16-byte vector loads (K is the contiguous axis; rows past N are
-  clamped rather than masked so the loads stay unpredicated), and there are enough programs to
-  keep every SM's memory pipeline full. A token row accumulates ``w * x`` elementwise in a
-  [BLOCK_N, BLOCK_K] float32 register tile and reduces once at the end (no per-iteration
-  shuffles). Up to ROW_INVARIANT_MAX_M = 8 tokens (decode, and the verify steps of speculative
-  decoding) every row gets its own programs running exactly this code: grid axis 0 is the row,
-  so a row's K order, split-K partition and fixup order do not depend on how many rows the step
-  has, and a verify step reproduces a 1-token step's logits bit for bit (greedy speculative
-  decoding then emits exactly plain greedy's tokens). The programs of the rows of one weight tile
-  are adjacent in launch order, so the rows share the tile's DRAM read through L2. 9..16 tokens
-  use ``tl.dot`` with the tokens padded to 16 rows (the tensor cores are idle otherwise; the
-  weight read is what costs). Where the output is narrow (e.g. 4096 rows on
-  132 SMs) the reduction axis is split (split-K) so more programs stream the weight at once; the
-  partial sums are combined by the last program to arrive at each output tile (an arrival
-  counter, as in CUTLASS's serial split-K / Stream-K fixup): it sums the partials in a fixed
-  order (deterministic, unlike float atomics), runs the epilogue and re-arms the counter, so no
-  second kernel and no memset are needed, and a CUDA graph can replay it.
-  SwiGLU keeps a gate row block and the matching up row block (rows ``n`` and ``inter + n`` of the
-  stacked weight) in the same program, so the activation is applied in registers.
-* ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse,
-  software-pipelined K loop; Triton emits wgmma on Hopper), with the same epilogue.
+* ``_gemv_kernel``, decode and verify steps (1..16 tokens), built around the weight read: each
+  program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
+  masked) and accumulates ``w * x`` in a float32 register tile, reduced once at the end. Up to
+  ROW_INVARIANT_MAX_M tokens every row runs the 1-token code on its own programs (grid axis 0),
+  so a verify step's rows equal decode steps bit for bit; 9..16 tokens use ``tl.dot`` on rows
+  padded to 16. Narrow outputs split K; the last program to arrive at a tile (an arrival
+  counter) sums the partials in split order, runs the epilogue and re-arms the counter.
+  SwiGLU takes gate rows ``n`` and up rows ``inter + n`` in the same program.
+* ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
-Roundings (as the ref backend and transformers): a float weight's product is rounded to x's dtype
-(F.linear's output) before anything else; an INT8 weight's float32 product is scaled and rounded
-once. SwiGLU rounds gate and up to x's dtype, silu(gate) to out's dtype, then the product.
+Roundings (as the ref backend): a float weight's product is rounded to x's dtype first; an INT8
+weight's float32 product is scaled and rounded once. SwiGLU rounds gate and up to x's dtype,
+silu(gate) to out's dtype, then the product. The launch configuration (tiles, the per-shape
+GEMV table, split-K and its scratch) is in linear_config.py; docs/triton-kernels.md has the
+design.
 """
 
 from __future__ import annotations
-
-import threading
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .activations import silu_mul_math, xielu_math
-from .common import (INTERPRET_MODE, cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents,
-                     pdl_wait, sm_count)
+from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents, pdl_wait,
+                     sm_count)
+# The launch configuration is in linear_config; its names are this module's too.
+from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
+                            SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, gemm_config,
+                            gemv_config, reserve_scratch, split_k_for)
 
-ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
-SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
-# Up to this many tokens every row runs the 1-token GEMV code (row-invariant results, see above).
-ROW_INVARIANT_MAX_M = 8
+__all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "ROW_INVARIANT_MAX_M", "SCRATCH",
+           "SKINNY_MAX_M", "GemmConfig", "GemvConfig", "gemm_config", "gemv_config",
+           "launch_linear", "reserve_scratch", "split_k_for"]
+
 
 
 @triton.jit
@@ -186,9 +174,9 @@ def _gemv_kernel(
         part_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         part_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if INT8:
-            # INT8: the UNROLL tiles of a step are loaded, then multiplied. (The bf16 loop
-            # below measured 15-30% slower for INT8 weights on the H200: its extra registers
-            # cost the occupancy that hides the int8 -> float conversions.)
+            # INT8: the UNROLL tiles of a step are loaded, then multiplied (the prefetching
+            # loop below is slower here: its registers cost the occupancy that hides the
+            # int8 -> float conversions).
             pdl_launch_dependents(PDL)
             pdl_wait(PDL)
             for k0 in range(k_lo, k_hi, STEP):
@@ -308,142 +296,7 @@ def _gemm_kernel(
                     alpha_p, alpha_n, beta, eps, ACT, INT8, ROUND_X, x_ty)
 
 
-# --- launch configuration --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    block_n: int
-    block_k: int
-    split_k: int = 0  # 0: chosen from the shape (see _split_k)
-    num_warps: int = 4
-    num_stages: int = 3
-    unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
-    dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    num_warps: int = 8
-    num_stages: int = 3
-
-
-# Per-shape GEMV tiles for 1..ROW_INVARIANT_MAX_M tokens, (n_out, k, int8, act) -> GemvConfig,
-# over gemv_config's defaults (benchmarks/ops.py's sweep prints its winners in this form): the
-# H200 sweep of 2026-11-30 (session 3), where the winner beat the default by more than 2%.
-# n_out of a SwiGLU entry (act 1) is the intermediate size; a program takes block_n gate rows
-# and the block_n up rows that go with them.
-_G = GemvConfig
-GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
-    # llama3-8b, bf16 (us: default -> entry)
-    (6144, 4096, False, 0): _G(8, 256, unroll=2),  # qkv 15.28 -> 12.95
-    (14336, 4096, False, 1): _G(4, 256, unroll=2),  # gate_up 60.00 -> 56.16
-    (128256, 4096, False, 0): _G(4, 1024, unroll=2),  # lm_head 240.32 -> 229.94
-    # llama3-8b, int8 (session 4 sweep, int8 rows loaded in the sums' layout: best us)
-    (6144, 4096, True, 0): _G(4, 1024, unroll=2),  # qkv 10.60
-    (4096, 4096, True, 0): _G(4, 1024, unroll=2),  # o 8.00
-    (14336, 4096, True, 1): _G(4, 1024, unroll=2),  # gate_up 40.53
-    (4096, 14336, True, 0): _G(4, 1024, unroll=2),  # down 22.23
-    (128256, 4096, True, 0): _G(4, 1024, unroll=2),  # lm_head 152.77
-    # llama3.2-1b, bf16
-    (3072, 2048, False, 0): _G(4, 512, unroll=2),  # qkv 5.04 -> 4.39
-    (2048, 2048, False, 0): _G(4, 1024, unroll=2),  # o 4.72 -> 3.34
-    (2048, 8192, False, 0): _G(4, 1024, unroll=2),  # down 10.56 -> 9.58
-    (128256, 2048, False, 0): _G(8, 1024, unroll=1),  # lm_head 122.08 -> 116.77
-    # llama3.2-1b, int8 (session 4 sweep: best us)
-    (3072, 2048, True, 0): _G(4, 1024, unroll=2),  # qkv 4.85
-    (2048, 2048, True, 0): _G(4, 1024, unroll=2),  # o 3.65
-    (8192, 2048, True, 1): _G(4, 1024, unroll=2),  # gate_up 14.86
-    (2048, 8192, True, 0): _G(8, 1024, split_k=2, unroll=2),  # down 9.12
-    (128256, 2048, True, 0): _G(4, 1024, unroll=2),  # lm_head 87.15
-}
-
-
-def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
-    """Default GEMV tiles, picked from the H200 sweep of benchmarks/ops.py (rows ``sweep:*``,
-    llama3-8b and llama3.2-1b decode shapes, 2026-11-30).
-
-    The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows must
-    run exactly the 1-token code). One token row: ~4K weight elements per program per K tile
-    (16-byte loads, a float32 accumulator of 32 registers a thread, no spills on sm_90), two
-    tiles in flight (UNROLL = 2; UNROLL = 1 was 5-20% slower everywhere). Narrow, long tiles won
-    the sweep: [8 x 512] for bf16 and int8 (int8 o / down / LM head 10-20% faster than
-    [16 x 512] with 8 warps, bf16 o and down 5-8% faster than [16 x 256], others within 1%);
-    SwiGLU, whose programs hold a gate and an up row block, [8 x 256] bf16 / [4 x 512] int8 with
-    4 warps (6-10% faster than 8 warps of [16 x 256] / [8 x 512]). 9..16 tokens: tensor-core
-    tiles [16 x 32 x 128] (bf16) / [16 x 32 x 256] (int8), 4 cp.async stages."""
-    if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
-        return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
-                          unroll=2 if k >= 512 else 1)
-    if m <= ROW_INVARIANT_MAX_M:
-        entry = None if f32 else GEMV_TABLE.get((n, k, int8, act))
-        if entry is not None:
-            return entry
-        if f32:
-            return GemvConfig(block_n=16, block_k=128, num_warps=4)
-        if act == ACT_SWIGLU:
-            if int8:
-                return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
-            return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
-        return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
-    return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
-
-
-def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
-    if INTERPRET_MODE:
-        return GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=1)
-    if f32:
-        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
-    block_m = 64 if m <= 64 else 128
-    block_n = 64 if act == ACT_SWIGLU else 128
-    return GemmConfig(block_m=block_m, block_n=block_n, block_k=64, num_warps=8 if block_m == 128
-                      else 4, num_stages=4 if act != ACT_SWIGLU else 3)
-
-
-def _split_k(tiles: int, k: int, block_k: int, sms: int) -> int:
-    """Split K until there are ~2 programs per SM, each with at least one BLOCK_K of work."""
-    split = 1
-    while tiles * split < 2 * sms and split < 8 and k >= 2 * split * block_k:
-        split *= 2
-    return split
-
-
-class _SplitKScratch:
-    """Per-device split-K scratch: float32 partial sums and per-tile arrival counters (zero
-    between launches: the last program of each tile re-arms its counter). Allocated once per
-    device, on first use or from ``reserve`` (the attention_workspace hook calls it, so a model
-    runner allocates it before capturing graphs); never grown: a launch that needs more than
-    it holds runs without split-K."""
-
-    PARTIALS = 1 << 21  # floats (8 MiB)
-    COUNTERS = 1 << 15
-
-    def __init__(self):
-        self._by_device = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: torch.device):
-        key = (device.type, device.index)
-        buffers = self._by_device.get(key)
-        if buffers is None:
-            with self._lock:
-                buffers = self._by_device.get(key)
-                if buffers is None:
-                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=device),
-                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=device))
-                    self._by_device[key] = buffers
-        return buffers
-
-
-SCRATCH = _SplitKScratch()
-
-
-def reserve_scratch(device: torch.device):
-    SCRATCH.get(torch.device(device))
+# --- launch ------------------------------------------------------------------------------------
 
 
 def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0, 0.0, 0.0),
@@ -472,7 +325,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
         # The split depends on the tiles of one row only, never on m (row invariance).
-        split = cfg.split_k or _split_k(tiles, k, step, sm_count(x.device))
+        split = cfg.split_k or split_k_for(tiles, k, step, sm_count(x.device))
         k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
         row_programs = m if block_m == 1 else 1

@@ -1,11 +1,12 @@
-"""RoPE, the paged KV store (bf16 or INT8 per-vector with key smoothing) and the fused
-attention-inputs op (per-head q/k RMSNorm + RoPE + k/v written into the pages).
+"""The ``attention_inputs`` op (per-head q/k RMSNorm + RoPE + k/v written into the pages, bf16 or
+INT8 per vector with key smoothing), and standalone RoPE and KV-store kernels (behind no op of
+the contract; their launchers remain for code that needs them alone and are tested against the
+ref backend).
 
 One program per token handles all of its heads: every vector is held as its two halves
 [heads, head_dim / 2], which is what the "rotate half" RoPE pairing of Llama/Qwen needs
 (``out[i] = x[i] c - x[i + h] s``, ``out[i + h] = x[i + h] c + x[i] s``). The fused op reads the
-token's qkv row once and writes the rotated queries and the cached keys/values: at decode this
-replaces five launches (two norms, two ropes, a store) with one.
+token's qkv row once and writes the rotated queries and the cached keys/values in one launch.
 
 INT8 pages (SmoothQuant-style keys): a key is first divided by its per-channel smoothing factors,
 then every vector gets ``scale = max|v| / 127`` (1 for an all-zero vector) and

@@ -1,29 +1,13 @@
-"""Device sampling and the p/q acceptance rule, token for token as ``tileinfer.sampling``.
+"""Device sampling and the p/q acceptance rule, token for token as ``tileinfer.backend.sampling``.
 
-One program per logit row walks the vocabulary in BLOCK-wide chunks (a 128256-entry row is
-0.5 MB and stays in L2 across the passes). Greedy and plain temperature sampling (no top-k /
-top-p, no probabilities) need one pass only, which one program makes in ~17 us; they split the
-row over many programs instead (``_argmax_split_kernel``): each takes the argmax of its chunk and
-the last to arrive picks among the chunks in order (earlier chunks win ties, so the token is the
-same first index of the maximum).
-
-* greedy: one pass of argmax (first index on ties, as torch.argmax);
-* temperature: ``s = logits * float32(1 / temperature)`` (one multiply, as the host);
-* top-k: the threshold ``t_k`` = the largest int key with ``count(key >= t_k) >= k``, found by
-  32 bisection steps over the int32 order keys of s (``_order_key`` of tileinfer.sampling: the
-  float32 bits, negatives with their magnitude bits flipped), each step one counting pass: no
-  sort of the vocabulary;
-* top-p: ``need = top_p * sum(kept exp(s - max))``, then the largest key ``t_p`` whose upper set
-  holds at least ``need``, by the same 32-step bisection on masked sums (each sum is taken in the
-  same fixed order, so it is monotone in the threshold and the bisection is exact for it);
-* the token: Gumbel-max over the kept set, ``argmax(s + g)``, with ``g = -log(-log(u))`` and ``u``
-  from the counter-based hash (``mix32``, lowbias32) in uint32 arithmetic, which is what the host's
-  int64 ``(x * C) & 0xFFFFFFFF`` computes.
-
-Host and device agree bit for bit on s, the keys, the hash and u; exp/log are the correctly
-rounded libdevice functions. Sums are taken in a different order than torch's, so a top-p
-threshold whose cumulative mass ties ``need`` to float32 rounding, or two Gumbel scores that tie
-to an ulp, may pick differently (about one token in a million, as the host module says).
+One program per logit row walks the vocabulary in BLOCK-wide chunks. Greedy and plain
+temperature sampling (one pass, no probabilities) split the row over many programs instead
+(``_argmax_split_kernel``; the last to arrive picks among the chunks, earlier chunks winning
+ties). s = logits * float32(1 / temperature); top-k and top-p thresholds are found by 32
+bisection steps over the int32 order keys of s (no sort), each step one counting or masked-sum
+pass; the token is Gumbel-max over the kept set with the counter-based hash (lowbias32) in
+uint32 arithmetic. Host and device agree bit for bit on s, the keys, the hash and u; sums are
+taken in another order than torch's (docs/triton-kernels.md says what that can change).
 """
 
 from __future__ import annotations
@@ -36,43 +20,10 @@ import triton.language as tl
 
 from .common import (INTERPRET_MODE, exact_exp, exact_log, next_pow2, pdl_args,
                      pdl_launch_dependents, pdl_wait)
-
-_MUL1 = tl.constexpr(0x7FEB352D)
-_MUL2 = tl.constexpr(0x1B873593)
-_GOLDEN = tl.constexpr(0x9E3779B9)
-ACCEPT_SALT = tl.constexpr(0xFFFFFFFF)  # tileinfer.sampling.ACCEPT_SALT
-
-
-@triton.jit
-def _mix32(x):
-    """lowbias32 on uint32 (wrapping products)."""
-    x = x ^ (x >> 16)
-    x = x * tl.full([], _MUL1, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full([], _MUL2, tl.uint32)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _stream_key(seed_ptr, counter_ptr, rows):
-    """The 32-bit key of stream (seed, counter + row), as tileinfer.sampling.stream_key."""
-    seed = tl.load(seed_ptr)
-    counter = tl.load(counter_ptr) + rows
-    key = _mix32(seed.to(tl.uint32) ^ tl.full([], _GOLDEN, tl.uint32))
-    key = _mix32(key ^ (seed >> 32).to(tl.uint32))
-    return _mix32(key ^ counter.to(tl.uint32))
-
-
-@triton.jit
-def _uniform(key, index):
-    """float32 uniform in (0, 1) for (key, index), index uint32: (bits23 + 0.5) / 2**23."""
-    bits = _mix32(_mix32(key ^ index)) >> 9
-    return (bits.to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-
-
-@triton.jit
-def _gumbel(key, offs):
-    return -exact_log(-exact_log(_uniform(key, offs.to(tl.uint32))))
+from .rng import ACCEPT_SALT
+from .rng import gumbel as _gumbel
+from .rng import stream_key as _stream_key
+from .rng import uniform as _uniform
 
 
 @triton.jit
@@ -326,7 +277,8 @@ SAMPLE_BLOCK = 8192  # vocabulary entries per chunk on the GPU (16 per thread ov
 
 def _tiles(n: int, vocab: int):
     """(ROWS, BLOCK, num_warps). GPU: one row per program (rows run on different SMs), 8192-wide
-    chunks over 16 warps (the plain loads are not pipelined: wide chunks keep more in flight). Interpreter: all rows of a step in one program (its cost is per op)."""
+    chunks over 16 warps (the plain loads are not pipelined: wide chunks keep more in flight).
+    Interpreter: all rows of a step in one program (its cost is per op)."""
     if INTERPRET_MODE:
         rows = min(next_pow2(n), 64)
         return rows, max(16, min(next_pow2(vocab), 32768 // rows)), 4

@@ -1,0 +1,95 @@
+"""Paged grouped-query attention in two forms that compute the same thing.
+
+``attention_per_sequence`` loops over the step's sequences and reads their true lengths on the
+host (the CPU's form: plainly right). ``attention_padded`` pads every sequence to
+``step.max_query_len`` queries and to the block table's width of keys and masks: it never reads
+a tensor on the host, so it can be captured in a CUDA graph (the GPU's form).
+tests/tileinfer-backend-ref checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _visible(context_len, q_len, q_index, key_pos, causal):
+    """Which cached positions a query sees: all of the context, or up to its own position."""
+    visible = key_pos < context_len
+    if causal:
+        visible = visible & (key_pos <= context_len - q_len + q_index)
+    return visible
+
+
+def _gather_context(cache, scale_pool, smooth, pages, length):
+    """The first ``length`` cached vectors of a sequence: (length, kv_heads, head_dim) float32."""
+    vec = cache[pages].flatten(0, 1)[:length].float()
+    if scale_pool is not None:
+        vec = vec * scale_pool[pages].flatten(0, 1)[:length, :, None]
+    if smooth is not None:
+        vec = vec * smooth
+    return vec
+
+
+def attention_per_sequence(out, q, kv, step, scale, causal):
+    """Attention one sequence at a time, over exactly its cached positions."""
+    heads, kv_heads, page_size = q.shape[1], kv.k_cache.shape[2], kv.k_cache.shape[1]
+    group = heads // kv_heads
+    starts, lengths = step.cu_seqlens_q.tolist(), step.context_lens.tolist()
+    for b, ctx in enumerate(lengths):
+        q_rows = q[starts[b]:starts[b + 1]].float()  # (q_len, heads, hd)
+        q_len = q_rows.shape[0]
+        if q_len == 0:
+            continue
+        pages = step.block_table[b, : (ctx + page_size - 1) // page_size].long()
+        k = _gather_context(kv.k_cache, kv.k_scale, kv.k_smooth, pages, ctx)
+        v = _gather_context(kv.v_cache, kv.v_scale, None, pages, ctx)
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q_rows, k) * scale  # (heads, q_len, ctx)
+        key_pos = torch.arange(ctx, device=q.device)[None, :]
+        q_index = torch.arange(q_len, device=q.device)[:, None]
+        scores = scores.masked_fill(~_visible(ctx, q_len, q_index, key_pos, causal), float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[starts[b]:starts[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
+
+
+def _gather_pages(cache, scale_pool, pages):
+    """The pages of each sequence laid end to end: (batch, width, kv_heads, hd) float32."""
+    vec = cache[pages].flatten(1, 2).float()
+    if scale_pool is not None:
+        vec = vec * scale_pool[pages].flatten(1, 2)[..., None]
+    return vec
+
+
+def attention_padded(out, q, kv, step, scale, causal):
+    """The same attention with every sequence padded to max_query_len queries and to the block
+    table's width of keys, masked: no host synchronization."""
+    n, heads, hd = q.shape
+    batch, kv_heads = step.batch, kv.k_cache.shape[2]
+    group, dev, max_q = heads // kv_heads, q.device, step.max_query_len
+    cu = step.cu_seqlens_q
+    q_lens = (cu[1:] - cu[:-1]).long()
+    seq_of_row = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens, output_size=n)
+    q_index = torch.arange(n, device=dev) - cu[seq_of_row].long()
+    padded_q = q.new_zeros((batch, max_q, heads, hd), dtype=torch.float32)
+    padded_q[seq_of_row, q_index] = q.float()
+
+    pages = step.block_table.long()  # (batch, max_pages); padding entries are masked below
+    width = pages.shape[1] * kv.k_cache.shape[1]
+    keys = _gather_pages(kv.k_cache, kv.k_scale, pages)  # (batch, width, kv_heads, hd)
+    values = _gather_pages(kv.v_cache, kv.v_scale, pages)
+    if kv.k_smooth is not None:
+        keys = keys * kv.k_smooth
+    key_pos = torch.arange(width, device=dev)
+    visible = _visible(step.context_lens.long()[:, None, None], q_lens[:, None, None],
+                       torch.arange(max_q, device=dev)[None, :, None],
+                       key_pos[None, None, :], causal)  # (batch, max_q, width)
+    # Unused pages may hold any bits (NaN included): zero them so masked products stay 0.
+    used = visible.any(1)[:, :, None, None]
+    keys = torch.where(used, keys, 0.0).repeat_interleave(group, 2)
+    values = torch.where(used, values, 0.0).repeat_interleave(group, 2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", padded_q, keys) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    # A padded query row sees nothing: give it a harmless row instead of NaN.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    result = torch.einsum("bhqk,bkhd->bqhd", probs, values)
+    out.copy_(result[seq_of_row, q_index].to(out.dtype))

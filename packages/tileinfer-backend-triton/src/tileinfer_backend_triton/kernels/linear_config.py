@@ -1,0 +1,144 @@
+"""The launch configuration of the linear kernels (linear.py): GEMV / GEMM tile configs, the
+per-shape GEMV table, the split-K choice and the split-K scratch. Host code only."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .common import INTERPRET_MODE
+
+ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
+SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
+# Up to this many tokens every row runs the 1-token GEMV code (row-invariant results).
+ROW_INVARIANT_MAX_M = 8
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int = 0  # 0: chosen from the shape (see split_k_for)
+    num_warps: int = 4
+    num_stages: int = 3
+    unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
+    dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+# Per-shape GEMV tiles for 1..ROW_INVARIANT_MAX_M tokens over gemv_config's defaults,
+# (n_out, k, int8, act) -> GemvConfig, in the form benchmarks/ops.py's sweep prints its winners
+# (kept where they beat the default; the timings are in benchmarks/RESULTS.md). n_out of a SwiGLU
+# entry (act 1) is the intermediate size: a program takes block_n gate rows and their up rows.
+_G = GemvConfig
+GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
+    # llama3-8b, bf16
+    (6144, 4096, False, 0): _G(8, 256, unroll=2),  # qkv
+    (14336, 4096, False, 1): _G(4, 256, unroll=2),  # gate_up
+    (128256, 4096, False, 0): _G(4, 1024, unroll=2),  # lm_head
+    # llama3-8b, int8
+    (6144, 4096, True, 0): _G(4, 1024, unroll=2),  # qkv
+    (4096, 4096, True, 0): _G(4, 1024, unroll=2),  # o
+    (14336, 4096, True, 1): _G(4, 1024, unroll=2),  # gate_up
+    (4096, 14336, True, 0): _G(4, 1024, unroll=2),  # down
+    (128256, 4096, True, 0): _G(4, 1024, unroll=2),  # lm_head
+    # llama3.2-1b, bf16
+    (3072, 2048, False, 0): _G(4, 512, unroll=2),  # qkv
+    (2048, 2048, False, 0): _G(4, 1024, unroll=2),  # o
+    (2048, 8192, False, 0): _G(4, 1024, unroll=2),  # down
+    (128256, 2048, False, 0): _G(8, 1024, unroll=1),  # lm_head
+    # llama3.2-1b, int8
+    (3072, 2048, True, 0): _G(4, 1024, unroll=2),  # qkv
+    (2048, 2048, True, 0): _G(4, 1024, unroll=2),  # o
+    (8192, 2048, True, 1): _G(4, 1024, unroll=2),  # gate_up
+    (2048, 8192, True, 0): _G(8, 1024, split_k=2, unroll=2),  # down
+    (128256, 2048, True, 0): _G(4, 1024, unroll=2),  # lm_head
+}
+
+
+def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
+    """Default GEMV tiles (from benchmarks/ops.py's sweep over llama decode shapes).
+
+    The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows run
+    exactly the 1-token code). One token row: ~4K weight elements per program per K tile
+    (16-byte loads, a float32 accumulator that does not spill on sm_90), two tiles in flight;
+    SwiGLU programs hold a gate and an up row block, hence their narrower tiles. 9..16 tokens:
+    [16 x 32 x BLOCK_K] tensor-core tiles, 4 cp.async stages."""
+    if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
+        return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
+                          unroll=2 if k >= 512 else 1)
+    if m <= ROW_INVARIANT_MAX_M:
+        entry = None if f32 else GEMV_TABLE.get((n, k, int8, act))
+        if entry is not None:
+            return entry
+        if f32:
+            return GemvConfig(block_n=16, block_k=128, num_warps=4)
+        if act == ACT_SWIGLU:
+            if int8:
+                return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
+            return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
+        return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
+    return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
+
+
+def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
+    if INTERPRET_MODE:
+        return GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=1)
+    if f32:
+        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
+    block_m = 64 if m <= 64 else 128
+    block_n = 64 if act == ACT_SWIGLU else 128
+    return GemmConfig(block_m=block_m, block_n=block_n, block_k=64, num_warps=8 if block_m == 128
+                      else 4, num_stages=4 if act != ACT_SWIGLU else 3)
+
+
+def split_k_for(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """Split K until there are ~2 programs per SM, each with at least one BLOCK_K of work."""
+    split = 1
+    while tiles * split < 2 * sms and split < 8 and k >= 2 * split * block_k:
+        split *= 2
+    return split
+
+
+class _SplitKScratch:
+    """Per-device split-K scratch: float32 partial sums and per-tile arrival counters (zero
+    between launches: the last program of each tile re-arms its counter). Allocated once per
+    device, by ``reserve_scratch`` (the backend's hook of that name, called before graph
+    capture) or on first use; never grown: a launch that needs more runs without split-K."""
+
+    PARTIALS = 1 << 21  # floats (8 MiB)
+    COUNTERS = 1 << 15
+
+    def __init__(self):
+        self._by_device = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device):
+        key = (device.type, device.index)
+        buffers = self._by_device.get(key)
+        if buffers is None:
+            with self._lock:
+                buffers = self._by_device.get(key)
+                if buffers is None:
+                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=device),
+                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=device))
+                    self._by_device[key] = buffers
+        return buffers
+
+
+SCRATCH = _SplitKScratch()
+
+
+def reserve_scratch(device: torch.device):
+    SCRATCH.get(torch.device(device))

@@ -1,0 +1,39 @@
+"""The conformance suite: each op of a backend against the ref backend on the same random inputs.
+
+    pytest --pyargs tileinfer.testing.conformance --tileinfer-backend NAME
+
+collects the test modules of this package, one per op family: ``test_norms`` (embed, rmsnorm,
+add_rmsnorm), ``test_linear`` (linear, linear_swiglu, linear_xielu), ``test_attention``
+(attention_inputs, attention with attention_workspace, the optional attention_with_inputs),
+``test_sampling`` (sample_tokens, accept_tokens) and ``test_scratch`` (reserve_scratch); the
+fixtures are in ``conftest``. A test file elsewhere takes every test and fixture in with
+``from tileinfer.testing.conformance import *``. The shared helpers (``fill_paged_step``,
+``Cache``, ``assert_close``, ...) are in ``helpers`` and are re-exported here.
+"""
+
+from .conftest import device, ops, ref
+from .helpers import (ATTENTION_CASES, CACHE_KINDS, DTYPES, INT8_POISON, INT_POISON, SAMPLING,
+                      TOLERANCE, XIELU, Cache, assert_cache_equal, assert_close, attention_step,
+                      decode_step_inputs, fill_paged_step, make_weight, poisoned, qk_transform,
+                      quantize_weight, rand, rope_tables, seed_counter, write_pages)
+from .test_attention import test_attention, test_attention_inputs, test_attention_with_inputs
+from .test_linear import (test_linear, test_linear_float32_model, test_linear_swiglu,
+                          test_linear_xielu)
+from .test_norms import test_add_rmsnorm, test_embed, test_rmsnorm
+from .test_sampling import test_accept_tokens, test_sample_tokens
+from .test_scratch import test_reserve_scratch
+
+__all__ = [
+    # fixtures
+    "device", "ops", "ref",
+    # tests, one or more per op of the contract
+    "test_embed", "test_rmsnorm", "test_add_rmsnorm",
+    "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
+    "test_attention_inputs", "test_attention", "test_attention_with_inputs",
+    "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens",
+    # helpers
+    "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
+    "TOLERANCE", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",
+    "decode_step_inputs", "fill_paged_step", "make_weight", "poisoned", "qk_transform",
+    "quantize_weight", "rand", "rope_tables", "seed_counter", "write_pages",
+]
