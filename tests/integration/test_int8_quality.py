@@ -37,6 +37,7 @@ from tileinfer.engine.forward import forward
 from tileinfer.engine.step import prepare_step
 from tileinfer.io.tokenizer import load_tokenizer
 from tileinfer.model import load_model
+from tileinfer_backend_ref.kv import store_kv  # the ground truth's cache writes
 from tileinfer.model.config import config_from_dict
 from tileinfer.model.quant import Int8Weight
 from tiny_models import COMMON, load_reference, prompt_ids, tiny  # noqa: F401
@@ -223,12 +224,9 @@ def _attention_outputs(keys, values, queries, quantize, smoothing):
     seq = cache.new_sequence()
     meta = prepare_step(cache, [seq], [[0] * n])
     kv, ref = cache.layer(0), get_backend("ref")
-    ref.store_kv(kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth, keys, values,
-                 meta.slots)
+    store_kv(kv, keys, values, meta.slots)
     out = torch.empty_like(queries)
-    ref.attention(out, queries, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.k_smooth,
-                  meta.cu_seqlens_q, meta.context_lens, meta.block_table, meta.max_query_len,
-                  meta.max_context_len, CONFIG.head_dim ** -0.5, True, None)
+    ref.attention(out, queries, kv, meta.attention, CONFIG.head_dim ** -0.5, True, None)
     return out
 
 
