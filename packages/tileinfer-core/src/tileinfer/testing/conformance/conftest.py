@@ -8,9 +8,9 @@ pytest loads this conftest when it collects the package (``--pyargs tileinfer.te
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tileinfer.backend.registry import get_backend
+from tileinfer.testing.plugin import runnable_device
 
 
 @pytest.fixture
@@ -26,9 +26,8 @@ def ref():
 
 @pytest.fixture
 def device(ops):
-    devices = ops.backend.info.devices
-    if "cuda" in devices and torch.cuda.is_available():
-        return torch.device("cuda")
-    if "cpu" in devices:
-        return torch.device("cpu")
-    pytest.skip(f"backend {ops.name!r} runs on {devices}, not available here")
+    chosen = runnable_device(ops.backend.info)
+    if chosen is None:  # an available backend with no device present: a failure, not a skip
+        pytest.fail(f"backend {ops.name!r} runs on {ops.backend.info.devices}, none of which "
+                    "is present here")
+    return chosen
