@@ -13,3 +13,9 @@ from .runner import ModelRunner
 from .speculative import (DFlashDrafter, DFlashProposer, Draft, DraftProposer, NgramProposer,
                           Proposer, SpecStats, load_dflash)
 from .step import StepMetadata, prepare_step, static_metadata
+from .batch import generate_batch
+from .batch_runner import BatchRunner
+from .engine_thread import EngineThread
+from .llm_engine import LLMEngine
+from .pool import kv_pool_pages
+from .request import RequestError, RequestOutput

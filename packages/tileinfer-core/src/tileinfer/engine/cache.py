@@ -16,6 +16,7 @@ do not set the scale of every vector and wash out the small channels.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -61,24 +62,128 @@ def common_prefix_len(a, b) -> int:
 
 
 class PageAllocator:
-    """Free page ids; hands out the lowest free ids first (deterministic layouts in tests)."""
+    """The pool's page ids: who holds each page, and which free pages still hold a cached prefix.
+
+    Every page is in exactly one of three states:
+
+    - held: its reference count (the sequences that list it) is >= 1;
+    - cached: unreferenced, but published under a prefix key (``publish``): its keys and values
+      stay in the pool so that a later sequence with the same prefix can take it back
+      (``lookup`` + ``share``); kept in least-recently-released order and evicted, oldest
+      first, only when no plain free page is left;
+    - free: unreferenced and unpublished; handed out lowest id first (deterministic layouts).
+
+    ``free`` counts what ``allocate`` can hand out: free plus cached pages. Without ``publish``
+    this is a plain allocator: ``allocate`` takes one reference, ``release`` drops it.
+    """
 
     def __init__(self, num_pages: int):
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() gives the lowest id
+        self._refs = [0] * num_pages
+        self._cached: OrderedDict[int, None] = OrderedDict()  # oldest released first
+        self._key_of: dict[int, object] = {}  # published pages (held or cached) -> key
+        self._page_of: dict[object, int] = {}
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._cached)
+
+    @property
+    def cached(self) -> int:
+        """Unreferenced pages kept for their prefix (part of ``free``)."""
+        return len(self._cached)
+
+    @property
+    def held(self) -> int:
+        return self.num_pages - self.free
+
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfPagesError(n, len(self._free))
-        return [self._free.pop() for _ in range(n)]
+        if n > self.free:
+            raise OutOfPagesError(n, self.free)
+        pages = []
+        for _ in range(n):
+            if self._free:
+                page = self._free.pop()
+            else:  # evict the least recently released cached page
+                page, _ = self._cached.popitem(last=False)
+                del self._page_of[self._key_of.pop(page)]
+            self._refs[page] = 1
+            pages.append(page)
+        return pages
+
+    def share(self, pages):
+        """One more reference to each of pages (held or cached, not free)."""
+        for page in pages:
+            if self._refs[page] == 0:
+                if page not in self._cached:
+                    raise ValueError(f"page {page} is free: only held or cached pages are shared")
+                del self._cached[page]
+            self._refs[page] += 1
 
     def release(self, pages):
-        self._free.extend(pages)
-        self._free.sort(reverse=True)
+        """Drop one reference to each of pages. Pages left unreferenced become cached if
+        published, else free. Released last page first, so that of a sequence's cached pages
+        its prefix's later pages are evicted before its first ones."""
+        pages = list(pages)
+        for page in pages:
+            if self._refs[page] <= 0:
+                raise ValueError(f"page {page} is released more often than it was taken")
+        freed = False
+        for page in reversed(pages):
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                if page in self._key_of:
+                    self._cached[page] = None
+                else:
+                    self._free.append(page)
+                    freed = True
+        if freed:
+            self._free.sort(reverse=True)
+
+    def publish(self, page: int, key) -> bool:
+        """Publish held page under key (its content is final). False, changing nothing, if the
+        key already names another page or the page is already published."""
+        if self._refs[page] < 1:
+            raise ValueError(f"page {page} is not held: only held pages are published")
+        if key in self._page_of or page in self._key_of:
+            return False
+        self._key_of[page], self._page_of[key] = key, page
+        return True
+
+    def lookup(self, key) -> int | None:
+        """The page published under key (held or cached), or None."""
+        return self._page_of.get(key)
+
+    def key_of(self, page: int):
+        return self._key_of.get(page)
+
+    def check(self, held_by=None) -> dict:
+        """Verify the bookkeeping; AssertionError on any inconsistency. held_by: optionally the
+        page lists of every sequence holding pages, whose counts must equal the references.
+        Returns the counts {"held", "cached", "free"}."""
+        free, cached = set(self._free), set(self._cached)
+        assert len(free) == len(self._free), "a page is twice in the free list"
+        assert not free & cached, "a page is both free and cached"
+        for page in range(self.num_pages):
+            refs = self._refs[page]
+            assert refs >= 0, f"page {page} has {refs} references"
+            assert (refs == 0) == (page in free or page in cached), \
+                f"page {page}: {refs} references but free={page in free} cached={page in cached}"
+        assert all(p in self._key_of for p in cached), "a cached page has no key"
+        assert not any(p in self._key_of for p in free), "a free page still has a key"
+        assert all(self._page_of[k] == p for p, k in self._key_of.items()), "keys disagree"
+        assert len(self._page_of) == len(self._key_of), "keys disagree"
+        if held_by is not None:
+            counts = [0] * self.num_pages
+            for pages in held_by:
+                for page in pages:
+                    counts[page] += 1
+            assert counts == self._refs, "references differ from the pages sequences hold"
+        return {"held": self.held, "cached": len(cached), "free": len(free)}
 
 
 def kv_bytes_per_token(config: ModelConfig, quantize: str | None = None,

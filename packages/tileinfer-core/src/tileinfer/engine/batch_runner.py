@@ -1,0 +1,141 @@
+"""BatchRunner: one forward step over many sequences, with CUDA graphs for decode steps.
+
+A step of decode rows only (one token per sequence) is padded up to a batch-size bucket (1, 2,
+4, 8, ..., up to ``max_batch``) and, on a CUDA device with a graph-safe backend, replayed from a
+CUDA graph captured once per bucket (``engine/graphs.py capture_graph``) on static metadata and
+buffers, as ``ModelRunner`` does for one sequence. Padding rows are sequences of one token (id 0
+at position 0) whose only page is a scratch page the runner keeps out of the pool, so they write
+their keys and values there and never touch a real sequence; their logits are dropped.
+
+Every other step (prefill chunks, mixed with decode rows or not) runs eagerly with buffers made
+for it. Without graphs every step runs eagerly at its true size, no padding.
+
+``run`` returns one logits row per sequence (its last token's), float32. It reserves pages like
+``prepare_step`` (all or nothing) but does not append the ids to the sequences: the caller does
+once the step's results are accepted, and on an error truncates the sequences back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import PagedKVCache, Sequence, check_cache
+from .graphs import capture_graph
+from .step import StepMetadata, prepare_step
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to the first power of two >= max_batch."""
+    sizes = [1]
+    while sizes[-1] < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+@dataclass
+class _Bucket:
+    meta: object
+    buffers: object
+    graph: object = None
+    pad: list = field(default_factory=list)  # padding sequences (scratch page only)
+
+
+class BatchRunner:
+    """Forward steps of many sequences of ``model`` on ``cache``.
+
+    graphs: None picks CUDA graphs when the model is on CUDA and its backend is graph-safe.
+    max_batch: the largest decode step replayed from a graph (larger ones run eagerly).
+    static_decode: run decode steps padded to the buckets on static metadata and buffers even
+    without graphs (eagerly): what a graph replays, on any device (for tests). Default: graphs.
+    """
+
+    def __init__(self, model, cache: PagedKVCache, graphs: bool | None = None,
+                 max_batch: int = 64, static_decode: bool | None = None):
+        check_cache(model, cache)
+        self.model, self.cache = model, cache
+        on_cuda = torch.device(model.device).type == "cuda"
+        if graphs is None:
+            graphs = on_cuda and model.ops.graph_safe
+        if graphs and not on_cuda:
+            raise ValueError("CUDA graphs need a model on a CUDA device")
+        if graphs and not model.ops.graph_safe:
+            raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
+        self.graphs = graphs
+        self.static_decode = graphs if static_decode is None else static_decode
+        if graphs and not self.static_decode:
+            raise ValueError("CUDA graphs replay static decode steps: static_decode=False "
+                             "needs graphs=False")
+        self.buckets = bucket_sizes(max_batch) if self.static_decode else []
+        self._static: dict[int, _Bucket] = {}
+        self._pool = None
+        # The padding rows' page, held by the runner for its whole life.
+        self.scratch_page = cache.allocator.allocate(1)[0] if self.static_decode else None
+        self.replays = self.eager_steps = self.tokens_run = 0
+
+    @property
+    def reserved_pages(self) -> int:
+        """Pages of the pool the runner keeps for itself."""
+        return 0 if self.scratch_page is None else 1
+
+    def close(self):
+        """Give the scratch page back and drop the graphs."""
+        if self.scratch_page is not None:
+            self.cache.allocator.release([self.scratch_page])
+            self.scratch_page = None
+        self._static.clear()
+        self.buckets = []
+
+    def bucket_for(self, batch: int) -> int | None:
+        """The graph bucket a decode step of ``batch`` sequences runs in, or None (eager)."""
+        for size in self.buckets:
+            if size >= batch:
+                return size
+        return None
+
+    def run(self, seqs: list[Sequence], token_lists: list[list[int]]) -> torch.Tensor:
+        """Logits (len(seqs), vocab) float32 of each sequence's last new token. Valid until the
+        next ``run``."""
+        self.tokens_run += sum(map(len, token_lists))
+        size = None
+        if self.static_decode and all(len(ids) == 1 for ids in token_lists):
+            size = self.bucket_for(len(seqs))
+        if size is None:
+            self.eager_steps += 1
+            meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
+            buffers = self.model.new_buffers(meta.num_tokens, meta.num_logits)
+            return self.model.forward_step(meta, buffers, self.cache)
+        bucket = self._bucket(size)
+        pad = size - len(seqs)
+        prepare_step(self.cache, list(seqs) + bucket.pad[:pad], list(token_lists) + [[0]] * pad,
+                     max_len=self.model.max_len, out=bucket.meta)
+        if not self.graphs:
+            self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
+        else:
+            if bucket.graph is None:
+                bucket.graph = self._capture(bucket)
+            bucket.graph.replay()
+            self.replays += 1
+        return bucket.buffers.logits[:len(seqs)]
+
+    def _bucket(self, size: int) -> _Bucket:
+        bucket = self._static.get(size)
+        if bucket is None:
+            meta = StepMetadata.for_cache(self.cache, size, num_logits=size, batch=size,
+                                          max_len=self.model.max_len, max_query_len=1)
+            pad = [Sequence(pages=[self.scratch_page]) for _ in range(size)]
+            bucket = self._static[size] = _Bucket(meta, self.model.new_buffers(size, size),
+                                                  pad=pad)
+        return bucket
+
+    def _capture(self, bucket: _Bucket):
+        """Capture the bucket's step. Its metadata already holds the current step; the warm-up
+        runs it once (writing the same keys and values the first replay writes again)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+
+        def step():
+            self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
+
+        return capture_graph(step, pool=self._pool)

@@ -1,0 +1,68 @@
+"""Sampling the rows of a batched step, each with its own parameters and random stream.
+
+The backends' ``sample_tokens`` takes one (temperature, top_k, top_p) for all its rows, one seed
+tensor, and gives row j the stream ``(seed, counter + j)``. A batch row r needs the stream
+``(seed_r, k_r)`` of its own request (its seed, and the index k_r of the token it samples). So:
+
+- greedy rows ignore the stream: all of them go in one call;
+- other rows are grouped by (temperature, top_k, top_p, seed) and, within a group, by runs of
+  consecutive counters (row j of a call uses counter + j): one call per run. Requests rarely
+  share a seed, so in practice this is one call per sampled row.
+
+``sample_batch`` is the one place that knows this; an op taking per-row parameters, seeds and
+counters would replace its body with one call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backend.sampling import SamplingParams
+
+
+def _runs(rows, counters):
+    """Split rows (sorted by counter) into runs of consecutive counters."""
+    runs, current = [], []
+    for r in sorted(rows, key=lambda r: counters[r]):
+        if current and counters[r] != counters[current[-1]] + 1:
+            runs.append(current)
+            current = []
+        current.append(r)
+    if current:
+        runs.append(current)
+    return runs
+
+
+def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                 counters: list[int]) -> torch.Tensor:
+    """Token ids (m,) int32 on logits' device for logits (m, vocab) float32: row r sampled with
+    params[r] from the stream (seeds[r], counters[r]), as ``sample_host`` would."""
+    m = logits.shape[0]
+    if not len(params) == len(seeds) == len(counters) == m:
+        raise ValueError(f"sample_batch: {m} logit rows, {len(params)} params, {len(seeds)} "
+                         f"seeds and {len(counters)} counters")
+    dev = logits.device
+    out = torch.empty(m, dtype=torch.int32, device=dev)
+    # Seeds and counters of every row in one host-to-device copy; calls take 1-element views.
+    streams = torch.tensor([seeds, counters], dtype=torch.int64).to(dev, non_blocking=True)
+    groups: dict[tuple, list[int]] = {}
+    for r, p in enumerate(params):
+        key = ("greedy",) if p.greedy else (p.temperature, p.top_k, p.top_p, seeds[r])
+        groups.setdefault(key, []).append(r)
+    for key, rows in groups.items():
+        p = params[rows[0]]
+        runs = [rows] if key == ("greedy",) else _runs(rows, counters)
+        for run in runs:
+            first = run[0]
+            contiguous = run == list(range(first, first + len(run)))
+            if contiguous:  # rows next to each other: the op reads and writes views
+                src, dst = logits[first:first + len(run)], out[first:first + len(run)]
+            else:
+                index = torch.tensor(run, dtype=torch.long).to(dev, non_blocking=True)
+                src = logits.index_select(0, index)
+                dst = torch.empty(len(run), dtype=torch.int32, device=dev)
+            ops.sample_tokens(dst, src, p.temperature, p.top_k, p.top_p,
+                              streams[0, first:first + 1], streams[1, first:first + 1], None)
+            if not contiguous:
+                out.index_copy_(0, index, dst)
+    return out

@@ -1,0 +1,256 @@
+"""LLMEngine: one model, one KV page pool, many requests in flight.
+
+    engine = LLMEngine(model)
+    rid = engine.add_request(prompt_ids, SamplingParams(0.7, top_p=0.9), max_new_tokens=128)
+    while engine.has_unfinished():
+        for out in engine.step():      # RequestOutput: new tokens, finished, why
+            ...
+
+Each ``step`` plans one forward step with the ``Scheduler`` (continuous batching: decode rows
+of running requests and prefill chunks of new ones, under a token budget; preemption when pages
+run out), runs it with the ``BatchRunner`` (one ``forward_step`` for all of them; decode-only
+steps from CUDA graphs), samples the rows whose request reached its next token
+(``sample_batch``: each request's own parameters and stream (seed, k)), publishes newly full
+pages to the prefix cache and finishes requests that stopped.
+
+Threads: ``add_request`` and ``abort`` may be called from any thread (an asyncio server's loop);
+they queue under a short lock and ``step`` takes the queue at its start. ``abort`` takes effect
+at once (pages freed) when no step is running, else when the running step ends.
+``EngineThread`` runs the step loop on a background thread.
+
+Faults: a step that raises (out of memory, a kernel error) fails the requests in it (their
+pages are given back, finish_reason "error" with the message) and the engine goes on with the
+others. Requests are checked when added (``RequestError``): bad arguments, a prompt longer than
+the model's max_len, or a request that could not fit the pool even alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import torch
+
+from ..backend.sampling import SamplingParams
+from .batch_runner import BatchRunner
+from .batch_sampling import sample_batch
+from .cache import new_cache
+from .pool import kv_pool_pages
+from .prefix_cache import PrefixCache
+from .request import (ABORT, ERROR, FINISHED, LENGTH, STOP, Request, RequestOutput,
+                      check_request)
+from .scheduler import Scheduler
+
+
+class LLMEngine:
+    """Serves many requests on ``model`` from one paged KV pool.
+
+    num_pages: pool size (default ``kv_pool_pages``: a ``memory_fraction`` of the GPU, or
+    ``cpu_tokens`` positions on the CPU). max_running: the most requests in a step (also the
+    largest CUDA-graph bucket). max_step_tokens: a step's token budget (prefill chunks + decode
+    rows). prefix_caching: share full pages of common prefixes. graphs: CUDA graphs for decode
+    steps (None: on CUDA with a graph-safe backend). kv_quantize / key_smoothing: as
+    ``new_cache``. watermark: free pages a new request must leave (default 1% of the pool).
+    static_decode: see ``BatchRunner``.
+    """
+
+    def __init__(self, model, num_pages: int | None = None, page_size: int = 16,
+                 max_running: int = 64, max_step_tokens: int = 2048,
+                 prefix_caching: bool = True, graphs: bool | None = None,
+                 kv_quantize: str | None = None, key_smoothing=None,
+                 memory_fraction: float = 0.9, cpu_tokens: int | None = None,
+                 watermark: int | None = None, static_decode: bool | None = None):
+        if num_pages is None:
+            num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize, cpu_tokens,
+                                      max_step_tokens, max_running, graphs)
+        self.model = model
+        self.cache = new_cache(model, page_size=page_size, quantize=kv_quantize,
+                               key_smoothing=key_smoothing, num_pages=num_pages)
+        self.runner = BatchRunner(model, self.cache, graphs, max_batch=max_running,
+                                  static_decode=static_decode)
+        self.prefix = PrefixCache(self.cache) if prefix_caching else None
+        self.scheduler = Scheduler(self.cache, self.prefix, max_running, max_step_tokens,
+                                   watermark)
+        self._requests: dict[int, Request] = {}  # taken in by a step, not finished
+        self._inbox: list[tuple[str, object]] = []  # ("add", Request) / ("abort", id)
+        self._live: set[int] = set()  # added, and their finishing output not yet returned
+        self._pending: list[RequestOutput] = []  # finished between steps (aborts)
+        self._inbox_lock = threading.Lock()
+        self._step_lock = threading.RLock()
+        self._ids = itertools.count()
+        self.steps = self.generated_tokens = 0
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids, sampling: SamplingParams = SamplingParams(),
+                    max_new_tokens: int = 256, stop_ids=None, seed: int | None = None) -> int:
+        """Queue a request; returns its id. RequestError (a ValueError) if the engine refuses it.
+
+        stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
+        seed: its random stream (default: a random one); its k-th token is sampled from the
+        stream (seed, k), as ``tileinfer.generate(..., seed=seed)`` does.
+        """
+        c = self.model.config
+        args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
+                             vocab_size=c.vocab_size, max_len=self.model.max_len,
+                             page_size=self.cache.page_size,
+                             pool_pages=self.cache.num_pages - self.runner.reserved_pages,
+                             default_stop=c.eos_token_ids)
+        with self._inbox_lock:
+            rid = next(self._ids)
+            self._inbox.append(("add", Request(rid, arrival=rid, **args)))
+            self._live.add(rid)
+        return rid
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a request; its pages are freed and the next ``step`` reports it finished with
+        reason "abort". False if no such request is unfinished."""
+        with self._inbox_lock:
+            if request_id not in self._live:
+                return False
+            self._inbox.append(("abort", request_id))
+        if self._step_lock.acquire(blocking=False):  # no step running: free the pages now
+            try:
+                self._drain()
+            finally:
+                self._step_lock.release()
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether some request's finishing output has not been returned by ``step`` yet."""
+        with self._inbox_lock:
+            return bool(self._live)
+
+    def _drain(self):
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, []
+        for kind, item in inbox:
+            if kind == "add":
+                self._requests[item.request_id] = item
+                self.scheduler.add(item)
+            else:
+                req = self._requests.get(item)
+                if req is not None:
+                    self._finish(req, ABORT, self._pending)
+
+    def _finish(self, req: Request, reason: str, outputs: list, new_tokens=(), error=None,
+                stop_token=None):
+        self.scheduler.remove(req)
+        del self._requests[req.request_id]
+        req.state, req.finish_reason, req.error = FINISHED, reason, error
+        outputs.append(RequestOutput(req.request_id, list(new_tokens), True, reason, error,
+                                     stop_token))
+
+    def fail_all(self, error: BaseException | str) -> list[RequestOutput]:
+        """Fail every unfinished request (e.g. after an unexpected error of the step loop);
+        returns their outputs, and they count as reported."""
+        with self._step_lock:
+            self._drain()
+            outputs, self._pending = self._pending, []
+            for req in list(self._requests.values()):
+                self._finish(req, ERROR, outputs, error=str(error))
+            self._report(outputs)
+            return outputs
+
+    def _report(self, outputs):
+        with self._inbox_lock:
+            for out in outputs:
+                if out.finished:
+                    self._live.discard(out.request_id)
+
+    # -- stepping ------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step. Returns one RequestOutput per request that got a token or finished in
+        it (requests still prefilling a long prompt may get nothing for a few steps)."""
+        with self._step_lock:
+            self._drain()
+            outputs, self._pending = self._pending, []
+            plan = self.scheduler.schedule()
+            if plan:
+                self._run(plan, outputs)
+                self.steps += 1
+            self._report(outputs)
+            return outputs
+
+    def _run(self, plan, outputs):
+        reqs = [req for req, _ in plan]
+        chunks = [req.next_chunk(n) for req, n in plan]
+        starts = [len(req.seq) for req in reqs]
+        sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
+        try:
+            logits = self.runner.run([req.seq for req in reqs], chunks)
+            ids = []
+            if sampled:
+                rows = logits if len(sampled) == len(plan) else logits[sampled]
+                ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
+                                   [reqs[i].seed for i in sampled],
+                                   [len(reqs[i].output) for i in sampled]).tolist()
+        except BaseException as e:
+            for req, start in zip(reqs, starts):
+                self.cache.truncate(req.seq, start)  # gives back the step's pages
+            if not isinstance(e, Exception):
+                raise
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            message = f"the step failed: {type(e).__name__}: {e}"
+            for req in reqs:
+                self._finish(req, ERROR, outputs, error=message)
+            return
+        for req, chunk in zip(reqs, chunks):
+            req.seq.tokens.extend(chunk)
+            if self.prefix is not None:
+                self.prefix.publish(req.seq, req.page_keys)
+        for i, token in zip(sampled, ids):
+            self._accept(reqs[i], token, outputs)
+
+    def _accept(self, req: Request, token: int, outputs):
+        if token in req.stop_ids:
+            self._finish(req, STOP, outputs, stop_token=token)
+            return
+        req.output.append(token)
+        self.generated_tokens += 1
+        # The next step would run this token at position num_tokens - 1: within max_len?
+        if len(req.output) >= req.max_new_tokens or req.num_tokens > self.model.max_len:
+            self._finish(req, LENGTH, outputs, new_tokens=[token])
+        else:
+            outputs.append(RequestOutput(req.request_id, [token]))
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Requests and pages now: running, waiting, pages_total / used / cached / free (cached
+        pages are unreferenced prefix pages, reusable or evictable), page_size, preemptions,
+        prefix-cache hit tokens, steps, generated tokens, tokens run through the model,
+        graph replays and eager steps."""
+        alloc, s = self.cache.allocator, self.scheduler
+        with self._inbox_lock:
+            queued = sum(kind == "add" for kind, _ in self._inbox)
+        return dict(running=len(s.running), waiting=len(s.waiting) + queued,
+                    pages_total=self.cache.num_pages, pages_used=alloc.held,
+                    pages_cached=alloc.cached, pages_free=alloc.free - alloc.cached,
+                    page_size=self.cache.page_size, pool_bytes=self.cache.nbytes,
+                    preemptions=s.preemptions,
+                    prefix_hit_tokens=0 if self.prefix is None else self.prefix.hit_tokens,
+                    steps=self.steps, generated_tokens=self.generated_tokens,
+                    computed_tokens=self.runner.tokens_run,
+                    graph_replays=self.runner.replays, eager_steps=self.runner.eager_steps)
+
+    def check_accounting(self) -> dict:
+        """AssertionError unless every page's references equal the sequences holding it (the
+        runner's scratch page included), waiting requests hold none and cached pages are
+        unreferenced. Returns ``stats()``."""
+        with self._step_lock:
+            holders = [req.seq.pages for req in self.scheduler.running]
+            assert all(req.seq is not None for req in self.scheduler.running)
+            assert all(req.seq is None for req in self.scheduler.waiting), \
+                "a waiting request holds pages"
+            if self.runner.scratch_page is not None:
+                holders.append([self.runner.scratch_page])
+            self.cache.allocator.check(held_by=holders)
+            return self.stats()
+
+    def close(self):
+        """Fail what is left and give the runner's pages back."""
+        self.fail_all("the engine was closed")
+        self.runner.close()

@@ -1,0 +1,75 @@
+"""Sizing the serving engine's KV page pool.
+
+On a GPU the pool takes what is left of a fraction of the device's memory (0.9 by default, like
+other engines' ``gpu_memory_utilization``) once the weights and everything else already
+allocated are counted (``torch.cuda.mem_get_info``), minus an estimate of the activations the
+engine's steps need (the eager buffers of the largest step, the static buffers of every
+CUDA-graph bucket, and a margin for the attention workspace and allocator slack). Call it after
+the model is loaded and before anything else large is allocated. On the CPU there is no such
+budget: the pool holds a given number of tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .batch_runner import bucket_sizes
+from .cache import kv_bytes_per_token
+
+DEFAULT_CPU_TOKENS = 32768
+MARGIN_BYTES = 512 << 20  # attention workspaces, allocator slack, sampling scratch
+
+
+def step_activation_bytes(model, num_tokens: int, num_logits: int) -> int:
+    """Bytes of ``Model.new_buffers(num_tokens, num_logits)`` without the attention workspace."""
+    c = model.config
+    item = torch.empty((), dtype=model.dtype).element_size()
+    per_token = (3 * c.hidden_size + c.qkv_size + 2 * c.num_heads * c.head_dim
+                 + 3 * c.intermediate_size)
+    per_logit = 3 * c.hidden_size + c.vocab_size
+    logits32 = 0 if model.dtype == torch.float32 else 4 * num_logits * c.vocab_size
+    return item * (num_tokens * per_token + num_logits * per_logit) + logits32
+
+
+def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool) -> int:
+    """What the engine's steps may allocate besides the pool: the largest eager step (twice,
+    for the allocator's transient copies), every graph bucket's static buffers, a margin."""
+    eager = 2 * step_activation_bytes(model, max_step_tokens, min(max_batch, max_step_tokens))
+    static = sum(step_activation_bytes(model, b, b) for b in bucket_sizes(max_batch)) \
+        if graphs else 0
+    return eager + static + MARGIN_BYTES
+
+
+def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
+                  quantize: str | None = None, cpu_tokens: int | None = None,
+                  max_step_tokens: int = 2048, max_batch: int = 64,
+                  graphs: bool | None = None) -> int:
+    """How many KV pages of page_size positions the engine's pool gets.
+
+    CUDA: ``fraction * total - (total - free) - activation_reserve(...)`` bytes of pages, with
+    (free, total) from ``torch.cuda.mem_get_info``; ValueError when that leaves no page.
+    CPU: pages for ``cpu_tokens`` positions (default 32,768).
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    device = torch.device(model.device)
+    if device.type != "cuda":
+        tokens = DEFAULT_CPU_TOKENS if cpu_tokens is None else int(cpu_tokens)
+        if tokens < 1:
+            raise ValueError(f"cpu_tokens must be >= 1, got {tokens}")
+        return math.ceil(tokens / page_size)
+    if graphs is None:
+        graphs = model.ops.graph_safe
+    free, total = torch.cuda.mem_get_info(device)
+    page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
+    budget = fraction * total - (total - free) - activation_reserve(model, max_step_tokens,
+                                                                    max_batch, graphs)
+    pages = int(budget // page_bytes)
+    if pages < 1:
+        raise ValueError(
+            f"no memory left for the KV cache: {fraction:.0%} of {total / 2**30:.1f} GiB minus "
+            f"{(total - free) / 2**30:.1f} GiB in use and the activations' reserve leaves "
+            f"{budget / 2**30:.2f} GiB; raise fraction or lower max_step_tokens / max_batch")
+    return pages

@@ -1,0 +1,130 @@
+"""A request of the serving engine: what was asked, what it produced, where it is in the cache.
+
+A request's tokens are its prompt followed by its output. Its ``seq`` (a cache ``Sequence``, or
+None while it holds no pages) caches the keys and values of a prefix of them; the tokens after
+that prefix are what it still has to run: part of the prompt while it prefills, the last output
+token while it decodes, and after a preemption everything again (minus a cached prefix).
+
+Its k-th output token is sampled from the logits after its first ``len(prompt) + k`` tokens with
+the random stream ``(seed, k)``, the stream ``tileinfer.generate`` uses, so the output does not
+depend on what else ran in the same steps, on chunking or on preemption.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from ..backend.sampling import SamplingParams
+from .cache import Sequence
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+# Why a request finished.
+STOP, LENGTH, ABORT, ERROR = "stop", "length", "abort", "error"
+
+
+class RequestError(ValueError):
+    """A request the engine refuses (bad arguments, or too long for the model or the pool)."""
+
+
+@dataclass
+class RequestOutput:
+    """What one step did for one request: its new tokens (at most one per step), and whether it
+    finished, why, and with what error (finish_reason "error"). stop_token: the stop id that
+    ended it (not part of the output, as in ``tileinfer.generate``)."""
+
+    request_id: int
+    new_tokens: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    stop_token: int | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt: list[int]
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop_ids: frozenset
+    seed: int
+    arrival: int  # order of arrival: first come, first served
+    output: list[int] = field(default_factory=list)
+    state: str = WAITING
+    seq: Sequence | None = None
+    page_keys: list = field(default_factory=list)  # prefix-cache keys of seq's full pages
+    finish_reason: str | None = None
+    error: str | None = None
+    preemptions: int = 0
+    cached_prompt_tokens: int = 0  # taken from the prefix cache at the first admission
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_computed(self) -> int:
+        return 0 if self.seq is None else len(self.seq)
+
+    @property
+    def pending(self) -> int:
+        """Tokens still to run before the next output token can be sampled."""
+        return self.num_tokens - self.num_computed
+
+    def next_chunk(self, n: int) -> list[int]:
+        """The next n tokens to run (after the computed ones)."""
+        start, p = self.num_computed, len(self.prompt)
+        if start >= p:
+            return self.output[start - p:start - p + n]
+        return self.prompt[start:start + n] + self.output[:max(0, start + n - p)]
+
+
+def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_size: int,
+                  max_len: int, page_size: int, pool_pages: int, default_stop) -> dict:
+    """Validated, normalized arguments of a request, or RequestError saying what is wrong."""
+    try:
+        prompt = [int(i) for i in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+    except (TypeError, ValueError) as e:
+        raise RequestError(f"prompt must be a sequence of token ids: {e}") from None
+    if not prompt:
+        raise RequestError("the prompt needs at least one token")
+    bad = [i for i in prompt if not 0 <= i < vocab_size]
+    if bad:
+        raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
+    if len(prompt) > max_len:
+        raise RequestError(f"the prompt has {len(prompt)} tokens; the model's max_len is "
+                           f"{max_len}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
+        raise RequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(sampling, SamplingParams):
+        raise RequestError(f"sampling must be a tileinfer.SamplingParams, got "
+                           f"{type(sampling).__name__}")
+    try:  # re-validates one built around __post_init__ (e.g. with object.__setattr__)
+        sampling = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if seed is None:
+        seed = random.getrandbits(63)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63:
+        raise RequestError(f"seed must be an integer in the int64 range, got {seed!r}")
+    try:
+        stop = frozenset(int(i) for i in (default_stop if stop_ids is None else stop_ids))
+    except (TypeError, ValueError) as e:
+        raise RequestError(f"stop_ids must be token ids: {e}") from None
+    # Positions it may cache: every token but the last one sampled, within max_len.
+    positions = min(len(prompt) + max_new_tokens - 1, max_len)
+    pages = math.ceil(positions / page_size)
+    if pages > pool_pages:
+        raise RequestError(
+            f"the request needs up to {pages} KV pages ({positions} positions: prompt "
+            f"{len(prompt)} + max_new_tokens {max_new_tokens}), the pool has {pool_pages}; "
+            f"lower max_new_tokens or give the engine more pages")
+    return dict(prompt=prompt, sampling=sampling, max_new_tokens=max_new_tokens,
+                stop_ids=stop, seed=seed)
