@@ -73,10 +73,11 @@ class LLMEngine:
                                    watermark)
         self._requests: dict[int, Request] = {}  # taken in by a step, not finished
         self._inbox: list[tuple[str, object]] = []  # ("add", Request) / ("abort", id)
-        self._live: set[int] = set()  # added, and their finishing output not yet returned
-        self._pending: list[RequestOutput] = []  # finished between steps (aborts)
+        self._live: set[int] = set()  # added and not finished
+        self._aborting: set[int] = set()  # of those, aborted: an abort is queued
+        self._pending: list[RequestOutput] = []  # outputs not returned by step() yet
         self._inbox_lock = threading.Lock()
-        self._step_lock = threading.RLock()
+        self._step_lock = threading.Lock()
         self._ids = itertools.count()
         self.steps = self.generated_tokens = 0
 
@@ -104,10 +105,11 @@ class LLMEngine:
 
     def abort(self, request_id: int) -> bool:
         """Stop a request; its pages are freed and the next ``step`` reports it finished with
-        reason "abort". False if no such request is unfinished."""
+        reason "abort". False if no such request is unfinished (or it is already aborted)."""
         with self._inbox_lock:
-            if request_id not in self._live:
+            if request_id not in self._live or request_id in self._aborting:
                 return False
+            self._aborting.add(request_id)
             self._inbox.append(("abort", request_id))
         if self._step_lock.acquire(blocking=False):  # no step running: free the pages now
             try:
@@ -117,9 +119,10 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        """Whether some request's finishing output has not been returned by ``step`` yet."""
+        """Whether some request is unfinished or its finishing output has not been returned by
+        ``step`` yet."""
         with self._inbox_lock:
-            return bool(self._live)
+            return bool(self._live) or bool(self._pending)
 
     def _drain(self):
         with self._inbox_lock:
@@ -131,32 +134,31 @@ class LLMEngine:
             else:
                 req = self._requests.get(item)
                 if req is not None:
-                    self._finish(req, ABORT, self._pending)
+                    self._finish(req, ABORT)
 
-    def _finish(self, req: Request, reason: str, outputs: list, new_tokens=(), error=None,
-                stop_token=None):
+    def _finish(self, req: Request, reason: str, new_tokens=(), error=None, stop_token=None):
         self.scheduler.remove(req)
         del self._requests[req.request_id]
         req.state, req.finish_reason, req.error = FINISHED, reason, error
-        outputs.append(RequestOutput(req.request_id, list(new_tokens), True, reason, error,
-                                     stop_token))
+        self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
+                                           error, stop_token))
+        with self._inbox_lock:  # after the output is pending: has_unfinished stays true
+            self._live.discard(req.request_id)
+            self._aborting.discard(req.request_id)
+
+    def _take_outputs(self) -> list[RequestOutput]:
+        with self._inbox_lock:
+            outputs, self._pending = self._pending, []
+        return outputs
 
     def fail_all(self, error: BaseException | str) -> list[RequestOutput]:
         """Fail every unfinished request (e.g. after an unexpected error of the step loop);
-        returns their outputs, and they count as reported."""
+        returns every output not returned yet, theirs included."""
         with self._step_lock:
             self._drain()
-            outputs, self._pending = self._pending, []
             for req in list(self._requests.values()):
-                self._finish(req, ERROR, outputs, error=str(error))
-            self._report(outputs)
-            return outputs
-
-    def _report(self, outputs):
-        with self._inbox_lock:
-            for out in outputs:
-                if out.finished:
-                    self._live.discard(out.request_id)
+                self._finish(req, ERROR, error=str(error))
+            return self._take_outputs()
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -165,15 +167,13 @@ class LLMEngine:
         it (requests still prefilling a long prompt may get nothing for a few steps)."""
         with self._step_lock:
             self._drain()
-            outputs, self._pending = self._pending, []
             plan = self.scheduler.schedule()
             if plan:
-                self._run(plan, outputs)
+                self._run(plan)
                 self.steps += 1
-            self._report(outputs)
-            return outputs
+            return self._take_outputs()
 
-    def _run(self, plan, outputs):
+    def _run(self, plan):
         reqs = [req for req, _ in plan]
         chunks = [req.next_chunk(n) for req, n in plan]
         starts = [len(req.seq) for req in reqs]
@@ -195,26 +195,26 @@ class LLMEngine:
                 torch.cuda.empty_cache()
             message = f"the step failed: {type(e).__name__}: {e}"
             for req in reqs:
-                self._finish(req, ERROR, outputs, error=message)
+                self._finish(req, ERROR, error=message)
             return
         for req, chunk in zip(reqs, chunks):
             req.seq.tokens.extend(chunk)
             if self.prefix is not None:
                 self.prefix.publish(req.seq, req.page_keys)
         for i, token in zip(sampled, ids):
-            self._accept(reqs[i], token, outputs)
+            self._accept(reqs[i], token)
 
-    def _accept(self, req: Request, token: int, outputs):
+    def _accept(self, req: Request, token: int):
         if token in req.stop_ids:
-            self._finish(req, STOP, outputs, stop_token=token)
+            self._finish(req, STOP, stop_token=token)
             return
         req.output.append(token)
         self.generated_tokens += 1
         # The next step would run this token at position num_tokens - 1: within max_len?
         if len(req.output) >= req.max_new_tokens or req.num_tokens > self.model.max_len:
-            self._finish(req, LENGTH, outputs, new_tokens=[token])
+            self._finish(req, LENGTH, new_tokens=[token])
         else:
-            outputs.append(RequestOutput(req.request_id, [token]))
+            self._pending.append(RequestOutput(req.request_id, [token]))
 
     # -- inspection ----------------------------------------------------------------------------
 
