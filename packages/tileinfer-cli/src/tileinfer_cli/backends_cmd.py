@@ -12,7 +12,7 @@ def add_parser(sub, formatter):
 
 
 def run(args, out):
-    from tileinfer.backend.registry import FALLBACK, OP_NAMES, list_backends
+    from tileinfer.backend.registry import FALLBACK, OP_NAMES, OPTIONAL_OPS, list_backends
 
     for backend in list_backends():
         status = "available" if backend.available else f"unavailable: {backend.reason}"
@@ -23,10 +23,13 @@ def run(args, out):
             continue
         print(f"         devices: {', '.join(backend.info.devices)};"
               f" CUDA graphs: {'yes' if backend.info.graph_safe else 'no'}", file=out)
-        missing = [op for op in OP_NAMES if op not in backend.implemented]
+        required = [op for op in OP_NAMES if op not in OPTIONAL_OPS]
+        missing = [op for op in required if op not in backend.implemented]
         if backend.name != FALLBACK:
-            print(f"         ops: {len(OP_NAMES) - len(missing)}/{len(OP_NAMES)} own"
-                  + (f"; from ref: {', '.join(missing)}" if missing else ""), file=out)
+            optional = [op for op in OPTIONAL_OPS if op in backend.implemented]
+            print(f"         ops: {len(required) - len(missing)}/{len(required)} own"
+                  + (f"; from ref: {', '.join(missing)}" if missing else "")
+                  + (f"; optional: {', '.join(optional)}" if optional else ""), file=out)
         for op, note in sorted(backend.info.notes.items()):
             print(f"         {op}: {note}", file=out)
     return 0

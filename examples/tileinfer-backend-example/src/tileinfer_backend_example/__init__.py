@@ -1,0 +1,56 @@
+"""An example TileInfer backend: four ops in plain PyTorch, the rest from ``ref``.
+
+Each op is a ``@hookimpl`` function named after its hookspec in ``tileinfer/backend/hookspecs.py``
+with the spec's arguments, same names, same order; it writes its result into the tensors it is
+given and returns nothing. The docstrings of the hookspecs say where results are rounded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.backend import BackendInfo, hookimpl
+
+
+@hookimpl
+def tileinfer_backend_info():
+    return BackendInfo(
+        name="example",  # equal to the entry point's name in pyproject.toml
+        available=True,  # plain PyTorch runs wherever torch does
+        devices=("cpu", "cuda"),
+        # Its ops allocate temporaries (x.float(), ...): not for capture in a CUDA graph.
+        graph_safe=False,
+        notes={"linear": "torch.matmul in float32"},
+    )
+
+
+@hookimpl
+def embed(out, table, ids):
+    out.copy_(table[ids.long()])
+
+
+def _rms(x, weight, eps, dtype):
+    xf = x.float()
+    x_hat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight.to(dtype) * x_hat.to(dtype)
+
+
+@hookimpl
+def rmsnorm(out, x, weight, eps):
+    out.copy_(_rms(x, weight, eps, out.dtype))
+
+
+@hookimpl
+def add_rmsnorm(residual, out, delta, weight, eps):
+    residual.copy_((residual.float() + delta.float()).to(residual.dtype))
+    out.copy_(_rms(residual, weight, eps, out.dtype))
+
+
+@hookimpl
+def linear(out, x, weight, weight_scale):
+    if weight_scale is None:
+        # A float weight's product is rounded to x's dtype first, as F.linear's output is.
+        out.copy_((x.float() @ weight.float().T).to(x.dtype))
+    else:
+        w = weight.float() * weight_scale[:, None]
+        out.copy_((x.float() @ w.T).to(out.dtype))
