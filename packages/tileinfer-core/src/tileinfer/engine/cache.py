@@ -15,6 +15,7 @@ do not set the scale of every vector and wash out the small channels.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ class PageAllocator:
 
     def __init__(self, num_pages: int):
         self.num_pages = num_pages
-        self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() gives the lowest id
+        self._free = list(range(num_pages))  # a min-heap: the lowest free id first
         self._refs = [0] * num_pages
         self._cached: OrderedDict[int, None] = OrderedDict()  # oldest released first
         self._key_of: dict[int, object] = {}  # published pages (held or cached) -> key
@@ -107,7 +108,7 @@ class PageAllocator:
         pages = []
         for _ in range(n):
             if self._free:
-                page = self._free.pop()
+                page = heapq.heappop(self._free)
             else:  # evict the least recently released cached page
                 page, _ = self._cached.popitem(last=False)
                 del self._page_of[self._key_of.pop(page)]
@@ -132,17 +133,13 @@ class PageAllocator:
         for page in pages:
             if self._refs[page] <= 0:
                 raise ValueError(f"page {page} is released more often than it was taken")
-        freed = False
         for page in reversed(pages):
             self._refs[page] -= 1
             if self._refs[page] == 0:
                 if page in self._key_of:
                     self._cached[page] = None
                 else:
-                    self._free.append(page)
-                    freed = True
-        if freed:
-            self._free.sort(reverse=True)
+                    heapq.heappush(self._free, page)
 
     def publish(self, page: int, key) -> bool:
         """Publish held page under key (its content is final). False, changing nothing, if the

@@ -17,6 +17,7 @@ stays valid.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, fields
 
 import torch
@@ -192,7 +193,10 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
 
     page_size = cache.page_size
     max_pages = max_pages_per_step(cache, max_len)
-    positions, slots, cu, context_lens, table, logit_rows = [], [], [0], [], [], []
+    positions, slots, cu, context_lens, logit_rows = [], [], [0], [], []
+    # The block table (batch * max_pages ids) is the bulk of a batched step's metadata: built
+    # in an int32 array, which converts to a tensor far faster than nested lists of ints.
+    table, zeros = array("i"), array("i", bytes(4 * max_pages))
     for seq, ids in zip(seqs, token_lists):
         start = len(seq)
         for p in range(start, start + len(ids)):
@@ -200,7 +204,9 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
             slots.append(seq.pages[p // page_size] * page_size + p % page_size)
         cu.append(cu[-1] + len(ids))
         context_lens.append(start + len(ids))
-        table.append(seq.pages[:max_pages] + [0] * (max_pages - min(len(seq.pages), max_pages)))
+        pages = seq.pages[:max_pages]
+        table.extend(pages)
+        table.extend(zeros[:max_pages - len(pages)])
         logit_rows.extend(range(cu[-2], cu[-1]) if all_logits else [cu[-1] - 1])
 
     tensor = torch.tensor  # built on the host, then sent to the device (or into out)
@@ -210,7 +216,7 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
         slots=tensor(slots, dtype=torch.int64),
         cu_seqlens_q=tensor(cu, dtype=torch.int32),
         context_lens=tensor(context_lens, dtype=torch.int32),
-        block_table=tensor(table, dtype=torch.int32),
+        block_table=torch.frombuffer(table, dtype=torch.int32).view(len(seqs), max_pages).clone(),
         logit_rows=tensor(logit_rows, dtype=torch.int64),
         max_query_len=max(len(ids) for ids in token_lists),
         # An upper bound of every context length on this cache, the same for every step.

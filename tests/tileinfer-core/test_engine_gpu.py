@@ -1,0 +1,101 @@
+"""The serving engine on a GPU: decode steps replayed from CUDA graphs (padded to a bucket) give
+exactly the tokens of the same padded steps run eagerly; batch 1 with graphs gives exactly
+``tileinfer.generate``'s tokens; float32 batches equal each request alone; the pool is sized from
+the free GPU memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileinfer import LLMEngine, SamplingParams, generate, kv_pool_pages, load_model
+from tiny_models import prompt_ids, tiny  # noqa: F401
+
+MAX_LEN = 160
+SAMPLINGS = [SamplingParams(0.0), SamplingParams(1.0, top_k=40), SamplingParams(0.8, top_p=0.9)]
+
+
+def gpu_backends(names=None):
+    from tileinfer.backend.registry import list_backends
+
+    found = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
+             and b.info.graph_safe and (names is None or b.name in names)]
+    return [pytest.param(n, marks=pytest.mark.gpu) for n in found] or [
+        pytest.param("none", marks=[pytest.mark.gpu,
+                                    pytest.mark.skip(reason="no graph-safe GPU backend")])]
+
+
+def load(tiny, backend, dtype=torch.bfloat16):
+    return load_model(tiny.directory("llama", dtype=dtype), dtype=dtype, backend=backend,
+                      max_len=MAX_LEN, device="cuda")
+
+
+def requests(sampling=True):
+    lengths, news = (1, 5, 16, 20, 33, 47, 9, 70, 2), (40, 25, 30, 12, 45, 20, 33, 15, 50)
+    return [dict(prompt_ids=prompt_ids(n, seed=40 + i), max_new_tokens=m, stop_ids=[],
+                 seed=7 + i, sampling=SAMPLINGS[i % 3] if sampling else SamplingParams())
+            for i, (n, m) in enumerate(zip(lengths, news))]
+
+
+def run(engine, reqs):
+    ids = [engine.add_request(**r) for r in reqs]
+    tokens = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.finish_reason != "error", out.error
+            tokens[out.request_id] += out.new_tokens
+    stats = engine.check_accounting()
+    assert stats["pages_used"] == engine.runner.reserved_pages
+    return [tokens[rid] for rid in ids]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_graph_replays_equal_the_same_steps_run_eagerly(tiny, backend):
+    model = load(tiny, backend)
+    reqs = requests()
+    graphed = LLMEngine(model, num_pages=64, max_running=8, max_step_tokens=64, graphs=True)
+    out = run(graphed, reqs)
+    assert graphed.stats()["graph_replays"] > 50
+    eager = LLMEngine(model, num_pages=64, max_running=8, max_step_tokens=64, graphs=False,
+                      static_decode=True)
+    assert run(eager, reqs) == out
+    graphed.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_batch_of_one_with_graphs_equals_generate(tiny, backend):
+    model = load(tiny, backend)
+    engine = LLMEngine(model, num_pages=64, max_running=1, graphs=True)
+    reqs = requests()[:4]
+    assert run(engine, reqs) == [
+        generate(model, r["prompt_ids"], r["max_new_tokens"], r["sampling"], stop_ids=[],
+                 seed=r["seed"]) for r in reqs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends(("ref", "triton")))
+def test_float32_batch_equals_each_request_alone(tiny, backend):
+    model = load(tiny, backend, torch.float32)
+    reqs = requests()
+    engine = LLMEngine(model, num_pages=24, max_running=8, max_step_tokens=48)  # preempts
+    out = run(engine, reqs)
+    assert engine.stats()["preemptions"] > 0
+    assert out == [generate(model, r["prompt_ids"], r["max_new_tokens"], r["sampling"],
+                            stop_ids=[], seed=r["seed"]) for r in reqs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_pool_is_sized_from_free_gpu_memory(tiny, backend):
+    model = load(tiny, backend)
+    free, total = torch.cuda.mem_get_info()
+    pages = kv_pool_pages(model, fraction=0.5, max_batch=8)
+    page_bytes = 2 * 2 * model.config.num_layers * model.config.num_kv_heads * \
+        model.config.head_dim * 16
+    assert 0 < pages * page_bytes <= 0.5 * total - (total - free)
+    engine = LLMEngine(model, memory_fraction=0.5, max_running=8)
+    assert engine.stats()["pages_total"] == engine.cache.num_pages > 0
+    assert run(engine, requests()[:2])
+    engine.close()
