@@ -104,3 +104,63 @@ def test_sampled_chat_is_reproducible_with_a_seed(smol):
     a = session(smol, sampling=params, seed=123).reply("Name a colour.", N)[0]
     b = session(smol, sampling=params, seed=123).reply("Name a colour.", N)[0]
     assert a == b
+
+
+def test_second_thread_gets_a_clear_error_and_the_turn_in_progress_is_intact(smol):
+    # Before: two threads interleaved both turns into a corrupted conversation and cache.
+    import threading
+
+    from tileinfer.engine.chat import ChatSessionBusyError
+
+    chat = session(smol)
+    inside, release = threading.Event(), threading.Event()
+    results, errors = [], []
+
+    def slow_token(token, seen=[]):
+        seen.append(token)
+        if len(seen) == 1:
+            inside.set()
+            assert release.wait(60)
+
+    def first_turn():
+        try:
+            results.append(chat.reply("What is the capital of France?", N, on_token=slow_token))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    worker = threading.Thread(target=first_turn)
+    worker.start()
+    assert inside.wait(120)
+    before = (list(chat.messages), list(chat.seq.tokens))
+    with pytest.raises(ChatSessionBusyError, match="serving a turn in another thread"):
+        chat.reply("And of Italy?", N)
+    with pytest.raises(ChatSessionBusyError):
+        chat.reset()
+    assert (list(chat.messages), list(chat.seq.tokens)) == before  # nothing changed
+    release.set()
+    worker.join(120)
+    assert not errors and len(results) == 1
+    assert [m.role for m in chat.messages] == ["user", "assistant"]
+    # The session is free again, and its state equals a session used from one thread.
+    second, _ = chat.reply("And of Italy?", N)
+    clean = session(smol)
+    clean.reply("What is the capital of France?", N)
+    assert clean.reply("And of Italy?", N)[0] == second
+
+
+def test_system_message_comes_first_and_survives_reset(smol):
+    chat = session(smol, system="You are terse.")
+    chat.reply("Hi", 2)
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant"]
+    chat.reset()
+    assert [(m.role, m.content) for m in chat.messages] == [("system", "You are terse.")]
+
+
+def test_cache_larger_than_memory_is_refused_before_allocating(smol, monkeypatch):
+    from tileinfer.model import loader
+    from tileinfer.model.loader import MemoryLimitError
+
+    model, tok = smol
+    monkeypatch.setattr(loader, "available_memory", lambda device: 1 << 20)
+    with pytest.raises(MemoryLimitError, match="a KV cache of 512 tokens needs about"):
+        ChatSession(model, tok)

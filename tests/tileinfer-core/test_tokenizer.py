@@ -190,3 +190,12 @@ def test_bad_ids_and_files(tok, tmp_path):
     (tmp_path / "tokenizer.json").write_text("{broken")
     with pytest.raises(ValueError, match="cannot read"):
         load_tokenizer(tmp_path)
+
+
+def test_text_that_is_not_valid_unicode_is_one_clear_error(tok):
+    # A lone surrogate (bytes of a command line that were not UTF-8, or half a UTF-16 pair)
+    # ended in the library's "TextInputSequence must be str".
+    with pytest.raises(ValueError, match=r"not valid Unicode: a lone surrogate U\+DC80"):
+        tok.encode("ok \udc80")
+    with pytest.raises(ValueError, match=r"U\+DFFF at character 1$"):
+        tok.encode("a\udfff", add_special_tokens=False)

@@ -276,8 +276,8 @@ def check_checkpoint(config: ModelConfig, ckpt: Checkpoint):
             continue  # xIELU scalars: () or (1,), checked when read
         got = ckpt.shape(name)
         if got != tuple(shape):
-            raise WeightsError(f"tensor {name!r} has shape {list(got)}, but config.json's sizes "
-                               f"give {list(shape)}")
+            raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} "
+                               "from config.json's sizes")
 
 
 def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="cpu",
