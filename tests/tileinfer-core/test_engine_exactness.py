@@ -188,6 +188,8 @@ def test_static_padded_decode_steps_give_the_eager_tokens(tiny):
     model = load(tiny)
     requests = mixed_requests(sampling=SAMPLINGS)
     engine = LLMEngine(model, num_pages=40, max_running=8, static_decode=True)
+    engine.runner.warmup([1, 8])  # steps of padding rows only: they touch no sequence
+    assert engine.check_accounting()["pages_used"] == 1
     out, _ = run_engine(engine, requests)
     assert engine.runner.scratch_page is not None and engine.runner.buckets == [1, 2, 4, 8]
     assert sorted(engine.runner._static) == [1, 2, 4, 8]  # 6 -> 8 ... 1 as requests finish

@@ -119,6 +119,18 @@ class BatchRunner:
             self.replays += 1
         return bucket.buffers.logits[:len(seqs)]
 
+    def warmup(self, sizes=None):
+        """Build (and with graphs capture) the static steps of these buckets (default all) now,
+        with padding rows only, so that no request pays for it later."""
+        for size in self.buckets if sizes is None else sizes:
+            bucket = self._bucket(self.bucket_for(size))
+            prepare_step(self.cache, bucket.pad, [[0]] * len(bucket.pad),
+                         max_len=self.model.max_len, out=bucket.meta)
+            if not self.graphs:
+                self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
+            elif bucket.graph is None:
+                bucket.graph = self._capture(bucket)
+
     def _bucket(self, size: int) -> _Bucket:
         bucket = self._static.get(size)
         if bucket is None:

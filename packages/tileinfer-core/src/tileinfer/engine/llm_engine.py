@@ -216,6 +216,14 @@ class LLMEngine:
         else:
             self._pending.append(RequestOutput(req.request_id, [token]))
 
+    def warmup(self):
+        """Capture the decode steps' CUDA graphs of every batch-size bucket now (a server calls
+        it before taking requests); without graphs it does nothing."""
+        with self._step_lock:
+            if self.runner.graphs:
+                self.runner.warmup()
+                torch.cuda.synchronize()
+
     # -- inspection ----------------------------------------------------------------------------
 
     def stats(self) -> dict:
