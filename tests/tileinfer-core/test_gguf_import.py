@@ -480,3 +480,79 @@ def test_failed_reimport_keeps_the_previous_folder(tmp_path):
         import_gguf(bad, folder)
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
     assert sorted(os.listdir(tmp_path)) == ["bad.gguf", "good.gguf", "out"]
+
+
+# --- progress and interrupted imports (issue 20) -------------------------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from tileinfer.io.gguf_import import clean_interrupted_imports, interrupted_imports  # noqa: E402
+
+SLOW_IMPORT = """
+import sys, time
+import tileinfer.io.gguf_import as g
+real = g.save_file
+def save_then_hang(tensors, path, metadata=None):
+    real(tensors, path, metadata=metadata)
+    print("STAGED", flush=True)
+    time.sleep(120)
+g.save_file = save_then_hang
+g.import_gguf(sys.argv[1], sys.argv[2])
+"""
+
+
+def start_slow_import(gguf_path, out_dir):
+    """An import in a child process that stops (hangs) once its staging folder is written."""
+    child = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, str(gguf_path), str(out_dir)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "STAGED"
+    return child
+
+
+def test_progress_bar_follows_the_import(tmp_path, capsys):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
+    import_gguf(path, tmp_path / "quiet")  # standard error is not a terminal: no bar
+    assert "importing" not in capsys.readouterr().err
+    import_gguf(path, tmp_path / "shown", progress=True)
+    err = capsys.readouterr().err
+    assert "importing tiny.gguf: reading metadata" in err
+    assert "importing tiny.gguf: writing the model folder" in err
+
+
+def test_killed_import_is_cleaned_up_by_the_next_import(tmp_path):
+    # Before: an import killed by SIGKILL (or SIGTERM) left a hidden .NAME.importing-PID folder
+    # (132 MB for the default model) that nothing ever removed.
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
+    models = tmp_path / "models"
+    child = start_slow_import(path, models / "tiny")
+    staging = models / f".tiny.importing-{child.pid}"
+    assert (staging / "model.safetensors").is_file()
+    assert interrupted_imports(models) == []  # its process is alive: not a leftover
+    child.kill()
+    child.wait(30)
+    assert staging.is_dir() and interrupted_imports(models) == [staging]
+    import_gguf(path, models / "other")  # any later import into the same folder cleans up
+    assert not staging.exists()
+    assert sorted(os.listdir(models)) == ["other"]
+
+
+def test_staging_folder_of_a_running_import_is_left_alone(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
+    models = tmp_path / "models"
+    child = start_slow_import(path, models / "tiny")
+    try:
+        assert clean_interrupted_imports(models) == []
+        import_gguf(path, models / "other")
+        assert (models / f".tiny.importing-{child.pid}").is_dir()
+    finally:
+        child.kill()
+        child.wait(30)
+    assert [p.name for p, _ in clean_interrupted_imports(models)] == [f".tiny.importing-{child.pid}"]
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", ".hidden"])
+def test_import_name_must_be_a_plain_folder_name(tmp_path, name):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
+    with pytest.raises(ValueError, match="plain folder name"):
+        import_gguf(path, name=name)

@@ -48,9 +48,6 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
 @hookimpl
 def linear(out, x, weight, weight_scale):
-    if weight_scale is None:
-        # A float weight's product is rounded to x's dtype first, as F.linear's output is.
-        out.copy_((x.float() @ weight.float().T).to(x.dtype))
-    else:
-        w = weight.float() * weight_scale[:, None]
-        out.copy_((x.float() @ w.T).to(out.dtype))
+    w = weight.float() if weight_scale is None else weight.float() * weight_scale[:, None]
+    # The float32 sum, rounded once to out's dtype (x's dtype, or float32 for the logits).
+    out.copy_((x.float() @ w.T).to(out.dtype))
