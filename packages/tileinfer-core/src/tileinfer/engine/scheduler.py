@@ -92,9 +92,15 @@ class Scheduler:
     def schedule(self) -> list[tuple[Request, int]]:
         """The next step: (request, number of its next tokens to run), pages reserved."""
         budget, plan, preempted = self.max_step_tokens, [], False
-        i = 0
+        i, ps = 0, self.cache.page_size
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            seq = req.seq
+            if req.pending == 1 and len(seq) < len(seq.pages) * ps:  # a decode row with room
+                plan.append((req, 1))
+                budget -= 1
+                i += 1
+                continue
             while self._room(req) < 1:
                 victim = self.running[-1]
                 self.preempt(victim)
