@@ -41,13 +41,15 @@ def run_engine(engine, requests, check_every_step=True):
 
 
 def alone(model, r):
-    return generate(model, r["prompt_ids"], r["max_new_tokens"], r.get("sampling", SamplingParams()),
-                    stop_ids=r.get("stop_ids", []), seed=r.get("seed", 0))
+    return generate(model, r["prompt_ids"], r["max_new_tokens"],
+                    r.get("sampling", SamplingParams()), stop_ids=r.get("stop_ids", []),
+                    seed=r.get("seed", 0))
 
 
 def mixed_requests(lengths=(1, 5, 16, 20, 33, 47), news=(12, 20, 7, 16, 9, 14), sampling=None):
+    sampling = sampling or [SamplingParams()]
     return [dict(prompt_ids=prompt_ids(n, seed=10 + i), max_new_tokens=m, stop_ids=[],
-                 seed=100 + i, sampling=sampling[i % len(sampling)] if sampling else SamplingParams())
+                 seed=100 + i, sampling=sampling[i % len(sampling)])
             for i, (n, m) in enumerate(zip(lengths, news))]
 
 

@@ -122,7 +122,8 @@ def test_prefix_attach_takes_whole_cached_pages_and_leaves_a_token_to_run():
 def test_sample_batch_gives_each_row_its_own_stream():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(7, 64, generator=gen) * 3
-    greedy, hot, nucleus = SamplingParams(), SamplingParams(1.0, top_k=8), SamplingParams(0.7, top_p=0.8)
+    greedy, hot = SamplingParams(), SamplingParams(1.0, top_k=8)
+    nucleus = SamplingParams(0.7, top_p=0.8)
     params = [hot, greedy, nucleus, hot, hot, greedy, hot]
     seeds = [5, 1, 5, 5, 9, 2, 5]
     counters = [3, 0, 3, 4, 0, 7, 9]  # rows 0 and 3: one seed, consecutive counters

@@ -9,10 +9,10 @@
     runner.stop()
 
 The thread steps while some request is unfinished and sleeps on an event otherwise; adding or
-aborting a request wakes it. ``on_output`` must be quick and must not call into the engine's
-step (it runs inside the loop). If a step raises an unexpected error (the engine already turns
-errors of the forward pass into failed requests), every unfinished request is failed with it
-and the loop goes on.
+aborting a request wakes it. ``on_output`` must be quick and must not call the engine's ``step``
+(it runs inside the loop); an exception it raises is kept in ``loop_errors``. If a step raises
+an unexpected error (the engine already turns errors of the forward pass into failed
+requests), every unfinished request is failed with it and the loop goes on.
 """
 
 from __future__ import annotations
@@ -70,4 +70,7 @@ class EngineThread:
                 self.loop_errors.append(e)
                 outputs = self.engine.fail_all(f"the engine's step failed: {type(e).__name__}: {e}")
             for out in outputs:
-                self.on_output(out)
+                try:
+                    self.on_output(out)
+                except Exception as e:  # the callback's fault: keep serving the others
+                    self.loop_errors.append(e)
