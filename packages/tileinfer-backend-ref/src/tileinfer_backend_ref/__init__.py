@@ -5,7 +5,9 @@ It is the ground truth the other backends are tested against, so it is written t
 right, not fast: float32 arithmetic, roundings where transformers rounds, one Python loop over the
 sequences of a step in attention (on the CPU). Linear layers call ``F.linear`` on (out, in)
 weights exactly as transformers does, so its results match transformers' bit for bit where the
-math is the same.
+math is the same. Steps of up to ``dense.ROW_INVARIANT_MAX_TOKENS`` rows compute each row on
+its own, as a 1-token step would: a speculative verify step's rows then equal decode steps bit
+for bit (tests/tileinfer-backend-ref checks it).
 
 The ops are the thin wrappers below; the math is in ``dense`` (norms, products, activations),
 ``kv`` (RoPE, the paged KV store) and ``paged_attention``. It does not implement the optional
@@ -19,7 +21,7 @@ import torch
 from tileinfer.backend import BackendInfo, hookimpl
 from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
-from .dense import matmul, rms
+from .dense import matmul, rms, row_slices
 from .dense import silu_mul as _silu_mul
 from .dense import xielu as _xielu
 from .kv import rope as _rope
@@ -42,33 +44,41 @@ def embed(out, table, ids):
     torch.index_select(table, 0, ids.long(), out=out)
 
 
+def _rms_rows(x, weight, eps, out_dtype):
+    return torch.cat([rms(x[r], weight, eps, out_dtype) for r in row_slices(x.shape[0])])
+
+
 @hookimpl
 def rmsnorm(out, x, weight, eps):
-    out.copy_(rms(x, weight, eps, out.dtype))
+    for r in row_slices(x.shape[0]):
+        out[r].copy_(rms(x[r], weight, eps, out.dtype))
 
 
 @hookimpl
 def add_rmsnorm(residual, out, delta, weight, eps):
     residual.copy_((residual.float() + delta.float()).to(residual.dtype))
-    out.copy_(rms(residual, weight, eps, out.dtype))
+    rmsnorm(out, residual, weight, eps)
 
 
 @hookimpl
 def linear(out, x, weight, weight_scale):
-    out.copy_(matmul(x, weight, weight_scale).to(out.dtype))
+    for r in row_slices(x.shape[0]):
+        out[r].copy_(matmul(x[r], weight, weight_scale, out.dtype).to(out.dtype))
 
 
 @hookimpl
 def linear_swiglu(out, x, weight, weight_scale, gate_up):
-    gate_up.copy_(matmul(x, weight, weight_scale).to(gate_up.dtype))
+    for r in row_slices(x.shape[0]):
+        gate_up[r].copy_(matmul(x[r], weight, weight_scale).to(gate_up.dtype))
     inter = out.shape[-1]
     out.copy_(_silu_mul(gate_up[:, :inter], gate_up[:, inter:], out.dtype))
 
 
 @hookimpl
 def linear_xielu(out, x, weight, weight_scale, xielu):
-    up = matmul(x, weight, weight_scale).to(out.dtype)
-    out.copy_(_xielu(up, xielu).to(out.dtype))
+    for r in row_slices(x.shape[0]):
+        up = matmul(x[r], weight, weight_scale).to(out.dtype)
+        out[r].copy_(_xielu(up, xielu).to(out.dtype))
 
 
 @hookimpl
@@ -78,9 +88,9 @@ def attention_inputs(q_out, kv, qkv, qk, step):
     qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)
     q, k, v = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
     if qk.q_norm is not None:
-        q = rms(q, qk.q_norm, qk.norm_eps, q.dtype)
+        q = _rms_rows(q, qk.q_norm, qk.norm_eps, q.dtype)
     if qk.k_norm is not None:
-        k = rms(k, qk.k_norm, qk.norm_eps, k.dtype)
+        k = _rms_rows(k, qk.k_norm, qk.norm_eps, k.dtype)
     q_out.copy_(_rope(q, qk.cos, qk.sin, step.positions).to(q_out.dtype))
     k = _rope(k, qk.cos, qk.sin, step.positions).to(qkv.dtype)
     _store_kv(kv, k, v, step.slots)

@@ -1,5 +1,6 @@
 """Norms, matrix products and the MLP activations of the ref backend, as functions that return
-new tensors. The ops in ``__init__`` copy their results into the outputs they are given.
+new tensors. The ops in ``__init__`` copy their results into the outputs they are given, one
+row at a time in short steps (``row_slices``).
 
 ``silu_mul`` and ``xielu`` are not ops of the contract: ``linear_swiglu`` and ``linear_xielu``
 use them (and other backends' tests compare their own activation kernels with them).
@@ -7,8 +8,25 @@ use them (and other backends' tests compare their own activation kernels with th
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
+
+
+# Steps of 2..ROW_INVARIANT_MAX_TOKENS token rows (speculative verify steps, small batches)
+# compute every row on its own, exactly as a 1-token step computes it: a matrix product or a
+# reduction over several rows may sum in another order than over one (MKL and cuBLAS pick other
+# kernels for one row), and ref's verify rows must round like its decode steps so that greedy
+# speculative output equals plain greedy output. Longer steps (prefill) take whole-tensor ops.
+ROW_INVARIANT_MAX_TOKENS = 32
+
+
+def row_slices(n: int) -> list[slice]:
+    """The row ranges of an n-row step that are computed separately."""
+    if 1 < n <= ROW_INVARIANT_MAX_TOKENS:
+        return [slice(i, i + 1) for i in range(n)]
+    return [slice(0, n)]
 
 
 def rms(x, weight, eps, out_dtype):
@@ -19,10 +37,35 @@ def rms(x, weight, eps, out_dtype):
     return (weight.to(out_dtype) * x_hat.to(out_dtype)).to(out_dtype)
 
 
-def matmul(x, weight, weight_scale):
-    """``x @ W.T`` for a float weight (F.linear: x's dtype, float32 accumulation, as
-    transformers) or an INT8 weight with per-output-channel scales (float32)."""
+# Float32 copies of float weights that a float32 product reads (the lm_head of a bf16 model),
+# made once per weight (and again if it is modified in place): converting a 49152 x 576 weight
+# costs ten times the product itself on a CPU.
+# id(weight) -> (weak reference to weight, its version, the float32 copy); an entry goes with
+# its weight (tensors hash by identity but compare elementwise, so no WeakKeyDictionary).
+_FLOAT32_COPIES: dict[int, tuple] = {}
+
+
+def float32_weight(weight):
+    """weight as float32 (itself if it is float32), cached per weight tensor."""
+    if weight.dtype == torch.float32:
+        return weight
+    key = id(weight)
+    entry = _FLOAT32_COPIES.get(key)
+    if entry is None or entry[0]() is not weight or entry[1] != weight._version:
+        ref = weakref.ref(weight, lambda _, key=key: _FLOAT32_COPIES.pop(key, None))
+        entry = (ref, weight._version, weight.float())
+        _FLOAT32_COPIES[key] = entry
+    return entry[2]
+
+
+def matmul(x, weight, weight_scale, out_dtype=None):
+    """``x @ W.T`` with float32 accumulation, for a float weight or an INT8 weight with
+    per-output-channel scales. Float weight: rounded to x's dtype (F.linear, as transformers),
+    unless out_dtype is float32: then the float32 sum of the exact products, unrounded. INT8
+    weight: the scaled float32 sum."""
     if weight_scale is None:
+        if out_dtype == torch.float32 and x.dtype != torch.float32:
+            return F.linear(x.float(), float32_weight(weight))
         return F.linear(x, weight)
     return F.linear(x.float(), weight.float()) * weight_scale.float()
 

@@ -5,11 +5,20 @@ host (the CPU's form: plainly right). ``attention_padded`` pads every sequence t
 ``step.max_query_len`` queries and to the block table's width of keys and masks: it never reads
 a tensor on the host, so it can be captured in a CUDA graph (the GPU's form).
 tests/tileinfer-backend-ref checks that the two agree.
+
+Row invariance: in steps of up to ``ROW_INVARIANT_MAX_TOKENS`` query rows both forms compute
+each row on its own, with the tensors a 1-token step of its sequence at that position would
+use (per sequence: the keys up to its position; padded: one row against its sequence's padded
+keys, masked past its position). A speculative verify step's rows then equal decode steps bit
+for bit; summing a softmax or a product over more rows or more (masked) keys could round
+differently.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .dense import ROW_INVARIANT_MAX_TOKENS
 
 
 def _visible(context_len, q_len, q_index, key_pos, causal):
@@ -30,10 +39,18 @@ def _gather_context(cache, scale_pool, smooth, pages, length):
     return vec
 
 
+def _attend_rows(q_rows, k, v, group, scale):
+    """Every row of q_rows (q_len, heads, hd) float32 over all of k, v (ctx, kv_heads, hd)."""
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q_rows, k) * scale  # (heads, q_len, ctx)
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
 def attention_per_sequence(out, q, kv, step, scale, causal):
     """Attention one sequence at a time, over exactly its cached positions."""
     heads, kv_heads, page_size = q.shape[1], kv.k_cache.shape[2], kv.k_cache.shape[1]
     group = heads // kv_heads
+    row_by_row = q.shape[0] <= ROW_INVARIANT_MAX_TOKENS
     starts, lengths = step.cu_seqlens_q.tolist(), step.context_lens.tolist()
     for b, ctx in enumerate(lengths):
         q_rows = q[starts[b]:starts[b + 1]].float()  # (q_len, heads, hd)
@@ -43,6 +60,12 @@ def attention_per_sequence(out, q, kv, step, scale, causal):
         pages = step.block_table[b, : (ctx + page_size - 1) // page_size].long()
         k = _gather_context(kv.k_cache, kv.k_scale, kv.k_smooth, pages, ctx)
         v = _gather_context(kv.v_cache, kv.v_scale, None, pages, ctx)
+        if row_by_row:  # row i as a 1-token step at its position: the keys up to it, no mask
+            for i in range(q_len):
+                seen = ctx - q_len + i + 1 if causal else ctx
+                row = _attend_rows(q_rows[i:i + 1], k[:seen], v[:seen], group, scale)
+                out[starts[b] + i:starts[b] + i + 1] = row.to(out.dtype)
+            continue
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q_rows, k) * scale  # (heads, q_len, ctx)
         key_pos = torch.arange(ctx, device=q.device)[None, :]
@@ -60,6 +83,32 @@ def _gather_pages(cache, scale_pool, pages):
     return vec
 
 
+def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens):
+    """Each query row alone against its sequence's padded keys (a batch of one), masked past
+    its position and zeroed where masked, exactly as a 1-token step at that position."""
+    n, heads, hd = q.shape
+    group = heads // kv.k_cache.shape[2]
+    width = step.block_table.shape[1] * kv.k_cache.shape[1]
+    key_pos = torch.arange(width, device=q.device)
+    ctx = step.context_lens.long()[seq_of_row]  # (n,)
+    last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
+    for r in range(n):
+        pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
+        keys = _gather_pages(kv.k_cache, kv.k_scale, pages)  # (1, width, kv_heads, hd)
+        values = _gather_pages(kv.v_cache, kv.v_scale, pages)
+        if kv.k_smooth is not None:
+            keys = keys * kv.k_smooth
+        visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (width,)
+        seen = visible[None, :, None, None]
+        keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 2)
+        values = torch.where(seen, values, 0.0).repeat_interleave(group, 2)
+        q_row = q[r:r + 1].float()[None]  # (1, 1, heads, hd)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q_row, keys) * scale
+        scores = scores.masked_fill(~visible[None, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[r:r + 1] = torch.einsum("bhqk,bkhd->bqhd", probs, values)[0].to(out.dtype)
+
+
 def attention_padded(out, q, kv, step, scale, causal):
     """The same attention with every sequence padded to max_query_len queries and to the block
     table's width of keys, masked: no host synchronization."""
@@ -70,6 +119,9 @@ def attention_padded(out, q, kv, step, scale, causal):
     q_lens = (cu[1:] - cu[:-1]).long()
     seq_of_row = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens, output_size=n)
     q_index = torch.arange(n, device=dev) - cu[seq_of_row].long()
+    if n <= ROW_INVARIANT_MAX_TOKENS:
+        _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens)
+        return
     padded_q = q.new_zeros((batch, max_q, heads, hd), dtype=torch.float32)
     padded_q[seq_of_row, q_index] = q.float()
 

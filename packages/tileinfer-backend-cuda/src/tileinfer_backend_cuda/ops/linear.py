@@ -2,6 +2,10 @@
 up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU epilogues fused; prefill through cuBLAS
 (bf16 x bf16 -> bf16) or gemm.cu (INT8 weights, float32 outputs).
 
+Rounding (the linear contract): a bf16 weight's sum is rounded to bf16 (ROUND_BF16) except when
+the output is float32 (the logits), which gets the float32 sum itself; an INT8 weight's scaled
+sum is rounded once, to the output's dtype.
+
 Shapes: x (n, K) bf16 with unit stride along K; weight (O, K) bf16, or int8 with a float32 scale
 per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows).
 Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
@@ -39,11 +43,17 @@ def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str) -> int:
     return config["warps"] * config["stages"] * parts * 32 * 16
 
 
+def round_bf16(int8: bool, out_dtype: str) -> int:
+    """ROUND_BF16 of a build: round a bf16 weight's sum to bf16 before storing, unless the output
+    is float32 (the unrounded sum; the SwiGLU / xIELU epilogues round as transformers anyway)."""
+    return int(not int8 and out_dtype != "float")
+
+
 def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype: str,
                  pdl_on: bool) -> dict:
     """The defines of a gemv.cu build."""
     defines = {"W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": EPILOGUES[epilogue],
-               "OUT_DTYPE": out_dtype, "ROUND_BF16": int(not int8),
+               "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"]}
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
@@ -57,7 +67,7 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
     """The defines of a gemv_rows.cu build."""
     rows, unroll = gemv_rows_tile(cfg, tokens, int8, epilogue)
     defines = {"W_INT8": int(int8), "EPILOGUE": EPILOGUES[epilogue], "OUT_DTYPE": out_dtype,
-               "ROUND_BF16": int(not int8), "ROWS": rows, "UNROLL": unroll,
+               "ROUND_BF16": round_bf16(int8, out_dtype), "ROWS": rows, "UNROLL": unroll,
                "WARPS": cfg["warps"], "TOKENS": tokens}
     if pdl_on:
         defines["PDL"] = 1
@@ -113,8 +123,9 @@ def gemm(out, x, weight, weight_scale):
     m, k_dim = x.shape
     n_cols = weight.shape[0]
     int8 = weight.dtype == torch.int8
-    defines = {"W_INT8": int(int8), "OUT_DTYPE": DTYPE_NAMES[out.dtype],
-               "ROUND_BF16": int(not int8)}
+    out_dtype = DTYPE_NAMES[out.dtype]
+    defines = {"W_INT8": int(int8), "OUT_DTYPE": out_dtype,
+               "ROUND_BF16": round_bf16(int8, out_dtype)}
     k = kernel("gemm.cu", "gemm", "ppppiiiq", dev(out), defines)
     k.launch((cdiv(n_cols, 128), cdiv(m, 128)), (256,),
              (out, x, weight, weight_scale, m, n_cols, k_dim, x.stride(0)))

@@ -13,8 +13,9 @@ the fused SwiGLU / xIELU activations):
   SwiGLU takes gate rows ``n`` and up rows ``inter + n`` in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
-Roundings (as the ref backend): a float weight's product is rounded to x's dtype first; an INT8
-weight's float32 product is scaled and rounded once. SwiGLU rounds gate and up to x's dtype,
+Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
+for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
+INT8 weight's float32 product is scaled and rounded once, to out's dtype. SwiGLU rounds gate and up to x's dtype,
 silu(gate) to out's dtype, then the product. The launch configuration (tiles, the per-shape
 GEMV table, split-K and its scratch) is in linear_config.py; docs/triton-kernels.md has the
 design.
@@ -315,7 +316,10 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
            or (not int8 and weight.dtype != x.dtype))
     scale = weight_scale if int8 else x  # a dummy pointer when unused
     alpha_p, alpha_n, beta, eps = (float(a) for a in act_args)
-    common = dict(ACT=act, INT8=int8, ROUND_X=not int8, F32=f32)
+    # A float weight's product is rounded to x's dtype (F.linear's output), except a plain
+    # product into a float32 out (the logits: the float32 sum itself, the linear contract).
+    round_x = not int8 and not (act == ACT_NONE and out.dtype == torch.float32)
+    common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
         cfg = config or gemv_config(m, n_out, k, int8, act, f32)

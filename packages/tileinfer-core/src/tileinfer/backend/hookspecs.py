@@ -74,10 +74,11 @@ def linear(out, x, weight, weight_scale):
 
     x: (n, in); weight: (out_features, in), same dtype as x, or int8 with weight_scale
     (out_features,) float32 meaning ``W[j, :] = weight_scale[j] * weight[j, :]`` (weight_scale is
-    None for a float weight). out: (n, out_features), bf16 or float32; accumulation in float32.
-    A float weight's product is rounded to x's dtype (F.linear's output) also when out is float32
-    (the model writes its float32 logits this way); an INT8 weight's scaled sum is rounded once,
-    to out's dtype.
+    None for a float weight). out: (n, out_features), in x's dtype or float32; accumulation in
+    float32. The float32 sum (for an INT8 weight, times weight_scale[j]) is rounded once, to out's
+    dtype: out in x's dtype is F.linear's output (transformers' rounding), a float32 out holds the
+    unrounded float32 sum (the model's lm_head writes its float32 logits this way, on every
+    backend, so that near ties between logits are not made exact ties by a bf16 rounding).
     """
 
 

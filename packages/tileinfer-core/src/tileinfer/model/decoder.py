@@ -14,12 +14,15 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
     delta = m @ W_down.T
 
 then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
-and ``logits = h @ W_lm_head.T`` is computed in the model dtype and converted to float32 (as
-transformers rounds its logits to bf16 before ``.float()``, so that greedy ties break alike).
+and ``logits = h @ W_lm_head.T`` is written as float32 straight from the product's float32
+accumulation (the ``linear`` contract with a float32 out), on every backend. transformers rounds
+a bf16 model's logits to bf16 before ``.float()``; at the logits' scale (e.g. 0.125 near 25) that
+rounding turns near ties into exact ties, which backends that sum in different orders then break
+differently, so TileInfer keeps the unrounded sums.
 
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
 no ``.tolist()``): only op-table calls, views, and torch's out= forms of a row gather
-(``index_select``) and copies (the float32 logits, ``hidden_out``), so a runner can capture it in
+(``index_select``) and copies (``hidden_out``), so a runner can capture it in
 a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether the ops
 themselves are capturable is the backend's ``graph_safe``).
 
@@ -62,8 +65,7 @@ class StepBuffers:
     logit_hidden: torch.Tensor  # (m, hidden) gathered residual rows
     logit_delta: torch.Tensor  # (m, hidden) gathered last delta rows
     logit_normed: torch.Tensor  # (m, hidden)
-    logits_model_dtype: torch.Tensor  # (m, vocab) in the model dtype
-    logits: torch.Tensor  # (m, vocab) float32 (the same tensor when the model is float32)
+    logits: torch.Tensor  # (m, vocab) float32
     workspace: object  # the attention op's scratch, or None
     max_context_len: int  # the longest context the workspace is sized for
     hidden_out: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -124,7 +126,6 @@ class Model:
             if not 0 <= layer < c.num_layers:
                 raise ValueError(f"hidden_layers: layer {layer} is not in 0..{c.num_layers - 1}")
         self.ops.reserve_scratch(dev)
-        logits_model_dtype = empty(n_logits, c.vocab_size)
         return StepBuffers(
             hidden=empty(n_tokens, c.hidden_size),
             normed=empty(n_tokens, c.hidden_size),
@@ -137,9 +138,7 @@ class Model:
             logit_hidden=empty(n_logits, c.hidden_size),
             logit_delta=empty(n_logits, c.hidden_size),
             logit_normed=empty(n_logits, c.hidden_size),
-            logits_model_dtype=logits_model_dtype,
-            logits=(logits_model_dtype if dt == torch.float32
-                    else empty(n_logits, c.vocab_size, dtype=torch.float32)),
+            logits=empty(n_logits, c.vocab_size, dtype=torch.float32),
             workspace=self.ops.attention_workspace(n_tokens, c.num_heads, c.head_dim,
                                                    max_context_len, dev),
             max_context_len=max_context_len,
@@ -202,15 +201,8 @@ class Model:
             torch.index_select(b.hidden, 0, meta.logit_rows, out=hidden)
             torch.index_select(b.delta, 0, meta.logit_rows, out=delta)
         self.ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
-        head, head_scale = linear_operands(w.lm_head)
-        if head_scale is None:
-            # A float head's product is rounded to the model dtype even when the op writes
-            # float32 (the linear contract), so it writes the float32 logits directly.
-            self.ops.linear(b.logits, b.logit_normed, head, None)
-        else:
-            self.ops.linear(b.logits_model_dtype, b.logit_normed, head, head_scale)
-            if b.logits is not b.logits_model_dtype:
-                b.logits.copy_(b.logits_model_dtype)
+        # float32 out: the float32 sums, unrounded (float and INT8 heads alike).
+        self.ops.linear(b.logits, b.logit_normed, *linear_operands(w.lm_head))
         return b.logits
 
 

@@ -4,7 +4,8 @@ paged KV caches and attention steps.
 Outputs are poisoned (NaN, or a sentinel for integers) before each call, so an element the
 backend fails to write fails the comparison. Tolerances are per dtype: bf16 results may differ by
 about one rounding (relative 2**-7) from float32 accumulation in another order; INT8 cache values
-by one quantization step.
+by one quantization step; float32 sums of bf16 products (the logits) only by the summation order
+(``assert_float32_sums_close``).
 
 Other backends' own tests import these helpers too (``fill_paged_step``, ``Cache``, ...). The
 fixtures (``ops``, ``ref``, ``device``) are in ``conftest``.
@@ -52,6 +53,33 @@ def assert_close(actual, expected, dtype=None, what="output"):
             f"{what}: {int(bad.sum())}/{bad.numel()} elements differ beyond atol={atol} rtol={rtol};"
             f" first at {idx}: {a[idx].item()} vs ref {e[idx].item()},"
             f" max abs err {(a - e).abs().max().item():.4g}")
+
+
+# A float32 sum of K products, summed in another order (split-K, tensor-core tiles), differs from
+# ref's by a few float32 roundings of the partial sums: far below 2**-14 of the sum of the
+# products' magnitudes. Rounding the sum to bf16 instead (relative 2**-9) exceeds it for most
+# elements.
+FLOAT32_SUM_RTOL = 2.0 ** -14
+
+
+def assert_float32_sums_close(actual, expected, x, weight, weight_scale=None, what="output"):
+    """actual == expected (n, out) up to the summation order of float32 sums of
+    ``x @ W.T``: elementwise within FLOAT32_SUM_RTOL of ``|x| @ |W|.T``."""
+    w = weight.float().abs()
+    if weight_scale is not None:
+        w = w * weight_scale.float().abs()[:, None]
+    bound = (x.float().abs() @ w.T).cpu() * FLOAT32_SUM_RTOL + 1e-6
+    a, e = actual.float().cpu(), expected.float().cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    assert not a.isnan().any(), f"{what}: {int(a.isnan().sum())} elements unwritten (NaN)"
+    err = (a - e).abs()
+    bad = err > bound
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.numel()} elements differ from the float32 sums by more "
+            f"than {FLOAT32_SUM_RTOL:.3g} of |x| @ |W|.T; first at {idx}: {a[idx].item()!r} vs ref "
+            f"{e[idx].item()!r} (a float32 out is the unrounded sum: rounded to bf16?)")
 
 
 def rand(shape, dtype, device, scale=1.0, gen=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .helpers import XIELU, assert_close, make_weight, poisoned, rand
+from .helpers import XIELU, assert_close, assert_float32_sums_close, make_weight, poisoned, rand
 
 LINEAR_SHAPES = [(1, 64, 96), (3, 136, 200), (8, 256, 512), (17, 96, 64), (64, 256, 384),
                  (1, 576, 1536), (5, 1536, 576)]  # SmolLM2-135M's hidden 576 / intermediate 1536
@@ -21,10 +21,12 @@ def test_linear(ops, ref, device, int8, out_dtype, n, in_f, out_f):
     out, expected = poisoned((n, out_f), out_dtype, device), poisoned((n, out_f), out_dtype, device)
     ops.linear(out, x, w, scale)
     ref.linear(expected, x, w, scale)
-    # A float32 output of a bf16 product still carries the inputs' rounding: bf16 tolerance.
-    assert_close(out, expected, dtype=torch.bfloat16)
-    if not int8 and out_dtype == torch.float32:  # the product is rounded to x's dtype first
-        assert torch.equal(out, out.to(torch.bfloat16).float()), "float32 out not bf16-rounded"
+    if out_dtype == torch.bfloat16:
+        assert_close(out, expected)
+        return
+    # A float32 out holds the float32 sums themselves (the logits), never rounded to bf16.
+    assert_float32_sums_close(out, expected, x, w, scale)
+    assert not torch.equal(out, out.to(torch.bfloat16).float()), "float32 out rounded to bf16"
 
 
 def test_linear_float32_model(ops, ref, device):
