@@ -66,3 +66,14 @@ def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds:
             if not contiguous:
                 out.index_copy_(0, index, dst)
     return out
+
+
+def token_logprobs(logits: torch.Tensor, ids: list[int], tops: list[int]) -> list[tuple]:
+    """For logits (m, vocab) and the sampled ids: row r's (log-probability of ids[r], its
+    tops[r] most likely (id, log-probability) pairs), from the log-softmax of the raw logits."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(ids, device=lp.device).view(-1, 1)).view(-1).tolist()
+    top_v, top_i = lp.topk(max(tops), dim=-1)
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    return [(chosen[r], list(zip(top_i[r][:tops[r]], top_v[r][:tops[r]])))
+            for r in range(len(ids))]

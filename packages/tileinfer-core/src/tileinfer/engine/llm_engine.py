@@ -33,7 +33,7 @@ import torch
 
 from ..backend.sampling import SamplingParams
 from .batch_runner import BatchRunner
-from .batch_sampling import sample_batch
+from .batch_sampling import sample_batch, token_logprobs
 from .cache import new_cache
 from .pool import kv_pool_pages
 from .prefix_cache import PrefixCache
@@ -84,12 +84,15 @@ class LLMEngine:
     # -- requests ------------------------------------------------------------------------------
 
     def add_request(self, prompt_ids, sampling: SamplingParams = SamplingParams(),
-                    max_new_tokens: int = 256, stop_ids=None, seed: int | None = None) -> int:
+                    max_new_tokens: int = 256, stop_ids=None, seed: int | None = None,
+                    logprobs: int | None = None) -> int:
         """Queue a request; returns its id. RequestError (a ValueError) if the engine refuses it.
 
         stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
         seed: its random stream (default: a random one); its k-th token is sampled from the
         stream (seed, k), as ``tileinfer.generate(..., seed=seed)`` does.
+        logprobs: report each new token's log-probability and the ``logprobs`` most likely
+        tokens' (``RequestOutput.logprobs``; 0..20), from the raw logits.
         """
         c = self.model.config
         args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
@@ -97,9 +100,12 @@ class LLMEngine:
                              page_size=self.cache.page_size,
                              pool_pages=self.cache.num_pages - self.runner.reserved_pages,
                              default_stop=c.eos_token_ids)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= 20):
+            raise RequestError(f"logprobs must be None or an integer in 0..20, got {logprobs!r}")
         with self._inbox_lock:
             rid = next(self._ids)
-            self._inbox.append(("add", Request(rid, arrival=rid, **args)))
+            self._inbox.append(("add", Request(rid, arrival=rid, logprobs=logprobs, **args)))
             self._live.add(rid)
         return rid
 
@@ -136,12 +142,13 @@ class LLMEngine:
                 if req is not None:
                     self._finish(req, ABORT)
 
-    def _finish(self, req: Request, reason: str, new_tokens=(), error=None, stop_token=None):
+    def _finish(self, req: Request, reason: str, new_tokens=(), error=None, stop_token=None,
+                logprobs=None):
         self.scheduler.remove(req)
         del self._requests[req.request_id]
         req.state, req.finish_reason, req.error = FINISHED, reason, error
         self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
-                                           error, stop_token))
+                                           error, stop_token, logprobs))
         with self._inbox_lock:  # after the output is pending: has_unfinished stays true
             self._live.discard(req.request_id)
             self._aborting.discard(req.request_id)
@@ -180,12 +187,17 @@ class LLMEngine:
         sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
         try:
             logits = self.runner.run([req.seq for req in reqs], chunks)
-            ids = []
+            ids, lps = [], {}
             if sampled:
                 rows = logits if len(sampled) == len(plan) else logits[sampled]
                 ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
                                    [reqs[i].seed for i in sampled],
                                    [len(reqs[i].output) for i in sampled]).tolist()
+                want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
+                if want:
+                    found = token_logprobs(rows[want], [ids[j] for j in want],
+                                           [reqs[sampled[j]].logprobs for j in want])
+                    lps = dict(zip(want, found))
         except BaseException as e:
             for req, start in zip(reqs, starts):
                 self.cache.truncate(req.seq, start)  # gives back the step's pages
@@ -201,20 +213,21 @@ class LLMEngine:
             req.seq.tokens.extend(chunk)
             if self.prefix is not None:
                 self.prefix.publish(req.seq, req.page_keys)
-        for i, token in zip(sampled, ids):
-            self._accept(reqs[i], token)
+        for j, (i, token) in enumerate(zip(sampled, ids)):
+            self._accept(reqs[i], token, lps.get(j))
 
-    def _accept(self, req: Request, token: int):
+    def _accept(self, req: Request, token: int, logprob=None):
         if token in req.stop_ids:
             self._finish(req, STOP, stop_token=token)
             return
         req.output.append(token)
         self.generated_tokens += 1
         # The next step would run this token at position num_tokens - 1: within max_len?
+        logprobs = None if logprob is None else [logprob]
         if len(req.output) >= req.max_new_tokens or req.num_tokens > self.model.max_len:
-            self._finish(req, LENGTH, new_tokens=[token])
+            self._finish(req, LENGTH, new_tokens=[token], logprobs=logprobs)
         else:
-            self._pending.append(RequestOutput(req.request_id, [token]))
+            self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs))
 
     def warmup(self):
         """Capture the decode steps' CUDA graphs of every batch-size bucket now (a server calls

@@ -40,6 +40,9 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     stop_token: int | None = None
+    # With add_request(logprobs=k): per new token, (its log-probability, the k most likely
+    # (id, log-probability) pairs), from the step's raw logits (before temperature etc.).
+    logprobs: list | None = None
 
 
 @dataclass(eq=False)
@@ -59,6 +62,7 @@ class Request:
     error: str | None = None
     preemptions: int = 0
     cached_prompt_tokens: int = 0  # taken from the prefix cache at the first admission
+    logprobs: int | None = None  # top log-probabilities to report per token (None: none)
 
     @property
     def tokens(self) -> list[int]:
