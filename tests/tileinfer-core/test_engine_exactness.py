@@ -147,6 +147,21 @@ def test_prefix_shared_by_running_requests_and_whole_cached_prompts(tiny):
     assert [tokens[rid] for rid in ids] == [alone(model, r) for r in requests]
 
 
+def test_int8_weights_and_int8_kv_pages(tiny):
+    """INT8 weights and an INT8 KV cache (with prefix sharing and preemption) in batched steps:
+    each request as alone with the same cache precision."""
+    model = load_model(tiny.directory("qwen3", dtype=torch.float32), dtype=torch.float32,
+                       max_len=MAX_LEN, quantize="int8")
+    shared = prompt_ids(32, seed=6)
+    requests = [dict(prompt_ids=shared + prompt_ids(n, seed=n), max_new_tokens=m, stop_ids=[],
+                     seed=n, sampling=SAMPLINGS[n % 3]) for n, m in ((3, 20), (11, 25), (20, 15))]
+    engine = LLMEngine(model, num_pages=7, kv_quantize="int8", max_step_tokens=40)
+    out, _ = run_engine(engine, requests)
+    assert engine.stats()["prefix_hit_tokens"] > 0 and engine.stats()["preemptions"] > 0
+    assert out == [generate(model, r["prompt_ids"], r["max_new_tokens"], r["sampling"],
+                            stop_ids=[], seed=r["seed"], kv_quantize="int8") for r in requests]
+
+
 def test_cached_pages_are_evicted_least_recently_released_first(tiny):
     model = load(tiny)
     engine = LLMEngine(model, num_pages=8, page_size=16, watermark=0)
