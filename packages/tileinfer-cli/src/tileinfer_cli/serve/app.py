@@ -1,0 +1,117 @@
+"""The ASGI app: routes, OpenAI-shaped errors, the API-key guard, the engine's lifespan.
+
+``Guard`` runs before routing: with an API key, every path but ``/health`` needs
+``Authorization: Bearer <key>`` (compared with ``hmac.compare_digest``; 401 otherwise), and a
+request whose declared body is over the size limit is refused (400) before it is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from .bridge import EngineBridge
+from .errors import APIError, error_response
+from .metrics import Metrics
+from .routes import Endpoints
+
+
+class Server:
+    """What the endpoints share: the model, the engine bridge, metrics, settings."""
+
+    def __init__(self, served, engine, api_key: str | None = None, max_queue: int = 1024,
+                 queue_timeout: float | None = 300.0, max_body: int = 4 << 20):
+        self.served, self.engine = served, engine
+        self.metrics = Metrics()
+        self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
+        self.metrics.watch_engine(engine, lambda: len(self.bridge.jobs))
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body = max_body
+        self.draining = False  # set on SIGTERM / Ctrl-C: new requests get 503
+        self.started = int(time.time())
+
+    def check_accepting(self):
+        if self.draining:
+            raise APIError(503, "the server is shutting down", "server_error",
+                           code="shutting_down")
+
+    def check_model(self, name: str | None):
+        if name is not None and name != self.served.name:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves "
+                           f"{self.served.name!r} (GET /v1/models)", "invalid_request_error",
+                           "model", "model_not_found")
+
+
+class Guard:
+    """API key and body-size checks before the app (pure ASGI: it costs one dict lookup)."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+        self.expected = b"Bearer " + server.api_key if server.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            error = self.check(scope)
+            if error is not None:
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def check(self, scope) -> APIError | None:
+        headers = dict(scope["headers"])
+        if self.expected is not None and scope["path"] != "/health":
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                return APIError(401, "a valid API key is needed: send the header "
+                                "'Authorization: Bearer <key>'", "authentication_error",
+                                code="invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+        size = headers.get(b"content-length", b"")
+        limit = self.server.max_body
+        if size.isdigit() and int(size) > limit:
+            return APIError(400, f"the request body has {int(size)} bytes; the limit is "
+                            f"{limit}", code="request_too_large")
+        return None
+
+
+async def _api_error(request, exc: APIError):
+    return error_response(exc)
+
+
+async def _http_error(request, exc: HTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(APIError(exc.status_code, f"{exc.detail}: {request.method} "
+                                   f"{request.url.path}", kind))
+
+
+async def _server_error(request, exc: Exception):
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                   "server_error"))
+
+
+def build_app(server: Server):
+    e = Endpoints(server)
+    routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
+              Route("/v1/completions", e.completions, methods=["POST"]),
+              Route("/v1/models", e.models, methods=["GET"]),
+              Route("/health", e.health, methods=["GET"]),
+              Route("/metrics", e.metrics, methods=["GET"])]
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.bridge.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            server.bridge.stop()
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                                        Exception: _server_error})
+    return Guard(app, server)

@@ -1,0 +1,143 @@
+"""The engine on its own thread, and the asyncio loop's side of it.
+
+The engine steps on the ``EngineThread``; its ``on_output`` callback only timestamps each output
+and appends it to a deque, and asks the loop (``call_soon_threadsafe``) to flush once for however
+many outputs arrive before the loop gets to it: one wake-up per engine step at most, fewer when
+the loop is busy. The step loop never waits for the HTTP side. On the loop, ``_flush`` gives each
+output to its job (detokenizing, stop strings) and lets every job touched publish one event:
+each stream sends its new text once per flush. Detokenizing on the loop's thread lets it overlap
+the next step while that step waits for the GPU (PyTorch releases the GIL then).
+
+Admission: a request is refused with 429 (``Retry-After``) when the engine's waiting requests
+plus its choices exceed ``max_queue``; a request still waiting (not yet running in the engine)
+after ``queue_timeout`` seconds is failed with 503 and removed. Aborting a request frees its
+pages at once, or at the end of the step that is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+from .errors import APIError, bad_request
+
+SWEEP_SECONDS = 0.25
+
+
+class EngineBridge:
+    def __init__(self, engine, metrics, max_queue: int, queue_timeout: float | None):
+        self.engine, self.metrics = engine, metrics
+        self.max_queue, self.queue_timeout = max_queue, queue_timeout
+        self.thread = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: collections.deque = collections.deque()
+        self._flush_pending = False
+        self._choices: dict[int, object] = {}  # engine request id -> Choice
+        self.jobs: set = set()  # not ended
+        self._sweeper: asyncio.Task | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop):
+        from tileinfer import EngineThread
+
+        self.loop = loop
+        self.thread = EngineThread(self.engine, self._on_output).start()
+        self._sweeper = loop.create_task(self._sweep())
+
+    def stop(self):
+        """Fail what is left, stop the thread and close the engine (frees its pages)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for job in list(self.jobs):
+            job.fail(APIError(503, "the server is shutting down", "server_error"), "abort")
+        if self.thread is not None:
+            self.thread.stop(timeout=30)
+        self.engine.close()
+
+    # -- the engine's thread --------------------------------------------------------------------
+
+    def _on_output(self, out):
+        self._outbox.append((time.perf_counter(), out))
+        if not self._flush_pending:
+            self._flush_pending = True
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: the server is going away
+                pass
+
+    # -- the loop's thread ----------------------------------------------------------------------
+
+    def _flush(self):
+        self._flush_pending = False  # before draining: an output appended now gets a flush
+        outbox, choices, touched = self._outbox, self._choices, {}
+        while outbox:
+            t, out = outbox.popleft()
+            choice = choices.get(out.request_id)
+            if choice is not None:
+                choice.job.on_output(choice, out, t)
+                touched[choice.job] = None
+        for job in touched:
+            job.publish()
+
+    def check_capacity(self, n: int):
+        deferred = sum(len(j.choices) - 1 for j in self.jobs if not j.choices_added)
+        waiting = self.engine.stats()["waiting"] + deferred
+        if waiting + n > self.max_queue:
+            self.metrics.outcome("rejected")
+            raise APIError(429, f"the server's queue is full ({waiting} requests waiting, the "
+                           f"limit is {self.max_queue}); retry later", "rate_limit_error",
+                           code="queue_full", headers={"Retry-After": "1"})
+
+    def submit(self, job):
+        """Add the job's first choice (all of them when n == 1); RequestError -> 400."""
+        from tileinfer import RequestError
+
+        first = job.choices[0]
+        try:
+            first.rid = self.thread.add_request(**job.engine_args(first))
+        except RequestError as e:
+            self.metrics.outcome("invalid")
+            raise bad_request(str(e), "max_tokens" if "max_new_tokens" in str(e) else None)
+        self._choices[first.rid] = first
+        self.jobs.add(job)
+        self.metrics.prompt_tokens.inc(len(job.plan.prompt_ids))
+
+    def add_choices(self, job, choices):
+        """The other choices of a job whose first choice's prompt is now cached."""
+        job.choices_added = True
+        for choice in choices:
+            choice.rid = self.thread.add_request(**job.engine_args(choice))
+            self._choices[choice.rid] = choice
+
+    def forget(self, choice, abort: bool):
+        """Stop routing the choice's outputs; abort its engine request (frees its pages)."""
+        if choice.rid is None:
+            return
+        self._choices.pop(choice.rid, None)
+        if abort:
+            self.thread.abort(choice.rid)
+
+    def job_ended(self, job):
+        self.jobs.discard(job)
+
+    async def _sweep(self):
+        """Fail the requests that waited too long for the engine to take them."""
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            if not self.queue_timeout:
+                continue
+            now = time.perf_counter()
+            old = [job for job in self.jobs
+                   if not job.started and now - job.arrival > self.queue_timeout]
+            if not old:
+                continue
+            # Requests in the engine's running list hold pages (prefilling a long prompt
+            # counts as running); the others are still queued. A copy of the list, read
+            # without the engine's lock: a request that starts now is caught next time.
+            running = {r.request_id for r in list(self.engine.scheduler.running)}
+            for job in old:
+                if job.choices[0].rid not in running:
+                    job.fail(APIError(503, f"the request waited {now - job.arrival:.1f} s in "
+                                      f"the queue (the limit is {self.queue_timeout:g} s)",
+                                      "server_error", code="queue_timeout",
+                                      headers={"Retry-After": "1"}), "queue_timeout")

@@ -1,0 +1,124 @@
+"""The answers' JSON: streamed chunks (server-sent events) and whole responses.
+
+Chunks are written as text around ``json.dumps`` of the new text, with the fixed part of each
+job's chunks (id, created, model) built once: a server streaming hundreds of answers writes
+thousands of chunks a second, and building and validating a pydantic model per chunk would
+cost more than the decoding. ``schemas.py`` describes them (the tests check written chunks
+against those models); whole responses go through the pydantic models.
+
+Streams follow OpenAI's: each choice's first chunk carries ``role`` (chat), a chunk carries a
+choice's new text (one per choice per flush), the choice's last chunk its ``finish_reason``;
+with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last chunk with no
+choices carries the usage; then ``data: [DONE]``. An error after the stream started is sent as
+an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from . import schemas
+from .logprobs import TokenTexts, chat_entries, completion_logprobs
+
+DONE = b"data: [DONE]\n\n"
+_dumps = json.dumps
+
+
+def _finish(reason) -> str:
+    return "null" if reason is None else f'"{reason}"'
+
+
+class _Format:
+    object = ""
+
+    def __init__(self, model_name: str, tokenizer):
+        self.model_name = model_name
+        self.texts = TokenTexts(tokenizer)
+
+    def head(self, job) -> str:
+        """The fixed start of a job's chunks (cached on the job)."""
+        head = getattr(job, "chunk_head", None)
+        if head is None:
+            head = job.chunk_head = (f'data: {{"id":{_dumps(job.id)},"object":"{self.object}",'
+                                     f'"created":{job.created},"model":{_dumps(self.model_name)},'
+                                     '"choices":[')
+        return head
+
+    def tail(self, job) -> str:
+        return '],"usage":null}\n\n' if job.plan.include_usage else "]}\n\n"
+
+    def usage(self, job) -> dict:
+        prompt, completion = len(job.plan.prompt_ids), job.completion_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def end(self, job) -> bytes:
+        """What a stream sends after the last chunk."""
+        if job.error is not None:
+            return f"data: {job.error.json()}\n\n".encode() + DONE
+        if job.plan.include_usage:
+            head = self.head(job)
+            return (f"{head}],\"usage\":{_dumps(self.usage(job))}}}\n\n").encode() + DONE
+        return DONE
+
+    def chunks(self, job, deltas) -> str:
+        head, tail = self.head(job), self.tail(job)
+        return "".join(head + self.choice_chunk(job, *d) + tail for d in deltas)
+
+
+class ChatFormat(_Format):
+    object = "chat.completion.chunk"
+
+    def choice_chunk(self, job, choice, text, lps, finish) -> str:
+        role = ""
+        if not choice.role_sent:
+            choice.role_sent = True
+            role = '"role":"assistant",'
+        delta = f'{{{role}"content":{_dumps(text)}}}' if text or role else "{}"
+        logprobs = "null"
+        if job.plan.logprobs is not None:
+            logprobs = _dumps({"content": chat_entries(self.texts, lps)})
+        return (f'{{"index":{choice.index},"delta":{delta},"logprobs":{logprobs},'
+                f'"finish_reason":{_finish(finish)}}}')
+
+    def response(self, job) -> dict:
+        choices = []
+        for c in job.choices:
+            logprobs = None
+            if job.plan.logprobs is not None:
+                logprobs = {"content": chat_entries(self.texts, c.lps)}
+            choices.append(schemas.ChatChoice(index=c.index, logprobs=logprobs,
+                                              message=schemas.AssistantMessage(
+                                                  content=c.text.text),
+                                              finish_reason=c.finish_reason))
+        return schemas.ChatCompletion(id=job.id, created=job.created, model=self.model_name,
+                                      choices=choices, usage=self.usage(job)).model_dump()
+
+
+class CompletionFormat(_Format):
+    object = "text_completion"
+
+    def _logprobs(self, choice, lps):
+        found = completion_logprobs(self.texts, lps, choice.lp_offset)
+        if found["tokens"]:
+            choice.lp_offset = found["text_offset"][-1] + len(found["tokens"][-1])
+        return found
+
+    def choice_chunk(self, job, choice, text, lps, finish) -> str:
+        logprobs = "null"
+        if job.plan.logprobs is not None:
+            logprobs = _dumps(self._logprobs(choice, lps))
+        return (f'{{"index":{choice.index},"text":{_dumps(text)},"logprobs":{logprobs},'
+                f'"finish_reason":{_finish(finish)}}}')
+
+    def response(self, job) -> dict:
+        choices = []
+        for c in job.choices:
+            logprobs = None
+            if job.plan.logprobs is not None:
+                logprobs = self._logprobs(c, c.lps)
+            choices.append(schemas.CompletionChoice(index=c.index, text=c.text.text,
+                                                    logprobs=logprobs,
+                                                    finish_reason=c.finish_reason))
+        return schemas.Completion(id=job.id, created=job.created, model=self.model_name,
+                                  choices=choices, usage=self.usage(job)).model_dump()

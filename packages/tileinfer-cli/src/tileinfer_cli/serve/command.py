@@ -1,0 +1,144 @@
+"""``tileinfer serve``: the OpenAI-compatible HTTP server (the ``serve`` extra).
+
+Importing this module is cheap (``tileinfer --help`` imports it): the server's modules, torch
+and the web libraries are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from ..errors import UserError
+from ..options import add_model_options, kv_cache_from
+from ..parsing import INT32_MAX, float_range, int_range
+
+EPILOG = """\
+One model per server process (default: the embedded SmolLM2-135M-Instruct), on the batched
+engine. Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed or not),
+GET /v1/models, GET /health, GET /metrics (Prometheus).
+
+examples:
+  tileinfer serve                                   http://127.0.0.1:8000/v1
+  tileinfer serve -m Qwen/Qwen3-0.6B --port 8080 --max-running 32
+  TILEINFER_API_KEY=secret tileinfer serve --host 0.0.0.0
+  tileinfer serve -m FOLDER --load-format dummy     random weights of FOLDER's config shape
+
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+
+--load-format dummy is a benchmarking aid: random weights (seed 0) of the folder's config shape,
+so that serving loads can be measured without the checkpoint (the folder needs config.json and
+tokenizer.json). Its answers are noise.
+
+Sampling parameters a request leaves out take the model authors' defaults
+(generation_config.json), as tileinfer run does. SIGTERM or Ctrl-C stops accepting requests,
+lets running ones finish for --shutdown-grace seconds, aborts the rest and exits.
+"""
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_parser(sub, formatter):
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (the serve extra)",
+                       description="Serve a model over an OpenAI-compatible HTTP API.",
+                       epilog=EPILOG, formatter_class=formatter)
+    add_model_options(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every interface; use an API key)")
+    g.add_argument("--port", type=int_range(0, 65535), default=8000)
+    g.add_argument("--api-key", metavar="KEY", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+                        "(default: $TILEINFER_API_KEY; the variable keeps it out of `ps`)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help="the model's id in requests and /v1/models (default: --model as "
+                        "given, or the folder's name)")
+    g.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: random weights of the folder's config shape (benchmarks)")
+    g.add_argument("--max-body-bytes", type=int_range(1024, INT32_MAX), default=4 << 20,
+                   metavar="N", help="larger request bodies are refused (400)")
+    g.add_argument("--shutdown-grace", type=float_range(0, 3600), default=30.0, metavar="S",
+                   help="on SIGTERM, seconds running requests get to finish")
+    g.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   default="info")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-running", type=int_range(1, 4096), default=64, metavar="N",
+                   help="requests running at once (a CUDA-graph bucket up to N)")
+    e.add_argument("--max-queue", type=int_range(1, 1 << 20), default=1024, metavar="N",
+                   help="requests waiting for the engine; beyond it new ones get 429")
+    e.add_argument("--queue-timeout", type=float_range(0, 1e6), default=300.0, metavar="S",
+                   help="a request waiting longer for the engine gets an error (0: never)")
+    e.add_argument("--max-step-tokens", type=int_range(1, 1 << 20), default=2048, metavar="N",
+                   help="tokens per engine step (prefill chunks and decode rows)")
+    e.add_argument("--memory-fraction", type=float_range(0, 1, lo_open=True), default=0.9,
+                   metavar="F", help="GPU memory for weights, activations and the KV pool")
+    e.add_argument("--kv-tokens", type=int_range(16, INT32_MAX), metavar="N",
+                   help="on the CPU: KV positions in the pool (default 32768)")
+    e.add_argument("--no-prefix-caching", action="store_true",
+                   help="do not share the pages of common prompt prefixes")
+    p.set_defaults(func=run)
+
+
+def _check_extra():
+    missing = []
+    for name in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise UserError(f"tileinfer serve needs {', '.join(missing)}: pip install "
+                        "'tileinfer-cli[serve]'")
+
+
+def _ignore(signum, frame):
+    pass
+
+
+def run(args, out):
+    _check_extra()
+    api_key = args.api_key or os.environ.get("TILEINFER_API_KEY") or None
+    if args.host not in LOOPBACK and api_key is None:
+        print(f"tileinfer: warning: listening on {args.host} without an API key: anyone who "
+              "can reach this port can use the model", file=sys.stderr)
+    import uvicorn
+
+    from tileinfer import LLMEngine
+
+    from .app import Server, build_app
+    from .loading import load_served
+
+    served = load_served(args)
+    kv_quantize, key_smoothing = kv_cache_from(args, served.model)
+    engine = LLMEngine(served.model, max_running=args.max_running,
+                       max_step_tokens=args.max_step_tokens,
+                       prefix_caching=not args.no_prefix_caching, kv_quantize=kv_quantize,
+                       key_smoothing=key_smoothing, memory_fraction=args.memory_fraction,
+                       cpu_tokens=args.kv_tokens)
+    engine.warmup()
+    server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
+                    queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes)
+    stats = engine.stats()
+    print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
+          f"backend {served.model.ops.name}, max_len {served.max_len}, "
+          f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            server.draining = True
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(build_app(server), host=args.host, port=args.port,
+                            log_level=args.log_level, access_log=args.access_log,
+                            timeout_graceful_shutdown=args.shutdown_grace, lifespan="on")
+    # uvicorn handles SIGTERM / SIGINT while serving, then raises the signal again under the
+    # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _ignore)
+    uvicorn_server = _Server(config)
+    uvicorn_server.run()
+    return 0 if uvicorn_server.started else 1

@@ -1,0 +1,173 @@
+"""A job: one completion request's choices, each an engine request, and the events its endpoint
+awaits. Everything here runs on the asyncio loop's thread (the bridge hands it the engine's
+outputs in batches, one per step or a few steps).
+
+A choice decodes its tokens as they come (``ChoiceText``); a stop string ends it (its engine
+request is aborted, its pages freed). Per batch of outputs a streamed job puts one event on its
+queue: the new text, log-probabilities and finish reasons of the choices that changed; a job that
+is not streamed puts only ``END``, when every choice has finished (or the job failed).
+
+n > 1: the first choice runs alone until its first token, by which time its prompt's full pages
+are in the engine's prefix cache; the other choices are added then and share those pages
+instead of prefilling the prompt again. Choice i samples with the seed ``seed + i``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .errors import APIError
+from .text import ChoiceText
+
+END = object()  # the last event of a job
+log = logging.getLogger("tileinfer.serve")
+
+
+class Choice:
+    __slots__ = ("job", "index", "rid", "text", "tokens", "finish_reason", "lps", "lps_sent",
+                 "t_last", "changed", "role_sent", "lp_offset")
+
+    def __init__(self, job, index, text: ChoiceText):
+        self.job, self.index, self.text = job, index, text
+        self.rid: int | None = None
+        self.tokens = 0  # generated tokens counted in usage (up to a stop string's last)
+        self.finish_reason: str | None = None
+        self.lps: list = []  # (token, logprob, tops) per token
+        self.lps_sent = 0
+        self.t_last = 0.0
+        self.changed = False
+        self.role_sent = False
+        self.lp_offset = 0  # completions logprobs: text_offset of the next token
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Job:
+    def __init__(self, bridge, plan, tokenizer, kind: str, request_id: str, user=None):
+        self.bridge, self.plan, self.kind, self.id, self.user = bridge, plan, kind, request_id, user
+        self.created = int(time.time())
+        self.arrival = time.perf_counter()
+        self.choices = [Choice(self, i, ChoiceText(tokenizer, plan.stops))
+                        for i in range(plan.n)]
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.started = False  # the first choice produced output
+        self.choices_added = plan.n == 1  # the other choices are in the engine too
+        self.error: APIError | None = None
+        self.outcome: str | None = None  # set once, when the job ends
+        self.unfinished = plan.n
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens for c in self.choices)
+
+    def engine_args(self, choice: Choice) -> dict:
+        p = self.plan
+        return dict(prompt_ids=p.prompt_ids, sampling=p.sampling, max_new_tokens=p.max_tokens,
+                    stop_ids=p.stop_ids, seed=p.seed_of(choice.index), logprobs=p.logprobs)
+
+    # -- the bridge's calls ---------------------------------------------------------------------
+
+    def on_output(self, choice: Choice, out, t: float):
+        """One engine output of one of its choices (tokens, maybe the end)."""
+        if self.done or choice.finished:
+            return
+        metrics = self.bridge.metrics
+        if not self.started:
+            self.started = True
+            if out.new_tokens:
+                metrics.ttft.observe(t - self.arrival)
+            if self.plan.n > 1 and out.finish_reason not in ("error", "abort"):
+                self.bridge.add_choices(self, self.choices[1:])
+        if out.new_tokens:
+            if choice.t_last:
+                metrics.itl.observe(t - choice.t_last)
+            choice.t_last = t
+            lps = out.logprobs
+            for k, token in enumerate(out.new_tokens):
+                choice.tokens += 1
+                if lps is not None:
+                    choice.lps.append((token, *lps[k]))
+                if choice.text.add(token):
+                    self._finish(choice, "stop", abort=True)
+                    break
+            metrics.generated_tokens.inc(len(out.new_tokens))
+            choice.changed = True
+        if out.finished and not choice.finished:
+            reason = out.finish_reason
+            if reason in ("stop", "length"):
+                if choice.text.end():  # the held-back tail completed a stop string
+                    reason = "stop"
+                self._finish(choice, reason)
+            elif reason == "error":
+                self.fail(APIError(500, f"generation failed: {out.error}", "server_error"),
+                          "error")
+            else:  # "abort": not by this job (it forgets its requests when it aborts them)
+                self.fail(APIError(503, "the request was aborted by the server",
+                                   "server_error"), "abort")
+
+    def publish(self):
+        """After a batch of outputs: an event for the endpoint, and END when all finished."""
+        if self.done and self.outcome != "finished":
+            return
+        if self.plan.stream:
+            changed = [c for c in self.choices if c.changed]
+            if changed:
+                deltas = []
+                for c in changed:
+                    c.changed = False
+                    lps = c.lps[c.lps_sent:]
+                    c.lps_sent = len(c.lps)
+                    deltas.append((c, c.text.take(), lps, c.finish_reason))
+                self.events.put_nowait(deltas)
+        if self.unfinished == 0:
+            self.events.put_nowait(END)
+
+    def fail(self, error: APIError, outcome: str):
+        """End the job with an error (the endpoint answers it); aborts what still runs."""
+        if self.done:
+            return
+        self.error = error
+        self._end(outcome)
+        self.events.put_nowait(END)
+
+    def close(self):
+        """The endpoint is done with the job (answered, or the client went away): abort what
+        still runs. Called in every case; only the first call of close or fail counts."""
+        if not self.done:
+            self._end("abort")
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _finish(self, choice: Choice, reason: str, abort: bool = False):
+        choice.finish_reason = reason
+        choice.changed = True
+        self.unfinished -= 1
+        self.bridge.forget(choice, abort=abort)
+        if self.unfinished == 0:
+            self._end("finished")
+
+    def _end(self, outcome: str):
+        self.outcome = outcome
+        for c in self.choices:
+            if not c.finished:
+                self.bridge.forget(c, abort=True)
+        self.bridge.job_ended(self)
+        m = self.bridge.metrics
+        if outcome == "finished":
+            m.outcome(self.choices[0].finish_reason)
+        else:
+            m.outcome(outcome)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %d prompt + %d generated tokens, %s in %.3f s%s", self.id,
+                     len(self.plan.prompt_ids), self.completion_tokens,
+                     self.choices[0].finish_reason if outcome == "finished" else outcome,
+                     time.perf_counter() - self.arrival,
+                     f" (user {self.user!r})" if self.user else "")

@@ -1,0 +1,73 @@
+"""The served model: one per server process, chosen at start (no request names a file or a model
+to load).
+
+``--load-format dummy`` builds random weights of the folder's config shape instead of reading
+its weights (``tileinfer.model.random_weights.random_model``, seed 0), as other engines' "dummy"
+load format: a benchmarking aid for serving loads without the checkpoint (the folder needs its
+config.json and tokenizer.json only). The answers are noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..options import DEFAULT_MAX_LEN, resolve_dtype, set_threads
+
+
+@dataclass
+class ServedModel:
+    name: str  # the id clients name in "model" and /v1/models lists
+    folder: Path
+    model: object  # tileinfer.Model
+    tokenizer: object  # tileinfer.Tokenizer
+    sampling: object  # the authors' default SamplingParams (generation_config.json)
+    stop_ids: list[int]  # the model's end-of-sequence ids
+    dummy: bool
+
+    @property
+    def max_len(self) -> int:
+        return self.model.max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+
+def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize, allow_long: bool):
+    """A model of folder's config shape with random weights (seed 0)."""
+    from tileinfer import get_backend, load_config
+    from tileinfer.model.config import check_max_len
+    from tileinfer.model.loader import default_device
+    from tileinfer.model.random_weights import random_model
+
+    config = load_config(folder)
+    if max_len is None:
+        max_len = min(DEFAULT_MAX_LEN, config.max_position_embeddings)
+    check_max_len(config, max_len, allow_long)
+    device = default_device(get_backend(backend))
+    return random_model(config, dtype=dtype, backend=backend, device=device, quantize=quantize,
+                        max_len=max_len, seed=0)
+
+
+def load_served(args) -> ServedModel:
+    from tileinfer import generation_defaults, load_model, load_tokenizer, resolve_model_dir
+    from tileinfer.backend import default_backend_name
+
+    set_threads(args)
+    folder = resolve_model_dir(args.model)
+    backend = args.backend or default_backend_name()
+    dtype = resolve_dtype(args.dtype, backend)
+    quantize = "int8" if args.int8 else None
+    tokenizer = load_tokenizer(folder)
+    if args.load_format == "dummy":
+        model = load_dummy(folder, dtype, backend, args.max_len, quantize,
+                           args.allow_long_context)
+    else:
+        model = load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
+                           quantize=quantize, allow_long=args.allow_long_context)
+    sampling, stop_ids = generation_defaults(folder, model.config)
+    name = args.served_model_name or (args.model if args.model and not Path(args.model).exists()
+                                      else folder.name)
+    return ServedModel(name, folder, model, tokenizer, sampling, list(stop_ids),
+                       args.load_format == "dummy")

@@ -1,0 +1,139 @@
+"""From a validated request to what the engine runs: prompt ids, sampling, lengths, stops.
+
+Refused with a 400 that gives the numbers: a prompt that leaves no room in the model's context
+(``max_len``), a ``max_tokens`` beyond what the context has left, a template that rejects the
+conversation, text that is not valid Unicode. Parameters left out take the model authors'
+defaults (generation_config.json), as ``tileinfer run`` does; ``max_tokens`` defaults to what
+the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import bad_request
+from .schemas import ChatRequest, CompletionRequest
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+INT64 = 2**63
+
+
+@dataclass
+class Plan:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: object  # tileinfer.SamplingParams
+    seed: int | None
+    stops: list[str]
+    stop_ids: list[int]
+    n: int
+    logprobs: int | None  # top log-probabilities per token; None: no logprobs
+    stream: bool
+    include_usage: bool
+
+    def seed_of(self, choice: int) -> int | None:
+        """Choice i's seed: the request's seed + i (in the int64 range); None stays random."""
+        if self.seed is None:
+            return None
+        return (self.seed + choice + INT64) % (2 * INT64) - INT64
+
+
+def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
+    from tileinfer import ChatTemplateError, chat_prompt
+
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = chat_prompt(served.folder, messages, add_generation_prompt=True,
+                           **(req.chat_template_kwargs or {}))
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from None
+    try:
+        return served.tokenizer.encode(text, add_special_tokens=False)
+    except ValueError as e:  # a lone surrogate
+        raise bad_request(str(e), "messages") from None
+
+
+def completion_prompt_ids(served, req: CompletionRequest) -> list[int]:
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad_request(f"a list of {len(prompt)} prompts: this server takes one prompt "
+                              "per request (send several requests, or use n)", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("the prompt is empty", "prompt")
+        try:
+            return served.tokenizer.encode(prompt, add_special_tokens=True)
+        except ValueError as e:
+            raise bad_request(str(e), "prompt") from None
+    if not prompt:
+        raise bad_request("the prompt is empty", "prompt")
+    vocab = served.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                          "prompt")
+    return list(prompt)
+
+
+def _max_tokens(served, prompt_len: int, asked: int | None, default: int | None,
+                param: str, prompt_param: str) -> int:
+    room = served.max_len - prompt_len
+    if room < 1:
+        raise bad_request(
+            f"the prompt has {prompt_len} tokens; this model's context is {served.max_len} "
+            "tokens, which leaves no room for an answer", prompt_param, "context_length_exceeded")
+    if asked is None:
+        return room if default is None else min(default, room)
+    if asked > room:
+        raise bad_request(
+            f"{param} is {asked}, but the prompt has {prompt_len} tokens and this model's "
+            f"context is {served.max_len} tokens: at most {room} tokens fit", param,
+            "context_length_exceeded")
+    return asked
+
+
+def _sampling(served, req):
+    from tileinfer import SamplingParams
+
+    d = served.sampling
+    top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
+    try:
+        return SamplingParams(temperature=d.temperature if req.temperature is None
+                              else req.temperature,
+                              top_k=top_k, top_p=d.top_p if req.top_p is None else req.top_p)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def _common(served, req, prompt_ids, max_tokens, logprobs) -> Plan:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options needs stream: true", "stream_options")
+    return Plan(prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=_sampling(served, req),
+                seed=req.seed, stops=req.stops(),
+                stop_ids=[] if req.ignore_eos else list(served.stop_ids), n=req.n,
+                logprobs=logprobs, stream=req.stream,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+
+
+def plan_chat(served, req: ChatRequest) -> Plan:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise bad_request("max_tokens and max_completion_tokens differ: give one",
+                          "max_completion_tokens")
+    ids = chat_prompt_ids(served, req)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = _max_tokens(served, len(ids), asked, None, param, "messages")
+    return _common(served, req, ids, max_tokens,
+                   (req.top_logprobs or 0) if req.logprobs else None)
+
+
+def plan_completion(served, req: CompletionRequest) -> Plan:
+    ids = completion_prompt_ids(served, req)
+    max_tokens = _max_tokens(served, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
+                             "max_tokens", "prompt")
+    return _common(served, req, ids, max_tokens, req.logprobs)

@@ -1,0 +1,189 @@
+"""The endpoints: completions (chat and legacy), models, health, metrics.
+
+A completion request is read (size-limited), parsed (malformed JSON: 400), validated against
+its schema (an unknown or unsupported parameter: 400 naming it), checked against the model
+(prompt and ``max_tokens`` within the context: 400 with the numbers) and against the queue
+(full: 429), then added to the engine as a job. The response waits for the job's first event,
+watching for the client to go away meanwhile; so errors that come before the first token
+(a queue timeout, a failing step) still get their HTTP status. A streamed answer then goes out
+as server-sent events; a client that disconnects aborts its job (pages freed at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .chunks import ChatFormat, CompletionFormat
+from .errors import APIError, bad_request, error_response
+from .jobs import END, Job
+from .prepare import plan_chat, plan_completion
+from .schemas import ChatRequest, CompletionRequest, ModelCard, ModelList
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def read_json(request, limit: int):
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise bad_request(f"the request body has {int(size)} bytes; the limit is {limit}",
+                          code="request_too_large")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise bad_request(f"the request body has more than {limit} bytes (the limit)",
+                              code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json")
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """A 400 for the first problem pydantic found, naming the parameter (``messages.0.role``)."""
+    first = e.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    if first["type"] == "extra_forbidden":
+        name = ".".join(loc)
+        return bad_request(f"unsupported parameter: {name}", name, "unsupported_parameter")
+    # Union members add their type to the path (stop.str, stop.list[str]): keep request names.
+    param = ".".join(p for p in loc if p.isdigit() or p in _NAMES) or None
+    message = first["msg"].removeprefix("Value error, ")
+    return bad_request(f"{param}: {message}" if param else message, param)
+
+
+_NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
+          | {"role", "content", "type", "text", "include_usage"})
+
+
+def parse(body, schema):
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return schema.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+async def _disconnected(receive):
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+GONE = object()  # the client disconnected
+
+
+async def first_event(request, job):
+    """The job's first event, or GONE if the client disconnected first."""
+    get = asyncio.ensure_future(job.events.get())
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not get.done():
+            get.cancel()
+    return get.result() if get.done() and not get.cancelled() else GONE
+
+
+class SSEResponse(StreamingResponse):
+    """A stream whose job is closed however the response ends (finished, the client gone, the
+    server's grace period over)."""
+
+    def __init__(self, job, body):
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.close()
+
+
+async def _events(job, fmt, first):
+    item = first
+    while item is not END:
+        batch, item = [fmt.chunks(job, item)], None
+        while not job.events.empty():  # the loop fell behind: one write for every event
+            queued = job.events.get_nowait()
+            if queued is END:
+                item = END
+                break
+            batch.append(fmt.chunks(job, queued))
+        yield "".join(batch).encode()
+        if item is None:
+            item = await job.events.get()
+    yield fmt.end(job)
+
+
+class Endpoints:
+    def __init__(self, server):
+        self.server = server
+        served = server.served
+        self.chat_format = ChatFormat(served.name, served.tokenizer)
+        self.completion_format = CompletionFormat(served.name, served.tokenizer)
+
+    async def chat(self, request):
+        return await self._complete(request, ChatRequest, plan_chat, self.chat_format, "chatcmpl")
+
+    async def completions(self, request):
+        return await self._complete(request, CompletionRequest, plan_completion,
+                                    self.completion_format, "cmpl")
+
+    async def _complete(self, request, schema, planner, fmt, prefix):
+        server = self.server
+        try:
+            server.check_accepting()
+            req = parse(await read_json(request, server.max_body), schema)
+            server.check_model(req.model)
+            plan = planner(server.served, req)
+        except APIError as e:
+            if e.status == 400 or e.status == 404:
+                server.metrics.outcome("invalid")
+            raise
+        server.bridge.check_capacity(plan.n)
+        job = Job(server.bridge, plan, server.served.tokenizer, prefix,
+                  f"{prefix}-{secrets.token_hex(12)}", req.user)
+        server.bridge.submit(job)
+        handed_over = False
+        try:
+            item = await first_event(request, job)
+            if item is GONE:  # the client went away while waiting
+                return Response(status_code=499)
+            if item is END and job.error is not None:
+                return error_response(job.error)
+            if plan.stream:
+                handed_over = True
+                return SSEResponse(job, _events(job, fmt, item))
+            while item is not END:  # a job that is not streamed only puts END
+                item = await job.events.get()
+            if job.error is not None:
+                return error_response(job.error)
+            return JSONResponse(fmt.response(job))
+        finally:
+            if not handed_over:
+                job.close()
+
+    async def models(self, request):
+        s = self.server.served
+        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    async def health(self, request):
+        if self.server.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(self, request):
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(self.server.metrics.render(), media_type=CONTENT_TYPE_LATEST)

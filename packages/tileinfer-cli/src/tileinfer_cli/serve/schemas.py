@@ -1,0 +1,284 @@
+"""The request and response schemas (pydantic), a subset of OpenAI's.
+
+Requests forbid unknown fields: a parameter this server does not implement is refused with a
+400 that names it, never ignored. A few OpenAI parameters are accepted only with the value that
+changes nothing (``frequency_penalty: 0``, ``logit_bias: {}``, ``tools: []``, ``echo: false``,
+...), because clients send those defaults explicitly; any other value is refused by name.
+
+Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``ignore_eos`` (do not stop at the
+model's end-of-sequence tokens: fixed output lengths for benchmarks), ``chat_template_kwargs``.
+
+Streamed chunks are written by ``chunks.py`` as JSON text directly (many per step); the chunk
+models here describe them and the tests check the written chunks against them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_N = 16  # choices per request
+MAX_STOPS = 16
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+def _neutral(name: str, value, neutral: tuple):
+    if value not in neutral:
+        accepted = dict.fromkeys(json.dumps(v) for v in neutral if v is not None)
+        raise ValueError(f"{name} is not supported by this server (only "
+                         f"{' or '.join(accepted)} is accepted, or leaving it out)")
+    return value
+
+
+class _Sampling(_Strict):
+    """What chat and completions requests share."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=-2**63, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)  # an end-user id; shown in the server log
+    ignore_eos: bool = False
+    # Accepted only when they change nothing.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, v, info):
+        return _neutral(info.field_name, v, (None, 0, 0.0))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v, info):
+        return _neutral(info.field_name, v, (None, {}))
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("a stop string must not be empty")
+        return stops
+
+    def stops(self) -> list[str]:
+        return list(self.stop or [])
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list | None = None
+    tool_choice: str | None = None
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v, info):
+        return _neutral(info.field_name, v, (None, []))
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v, info):
+        return _neutral(info.field_name, v, (None, "none"))
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v, info):
+        return _neutral(info.field_name, v, (None, {"type": "text"}))
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v):
+        reserved = {"messages", "add_generation_prompt", "tools", "documents"} & set(v or {})
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
+        return v
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v, info):
+        return _neutral(info.field_name, v, (False,))
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v, info):
+        return _neutral(info.field_name, v, (None,))
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v, info):
+        return _neutral(info.field_name, v, (None, 1))
+
+
+# -- responses --------------------------------------------------------------------------------
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunkChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tileinfer"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
