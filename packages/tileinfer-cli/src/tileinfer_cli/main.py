@@ -14,10 +14,11 @@ import threading
 import warnings
 
 from . import backends_cmd, bench_cmd, chat_cmd, models_cmd, run_cmd
-from .errors import user_errors
+from .errors import UserError, user_errors
 from .parsing import HelpFormatter, Parser
+from .serve import command as serve_cmd  # the server's modules are imported when it runs
 
-COMMANDS = [run_cmd, chat_cmd, models_cmd, backends_cmd, bench_cmd]
+COMMANDS = [run_cmd, chat_cmd, models_cmd, backends_cmd, bench_cmd, serve_cmd]
 
 EPILOG = """\
 examples:
@@ -28,6 +29,7 @@ examples:
   tileinfer list
   tileinfer backends
   tileinfer bench --shape llama3-8b
+  tileinfer serve                                     an OpenAI-compatible server on :8000
 
 `tileinfer COMMAND --help` shows a command's options and examples.
 """
@@ -75,7 +77,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except UserError as exc:  # before user_errors(), which imports tileinfer
+        return _report(exc)
     except user_errors() as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"tileinfer: error: {message}", file=sys.stderr)
-        return 2
+        return _report(exc)
+
+
+def _report(exc) -> int:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"tileinfer: error: {message}", file=sys.stderr)
+    return 2
