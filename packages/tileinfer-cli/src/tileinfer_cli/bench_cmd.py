@@ -28,14 +28,21 @@ def add_parser(sub, formatter):
     src.add_argument("--model", "-m", help="a model (folder, pulled repo id, imported name) "
                      "instead of random weights")
     p.add_argument("--backend", "-b", help="op backend (default: the fastest that runs here)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                   help="weights and activations")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
-    p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
-    p.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=16, metavar="N")
-    p.add_argument("--new-tokens", type=int_range(1, 1 << 20), default=256, metavar="N")
-    p.add_argument("--graphs", choices=["on", "off", "both"], default="on")
-    p.add_argument("--pipeline", choices=["on", "off", "both"], default="on")
-    p.add_argument("--repeats", type=int_range(1, 1000), default=3, metavar="N")
+    p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16",
+                   help="KV cache precision")
+    p.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=16, metavar="N",
+                   help="prompt tokens (random ids)")
+    p.add_argument("--new-tokens", type=int_range(1, 1 << 20), default=256, metavar="N",
+                   help="tokens generated per run")
+    p.add_argument("--graphs", choices=["on", "off", "both"], default="on",
+                   help="CUDA graphs (a GPU only)")
+    p.add_argument("--pipeline", choices=["on", "off", "both"], default="on",
+                   help="pipelined decoding (a GPU only)")
+    p.add_argument("--repeats", type=int_range(1, 1000), default=3, metavar="N",
+                   help="runs per setting; the median is reported")
     p.add_argument("--threads", type=int_range(1, 1024), metavar="N",
                    help=f"CPU threads for PyTorch's ops (default: {default_threads()} here)")
     p.add_argument("--json", metavar="PATH",

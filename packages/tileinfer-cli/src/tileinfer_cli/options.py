@@ -82,7 +82,8 @@ def add_sampling_options(p: argparse.ArgumentParser):
     think = g.add_mutually_exclusive_group()
     think.add_argument("--think", dest="thinking", action="store_true", default=None,
                        help="let a reasoning model think first (Qwen3's enable_thinking)")
-    think.add_argument("--no-think", dest="thinking", action="store_false")
+    think.add_argument("--no-think", dest="thinking", action="store_false",
+                       help="answer without thinking first (default: the chat template's)")
 
 
 def _speculative_spec(text: str) -> str:

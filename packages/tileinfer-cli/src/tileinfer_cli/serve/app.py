@@ -41,6 +41,13 @@ class Server:
             raise APIError(503, "the server is shutting down", "server_error",
                            code="shutting_down")
 
+    def abort_all(self):
+        """Fail every request still running or waiting (the shutdown's grace period is over)."""
+        for job in list(self.bridge.jobs):
+            job.fail(APIError(503, "the server is shutting down: the request was aborted after "
+                              "the grace period", "server_error", code="shutting_down"),
+                     "abort")
+
     def check_model(self, name: str | None):
         if name is not None and name != self.served.name:
             raise APIError(404, f"the model {name!r} does not exist: this server serves "

@@ -129,12 +129,19 @@ def run(args, out):
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            # Stop taking requests; after the grace period fail those still running (they get
+            # an error, streams an error event and [DONE]), so that every connection ends
+            # before uvicorn's own deadline (a little later) would cut it.
             server.draining = True
+            loop = server.bridge.loop
+            if loop is not None:
+                loop.call_soon_threadsafe(loop.call_later, args.shutdown_grace,
+                                          server.abort_all)
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(build_app(server), host=args.host, port=args.port,
                             log_level=args.log_level, access_log=args.access_log,
-                            timeout_graceful_shutdown=args.shutdown_grace, lifespan="on")
+                            timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on")
     # uvicorn handles SIGTERM / SIGINT while serving, then raises the signal again under the
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,274 @@
+"""``tileinfer serve`` on a tiny random-weight model (SmolLM2's tokenizer and chat template, a
+2-layer shape, ``--load-format dummy``): one server process for the module, driven by the
+official ``openai`` client and by raw HTTP (httpx). What it answers is checked against the
+offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, rebuilt here)."""
+
+from __future__ import annotations
+
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder
+from tileinfer import (LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch,
+                       load_config, load_tokenizer)
+from tileinfer.model.random_weights import random_model
+from tileinfer_cli.serve import schemas
+
+MAX_LEN = 512  # the tiny config's max_position_embeddings
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def folder(smollm2_dir, tmp_path_factory):
+    return tiny_folder(smollm2_dir, tmp_path_factory.mktemp("serve-tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "8192",
+                       "--max-running", "8"], log)
+    try:
+        yield s.wait_ready()
+    finally:
+        rc = s.stop()
+    assert rc == 0, s.output()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=TIMEOUT,
+                         max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def offline(folder):
+    model = random_model(load_config(folder), dtype=torch.float32, backend="ref", device="cpu",
+                         max_len=MAX_LEN, seed=0)
+    return model, load_tokenizer(folder)
+
+
+def chat_ids(folder, tok, text):
+    prompt = chat_prompt(folder, [{"role": "user", "content": text}], add_generation_prompt=True)
+    return tok.encode(prompt, add_special_tokens=False)
+
+
+def as_text(tok, ids) -> str:
+    out = io.StringIO()
+    stream = TextStream(tok, out)
+    for i in ids:
+        stream.put(i)
+    stream.end()
+    return out.getvalue()
+
+
+def offline_texts(offline, prompts, samplings, max_news, seeds) -> list[str]:
+    model, tok = offline
+    tokens = generate_batch(model, prompts, samplings, max_news, seeds=seeds, num_pages=256)
+    return [as_text(tok, t) for t in tokens]
+
+
+def stream_text(chunks, index=0) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks
+                   if c.choices and c.choices[0].index == index)
+
+
+def test_models_and_health(server, client, http):
+    assert http.get("/health").json() == {"status": "ok"}
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny-smollm2-shape"]
+
+
+def test_chat_streamed_equals_not_streamed_equals_offline(folder, client, offline):
+    kwargs = dict(model="tiny-smollm2-shape", messages=[{"role": "user", "content": "Hello!"}],
+                  temperature=1.0, seed=11, max_tokens=20)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = whole.choices[0].message.content
+    assert stream_text(chunks) == text
+    assert whole.choices[0].finish_reason == "length" and chunks[-2].choices[0].finish_reason \
+        == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    ids = chat_ids(folder, offline[1], "Hello!")
+    assert whole.usage.prompt_tokens == len(ids) and whole.usage.completion_tokens == 20
+    assert text == offline_texts(offline, [ids], SamplingParams(1.0), 20, [11])[0]
+
+
+def test_completions_raw_http_streamed_and_not(http, offline):
+    body = dict(prompt="Once upon a time", max_tokens=12, temperature=0.7, seed=3)
+    whole = http.post("/v1/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    whole = schemas.Completion.model_validate(whole.json())
+    with http.stream("POST", "/v1/completions",
+                     json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = [schemas.CompletionChunk.model_validate(e) for e in events[:-1]]
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == whole.choices[0].text
+    assert chunks[-1].usage == whole.usage and whole.usage.completion_tokens == 12
+    model, tok = offline
+    ids = tok.encode("Once upon a time", add_special_tokens=True)
+    assert whole.choices[0].text == offline_texts(offline, [ids], SamplingParams(0.7), 12, [3])[0]
+    # Chat chunks, raw: the role first, then content; each validates against the schema.
+    with http.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+            "stream": True}) as r:
+        events = sse_events(r)
+    chunks = [schemas.ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length" and events[-1] == "[DONE]"
+
+
+def test_stop_strings_across_token_boundaries(client):
+    base = dict(model="tiny-smollm2-shape", prompt="The weather today", max_tokens=40)
+    full = client.completions.create(**base).choices[0]
+    text = full.text
+    assert full.finish_reason == "length"
+    # A 5-character window from the middle: random tokens are short, so it spans a boundary.
+    start = next(i for i in range(len(text) // 3, len(text) - 5)
+                 if "\ufffd" not in text[i:i + 5] and text[i:i + 5].strip())
+    stop = text[start:start + 5]
+    expected = text[:text.index(stop)]
+    cut = client.completions.create(**base, stop=[stop, "never appears"])
+    assert cut.choices[0].text == expected and cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < 40
+    streamed = list(client.completions.create(**base, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+    none = client.completions.create(**base, stop="never appears")
+    assert none.choices[0].text == text and none.choices[0].finish_reason == "length"
+
+
+def test_n2_choices_share_the_prompt_pages(server, folder, client, offline):
+    before = metrics(server.url)["tileinfer_prefix_cache_hit_tokens_total"]
+    text = "Tell me a story about two dragons who share a cave in the mountains."
+    kwargs = dict(model="tiny-smollm2-shape", messages=[{"role": "user", "content": text}],
+                  n=2, temperature=1.0, seed=5, max_tokens=10)
+    whole = client.chat.completions.create(**kwargs)
+    ids = chat_ids(folder, offline[1], text)
+    hits = metrics(server.url)["tileinfer_prefix_cache_hit_tokens_total"] - before
+    assert hits >= 16 * (len(ids) // 16) > 0  # the second choice took the prompt's full pages
+    expected = offline_texts(offline, [ids, ids], SamplingParams(1.0), 10, [5, 6])
+    assert [c.message.content for c in whole.choices] == expected
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert whole.usage.completion_tokens == 20
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    assert [stream_text(chunks, 0), stream_text(chunks, 1)] == expected
+
+
+def test_logprobs_are_the_engines(folder, client, http, offline):
+    kwargs = dict(model="tiny-smollm2-shape", messages=[{"role": "user", "content": "Why?"}],
+                  max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**kwargs)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 6
+    for entry in content:
+        tops = entry.top_logprobs
+        assert len(tops) == 3 and tops[0].token == entry.token  # greedy: the most likely
+        assert tops[0].logprob == pytest.approx(entry.logprob)
+        assert tops[0].logprob >= tops[1].logprob >= tops[2].logprob
+        assert bytes(entry.bytes).decode("utf-8", errors="replace") == entry.token
+    assert "".join(e.token for e in content) == whole.choices[0].message.content
+    # The same numbers from the engine in-process.
+    model, tok = offline
+    engine = LLMEngine(model, num_pages=64)
+    rid = engine.add_request(chat_ids(folder, tok, "Why?"), SamplingParams(), 6, logprobs=3)
+    found = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.request_id == rid
+            found += out.logprobs or []
+    engine.close()
+    assert [e.logprob for e in content] == pytest.approx([lp for lp, _ in found], abs=1e-4)
+    streamed = list(client.chat.completions.create(**kwargs, stream=True))
+    entries = [e for c in streamed for e in (c.choices[0].logprobs.content or [])]
+    assert [(e.token, round(e.logprob, 4)) for e in entries] == \
+        [(e.token, round(e.logprob, 4)) for e in content]
+    # The legacy completions shape.
+    r = http.post("/v1/completions", json=dict(prompt="Why", max_tokens=4, logprobs=2,
+                                               temperature=0)).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0 and all(len(t) == 2 for t in lp["top_logprobs"])
+
+
+def test_same_seed_same_output(client):
+    kwargs = dict(model="tiny-smollm2-shape", prompt="Pick a number", max_tokens=16,
+                  temperature=1.0, top_p=0.95)
+    a = client.completions.create(**kwargs, seed=1234).choices[0].text
+    b = client.completions.create(**kwargs, seed=1234).choices[0].text
+    c = client.completions.create(**kwargs, seed=4321).choices[0].text
+    assert a == b and a != c
+
+
+def test_eight_concurrent_clients_get_the_offline_engines_output(folder, client, offline):
+    questions = [f"Question number {i}: what is {i} times {i + 3}?" for i in range(8)]
+    samplings = [SamplingParams() if i % 2 == 0 else SamplingParams(0.9, top_k=50)
+                 for i in range(8)]
+
+    def ask(i):
+        chunks = client.chat.completions.create(
+            model="tiny-smollm2-shape", messages=[{"role": "user", "content": questions[i]}],
+            max_tokens=16 + i, temperature=samplings[i].temperature, seed=100 + i, stream=True,
+            extra_body={"top_k": samplings[i].top_k})
+        return stream_text(list(chunks))
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    prompts = [chat_ids(folder, offline[1], q) for q in questions]
+    assert answers == offline_texts(offline, prompts, samplings, [16 + i for i in range(8)],
+                                    [100 + i for i in range(8)])
+
+
+def _error(response, status, param=None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert error["param"] == param, error
+    return error["message"]
+
+
+def test_bad_requests_get_400_with_the_reason(http, client):
+    chat = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    message = _error(http.post("/v1/completions", json=dict(prompt=[5] * 600)), 400, "prompt")
+    assert "600" in message and "512" in message
+    message = _error(http.post(chat, json=dict(messages=[{"role": "user",
+                                                           "content": "word " * 700}])),
+                     400, "messages")
+    assert "512" in message
+    message = _error(http.post(chat, json=dict(messages=hi, max_tokens=1000)), 400,
+                     "max_tokens")
+    assert "1000" in message and "512" in message
+    message = _error(http.post(chat, json=dict(messages=hi, best_friend=True)), 400,
+                     "best_friend")
+    assert "unsupported parameter" in message
+    _error(http.post(chat, json=dict(messages=hi, presence_penalty=1.0)), 400,
+           "presence_penalty")
+    _error(http.post(chat, content=b'{"messages": [', headers={
+        "content-type": "application/json"}), 400)
+    message = _error(http.post(chat, content=b" " * (5 << 20)), 400)
+    assert str(5 << 20) in message and str(4 << 20) in message
+    _error(http.post(chat, json=dict(messages=hi, model="gpt-4")), 404, "model")
+    _error(http.post(chat, json=dict(messages=hi, n=2, stream_options={"include_usage": True})),
+           400, "stream_options")
+    with pytest.raises(openai.BadRequestError, match="unsupported parameter: tools_please"):
+        client.chat.completions.create(model="tiny-smollm2-shape", messages=hi,
+                                       extra_body={"tools_please": 1})
+    assert http.get("/health").status_code == 200  # still serving
