@@ -100,7 +100,7 @@ class EngineBridge:
             raise bad_request(str(e), "max_tokens" if "max_new_tokens" in str(e) else None)
         self._choices[first.rid] = first
         self.jobs.add(job)
-        self.metrics.prompt_tokens.inc(len(job.plan.prompt_ids))
+        self.metrics.prompt_tokens += len(job.plan.prompt_ids)
 
     def add_choices(self, job, choices):
         """The other choices of a job whose first choice's prompt is now cached."""

@@ -98,7 +98,7 @@ class Job:
                 if choice.text.add(token):
                     self._finish(choice, "stop", abort=True)
                     break
-            metrics.generated_tokens.inc(len(out.new_tokens))
+            metrics.generated_tokens += len(out.new_tokens)
             choice.changed = True
         if out.finished and not choice.finished:
             reason = out.finish_reason

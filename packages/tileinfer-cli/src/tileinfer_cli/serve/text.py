@@ -1,13 +1,18 @@
 """A choice's text, built token by token: what ``tileinfer run`` prints, as pieces to send.
 
-``tileinfer.TextStream`` decodes incrementally and holds back a token that ends inside a
-multi-byte character until the character completes; ``StopWriter`` (the CLI's ``--stop``) holds
-back any tail that could start a stop string and ends the text before the first one found. So
-every piece ``take()`` returns is whole characters, and the pieces add up to exactly the text of
-a non-streamed answer, however the tokens were grouped into steps.
+Decoding is incremental, as ``tileinfer.TextStream`` does it (``tokenizers``' ``DecodeStream``,
+which holds back a token that ends inside a multi-byte character until the character
+completes; at the end, what is still held is decoded with U+FFFD for an unfinished character),
+written out here to skip TextStream's per-token checks on the server's hot path. ``StopWriter``
+(the CLI's ``--stop``) then holds back any tail that could start a stop string and ends the
+text before the first one found. So every piece ``take()`` returns is whole characters, and the
+pieces add up to exactly the text of a non-streamed answer, however the tokens were grouped
+into steps.
 """
 
 from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
 
 from ..stops import StopStringFound, StopWriter
 
@@ -29,12 +34,15 @@ class _Sink:
 
 class ChoiceText:
     def __init__(self, tokenizer, stops: list[str]):
-        from tileinfer import TextStream
-
+        self._tokenizer, self._backend = tokenizer, tokenizer.backend
+        self._decoder = DecodeStream(skip_special_tokens=False)
         self._sink = _Sink()
-        self._writer = StopWriter(stops, self._sink)
-        self._stream = TextStream(tokenizer, self._writer)
+        self._writer = StopWriter(stops, self._sink) if stops else None
+        self._write = self._writer.write if stops else self._sink.parts.append
         self._vocab = tokenizer.vocab_size
+        self._ids: list[int] = []
+        self._decoded: list[str] = []  # what the decoder gave, before stop strings
+        self._held = 0  # tokens since the decoder last gave text
 
     def add(self, token: int) -> bool:
         """Decode one more token; True when a stop string completed (the text ends before it)."""
@@ -42,8 +50,20 @@ class ChoiceText:
             # An id beyond the tokenizer's vocabulary (models whose embedding is padded past it,
             # or random weights): it has no text.
             return False
+        self._ids.append(token)
+        chunk = self._decoder.step(self._backend, token)
+        if chunk is None:
+            self._held += 1
+            return False
+        self._held = 0
+        return self._put(chunk)
+
+    def _put(self, chunk: str) -> bool:
+        if not chunk:
+            return False
+        self._decoded.append(chunk)
         try:
-            self._stream.put(token)
+            self._write(chunk)
         except StopStringFound:
             return True
         return False
@@ -51,11 +71,15 @@ class ChoiceText:
     def end(self) -> bool:
         """No more tokens: release what was held back. True if that completed a stop string."""
         found = False
-        try:
-            self._stream.end()
-        except StopStringFound:
-            found = True
-        self._writer.end()
+        if self._held:  # as TextStream.end: the whole text's tail past what was given
+            full = self._tokenizer.decode(self._ids)
+            given = "".join(self._decoded)
+            tail = full[len(given):] if full.startswith(given) else \
+                self._tokenizer.decode(self._ids[len(self._ids) - self._held:])
+            self._held = 0
+            found = self._put(tail)
+        if self._writer is not None:
+            self._writer.end()
         return found
 
     def take(self) -> str:
@@ -70,4 +94,4 @@ class ChoiceText:
     @property
     def text(self) -> str:
         """All the text so far (stop strings excluded)."""
-        return self._writer.text
+        return "".join(self._decoded) if self._writer is None else self._writer.text
