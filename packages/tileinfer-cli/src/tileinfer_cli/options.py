@@ -34,11 +34,12 @@ def default_threads() -> int:
     """Threads for PyTorch's CPU ops when --threads is not given: half the CPUs, at most 8.
 
     Measured on a 2-core machine (SmolLM2-135M-Instruct, fp32, ref backend, 45-token prompt, 48
-    greedy tokens, the best of 3; the machine otherwise busy with other work): 1 thread decoded
-    9.0 tokens/s, 2 threads (PyTorch's default there: every core) 1.0 token/s, because the
-    OpenMP workers that PyTorch keeps spinning for every op lose their core to other processes
-    and every op then waits for the slowest. Leaving half the CPUs free avoids that; on more
-    cores the cap of 8 is a guess, not a measurement: set --threads to tune it.
+    greedy tokens, the best of 3 per run, 4 runs of each setting alternating, the machine busy
+    with other work: load average about 4): 1 thread decoded 5.5-9.2 tokens/s, 2 threads
+    (PyTorch's default there: every core) 0.9-3.7 tokens/s. PyTorch's OpenMP workers spin for
+    every op and each op waits for its slowest worker, so a worker that loses its core to
+    another process stalls every op. Leaving half the CPUs free avoids that; on more cores the
+    cap of 8 is a guess, not a measurement: set --threads to tune it.
     """
     return max(1, min(8, cpu_count() // 2))
 
@@ -64,8 +65,8 @@ def add_model_options(p: argparse.ArgumentParser):
                         "warning: the model was not trained for such positions)")
     g.add_argument("--threads", type=int_range(1, 1024), metavar="N",
                    help="CPU threads for PyTorch's ops (default: half the CPUs, at most 8: "
-                        f"{default_threads()} here; on a 2-core machine 1 thread decoded 9x "
-                        "faster than PyTorch's default of 2 while other work shared the CPU)")
+                        f"{default_threads()} here; measured on a busy 2-core machine, 1 thread "
+                        "decoded 5.5-9.2 tokens/s, PyTorch's default of 2 threads 0.9-3.7)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser):

@@ -27,21 +27,36 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.1f} MiB"
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cpu_available() -> int | None:
+    """MemAvailable of /proc/meminfo, lowered to what a cgroup v2 memory limit leaves."""
+    free = None
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            free = int(line.split()[1]) * 1024
+    limit, used = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
+    if limit and used and limit.strip().isdigit() and used.strip().isdigit():
+        left = max(0, int(limit) - int(used))
+        free = left if free is None else min(free, left)
+    return free
+
+
 def available_memory(device) -> int | None:
-    """Bytes that can still be allocated on device: free GPU memory for cuda, MemAvailable of
-    /proc/meminfo for cpu; None where it cannot be known."""
+    """Bytes that can still be allocated on device: free GPU memory for cuda; for cpu,
+    MemAvailable (within a cgroup's limit); None where it cannot be known."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free
     if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
+        return _cpu_available()
     return None
 
 
