@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 
 from .errors import APIError, bad_request
 
 SWEEP_SECONDS = 0.25
+log = logging.getLogger("tileinfer.serve")
 
 
 class EngineBridge:
@@ -74,7 +76,12 @@ class EngineBridge:
             t, out = outbox.popleft()
             choice = choices.get(out.request_id)
             if choice is not None:
-                choice.job.on_output(choice, out, t)
+                try:
+                    choice.job.on_output(choice, out, t)
+                except Exception as e:  # a bug: fail this request, not the others
+                    log.exception("handling the output of %s", choice.job.id)
+                    choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                             "server_error"), "error")
                 touched[choice.job] = None
         for job in touched:
             job.publish()
@@ -104,9 +111,16 @@ class EngineBridge:
 
     def add_choices(self, job, choices):
         """The other choices of a job whose first choice's prompt is now cached."""
+        from tileinfer import RequestError
+
         job.choices_added = True
         for choice in choices:
-            choice.rid = self.thread.add_request(**job.engine_args(choice))
+            try:
+                choice.rid = self.thread.add_request(**job.engine_args(choice))
+            except RequestError as e:  # as the first choice's, so not expected
+                job.fail(APIError(500, f"choice {choice.index} was refused: {e}",
+                                  "server_error"), "error")
+                return
             self._choices[choice.rid] = choice
 
     def forget(self, choice, abort: bool):

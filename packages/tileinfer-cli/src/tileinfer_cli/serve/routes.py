@@ -41,7 +41,7 @@ async def read_json(request, limit: int):
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json")
 
 
