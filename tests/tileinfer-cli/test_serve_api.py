@@ -6,7 +6,6 @@ offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, r
 from __future__ import annotations
 
 import io
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
