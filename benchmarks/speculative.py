@@ -1,29 +1,36 @@
-"""Speculative decoding on the GPU: speed and acceptance of the n-gram proposer, and the cost of a
-verify step. Prints one JSON object per line.
+"""Speculative decoding on the GPU: n-gram speculation against plain decoding, per prompt and
+backend. Prints one JSON object per line on stdout and a short table on stderr.
 
-(a) ``task`` rows: the real SmolLM2-135M-Instruct (the embedded default model, or ``--model``),
-greedy, on an input-grounded task (repeat a paragraph with the names changed: most of the answer
-is in the prompt) and on open chat. For each: plain decoding (CUDA graphs, pipelined) and
-speculative decoding with ``NgramProposer(k)`` for each ``--ks``; tokens per second over the
-whole generation (prefill included, median of ``--repeats``), the speed-up over plain, the
-acceptance, and whether the output equals plain greedy token for token. Where it does not,
-``first_divergence`` gives the index of the first different token and ``top2_gap_ulps`` how far
-apart plain decoding's two best logits were there, in bf16 ulps of the larger one: a gap of 0-1
-ulp is a near tie that the different summation order of a k+1-token step can flip.
+(a) ``prompt`` rows: the real SmolLM2-135M-Instruct (the embedded default model, or ``--model``),
+greedy, CUDA graphs on, over PROMPTS: copy-heavy ones (repeat, rewrite with changed names, code
+edit, quote and answer, spelling fixes), whose answers mostly copy the prompt, and open ones
+(story, explanation, short answers), whose answers do not. For each prompt and backend: plain
+decoding (pipelined) and ``generate(..., speculative=NgramProposer(k))`` with the same
+max_new_tokens and stop tokens; wall time of the whole generation (prefill included; the median
+of ``--repeats`` after a warm-up run that captures the graphs), the speed-up (plain seconds /
+speculative seconds), the acceptance and steps (``SpecStats``), and whether the output equals
+plain greedy token for token. Where it does not: ``first_divergence`` (the index of the first
+different token) and ``top2_gap``, how far apart plain decoding's two best logits were there
+(float32 logits; also in bf16 ulps of the larger one).
 
-(b) ``verify_cost`` rows: a random-weight llama3-8b-shaped model, a sequence of ``--context``
-cached tokens, and the captured step of n = k + 1 tokens with all logits, for k = 0..8: GPU time
-per replay (``step_ms``: CUDA events, median of 5 rounds of 20 replays) and its ratio to the
-1-token step.
+(b) A ``summary`` row per backend: geometric mean of the speed-ups over all prompts, over the
+copy-heavy and over the open ones, the smallest speed-up, and whether every output was identical.
 
-    python benchmarks/speculative.py                      # the fastest GPU backend
-    python benchmarks/speculative.py --backend triton --skip-verify-cost
+(c) With ``--verify-cost``: ``verify_cost`` rows: a random-weight llama3-8b-shaped model, a
+sequence of ``--context`` cached tokens, and the captured step of n = k + 1 tokens with all
+logits, k = 0..8: GPU time per replay (CUDA events, median of 5 rounds of 20 replays) and its
+ratio to the 1-token step.
+
+    python benchmarks/speculative.py                                # cuda and triton, ~2-4 min
+    python benchmarks/speculative.py --backends ref --repeats 1     # ref's identity (slow)
+    python benchmarks/speculative.py --device cpu --backends ref --new-tokens 16 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -31,18 +38,55 @@ import time
 import torch
 from tileinfer.engine.cache import new_cache
 
-# The paragraph is most of the answer: prompt lookup drafts well once the model copies it.
-GROUNDED = (
-    "Repeat this paragraph with the names changed:\n\n"
+CODE = '''def summarize(values):
+    total = 0
+    count = 0
+    for value in values:
+        if value is None:
+            continue
+        total += value
+        count += 1
+    if count == 0:
+        return None
+    mean = total / count
+    spread = max(values) - min(values)
+    return {"total": total, "mean": mean, "spread": spread}
+'''
+
+PARAGRAPH = (
     "Alice met Bob at the train station on a cold Monday morning. Bob had brought two cups of "
     "coffee, one for himself and one for Alice, and together they waited for Carol, who was "
     "late as usual. When Carol finally arrived, she apologized and explained that her cat had "
     "hidden her keys under the sofa. Alice laughed and said that Carol's cat was the cleverest "
-    "animal in the city. The three friends then boarded the train to the mountains, where Bob "
-    "had rented a small cabin for the weekend. On the way, Alice read a book about birds, Bob "
-    "slept, and Carol counted the tunnels until she lost track somewhere after twenty."
+    "animal in the city."
 )
-OPEN_CHAT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+PASSAGE = (
+    "The Riverside Library opened in 1894 with two hundred books donated by the mill owner "
+    "Thomas Hale. In 1921 a fire destroyed the east wing, and the town rebuilt it in brick the "
+    "following year. Today the library lends more than forty thousand books a year and hosts a "
+    "chess club every Thursday evening."
+)
+
+# (name, kind, user message): kind "copy" for answers that mostly copy the prompt.
+PROMPTS = [
+    ("repeat", "copy", "Repeat the following paragraph exactly, word for word:\n\n" + PARAGRAPH),
+    ("rewrite", "copy", "Rewrite this paragraph with the names Alice, Bob and Carol changed to "
+                        "Maria, Tom and Lena, keeping everything else the same:\n\n" + PARAGRAPH),
+    ("code_edit", "copy", "Rename the variable `total` to `running_sum` in this Python function "
+                          "and show the whole function:\n\n```python\n" + CODE + "```"),
+    ("quote_answer", "copy", PASSAGE + "\n\nQuote the sentence of this text that mentions the "
+                             "fire, then say in which year the library opened."),
+    ("fix_typos", "copy", "Correct the spelling mistakes in this text and write it out in full: "
+                          "The comittee will meet on Tusday to discus the new budjet. Every "
+                          "member should bring there notes and a copy of last years report, "
+                          "wich was sent by email."),
+    ("story", "open", "Write a short story about a lighthouse keeper who finds a message in a "
+                      "bottle."),
+    ("explanation", "open", "Explain how a refrigerator keeps food cold."),
+    ("short_qa", "open", "What is the capital of France?"),
+    ("advice", "open", "Give me three tips for sleeping better."),
+]
 
 
 def log(*args):
@@ -58,65 +102,70 @@ def sync():
         torch.cuda.synchronize()
 
 
-def top2_gap_ulps(model, prompt, tokens, index) -> float:
-    """bf16 ulps between the best two logits that plain decoding saw before tokens[index]."""
+def geomean(values) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def top2_gap(model, prompt, tokens, index) -> tuple[float, float]:
+    """Plain decoding's two best logits before tokens[index]: their gap, and the gap in bf16
+    ulps of the larger one (bf16 keeps 8 significant bits)."""
     from tileinfer import forward
 
     cache = new_cache(model, len(prompt) + index + 1)
     logits = forward(model, cache, cache.new_sequence(), prompt + tokens[:index])[0]
     top = torch.topk(logits.float(), 2).values
-    ulp = 2.0 ** (torch.floor(torch.log2(top[0].abs())) - 7)  # bf16 keeps 8 significant bits
-    return float((top[0] - top[1]) / ulp)
+    ulp = 2.0 ** (torch.floor(torch.log2(top[0].abs())) - 7)
+    return float(top[0] - top[1]), float((top[0] - top[1]) / ulp)
 
 
-def bench_task(model, name, prompt, stop_ids, ks, new_tokens, repeats):
-    from tileinfer import ModelRunner, NgramProposer, SamplingParams, SpecStats, generate_into
+def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
+    from tileinfer import NgramProposer, SamplingParams, SpecStats, generate_into
 
     greedy = SamplingParams()
-    cache = new_cache(model, len(prompt) + new_tokens + 16)
-    runner = ModelRunner(model, cache)
 
     def run(proposer):
-        seq = cache.new_sequence()
+        seq = runner.cache.new_sequence()
         stats = SpecStats()
         sync()
         start = time.perf_counter()
-        out = generate_into(runner, seq, prompt, new_tokens, greedy, stop_ids=stop_ids, seed=0,
-                            speculative=proposer, spec_stats=stats)
+        out = generate_into(runner, seq, prompt, args.new_tokens, greedy, stop_ids=stop_ids,
+                            seed=0, speculative=proposer, spec_stats=stats)
         sync()
         seconds = time.perf_counter() - start
-        cache.release(seq)
+        runner.cache.release(seq)
         return out, seconds, stats
 
     def timed(make_proposer):
-        run(make_proposer())  # warm-up: kernels compile, graphs are captured
-        runs = [run(make_proposer()) for _ in range(repeats)]
-        seconds = statistics.median(r[1] for r in runs)
-        return runs[0][0], seconds, runs[0][2]
+        first = run(make_proposer())  # warm-up: kernels compile, graphs are captured
+        runs = [run(make_proposer()) for _ in range(args.repeats)] or [first]
+        return runs[0][0], statistics.median(r[1] for r in runs), runs[0][2]
 
     plain, plain_s, _ = timed(lambda: None)
-    base = dict(kind="task", task=name, backend=model.ops.name, prompt_tokens=len(prompt))
-    emit(dict(base, mode="plain", generated=len(plain), seconds=plain_s,
-              tok_s=len(plain) / plain_s))
-    for k in ks:
-        out, seconds, stats = timed(lambda: NgramProposer(k=k))
-        row = dict(base, mode=f"ngram-k{k}", generated=len(out), seconds=seconds,
-                   tok_s=len(out) / seconds, speedup=plain_s / seconds,
-                   acceptance_rate=stats.acceptance_rate,
-                   tokens_per_verify_step=stats.mean_accepted_length + 1,
-                   verify_steps=stats.verify_steps, plain_steps=stats.plain_steps,
-                   identical=out == plain)
-        if out != plain:
-            i = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
-                     min(len(out), len(plain)))
-            row.update(first_divergence=i)
-            if i < len(plain):
-                row.update(top2_gap_ulps=top2_gap_ulps(model, prompt, plain, i))
-        emit(row)
+    out, spec_s, stats = timed(lambda: NgramProposer(k=args.k))
+    row = dict(kind="prompt", backend=model.ops.name, prompt=name, prompt_kind=kind,
+               prompt_tokens=len(prompt), k=args.k, generated=len(out),
+               plain_generated=len(plain), plain_s=round(plain_s, 5), spec_s=round(spec_s, 5),
+               plain_tok_s=round(len(plain) / plain_s, 1), spec_tok_s=round(len(out) / spec_s, 1),
+               speedup=round(plain_s / spec_s, 4), acceptance=stats.acceptance_rate,
+               drafted=stats.drafted, accepted=stats.accepted, verify_steps=stats.verify_steps,
+               plain_steps=stats.plain_steps, wasted_steps=stats.wasted_steps,
+               identical=out == plain)
+    if out != plain:
+        i = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
+                 min(len(out), len(plain)))
+        row.update(first_divergence=i)
+        if i < len(plain):
+            gap, ulps = top2_gap(model, prompt, plain, i)
+            row.update(top2_gap=gap, top2_gap_bf16_ulps=ulps)
+    if math.isnan(row["acceptance"]):
+        row["acceptance"] = None
+    emit(row)
+    return row
 
 
-def bench_tasks(args):
-    from tileinfer import ChatMessage, chat_prompt, load_model, load_tokenizer
+def bench_backend(backend, args):
+    from tileinfer import ChatMessage, ModelRunner, chat_prompt, load_model, load_tokenizer
     from tileinfer.io.default_model import default_model_dir
     from tileinfer.io.generation_config import generation_defaults
 
@@ -125,25 +174,55 @@ def bench_tasks(args):
         from tileinfer import import_gguf
 
         folder = import_gguf(folder)
-    model = load_model(folder, dtype=args.dtype, backend=args.backend, device=args.device,
+    t0 = time.perf_counter()
+    model = load_model(folder, dtype=args.dtype, backend=backend, device=args.device,
                        max_len=2048)
     tokenizer = load_tokenizer(folder)
-    _, stop_ids = generation_defaults(folder, model.config)
-    for name, text in (("grounded", GROUNDED), ("open_chat", OPEN_CHAT)):
-        prompt = tokenizer.encode(chat_prompt(folder, [ChatMessage("user", text)]),
-                                  add_special_tokens=False)
-        log(f"task {name}: {len(prompt)} prompt tokens")
-        bench_task(model, name, prompt, stop_ids, args.ks, args.new_tokens, args.repeats)
-    del model
+    _, eos = generation_defaults(folder, model.config)
+    stop_ids = [] if args.no_stop else eos
+    prompts = [p for p in PROMPTS if not args.prompts or p[0] in args.prompts]
+    encoded = [(name, kind, tokenizer.encode(chat_prompt(folder, [ChatMessage("user", text)]),
+                                             add_special_tokens=False))
+               for name, kind, text in prompts]
+    longest = max(len(ids) for _, _, ids in encoded)
+    cache = new_cache(model, longest + args.new_tokens + 64)
+    runner = ModelRunner(model, cache)
+    rows = []
+    for name, kind, ids in encoded:
+        rows.append(bench_prompt(model, runner, name, kind, ids, stop_ids, args))
+        r = rows[-1]
+        log(f"{backend:7s} {name:13s} {kind:5s} {r['generated']:4d} tok  plain "
+            f"{r['plain_tok_s']:7.1f} tok/s  spec {r['spec_tok_s']:7.1f} tok/s  "
+            f"{r['speedup']:5.2f}x  acc "
+            f"{'  -' if r['acceptance'] is None else format(100 * r['acceptance'], '3.0f')}%  "
+            f"steps {r['verify_steps']}v+{r['plain_steps']}p+{r['wasted_steps']}w  "
+            f"{'identical' if r['identical'] else 'DIFFERS at ' + str(r['first_divergence'])}")
+    speedups = [r["speedup"] for r in rows]
+    summary = dict(kind="summary", backend=backend, prompts=len(rows), k=args.k,
+                   new_tokens=args.new_tokens,
+                   geomean_speedup=round(geomean(speedups), 4),
+                   geomean_copy=round(geomean([r["speedup"] for r in rows
+                                               if r["prompt_kind"] == "copy"]), 4),
+                   geomean_open=round(geomean([r["speedup"] for r in rows
+                                               if r["prompt_kind"] == "open"]), 4),
+                   min_speedup=min(speedups), all_identical=all(r["identical"] for r in rows),
+                   seconds=round(time.perf_counter() - t0, 1))
+    emit(summary)
+    log(f"{backend:7s} geomean {summary['geomean_speedup']:.3f}x (copy "
+        f"{summary['geomean_copy']:.3f}x, open {summary['geomean_open']:.3f}x), min "
+        f"{summary['min_speedup']:.3f}x, all identical: {summary['all_identical']}, "
+        f"{summary['seconds']:.0f} s")
+    del runner, cache, model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    return summary
 
 
-def bench_verify_cost(args):
+def bench_verify_cost(backend, args):
     from tileinfer import ModelRunner
     from tileinfer.model.random_weights import random_model, shape_config
 
-    model = random_model(shape_config(args.shape), dtype=args.dtype, backend=args.backend,
+    model = random_model(shape_config(args.shape), dtype=args.dtype, backend=backend,
                          device=args.device, max_len=args.context + 64)
     cache = new_cache(model, args.context + 64)
     runner = ModelRunner(model, cache)
@@ -185,34 +264,39 @@ def bench_verify_cost(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", help="default: the fastest GPU backend")
+    p.add_argument("--backends", default="cuda,triton",
+                   help="comma-separated (default cuda,triton; ref checks identity, slowly)")
     p.add_argument("--model", help="model folder or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct)")
     # k + 1 <= 8: verify steps then run in the captured decode kernels, which compute each row
-    # exactly as a 1-token step does (a 9-token step takes the prefill path).
-    p.add_argument("--ks", default="4,7", help="n-gram drafts per step to try (default 4,7)")
-    p.add_argument("--new-tokens", type=int, default=256)
+    # exactly as a 1-token step does.
+    p.add_argument("--k", type=int, default=7, help="n-gram drafts per step at most (default 7)")
+    p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--shape", default="llama3-8b")
-    p.add_argument("--context", type=int, default=512, help="cached tokens for verify_cost")
+    p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
+    p.add_argument("--no-stop", action="store_true",
+                   help="generate new-tokens tokens, past the end-of-answer token")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu for a smoke run")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--skip-tasks", action="store_true")
-    p.add_argument("--skip-verify-cost", action="store_true")
+    p.add_argument("--verify-cost", action="store_true", help="also time verify steps on a "
+                   "random llama3-8b-shaped model")
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--context", type=int, default=512, help="cached tokens for verify_cost")
     args = p.parse_args()
-    from tileinfer.backend import default_backend_name
-
-    args.backend = args.backend or default_backend_name()
-    args.ks = [int(k) for k in args.ks.split(",")]
     args.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    args.prompts = args.prompts.split(",") if args.prompts else None
+    backends = args.backends.split(",")
     t0 = time.perf_counter()
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
-    emit(dict(kind="setup", device=args.device, gpu=gpu, backend=args.backend,
-              torch=torch.__version__))
-    if not args.skip_tasks:
-        bench_tasks(args)
-    if not args.skip_verify_cost:
-        bench_verify_cost(args)
+    emit(dict(kind="setup", device=args.device, gpu=gpu, backends=backends, k=args.k,
+              new_tokens=args.new_tokens, repeats=args.repeats, torch=torch.__version__))
+    summaries = [bench_backend(backend, args) for backend in backends]
+    if args.verify_cost:
+        for backend in backends:
+            bench_verify_cost(backend, args)
+    for s in summaries:
+        log(f"summary {s['backend']}: geomean {s['geomean_speedup']:.3f}x, min "
+            f"{s['min_speedup']:.3f}x, identical {s['all_identical']}")
     log(f"done in {time.perf_counter() - t0:.0f} s")
 
 

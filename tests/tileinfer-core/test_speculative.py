@@ -92,19 +92,59 @@ def test_spec_stats():
     assert "3/8" in stats.summary()
 
 
+def test_draft_budget_backs_off_and_comes_back():
+    from tileinfer.engine.speculative.proposer import DraftBudget
+
+    budget = DraftBudget(6)
+    assert budget.next() == 6
+    budget.record(6, 6)
+    assert budget.next() == 6
+    budget.record(6, 2)  # partly accepted: one more than were
+    assert budget.next() == 3
+    budget.record(3, 0)  # all rejected: none for 1 step, then a probe of 1
+    assert [budget.next() for _ in range(2)] == [0, 1]
+    budget.record(1, 0)  # rejected again: none for 2 steps
+    assert [budget.next() for _ in range(3)] == [0, 0, 1]
+    budget.record(1, 1)  # the probe is accepted: twice as many
+    assert budget.next() == 2
+    for _ in range(10):
+        budget.record(1, 0)
+        while budget.next() == 0:
+            pass
+    budget.record(1, 0)
+    assert budget.misses == 11 and budget.wait == DraftBudget.MAX_WAIT  # waits are capped
+    assert DraftBudget(4, adaptive=False).next() == 4
+
+
+def test_synchronous_loop_drafts_less_while_drafts_are_rejected(tiny):
+    target = load(tiny)
+    prompt = prompt_ids()
+    free = generate(target, prompt, 40, stop_ids=[])
+    counts = {}
+    for adaptive in (True, False):
+        stats = SpecStats()
+        proposer = FixedDrafts([1, 2, 3, 4], k=4)
+        proposer.adaptive = adaptive
+        out = generate(target, prompt, 40, stop_ids=[], speculative=proposer, spec_stats=stats)
+        assert out == free
+        counts[adaptive] = stats.drafted
+    assert counts[False] > 4 * counts[True]
+
+
 # --- greedy losslessness ---------------------------------------------------------------------
 
 
 def proposers(tiny, target, device=None, backend="ref", dtype=torch.float32):
     """name -> (proposer factory, what the acceptance must show)."""
     return {
-        "ngram": lambda: NgramProposer(k=4),
+        "ngram": lambda: NgramProposer(k=4, adaptive=False),  # drafts at every match
+        "ngram-adaptive": lambda: NgramProposer(k=7),  # drafts while they are accepted
         "random-draft": lambda: DraftProposer(load(tiny, "qwen3", backend, dtype, device), k=4),
         "self-draft": lambda: DraftProposer(target, k=5),
     }
 
 
-@pytest.mark.parametrize("name", ["ngram", "random-draft", "self-draft"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-adaptive", "random-draft", "self-draft"])
 def test_greedy_speculative_output_equals_plain_greedy(tiny, name):
     target = load(tiny)
     prompt = repetitive_prompt()
@@ -113,7 +153,7 @@ def test_greedy_speculative_output_equals_plain_greedy(tiny, name):
     proposer = proposers(tiny, target)[name]()
     out = generate(target, prompt, STEPS, stop_ids=[], speculative=proposer, spec_stats=stats)
     assert out == plain
-    assert stats.drafted > 0
+    assert stats.drafted > 0 or name == "ngram-adaptive"
     if name == "self-draft":
         assert stats.acceptance_rate == 1.0  # the target's own greedy tokens
         assert stats.verify_steps < STEPS / 4  # about k + 1 tokens per step
@@ -316,7 +356,7 @@ def test_draft_type_carries_distributions():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", gpu_backends())
-@pytest.mark.parametrize("name", ["ngram", "random-draft", "self-draft"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-adaptive", "random-draft", "self-draft"])
 def test_gpu_greedy_speculative_output_equals_plain_greedy(tiny, backend, name):
     target = load(tiny, backend=backend, dtype=torch.bfloat16, device="cuda")
     prompt = repetitive_prompt()
@@ -325,7 +365,7 @@ def test_gpu_greedy_speculative_output_equals_plain_greedy(tiny, backend, name):
     factory = proposers(tiny, target, "cuda", backend, torch.bfloat16)[name]
     out = generate(target, prompt, STEPS, stop_ids=[], speculative=factory(), spec_stats=stats)
     assert out == plain, divergence(target, prompt, plain, out)
-    assert stats.drafted > 0
+    assert stats.drafted > 0 or name == "ngram-adaptive"
     if name == "self-draft":  # 1-token draft steps and k+1-token verify steps agree exactly
         assert stats.acceptance_rate == 1.0, stats.summary()
 

@@ -1,8 +1,8 @@
 """Speculative sampling keeps the target's distribution: the backends' ``accept_tokens`` op over
 many rows (drafts from a distribution q, deterministic drafts, drafts outside the kept set of a
-filtered p; the resample branch), and the whole speculative loop on a tiny model of a 5-token
-vocabulary, whose three-token outputs over many seeds are compared with the exact distribution
-by a chi-square test."""
+filtered p; the resample branch), and the whole speculative loop (the synchronous one, and the
+pipelined one of host proposers) on a tiny model of a 5-token vocabulary, whose three-token
+outputs over many seeds are compared with the exact distribution by a chi-square test."""
 
 from __future__ import annotations
 
@@ -132,11 +132,29 @@ class ConstantDrafts(Proposer):
         return self.ids[:k]
 
 
+class PipelinedConstantDrafts(Proposer):
+    """A host proposer (it has ``continuation``, so the pipelined loop runs it) that always
+    guesses the same token, drafting at every step and chaining each step on all drafts of the
+    one before: every kind of failed guess happens."""
+
+    adaptive = False
+
+    def __init__(self, token, k=2):
+        self.token, self.k = token, k
+
+    def prediction(self, tokens):
+        return self.token
+
+    def continuation(self, tokens, tail, n):
+        return [self.token] * n
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("params,proposer", [
     (SamplingParams(0.9, top_k=3), lambda: SampledDrafts(torch.tensor([.1, .1, .2, .3, .3]))),
     (SamplingParams(1.0), lambda: ConstantDrafts([0, 0])),
-], ids=["sampled-drafts-top-k", "constant-drafts"])
+    (SamplingParams(0.9, top_p=0.9), lambda: PipelinedConstantDrafts(3)),
+], ids=["sampled-drafts-top-k", "constant-drafts", "pipelined-constant-drafts"])
 def test_speculative_generation_follows_the_target_distribution(tiny_vocab_model, params,
                                                                 proposer):
     model = tiny_vocab_model

@@ -153,13 +153,16 @@ class ModelRunner:
     # -- public steps ------------------------------------------------------------------------
 
     def forward(self, seq, ids, sampling: SamplingParams | None = None,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, first_from: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``ids`` after the cached positions of ``seq`` and append them to it; returns the
         last row's logits (1, vocab) float32, or every row's (len(ids), vocab) with all_logits
         (a speculative verify step). Short steps' logits live in static buffers: read them
         before the next step of the same kind and length. With ``sampling``, also samples the
         next token from the last row on the device into ``next_token`` with the stream
-        (seed, counter) and advances the counter. On an error the sequence is left as it was."""
+        (seed, counter) and advances the counter. first_from: a (1,) int32 device tensor whose
+        value replaces ids[0] on the device (copied in stream order, so an earlier step still
+        running may write it; ids[0] is then a placeholder, appended to seq as it is). On an
+        error the sequence is left as it was."""
         ids = [int(i) for i in ids]
         n, start = len(ids), len(seq)
         max_len = self.model.max_len
@@ -168,11 +171,15 @@ class ModelRunner:
                 slot = self._slot(n, all_logits)
                 prepare_step(self.cache, [seq], [ids], all_logits=all_logits, max_len=max_len,
                              out=slot.meta)
+                if first_from is not None:
+                    slot.meta.ids[:1].copy_(first_from)
                 self._run_static(slot, n, sampling)
                 logits, buffers = slot.logits, slot.buffers
             else:
                 meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
                                     max_len=max_len)
+                if first_from is not None:
+                    meta.ids[:1].copy_(first_from)
                 buffers = self.model.new_buffers(n, meta.num_logits,
                                                  hidden_layers=self.hidden_layers)
                 logits = self.model.forward_step(meta, buffers, self.cache)

@@ -1,5 +1,12 @@
 """Speculative decoding: the target checks a proposer's drafts, several tokens per step.
 
+Two loops. A proposer that drafts on the host and can guess past tokens the device has not
+returned yet (``NgramProposer``: it has ``continuation``) runs the pipelined loop of
+``tileinfer.engine.speculative.pipelined``, which never waits for the GPU between steps and drafts
+only while drafts keep being accepted. Other proposers (draft models, DFlash, custom ones) run
+the synchronous loop below: propose, verify, read, repeat, with a ``DraftBudget`` that drafts
+fewer tokens (down to none, probing again later) while drafts are rejected.
+
 Each verify step runs the target once over ``[last, d_0 .. d_{k-1}]``: the last token (sampled,
 not yet run) and k drafts, with the logits of every row (a static (k+1)-token step, captured in a
 CUDA graph like the decode steps). Row j gives the distribution of the token after
@@ -9,8 +16,10 @@ values of the rejected drafts are rolled back with ``truncate``.
 
 Greedy: row j emits the target's argmax (the backend's ``sample_tokens`` at temperature 0, the op
 plain greedy decoding uses), and a draft is accepted when it equals it. The emitted tokens are
-then those of plain greedy decoding (up to rounding differences between a (k+1)-token step and a
-1-token step, which can flip a near tie).
+then those of plain greedy decoding: every backend computes each row of a step of up to 8 tokens
+exactly as a 1-token step (ref: up to 32), so a verify row's logits equal the decode step's bit
+for bit (tests/tileinfer-core/test_speculative_row_invariance.py); longer verify steps (k > 7 on
+triton and cuda) may round differently and flip a near tie.
 
 Sampling: row j < k runs the p/q rule (the backend's ``accept_tokens``: accept d_j with
 probability min(1, p/q), else draw from max(p - q, 0) normalized), row k a plain sample. Stream
@@ -31,7 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from .proposer import Draft, SpecStats
+from .pipelined import generate_pipelined
+from .proposer import Draft, DraftBudget, SpecStats
 
 
 def _room(runner, seq) -> int:
@@ -55,6 +65,10 @@ def generate_speculative(runner, seq, ids, proposer, max_new_tokens: int, sampli
     k_max = proposer.k
     runner.add_sizes(range(1, k_max + 2))
     proposer.begin(runner, seq, sampling, seed)
+    if callable(getattr(proposer, "continuation", None)):
+        return generate_pipelined(runner, seq, ids, proposer, max_new_tokens, sampling, stop,
+                                  seed, on_token, stats)
+    budget = DraftBudget(k_max, getattr(proposer, "adaptive", True))
     runner.seed.fill_(seed)
     runner.counter.zero_()
     out = torch.empty(k_max + 1, dtype=torch.int32, device=device)  # the tokens of a step
@@ -79,13 +93,14 @@ def generate_speculative(runner, seq, ids, proposer, max_new_tokens: int, sampli
         last = emitted[-1]
         # Rows beyond the last token asked for are not needed; a step that does not fit the
         # cache would fail where a plain step may not.
-        k = min(k_max, max_new_tokens - len(new) - 1, _room(runner, seq) - 1)
+        k = min(budget.next(), max_new_tokens - len(new) - 1, _room(runner, seq) - 1)
         drafts = proposer.propose(seq.tokens + [last], k) if k > 0 else []
         if not isinstance(drafts, Draft):
             drafts = Draft(drafts)
         drafts = drafts.truncated(max(k, 0))
         emitted = _verify(runner, seq, last, drafts, sampling, len(new), out, last_counter)
         stats.record(len(drafts), len(emitted) - 1)
+        budget.record(len(drafts), len(emitted) - 1)
 
 
 def _verify(runner, seq, last, drafts: Draft, sampling, counter: int, out, last_counter):

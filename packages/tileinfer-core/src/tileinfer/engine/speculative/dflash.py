@@ -258,13 +258,15 @@ class DFlashProposer(Proposer):
     ``begin`` attaches it to the target's runner, which from then on writes the hidden states
     the drafter reads after every step (and calls the proposer with them). The context follows
     one target sequence at a time; positions computed before it was attached are not known to
-    it, and it drafts nothing where they are missing.
+    it, and it drafts nothing where they are missing. adaptive: as ``DraftProposer``'s.
     """
 
     def __init__(self, drafter: DFlashDrafter, k: int | None = None, sample: bool = False,
-                 max_tokens: int | None = None, graphs: bool | None = None, page_size: int = 16):
+                 max_tokens: int | None = None, graphs: bool | None = None, page_size: int = 16,
+                 adaptive: bool = True):
         bs = drafter.block_size
         self.k = check_k(bs - 1 if k is None else k)
+        self.adaptive = bool(adaptive)
         if self.k > bs - 1:
             raise ValueError(f"k = {self.k} exceeds the {bs - 1} drafts of a DFlash block "
                              f"(block_size {bs})")

@@ -23,13 +23,16 @@ from .proposer import Draft, Proposer, check_k, draft_seed
 
 
 class DraftProposer(Proposer):
-    """Drafts of ``draft_model`` (a loaded ``Model``), k per step, on a cache of its own for up
+    """Drafts of ``draft_model`` (a loaded ``Model``), up to k per step (fewer, down to none,
+    while they are rejected: ``adaptive``, see ``DraftBudget``), on a cache of its own for up
     to ``max_tokens`` positions (default: the draft model's max_len). Near the end of that
     cache it drafts fewer tokens, then none."""
 
     def __init__(self, draft_model, k: int = 4, sample: bool = False,
-                 max_tokens: int | None = None, graphs: bool | None = None, page_size: int = 16):
+                 max_tokens: int | None = None, graphs: bool | None = None, page_size: int = 16,
+                 adaptive: bool = True):
         self.k = check_k(k)
+        self.adaptive = bool(adaptive)
         self.model, self.sample = draft_model, bool(sample)
         max_tokens = draft_model.max_len if max_tokens is None else max_tokens
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:

@@ -48,9 +48,13 @@ class Proposer:
     ``begin(runner, seq, sampling, seed)`` is called once at the start of each speculative
     generation with the target's runner, the sequence it continues, the sampling parameters and
     the generation's seed (a drafter model checks its vocabulary and seeds its stream here).
+
+    adaptive: the loop drafts fewer tokens (down to none) while drafts are rejected and more
+    again when they are accepted (``DraftBudget``); False drafts k tokens every step.
     """
 
     k: int = 4
+    adaptive: bool = True
 
     def begin(self, runner, seq, sampling, seed: int):
         pass
@@ -59,19 +63,56 @@ class Proposer:
         raise NotImplementedError
 
 
+class DraftBudget:
+    """How many tokens the synchronous loop drafts next, from the recent acceptance: k to begin
+    with; after a step whose drafts were all accepted, twice as many (at most k); after a partly
+    accepted one, one more than were accepted; after a step whose drafts were all rejected, none
+    for 1, 2, 4 .. 32 steps (doubling with each such miss in a row), then a probe of one draft.
+    Not adaptive: always k."""
+
+    MAX_WAIT = 32
+
+    def __init__(self, k: int, adaptive: bool = True):
+        self.k, self.adaptive = k, adaptive
+        self.size, self.wait, self.misses = k, 0, 0
+
+    def next(self) -> int:
+        if not self.adaptive:
+            return self.k
+        if self.wait > 0:
+            self.wait -= 1
+            return 0
+        return self.size
+
+    def record(self, drafted: int, accepted: int):
+        if not self.adaptive or drafted == 0:
+            return
+        if accepted == drafted:
+            self.size, self.misses = min(self.k, 2 * drafted), 0
+        elif accepted > 0:
+            self.size, self.misses = min(self.k, accepted + 1), 0
+        else:
+            self.misses += 1
+            self.size, self.wait = 1, min(2 ** (self.misses - 1), self.MAX_WAIT)
+
+
 @dataclass
 class SpecStats:
     """Counters of speculative generations (accumulated over the generations it is passed to).
 
     verify_steps: target steps that checked at least one draft; plain_steps: target steps
-    without drafts (the proposer had none, or no room was left); drafted, accepted: draft tokens
-    proposed and accepted.
+    without drafts (the proposer had none, the loop chose not to draft, or no room was left);
+    drafted, accepted: draft tokens proposed and accepted. wasted_steps: steps the pipelined loop
+    launched on a guess that turned out wrong (an earlier step's drafts were rejected), whose
+    results it dropped. Drafts a pipelined step checks again at positions an earlier step
+    already settled are not counted twice.
     """
 
     verify_steps: int = 0
     plain_steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    wasted_steps: int = 0
 
     def record(self, drafted: int, accepted: int):
         if drafted:
@@ -93,8 +134,10 @@ class SpecStats:
         return self.accepted / self.verify_steps if self.verify_steps else math.nan
 
     def summary(self) -> str:
+        wasted = f", {self.wasted_steps} wasted" if self.wasted_steps else ""
         if not self.drafted:
-            return f"speculative: no drafts in {self.plain_steps} steps"
+            return f"speculative: no drafts in {self.plain_steps} steps{wasted}"
         return (f"speculative: {self.accepted}/{self.drafted} drafts accepted "
                 f"({100 * self.acceptance_rate:.0f}%), {self.mean_accepted_length + 1:.2f} tokens "
-                f"per verify step, {self.verify_steps} verify + {self.plain_steps} plain steps")
+                f"per verify step, {self.verify_steps} verify + {self.plain_steps} plain "
+                f"steps{wasted}")

@@ -1,0 +1,305 @@
+"""The pipelined, adaptive speculative loop (n-gram drafts): the n-gram continuation API; the loop
+against a scripted target (a stand-in runner whose model continues a known token sequence), which
+shows what it launches, step by step, on text that copies its context and on text that does not;
+then on real tiny models: greedy output, the sequence and the KV cache afterwards equal to plain
+greedy decoding's bit for bit (also with every guess of the pipeline failing), stop ids and
+max_new_tokens at every position, sampled runs."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from speculative_helpers import one_cpu_thread  # noqa: F401
+from tileinfer import NgramProposer, SamplingParams, SpecStats, load_model
+from tileinfer.engine.cache import PagedKVCache, new_cache
+from tileinfer.engine.generate import generate, generate_into
+from tileinfer.engine.runner import ModelRunner
+from tileinfer.engine.speculative.proposer import Proposer
+from tileinfer.model.config import config_from_dict
+from tiny_models import prompt_ids, tiny  # noqa: F401
+
+MAX_LEN = 200
+
+
+# --- the n-gram continuation -----------------------------------------------------------------
+
+
+def test_continuation_copies_on_past_the_end_and_after_guessed_tokens():
+    p = NgramProposer(k=4)
+    tokens = [7, 1, 2, 3, 9, 1, 2]
+    assert p.prediction(tokens) == 3
+    assert p.continuation(tokens, (), 4) == [3, 9, 1, 2]
+    # After guessed tokens [3, 9]: the suffix [9] last occurred at 4, followed by 1, 2, ...
+    assert p.continuation(tokens, [3, 9], 3) == [1, 2, 3]
+    # A repeating stretch repeats on past the end of the sequence.
+    tokens.append(3)
+    assert p.continuation(tokens, (), 7) == [9, 1, 2, 3, 9, 1, 2]
+    assert p.continuation([5, 6], (), 3) == [] and p.prediction([5, 6, 8]) is None
+
+
+def test_prediction_follows_a_growing_list_and_a_rewritten_one():
+    p = NgramProposer(k=3)
+    rng = random.Random(0)
+    tokens: list[int] = []
+    for _ in range(300):
+        tokens.append(rng.randrange(5))
+        expected = NgramProposer(k=3).propose(list(tokens), 1)
+        assert p.prediction(tokens) == (expected[0] if expected else None)
+    other = tokens[:50]
+    expected = NgramProposer(k=3).propose(other, 1)
+    assert p.prediction(other) == (expected[0] if expected else None)
+
+
+# --- a scripted target -------------------------------------------------------------------------
+
+
+class ScriptedRunner:
+    """Stands in for a ModelRunner whose model continues ``truth``: the token after position p is
+    truth[p + 1] when the tokens at positions 0..p are truth's, else a wrong one. Steps run at
+    once (on the host); ``steps`` lists the rows of each step launched after the prefill."""
+
+    def __init__(self, truth, page_size=16):
+        self.truth = list(truth)
+        vocab = max(self.truth) + 2
+        config = config_from_dict(dict(model_type="llama", vocab_size=vocab, hidden_size=8,
+                                       intermediate_size=8, num_hidden_layers=1,
+                                       num_attention_heads=1, num_key_value_heads=1,
+                                       max_position_embeddings=4096))
+        pages = len(self.truth) // page_size + 4
+        self.cache = PagedKVCache(config, pages, page_size, dtype=torch.float32, device="cpu")
+        self.vocab = vocab
+        self.model = SimpleNamespace(max_len=4096, device=torch.device("cpu"), config=config,
+                                     ops=SimpleNamespace(sample_tokens=self._sample))
+        self.seed = torch.zeros(1, dtype=torch.int64)
+        self.counter = torch.zeros(1, dtype=torch.int64)
+        self.next_token = torch.zeros(1, dtype=torch.int32)
+        self.cached: dict[int, int] = {}
+        self.steps: list[int] = []
+        self.prefilled = False
+        self.graphs = False
+
+    def add_sizes(self, sizes):
+        pass
+
+    def _run(self, seq, ids):
+        start = len(seq)
+        self.cache.reserve(seq, len(ids))
+        seq.tokens.extend(ids)
+        rows = []
+        for i, token in enumerate(ids):
+            p = start + i
+            self.cached[p] = token
+            right = p < len(self.truth) and all(self.cached[q] == self.truth[q]
+                                                 for q in range(p + 1))
+            nxt = self.truth[p + 1] if p + 1 < len(self.truth) else 0
+            rows.append(nxt if right else (nxt + 1) % self.vocab)
+        if self.prefilled:
+            self.steps.append(len(ids))
+        self.prefilled = True
+        return rows
+
+    def _logits(self, rows):
+        return torch.nn.functional.one_hot(torch.tensor(rows), self.vocab).float()
+
+    @staticmethod
+    def _sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+        out.copy_(logits.argmax(-1).to(torch.int32))
+
+    def forward(self, seq, ids, sampling=None, all_logits=False, first_from=None):
+        ids = [int(i) for i in ids]
+        if first_from is not None:
+            ids[0] = int(first_from[0])
+        rows = self._run(seq, ids)
+        if sampling is not None:
+            self.next_token[0] = rows[-1]
+        logits = self._logits(rows)
+        return logits if all_logits else logits[-1:]
+
+    def decode_from_device(self, seq, sampling):
+        (row,) = self._run(seq, [int(self.next_token[0])])
+        self.next_token[0] = row
+        return self._logits([row])
+
+
+def scripted(truth, prompt_len, proposer, max_new, stop=()):
+    runner = ScriptedRunner(truth)
+    seq = runner.cache.new_sequence()
+    stats = SpecStats()
+    out = generate_into(runner, seq, truth[:prompt_len], max_new, SamplingParams(),
+                        stop_ids=list(stop), seed=0, speculative=proposer, spec_stats=stats)
+    return out, runner, seq, stats
+
+
+def copying_text(seed=0, length=160):
+    """A prompt of 60 random tokens, then an answer that copies it with a changed token every
+    20 or so (a paragraph rewritten with other names)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(100, 400) for _ in range(60)]
+    answer = []
+    while len(answer) < length:
+        for t in prompt:
+            answer.append(rng.randrange(400, 500) if rng.random() < 0.05 else t)
+    return prompt, answer[:length]
+
+
+def test_scripted_copying_text_drafts_and_steps_beat_plain():
+    prompt, answer = copying_text()
+    truth = prompt + answer
+    out, runner, seq, stats = scripted(truth, len(prompt), NgramProposer(k=7), len(answer))
+    assert out == answer
+    assert seq.tokens == truth[:len(truth) - 1]
+    rows = runner.steps
+    # Plain decoding takes len(answer) - 1 steps after the prefill; each extra row of a step
+    # costs a few percent of a step on a GPU.
+    cost = sum(1 + 0.05 * (n - 1) for n in rows)
+    assert cost < 0.45 * (len(answer) - 1), (len(rows), stats.summary())
+    assert stats.accepted > 0.8 * stats.drafted and stats.wasted_steps <= 12
+
+
+def test_scripted_text_that_does_not_copy_runs_plain_steps():
+    rng = random.Random(1)
+    prompt = [rng.randrange(100, 4000) for _ in range(60)]
+    answer = [rng.randrange(100, 4000) for _ in range(150)]
+    truth = prompt + answer
+    out, runner, _, stats = scripted(truth, len(prompt), NgramProposer(k=7), len(answer))
+    assert out == answer
+    # Exactly the steps of plain decoding: one token each, one per token, none wasted.
+    assert runner.steps == [1] * (len(answer) - 1)
+    assert stats.drafted == 0 and stats.wasted_steps == 0
+
+
+def test_scripted_text_with_short_matches_costs_at_most_a_few_rows():
+    """Open text where the lookup's predictions come true now and then (common words): the loop
+    may draft a little, but launches no more than a plain step per token and few extra rows."""
+    rng = random.Random(2)
+    words = [rng.randrange(100, 130) for _ in range(40)]  # a small vocabulary: 1-gram matches
+    prompt = [rng.choice(words) for _ in range(40)]
+    answer = [rng.choice(words) for _ in range(200)]
+    truth = prompt + answer
+    out, runner, _, stats = scripted(truth, len(prompt), NgramProposer(k=7), len(answer))
+    assert out == answer
+    cost = sum(1 + 0.05 * (n - 1) for n in runner.steps)
+    assert cost <= 1.05 * (len(answer) - 1), stats.summary()
+
+
+@pytest.mark.parametrize("adaptive", [True, False], ids=["adaptive", "fixed-k"])
+@pytest.mark.parametrize("seed", range(6))
+def test_scripted_outputs_and_sequence_at_every_stop_and_length(seed, adaptive):
+    prompt, answer = copying_text(seed, 90)
+    truth = prompt + answer
+    rng = random.Random(seed)
+    for max_new in (1, 2, 3, rng.randrange(4, 90), 90):
+        proposer = NgramProposer(k=rng.randrange(1, 8), adaptive=adaptive)
+        out, runner, seq, _ = scripted(truth, len(prompt), proposer, max_new)
+        assert out == answer[:max_new]
+        assert seq.tokens == truth[:len(prompt) + max_new - 1]
+        assert runner.cache.free_pages == runner.cache.num_pages - runner.cache.pages_for(len(seq))
+    stop = answer[rng.randrange(5, 60)]
+    first = answer.index(stop)
+    out, runner, seq, _ = scripted(truth, len(prompt), NgramProposer(k=5, adaptive=adaptive), 90,
+                                   stop=[stop])
+    assert out == answer[:first] and seq.tokens == truth[:len(prompt) + first]
+
+
+# --- real tiny models ----------------------------------------------------------------------------
+
+
+def load(tiny, arch="llama", dtype=torch.float32):
+    return load_model(tiny.directory(arch, dtype=dtype), dtype=dtype, backend="ref",
+                      max_len=MAX_LEN)
+
+
+class Oracle(Proposer):
+    """A host proposer that knows the answer and lies at chosen positions: a lookup whose
+    predictions come true where the test wants (and fail where it wants)."""
+
+    def __init__(self, truth, wrong, k=5, adaptive=False):
+        self.truth, self.wrong, self.k, self.adaptive = list(truth), set(wrong), k, adaptive
+
+    def _at(self, p):
+        if p >= len(self.truth):
+            return 1
+        return (self.truth[p] + 1) % 256 if p in self.wrong else self.truth[p]
+
+    def prediction(self, tokens):
+        return self._at(len(tokens))
+
+    def continuation(self, tokens, tail, n):
+        p = len(tokens) + len(tail)
+        return [self._at(p + i) for i in range(n)]
+
+
+def _kv_rows(cache, seq):
+    pos = torch.arange(len(seq))
+    pages = torch.tensor(seq.pages)[pos // cache.page_size]
+    return cache.k_pages[:, pages, pos % cache.page_size], cache.v_pages[:, pages,
+                                                                          pos % cache.page_size]
+
+
+@pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("qwen3", torch.bfloat16)])
+@pytest.mark.parametrize("pattern", ["all-right", "every-3rd-wrong", "random"])
+def test_greedy_output_and_kv_cache_equal_plain_decoding(tiny, arch, dtype, pattern):
+    """Guessed chains that fail at every kind of place: the output, the sequence and every cached
+    key and value equal plain greedy decoding's, bit for bit (ref rounds verify rows as
+    1-token steps)."""
+    model = load(tiny, arch, dtype)
+    prompt = prompt_ids(20, seed=2)
+    n_new = 40
+    cache = new_cache(model, MAX_LEN)
+    seq = cache.new_sequence()
+    plain = generate_into(ModelRunner(model, cache), seq, prompt, n_new, stop_ids=[])
+    plain_kv = _kv_rows(cache, seq)
+    truth = prompt + plain
+    rng = random.Random(pattern)
+    wrong = {"all-right": set(),
+             "every-3rd-wrong": set(range(len(prompt), len(truth), 3)),
+             "random": {p for p in range(len(prompt), len(truth)) if rng.random() < 0.25}}[pattern]
+    cache2 = new_cache(model, MAX_LEN)
+    seq2 = cache2.new_sequence()
+    stats = SpecStats()
+    out = generate_into(ModelRunner(model, cache2), seq2, prompt, n_new, stop_ids=[],
+                        speculative=Oracle(truth, wrong, k=5), spec_stats=stats)
+    assert out == plain
+    assert seq2.tokens == seq.tokens
+    for a, b in zip(_kv_rows(cache2, seq2), plain_kv):
+        assert torch.equal(a, b)
+    assert stats.drafted > 0
+    if pattern == "all-right":
+        assert stats.accepted == stats.drafted and stats.wasted_steps == 0
+    else:
+        assert stats.wasted_steps > 0
+
+
+def test_continuing_a_sequence_and_ngram_on_a_repetitive_prompt(tiny):
+    model = load(tiny)
+    prompt = prompt_ids(12) * 2 + prompt_ids(6)
+    free = generate(model, prompt, 30, stop_ids=[])
+    cache = new_cache(model, MAX_LEN)
+    runner = ModelRunner(model, cache)
+    seq = cache.new_sequence()
+    a = generate_into(runner, seq, prompt, 11, stop_ids=[], speculative=NgramProposer(k=7))
+    b = generate_into(runner, seq, [a[-1]], 19, stop_ids=[],
+                      speculative=NgramProposer(k=3, adaptive=False))
+    assert a + b == free
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_sampled_pipelined_runs_are_reproducible(tiny, adaptive):
+    model = load(tiny)
+    prompt = prompt_ids(12) * 2 + prompt_ids(6)
+    params = SamplingParams(0.8, top_k=40)
+    outs = []
+    for _ in range(2):
+        cache = new_cache(model, MAX_LEN)
+        seq = cache.new_sequence()
+        out = generate_into(ModelRunner(model, cache), seq, prompt, 30, params, stop_ids=[],
+                            seed=9, speculative=NgramProposer(k=4, adaptive=adaptive))
+        assert len(out) == 30 and seq.tokens == prompt + out[:-1]
+        outs.append(out)
+    assert outs[0] == outs[1]
+    # Token 0 comes from the prefill's stream (seed, 0), as in plain sampling.
+    assert outs[0][0] == generate(model, prompt, 1, params, stop_ids=[], seed=9)[0]
