@@ -22,7 +22,7 @@ for step in $steps; do
     conformance)
       for b in ${CONF_BACKENDS:-ref triton cuda}; do
         timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
-          --tileinfer-backend $b -q -rf --maxfail=60 -p no:randomly > "$out/conformance-$b.log" 2>&1
+          --tileinfer-backend $b -q -rf --maxfail=60 -p no:randomly -n ${CONF_WORKERS:-4} > "$out/conformance-$b.log" 2>&1
         echo "conformance $b: $(tail -n 1 "$out/conformance-$b.log")"
       done ;;
     tests)
