@@ -30,8 +30,20 @@ perplexity, which lets errors of opposite sign cancel.
 
 Prints one JSON object per configuration, then (with --markdown) a table.
 
+Backends against the float32 reference (``--vs-fp32-ref BACKENDS``, issue 21): the same windows
+through the ref backend in float32 (the reference distribution) and through each listed backend
+in ``--dtype``; per backend, the mean KL divergence from the reference's next-token distribution,
+the top-1 agreement with its argmax (ties to the lowest id, as greedy decoding breaks them) and
+the perplexity, twice: with the logits as the backend computes them (float32 sums of the
+lm_head, unrounded) and with those logits rounded to bf16 first, which is what every backend
+returned before the float32 logits (the lm_head rounded its float32 sum to bf16 in the
+epilogue; rounding the unrounded sum gives the same bits for triton and cuda, whose sums did not
+change, and for ref up to the summation order of a bf16 F.linear). It also prints each backend's
+greedy answer to "What is the capital of France?" through the chat template.
+
     python benchmarks/perplexity.py                      # ref backend on the CPU, bf16
     python benchmarks/perplexity.py --backend triton --device cuda
+    python benchmarks/perplexity.py --device cuda --vs-fp32-ref ref,triton,cuda --max-tokens 2048
 """
 
 from __future__ import annotations
@@ -98,6 +110,89 @@ def window_log_probs(model, cache, ids, begin, end, first):
     return torch.log_softmax(logits[first - begin - 1:end - begin - 1].float(), dim=-1).cpu()
 
 
+def window_logits(model, cache, ids, begin, end, first):
+    """Float32 logits (scored, vocab) of the window's scored tokens' predictions, on the CPU."""
+    from tileinfer import forward
+
+    seq = cache.new_sequence()
+    try:
+        logits = forward(model, cache, seq, ids[begin:end], all_logits=True)
+    finally:
+        cache.release(seq)
+    return logits[first - begin - 1:end - begin - 1].float().cpu()
+
+
+def greedy_answer(model, model_dir, tokenizer, question: str, n: int = 12) -> str:
+    from tileinfer import ChatMessage, chat_prompt, generate
+
+    prompt = tokenizer.encode(chat_prompt(model_dir, [ChatMessage("user", question)]),
+                              add_special_tokens=False)
+    return tokenizer.decode(generate(model, prompt, n, graphs=False))
+
+
+def compare_backends(args, backends, model_dir, tokenizer, ids, stride, commit) -> int:
+    """Each backend in args.dtype against the ref backend in float32 (see the module
+    docstring). Prints one JSON row per backend and logits form, then a table."""
+    from tileinfer import load_model
+
+    dtype = DTYPES[args.dtype]
+    start = time.perf_counter()
+    load = dict(device=args.device, max_len=args.window)
+    reference = load_model(model_dir, dtype=torch.float32, backend="ref", **load)
+    models = {b: load_model(model_dir, dtype=dtype, backend=b, **load) for b in backends}
+    caches = {b: new_cache(m, args.window, page_size=args.page_size) for b, m in models.items()}
+    ref_cache = new_cache(reference, args.window, page_size=args.page_size)
+    forms = ("float32", "bf16-rounded")
+    totals = {(b, f): dict(nll=0.0, kl=0.0, agree=0) for b in backends for f in forms}
+    ref_nll, scored = 0.0, 0
+    with torch.no_grad():
+        for begin, end, first in windows(len(ids), args.window, stride):
+            targets = torch.tensor(ids[first:end])
+            ref_lp = torch.log_softmax(window_logits(reference, ref_cache, ids, begin, end, first),
+                                       -1)
+            ref_nll -= ref_lp.gather(1, targets[:, None]).sum().item()
+            ref_top = ref_lp.argmax(-1)
+            for b, model in models.items():
+                logits = window_logits(model, caches[b], ids, begin, end, first)
+                for form in forms:
+                    shown = logits if form == "float32" else logits.to(torch.bfloat16).float()
+                    lp = torch.log_softmax(shown, -1)
+                    t = totals[(b, form)]
+                    t["nll"] -= lp.gather(1, targets[:, None]).sum().item()
+                    t["kl"] += (ref_lp.exp() * (ref_lp - lp)).sum().item()
+                    t["agree"] += (shown.argmax(-1) == ref_top).sum().item()
+            scored += end - first
+            print(f"window {begin}-{end}: {scored}/{len(ids) - 1} tokens scored, "
+                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
+    question = "What is the capital of France?"
+    answers = {b: greedy_answer(m, model_dir, tokenizer, question) for b, m in models.items()}
+    answers["ref-fp32"] = greedy_answer(reference, model_dir, tokenizer, question)
+    meta = dict(model=str(model_dir.name), device=args.device, dtype=args.dtype,
+                torch=torch.__version__, commit=commit, text=args.text.name,
+                eval_chapters=args.eval_chapters, tokens=len(ids), scored_tokens=scored,
+                window=args.window, stride=stride, seconds=round(time.perf_counter() - start, 1))
+    rows = [dict(config="vs-fp32-ref", backend="ref-fp32", logits="float32",
+                 perplexity=round(math.exp(ref_nll / scored), 4), kl_from_fp32_ref=0.0,
+                 top1_agreement=1.0, answer=answers["ref-fp32"], **meta)]
+    for (b, form), t in totals.items():
+        rows.append(dict(config="vs-fp32-ref", backend=b, logits=form,
+                         perplexity=round(math.exp(t["nll"] / scored), 4),
+                         kl_from_fp32_ref=round(t["kl"] / scored, 6),
+                         top1_agreement=round(t["agree"] / scored, 5), answer=answers[b], **meta))
+    for r in rows:
+        print(json.dumps(r))
+    print(f"\n{args.dtype} backends against the ref backend in float32, {scored} tokens of "
+          f"{args.text.name} (chapters {args.eval_chapters}), windows of {args.window}:\n")
+    print("| backend | logits | mean KL from fp32 ref | top-1 = fp32 ref | perplexity "
+          "| \"What is the capital of France?\" |")
+    print("|---|---|---:|---:|---:|---|")
+    for r in rows:
+        answer = r["answer"].replace("|", "\\|").replace("\n", " ")
+        print(f"| {r['backend']} | {r['logits']} | {r['kl_from_fp32_ref']:.5f} "
+              f"| {100 * r['top1_agreement']:.2f}% | {r['perplexity']:.3f} | {answer} |")
+    return 0
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
@@ -127,6 +222,9 @@ def main(argv=None) -> int:
                    help=f"comma-separated, among {', '.join(CONFIGS)}")
     p.add_argument("--alpha", type=float, default=None, help="key smoothing strength")
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    p.add_argument("--vs-fp32-ref", metavar="BACKENDS",
+                   help="instead: these backends (comma-separated) in --dtype against the ref "
+                        "backend in float32, with float32 and bf16-rounded logits")
     args = p.parse_args(argv)
 
     from tileinfer import calibrate_key_smoothing, load_model, load_tokenizer, memory_report
@@ -152,6 +250,9 @@ def main(argv=None) -> int:
                                  add_special_tokens=False)[:args.calib_tokens]
 
     commit = git_commit()  # of the code that runs (before others may commit meanwhile)
+    if args.vs_fp32_ref:
+        return compare_backends(args, args.vs_fp32_ref.split(","), model_dir, tokenizer, ids,
+                                stride, commit)
     dtype = DTYPES[args.dtype]
     max_len = args.window
     load = dict(dtype=dtype, backend=args.backend, device=args.device, max_len=max_len)

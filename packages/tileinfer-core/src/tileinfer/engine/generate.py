@@ -11,9 +11,10 @@ out to be a stop token (or the last one asked for), the one step launched past i
 with ``truncate``. Afterwards the sequence holds the input ids and every generated token except
 the last, exactly as in plain decoding.
 
-Speculative decoding (``speculative=`` a proposer, see ``tileinfer.speculative``) checks several
-drafted tokens per target step instead; its stream usage is described in
-``tileinfer.speculative.decode``.
+Speculative decoding (``speculative=`` a proposer, see ``tileinfer.engine.speculative``) checks
+several drafted tokens per target step instead; with n-gram drafts it is pipelined the same way
+(``tileinfer.engine.speculative.pipelined``) and drafts only while drafts are accepted; its stream
+usage is described in ``tileinfer.engine.speculative.decode``.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     pages) the sequence is rolled back to where it was and the error re-raised.
 
     speculative: a proposer (``NgramProposer``, ``DraftProposer``, ``DFlashProposer``) whose
-    drafts the model checks several per step (``pipeline`` does not apply); ``spec_stats``, a
-    ``SpecStats``, counts its steps and drafts.
+    drafts the model checks several per step (``pipeline`` does not apply: n-gram drafts always
+    run pipelined, the others step by step); ``spec_stats``, a ``SpecStats``, counts its steps
+    and drafts.
     """
     _check_args(max_new_tokens, sampling)
     ids = [int(i) for i in ids]

@@ -1,6 +1,8 @@
 """Speculative decoding: proposers of draft tokens, and the loop in which the target checks them.
 
-- ``NgramProposer``: prompt lookup over the sequence itself.
+- ``NgramProposer``: prompt lookup over the sequence itself, on the host: pipelined, and drafting
+  only while its guesses come true (``pipelined``), so it never costs much more than plain
+  decoding and gains where the answer copies its context.
 - ``DraftProposer``: a smaller model of the same vocabulary.
 - ``DFlashProposer`` with ``load_dflash``: z-lab's block diffusion drafters, a block per pass.
 

@@ -23,11 +23,13 @@ class NgramProposer(Proposer):
     O(max_ngram) per new token (it is rebuilt when the sequence is not an extension of the last
     one seen, e.g. a new chat turn that rewrote the end).
 
-    adaptive (default): the speculative loop drafts only after ``start_streak`` consecutive
-    tokens that the lookup predicted, as many as that run of correct predictions (at most k),
-    and chains its next step on all of a step's drafts (launching it before the step is checked)
-    only after ``trust_streak``. adaptive=False: k drafts whenever the lookup finds a match, each
-    step chained on all drafts of the one before.
+    adaptive (default): the speculative loop drafts only while the lookup's guesses keep coming
+    true: from a moving average p of its hits (``smoothing``, the weight of the latest token), as
+    many drafts as are each accepted with probability >= ``draft_threshold`` if they hold with
+    probability p each (none while p is below it, at most k), and it launches a step before the
+    one in flight is checked on all of that one's drafts when they all hold with probability >=
+    ``trust_threshold`` (``tileinfer.engine.speculative.pipelined``). adaptive=False: k drafts
+    whenever the lookup finds a match, each step chained on all drafts of the one before.
     """
 
     smoothing = 0.25

@@ -3,33 +3,35 @@
 Plain pipelined decoding (``tileinfer.engine.generate``) launches step k + 1 with token k still on
 the device and only then waits for token k, so the GPU never waits for Python. This loop keeps
 that: every step takes its first input from the device, from a row of the step launched just
-before it, and is launched before that step's tokens are read. A step is the token before its
-first new position and 0..k drafts after it (a 1-token step without drafts is exactly the
-captured decode step of plain decoding, sampling included):
+before it, and is launched before that step's tokens are read. A step is that input and 0..k
+drafts after it; a step without drafts is exactly plain decoding's captured 1-token step,
+sampling included, so a stretch without drafts costs what plain decoding costs.
 
-- A step chained on row r of the previous step P starts at P's position + r + 1 with P's output
-  of row r as its input. Row r is certain to be valid when P's inputs up to row r are already
-  known (r is the first row that gives a new token); with r past that, the step is a guess that
-  P's drafts up to row r are accepted. The loop guesses that all of P's drafts are accepted
-  only once the lookup's predictions have come true ``trust_streak`` times in a row; otherwise
-  it chains on the first new row, which is always right.
+- A step chained on row r of the step in flight, P, starts at P's position + r + 1 with P's
+  output of row r as its input. The first row of P that gives a new token is certain to be
+  valid; a later row is a guess that P's drafts before it are accepted. The loop chains on
+  P's last row (all of P's drafts accepted) when that is likely (see below), else on the first
+  new row. Either way the new step also repeats P's drafts at the positions P drafted, so that a
+  position written again gets the same token.
 - When the host reads P and a guess fails, the step launched on it is dropped (it still runs
-  on the GPU: one wasted step), and the next one starts from the last token known, given by
-  the host. Nothing else is lost: the host never waits for the GPU between steps.
-- Drafts: the lookup's continuation of the known tokens and the drafts of the step in flight
-  (a step's drafts at positions the step before drafted too are those same drafts, so that a
-  position written again gets the same keys and values). Whether to draft follows the lookup
-  itself: after each new token the host checks whether the lookup predicted it (free: no GPU
-  work), and drafts only after ``start_streak`` correct predictions in a row, as many as that
-  run (at most k). On text that does not repeat its context it drafts nothing and runs plain
-  decoding's steps.
+  on the GPU: one wasted step), and the next one starts from the last known token, given by the
+  host (with the known tokens before it whose keys and values a dropped step may have cut off).
+  The host never waits for the GPU between steps.
+- What to draft: the lookup's continuation of the known tokens and of P's drafts. How much:
+  the loop keeps a moving average of how often its guesses came true (drafts, the guessed
+  input of a chained step and, where it guessed nothing, the lookup's own prediction of each
+  new token, which it checks for free on the host). With that hit rate p, it drafts the
+  longest run whose drafts are each accepted with probability >= ``draft_threshold`` (p**i >=
+  it: none while p is below it) and chains on P's last row when all of P's drafts hold with
+  probability >= ``trust_threshold``. On text that does not repeat its context it drafts
+  nothing; on text that copies it, it drafts k and chains every step on the one before.
 
-Every token comes from a row whose inputs are all known tokens, computed exactly as a step of
-plain decoding computes it (backends compute each row of a short step as a 1-token step does),
-so greedy output equals plain greedy output; sampled rows use the stream (seed, n) of the n-th
+Every emitted token comes from a row whose inputs are all known tokens, computed exactly as a step
+of plain decoding computes it (backends compute each row of a short step as a 1-token step does),
+so greedy output equals plain greedy output. Sampled rows use the stream (seed, n) of the n-th
 new token and the p/q rule with the drafts as deterministic proposals (as
-``tileinfer.engine.speculative.decode`` describes), and a row whose result is dropped consumed
-nothing that an emitted token depends on.
+``tileinfer.engine.speculative.decode`` describes); a dropped row consumed nothing that an emitted
+token depends on, and the drafts depend only on tokens emitted before them.
 """
 
 from __future__ import annotations
@@ -198,26 +200,30 @@ class _Loop:
         fresh = sum(1 for j in range(1, step.n) if step.start + j >= first_unknown)
         accepted = emitted = 0
         step.valid = 0
-        for j in range(step.n):
-            pos = step.start + j
-            if pos >= len(known) or step.inputs[j] is None or step.inputs[j] != known[pos]:
-                break  # a guess that failed (or rests on one): this row and the rest are void
-            step.valid = j + 1
-            if j >= 1 and pos >= first_unknown:
-                accepted += 1  # a draft at a position not known before this step
-            if pos + 1 < len(known):
-                continue  # a token known already (an earlier step gave it)
-            emitted += 1
-            self._emit(step.outputs[j], fresh, accepted)
-        if emitted:
-            self.stats.record(fresh, accepted)
-        else:
-            self.stats.wasted_steps += 1
+        try:
+            for j in range(step.n):
+                pos = step.start + j
+                if pos >= len(known) or step.inputs[j] is None or step.inputs[j] != known[pos]:
+                    break  # a guess that failed (or rests on one): this row and the rest are void
+                step.valid = j + 1
+                if j >= 1 and pos >= first_unknown:
+                    accepted += 1  # a draft at a position not known before this step
+                if pos + 1 < len(known):
+                    continue  # a token known already (an earlier step gave it)
+                emitted += 1
+                self._emit(step.outputs[j])
+        finally:
+            if step.start == self.base - 1 and step.source is None and step.n == 1:
+                pass  # the prefill's token: not a step of the decoding loop
+            elif emitted:
+                self.stats.record(fresh, accepted)
+            else:
+                self.stats.wasted_steps += 1
 
-    def _emit(self, token: int, fresh_drafts: int = 0, accepted: int = 0):
-        """Append a new token. The run of correct predictions grows when the token is what the
-        loop last guessed at its position (a draft, or the guessed input of a chained step) or,
-        where it guessed nothing, what the lookup predicts (checked here, for free)."""
+    def _emit(self, token: int):
+        """Append a new token. The hit rate follows whether the token is what the loop last
+        guessed at its position (a draft, or the guessed input of a chained step) or, where it
+        guessed nothing, what the lookup predicts (checked here, for free)."""
         pos = len(self.known)
         guess = self.guesses.pop(pos, None)
         if guess is None:
@@ -226,14 +232,12 @@ class _Loop:
         self.hit_rate = (1 - a) * self.hit_rate + a * (guess == token)
         if token in self.stop:
             self.stopped = True
-            self.stats.record(fresh_drafts, accepted)
             raise _Done
         self.known.append(token)
         self.new.append(token)
         if self.on_token is not None:
             self.on_token(token)
         if len(self.new) == self.max_new:
-            self.stats.record(fresh_drafts, accepted)
             raise _Done
 
     # -- planning the next step --------------------------------------------------------------
