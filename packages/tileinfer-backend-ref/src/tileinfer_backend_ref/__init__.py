@@ -21,7 +21,7 @@ import torch
 from tileinfer.backend import BackendInfo, hookimpl
 from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
-from .dense import matmul, rms, row_slices
+from .dense import matmul, rms, rows_of
 from .dense import silu_mul as _silu_mul
 from .dense import xielu as _xielu
 from .kv import rope as _rope
@@ -45,13 +45,13 @@ def embed(out, table, ids):
 
 
 def _rms_rows(x, weight, eps, out_dtype):
-    return torch.cat([rms(x[r], weight, eps, out_dtype) for r in row_slices(x.shape[0])])
+    return torch.cat([rms(xr, weight, eps, out_dtype) for _, xr in rows_of(x)])
 
 
 @hookimpl
 def rmsnorm(out, x, weight, eps):
-    for r in row_slices(x.shape[0]):
-        out[r].copy_(rms(x[r], weight, eps, out.dtype))
+    for r, xr in rows_of(x):
+        out[r].copy_(rms(xr, weight, eps, out.dtype))
 
 
 @hookimpl
@@ -62,22 +62,22 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
 @hookimpl
 def linear(out, x, weight, weight_scale):
-    for r in row_slices(x.shape[0]):
-        out[r].copy_(matmul(x[r], weight, weight_scale, out.dtype).to(out.dtype))
+    for r, xr in rows_of(x):
+        out[r].copy_(matmul(xr, weight, weight_scale, out.dtype).to(out.dtype))
 
 
 @hookimpl
 def linear_swiglu(out, x, weight, weight_scale, gate_up):
-    for r in row_slices(x.shape[0]):
-        gate_up[r].copy_(matmul(x[r], weight, weight_scale).to(gate_up.dtype))
+    for r, xr in rows_of(x):
+        gate_up[r].copy_(matmul(xr, weight, weight_scale).to(gate_up.dtype))
     inter = out.shape[-1]
     out.copy_(_silu_mul(gate_up[:, :inter], gate_up[:, inter:], out.dtype))
 
 
 @hookimpl
 def linear_xielu(out, x, weight, weight_scale, xielu):
-    for r in row_slices(x.shape[0]):
-        up = matmul(x[r], weight, weight_scale).to(out.dtype)
+    for r, xr in rows_of(x):
+        up = matmul(xr, weight, weight_scale).to(out.dtype)
         out[r].copy_(_xielu(up, xielu).to(out.dtype))
 
 

@@ -29,6 +29,16 @@ def row_slices(n: int) -> list[slice]:
     return [slice(0, n)]
 
 
+def rows_of(x):
+    """(row range, input) pairs of x, computed separately: a row is copied to a tensor of its
+    own, aligned as a 1-token step's buffer is (GPU kernels may pick another code path, with
+    another summation order, for a pointer into the middle of a tensor)."""
+    slices = row_slices(x.shape[0])
+    if len(slices) == 1:
+        return [(slices[0], x)]
+    return [(r, x[r].clone()) for r in slices]
+
+
 def rms(x, weight, eps, out_dtype):
     """transformers' LlamaRMSNorm: ``x * rsqrt(mean(x^2) + eps)`` in float32 rounded to x's dtype,
     then ``weight * x_hat`` rounded to out_dtype."""

@@ -63,7 +63,8 @@ def attention_per_sequence(out, q, kv, step, scale, causal):
         if row_by_row:  # row i as a 1-token step at its position: the keys up to it, no mask
             for i in range(q_len):
                 seen = ctx - q_len + i + 1 if causal else ctx
-                row = _attend_rows(q_rows[i:i + 1], k[:seen], v[:seen], group, scale)
+                row = _attend_rows(q_rows[i:i + 1].clone(), k[:seen].clone(), v[:seen].clone(),
+                                   group, scale)
                 out[starts[b] + i:starts[b] + i + 1] = row.to(out.dtype)
             continue
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -102,7 +103,7 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
         seen = visible[None, :, None, None]
         keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 2)
         values = torch.where(seen, values, 0.0).repeat_interleave(group, 2)
-        q_row = q[r:r + 1].float()[None]  # (1, 1, heads, hd)
+        q_row = q[r:r + 1].float().clone()[None]  # (1, 1, heads, hd), a tensor of its own
         scores = torch.einsum("bqhd,bkhd->bhqk", q_row, keys) * scale
         scores = scores.masked_fill(~visible[None, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
