@@ -487,7 +487,7 @@ def test_failed_reimport_keeps_the_previous_folder(tmp_path):
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from tileinfer.io.gguf_import import clean_interrupted_imports, interrupted_imports  # noqa: E402
+from tileinfer.io.import_staging import clean_interrupted_imports, interrupted_imports  # noqa: E402
 
 SLOW_IMPORT = """
 import sys, time

@@ -95,7 +95,7 @@ def list_(args, out):
 
 
 def rm(args, out):
-    from tileinfer.io.gguf_import import clean_interrupted_imports
+    from tileinfer.io.import_staging import clean_interrupted_imports
     from tileinfer.io.hub import remove_model
     from tileinfer.io.local_models import is_plain_name, local_model_dir, remove_local_model
 

@@ -5,7 +5,8 @@ the backend layer only (for ``SamplingParams``)."""
 from .chat_template import ChatMessage, ChatTemplateError, chat_prompt
 from .default_model import DefaultModelUnavailable, default_model_dir
 from .generation_config import generation_defaults
-from .gguf_import import GGUFImportError, clean_interrupted_imports, import_gguf
+from .gguf_import import GGUFImportError, import_gguf
+from .import_staging import clean_interrupted_imports
 from .hub import CachedModel, HubError, list_models, model_dir, pull, remove_model
 from .local_models import (LocalModel, LocalModelError, list_local_models, local_model_dir,
                            remove_local_model)

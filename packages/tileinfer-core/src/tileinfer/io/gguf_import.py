@@ -24,7 +24,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import threading
 from pathlib import Path
@@ -38,6 +37,7 @@ from tqdm import tqdm
 
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
 from .gguf_tokenizer import build_tokenizer, generation_config_from
+from .import_staging import clean_interrupted_imports, staging_dir
 from .paths import models_home
 
 # Bump when the importer's output changes, so cached imports are redone.
@@ -236,54 +236,6 @@ def _check_shapes(tensors: dict, config: dict, path: Path) -> None:
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise GGUFImportError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
-
-
-# --- interrupted imports -----------------------------------------------------------------------
-
-_STAGING = re.compile(r"\.(?P<name>.+)\.importing-(?P<pid>\d+)")
-
-
-def staging_dir(out_dir: Path) -> Path:
-    """The hidden folder an import into ``out_dir`` writes before renaming it into place."""
-    return out_dir.parent / f".{out_dir.name}.importing-{os.getpid()}"
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # a process of another user (or an odd number): leave its folder alone
-    return True
-
-
-def interrupted_imports(folder: Path | None = None) -> list[Path]:
-    """Staging folders in ``folder`` (default: the models home) whose importing process is gone."""
-    folder = models_home() if folder is None else Path(folder)
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        m = _STAGING.fullmatch(entry.name)
-        if m and entry.is_dir() and not _process_alive(int(m["pid"])):
-            found.append(entry)
-    return sorted(found)
-
-
-def clean_interrupted_imports(folder: Path | None = None) -> list[tuple[Path, int]]:
-    """Remove the staging folders left by killed imports; returns (folder, bytes freed) each."""
-    removed = []
-    for entry in interrupted_imports(folder):
-        size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-        shutil.rmtree(entry, ignore_errors=True)
-        if not entry.exists():
-            removed.append((entry, size))
-    return removed
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gguf_import import clean_interrupted_imports
+from .import_staging import clean_interrupted_imports
 from .paths import models_home
 
 
