@@ -13,8 +13,11 @@ plain greedy token for token. Where it does not: ``first_divergence`` (the index
 different token) and ``top2_gap``, how far apart plain decoding's two best logits were there
 (float32 logits; also in bf16 ulps of the larger one).
 
-(b) A ``summary`` row per backend: geometric mean of the speed-ups over all prompts, over the
-copy-heavy and over the open ones, the smallest speed-up, and whether every output was identical.
+(b) ``step_cost`` rows per backend: what a step of 1..k + 1 rows costs on this model, as a graph
+replay and as the speculative loop measured it in the runs (its cost model: it drafts only where
+the extra rows pay), and a ``summary`` row: the geometric mean of the speed-ups over all
+prompts, over the copy-heavy and over the open ones, the smallest speed-up, and whether every
+output was identical.
 
 (c) With ``--verify-cost``: ``verify_cost`` rows: a random-weight llama3-8b-shaped model, a
 sequence of ``--context`` cached tokens, and the captured step of n = k + 1 tokens with all
@@ -102,9 +105,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def geomean(values) -> float:
+def geomean(values) -> float | None:
     values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+    return round(math.exp(sum(math.log(v) for v in values) / len(values)), 4) if values else None
 
 
 def top2_gap(model, prompt, tokens, index) -> tuple[float, float]:
@@ -164,6 +167,53 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
     return row
 
 
+def step_costs(model, runner, backend, prompt, args):
+    """``step_cost`` rows: for n = 1..k + 1 rows, the GPU time of a replay of the captured step
+    (all logits; median of 5 rounds of 20 replays, after a prompt) and what the speculative
+    loop measured for steps of n rows in the runs above (``ModelRunner.step_seconds``: device
+    time from the previous step's end to this step's end, host delays included), each also
+    relative to the 1-row step."""
+    seq = runner.cache.new_sequence()
+    runner.forward(seq, prompt)
+    start = len(seq)
+    gpu = {}
+    for n in range(1, args.k + 2):
+        runner.forward(seq, list(range(1, n + 1)), all_logits=True)  # captures its graph
+        sync()
+        rounds = []
+        graph = runner._all_logits_slots[n].graphs.get(None) if runner.graphs else None
+        for _ in range(5):
+            if graph is not None:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(20):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                rounds.append(begin.elapsed_time(end) / 20)
+            else:
+                runner.cache.truncate(seq, start)
+                t = time.perf_counter()
+                runner.forward(seq, list(range(1, n + 1)), all_logits=True)
+                sync()
+                rounds.append((time.perf_counter() - t) * 1e3)
+        runner.cache.truncate(seq, start)
+        gpu[n] = statistics.median(rounds)
+    runner.cache.release(seq)
+    loop = {n: statistics.median(v) * 1e3 for n, v in runner.step_seconds.items() if v}
+    for n in range(1, args.k + 2):
+        row = dict(kind="step_cost", backend=backend, rows=n, replay_ms=round(gpu[n], 4),
+                   replay_vs_1_row=round(gpu[n] / gpu[1], 3))
+        if n in loop:
+            row.update(loop_ms=round(loop[n], 4))
+            if 1 in loop:
+                row.update(loop_vs_1_row=round(loop[n] / loop[1], 3))
+        emit(row)
+    log(f"{backend:7s} step ms by rows (graph replay / as the loop measured): " + ", ".join(
+        f"{n}: {gpu[n]:.3f}" + (f"/{loop[n]:.3f}" if n in loop else "") for n in gpu))
+
+
 def bench_backend(backend, args):
     from tileinfer import ChatMessage, ModelRunner, chat_prompt, load_model, load_tokenizer
     from tileinfer.io.default_model import default_model_dir
@@ -197,19 +247,19 @@ def bench_backend(backend, args):
             f"{'  -' if r['acceptance'] is None else format(100 * r['acceptance'], '3.0f')}%  "
             f"steps {r['verify_steps']}v+{r['plain_steps']}p+{r['wasted_steps']}w  "
             f"{'identical' if r['identical'] else 'DIFFERS at ' + str(r['first_divergence'])}")
+    step_costs(model, runner, backend, encoded[0][2], args)
     speedups = [r["speedup"] for r in rows]
     summary = dict(kind="summary", backend=backend, prompts=len(rows), k=args.k,
                    new_tokens=args.new_tokens,
-                   geomean_speedup=round(geomean(speedups), 4),
-                   geomean_copy=round(geomean([r["speedup"] for r in rows
-                                               if r["prompt_kind"] == "copy"]), 4),
-                   geomean_open=round(geomean([r["speedup"] for r in rows
-                                               if r["prompt_kind"] == "open"]), 4),
+                   geomean_speedup=geomean(speedups),
+                   geomean_copy=geomean([r["speedup"] for r in rows if r["prompt_kind"] == "copy"]),
+                   geomean_open=geomean([r["speedup"] for r in rows if r["prompt_kind"] == "open"]),
                    min_speedup=min(speedups), all_identical=all(r["identical"] for r in rows),
                    seconds=round(time.perf_counter() - t0, 1))
     emit(summary)
-    log(f"{backend:7s} geomean {summary['geomean_speedup']:.3f}x (copy "
-        f"{summary['geomean_copy']:.3f}x, open {summary['geomean_open']:.3f}x), min "
+    fmt = lambda v: "-" if v is None else f"{v:.3f}x"  # noqa: E731
+    log(f"{backend:7s} geomean {fmt(summary['geomean_speedup'])} (copy "
+        f"{fmt(summary['geomean_copy'])}, open {fmt(summary['geomean_open'])}), min "
         f"{summary['min_speedup']:.3f}x, all identical: {summary['all_identical']}, "
         f"{summary['seconds']:.0f} s")
     del runner, cache, model
@@ -295,7 +345,7 @@ def main():
         for backend in backends:
             bench_verify_cost(backend, args)
     for s in summaries:
-        log(f"summary {s['backend']}: geomean {s['geomean_speedup']:.3f}x, min "
+        log(f"summary {s['backend']}: geomean {s['geomean_speedup']}x, min "
             f"{s['min_speedup']:.3f}x, identical {s['all_identical']}")
     log(f"done in {time.perf_counter() - t0:.0f} s")
 

@@ -36,6 +36,7 @@ class _Slot:
     meta: object
     buffers: object
     logits: torch.Tensor | None = None  # output of the last run
+    tokens: torch.Tensor | None = None  # (n,) int32: every row's greedy token (sample_rows)
     # One graph per sampling captured with it: None (no sampling) or (temperature, top_k, top_p).
     graphs: dict = field(default_factory=dict)
 
@@ -67,6 +68,10 @@ class ModelRunner:
         self.seed = torch.zeros(1, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self._pool = None  # the graphs share one memory pool
+        # Row count -> the latest measured seconds of steps of that many rows, kept across
+        # generations: the pipelined speculative loop's cost model (how much a verify step of
+        # n rows costs against a 1-token step on this model, backend and device).
+        self.step_seconds: dict[int, list[float]] = {}
 
     # -- static slots ------------------------------------------------------------------------
 
@@ -102,22 +107,37 @@ class ModelRunner:
         if self.step_listener is not None:
             self.step_listener(seq, start, ids, buffers.hidden_out)
 
-    def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None):
-        """Run the slot's step (replay or eager) and, if sampling, sample its last row."""
+    def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None,
+                    rows: bool = False):
+        """Run the slot's step (replay or eager) and, if sampling, sample its last row (rows:
+        every row's argmax into slot.tokens instead)."""
+        if rows and slot.tokens is None:
+            slot.tokens = torch.zeros(n, dtype=torch.int32, device=self.model.device)
         if not self.graphs:
             slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            if sampling is not None:
-                self._sample_into(slot.logits, sampling, self.next_token)
+            self._sample_step(slot, sampling, rows, self.next_token)
             return
-        key = self._graph_key(sampling)
+        key = self._graph_key(sampling, rows)
         graph = slot.graphs.get(key)
         if graph is None:
-            graph = slot.graphs[key] = self._capture(slot, sampling)
+            graph = slot.graphs[key] = self._capture(slot, sampling, rows)
         graph.replay()
 
+    def _sample_step(self, slot: _Slot, sampling, rows: bool, out):
+        if sampling is None:
+            return
+        if rows:  # greedy: the argmax of every row (it does not advance the counter)
+            self.model.ops.sample_tokens(slot.tokens, slot.logits, 0.0, 0, 1.0, self.seed,
+                                         self.counter, None)
+        else:
+            self._sample_into(slot.logits, sampling, out)
+
     @staticmethod
-    def _graph_key(sampling: SamplingParams | None):
-        return None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p)
+    def _graph_key(sampling: SamplingParams | None, rows: bool = False):
+        if sampling is None:
+            return None
+        key = (sampling.temperature, sampling.top_k, sampling.top_p)
+        return ("rows", *key) if rows else key
 
     def captured_graph(self, n: int, sampling: SamplingParams | None):
         """The CUDA graph of the n-token step (last row's logits) sampling with ``sampling``, once
@@ -130,21 +150,21 @@ class ModelRunner:
                                      sampling.top_p, self.seed, self.counter, None)
         self.counter.add_(1)
 
-    def _capture(self, slot: _Slot, sampling: SamplingParams | None) -> torch.cuda.CUDAGraph:
+    def _capture(self, slot: _Slot, sampling: SamplingParams | None,
+                 rows: bool = False) -> torch.cuda.CUDAGraph:
         """Capture the slot's step (and sampling) in a graph. The step's metadata is already in
         the static tensors; capturing does not run it, so the first replay does."""
         counter = self.counter.clone()
+        scratch = torch.empty_like(self.next_token)
 
         def warmup():  # samples into scratch so that the step's input ids stay as they are
-            logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            if sampling is not None:
-                self._sample_into(logits, sampling, torch.empty_like(self.next_token))
-                self.counter.copy_(counter)
+            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            self._sample_step(slot, sampling, rows, scratch)
+            self.counter.copy_(counter)
 
         def step():
             slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            if sampling is not None:
-                self._sample_into(slot.logits, sampling, self.next_token)
+            self._sample_step(slot, sampling, rows, self.next_token)
 
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -153,7 +173,8 @@ class ModelRunner:
     # -- public steps ------------------------------------------------------------------------
 
     def forward(self, seq, ids, sampling: SamplingParams | None = None,
-                all_logits: bool = False, first_from: torch.Tensor | None = None) -> torch.Tensor:
+                all_logits: bool = False, first_from: torch.Tensor | None = None,
+                sample_rows: bool = False) -> torch.Tensor:
         """Run ``ids`` after the cached positions of ``seq`` and append them to it; returns the
         last row's logits (1, vocab) float32, or every row's (len(ids), vocab) with all_logits
         (a speculative verify step). Short steps' logits live in static buffers: read them
@@ -161,8 +182,14 @@ class ModelRunner:
         next token from the last row on the device into ``next_token`` with the stream
         (seed, counter) and advances the counter. first_from: a (1,) int32 device tensor whose
         value replaces ids[0] on the device (copied in stream order, so an earlier step still
-        running may write it; ids[0] is then a placeholder, appended to seq as it is). On an
-        error the sequence is left as it was."""
+        running may write it; ids[0] is then a placeholder, appended to seq as it is).
+        sample_rows (with all_logits, a step size in ``sizes`` and greedy ``sampling``): every
+        row's argmax instead, into ``row_tokens(len(ids))``, inside the step's graph (a
+        speculative verify step). On an error the sequence is left as it was."""
+        if sample_rows and not (all_logits and sampling is not None and sampling.greedy
+                                and len(ids) in self.sizes):
+            raise ValueError("sample_rows needs all_logits, a static step size and greedy "
+                             "sampling")
         ids = [int(i) for i in ids]
         n, start = len(ids), len(seq)
         max_len = self.model.max_len
@@ -173,7 +200,7 @@ class ModelRunner:
                              out=slot.meta)
                 if first_from is not None:
                     slot.meta.ids[:1].copy_(first_from)
-                self._run_static(slot, n, sampling)
+                self._run_static(slot, n, sampling, rows=sample_rows)
                 logits, buffers = slot.logits, slot.buffers
             else:
                 meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
@@ -209,6 +236,11 @@ class ModelRunner:
         seq.tokens.append(-1)
         self._after_step(seq, start, [-1], slot.buffers)
         return slot.logits
+
+    def row_tokens(self, n: int) -> torch.Tensor:
+        """(n,) int32 on the device: every row's greedy token of the last n-token step run with
+        ``sample_rows`` (a static buffer: read it before the next such step)."""
+        return self._slot(n, all_logits=True).tokens
 
     @property
     def next_token(self) -> torch.Tensor:

@@ -24,17 +24,21 @@ class NgramProposer(Proposer):
     one seen, e.g. a new chat turn that rewrote the end).
 
     adaptive (default): the speculative loop drafts only while the lookup's guesses keep coming
-    true: from a moving average p of its hits (``smoothing``, the weight of the latest token), as
-    many drafts as are each accepted with probability >= ``draft_threshold`` if they hold with
-    probability p each (none while p is below it, at most k), and it launches a step before the
-    one in flight is checked on all of that one's drafts when they all hold with probability >=
-    ``trust_threshold`` (``tileinfer.engine.speculative.pipelined``). adaptive=False: k drafts
-    whenever the lookup finds a match, each step chained on all drafts of the one before.
+    true and the extra rows pay (``tileinfer.engine.speculative.pipelined``): from a moving
+    average p of its hits (``smoothing``: the weight of the latest token), nothing while p <
+    ``draft_threshold``, else the count (at most k) with the most expected tokens per measured
+    cost of a step, if it gains ``min_gain``; it launches a step before the one in flight is
+    checked on all of that one's drafts when they all hold with probability >=
+    ``trust_threshold``. ``row_cost``: None measures what a step of n rows costs; a number
+    fixes an extra row's cost (in 1-token steps) instead. adaptive=False: k drafts whenever the
+    lookup finds a match, each step chained on all drafts of the one before.
     """
 
     smoothing = 0.25
     draft_threshold = 0.55
     trust_threshold = 0.6
+    min_gain = 1.1
+    row_cost: float | None = None
 
     def __init__(self, k: int = 4, max_ngram: int = 3, min_ngram: int = 1,
                  adaptive: bool = True):

@@ -18,13 +18,20 @@ sampling included, so a stretch without drafts costs what plain decoding costs.
   host (with the known tokens before it whose keys and values a dropped step may have cut off).
   The host never waits for the GPU between steps.
 - What to draft: the lookup's continuation of the known tokens and of P's drafts. How much:
-  the loop keeps a moving average of how often its guesses came true (drafts, the guessed
+  the loop keeps a moving average p of how often its guesses came true (drafts, the guessed
   input of a chained step and, where it guessed nothing, the lookup's own prediction of each
-  new token, which it checks for free on the host). With that hit rate p, it drafts the
-  longest run whose drafts are each accepted with probability >= ``draft_threshold`` (p**i >=
-  it: none while p is below it) and chains on P's last row when all of P's drafts hold with
-  probability >= ``trust_threshold``. On text that does not repeat its context it drafts
-  nothing; on text that copies it, it drafts k and chains every step on the one before.
+  new token, which it checks for free on the host), and measures what a step of n rows costs
+  on the device against a 1-token step (CUDA events between consecutive steps, host delays
+  included; kept in ``ModelRunner.step_seconds`` across generations). It drafts the count m
+  that gives the most expected tokens per cost, (1 + p + .. + p**m) / cost(m + 1), if that
+  gains at least ``min_gain`` and p >= ``draft_threshold`` (else none), and chains on P's last
+  row when all of P's drafts hold with probability >= ``trust_threshold``. On text that does
+  not repeat its context it drafts nothing; on text that copies it, it drafts up to k and
+  chains every step on the one before; where extra rows are dear (a backend whose verify rows
+  re-read the weights) it drafts fewer.
+- Greedy verify steps take every row's argmax inside their CUDA graph
+  (``ModelRunner.forward(..., sample_rows=True)``), so a verify step costs the host what a
+  decode step does.
 
 Every emitted token comes from a row whose inputs are all known tokens, computed exactly as a step
 of plain decoding computes it (backends compute each row of a short step as a 1-token step does),
@@ -36,7 +43,7 @@ token depends on, and the drafts depend only on tokens emitted before them.
 
 from __future__ import annotations
 
-import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,6 +63,7 @@ class _Step:
     event: object | None
     outputs: list[int] | None = None  # the host's copy, once read
     valid: int = 0  # once read: how many leading rows had only known tokens as inputs
+    previous_event: object | None = None  # the end of the step launched before it (timing)
     guess: int = 0  # the placeholder of a device-given first input (a valid token id)
 
     @property
@@ -94,7 +102,7 @@ class _Ring:
 
     def record(self, i):
         if self.cuda:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.done[i] = event
             return event
@@ -126,6 +134,10 @@ class _Loop:
         self.smoothing = getattr(proposer, "smoothing", 0.25)
         self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
         self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
+        self.min_gain = getattr(proposer, "min_gain", 1.1)
+        self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
+        self.step_seconds = getattr(runner, "step_seconds", {})
+        self.last_event = None  # the end of the latest launched step (timing)
         self.known = [int(t) for t in seq.tokens] + ids  # every token known, by position
         self.base = len(self.known)  # the position of the first new token
         self.new: list[int] = []
@@ -194,6 +206,10 @@ class _Loop:
         when its inputs 0..j are the known tokens at their positions."""
         if step.event is not None:
             step.event.synchronize()
+            if step.previous_event is not None:
+                # The device's time from the step before to this one: what the step cost as
+                # the pipeline ran it (host delays included).
+                self._observe(step.n, step.previous_event.elapsed_time(step.event) / 1e3)
         step.outputs = step.host[:step.n].tolist()
         known, first_unknown = self.known, len(self.known)
         self._first_input(step)
@@ -249,17 +265,58 @@ class _Loop:
         pages = (len(seq.pages) + cache.free_pages) * cache.page_size
         return min(self.limit, pages) - start
 
+    # -- what a step costs -------------------------------------------------------------------
+
+    PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
+
+    def _observe(self, n: int, seconds: float):
+        recent = self.step_seconds.setdefault(n, [])
+        recent.append(seconds)
+        del recent[:-5]
+
+    def _seconds(self, n: int) -> float | None:
+        """The measured cost of an n-row step: the median of the last 5 (the smallest of fewer
+        than 3: the first step of a size may include capturing its CUDA graph)."""
+        recent = self.step_seconds.get(n)
+        if not recent:
+            return None
+        ordered = sorted(recent)
+        return ordered[len(ordered) // 2] if len(ordered) >= 3 else ordered[0]
+
+    def _ratio(self, n: int) -> float:
+        """What an n-row step costs against a 1-token step: measured where it was, else the
+        steepest measured cost per extra row (PRIOR_ROW_COST before any)."""
+        if n == 1:
+            return 1.0
+        if self.row_cost is not None:
+            return 1.0 + self.row_cost * (n - 1)
+        one = self._seconds(1)
+        if not one:
+            return 1.0 + self.PRIOR_ROW_COST * (n - 1)
+        seconds = self._seconds(n)
+        if seconds is not None:
+            return max(1.0, seconds / one)
+        slopes = [(self._seconds(m) / one - 1) / (m - 1) for m in self.step_seconds if m > 1]
+        return 1.0 + max(slopes + [self.PRIOR_ROW_COST]) * (n - 1)
+
     def _budget(self) -> int:
-        """Drafts for the next step: as many as are each accepted with probability at least
-        draft_threshold, if the guesses come true independently at the recent hit rate."""
+        """Drafts for the next step: the count m that gives the most tokens per unit of cost,
+        if each draft holds with the recent hit rate p: (1 + sum p**i) tokens for the cost of
+        an (m + 1)-row step (the accepted drafts count half when the next step cannot be chained
+        on them); none while p < draft_threshold or when no count gains min_gain."""
         if not self.adaptive:
             return self.k
         p = self.hit_rate
         if p < self.draft_threshold:
             return 0
-        if p >= 1.0:
-            return self.k
-        return max(1, min(self.k, int(math.log(self.draft_threshold) / math.log(p))))
+        best, best_m, gain = self.min_gain, 0, 0.0
+        for m in range(1, self.k + 1):
+            gain += p ** m
+            chained = p ** m >= self.trust_threshold
+            value = (1.0 + (gain if chained else 0.5 * gain)) / self._ratio(m + 1)
+            if value > best:
+                best, best_m = value, m
+        return best_m
 
     def _trusted(self, guessed: int) -> bool:
         """Chain the next step on all of the step in flight's guessed drafts: when they are all
@@ -347,6 +404,12 @@ class _Loop:
         self.device_counter = value
 
     def _launch(self, step: _Step):
+        started = time.perf_counter()
+        self._launch_step(step)
+        if not self.cuda:  # the step ran on the host: its cost is its time
+            self._observe(step.n, time.perf_counter() - started)
+
+    def _launch_step(self, step: _Step):
         runner, seq, sampling = self.runner, self.seq, self.sampling
         if len(seq) > step.start:
             self.cache.truncate(seq, step.start)
@@ -369,36 +432,37 @@ class _Loop:
                 runner.decode_from_device(seq, sampling)
             self.device_counter = first_new + 1  # the captured step advanced it
             step.out = runner.next_token
+        elif sampling.greedy:  # every row's argmax, inside the step's graph
+            ids = [step.guess if source is not None else step.inputs[0], *step.inputs[1:]]
+            runner.forward(seq, ids, sampling, all_logits=True, first_from=source,
+                           sample_rows=True)
+            step.out = runner.row_tokens(n)
         else:
             ids = [step.guess if source is not None else step.inputs[0], *step.inputs[1:]]
             logits = runner.forward(seq, ids, all_logits=True, first_from=source)
             i = self.ring.take()
             out = self.ring.out[i][:n]
             self._set_counter(first_new)
-            ops, t = self.model.ops, sampling.temperature
-            if sampling.greedy:
-                ops.sample_tokens(out, logits, t, sampling.top_k, sampling.top_p, runner.seed,
-                                  runner.counter, None)
-            else:
-                m = n - 1
-                self.ring.drafts_host[i][:m].copy_(torch.tensor(step.inputs[1:],
-                                                                dtype=torch.int32))
-                drafts = self.ring.drafts[i][:m]
-                drafts.copy_(self.ring.drafts_host[i][:m], non_blocking=True)
-                ops.accept_tokens(out[:m], logits[:m], drafts, None, t, sampling.top_k,
-                                  sampling.top_p, runner.seed, runner.counter)
-                torch.add(runner.counter, m, out=self.last_counter)
-                ops.sample_tokens(out[m:], logits[m:], t, sampling.top_k, sampling.top_p,
-                                  runner.seed, self.last_counter, None)
+            ops, t, m = self.model.ops, sampling.temperature, n - 1
+            # The p/q rule on rows 0..m-1 (the drafts: the step's inputs 1..m), a sample on m.
+            self.ring.drafts_host[i][:m].copy_(torch.tensor(step.inputs[1:], dtype=torch.int32))
+            drafts = self.ring.drafts[i][:m]
+            drafts.copy_(self.ring.drafts_host[i][:m], non_blocking=True)
+            ops.accept_tokens(out[:m], logits[:m], drafts, None, t, sampling.top_k,
+                              sampling.top_p, runner.seed, runner.counter)
+            torch.add(runner.counter, m, out=self.last_counter)
+            ops.sample_tokens(out[m:], logits[m:], t, sampling.top_k, sampling.top_p,
+                              runner.seed, self.last_counter, None)
             step.out = out
             self.ring.record(i)
         self._record(step)
         self.pending.append(step)
 
     def _record(self, step: _Step) -> _Step:
-        """Queue the copy of the step's tokens to the host."""
+        """Queue the copy of the step's tokens to the host, and an event after it."""
         i = self.ring.take()
         step.host = self.ring.host[i]
         step.host[:step.n].copy_(step.out, non_blocking=self.cuda)
         step.event = self.ring.record(i)
+        step.previous_event, self.last_event = self.last_event, step.event
         return step
