@@ -64,6 +64,7 @@ class _Step:
     outputs: list[int] | None = None  # the host's copy, once read
     valid: int = 0  # once read: how many leading rows had only known tokens as inputs
     previous_event: object | None = None  # the end of the step launched before it (timing)
+    timed: bool = False  # whether its time is its cost (see _Loop.SLOW_LAUNCH)
     guess: int = 0  # the placeholder of a device-given first input (a valid token id)
 
     @property
@@ -206,7 +207,7 @@ class _Loop:
         when its inputs 0..j are the known tokens at their positions."""
         if step.event is not None:
             step.event.synchronize()
-            if step.previous_event is not None:
+            if step.previous_event is not None and step.timed:
                 # The device's time from the step before to this one: what the step cost as
                 # the pipeline ran it (host delays included).
                 self._observe(step.n, step.previous_event.elapsed_time(step.event) / 1e3)
@@ -403,11 +404,17 @@ class _Loop:
             self.runner.counter.fill_(value)
         self.device_counter = value
 
+    # A launch that kept the host longer than this (capturing the step's CUDA graph, a garbage
+    # collection) left the device idle: the step's time then says nothing of its cost.
+    SLOW_LAUNCH = 0.002
+
     def _launch(self, step: _Step):
         started = time.perf_counter()
         self._launch_step(step)
+        seconds = time.perf_counter() - started
         if not self.cuda:  # the step ran on the host: its cost is its time
-            self._observe(step.n, time.perf_counter() - started)
+            self._observe(step.n, seconds)
+        step.timed = seconds < self.SLOW_LAUNCH
 
     def _launch_step(self, step: _Step):
         runner, seq, sampling = self.runner, self.seq, self.sampling
