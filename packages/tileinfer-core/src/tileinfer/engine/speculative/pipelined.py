@@ -44,6 +44,7 @@ token depends on, and the drafts depend only on tokens emitted before them.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -78,20 +79,18 @@ class _Step:
 
 
 class _Ring:
-    """RING buffers per launch slot: device tokens, pinned host tokens and drafts; a slot is
-    written again only once its last use on the device has finished (a CUDA event)."""
+    """RING buffers per launch slot: pinned host tokens and, for sampled verify steps, device
+    tokens and drafts; a slot is written again only once its last use on the device has
+    finished (a CUDA event). Kept per runner across generations (``_ring``)."""
 
     RING = 8
 
     def __init__(self, width: int, device):
+        self.width, self.device = width, device
         self.cuda = torch.device(device).type == "cuda"
-        pin = dict(pin_memory=True) if self.cuda else {}
-        self.out = [torch.empty(width, dtype=torch.int32, device=device) for _ in range(self.RING)]
-        self.host = [torch.empty(width, dtype=torch.int32, **pin) for _ in range(self.RING)]
-        self.drafts_host = [torch.empty(width, dtype=torch.int32, **pin)
-                            for _ in range(self.RING)]
-        self.drafts = [torch.empty(width, dtype=torch.int32, device=device)
-                       for _ in range(self.RING)]
+        self.pin = dict(pin_memory=True) if self.cuda else {}
+        self.host = [torch.empty(width, dtype=torch.int32, **self.pin) for _ in range(self.RING)]
+        self._sampled = None  # (device tokens, pinned drafts, device drafts) per slot
         self.done = [None] * self.RING
         self.i = -1
 
@@ -101,6 +100,14 @@ class _Ring:
             self.done[self.i].synchronize()
         return self.i
 
+    def sampled(self, i):
+        """Slot i's device tokens, pinned drafts and device drafts (sampled verify steps)."""
+        if self._sampled is None:
+            def make(**kw):
+                return [torch.empty(self.width, dtype=torch.int32, **kw) for _ in range(self.RING)]
+            self._sampled = (make(device=self.device), make(**self.pin), make(device=self.device))
+        return tuple(buffers[i] for buffers in self._sampled)
+
     def record(self, i):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
@@ -108,6 +115,17 @@ class _Ring:
             self.done[i] = event
             return event
         return None
+
+
+_RINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _ring(runner, width: int) -> _Ring:
+    """The runner's ring of at least width tokens per slot (made once per runner)."""
+    ring = _RINGS.get(runner)
+    if ring is None or ring.width < width:
+        ring = _RINGS[runner] = _Ring(width, runner.model.device)
+    return ring
 
 
 def generate_pipelined(runner, seq, ids, proposer, max_new_tokens: int, sampling, stop: set,
@@ -146,7 +164,7 @@ class _Loop:
         self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
         self.guesses: dict[int, int] = {}  # position -> the token last guessed there
         self.pending: deque[_Step] = deque()
-        self.ring = _Ring(self.k + 1, self.model.device)
+        self.ring = _ring(runner, self.k + 1)
         self.cuda = self.ring.cuda
         self.device_counter = None  # the device counter's value after the launched work
         self.last_counter = torch.empty(1, dtype=torch.int64, device=self.model.device)
@@ -448,13 +466,13 @@ class _Loop:
             ids = [step.guess if source is not None else step.inputs[0], *step.inputs[1:]]
             logits = runner.forward(seq, ids, all_logits=True, first_from=source)
             i = self.ring.take()
-            out = self.ring.out[i][:n]
+            out, drafts_host, drafts = self.ring.sampled(i)
+            out, drafts_host, drafts = out[:n], drafts_host[:n - 1], drafts[:n - 1]
             self._set_counter(first_new)
             ops, t, m = self.model.ops, sampling.temperature, n - 1
             # The p/q rule on rows 0..m-1 (the drafts: the step's inputs 1..m), a sample on m.
-            self.ring.drafts_host[i][:m].copy_(torch.tensor(step.inputs[1:], dtype=torch.int32))
-            drafts = self.ring.drafts[i][:m]
-            drafts.copy_(self.ring.drafts_host[i][:m], non_blocking=True)
+            drafts_host.copy_(torch.tensor(step.inputs[1:], dtype=torch.int32))
+            drafts.copy_(drafts_host, non_blocking=self.cuda)
             ops.accept_tokens(out[:m], logits[:m], drafts, None, t, sampling.top_k,
                               sampling.top_p, runner.seed, runner.counter)
             torch.add(runner.counter, m, out=self.last_counter)
