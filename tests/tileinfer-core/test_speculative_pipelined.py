@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from speculative_helpers import one_cpu_thread  # noqa: F401
+from speculative_helpers import gpu_backends, one_cpu_thread  # noqa: F401
 from tileinfer import NgramProposer, SamplingParams, SpecStats, load_model
 from tileinfer.engine.cache import PagedKVCache, new_cache
 from tileinfer.engine.generate import generate, generate_into
@@ -344,3 +344,33 @@ def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
     # Unmeasured sizes take the steepest measured cost per row.
     assert budget(0.97, {1: 1e-3, 2: 2e-3}) == 0
     assert budget(0.97, {1: 1e-3}) == 7  # the prior: 10% of a step per row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+@pytest.mark.parametrize("pattern", ["all-right", "every-3rd-wrong", "random"])
+def test_gpu_pipelined_guesses_give_plain_greedy_output(tiny, backend, pattern):
+    """The pipelined loop with CUDA graphs (device-given inputs, steps chained before their
+    source is read, dropped steps still running): plain greedy output, token for token."""
+    model = load_model(tiny.directory("qwen3", dtype=torch.bfloat16), dtype=torch.bfloat16,
+                       backend=backend, max_len=MAX_LEN, device="cuda")
+    prompt = prompt_ids(20, seed=2)
+    plain = generate(model, prompt, 60, stop_ids=[])  # graphs, pipelined
+    truth = prompt + plain
+    rng = random.Random(pattern)
+    wrong = {"all-right": set(),
+             "every-3rd-wrong": set(range(len(prompt), len(truth), 3)),
+             "random": {p for p in range(len(prompt), len(truth)) if rng.random() < 0.25}}[pattern]
+    cache = new_cache(model, MAX_LEN)
+    runner = ModelRunner(model, cache)
+    assert runner.graphs
+    seq = cache.new_sequence()
+    stats = SpecStats()
+    out = generate_into(runner, seq, prompt, 60, stop_ids=[], speculative=Oracle(truth, wrong, k=7),
+                        spec_stats=stats)
+    assert out == plain and seq.tokens == prompt + plain[:-1]
+    assert (stats.wasted_steps > 0) == (pattern != "all-right")
+    # And the adaptive n-gram loop on the same runner (its costs measured meanwhile).
+    assert generate_into(runner, cache.new_sequence(), prompt, 60, stop_ids=[],
+                         speculative=NgramProposer(k=7)) == plain
+    assert runner.step_seconds.get(1)
