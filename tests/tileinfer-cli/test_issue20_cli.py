@@ -405,3 +405,13 @@ def test_cpu_backend_left_with_the_default_devices_is_one_line(tmp_path):
     assert_one_line_error(tileinfer("run", "--backend", "cpuforgot", "hi", env=env),
                           r"backend 'cpuforgot' runs on cuda \(BackendInfo.devices\) and none is "
                           "present here")
+
+
+@pytest.mark.slow
+def test_chat_reports_a_line_that_is_not_utf8_and_goes_on(home):
+    script = b"caf\xff\n" + QUESTION.encode() + b"\n/exit\n"
+    result = tileinfer("chat", "-n", "12", stdin=script, env=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == ("tileinfer: error: the line is not valid UTF-8 text (byte "
+                                     "0xff at byte offset 3)")
+    assert "Paris" in result.stdout
