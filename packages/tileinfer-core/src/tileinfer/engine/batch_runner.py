@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import PagedKVCache, Sequence, check_cache
-from .graphs import capture_graph
+from .graphs import capture_graph, use_graphs
 from .step import StepMetadata, prepare_step
 
 
@@ -55,14 +55,7 @@ class BatchRunner:
                  max_batch: int = 64, static_decode: bool | None = None):
         check_cache(model, cache)
         self.model, self.cache = model, cache
-        on_cuda = torch.device(model.device).type == "cuda"
-        if graphs is None:
-            graphs = on_cuda and model.ops.graph_safe
-        if graphs and not on_cuda:
-            raise ValueError("CUDA graphs need a model on a CUDA device")
-        if graphs and not model.ops.graph_safe:
-            raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
-        self.graphs = graphs
+        self.graphs = graphs = use_graphs(model, graphs)
         self.static_decode = graphs if static_decode is None else static_decode
         if graphs and not self.static_decode:
             raise ValueError("CUDA graphs replay static decode steps: static_decode=False "

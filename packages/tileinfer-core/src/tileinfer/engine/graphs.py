@@ -22,3 +22,16 @@ def capture_graph(step: Callable[[], None], warmup: Callable[[], None] | None = 
     with torch.cuda.graph(graph, pool=pool):
         step()
     return graph
+
+
+def use_graphs(model, graphs: bool | None) -> bool:
+    """Whether steps of model run from CUDA graphs: ``graphs`` if given (checked), else on when
+    the model is on a CUDA device and its backend is graph-safe."""
+    on_cuda = torch.device(model.device).type == "cuda"
+    if graphs is None:
+        return on_cuda and model.ops.graph_safe
+    if graphs and not on_cuda:
+        raise ValueError("CUDA graphs need a model on a CUDA device")
+    if graphs and not model.ops.graph_safe:
+        raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
+    return bool(graphs)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..backend.sampling import SamplingParams
-from .graphs import capture_graph
+from .graphs import capture_graph, use_graphs
 from .step import prepare_step, static_metadata
 
 MAX_GRAPH_TOKENS = 8
@@ -49,14 +49,7 @@ class ModelRunner:
 
     def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=()):
         self.model, self.cache = model, cache
-        on_cuda = torch.device(model.device).type == "cuda"
-        if graphs is None:
-            graphs = on_cuda and model.ops.graph_safe
-        if graphs and not on_cuda:
-            raise ValueError("CUDA graphs need a model on a CUDA device")
-        if graphs and not model.ops.graph_safe:
-            raise ValueError(f"backend {model.ops.name!r} is not graph-safe; use graphs=False")
-        self.graphs = graphs
+        self.graphs = graphs = use_graphs(model, graphs)
         self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
         self._slots: dict[int, _Slot] = {}  # steps that return the last row's logits
         self._all_logits_slots: dict[int, _Slot] = {}  # steps that return every row's logits
