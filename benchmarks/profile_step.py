@@ -10,6 +10,10 @@ dependent launch a kernel starts early, so its own duration overstates its share
 
     python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8] [--kv-cache int8]
 
+``--batch N`` profiles the batched engine instead (``LLMEngine``, N requests decoding, their
+steps replayed from the N-row graph bucket): the kernels of 10 engine steps, the GPU span per step
+and the wall time per step (the difference is the host's share: planning, metadata, sampling).
+
 One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
 profiles the step once per set of the CUDA backend's attention experiments (the "attention" key
 of ``TILEINFER_CUDA_EXPERIMENTS``, ops/tuning.py), with a new runner (new graphs) each time;
@@ -95,7 +99,10 @@ def main():
                    help="JSON list of attention override dicts for the cuda backend")
     p.add_argument("--cuda-gemv", type=json.loads, default=[None],
                    help="JSON list of GEMV override dicts for the cuda backend")
+    p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
     args = p.parse_args()
+    if args.batch:
+        return profile_engine(args)
 
     model = random_model(shape_config(args.shape), backend=args.backend,
                          quantize="int8" if args.int8 else None, max_len=args.context + 64)
@@ -126,6 +133,48 @@ def profile_context(model, cache, context: int, replays: int):
     result = summarize(profile_step(runner, replays), replays)
     cache.release(seq)
     return result
+
+
+def profile_engine(args):
+    """Kernels, GPU span and wall time of decode steps of the batched engine."""
+    import time
+
+    from tileinfer import LLMEngine
+
+    model = random_model(shape_config(args.shape), backend=args.backend,
+                         quantize="int8" if args.int8 else None, max_len=args.context + 512)
+    for batch in (int(b) for b in args.batch.split(",")):
+        engine = LLMEngine(model, max_running=batch, prefix_caching=False,
+                           num_pages=batch * (args.context + 512) // 16 + 64)
+        engine.warmup()
+        for i in range(batch):
+            engine.add_request([(7 * i + j) % 1000 + 1 for j in range(args.context)],
+                               max_new_tokens=400, stop_ids=[])
+        for _ in range(8):  # prefill, then decode steps from the bucket's graph
+            engine.step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.replays):
+            engine.step()
+        wall_ms = (time.perf_counter() - start) * 1e3 / args.replays
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.replays):
+                engine.step()
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            kernels = kernel_events(path)
+        rows, span = summarize(kernels, args.replays)
+        gpu_busy = sum(r["mean_us"] * r["calls_per_step"] for r in rows)
+        what = dict(shape=args.shape, backend=args.backend,
+                    weights="int8" if args.int8 else "bf16", batch=batch, context=args.context,
+                    wall_ms_per_step=round(wall_ms, 3), gpu_busy_ms=round(gpu_busy / 1e3, 3),
+                    tok_s=round(batch / wall_ms * 1e3, 1))
+        print_profile(what, rows[:15], span)
+        engine.close()
+        del engine
+        torch.cuda.empty_cache()
 
 
 def print_profile(what: dict, rows: list[dict], span: float):

@@ -190,8 +190,8 @@ class _FewerArgs:
 
 def test_hookimpl_with_missing_arguments_is_rejected():
     backend = Registry().register(_FewerArgs(), name="fewer")
-    assert "op 'linear' takes (out, x, weight); the spec is (out, x, weight, weight_scale)" \
-        in backend.reason
+    assert ("op 'linear' takes (out, x, weight); the spec is (out, x, weight, weight_scale, "
+            "batch_invariant)") in backend.reason
 
 
 @pytest.mark.parametrize("body,expected", [

@@ -19,15 +19,15 @@ class Toy:
         out.copy_(x * weight)  # forgets to normalize
 
     @hookimpl
-    def linear_swiglu(self, out, x, weight, weight_scale, gate_up):
-        get_backend("ref").linear_swiglu(out, x, weight, weight_scale, gate_up)
+    def linear_swiglu(self, out, x, weight, weight_scale, gate_up, batch_invariant):
+        get_backend("ref").linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant)
         out[-1] = float("nan")  # as if the last row were left unwritten
 
     @hookimpl
-    def linear(self, out, x, weight, weight_scale):
+    def linear(self, out, x, weight, weight_scale, batch_invariant):
         w = weight.float() if weight_scale is None else weight.float() * weight_scale[:, None]
-        y = x.float() @ w.T
-        out.copy_(y.to(out.dtype))  # correct: rounded once, to out's dtype
+        for i in range(x.shape[0]):  # correct: a row at a time, rounded once, to out's dtype
+            out[i].copy_((x[i].float() @ w.T).to(out.dtype))
 
     @hookimpl
     def attention_with_inputs(self, out, q_out, kv, qkv, qk, step, scale, causal, workspace):
@@ -48,12 +48,12 @@ def test_broken_toy_backend_fails_conformance(pytester):
                                 "-q")
     outcomes = result.parseoutcomes()
     failed = [line for line in result.outlines if line.startswith("FAILED")]
-    # Every rmsnorm (12) and linear_swiglu (6) case fails; attention_with_inputs fails wherever
+    # Every rmsnorm (12) and linear_swiglu (12) case fails; attention_with_inputs fails wherever
     # the scale matters: every case but the first token's (context 1), 48 of 60.
     assert sum("test_rmsnorm[" in line for line in failed) == 12
-    assert sum("test_linear_swiglu[" in line for line in failed) == 6
+    assert sum("test_linear_swiglu[" in line for line in failed) == 12
     assert sum("test_attention_with_inputs[" in line for line in failed) == 48
     # The correct ops and the ref fallbacks pass: linear, linear_xielu, add_rmsnorm.
     assert not [line for line in failed if "test_linear[" in line or "test_add_rmsnorm" in line]
-    assert outcomes.get("passed", 0) >= 28 + 1 + 6 + 6 + 12
+    assert outcomes.get("passed", 0) >= 48 + 1 + 12 + 12
     assert outcomes.get("skipped", 0) == 0  # the toy implements attention_with_inputs itself

@@ -47,7 +47,11 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
 
 @hookimpl
-def linear(out, x, weight, weight_scale):
+def linear(out, x, weight, weight_scale, batch_invariant):
     w = weight.float() if weight_scale is None else weight.float() * weight_scale[:, None]
     # The float32 sum, rounded once to out's dtype (x's dtype, or float32 for the logits).
-    out.copy_((x.float() @ w.T).to(out.dtype))
+    # batch_invariant: one row at a time, since a matrix product may sum a row in another order
+    # at another row count; a batched step takes all rows in one product.
+    rows = [slice(i, i + 1) for i in range(x.shape[0])] if batch_invariant else [slice(None)]
+    for r in rows:
+        out[r].copy_((x[r].float() @ w.T).to(out.dtype))

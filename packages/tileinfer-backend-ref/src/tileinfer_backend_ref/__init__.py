@@ -61,13 +61,14 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
 
 @hookimpl
-def linear(out, x, weight, weight_scale):
+def linear(out, x, weight, weight_scale, batch_invariant=True):
+    # Every row on its own (rows_of), batched or not: invariant either way.
     for r, xr in rows_of(x):
         out[r].copy_(matmul(xr, weight, weight_scale, out.dtype).to(out.dtype))
 
 
 @hookimpl
-def linear_swiglu(out, x, weight, weight_scale, gate_up):
+def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
     for r, xr in rows_of(x):
         gate_up[r].copy_(matmul(xr, weight, weight_scale).to(gate_up.dtype))
     inter = out.shape[-1]
@@ -75,7 +76,7 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up):
 
 
 @hookimpl
-def linear_xielu(out, x, weight, weight_scale, xielu):
+def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
     for r, xr in rows_of(x):
         up = matmul(xr, weight, weight_scale).to(out.dtype)
         out[r].copy_(_xielu(up, xielu).to(out.dtype))

@@ -78,19 +78,21 @@ if _AVAILABLE:
         _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta)
 
     @hookimpl
-    def linear(out, x, weight, weight_scale):
-        _linear.launch_linear(out, x, weight, weight_scale)
+    def linear(out, x, weight, weight_scale, batch_invariant=True):
+        _linear.launch_linear(out, x, weight, weight_scale, invariant=batch_invariant)
 
     @hookimpl
-    def linear_swiglu(out, x, weight, weight_scale, gate_up):
+    def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
         # Fused: gate and up rows in the same program, the activation in the epilogue; the
         # gate_up scratch is not needed.
-        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU)
+        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU,
+                              invariant=batch_invariant)
 
     @hookimpl
-    def linear_xielu(out, x, weight, weight_scale, xielu):
+    def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
         _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
-                              act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps))
+                              act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps),
+                              invariant=batch_invariant)
 
     @hookimpl
     def attention_inputs(q_out, kv, qkv, qk, step):

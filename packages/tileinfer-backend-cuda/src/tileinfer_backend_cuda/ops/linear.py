@@ -1,6 +1,13 @@
-"""The linear ops: decode GEMVs (gemv_rows.cu, and gemv.cu where the rows kernel cannot run) for
-up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU epilogues fused; prefill through cuBLAS
-(bf16 x bf16 -> bf16) or gemm.cu (INT8 weights, float32 outputs).
+"""The linear ops: decode GEMVs for up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU
+epilogues fused; prefill through cuBLAS (bf16 x bf16 -> bf16) or gemm.cu (INT8 weights, float32
+outputs).
+
+Which GEMV: one token, and a single sequence's steps (``batch_invariant``, the contract's flag),
+take gemv_rows.cu, whose rows are the same bits at any token count (a speculative verify row
+equals the 1-token step's); batched steps of 2..8 rows take gemv.cu, the tensor-core GEMV that
+reads each weight once for all 8 token slots (gemv_rows.cu, on the CUDA cores, spends about
+three times as long at 8 tokens as at 1). gemv.cu also runs where gemv_rows.cu cannot (INT8
+weights with K % 16 != 0).
 
 Rounding (the linear contract): a bf16 weight's sum is rounded to bf16 (ROUND_BF16) except when
 the output is float32 (the logits), which gets the float32 sum itself; an INT8 weight's scaled
@@ -74,13 +81,15 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
     return defines
 
 
-def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU):
+def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
+         invariant=True):
     """The decode GEMV of a gemv_ok call with at most GEMV_MAX_TOKENS rows."""
     n, k_dim = x.shape
     int8 = weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
-    cfg = gemv_config(o_rows, k_dim, int8, epilogue, device)
+    batched = n > 1 and not invariant
+    cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma" if batched else None)
     if cfg["kernel"] == "rows":
         if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
@@ -131,7 +140,7 @@ def gemm(out, x, weight, weight_scale):
              (out, x, weight, weight_scale, m, n_cols, k_dim, x.stride(0)))
 
 
-def _linear_into(out, x, weight, weight_scale) -> bool:
+def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
     """out = x @ W.T with the kernel that fits; False when none does."""
     if x.dim() != 2 or out.dim() != 2 or x.shape[0] != out.shape[0] or out.shape[1] != weight.shape[0]:
         return False
@@ -140,7 +149,7 @@ def _linear_into(out, x, weight, weight_scale) -> bool:
         return True
     if gemv_ok(out, x, weight, weight_scale):
         if n <= GEMV_MAX_TOKENS:
-            gemv(out, x, weight, weight_scale)
+            gemv(out, x, weight, weight_scale, invariant=invariant)
         elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
             torch.matmul(x, weight.t(), out=out)  # prefill: cuBLAS
         else:
@@ -153,35 +162,36 @@ def _linear_into(out, x, weight, weight_scale) -> bool:
     return False
 
 
-def linear(out, x, weight, weight_scale):
-    if not _linear_into(out, x, weight, weight_scale):
+def linear(out, x, weight, weight_scale, batch_invariant=True):
+    if not _linear_into(out, x, weight, weight_scale, batch_invariant):
         fallback("linear", f"{x.dtype} x {weight.dtype} -> {out.dtype} layout",
-                 out, x, weight, weight_scale)
+                 out, x, weight, weight_scale, batch_invariant)
 
 
-def linear_swiglu(out, x, weight, weight_scale, gate_up):
+def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
     n = x.shape[0]
     if n == 0:
         return
     if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
-        return gemv(out, x, weight, weight_scale, "swiglu")
+        return gemv(out, x, weight, weight_scale, "swiglu", invariant=batch_invariant)
     if (gate_up.dtype == x.dtype and gate_up.is_contiguous()
             and elementwise.silu_mul_ok(out, gate_up)
-            and _linear_into(gate_up, x, weight, weight_scale)):
+            and _linear_into(gate_up, x, weight, weight_scale, batch_invariant)):
         return elementwise.silu_mul(out, gate_up)
-    fallback("linear_swiglu", "layout", out, x, weight, weight_scale, gate_up)
+    fallback("linear_swiglu", "layout", out, x, weight, weight_scale, gate_up, batch_invariant)
 
 
-def linear_xielu(out, x, weight, weight_scale, xielu):
+def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
     n = x.shape[0]
     if n == 0:
         return
     s = xielu
     if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
-        return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps))
+        return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps),
+                    invariant=batch_invariant)
     if (out.dtype == x.dtype and elementwise.xielu_ok(out, out)
-            and _linear_into(out, x, weight, weight_scale)):
+            and _linear_into(out, x, weight, weight_scale, batch_invariant)):
         return elementwise.xielu(out, out, s)
-    fallback("linear_xielu", "layout", out, x, weight, weight_scale, xielu)
+    fallback("linear_xielu", "layout", out, x, weight, weight_scale, xielu, batch_invariant)

@@ -6,9 +6,10 @@ the fused SwiGLU / xIELU activations):
 * ``_gemv_kernel``, decode and verify steps (1..16 tokens), built around the weight read: each
   program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
   masked) and accumulates ``w * x`` in a float32 register tile, reduced once at the end. Up to
-  ROW_INVARIANT_MAX_M tokens every row runs the 1-token code on its own programs (grid axis 0),
-  so a verify step's rows equal decode steps bit for bit; 9..16 tokens use ``tl.dot`` on rows
-  padded to 16. Narrow outputs split K; the last program to arrive at a tile (an arrival
+  ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every row runs the
+  1-token code on its own programs (grid axis 0), so a verify step's rows equal decode steps bit
+  for bit; batched steps of 2..16 rows and any step of 9..16 use ``tl.dot`` on rows padded to 16
+  (the weight read once for all rows). Narrow outputs split K; the last program to arrive at a tile (an arrival
   counter) sums the partials in split order, runs the epilogue and re-arms the counter.
   SwiGLU takes gate rows ``n`` and up rows ``inter + n`` in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
@@ -301,10 +302,12 @@ def _gemm_kernel(
 
 
 def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0, 0.0, 0.0),
-                  config=None):
+                  config=None, invariant=True):
     """out (M, N_OUT) = act(x (M, K) @ weight.T); SwiGLU's weight has 2 * N_OUT rows.
 
-    config: a GemvConfig / GemmConfig to override the defaults (benchmarks and tests)."""
+    config: a GemvConfig / GemmConfig to override the defaults (benchmarks and tests).
+    invariant: the linear contract's batch_invariant (False: rows of separate sequences, so
+    2..ROW_INVARIANT_MAX_M rows may take the tensor-core tiles)."""
     m, k = x.shape
     n_out = out.shape[1]
     if m == 0 or n_out == 0:
@@ -322,9 +325,11 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
-        cfg = config or gemv_config(m, n_out, k, int8, act, f32)
-        # Row programs (CUDA cores) up to ROW_INVARIANT_MAX_M tokens, else 16-row dot tiles.
-        block_m = 1 if (m <= ROW_INVARIANT_MAX_M and not cfg.dot) else 16
+        rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)
+        cfg = config or gemv_config(m if rows else SKINNY_MAX_M, n_out, k, int8, act, f32)
+        # Row programs (CUDA cores) for one token and a single sequence's steps of up to
+        # ROW_INVARIANT_MAX_M tokens, else 16-row dot tiles.
+        block_m = 1 if (rows and not cfg.dot) else 16
         unroll = cfg.unroll if block_m == 1 else 1
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)

@@ -30,6 +30,9 @@ hookimpl = pluggy.HookimplMarker("tileinfer")
 
 # Sampling filters keep at most this many candidates when top_k > 0 is requested.
 MAX_TOP_K = 1024
+# The largest step whose rows ``batch_invariant=True`` keeps bit-identical to 1-row steps: a
+# speculative verify step (the last token and up to 7 drafts).
+INVARIANT_MAX_ROWS = 8
 
 
 @hookspec
@@ -69,7 +72,7 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
 
 @hookspec
-def linear(out, x, weight, weight_scale):
+def linear(out, x, weight, weight_scale, batch_invariant):
     """``out = x @ weight.T``.
 
     x: (n, in); weight: (out_features, in), same dtype as x, or int8 with weight_scale
@@ -79,27 +82,33 @@ def linear(out, x, weight, weight_scale):
     dtype: out in x's dtype is F.linear's output (transformers' rounding), a float32 out holds the
     unrounded float32 sum (the model's lm_head writes its float32 logits this way, on every
     backend, so that near ties between logits are not made exact ties by a bf16 rounding).
+
+    batch_invariant (bool): True asks that, for steps of up to ``INVARIANT_MAX_ROWS`` rows, each
+    row's result be the same bits as in a step of that row alone (a single sequence's steps:
+    greedy speculative decoding compares a verify step's rows with 1-token steps). False (the
+    batched engine's steps, whose rows are separate sequences) lets the backend pick the fastest
+    kernel for n rows, e.g. tensor-core tiles that read the weight once for all of them.
     """
 
 
 @hookspec
-def linear_swiglu(out, x, weight, weight_scale, gate_up):
+def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
     """SwiGLU MLP input: ``gate, up = split(x @ weight.T); out = silu(gate) * up``.
 
     weight: (2 * inter, in), gate rows stacked over up rows (int8 with weight_scale as in linear);
     out: (n, inter). gate_up: (n, 2 * inter) scratch in x's dtype that a backend which does not
     fuse may use. Rounding as transformers: gate and up rounded to x's dtype, ``silu(gate)`` rounded,
-    the product rounded.
+    the product rounded. batch_invariant: as in ``linear``.
     """
 
 
 @hookspec
-def linear_xielu(out, x, weight, weight_scale, xielu):
+def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     """Ungated MLP input of Apertus: ``out = xielu(x @ weight.T)``.
 
     weight: (inter, in) (int8 with weight_scale as in linear); out: (n, inter); xielu: the
     layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation is computed
-    in float32 and rounded once to out's dtype.
+    in float32 and rounded once to out's dtype. batch_invariant: as in ``linear``.
     """
 
 

@@ -32,24 +32,24 @@ def add_rmsnorm(residual, delta, weight, eps, backend="ref"):
     return residual, out
 
 
-def linear(x, weight, weight_scale=None, out_dtype=None, backend="ref"):
+def linear(x, weight, weight_scale=None, out_dtype=None, backend="ref", batch_invariant=True):
     out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype or x.dtype, device=x.device)
-    get_backend(backend).linear(out, x, weight, weight_scale)
+    get_backend(backend).linear(out, x, weight, weight_scale, batch_invariant)
     return out
 
 
-def linear_swiglu(x, weight, weight_scale=None, backend="ref"):
+def linear_swiglu(x, weight, weight_scale=None, backend="ref", batch_invariant=True):
     inter = weight.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     gate_up = torch.empty(x.shape[0], 2 * inter, dtype=x.dtype, device=x.device)
-    get_backend(backend).linear_swiglu(out, x, weight, weight_scale, gate_up)
+    get_backend(backend).linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant)
     return out
 
 
-def linear_xielu(x, weight, weight_scale, xielu, backend="ref"):
+def linear_xielu(x, weight, weight_scale, xielu, backend="ref", batch_invariant=True):
     """xielu: an ``XIELUScalars``."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    get_backend(backend).linear_xielu(out, x, weight, weight_scale, xielu)
+    get_backend(backend).linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant)
     return out
 
 

@@ -10,6 +10,10 @@ their keys and values there and never touch a real sequence; their logits are dr
 Every other step (prefill chunks, mixed with decode rows or not) runs eagerly with buffers made
 for it. Without graphs every step runs eagerly at its true size, no padding.
 
+The rows of a step are separate sequences, so the linear ops are called with
+``batch_invariant=False``: the backend may read each weight once for all rows (tensor-core
+tiles) even at a few rows, summing in another order than a 1-row step.
+
 ``run`` returns one logits row per sequence (its last token's), float32. It reserves pages like
 ``prepare_step`` (all or nothing) but does not append the ids to the sequences: the caller does
 once the step's results are accepted, and on an error truncates the sequences back.
@@ -98,19 +102,22 @@ class BatchRunner:
             self.eager_steps += 1
             meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
             buffers = self.model.new_buffers(meta.num_tokens, meta.num_logits)
-            return self.model.forward_step(meta, buffers, self.cache)
+            return self._forward(meta, buffers)
         bucket = self._bucket(size)
         pad = size - len(seqs)
         prepare_step(self.cache, list(seqs) + bucket.pad[:pad], list(token_lists) + [[0]] * pad,
                      max_len=self.model.max_len, out=bucket.meta)
         if not self.graphs:
-            self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
+            self._forward(bucket.meta, bucket.buffers)
         else:
             if bucket.graph is None:
                 bucket.graph = self._capture(bucket)
             bucket.graph.replay()
             self.replays += 1
         return bucket.buffers.logits[:len(seqs)]
+
+    def _forward(self, meta, buffers) -> torch.Tensor:
+        return self.model.forward_step(meta, buffers, self.cache, batch_invariant=False)
 
     def warmup(self, sizes=None):
         """Build (and with graphs capture) the static steps of these buckets (default all) now,
@@ -120,7 +127,7 @@ class BatchRunner:
             prepare_step(self.cache, bucket.pad, [[0]] * len(bucket.pad),
                          max_len=self.model.max_len, out=bucket.meta)
             if not self.graphs:
-                self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
+                self._forward(bucket.meta, bucket.buffers)
             elif bucket.graph is None:
                 bucket.graph = self._capture(bucket)
 
@@ -140,7 +147,4 @@ class BatchRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
 
-        def step():
-            self.model.forward_step(bucket.meta, bucket.buffers, self.cache)
-
-        return capture_graph(step, pool=self._pool)
+        return capture_graph(lambda: self._forward(bucket.meta, bucket.buffers), pool=self._pool)

@@ -145,12 +145,16 @@ class Model:
             hidden_out={layer: empty(n_tokens, c.hidden_size) for layer in hidden_layers},
         )
 
-    def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True) -> torch.Tensor:
+    def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True,
+                     batch_invariant: bool = True) -> torch.Tensor:
         """Run one step; returns ``buffers.logits`` (m, vocab) float32 for meta.logit_rows.
 
         meta: the step (``StepMetadata``); cache: the KV cache it was prepared on, which already
         holds pages for the step; the step writes the keys and values of its tokens at its slots.
         causal=False: every row sees the whole context of its sequence (a DFlash block).
+        batch_invariant: the linear ops' flag (hookspecs.linear). True for one sequence's steps
+        (a verify row must equal the 1-token step's); the batched engine passes False, since its
+        rows are separate sequences and the fastest kernel for n rows may sum in another order.
         Graph-capturable: see the module docstring.
         """
         if (buffers.num_tokens, buffers.num_logits) != (meta.num_tokens, meta.num_logits):
@@ -161,7 +165,7 @@ class Model:
             raise ValueError(f"the step's max_context_len {meta.max_context_len} exceeds the "
                              f"buffers' {buffers.max_context_len}")
         ops, c, w, b = self.ops, self.config, self.weights, buffers
-        n, eps, step = meta.num_tokens, c.rms_norm_eps, meta.attention
+        n, eps, step, inv = meta.num_tokens, c.rms_norm_eps, meta.attention, batch_invariant
         ops.embed(b.hidden, w.embed, meta.ids)
         for i, layer in enumerate(w.layers):
             if i == 0:
@@ -171,26 +175,26 @@ class Model:
                 if i - 1 in b.hidden_out:  # b.hidden is now layer i - 1's output
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
-            ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv))
+            ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv), inv)
             if self.fused_attention:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
                                           c.attention_scale, causal, b.workspace)
             else:
                 ops.attention_inputs(b.q, kv, b.qkv, self.qk[i], step)
                 ops.attention(b.attn, b.q, kv, step, c.attention_scale, causal, b.workspace)
-            ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o))
+            ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o), inv)
             ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
             if layer.xielu is not None:
-                ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu)
+                ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu, inv)
             else:
-                ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up)
-            ops.linear(b.delta, b.act, *linear_operands(layer.down))
+                ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up, inv)
+            ops.linear(b.delta, b.act, *linear_operands(layer.down), inv)
         last = c.num_layers - 1
         if last in b.hidden_out:
             torch.add(b.hidden, b.delta, out=b.hidden_out[last])
-        return self._logits(meta, b)
+        return self._logits(meta, b, inv)
 
-    def _logits(self, meta, b: StepBuffers) -> torch.Tensor:
+    def _logits(self, meta, b: StepBuffers, batch_invariant: bool = True) -> torch.Tensor:
         """The last residual add, the final norm and the lm_head, on the logit rows only."""
         w, eps = self.weights, self.config.rms_norm_eps
         # A step with a logit row per token (decode, verify) has them all, in order: no gather.
@@ -202,7 +206,7 @@ class Model:
             torch.index_select(b.delta, 0, meta.logit_rows, out=delta)
         self.ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
         # float32 out: the float32 sums, unrounded (float and INT8 heads alike).
-        self.ops.linear(b.logits, b.logit_normed, *linear_operands(w.lm_head))
+        self.ops.linear(b.logits, b.logit_normed, *linear_operands(w.lm_head), batch_invariant)
         return b.logits
 
 

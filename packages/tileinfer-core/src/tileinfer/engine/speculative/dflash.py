@@ -107,7 +107,7 @@ class DFlashDrafter:
             parts.append(rows)
         features = torch.cat(parts, dim=-1)  # (n, len(target_layer_ids) * hidden)
         projected = torch.empty(n, c.hidden_size, dtype=m.dtype, device=m.device)
-        ops.linear(projected, features, self.fc, None)
+        ops.linear(projected, features, self.fc, None, True)
         context = torch.empty_like(projected)
         ops.rmsnorm(context, projected, self.hidden_norm, c.rms_norm_eps)
         qkv = torch.empty(n, c.qkv_size, dtype=m.dtype, device=m.device)
@@ -115,7 +115,7 @@ class DFlashDrafter:
         for i, layer in enumerate(m.weights.layers):
             # Keys and values of the context (no input norm: the context enters k_proj/v_proj
             # as it is); the queries are computed and not used.
-            ops.linear(qkv, context, *linear_operands(layer.qkv))
+            ops.linear(qkv, context, *linear_operands(layer.qkv), True)
             ops.attention_inputs(q, cache.layer(i), qkv, m.qk[i], meta.attention)
 
     def forward_block(self, meta, buffers, cache) -> torch.Tensor:

@@ -17,8 +17,8 @@ from .helpers import (ATTENTION_CASES, CACHE_KINDS, DTYPES, INT8_POISON, INT_POI
                       decode_step_inputs, fill_paged_step, make_weight, poisoned, qk_transform,
                       quantize_weight, rand, rope_tables, seed_counter, write_pages)
 from .test_attention import test_attention, test_attention_inputs, test_attention_with_inputs
-from .test_linear import (test_linear, test_linear_float32_model, test_linear_swiglu,
-                          test_linear_xielu)
+from .test_linear import (test_batch_invariant_rows, test_linear, test_linear_float32_model,
+                          test_linear_swiglu, test_linear_xielu)
 from .test_norms import test_add_rmsnorm, test_embed, test_rmsnorm
 from .test_sampling import test_accept_tokens, test_sample_tokens
 from .test_scratch import test_reserve_scratch
@@ -29,6 +29,7 @@ __all__ = [
     # tests, one or more per op of the contract
     "test_embed", "test_rmsnorm", "test_add_rmsnorm",
     "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
+    "test_batch_invariant_rows",
     "test_attention_inputs", "test_attention", "test_attention_with_inputs",
     "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens",
     # helpers

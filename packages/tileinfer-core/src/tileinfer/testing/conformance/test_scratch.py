@@ -28,13 +28,15 @@ def test_reserve_scratch(ops, ref, device):
         w, scale = make_weight(48, 1024, device, int8)
         wg, scale_g = make_weight(2 * 48, 1024, device, int8)
         expected, expected_g = poisoned((1, 48), torch.bfloat16, device), poisoned((1, 48), torch.bfloat16, device)
-        ref.linear(expected, x, w, scale)
-        ref.linear_swiglu(expected_g, x, wg, scale_g, poisoned((1, 96), torch.bfloat16, device))
+        ref.linear(expected, x, w, scale, True)
+        ref.linear_swiglu(expected_g, x, wg, scale_g, poisoned((1, 96), torch.bfloat16, device),
+                         True)
         runs = []
         for _ in range(2):
             out, out_g = poisoned((1, 48), torch.bfloat16, device), poisoned((1, 48), torch.bfloat16, device)
-            ops.linear(out, x, w, scale)
-            ops.linear_swiglu(out_g, x, wg, scale_g, poisoned((1, 96), torch.bfloat16, device))
+            ops.linear(out, x, w, scale, True)
+            ops.linear_swiglu(out_g, x, wg, scale_g, poisoned((1, 96), torch.bfloat16, device),
+                              True)
             assert_close(out, expected, what="linear after reserve_scratch")
             assert_close(out_g, expected_g, what="linear_swiglu after reserve_scratch")
             runs.append((out, out_g))

@@ -1,0 +1,127 @@
+"""The matrix products of one decode step at n rows: what a batched step costs in its linears.
+
+For a random-weight model of a named shape, times every linear of one step (per layer: qkv, o,
+the SwiGLU input, down; then the float32 lm_head) at n = 1, 2, 4, ... rows, captured back to back
+in one CUDA graph (``timing.time_graph``): the model's own weights, so nothing is served from L2.
+Reported per n: the linears' milliseconds per step and the weight bytes over that time (GB/s),
+per variant:
+
+- ``<backend>``: the backend's ``linear`` ops as the batched engine calls them
+  (``batch_invariant=False``: any kernel for n rows);
+- ``<backend>-invariant``: as a single sequence's steps call them (``batch_invariant=True``:
+  up to 8 rows each row computed as in a 1-row step, what speculative verification needs);
+- ``cublas``: torch.matmul (cuBLAS) for every product, the SwiGLU in torch (bf16 weights only).
+
+    python benchmarks/batched_linear.py --shape llama3-8b --backends cuda,triton
+    python benchmarks/batched_linear.py --shape llama3-8b --int8 --rows 1,8,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from timing import time_graph
+
+from tileinfer.backend import get_backend
+from tileinfer.model.quant import linear_operands
+from tileinfer.model.random_weights import random_model, shape_config
+
+
+def step_calls(model, ops, n: int, invariant: bool | None):
+    """Zero-argument callables running one step's linears at n rows with ``ops`` (None: cuBLAS)."""
+    c, dev, dt = model.config, model.device, model.dtype
+    x = torch.randn(n, max(c.hidden_size, c.q_size, c.intermediate_size), device=dev).to(dt)
+    qkv = torch.empty(n, c.qkv_size, device=dev, dtype=dt)
+    delta = torch.empty(n, c.hidden_size, device=dev, dtype=dt)
+    act = torch.empty(n, c.intermediate_size, device=dev, dtype=dt)
+    gate_up = torch.empty(n, 2 * c.intermediate_size, device=dev, dtype=dt)
+    logits = torch.empty(n, c.vocab_size, device=dev, dtype=torch.float32)
+    h, a, m = x[:, :c.hidden_size], x[:, :c.q_size], x[:, :c.intermediate_size]
+    calls = []
+    for layer in model.weights.layers:
+        if ops is None:
+            calls += [lambda w=layer.qkv: torch.matmul(h, w.t(), out=qkv),
+                      lambda w=layer.o: torch.matmul(a, w.t(), out=delta),
+                      lambda w=layer.up: act.copy_(_swiglu_torch(h, w, gate_up)),
+                      lambda w=layer.down: torch.matmul(m, w.t(), out=delta)]
+            continue
+        kw = dict(batch_invariant=invariant)
+        calls += [lambda w=layer.qkv: ops.linear(qkv, h, *linear_operands(w), **kw),
+                  lambda w=layer.o: ops.linear(delta, a, *linear_operands(w), **kw),
+                  lambda w=layer.up: ops.linear_swiglu(act, h, *linear_operands(w), gate_up, **kw),
+                  lambda w=layer.down: ops.linear(delta, m, *linear_operands(w), **kw)]
+    head = model.weights.lm_head
+    if ops is None:
+        calls.append(lambda: logits.copy_(torch.matmul(h, head.t())))
+    else:
+        calls.append(lambda: ops.linear(logits, h, *linear_operands(head),
+                                        batch_invariant=invariant))
+    return calls
+
+
+def _swiglu_torch(h, w, gate_up):
+    torch.matmul(h, w.t(), out=gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def weight_bytes(model) -> int:
+    total = 0
+    for layer in model.weights.layers:
+        for w in (layer.qkv, layer.o, layer.up, layer.down):
+            q, s = linear_operands(w)
+            total += q.numel() * q.element_size() + (0 if s is None else s.numel() * 4)
+    q, s = linear_operands(model.weights.lm_head)
+    return total + q.numel() * q.element_size() + (0 if s is None else s.numel() * 4)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--backends", default="cuda,triton")
+    p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--rows", default="1,2,4,8,16,32,64,128")
+    p.add_argument("--invariant", action="store_true",
+                   help="also time batch_invariant=True (the single-sequence calls)")
+    p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
+    args = p.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    quantize = "int8" if args.int8 else None
+    model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
+    nbytes = weight_bytes(model)
+    variants = []
+    for name in args.backends.split(","):
+        ops = get_backend(name)
+        variants.append((name, ops, False))
+        if args.invariant:
+            variants.append((f"{name}-invariant", ops, True))
+    if args.cublas and not args.int8:
+        variants.append(("cublas", None, None))
+    table = {}
+    for label, ops, invariant in variants:
+        for n in rows:
+            calls = step_calls(model, ops, n, invariant)
+            for call in calls:
+                call()
+            seconds = time_graph(calls, replays=5) * len(calls)
+            row = dict(shape=args.shape, weights=quantize or "bf16", variant=label, rows=n,
+                       ms=round(seconds * 1e3, 3), gb_s=round(nbytes / seconds / 1e9, 1))
+            print(json.dumps(row), flush=True)
+            table[label, n] = row["ms"]
+            del calls
+            torch.cuda.empty_cache()
+    print(f"\nlinears of one step, ms ({args.shape}, {quantize or 'bf16'}, "
+          f"{nbytes / 1e9:.2f} GB of weights)", file=sys.stderr)
+    print(f"{'variant':<20}" + "".join(f"{n:>9}" for n in rows), file=sys.stderr)
+    for label, _, _ in variants:
+        print(f"{label:<20}" + "".join(f"{table.get((label, n), float('nan')):>9.3f}"
+                                       for n in rows), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
