@@ -1,6 +1,6 @@
 """The linear ops: decode GEMVs for up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU
-epilogues fused; prefill through cuBLAS (bf16 x bf16 -> bf16) or gemm.cu (INT8 weights, float32
-outputs).
+epilogues fused; more rows through cuBLAS (bf16 weights; bf16 or float32 outputs) or, for INT8
+weights, gemv.cu in pieces of 8 rows up to 64 rows and gemm.cu above.
 
 Which GEMV: one token, and a single sequence's steps (``batch_invariant``, the contract's flag),
 take gemv_rows.cu, whose rows are the same bits at any token count (a speculative verify row
@@ -29,6 +29,13 @@ from . import elementwise
 from .tuning import gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens, pdl, rows_lane_k
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
+# INT8 weights at 9..INT8_PIECES_MAX_TOKENS rows: gemv.cu on pieces of GEMV_MAX_TOKENS rows, each
+# piece a read of the weight (gemm.cu's 128-row prefill tiles take 15x longer at 16-64 rows:
+# benchmarks/RESULTS.md, session 8).
+INT8_PIECES_MAX_TOKENS = 64
+# cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
+# steps of more than GEMV_MAX_TOKENS rows; else gemm.cu.
+_MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
 _NO_XIELU = (0.0, 0.0, 0.0, 0.0)
 
 
@@ -152,6 +159,13 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
             gemv(out, x, weight, weight_scale, invariant=invariant)
         elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
             torch.matmul(x, weight.t(), out=out)  # prefill: cuBLAS
+        elif weight.dtype == torch.bfloat16 and _MM_FLOAT32_OUT:
+            # the logits: cuBLAS with float32 outputs, the float32 sums unrounded
+            torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+        elif weight.dtype == torch.int8 and n <= INT8_PIECES_MAX_TOKENS:
+            for i in range(0, n, GEMV_MAX_TOKENS):
+                rows = slice(i, i + GEMV_MAX_TOKENS)
+                gemv(out[rows], x[rows], weight, weight_scale, invariant=False)
         else:
             gemm(out, x, weight, weight_scale)
         return True

@@ -3,14 +3,15 @@
 Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
 the fused SwiGLU / xIELU activations):
 
-* ``_gemv_kernel``, decode and verify steps (1..16 tokens), built around the weight read: each
+* ``_gemv_kernel``, decode, verify and batched steps (1..64 tokens), built around the weight read: each
   program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
   masked) and accumulates ``w * x`` in a float32 register tile, reduced once at the end. Up to
   ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every row runs the
   1-token code on its own programs (grid axis 0), so a verify step's rows equal decode steps bit
-  for bit; batched steps of 2..16 rows and any step of 9..16 use ``tl.dot`` on rows padded to 16
-  (the weight read once for all rows). Narrow outputs split K; the last program to arrive at a tile (an arrival
-  counter) sums the partials in split order, runs the epilogue and re-arms the counter.
+  for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on rows padded to
+  16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the last program to
+  arrive at a tile (an arrival counter) sums the partials in split order, runs the epilogue and
+  re-arms the counter.
   SwiGLU takes gate rows ``n`` and up rows ``inter + n`` in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
@@ -108,7 +109,7 @@ def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
 def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.constexpr,
                 F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Tensor-core K loop over [k_lo, k_hi) (the 9..16-token GEMV and the prefill GEMM): x rows
+    """Tensor-core K loop over [k_lo, k_hi) (the 9..64-token GEMV and the prefill GEMM): x rows
     [BLOCK_M, BLOCK_K] against weight rows [BLOCK_N, BLOCK_K] (and SwiGLU's up rows); returns
     the float32 sums [BLOCK_M, BLOCK_N] of both. Software-pipelined num_stages deep by Triton."""
     x_ty: tl.constexpr = x_rows.dtype.element_ty
@@ -151,9 +152,9 @@ def _gemv_kernel(
 ):
     """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
     2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
-    program_id(0)); BLOCK_M = 16: up to 16 tokens on the tensor cores (weights staged through
-    shared memory by cp.async, software-pipelined num_stages deep). P_ROWS: rows of the split-K
-    partial buffer (M or 16)."""
+    program_id(0)); BLOCK_M = 16, 32 or 64: up to that many tokens on the tensor cores (weights
+    staged through shared memory by cp.async, software-pipelined num_stages deep). P_ROWS: rows
+    of the split-K partial buffer (M or BLOCK_M)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -226,7 +227,7 @@ def _gemv_kernel(
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
     else:
-        # 9..16 tokens: tensor-core dot with the token rows padded to BLOCK_M = 16.
+        # Tensor-core dot with the token rows padded to BLOCK_M.
         pdl_launch_dependents(PDL)
         pdl_wait(PDL)
         acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT, INT8, F32, EVEN_K,
@@ -328,8 +329,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)
         cfg = config or gemv_config(m if rows else SKINNY_MAX_M, n_out, k, int8, act, f32)
         # Row programs (CUDA cores) for one token and a single sequence's steps of up to
-        # ROW_INVARIANT_MAX_M tokens, else 16-row dot tiles.
-        block_m = 1 if (rows and not cfg.dot) else 16
+        # ROW_INVARIANT_MAX_M tokens, else dot tiles of 16, 32 or 64 token rows.
+        block_m = 1 if (rows and not cfg.dot) else max(16, triton.next_power_of_2(m))
         unroll = cfg.unroll if block_m == 1 else 1
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
@@ -338,13 +339,13 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
         row_programs = m if block_m == 1 else 1
-        p_rows = m if block_m == 1 else 16
+        p_rows = m if block_m == 1 else block_m
         part, locks = x, x  # dummies when not split
         if split > 1:
             part, locks = SCRATCH.get(x.device)
-            # Capacity checked for the largest step of this path (16 rows), so that whether a
-            # shape splits never depends on m.
-            n_part = split * 16 * n_out * (2 if act == ACT_SWIGLU else 1)
+            # Capacity checked for 16 rows up to 16 (so that whether a 1..8-row shape splits
+            # never depends on m), else for the tile's rows.
+            n_part = split * max(16, block_m) * n_out * (2 if act == ACT_SWIGLU else 1)
             if n_part > part.numel() or 16 * tiles > locks.numel():
                 split, k_split, part, locks = 1, k, x, x
         _gemv_kernel[(row_programs, tiles, split)](

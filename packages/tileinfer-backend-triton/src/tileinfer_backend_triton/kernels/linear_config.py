@@ -11,7 +11,7 @@ import torch
 from .common import INTERPRET_MODE
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
-SKINNY_MAX_M = 16  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
+SKINNY_MAX_M = 64  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
 # Up to this many tokens every row runs the 1-token GEMV code (row-invariant results).
 ROW_INVARIANT_MAX_M = 8
 
@@ -73,8 +73,10 @@ def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> Gemv
     The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows run
     exactly the 1-token code). One token row: ~4K weight elements per program per K tile
     (16-byte loads, a float32 accumulator that does not spill on sm_90), two tiles in flight;
-    SwiGLU programs hold a gate and an up row block, hence their narrower tiles. 9..16 tokens:
-    [16 x 32 x BLOCK_K] tensor-core tiles, 4 cp.async stages."""
+    SwiGLU programs hold a gate and an up row block, hence their narrower tiles. 9..16 tokens
+    (and batched steps of 2..16): [16 x 32 x BLOCK_K] tensor-core tiles, 4 cp.async stages;
+    17..64: token tiles of 32 or 64 rows against 64 weight rows (32 for SwiGLU's pairs), so a
+    program's x tile is read once per 64 weight rows rather than per 32."""
     if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
         return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
                           unroll=2 if k >= 512 else 1)
@@ -89,7 +91,10 @@ def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> Gemv
                 return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
             return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
         return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
-    return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
+    if m <= 16:
+        return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
+    return GemvConfig(block_n=32 if act == ACT_SWIGLU else 64, block_k=128, num_warps=4,
+                      num_stages=3)
 
 
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
