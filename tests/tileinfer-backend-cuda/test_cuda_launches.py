@@ -83,30 +83,45 @@ def test_embed_and_norms(launches):
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-@pytest.mark.parametrize("n", [1, 3, 40])
-def test_linear_ops(launches, int8, n):
+@pytest.mark.parametrize("n,invariant", [(1, True), (3, True), (3, False), (40, False),
+                                         (100, False)])
+def test_linear_ops(launches, monkeypatch, int8, n, invariant):
+    mm_calls = []  # cuBLAS with float32 outputs (no CPU kernel): recorded, not run
+    real_mm = torch.mm
+    monkeypatch.setattr(linear.torch, "mm", lambda *a, **kw: mm_calls.append(kw.get("out_dtype"))
+                        if "out_dtype" in kw else real_mm(*a, **kw))
     x = torch.randn(n, 4096).to(BF)
     w, s = _weight(6144, 4096, int8)
-    OPS["linear"](torch.empty(n, 6144, dtype=torch.float32), x, w, s)
+    OPS["linear"](torch.empty(n, 6144, dtype=torch.float32), x, w, s, invariant)
     wg, sg = _weight(2 * 1536, 4096, int8)
-    OPS["linear_swiglu"](torch.empty(n, 1536, dtype=BF), x, wg, sg, torch.empty(n, 3072, dtype=BF))
+    OPS["linear_swiglu"](torch.empty(n, 1536, dtype=BF), x, wg, sg, torch.empty(n, 3072, dtype=BF),
+                         invariant)
     OPS["linear_xielu"](torch.empty(n, 1536, dtype=BF), x, wg[:1536], None if sg is None else sg[:1536],
-                        XIELUScalars(0.8, 0.9, 0.5, -1e-6))
+                        XIELUScalars(0.8, 0.9, 0.5, -1e-6), invariant)
     names = [(k.file, k.name) for k in launches]
-    if n <= common.GEMV_MAX_TOKENS:  # the fused decode GEMVs
+    pieces = -(-n // common.GEMV_MAX_TOKENS)
+    if n == 1 or (n <= common.GEMV_MAX_TOKENS and invariant):  # the row-invariant GEMVs
         assert names == [("gemv_rows.cu", "gemv_rows")] * 3
         assert [k.defines["EPILOGUE"] for k in launches] == [0, 1, 2]
-        assert all(k.defines["TOKENS"] == (1 if n == 1 else 8) and k.pdl for k in launches)
+        assert all(k.defines["TOKENS"] == tuning.gemv_rows_tokens(n) and k.pdl for k in launches)
         cfg = tuning.gemv_config(6144, 4096, int8, "none", 0)
         assert cfg == {**tuning.GEMV_ROWS_TABLE[(6144, 4096, int8, "none")], "kernel": "rows"}
         assert launches[0].defines == linear.gemv_rows_defines(
             cfg, int8, "none", "float", tuning.gemv_rows_tokens(n), True)
+    elif n <= common.GEMV_MAX_TOKENS:  # a batched step: the tensor-core GEMV, weights read once
+        assert names == [("gemv.cu", "gemv")] * 3
+        assert [k.defines["EPILOGUE"] for k in launches] == [0, 1, 2]
+    elif int8 and n <= linear.INT8_PIECES_MAX_TOKENS:  # gemv.cu on 8-row pieces
+        assert names == ([("gemv.cu", "gemv")] * (2 * pieces) + [("elementwise.cu", "silu_mul")]
+                         + [("gemv.cu", "gemv")] * pieces + [("elementwise.cu", "xielu")])
+        assert {k.args[4] for k in launches if k.name == "gemv"} == \
+            {common.GEMV_MAX_TOKENS, n % common.GEMV_MAX_TOKENS or common.GEMV_MAX_TOKENS}
     elif int8:  # prefill: gemm.cu, the activations after it
         assert names == [("gemm.cu", "gemm"), ("gemm.cu", "gemm"), ("elementwise.cu", "silu_mul"),
                          ("gemm.cu", "gemm"), ("elementwise.cu", "xielu")]
-    else:  # bf16 prefill: cuBLAS (no launch of ours) except the float32 logits
-        assert names == [("gemm.cu", "gemm"), ("elementwise.cu", "silu_mul"),
-                         ("elementwise.cu", "xielu")]
+    else:  # bf16: cuBLAS (no launch of ours), the float32 logits through its float32 outputs
+        assert names == [("elementwise.cu", "silu_mul"), ("elementwise.cu", "xielu")]
+        assert mm_calls == [torch.float32]
 
 
 def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):

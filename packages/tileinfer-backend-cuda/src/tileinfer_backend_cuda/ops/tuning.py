@@ -220,9 +220,14 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
 
 
 def gemv_rows_tokens(n: int) -> int:
-    """The token slots of the gemv_rows.cu build that runs an n-token step: 1 for n = 1 (fewer
-    registers), else GEMV_MAX_TOKENS; a row's sum is the same in both."""
-    return 1 if n == 1 else GEMV_MAX_TOKENS
+    """The token slots of the gemv_rows.cu build that runs an n-token step: n rounded up to 1, 2,
+    4 or GEMV_MAX_TOKENS (each slot holds registers: a 2-token verify step on an 8-slot build
+    took 2.3x the 1-token step on SmolLM2, benchmarks/RESULTS.md session 8); a row's sum is the
+    same in every build."""
+    slots = 1
+    while slots < n:
+        slots *= 2
+    return min(slots, GEMV_MAX_TOKENS)
 
 
 def gemv_rows_tile(cfg: dict, tokens: int, int8: bool, epilogue: str) -> tuple[int, int]:
