@@ -33,6 +33,17 @@ def _runs(rows, counters):
     return runs
 
 
+_NO_STREAM: dict = {}
+
+
+def _no_stream(dev) -> torch.Tensor:
+    """A zero seed / counter for calls whose rows are all greedy (read by no row), per device."""
+    t = _NO_STREAM.get(dev)
+    if t is None:
+        t = _NO_STREAM[dev] = torch.zeros(1, dtype=torch.int64, device=dev)
+    return t
+
+
 def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
                  counters: list[int]) -> torch.Tensor:
     """Token ids (m,) int32 on logits' device for logits (m, vocab) float32: row r sampled with
@@ -43,12 +54,16 @@ def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds:
                          f"seeds and {len(counters)} counters")
     dev = logits.device
     out = torch.empty(m, dtype=torch.int32, device=dev)
-    # Seeds and counters of every row in one host-to-device copy; calls take 1-element views.
-    streams = torch.tensor([seeds, counters], dtype=torch.int64).to(dev, non_blocking=True)
     groups: dict[tuple, list[int]] = {}
     for r, p in enumerate(params):
         key = ("greedy",) if p.greedy else (p.temperature, p.top_k, p.top_p, seeds[r])
         groups.setdefault(key, []).append(r)
+    if list(groups) == [("greedy",)]:  # greedy rows read no stream: one call, no upload
+        ops.sample_tokens(out, logits, params[0].temperature, params[0].top_k, params[0].top_p,
+                          _no_stream(dev), _no_stream(dev), None)
+        return out
+    # Seeds and counters of every row in one host-to-device copy; calls take 1-element views.
+    streams = torch.tensor([seeds, counters], dtype=torch.int64).to(dev, non_blocking=True)
     for key, rows in groups.items():
         p = params[rows[0]]
         runs = [rows] if key == ("greedy",) else _runs(rows, counters)
