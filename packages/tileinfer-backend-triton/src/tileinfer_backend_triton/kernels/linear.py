@@ -3,8 +3,8 @@
 Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
 the fused SwiGLU / xIELU activations):
 
-* ``_gemv_kernel``, decode, verify and batched steps (1..64 tokens), built around the weight read: each
-  program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
+* ``_gemv_kernel``, decode, verify and batched steps (1..64 tokens), built around the weight
+  read: each program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
   masked) and accumulates ``w * x`` in a float32 register tile, reduced once at the end. Up to
   ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every row runs the
   1-token code on its own programs (grid axis 0), so a verify step's rows equal decode steps bit

@@ -57,7 +57,7 @@ class Backend:
 
 
 class OpTable:
-    """The resolved ops of one backend: ``table.linear(out, x, w, scale, True)`` calls a plain function.
+    """The resolved ops of one backend: ``table.linear(out, x, w, None, True)`` calls a function.
 
     ``fallbacks`` lists the ops taken from the ref backend because the chosen one lacks them. An
     optional op the backend lacks is None.

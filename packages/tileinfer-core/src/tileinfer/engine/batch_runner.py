@@ -70,6 +70,7 @@ class BatchRunner:
         # The padding rows' page, held by the runner for its whole life.
         self.scratch_page = cache.allocator.allocate(1)[0] if self.static_decode else None
         self.replays = self.eager_steps = self.tokens_run = 0
+        self.last_static = False
 
     @property
     def reserved_pages(self) -> int:
@@ -93,11 +94,12 @@ class BatchRunner:
 
     def run(self, seqs: list[Sequence], token_lists: list[list[int]]) -> torch.Tensor:
         """Logits (len(seqs), vocab) float32 of each sequence's last new token. Valid until the
-        next ``run``."""
+        next ``run``. ``last_static`` says whether the step ran as a static decode step."""
         self.tokens_run += sum(map(len, token_lists))
         size = None
         if self.static_decode and all(len(ids) == 1 for ids in token_lists):
             size = self.bucket_for(len(seqs))
+        self.last_static = size is not None
         if size is None:
             self.eager_steps += 1
             meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
@@ -107,6 +109,26 @@ class BatchRunner:
         pad = size - len(seqs)
         prepare_step(self.cache, list(seqs) + bucket.pad[:pad], list(token_lists) + [[0]] * pad,
                      max_len=self.model.max_len, out=bucket.meta)
+        return self._replay(bucket, len(seqs))
+
+    def run_device_ids(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
+        """A static decode step whose token ids are on the device already: ids (len(seqs),)
+        int32, e.g. the previous step's samples, not read back yet (the engine's pipelining).
+        Pages are reserved as ``run`` does; padding rows keep the ids their slots last held
+        (some earlier step's tokens: any valid id will do). Logits as ``run``'s."""
+        size = self.bucket_for(len(seqs)) if self.static_decode else None
+        if size is None:
+            raise ValueError(f"no static decode step holds {len(seqs)} sequences")
+        self.tokens_run += len(seqs)
+        bucket = self._bucket(size)
+        pad = size - len(seqs)
+        prepare_step(self.cache, list(seqs) + bucket.pad[:pad], [[0]] * size,
+                     max_len=self.model.max_len, out=bucket.meta, keep_ids=True)
+        bucket.meta.ids[:len(seqs)].copy_(ids, non_blocking=True)
+        self.last_static = True
+        return self._replay(bucket, len(seqs))
+
+    def _replay(self, bucket: _Bucket, n: int) -> torch.Tensor:
         if not self.graphs:
             self._forward(bucket.meta, bucket.buffers)
         else:
@@ -114,7 +136,7 @@ class BatchRunner:
                 bucket.graph = self._capture(bucket)
             bucket.graph.replay()
             self.replays += 1
-        return bucket.buffers.logits[:len(seqs)]
+        return bucket.buffers.logits[:n]
 
     def _forward(self, meta, buffers) -> torch.Tensor:
         return self.model.forward_step(meta, buffers, self.cache, batch_invariant=False)

@@ -18,6 +18,11 @@ they queue under a short lock and ``step`` takes the queue at its start. ``abort
 at once (pages freed) when no step is running, else when the running step ends.
 ``EngineThread`` runs the step loop on a background thread.
 
+Pipelining: while the running requests only decode (none joins, leaves or needs its logprobs),
+the next step is launched from the current one's sampled ids still on the device, before those
+are read back; the host then reads them, finishes requests and publishes pages while the GPU
+runs. A request that stops wastes one row of the step already launched.
+
 Faults: a step that raises (out of memory, a kernel error) fails the requests in it (their
 pages are given back, finish_reason "error" with the message) and the engine goes on with the
 others. Requests are checked when added (``RequestError``): bad arguments, a prompt longer than
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -37,9 +43,27 @@ from .batch_sampling import sample_batch, token_logprobs
 from .cache import new_cache
 from .pool import kv_pool_pages
 from .prefix_cache import PrefixCache
-from .request import (ABORT, ERROR, FINISHED, LENGTH, STOP, Request, RequestOutput,
-                      check_request)
+from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestError,
+                      RequestOutput, check_request)
 from .scheduler import Scheduler
+
+
+@dataclass(eq=False)
+class _Step:
+    """A launched step: its requests, their sequences' lengths before it, the rows sampled in
+    it, their ids on the device and the copy of them to the host (an event to wait for on CUDA),
+    the sampled rows' logits, whether it was a static decode step, and the step launched after
+    it from its ids (the successor), if any."""
+
+    reqs: list
+    starts: list[int]
+    sampled: list[int]
+    ids: torch.Tensor | None
+    rows: torch.Tensor | None
+    host_ids: torch.Tensor | None = None
+    copied: object = None
+    decode: bool = False
+    successor: "_Step | None" = None
 
 
 class LLMEngine:
@@ -51,7 +75,8 @@ class LLMEngine:
     rows). prefix_caching: share full pages of common prefixes. graphs: CUDA graphs for decode
     steps (None: on CUDA with a graph-safe backend). kv_quantize / key_smoothing: as
     ``new_cache``. watermark: free pages a new request must leave (default 1% of the pool).
-    static_decode: see ``BatchRunner``.
+    static_decode: see ``BatchRunner``. pipeline: launch a static decode step before reading the
+    previous one's tokens (``step``).
     """
 
     def __init__(self, model, num_pages: int | None = None, page_size: int = 16,
@@ -59,7 +84,8 @@ class LLMEngine:
                  prefix_caching: bool = True, graphs: bool | None = None,
                  kv_quantize: str | None = None, key_smoothing=None,
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
-                 watermark: int | None = None, static_decode: bool | None = None):
+                 watermark: int | None = None, static_decode: bool | None = None,
+                 pipeline: bool = True):
         if num_pages is None:
             num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize, cpu_tokens,
                                       max_step_tokens, max_running, graphs)
@@ -79,7 +105,9 @@ class LLMEngine:
         self._inbox_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._ids = itertools.count()
-        self.steps = self.generated_tokens = 0
+        self.pipeline = pipeline
+        self._inflight: _Step | None = None  # launched by the last step(), not completed
+        self.steps = self.generated_tokens = self.pipelined_steps = 0
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -165,56 +193,139 @@ class LLMEngine:
             self._drain()
             for req in list(self._requests.values()):
                 self._finish(req, ERROR, error=str(error))
+            self._inflight = None
             return self._take_outputs()
 
     # -- stepping ------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one step. Returns one RequestOutput per request that got a token or finished in
-        it (requests still prefilling a long prompt may get nothing for a few steps)."""
+        it (requests still prefilling a long prompt may get nothing for a few steps).
+
+        Pipelined (``pipeline``): a step of decode rows is completed (its tokens read back) only
+        after the next one is launched, so the GPU runs the next step while the host handles
+        this one's tokens; its outputs are then returned one call later than they were made."""
         with self._step_lock:
             self._drain()
-            plan = self.scheduler.schedule()
-            if plan:
-                self._run(plan)
+            flight, self._inflight = self._inflight, None
+            if flight is None:
+                plan = self.scheduler.schedule()
+                if not plan:
+                    return self._take_outputs()
+                flight = self._launch(plan)
                 self.steps += 1
+                if flight is None:  # the step failed; its requests are failed
+                    return self._take_outputs()
+            if self.pipeline:
+                self._inflight = self._launch_next(flight)
+            self._complete(flight)
             return self._take_outputs()
 
-    def _run(self, plan):
+    def _launch(self, plan) -> _Step | None:
+        """Run the plan's step and sample its rows on the device (tokens not read back)."""
         reqs = [req for req, _ in plan]
         chunks = [req.next_chunk(n) for req, n in plan]
         starts = [len(req.seq) for req in reqs]
         sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
         try:
             logits = self.runner.run([req.seq for req in reqs], chunks)
-            ids, lps = [], {}
-            if sampled:
-                rows = logits if len(sampled) == len(plan) else logits[sampled]
-                ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
-                                   [reqs[i].seed for i in sampled],
-                                   [len(reqs[i].output) for i in sampled]).tolist()
-                want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
-                if want:
-                    found = token_logprobs(rows[want], [ids[j] for j in want],
-                                           [reqs[sampled[j]].logprobs for j in want])
-                    lps = dict(zip(want, found))
+            flight = self._sample(reqs, starts, sampled, logits, [0] * len(sampled))
         except BaseException as e:
-            for req, start in zip(reqs, starts):
-                self.cache.truncate(req.seq, start)  # gives back the step's pages
-            if not isinstance(e, Exception):
-                raise
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-            message = f"the step failed: {type(e).__name__}: {e}"
-            for req in reqs:
-                self._finish(req, ERROR, error=message)
-            return
+            self._fail_step(reqs, starts, e)
+            return None
         for req, chunk in zip(reqs, chunks):
             req.seq.tokens.extend(chunk)
+        flight.decode = self.runner.last_static and len(sampled) == len(reqs)
+        return flight
+
+    def _launch_next(self, prev: _Step) -> _Step | None:
+        """The decode step after ``prev``, launched before prev's tokens are read (its input
+        ids are prev's samples, on the device), or None where the next step may differ: new
+        requests could join, one stopped or was aborted, one reaches its length or wants
+        logprobs, or pages run out (the scheduler then plans it, preempting if it must)."""
+        reqs, s = prev.reqs, self.scheduler
+        with self._inbox_lock:
+            inbox = bool(self._inbox)
+        if (not prev.decode or inbox or len(reqs) != len(s.running)
+                or (s.waiting and len(s.running) < s.max_running)
+                or any(r.state != RUNNING or r.logprobs is not None
+                       or len(r.output) + 1 >= r.max_new_tokens
+                       or r.num_tokens + 1 > self.model.max_len for r in reqs)):
+            return None
+        starts = [len(req.seq) for req in reqs]
+        try:
+            logits = self.runner.run_device_ids([req.seq for req in reqs], prev.ids)
+            flight = self._sample(reqs, starts, list(range(len(reqs))), logits, [1] * len(reqs))
+        except Exception:  # no room, or a fault: give the pages back, the scheduler decides
+            for req, start in zip(reqs, starts):
+                self.cache.truncate(req.seq, start)
+            return None
+        prev.successor = flight
+        flight.decode = True
+        self.steps += 1
+        self.pipelined_steps += 1
+        return flight
+
+    def _sample(self, reqs, starts, sampled, logits, ahead) -> _Step:
+        """Sample the rows of the requests in ``sampled`` (their k-th token, k = len(output) +
+        ahead) and start copying the ids to the host."""
+        ids = rows = None
+        if sampled:
+            rows = logits if len(sampled) == len(reqs) else logits[sampled]
+            ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
+                               [reqs[i].seed for i in sampled],
+                               [len(reqs[i].output) + a for i, a in zip(sampled, ahead)])
+        flight = _Step(reqs, starts, sampled, ids, rows)
+        if ids is not None and ids.is_cuda:
+            flight.host_ids = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order
+            flight.copied = torch.cuda.Event()
+            flight.copied.record()
+        else:
+            flight.host_ids = ids
+        return flight
+
+    def _complete(self, flight: _Step):
+        """Read the step's tokens back and hand them to their requests. A successor step (already
+        running) continues the same requests with these tokens: they join its sequences now."""
+        reqs, sampled = flight.reqs, flight.sampled
+        try:
+            if flight.copied is not None:
+                flight.copied.synchronize()
+            ids = [] if flight.host_ids is None else flight.host_ids.tolist()
+            lps = {}
+            want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
+            if want:
+                found = token_logprobs(flight.rows[want], [ids[j] for j in want],
+                                       [reqs[sampled[j]].logprobs for j in want])
+                lps = dict(zip(want, found))
+        except BaseException as e:
+            self._fail_step(reqs, flight.starts, e)
+            self._inflight = None  # its successor continued the requests just failed
+            return
+        next_ids = dict(zip(sampled, ids)) if flight.successor is not None else {}
+        for i, req in enumerate(reqs):
+            if req.state == FINISHED:  # aborted while the step ran
+                continue
+            if i in next_ids:
+                req.seq.tokens.append(next_ids[i])  # the token the successor step runs
             if self.prefix is not None:
                 self.prefix.publish(req.seq, req.page_keys)
         for j, (i, token) in enumerate(zip(sampled, ids)):
-            self._accept(reqs[i], token, lps.get(j))
+            if reqs[i].state != FINISHED:
+                self._accept(reqs[i], token, lps.get(j))
+
+    def _fail_step(self, reqs, starts, e: BaseException):
+        for req, start in zip(reqs, starts):
+            if req.state != FINISHED:
+                self.cache.truncate(req.seq, start)  # gives back the step's pages
+        if not isinstance(e, Exception):
+            raise e
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+        message = f"the step failed: {type(e).__name__}: {e}"
+        for req in reqs:
+            if req.state != FINISHED:
+                self._finish(req, ERROR, error=message)
 
     def _accept(self, req: Request, token: int, logprob=None):
         if token in req.stop_ids:
@@ -242,8 +353,9 @@ class LLMEngine:
     def stats(self) -> dict:
         """Requests and pages now: running, waiting, pages_total / used / cached / free (cached
         pages are unreferenced prefix pages, reusable or evictable), page_size, preemptions,
-        prefix-cache hit tokens, steps, generated tokens, tokens run through the model,
-        graph replays and eager steps."""
+        prefix-cache hit tokens, steps (pipelined_steps of them launched before the previous
+        step's tokens were read), generated tokens, tokens run through the model, graph replays
+        and eager steps."""
         alloc, s = self.cache.allocator, self.scheduler
         with self._inbox_lock:
             queued = sum(kind == "add" for kind, _ in self._inbox)
@@ -253,7 +365,8 @@ class LLMEngine:
                     page_size=self.cache.page_size, pool_bytes=self.cache.nbytes,
                     preemptions=s.preemptions,
                     prefix_hit_tokens=0 if self.prefix is None else self.prefix.hit_tokens,
-                    steps=self.steps, generated_tokens=self.generated_tokens,
+                    steps=self.steps, pipelined_steps=self.pipelined_steps,
+                    generated_tokens=self.generated_tokens,
                     computed_tokens=self.runner.tokens_run,
                     graph_replays=self.runner.replays, eager_steps=self.runner.eager_steps)
 
