@@ -56,32 +56,9 @@ LLAMA3_1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
              "down": (2048, 8192), "lm_head": (128256, 2048)}
 
 
-# The mma GEMV's (gemv.cu's) per-shape configurations, as the shipped GEMV_ROWS_TABLE's keys:
-# this benchmark's "default" of that family (the backend ships only gemv_heuristic for it, for
-# INT8 weights with K % 16 != 0). The winners of this benchmark's sweep on an H200
-# (benchmarks/RESULTS.md, "CUDA backend check and sweep").
-MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
-    (6144, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (14336, 4096, False, 'swiglu'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
-    (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
-    (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (4096, 14336, True, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (128256, 4096, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    (3072, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (2048, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (8192, 2048, False, 'swiglu'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    (2048, 8192, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (128256, 2048, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (3072, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
-    (2048, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
-    (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
-    (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
-    (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-}
+# The mma GEMV's (gemv.cu's) per-shape configurations: the winners of this benchmark's sweep on
+# an H200 (benchmarks/RESULTS.md, "CUDA backend check and sweep"), shipped in ops/tuning.py.
+MMA_GEMV_TABLE = tuning.MMA_GEMV_TABLE
 
 
 def experiment(**changes):

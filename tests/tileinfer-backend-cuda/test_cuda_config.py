@@ -32,10 +32,11 @@ SHAPES = [shape for shapes in MODEL_SHAPES.values() for shape in shapes]
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """An H200-sized device 0 (132 SMs) for the heuristics, an empty rows table and no
+    """An H200-sized device 0 (132 SMs) for the heuristics, empty rows and mma tables and no
     experiments."""
     monkeypatch.setitem(common._device_properties, (0, "multi_processor_count"), 132)
     monkeypatch.setattr(tuning, "GEMV_ROWS_TABLE", {})
+    monkeypatch.setattr(tuning, "MMA_GEMV_TABLE", {})
     with tuning.experiment({}):
         yield
 
@@ -166,6 +167,11 @@ def test_gemv_configuration_does_not_depend_on_the_token_count():
         o_rows, k_dim, int8, epilogue = key
         assert epilogue in linear.EPILOGUES and isinstance(int8, bool)
         _check_rows_config(cfg, o_rows, k_dim, int8, epilogue)
+    for (o_rows, k_dim, int8, epilogue), cfg in tuning.MMA_GEMV_TABLE.items():
+        assert set(cfg) == {"warps", "stages", "l2_256b"} and cfg["warps"] in (2, 4, 8, 16)
+        ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
+        static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
+        assert ring + static <= SMEM_PER_BLOCK, (o_rows, k_dim, int8, epilogue)
 
 
 @pytest.mark.parametrize("int8", [False, True])

@@ -135,6 +135,35 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 
+# gemv.cu per weight shape -> warps (the in-block split of K), ring stages, the 256-byte L2
+# prefetch hint: the winners of the mma sweep of `benchmarks/cuda_kernels.py` on an H200 (one
+# token, session 4; the kernel reads the weight once for its 8 token slots, so the same shape
+# costs about the same at 8). The batched engine's steps of 2..8 rows run it; other shapes get
+# gemv_heuristic.
+MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (6144, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
+    (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (4096, 14336, True, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (128256, 4096, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (2048, 2048, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
+    (8192, 2048, False, 'swiglu'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (2048, 8192, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (128256, 2048, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
+    (3072, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (2048, 2048, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
+    (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
+    (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
+    (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+}
+
+
 def rows_lane_k(int8: bool) -> int:
     """k of one lane's 16-byte weight chunk in gemv_rows.cu (LANE_K); a warp step is 32 of them."""
     return 16 if int8 else 8
@@ -199,7 +228,8 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
     """The decode GEMV's configuration for an (n_rows, k_dim) weight, its family under "kernel".
 
     The family: ``kernel``, else the experiments', else "rows". rows: GEMV_ROWS_TABLE's entry,
-    else gemv_rows_heuristic; mma: gemv_heuristic. The experiments' settings replace those of
+    else gemv_rows_heuristic; mma: MMA_GEMV_TABLE's entry, else gemv_heuristic. The
+    experiments' settings replace those of
     their own family. Never a function of the token count."""
     overrides = experiments["gemv"]
     asked = _asked_family(overrides)
@@ -210,7 +240,9 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
                   else gemv_rows_heuristic(n_rows, k_dim, int8, epilogue, device))
         config.setdefault("split_k", 1)
     elif kernel == "mma":
-        config = gemv_heuristic(n_rows, k_dim, int8, epilogue, device)
+        entry = MMA_GEMV_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
+        config = (dict(entry) if entry is not None
+                  else gemv_heuristic(n_rows, k_dim, int8, epilogue, device))
     else:
         raise ValueError(f"unknown GEMV kernel family {kernel!r}: 'rows' or 'mma'")
     if asked in (None, kernel):
