@@ -1,5 +1,6 @@
 """``tileinfer bench``: prefill and decode throughput at batch 1 for a model or random weights of
-a named shape, with the fraction of the memory-bandwidth bound. Prints a table and JSON lines."""
+a named shape, with the fraction of the memory-bandwidth bound; with ``--batch N``, a static batch
+of N requests on the serving engine (bench_batch.py). Prints a table and JSON lines."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ examples:
   tileinfer bench --shape llama3-8b --int8
   tileinfer bench -m Qwen/Qwen3-0.6B --kv-cache int8 --new-tokens 512
   tileinfer bench --shape llama3.2-1b --backend ref --dtype fp32 --graphs off --pipeline off
+  tileinfer bench --shape llama3-8b --batch 64
 """
 
 
@@ -41,6 +43,9 @@ def add_parser(sub, formatter):
                    help="CUDA graphs (a GPU only)")
     p.add_argument("--pipeline", choices=["on", "off", "both"], default="on",
                    help="pipelined decoding (a GPU only)")
+    p.add_argument("--batch", type=int_range(1, 4096), metavar="N",
+                   help="a static batch of N requests on the serving engine (LLMEngine) instead "
+                        "of one sequence: tok/s of the whole batch, and its KV pool")
     p.add_argument("--repeats", type=int_range(1, 1000), default=3, metavar="N",
                    help="runs per setting; the median is reported")
     p.add_argument("--threads", type=int_range(1, 1024), metavar="N",
@@ -82,6 +87,8 @@ def run(args, out):
             args.graphs = args.pipeline = "off"  # the defaults: nothing to capture on a CPU
         else:
             raise UserError("CUDA graphs and pipelining need a GPU; use --graphs off --pipeline off")
+    if args.batch:
+        return _run_batch(args, model, name, kv, out)
     bandwidth = copy_bandwidth(model.device) if on_gpu else None
     per_token = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv)
     memory = memory_report(model, kv_quantize=kv)
@@ -109,6 +116,28 @@ def run(args, out):
         if args.json:
             with open(args.json, "a") as f:
                 f.write(line + "\n")
+    return 0
+
+
+def _run_batch(args, model, name, kv, out):
+    from tileinfer.engine.memory import format_bytes
+
+    from .bench_batch import bench_static_batch
+
+    r = bench_static_batch(model, args.batch, args.prompt_len, args.new_tokens, kv, args.repeats)
+    r.update(model=name, device=str(model.device))
+    print(f"KV pool: {r['pool_pages']:,} pages of {r['page_size']} positions, "
+          f"{format_bytes(r['pool_bytes'])}", file=out)
+    decode = f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-"
+    print(f"{'model':<14}{'backend':<8}{'weights':<9}{'kv':<6}{'batch':>6}{'tok/s':>11}"
+          f"{'decode tok/s':>14}", file=out)
+    print(f"{name:<14}{r['backend']:<8}{r['weights']:<9}{r['kv_cache']:<6}{r['batch']:>6}"
+          f"{r['tok_s']:>11.1f}{decode:>14}", file=out)
+    line = json.dumps(r)
+    print(line, file=out)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(line + "\n")
     return 0
 
 
