@@ -193,6 +193,8 @@ class LLMEngine:
             self._drain()
             for req in list(self._requests.values()):
                 self._finish(req, ERROR, error=str(error))
+            if self._inflight is not None and self._inflight.copied is not None:
+                self._inflight.copied.synchronize()  # before its graph or pages can go away
             self._inflight = None
             return self._take_outputs()
 
