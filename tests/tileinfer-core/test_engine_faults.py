@@ -59,6 +59,8 @@ def _mutated_sampling():
     (dict(seed="7"), "seed must be an integer"),
     (dict(stop_ids=["x"]), "stop_ids must be token ids"),
     (dict(max_new_tokens=200), "needs up to 8 KV pages \\(128 positions"),  # min(5 + 199, 128)
+    (dict(logprobs=21), "logprobs must be None or an integer in 0..20, got 21"),
+    (dict(logprobs=True), "logprobs must be None or an integer"),
 ])
 def test_bad_requests_are_refused_before_taking_anything(model, kwargs, message):
     engine = LLMEngine(model, num_pages=7, page_size=16)
