@@ -98,6 +98,14 @@ def _ignore(signum, frame):
     pass
 
 
+# The interpreter's thread switch interval while serving (Python's default: 5 ms). The engine's
+# thread waits for the GPU with the GIL released; when the step ends it must take the GIL back
+# from the event loop's thread (HTTP, detokenizing), which otherwise may keep it up to the whole
+# interval. (Measured alone, before the engine was pipelined, it changed nothing; the pipelined
+# server's figures in benchmarks/RESULTS.md were measured with it.)
+SWITCH_INTERVAL_S = 0.0005
+
+
 def run(args, out):
     _check_extra()
     api_key = args.api_key or os.environ.get("TILEINFER_API_KEY") or None
@@ -146,6 +154,7 @@ def run(args, out):
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn_server = _Server(config)
     uvicorn_server.run()
     return 0 if uvicorn_server.started else 1
