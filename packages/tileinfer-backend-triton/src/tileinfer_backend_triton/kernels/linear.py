@@ -4,15 +4,15 @@ Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of 
 the fused SwiGLU / xIELU activations):
 
 * ``_gemv_kernel``, decode, verify and batched steps (1..64 tokens), built around the weight
-  read: each program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N clamped, not
-  masked) and accumulates ``w * x`` in a float32 register tile, reduced once at the end. Up to
-  ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every row runs the
-  1-token code on its own programs (grid axis 0), so a verify step's rows equal decode steps bit
-  for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on rows padded to
-  16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the last program to
-  arrive at a tile (an arrival counter) sums the partials in split order, runs the epilogue and
-  re-arms the counter.
-  SwiGLU takes gate rows ``n`` and up rows ``inter + n`` in the same program.
+  read: each program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N
+  clamped, not masked) and accumulates ``w * x`` in a float32 register tile, reduced once at
+  the end. Up to ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every
+  row runs the 1-token code on its own programs (grid axis 0), so a verify step's rows equal
+  decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on
+  rows padded to 16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the
+  last program to arrive at a tile (an arrival counter) sums the partials in split order, runs
+  the epilogue and re-arms the counter. SwiGLU takes gate rows ``n`` and up rows ``inter + n``
+  in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
