@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from timing import time_graph
 
 from tileinfer.backend import get_backend
+from tileinfer.engine.memory import linear_weight_bytes
 from tileinfer.model.quant import linear_operands
 from tileinfer.model.random_weights import random_model, shape_config
 
@@ -69,16 +70,6 @@ def _swiglu_torch(h, w, gate_up):
     return F.silu(gate) * up
 
 
-def weight_bytes(model) -> int:
-    total = 0
-    for layer in model.weights.layers:
-        for w in (layer.qkv, layer.o, layer.up, layer.down):
-            q, s = linear_operands(w)
-            total += q.numel() * q.element_size() + (0 if s is None else s.numel() * 4)
-    q, s = linear_operands(model.weights.lm_head)
-    return total + q.numel() * q.element_size() + (0 if s is None else s.numel() * 4)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,7 +84,7 @@ def main():
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
-    nbytes = weight_bytes(model)
+    nbytes = linear_weight_bytes(model)
     variants = []
     for name in args.backends.split(","):
         ops = get_backend(name)

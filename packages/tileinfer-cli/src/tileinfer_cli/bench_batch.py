@@ -13,12 +13,11 @@ import random
 import statistics
 import time
 
+from .bench_measure import synchronize
+
 
 def _now(device) -> float:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter()
 
 

@@ -110,13 +110,18 @@ def run(args, out):
             rows.append(r)
     _print_memory(memory, out)
     _print_table(rows, out)
+    _write_json(rows, args.json, out)
+    return 0
+
+
+def _write_json(rows, path, out):
+    """Each result as a JSON line on out, and appended to path if given."""
     for r in rows:
         line = json.dumps(r)
         print(line, file=out)
-        if args.json:
-            with open(args.json, "a") as f:
+        if path:
+            with open(path, "a") as f:
                 f.write(line + "\n")
-    return 0
 
 
 def _run_batch(args, model, name, kv, out):
@@ -133,11 +138,7 @@ def _run_batch(args, model, name, kv, out):
           f"{'decode tok/s':>14}", file=out)
     print(f"{name:<14}{r['backend']:<8}{r['weights']:<9}{r['kv_cache']:<6}{r['batch']:>6}"
           f"{r['tok_s']:>11.1f}{decode:>14}", file=out)
-    line = json.dumps(r)
-    print(line, file=out)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(line + "\n")
+    _write_json([r], args.json, out)
     return 0
 
 

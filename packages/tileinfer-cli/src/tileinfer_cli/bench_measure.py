@@ -42,7 +42,8 @@ def bytes_per_decode_token(model, context: int, kv_quantize=None) -> int:
     return weights + context * kv_bytes_per_token(model.config, kv_quantize, model.dtype)
 
 
-def _sync(device):
+def synchronize(device):
+    """Wait for the device's work (a no-op on the CPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
@@ -61,12 +62,12 @@ def bench_generation(model, prompt_len: int = 16, new_tokens: int = 256,
     def one_run(n_new):
         seq = cache.new_sequence()
         first = []
-        _sync(model.device)
+        synchronize(model.device)
         start = time.perf_counter()
         out = generate_into(runner, seq, prompt, n_new, greedy, stop_ids=[], seed=0,
                             pipeline=pipeline,
                             on_token=lambda t: first or first.append(time.perf_counter()))
-        _sync(model.device)
+        synchronize(model.device)
         end = time.perf_counter()
         cache.release(seq)
         assert len(out) == n_new

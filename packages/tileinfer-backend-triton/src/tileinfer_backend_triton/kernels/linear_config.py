@@ -7,13 +7,15 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS
 
 from .common import INTERPRET_MODE
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 64  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
-# Up to this many tokens every row runs the 1-token GEMV code (row-invariant results).
-ROW_INVARIANT_MAX_M = 8
+# Up to this many tokens of one sequence every row runs the 1-token GEMV code (row-invariant
+# results): the contract's bound for batch_invariant steps.
+ROW_INVARIANT_MAX_M = INVARIANT_MAX_ROWS
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,7 @@ class BatchRunner:
             meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
             buffers = self.model.new_buffers(meta.num_tokens, meta.num_logits)
             return self._forward(meta, buffers)
-        bucket = self._bucket(size)
-        pad = size - len(seqs)
-        prepare_step(self.cache, list(seqs) + bucket.pad[:pad], list(token_lists) + [[0]] * pad,
-                     max_len=self.model.max_len, out=bucket.meta)
+        bucket = self._static_step(size, seqs, token_lists)
         return self._replay(bucket, len(seqs))
 
     def run_device_ids(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
@@ -120,13 +117,18 @@ class BatchRunner:
         if size is None:
             raise ValueError(f"no static decode step holds {len(seqs)} sequences")
         self.tokens_run += len(seqs)
-        bucket = self._bucket(size)
-        pad = size - len(seqs)
-        prepare_step(self.cache, list(seqs) + bucket.pad[:pad], [[0]] * size,
-                     max_len=self.model.max_len, out=bucket.meta, keep_ids=True)
+        bucket = self._static_step(size, seqs, [[0]] * len(seqs), keep_ids=True)
         bucket.meta.ids[:len(seqs)].copy_(ids, non_blocking=True)
         self.last_static = True
         return self._replay(bucket, len(seqs))
+
+    def _static_step(self, size: int, seqs, token_lists, keep_ids: bool = False) -> _Bucket:
+        """Bucket ``size``'s metadata filled with the step of seqs, padding rows after them."""
+        bucket = self._bucket(size)
+        pad = size - len(seqs)
+        prepare_step(self.cache, list(seqs) + bucket.pad[:pad], list(token_lists) + [[0]] * pad,
+                     max_len=self.model.max_len, out=bucket.meta, keep_ids=keep_ids)
+        return bucket
 
     def _replay(self, bucket: _Bucket, n: int) -> torch.Tensor:
         if not self.graphs:

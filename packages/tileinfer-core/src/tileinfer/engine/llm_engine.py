@@ -231,7 +231,7 @@ class LLMEngine:
         sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
         try:
             logits = self.runner.run([req.seq for req in reqs], chunks)
-            flight = self._sample(reqs, starts, sampled, logits, [0] * len(sampled))
+            flight = self._sample(reqs, starts, sampled, logits)
         except BaseException as e:
             self._fail_step(reqs, starts, e)
             return None
@@ -257,7 +257,7 @@ class LLMEngine:
         starts = [len(req.seq) for req in reqs]
         try:
             logits = self.runner.run_device_ids([req.seq for req in reqs], prev.ids)
-            flight = self._sample(reqs, starts, list(range(len(reqs))), logits, [1] * len(reqs))
+            flight = self._sample(reqs, starts, list(range(len(reqs))), logits, ahead=1)
         except Exception:  # no room, or a fault: give the pages back, the scheduler decides
             for req, start in zip(reqs, starts):
                 self.cache.truncate(req.seq, start)
@@ -268,7 +268,7 @@ class LLMEngine:
         self.pipelined_steps += 1
         return flight
 
-    def _sample(self, reqs, starts, sampled, logits, ahead) -> _Step:
+    def _sample(self, reqs, starts, sampled, logits, ahead: int = 0) -> _Step:
         """Sample the rows of the requests in ``sampled`` (their k-th token, k = len(output) +
         ahead) and start copying the ids to the host."""
         ids = rows = None
@@ -276,7 +276,7 @@ class LLMEngine:
             rows = logits if len(sampled) == len(reqs) else logits[sampled]
             ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
                                [reqs[i].seed for i in sampled],
-                               [len(reqs[i].output) + a for i, a in zip(sampled, ahead)])
+                               [len(reqs[i].output) + ahead for i in sampled])
         flight = _Step(reqs, starts, sampled, ids, rows)
         if ids is not None and ids.is_cuda:
             flight.host_ids = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order
