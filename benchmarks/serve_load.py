@@ -12,12 +12,14 @@ script needs nothing beyond the standard library on the client side).
 last answer read), time to first token (``ttft``), time per output token after the first per
 request (``tpot``), the gaps between consecutive streamed chunks (``itl``; a chunk holds the
 tokens of one engine step, or of a few when the HTTP side fell behind), p50/p90/p99 in
-milliseconds, and errors (count and the first messages).
+milliseconds, errors (count and the first messages), and the engine steps the server ran during
+the measurement (``steps``, ``pipelined_steps``: launched before the previous step's tokens were
+read), from its /metrics.
 
 ``offline`` row (``--offline``): the same requests through ``tileinfer.LLMEngine`` in this
 process (same model, shape, backend, max_running, max_step_tokens), all added at once and
-stepped to the end after a warm-up: output tokens/s, and ``serve_vs_offline``, the server's
-throughput over it. With a spawned server, the server has exited before the offline run.
+stepped to the end after a warm-up: output tokens/s, its steps and pipelined steps, and
+``serve_vs_offline``, the server's throughput over it. With a spawned server, the server has exited before the offline run.
 
 The server: ``--url`` drives one already running (loopback only); otherwise the script starts
 ``tileinfer serve`` with the model options below on a free port, waits for /health, warms it up
@@ -232,6 +234,25 @@ async def run_clients(url, prompts, clients, output_len, deadline_s, key):
     return results, time.perf_counter() - t0
 
 
+def engine_counters(url: str, api_key=None) -> dict:
+    """The server's engine step counters from /metrics (steps, pipelined_steps); {} if absent."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    names = {"tileinfer_engine_steps_total": "steps",
+             "tileinfer_engine_pipelined_steps_total": "pipelined_steps"}
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            found[names[name]] = int(float(value))
+    return found
+
+
 def summarize(results, wall, args) -> dict:
     ok = [r for r in results if r["error"] is None and r["usage"] and r["chunks"]]
     errors = [r["error"] or "no usage or no text" for r in results if r not in ok]
@@ -291,12 +312,16 @@ def offline(args, prompts) -> dict:
         return tokens, time.perf_counter() - t
 
     run(make_prompts(min(len(prompts), 8), args.prompt_len, 100, 30000, args.seed + 1), 8)
+    before = engine.stats()
     tokens, wall = run(prompts, args.output_len)
+    after = engine.stats()
     engine.close()
     return dict(bench="offline", requests=len(prompts), prompt_len=args.prompt_len,
                 output_len=args.output_len, max_running=args.max_running,
                 wall_s=round(wall, 3), output_tok_s=round(tokens / wall, 1),
-                output_tokens=tokens, backend=model.ops.name)
+                output_tokens=tokens, backend=model.ops.name,
+                steps=after["steps"] - before["steps"],
+                pipelined_steps=after["pipelined_steps"] - before["pipelined_steps"])
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -358,12 +383,15 @@ def main(argv=None):
             asyncio.run(run_clients(url, warm, len(warm), 8, 300, args.api_key))
         log(f"{len(prompts)} requests from {args.clients} clients: prompt {args.prompt_len}, "
             f"output {args.output_len}")
+        before = engine_counters(url, args.api_key)
         results, wall = asyncio.run(run_clients(url, prompts, args.clients, args.output_len,
                                                 args.max_seconds, args.api_key))
+        after = engine_counters(url, args.api_key)
     finally:
         if proc is not None:
             stop_server(proc)
     row = summarize(results, wall, args)
+    row.update({name: after[name] - before[name] for name in after if name in before})
     emit(row)
     log(f"serve: {row['output_tok_s']} output tok/s, TTFT p50 {row['ttft_ms']['p50']} ms, "
         f"ITL p50 {row['itl_ms']['p50']} ms, {row['errors']} errors")

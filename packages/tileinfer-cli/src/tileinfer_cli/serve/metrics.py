@@ -98,7 +98,9 @@ class Metrics:
         counters = [("preemptions", "requests preempted for pages", s["preemptions"]),
                     ("prefix_cache_hit_tokens", "prompt tokens taken from the prefix cache",
                      s["prefix_hit_tokens"]),
-                    ("engine_steps", "engine steps run", s["steps"])]
+                    ("engine_steps", "engine steps run", s["steps"]),
+                    ("engine_pipelined_steps", "engine steps launched before the previous "
+                     "step's tokens were read", s["pipelined_steps"])]
         for name, doc, value in counters:
             yield CounterMetricFamily(f"tileinfer_{name}", doc, value=value)
 
