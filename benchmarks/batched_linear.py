@@ -14,6 +14,13 @@ per variant:
 
     python benchmarks/batched_linear.py --shape llama3-8b --backends cuda,triton
     python benchmarks/batched_linear.py --shape llama3-8b --int8 --rows 1,8,64
+
+``--mma-sweep N``: instead, gemv.cu (the CUDA backend's batched 2..8-row GEMV) at N rows under
+every configuration of ``mma_configs`` that fits in shared memory, each matrix of the step timed
+on its own (all layers' copies back to back); one JSON row per matrix with its best
+configuration and its time against the shipped one's, then the ``MMA_GEMV_TABLE`` entries.
+
+    python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
 """
 
 from __future__ import annotations
@@ -64,6 +71,89 @@ def step_calls(model, ops, n: int, invariant: bool | None):
     return calls
 
 
+def matrix_calls(model, ops, n: int) -> dict:
+    """Per matrix of the step (qkv, o, gate_up, down, lm_head): callables running that product
+    for every layer at n rows, as the batched engine calls them."""
+    calls = step_calls(model, ops, n, False)
+    layers = model.config.num_layers
+    names = ["qkv", "o", "gate_up", "down"]
+    found = {name: calls[i:4 * layers:4] for i, name in enumerate(names)}
+    found["lm_head"] = calls[-1:]
+    return found
+
+
+def matrix_key(model, name: str) -> tuple:
+    """The tuning table's key of a matrix: (output rows, K, int8, epilogue)."""
+    c, int8 = model.config, model.quantize == "int8"
+    return {"qkv": (c.qkv_size, c.hidden_size, int8, "none"),
+            "o": (c.hidden_size, c.q_size, int8, "none"),
+            "gate_up": (c.intermediate_size, c.hidden_size, int8, "swiglu"),
+            "down": (c.hidden_size, c.intermediate_size, int8, "none"),
+            "lm_head": (c.vocab_size, c.hidden_size, int8, "none")}[name]
+
+
+# Shared memory a gemv.cu block may take: 227 KB in all, 48 KB of it static.
+SMEM_LIMIT, STATIC_LIMIT = 227 * 1024, 48 * 1024
+
+
+def mma_configs(key) -> list[dict]:
+    """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
+    L2 prefetch hint, those that fit in shared memory."""
+    from tileinfer_backend_cuda.ops import linear
+
+    _, k_dim, int8, epilogue = key
+    configs = []
+    for warps in (4, 8, 16):
+        for stages in (2, 3, 4, 6):
+            for tiles in (1, 2, 4):
+                for l2 in (False, True):
+                    cfg = {"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
+                    static = linear.gemv_partial_bytes(cfg, epilogue)
+                    ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
+                    if static <= STATIC_LIMIT and static + ring <= SMEM_LIMIT:
+                        configs.append(cfg)
+    return configs
+
+
+def mma_sweep(model, n: int):
+    from cuda_kernels import precompile
+    from tileinfer_backend_cuda.ops import linear, tuning
+
+    ops = get_backend("cuda")
+    names = ["qkv", "o", "gate_up", "down", "lm_head"]
+    pdl_on = tuning.pdl(torch.cuda.current_device())
+    jobs = {}  # every build the sweep launches, compiled in parallel first
+    for name in names:
+        _, k_dim, int8, epilogue = key = matrix_key(model, name)
+        out = "float" if name == "lm_head" else "bf16_t"
+        for cfg in mma_configs(key):
+            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on)
+            jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
+    precompile(list(jobs.values()))
+    table = {}
+    for name, calls in matrix_calls(model, ops, n).items():
+        key = matrix_key(model, name)
+        timed = []
+        for cfg in [None] + mma_configs(key):
+            with tuning.experiment({"gemv": {"kernel": "mma", **(cfg or {})}} if cfg else {}):
+                for call in calls:
+                    call()
+                timed.append((time_graph(calls, replays=5) * len(calls), cfg))
+        shipped = timed[0][0]
+        best_s, best = min(timed[1:], key=lambda t: t[0])
+        if shipped <= best_s:
+            best_s, best = shipped, None
+        row = dict(matrix=name, key=list(key), rows=n, shipped_ms=round(shipped * 1e3, 4),
+                   best_ms=round(best_s * 1e3, 4), best=best, configs=len(timed) - 1)
+        print(json.dumps(row), flush=True)
+        if best is not None:
+            table[key] = best
+    print("MMA_GEMV_TABLE entries (the shipped configuration was best for the others):",
+          file=sys.stderr)
+    for key, cfg in table.items():
+        print(f"    {key}: {cfg},", file=sys.stderr)
+
+
 def _swiglu_torch(h, w, gate_up):
     torch.matmul(h, w.t(), out=gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -80,10 +170,14 @@ def main():
     p.add_argument("--invariant", action="store_true",
                    help="also time batch_invariant=True (the single-sequence calls)")
     p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
+    p.add_argument("--mma-sweep", type=int, metavar="N",
+                   help="sweep gemv.cu's configurations at N rows instead (see above)")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
+    if args.mma_sweep:
+        return mma_sweep(model, args.mma_sweep)
     nbytes = linear_weight_bytes(model)
     variants = []
     for name in args.backends.split(","):

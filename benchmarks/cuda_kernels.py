@@ -175,7 +175,7 @@ def _shape_kind(name):
     return "none", "bf16_t"  # the model's lm_head writes bf16 logits (then copies to float32)
 
 
-def _precompile(jobs):
+def precompile(jobs):
     """Compile kernel variants in parallel processes into the disk cache before timing."""
     import multiprocessing
     import os
@@ -517,7 +517,7 @@ def _precompile_all(sweep: bool):
     unique = {}
     for file, defines in jobs:
         unique.setdefault((file, tuple(sorted(defines.items()))), (file, defines))
-    _precompile(list(unique.values()))
+    precompile(list(unique.values()))
 
 
 SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block may have

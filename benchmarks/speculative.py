@@ -7,7 +7,8 @@ edit, quote and answer, spelling fixes), whose answers mostly copy the prompt, a
 (story, explanation, short answers), whose answers do not. For each prompt and backend: plain
 decoding (pipelined) and ``generate(..., speculative=NgramProposer(k))`` with the same
 max_new_tokens and stop tokens; wall time of the whole generation (prefill included; the median
-of ``--repeats`` after a warm-up run that captures the graphs), the speed-up (plain seconds /
+of ``--repeats``, the two kinds of run alternating, each after a garbage collection, after a
+warm-up run of each that captures the graphs), the speed-up (plain seconds /
 speculative seconds), the acceptance and steps (``SpecStats``), and whether the output equals
 plain greedy token for token. Where it does not: ``first_divergence`` (the index of the first
 different token) and ``top2_gap``, how far apart plain decoding's two best logits were there
@@ -32,6 +33,7 @@ ratio to the 1-token step.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -139,13 +141,19 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
         runner.cache.release(seq)
         return out, seconds, stats
 
-    def timed(make_proposer):
-        first = run(make_proposer())  # warm-up: kernels compile, graphs are captured
-        runs = [run(make_proposer()) for _ in range(args.repeats)] or [first]
-        return runs[0][0], statistics.median(r[1] for r in runs), runs[0][2]
-
-    plain, plain_s, _ = timed(lambda: None)
-    out, spec_s, stats = timed(lambda: NgramProposer(k=args.k))
+    # Warm-up runs (kernels compile, graphs are captured), then plain and speculative runs
+    # alternately, each after a garbage collection: a drift of the machine, or a collection in
+    # the middle of a run (milliseconds, on answers that take 10-20 ms), weighs on both alike.
+    run(None)
+    run(NgramProposer(k=args.k))
+    plain_runs, spec_runs = [], []
+    for _ in range(max(1, args.repeats)):
+        gc.collect()
+        plain_runs.append(run(None))
+        gc.collect()
+        spec_runs.append(run(NgramProposer(k=args.k)))
+    plain, plain_s = plain_runs[0][0], statistics.median(r[1] for r in plain_runs)
+    out, spec_s, stats = spec_runs[0][0], statistics.median(r[1] for r in spec_runs), spec_runs[0][2]
     row = dict(kind="prompt", backend=model.ops.name, prompt=name, prompt_kind=kind,
                prompt_tokens=len(prompt), k=args.k, generated=len(out),
                plain_generated=len(plain), plain_s=round(plain_s, 5), spec_s=round(spec_s, 5),
@@ -322,7 +330,7 @@ def main():
     # exactly as a 1-token step does.
     p.add_argument("--k", type=int, default=7, help="n-gram drafts per step at most (default 7)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")

@@ -97,12 +97,16 @@ def test_prefill_swiglu_and_xielu(cuda, ref, n):
 
 GEMV_SWEEP_SAMPLE = [None, {"kernel": "mma"}, {"kernel": "mma", "warps": 2, "stages": 3, "l2_256b": False},
                      {"kernel": "mma", "warps": 4, "stages": 2, "l2_256b": False},
-                     {"kernel": "mma", "warps": 16, "stages": 4, "l2_256b": True}]
+                     {"kernel": "mma", "warps": 16, "stages": 4, "l2_256b": True},
+                     # several 16-row tiles a warp (3000 rows: the last block is partly past O)
+                     {"kernel": "mma", "warps": 8, "stages": 4, "l2_256b": True, "tiles": 2},
+                     {"kernel": "mma", "warps": 4, "stages": 3, "l2_256b": False, "tiles": 4}]
 
 
 @pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else
                          "mma" if "warps" not in c else
-                         f"w{c['warps']}s{c['stages']}{'L2' if c['l2_256b'] else ''}")
+                         f"w{c['warps']}s{c['stages']}t{c.get('tiles', 1)}"
+                         f"{'L2' if c['l2_256b'] else ''}")
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cfg, int8):
     g = torch.Generator().manual_seed(11)
@@ -126,7 +130,7 @@ def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cfg, i
     ref.linear(expected, x, wo, so)
     assert_close(out, expected, torch.bfloat16)
     if cfg is not None:
-        launched = {k.upper(): cfg[k] for k in ("warps", "stages") if k in cfg}
+        launched = {k.upper(): cfg[k] for k in ("warps", "stages", "tiles") if k in cfg}
         assert loaded_modules("gemv.cu", **launched), "gemv.cu did not run"
 
 

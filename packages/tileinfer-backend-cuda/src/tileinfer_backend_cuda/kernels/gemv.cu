@@ -20,8 +20,13 @@
 // INT8 weights a lane takes 16 int8 per row (64 k per warp step), converted exactly to bf16 in
 // registers; the per-row scale multiplies the float32 sum.
 //
-// Grid: ceil(O / 16) blocks of 16 output rows (for SwiGLU, gate rows j and up rows O + j in one
-// block); block: WARPS * 32 threads; dynamic shared memory: ring_bytes() below.
+// TILES tiles of 16 output rows per warp share each step's x chunks: the x a warp step reads
+// (8 token rows) is half the weight bytes of one tile, and x comes from L2 for every block, so
+// with 8 tokens one tile a warp moves 1.5x the weight's bytes into the SM, two tiles 1.25x.
+//
+// Grid: ceil(O / (16 * TILES)) blocks of 16 * TILES output rows (for SwiGLU, gate rows j and up
+// rows O + j in one block); block: WARPS * 32 threads; dynamic shared memory:
+// gemv_ring_bytes() in ops/linear.py.
 //
 // Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
 // the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
@@ -31,7 +36,7 @@
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
-// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, PDL (0/1).
+// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -55,20 +60,25 @@
 #ifndef STAGES
 #define STAGES 8
 #endif
+#ifndef TILES
+#define TILES 1
+#endif
 #ifndef PDL
 #define PDL 0
 #endif
 typedef OUT_DTYPE out_t;
 
-constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight row tiles per block: gate (and up)
+constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
+constexpr int WT = MATS * TILES;             // 16-row weight tiles a warp streams
+constexpr int BLOCK_ROWS = 16 * TILES;       // output rows of a block
 // k covered by one lane's chunk, and by one warp step (4 lanes side by side).
 constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
 constexpr int XVECS = LANE_K / 8;                 // 16-byte chunks of x per lane and step
-// Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per matrix,
-// then the x chunks.
-constexpr int PARTS = 2 * MATS + XVECS;
+// Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
+// (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks.
+constexpr int PARTS = 2 * WT + XVECS;
 
 #if W_INT8
 typedef signed char w_t;
@@ -108,18 +118,22 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
      const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
      float alpha_n, float beta, float eps) {
     extern __shared__ uint4 ring[];
-    __shared__ float partial[WARPS][MATS][16][9];  // [warp][mat][row][token], padded
+    __shared__ float partial[WARPS][WT][16][9];  // [warp][tile][row][token], padded
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int row_base = blockIdx.x * 16;
-    // Rows past O (the last block) read row O - 1 again; their sums are dropped.
-    const int r0 = min(row_base + g, O - 1), r1 = min(row_base + g + 8, O - 1);
+    const int row_base = blockIdx.x * BLOCK_ROWS;
     const bf16_t* xrow = x + (i64)min(g, n - 1) * x_stride + t * LANE_K;
-    const w_t* wrow[MATS][2];
+    const w_t* wrow[WT][2];
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
-        wrow[m][0] = w + ((i64)m * O + r0) * K + t * LANE_K;
-        wrow[m][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) {
+            // Rows past O (the last block) read row O - 1 again; their sums are dropped.
+            const int r0 = min(row_base + 16 * j + g, O - 1);
+            const int r1 = min(row_base + 16 * j + g + 8, O - 1);
+            wrow[m * TILES + j][0] = w + ((i64)m * O + r0) * K + t * LANE_K;
+            wrow[m * TILES + j][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
+        }
     }
     uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
     const u32 my_ring_addr = smem_addr(my_ring);
@@ -137,7 +151,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         const int kk = valid ? k : 0;
         const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
-        for (int m = 0; m < MATS; ++m) {
+        for (int m = 0; m < WT; ++m) {
             copy_w(stage + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
             copy_w(stage + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
         }
@@ -149,7 +163,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
         for (int v = 0; v < XVECS; ++v)
-            cp_async_ca16(stage + (2 * MATS + v) * 32 * 16, xrow + kk + 8 * v, valid ? 16 : 0);
+            cp_async_ca16(stage + (2 * WT + v) * 32 * 16, xrow + kk + 8 * v, valid ? 16 : 0);
     };
     auto issue = [&](int i) {
         issue_w(i);
@@ -157,9 +171,9 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         cp_async_commit();
     };
 
-    float acc[MATS][4];
+    float acc[WT][4];
 #pragma unroll
-    for (int m = 0; m < MATS; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    for (int m = 0; m < WT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
 
 #if PDL
     pdl_launch_dependents();
@@ -181,15 +195,15 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
         uint4 xv[XVECS];
 #pragma unroll
-        for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * MATS + v) * 32];
+        for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + v) * 32];
 #pragma unroll
-        for (int m = 0; m < MATS; ++m) step_mma(acc[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32], xv);
+        for (int m = 0; m < WT; ++m) step_mma(acc[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32], xv);
     }
     cp_async_wait<0>();
 
     // Accumulator layout: acc[m][0..1] = row g, tokens 2t, 2t + 1; acc[m][2..3] = row g + 8.
 #pragma unroll
-    for (int m = 0; m < MATS; ++m) {
+    for (int m = 0; m < WT; ++m) {
         partial[warp][m][g][2 * t] = acc[m][0];
         partial[warp][m][g][2 * t + 1] = acc[m][1];
         partial[warp][m][g + 8][2 * t] = acc[m][2];
@@ -197,16 +211,17 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     }
     __syncthreads();
 
-    // Thread idx -> (token idx / 16, row idx % 16): consecutive threads write consecutive rows.
-    for (int idx = threadIdx.x; idx < 16 * 8; idx += WARPS * 32) {
-        const int tok = idx >> 4, r = idx & 15, row = row_base + r;
+    // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads write
+    // consecutive rows.
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * 8; idx += WARPS * 32) {
+        const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS, row = row_base + r;
         if (tok >= n || row >= O) continue;
         float v[MATS];
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
             float s = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) s += partial[wi][m][r][tok];
+            for (int wi = 0; wi < WARPS; ++wi) s += partial[wi][m * TILES + r / 16][r % 16][tok];
 #if W_INT8
             s *= w_scale[(i64)m * O + row];
 #endif

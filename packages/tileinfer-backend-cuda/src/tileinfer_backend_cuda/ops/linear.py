@@ -51,10 +51,17 @@ def gemv_ok(out, x, weight, weight_scale) -> bool:
 
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str) -> int:
-    """Dynamic shared memory of a gemv.cu build: WARPS x STAGES x PARTS x 32 x 16 bytes."""
+    """Dynamic shared memory of a gemv.cu build: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS =
+    2 weight rows per 16-row tile (tiles per matrix x matrices) + the x chunks."""
     lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
-    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
-    return config["warps"] * config["stages"] * parts * 32 * 16
+    tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
+    return config["warps"] * config["stages"] * (2 * tiles + lane_k // 8) * 32 * 16
+
+
+def gemv_partial_bytes(config: dict, epilogue: str) -> int:
+    """Static shared memory of a gemv.cu build: its float partial[WARPS][tiles][16][9]."""
+    tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
+    return config["warps"] * tiles * 16 * 9 * 4
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -68,7 +75,7 @@ def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype
     """The defines of a gemv.cu build."""
     defines = {"W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
-               "WARPS": cfg["warps"], "STAGES": cfg["stages"]}
+               "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1)}
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     if pdl_on:
@@ -105,7 +112,7 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
     defines = gemv_defines(cfg, int8, 16 if k_dim % 16 == 0 else 8, epilogue,
                            DTYPE_NAMES[out.dtype], pdl_on)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
-    k.launch((cdiv(o_rows, 16),), (cfg["warps"] * 32,),
+    k.launch((cdiv(o_rows, 16 * defines["TILES"]),), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
              gemv_ring_bytes(cfg, k_dim, int8, epilogue), pdl=pdl_on)
 

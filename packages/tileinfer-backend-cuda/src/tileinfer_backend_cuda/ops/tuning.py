@@ -12,7 +12,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"gemv"``: decode GEMV settings that replace the tables' for every shape: ``"kernel"``
   (``"rows"``, gemv_rows.cu, the default; ``"mma"``, gemv.cu, kept for comparisons and for INT8
   weights with K % 16 != 0) and that family's keys (rows: rows, unroll, warps, split_k; mma:
-  warps, stages, l2_256b);
+  warps, stages, l2_256b, tiles);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
   ``"decode_m_tiles"`` (1 or 2);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch.
@@ -31,7 +31,7 @@ from .common import GEMV_MAX_TOKENS, cdiv, num_sms
 
 EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
 _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
-_MMA_KEYS = frozenset({"stages", "l2_256b"})
+_MMA_KEYS = frozenset({"stages", "l2_256b", "tiles"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
