@@ -15,10 +15,13 @@ per variant:
     python benchmarks/batched_linear.py --shape llama3-8b --backends cuda,triton
     python benchmarks/batched_linear.py --shape llama3-8b --int8 --rows 1,8,64
 
-``--mma-sweep N``: instead, gemv.cu (the CUDA backend's batched 2..8-row GEMV) at N rows under
-every configuration of ``mma_configs`` that fits in shared memory, each matrix of the step timed
-on its own (all layers' copies back to back); one JSON row per matrix with its best
-configuration and its time against the shipped one's, then the ``MMA_GEMV_TABLE`` entries.
+``--mma-sweep N``: instead, gemv.cu (the CUDA backend's batched GEMV: 8 token slots, or 16, 32
+or 64 as several token tiles) at N rows under every configuration of ``mma_configs`` that fits
+in shared memory, each matrix of the step timed on its own (all layers' copies back to back);
+one JSON row per matrix with its best configuration and its time against the shipped path's
+(``shipped``: whatever the backend runs at N rows, cuBLAS for bf16 weights above 8 rows unless
+``WIDE_MAX_TOKENS`` says otherwise), then the ``MMA_GEMV_TABLE`` (N <= 8) or
+``MMA_GEMV_WIDE_TABLE`` entries.
 
     python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
 """
@@ -92,11 +95,11 @@ def matrix_key(model, name: str) -> tuple:
             "lm_head": (c.vocab_size, c.hidden_size, int8, "none")}[name]
 
 
-# Shared memory a gemv.cu block may take: 227 KB in all, 48 KB of it static.
-SMEM_LIMIT, STATIC_LIMIT = 227 * 1024, 48 * 1024
+# Shared memory a gemv.cu block may take (dynamic; the kernel has no static buffer).
+SMEM_LIMIT = 227 * 1024
 
 
-def mma_configs(key) -> list[dict]:
+def mma_configs(key, token_tiles: int) -> list[dict]:
     """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
     L2 prefetch hint, those that fit in shared memory."""
     from tileinfer_backend_cuda.ops import linear
@@ -108,9 +111,8 @@ def mma_configs(key) -> list[dict]:
             for tiles in (1, 2, 4):
                 for l2 in (False, True):
                     cfg = {"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
-                    static = linear.gemv_partial_bytes(cfg, epilogue)
-                    ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
-                    if static <= STATIC_LIMIT and static + ring <= SMEM_LIMIT:
+                    smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
+                    if smem <= SMEM_LIMIT:
                         configs.append(cfg)
     return configs
 
@@ -122,20 +124,23 @@ def mma_sweep(model, n: int):
     ops = get_backend("cuda")
     names = ["qkv", "o", "gate_up", "down", "lm_head"]
     pdl_on = tuning.pdl(torch.cuda.current_device())
+    token_tiles = tuning.mma_token_tiles(n)
+    wide = {"bf16": 64, "int8": 64}  # every candidate runs gemv.cu
     jobs = {}  # every build the sweep launches, compiled in parallel first
     for name in names:
         _, k_dim, int8, epilogue = key = matrix_key(model, name)
         out = "float" if name == "lm_head" else "bf16_t"
-        for cfg in mma_configs(key):
-            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on)
+        for cfg in mma_configs(key, token_tiles):
+            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on, token_tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
     precompile(list(jobs.values()))
     table = {}
     for name, calls in matrix_calls(model, ops, n).items():
         key = matrix_key(model, name)
         timed = []
-        for cfg in [None] + mma_configs(key):
-            with tuning.experiment({"gemv": {"kernel": "mma", **(cfg or {})}} if cfg else {}):
+        for cfg in [None] + mma_configs(key, token_tiles):
+            settings = {"gemv": {"kernel": "mma", **cfg}, "gemv_wide": wide} if cfg else {}
+            with tuning.experiment(settings):
                 for call in calls:
                     call()
                 timed.append((time_graph(calls, replays=5) * len(calls), cfg))
@@ -147,9 +152,9 @@ def mma_sweep(model, n: int):
                    best_ms=round(best_s * 1e3, 4), best=best, configs=len(timed) - 1)
         print(json.dumps(row), flush=True)
         if best is not None:
-            table[key] = best
-    print("MMA_GEMV_TABLE entries (the shipped configuration was best for the others):",
-          file=sys.stderr)
+            table[key if token_tiles == 1 else key + (token_tiles,)] = best
+    which = "MMA_GEMV_TABLE" if token_tiles == 1 else "MMA_GEMV_WIDE_TABLE"
+    print(f"{which} entries (the shipped path was best for the others):", file=sys.stderr)
     for key, cfg in table.items():
         print(f"    {key}: {cfg},", file=sys.stderr)
 

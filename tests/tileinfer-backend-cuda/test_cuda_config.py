@@ -86,12 +86,13 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 
 
 def test_experiments_default_to_the_shipped_configuration():
-    assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True}
+    assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {}}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
 def test_experiments_reject_unknown_settings():
-    for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}}):
+    for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
+                {"gemv_wide": {"fp8": 16}}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))
@@ -99,13 +100,16 @@ def test_experiments_reject_unknown_settings():
 
 def test_experiment_applies_and_restores(fake_gpu):
     shape = (4096, 4096, False, "none")
-    with tuning.experiment({"gemv": {"kernel": "mma"}, "attention": {"stages": 3}, "pdl": False}):
+    with tuning.experiment({"gemv": {"kernel": "mma"}, "attention": {"stages": 3}, "pdl": False,
+                            "gemv_wide": {"bf16": 32}}):
         assert tuning.gemv_config(*shape, 0) == _mma(*shape)
         assert tuning.attention_config() == {**tuning.ATTN_CONFIG, "stages": 3}
         assert not tuning.experiments["pdl"]
+        assert tuning.wide_max_tokens(False) == 32
     assert tuning.gemv_config(*shape, 0) == _rows(*shape)
     assert tuning.attention_config() == tuning.ATTN_CONFIG
     assert tuning.experiments["pdl"]
+    assert tuning.wide_max_tokens(False) == tuning.WIDE_MAX_TOKENS["bf16"]
 
 
 def test_pdl_needs_the_architecture_and_the_switch(monkeypatch):
@@ -161,26 +165,31 @@ def test_gemv_family_and_its_precedence(fake_gpu, monkeypatch):
 
 
 def test_gemv_configuration_does_not_depend_on_the_token_count():
-    """gemv_config takes no token count, and every table entry is a launchable configuration."""
+    """gemv_config takes no token count (only gemv.cu's token tiles, for batched steps of 9..64
+    rows), and every table entry is a launchable configuration."""
     assert "n" not in inspect.signature(tuning.gemv_config).parameters
     for key, cfg in tuning.GEMV_ROWS_TABLE.items():
         o_rows, k_dim, int8, epilogue = key
         assert epilogue in linear.EPILOGUES and isinstance(int8, bool)
         _check_rows_config(cfg, o_rows, k_dim, int8, epilogue)
-    for (o_rows, k_dim, int8, epilogue), cfg in tuning.MMA_GEMV_TABLE.items():
-        assert set(cfg) == {"warps", "stages", "l2_256b"} and cfg["warps"] in (2, 4, 8, 16)
-        ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
-        static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
-        assert ring + static <= SMEM_PER_BLOCK, (o_rows, k_dim, int8, epilogue)
+    wide = {key[:4] + (1,): cfg for key, cfg in tuning.MMA_GEMV_TABLE.items()}
+    wide.update(tuning.MMA_GEMV_WIDE_TABLE)
+    for (o_rows, k_dim, int8, epilogue, token_tiles), cfg in wide.items():
+        assert set(cfg) <= {"warps", "stages", "l2_256b", "tiles"} and cfg["warps"] in (2, 4, 8, 16)
+        assert cfg.get("tiles", 1) in (1, 2, 4) and token_tiles in (1, 2, 4, 8)
+        smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
+        assert smem <= SMEM_PER_BLOCK, (o_rows, k_dim, int8, epilogue, token_tiles)
 
 
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("o_rows,k_dim,epilogue", SHAPES + [(2000, 1032, "none")])
 def test_mma_gemv_heuristic_fits_in_shared_memory(fake_gpu, o_rows, k_dim, int8, epilogue):
-    cfg = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")
-    ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue)
-    static = cfg["warps"] * 2 * 16 * 9 * 4  # gemv.cu's partial[][][][] buffer
-    assert ring <= 100 * 1024 and ring + static <= SMEM_PER_BLOCK
+    for token_tiles in (1, 2, 4, 8):
+        cfg = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma",
+                                 token_tiles=token_tiles)
+        ring = linear.gemv_ring_bytes(cfg, k_dim, int8, epilogue, token_tiles)
+        assert ring <= 100 * 1024
+        assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) <= SMEM_PER_BLOCK
 
 
 def _check_rows_config(cfg, o_rows, k_dim, int8, epilogue):
@@ -247,7 +256,8 @@ def test_gemv_launch_defines():
     d = linear.gemv_defines({"warps": 4, "stages": 3, "l2_256b": True}, True, 8, "xielu",
                             "float", False)
     assert d == {"W_INT8": 1, "INT8_LOAD": 8, "EPILOGUE": 2, "OUT_DTYPE": "float",
-                 "ROUND_BF16": 0, "WARPS": 4, "STAGES": 3, "STREAM_L2_256B": None}
+                 "ROUND_BF16": 0, "WARPS": 4, "STAGES": 3, "TILES": 1, "NT": 1,
+                 "STREAM_L2_256B": None}
 
 
 def test_gemv_rows_scratch_capacity_does_not_depend_on_rows_or_tokens():

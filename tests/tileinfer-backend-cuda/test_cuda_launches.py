@@ -99,7 +99,6 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
     OPS["linear_xielu"](torch.empty(n, 1536, dtype=BF), x, wg[:1536], None if sg is None else sg[:1536],
                         XIELUScalars(0.8, 0.9, 0.5, -1e-6), invariant)
     names = [(k.file, k.name) for k in launches]
-    pieces = -(-n // common.GEMV_MAX_TOKENS)
     if n == 1 or (n <= common.GEMV_MAX_TOKENS and invariant):  # the row-invariant GEMVs
         assert names == [("gemv_rows.cu", "gemv_rows")] * 3
         assert [k.defines["EPILOGUE"] for k in launches] == [0, 1, 2]
@@ -108,14 +107,12 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
         assert cfg == {**tuning.GEMV_ROWS_TABLE[(6144, 4096, int8, "none")], "kernel": "rows"}
         assert launches[0].defines == linear.gemv_rows_defines(
             cfg, int8, "none", "float", tuning.gemv_rows_tokens(n), True)
-    elif n <= common.GEMV_MAX_TOKENS:  # a batched step: the tensor-core GEMV, weights read once
+    elif n <= max(common.GEMV_MAX_TOKENS, tuning.wide_max_tokens(int8)):
+        # a batched step: the tensor-core GEMV, each weight read once for 8, 16, 32 or 64 slots
         assert names == [("gemv.cu", "gemv")] * 3
         assert [k.defines["EPILOGUE"] for k in launches] == [0, 1, 2]
-    elif int8 and n <= linear.INT8_PIECES_MAX_TOKENS:  # gemv.cu on 8-row pieces
-        assert names == ([("gemv.cu", "gemv")] * (2 * pieces) + [("elementwise.cu", "silu_mul")]
-                         + [("gemv.cu", "gemv")] * pieces + [("elementwise.cu", "xielu")])
-        assert {k.args[4] for k in launches if k.name == "gemv"} == \
-            {common.GEMV_MAX_TOKENS, n % common.GEMV_MAX_TOKENS or common.GEMV_MAX_TOKENS}
+        assert all(k.defines["NT"] == tuning.mma_token_tiles(n) and k.args[4] == n
+                   for k in launches)
     elif int8:  # prefill: gemm.cu, the activations after it
         assert names == [("gemm.cu", "gemm"), ("gemm.cu", "gemm"), ("elementwise.cu", "silu_mul"),
                          ("gemm.cu", "gemm"), ("elementwise.cu", "xielu")]
@@ -129,7 +126,7 @@ def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
     OPS["linear"](torch.empty(2, 2000, dtype=BF), torch.randn(2, 1032).to(BF), w, s)
     (k,) = launches
     assert (k.file, k.defines["INT8_LOAD"], k.defines["PDL"]) == ("gemv.cu", 8, 1)
-    assert k.smem == linear.gemv_ring_bytes(tuning.gemv_heuristic(2000, 1032, True, "none", 0),
+    assert k.smem == linear.gemv_smem_bytes(tuning.gemv_heuristic(2000, 1032, True, "none", 0),
                                             1032, True, "none")
 
 

@@ -11,7 +11,7 @@ shared header, the options, the NVRTC version and the architecture.
 (``cuModuleLoadData``); ``Kernel.launch`` calls ``cuLaunchKernel`` on
 ``torch.cuda.current_stream()`` with tensors' ``data_ptr()``, so launches made while a stream is
 being captured land in the CUDA graph. The launch itself goes through ``ctypes.PyDLL`` on
-libcuda, which keeps the GIL during the call (``_GILLauncher``: why), and through cuda.bindings
+libcuda, which keeps the GIL during the call (``launch.py``: why), and through cuda.bindings
 where that library cannot be opened. The kernels include no CUDA toolkit header (bf16 is
 handled as bit patterns in ``kernels/common.cuh``), so only the NVRTC library is needed.
 """
@@ -25,6 +25,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from .launch import gil_launcher
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 HEADER_NAMES = ("common.cuh", "attention_tiles.cuh", "head_vector.cuh")
@@ -286,8 +288,8 @@ class Kernel:
                 slot.value = a
         if stream is None:
             stream = torch.cuda.current_stream(self.module.device_index).cuda_stream
-        launch = _launcher()
-        if launch is not None:  # the GIL held (see _launcher)
+        launch = gil_launcher()
+        if launch is not None:  # the GIL held (see launch.py)
             err = launch.launch(self.function_ptr, gx, gy, gz, bx, by, bz, smem, stream,
                                 ptrs_addr, pdl)
         elif pdl:
@@ -300,78 +302,6 @@ class Kernel:
         if err:
             _check(_driver().CUresult(err), f"cuLaunchKernel{'Ex' if pdl else ''}({self.name}, "
                    f"grid={grid}, block={block}, smem={smem}{', PDL' if pdl else ''})")
-
-
-class _LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute (cuda.h): the id, padding to 8 bytes, a 64-byte value union whose
-    first int is the programmatic stream serialization flag."""
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_pad", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h)."""
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
-                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-class _GILLauncher:
-    """cuLaunchKernel / cuLaunchKernelEx called through ``ctypes.PyDLL``, which keeps the GIL
-    during the call (a launch only queues work: a few microseconds).
-
-    cuda.bindings releases the GIL around every driver call. A thread that launches hundreds
-    of kernels (an eager step) then has to take the GIL back hundreds of times, and while
-    another thread runs Python (a server's event loop) each time can cost it the
-    interpreter's switch interval: an eager 8B step on the server took milliseconds longer
-    than offline for this alone."""
-
-    def __init__(self, lib):
-        u, p = ctypes.c_uint, ctypes.c_void_p
-        self._launch = lib.cuLaunchKernel
-        self._launch.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
-        self._launch.restype = ctypes.c_int
-        self._launch_ex = lib.cuLaunchKernelEx
-        self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), p, p, p]
-        self._launch_ex.restype = ctypes.c_int
-        self._local = threading.local()
-
-    def _config(self):
-        config = getattr(self._local, "config", None)
-        if config is None:
-            attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-            config = self._local.config = _LaunchConfig(attrs=ctypes.pointer(attr), numAttrs=1)
-            self._local.attr = attr  # kept alive with the config
-        return config
-
-    def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, pdl) -> int:
-        if not pdl:
-            return self._launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)
-        c = self._config()
-        c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
-        c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
-        c.sharedMemBytes, c.hStream = smem, stream
-        return self._launch_ex(ctypes.byref(c), function, params, None)
-
-
-_gil_launcher: _GILLauncher | None | bool = None
-
-
-def _launcher() -> _GILLauncher | None:
-    """The GIL-holding launcher, or None where libcuda cannot be opened that way (then the
-    launches go through cuda.bindings)."""
-    global _gil_launcher
-    if _gil_launcher is None:
-        try:
-            _gil_launcher = _GILLauncher(ctypes.PyDLL("libcuda.so.1"))
-        except (OSError, AttributeError):
-            _gil_launcher = False
-    return _gil_launcher or None
 
 
 def _pdl_config(driver, gx, gy, gz, bx, by, bz, smem, stream):

@@ -1,5 +1,5 @@
-// Decode GEMV: out (n, O) = x (n, K) @ W.T for n <= 8 tokens, W (O, K) bf16 or int8 with a
-// float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue.
+// Decode GEMV: out (n, O) = x (n, K) @ W.T for n <= 8 * NT tokens, W (O, K) bf16 or int8 with
+// a float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue.
 //
 // At decode the weight is read once per token and nothing else matters: the kernel is a stream
 // over W that must keep enough bytes in flight to reach the memory bandwidth (Little's law:
@@ -12,7 +12,9 @@
 //
 // The multiply-add uses the tensor cores (mma.m16n8k16, bf16 in, float32 out) with the 8 token
 // rows as the n = 8 side, which costs nothing at n < 8 and keeps the CUDA cores free for the
-// INT8 -> bf16 conversion. A dot product does not care in which order k is summed, so the
+// INT8 -> bf16 conversion. NT token tiles of 8 (a batched step of up to 8 * NT rows) reuse each
+// weight fragment for NT mma's, so the weight is still read once: a step of 9..64 rows streams
+// it as a step of 8 does, plus NT x chunks a lane and step. A dot product does not care in which order k is summed, so the
 // fragments come straight from the 16-byte chunks: lane (g = lane / 4, t = lane % 4) copies
 // W[row g][k + 8t .. k + 8t + 8), W[row g + 8][same] and x[token g][same]; the first four
 // weight pairs of each row are the A fragment of one mma and the x pairs at the same k its B
@@ -24,9 +26,13 @@
 // (8 token rows) is half the weight bytes of one tile, and x comes from L2 for every block, so
 // with 8 tokens one tile a warp moves 1.5x the weight's bytes into the SM, two tiles 1.25x.
 //
+// The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
+// reused once every copy has landed (the dynamic size is the larger of the two, gemv_smem_bytes
+// in ops/linear.py).
+//
 // Grid: ceil(O / (16 * TILES)) blocks of 16 * TILES output rows (for SwiGLU, gate rows j and up
 // rows O + j in one block); block: WARPS * 32 threads; dynamic shared memory:
-// gemv_ring_bytes() in ops/linear.py.
+// gemv_smem_bytes() in ops/linear.py.
 //
 // Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
 // the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
@@ -36,7 +42,7 @@
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
-// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, PDL (0/1).
+// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -63,6 +69,9 @@
 #ifndef TILES
 #define TILES 1
 #endif
+#ifndef NT
+#define NT 1
+#endif
 #ifndef PDL
 #define PDL 0
 #endif
@@ -71,14 +80,16 @@ typedef OUT_DTYPE out_t;
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int WT = MATS * TILES;             // 16-row weight tiles a warp streams
 constexpr int BLOCK_ROWS = 16 * TILES;       // output rows of a block
+constexpr int TOKENS = 8 * NT;               // token slots
 // k covered by one lane's chunk, and by one warp step (4 lanes side by side).
 constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
 constexpr int XVECS = LANE_K / 8;                 // 16-byte chunks of x per lane and step
 // Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
-// (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks.
-constexpr int PARTS = 2 * WT + XVECS;
+// (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
+// of each token tile (tokens 8 j + g).
+constexpr int PARTS = 2 * WT + XVECS * NT;
 
 #if W_INT8
 typedef signed char w_t;
@@ -91,26 +102,34 @@ __device__ __forceinline__ void copy_w(u32 dst, const w_t* src, bool valid) {
     else cp_async_ca8(dst, src, valid ? 8 : 0);
 }
 
-// acc += one step: weight chunks of rows g (wa) and g + 8 (wb) against x (xv).
-__device__ __forceinline__ void step_mma(float (&acc)[4], const uint4& wa, const uint4& wb,
-                                         const uint4 (&xv)[XVECS]) {
-#if !W_INT8
-    mma_bf16_16816(acc, wa.x, wb.x, wa.y, wb.y, xv[0].x, xv[0].y);
-    mma_bf16_16816(acc, wa.z, wb.z, wa.w, wb.w, xv[0].z, xv[0].w);
-#else
-    u32 a[LANE_K / 2], b[LANE_K / 2];  // bf16 pairs (k + 2i, k + 2i + 1) of rows g and g + 8
+// One step's A fragments of a tile: bf16 pairs (k + 2i, k + 2i + 1) of rows g (a) and g + 8 (b),
+// from the weight chunks wa and wb (INT8: converted exactly).
+struct Frag {
+    u32 a[LANE_K / 2], b[LANE_K / 2];
+};
+
+__device__ __forceinline__ void to_frag(Frag& f, const uint4& wa, const uint4& wb) {
     const u32* pa = reinterpret_cast<const u32*>(&wa);
     const u32* pb = reinterpret_cast<const u32*>(&wb);
+#if !W_INT8
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f.a[i] = pa[i], f.b[i] = pb[i];
+#else
 #pragma unroll
     for (int i = 0; i < LANE_K / 4; ++i) {
-        int8x4_to_bf16x2(pa[i], a[2 * i], a[2 * i + 1]);
-        int8x4_to_bf16x2(pb[i], b[2 * i], b[2 * i + 1]);
+        int8x4_to_bf16x2(pa[i], f.a[2 * i], f.a[2 * i + 1]);
+        int8x4_to_bf16x2(pb[i], f.b[2 * i], f.b[2 * i + 1]);
     }
+#endif
+}
+
+// acc += one step of a tile (f) against one token tile's x chunks (xv).
+__device__ __forceinline__ void step_mma(float (&acc)[4], const Frag& f, const uint4 (&xv)[XVECS]) {
     const u32* px = reinterpret_cast<const u32*>(&xv[0]);
 #pragma unroll
     for (int j = 0; j < LANE_K / 4; ++j)
-        mma_bf16_16816(acc, a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1], px[2 * j], px[2 * j + 1]);
-#endif
+        mma_bf16_16816(acc, f.a[2 * j], f.b[2 * j], f.a[2 * j + 1], f.b[2 * j + 1], px[2 * j],
+                       px[2 * j + 1]);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -118,11 +137,13 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
      const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
      float alpha_n, float beta, float eps) {
     extern __shared__ uint4 ring[];
-    __shared__ float partial[WARPS][WT][16][9];  // [warp][tile][row][token], padded
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row_base = blockIdx.x * BLOCK_ROWS;
-    const bf16_t* xrow = x + (i64)min(g, n - 1) * x_stride + t * LANE_K;
+    // Token slots past n read token n - 1 again; their sums are dropped.
+    const bf16_t* xrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) xrow[j] = x + (i64)min(8 * j + g, n - 1) * x_stride + t * LANE_K;
     const w_t* wrow[WT][2];
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
@@ -162,8 +183,11 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         const int kk = valid ? k : 0;
         const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
-        for (int v = 0; v < XVECS; ++v)
-            cp_async_ca16(stage + (2 * WT + v) * 32 * 16, xrow + kk + 8 * v, valid ? 16 : 0);
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int v = 0; v < XVECS; ++v)
+                cp_async_ca16(stage + (2 * WT + j * XVECS + v) * 32 * 16, xrow[j] + kk + 8 * v,
+                              valid ? 16 : 0);
     };
     auto issue = [&](int i) {
         issue_w(i);
@@ -171,9 +195,11 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         cp_async_commit();
     };
 
-    float acc[WT][4];
+    float acc[WT][NT][4];
 #pragma unroll
-    for (int m = 0; m < WT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
 
 #if PDL
     pdl_launch_dependents();
@@ -193,27 +219,46 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
         cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)
         const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
-        uint4 xv[XVECS];
 #pragma unroll
-        for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + v) * 32];
+        for (int m = 0; m < WT; ++m) {
+            Frag f;
+            to_frag(f, stage[(2 * m) * 32], stage[(2 * m + 1) * 32]);
 #pragma unroll
-        for (int m = 0; m < WT; ++m) step_mma(acc[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32], xv);
+            for (int j = 0; j < NT; ++j) {
+                uint4 xv[XVECS];
+#pragma unroll
+                for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
+                step_mma(acc[m][j], f, xv);
+            }
+        }
     }
     cp_async_wait<0>();
+    __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
 
-    // Accumulator layout: acc[m][0..1] = row g, tokens 2t, 2t + 1; acc[m][2..3] = row g + 8.
+    // partial[warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank conflicts).
+    constexpr int PAD = TOKENS + 1;
+    float* partial = reinterpret_cast<float*>(ring);
+    auto at = [&](int wi, int m, int r, int tok) -> float& {
+        return partial[((wi * WT + m) * 16 + r) * PAD + tok];
+    };
+
+    // Accumulator layout: acc[m][j][0..1] = row g, tokens 8 j + 2t, + 1; acc[m][j][2..3] = row
+    // g + 8, the same tokens.
 #pragma unroll
-    for (int m = 0; m < WT; ++m) {
-        partial[warp][m][g][2 * t] = acc[m][0];
-        partial[warp][m][g][2 * t + 1] = acc[m][1];
-        partial[warp][m][g + 8][2 * t] = acc[m][2];
-        partial[warp][m][g + 8][2 * t + 1] = acc[m][3];
-    }
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int tok = 8 * j + 2 * t;
+            at(warp, m, g, tok) = acc[m][j][0];
+            at(warp, m, g, tok + 1) = acc[m][j][1];
+            at(warp, m, g + 8, tok) = acc[m][j][2];
+            at(warp, m, g + 8, tok + 1) = acc[m][j][3];
+        }
     __syncthreads();
 
     // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads write
     // consecutive rows.
-    for (int idx = threadIdx.x; idx < BLOCK_ROWS * 8; idx += WARPS * 32) {
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * TOKENS; idx += WARPS * 32) {
         const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS, row = row_base + r;
         if (tok >= n || row >= O) continue;
         float v[MATS];
@@ -221,7 +266,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         for (int m = 0; m < MATS; ++m) {
             float s = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) s += partial[wi][m * TILES + r / 16][r % 16][tok];
+            for (int wi = 0; wi < WARPS; ++wi) s += at(wi, m * TILES + r / 16, r % 16, tok);
 #if W_INT8
             s *= w_scale[(i64)m * O + row];
 #endif

@@ -26,13 +26,10 @@ import torch
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel)
 from . import elementwise
-from .tuning import gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens, pdl, rows_lane_k
+from .tuning import (gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens,
+                     mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
-# INT8 weights at 9..INT8_PIECES_MAX_TOKENS rows: gemv.cu on pieces of GEMV_MAX_TOKENS rows, each
-# piece a read of the weight (gemm.cu's 128-row prefill tiles take 15x longer at 16-64 rows:
-# benchmarks/RESULTS.md, session 8).
-INT8_PIECES_MAX_TOKENS = 64
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
 # steps of more than GEMV_MAX_TOKENS rows; else gemm.cu.
 _MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
@@ -50,18 +47,23 @@ def gemv_ok(out, x, weight, weight_scale) -> bool:
                      and weight_scale.dtype == torch.float32)))
 
 
-def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str) -> int:
-    """Dynamic shared memory of a gemv.cu build: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS =
-    2 weight rows per 16-row tile (tiles per matrix x matrices) + the x chunks."""
+def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
+                    token_tiles: int = 1) -> int:
+    """gemv.cu's ring: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per 16-row
+    tile (tiles per matrix x matrices) + the x chunks of every token tile."""
     lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    return config["warps"] * config["stages"] * (2 * tiles + lane_k // 8) * 32 * 16
+    parts = 2 * tiles + lane_k // 8 * token_tiles
+    return config["warps"] * config["stages"] * parts * 32 * 16
 
 
-def gemv_partial_bytes(config: dict, epilogue: str) -> int:
-    """Static shared memory of a gemv.cu build: its float partial[WARPS][tiles][16][9]."""
+def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
+                    token_tiles: int = 1) -> int:
+    """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
+    [WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    return config["warps"] * tiles * 16 * 9 * 4
+    partial = config["warps"] * tiles * 16 * (8 * token_tiles + 1) * 4
+    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles))
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -71,11 +73,12 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 
 
 def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype: str,
-                 pdl_on: bool) -> dict:
+                 pdl_on: bool, token_tiles: int = 1) -> dict:
     """The defines of a gemv.cu build."""
     defines = {"W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
-               "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1)}
+               "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
+               "NT": token_tiles}
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     if pdl_on:
@@ -97,24 +100,27 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
 
 def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
          invariant=True):
-    """The decode GEMV of a gemv_ok call with at most GEMV_MAX_TOKENS rows."""
+    """The decode GEMV of a gemv_ok call with at most GEMV_MAX_TOKENS rows, or a batched one
+    (not invariant) of at most WIDE_MAX_TOKENS (gemv.cu with 2, 4 or 8 token tiles)."""
     n, k_dim = x.shape
     int8 = weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
-    batched = n > 1 and not invariant
-    cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma" if batched else None)
+    batched = n > GEMV_MAX_TOKENS or (n > 1 and not invariant)
+    token_tiles = mma_token_tiles(n) if batched else 1
+    cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma" if batched else None,
+                      token_tiles=token_tiles)
     if cfg["kernel"] == "rows":
         if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
     pdl_on = pdl(device)
     defines = gemv_defines(cfg, int8, 16 if k_dim % 16 == 0 else 8, epilogue,
-                           DTYPE_NAMES[out.dtype], pdl_on)
+                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
     k.launch((cdiv(o_rows, 16 * defines["TILES"]),), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
-             gemv_ring_bytes(cfg, k_dim, int8, epilogue), pdl=pdl_on)
+             gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles), pdl=pdl_on)
 
 
 def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows):
@@ -162,17 +168,13 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
     if n == 0:
         return True
     if gemv_ok(out, x, weight, weight_scale):
-        if n <= GEMV_MAX_TOKENS:
+        if _gemv_takes(n, weight):
             gemv(out, x, weight, weight_scale, invariant=invariant)
         elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
             torch.matmul(x, weight.t(), out=out)  # prefill: cuBLAS
         elif weight.dtype == torch.bfloat16 and _MM_FLOAT32_OUT:
             # the logits: cuBLAS with float32 outputs, the float32 sums unrounded
             torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
-        elif weight.dtype == torch.int8 and n <= INT8_PIECES_MAX_TOKENS:
-            for i in range(0, n, GEMV_MAX_TOKENS):
-                rows = slice(i, i + GEMV_MAX_TOKENS)
-                gemv(out[rows], x[rows], weight, weight_scale, invariant=False)
         else:
             gemm(out, x, weight, weight_scale)
         return True
@@ -181,6 +183,13 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
         torch.matmul(x, weight.t(), out=out)  # float32 / float16 models: cuBLAS
         return True
     return False
+
+
+def _gemv_takes(n: int, weight) -> bool:
+    """Whether a GEMV runs an n-row step: up to GEMV_MAX_TOKENS rows, and up to the weight
+    dtype's wide_max_tokens (no row of a step above INVARIANT_MAX_ROWS has to equal its 1-row
+    step, so the flag does not matter there)."""
+    return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(weight.dtype == torch.int8)
 
 
 def linear(out, x, weight, weight_scale, batch_invariant=True):
@@ -193,7 +202,7 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
     n = x.shape[0]
     if n == 0:
         return
-    if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
+    if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "swiglu", invariant=batch_invariant)
     if (gate_up.dtype == x.dtype and gate_up.is_contiguous()
@@ -208,7 +217,7 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
     if n == 0:
         return
     s = xielu
-    if (x.dim() == 2 and n <= GEMV_MAX_TOKENS and out.dtype == torch.bfloat16
+    if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps),
                     invariant=batch_invariant)

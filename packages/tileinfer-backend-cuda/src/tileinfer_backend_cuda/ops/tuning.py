@@ -15,7 +15,9 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   warps, stages, l2_256b, tiles);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
   ``"decode_m_tiles"`` (1 or 2);
-- ``"pdl"``: false launches the decode path without programmatic dependent launch.
+- ``"pdl"``: false launches the decode path without programmatic dependent launch;
+- ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
+  takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s).
 """
 
 from __future__ import annotations
@@ -55,17 +57,29 @@ def _checked(settings) -> dict:
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
-    unknown = set(settings) - {"gemv", "attention", "pdl"}
+    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
+    unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {"gemv": dict(settings.get("gemv", {})),
             "attention": dict(settings.get("attention", {})),
-            "pdl": bool(settings.get("pdl", True))}
+            "pdl": bool(settings.get("pdl", True)),
+            "gemv_wide": dict(settings.get("gemv_wide", {}))}
 
+
+# The most rows of a batched step (batch_invariant=False) that gemv.cu runs with 2, 4 or 8 token
+# tiles of 8, reading the weight once, per weight dtype; above (and bf16 weights from 9 rows
+# while 0) cuBLAS (bf16) or gemm.cu (INT8).
+WIDE_MAX_TOKENS = {"bf16": 0, "int8": 64}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
+
+
+def wide_max_tokens(int8: bool) -> int:
+    key = "int8" if int8 else "bf16"
+    return experiments["gemv_wide"].get(key, WIDE_MAX_TOKENS[key])
 
 
 def set_experiments(settings=None):
@@ -164,6 +178,19 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 
+# gemv.cu at 9..64 rows (token_tiles = 2, 4, 8: 16, 32, 64 token slots) per weight shape and
+# token tiles; other shapes get gemv_heuristic.
+MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {}
+
+
+def mma_token_tiles(n: int) -> int:
+    """gemv.cu's token tiles of 8 for a batched step of n rows: 1, 2, 4 or 8 (n <= 64)."""
+    tiles = 1
+    while 8 * tiles < n:
+        tiles *= 2
+    return tiles
+
+
 def rows_lane_k(int8: bool) -> int:
     """k of one lane's 16-byte weight chunk in gemv_rows.cu (LANE_K); a warp step is 32 of them."""
     return 16 if int8 else 8
@@ -190,10 +217,11 @@ def gemv_rows_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, devi
     return {"rows": rows, "unroll": unroll, "warps": warps, "split_k": par // warps}
 
 
-def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int) -> dict:
+def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
+                   token_tiles: int = 1) -> dict:
     """gemv.cu's configuration: warps splitting K and ring stages, aiming at about 16 warps per SM
     over the grid, a ring of at most ~100 KB per block (two blocks per SM) and no more stages
-    than a warp has steps."""
+    than a warp has steps; one 16-row tile a warp."""
     lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
     steps = cdiv(k_dim, 4 * lane_k)
     tiles = cdiv(n_rows, 16)
@@ -201,10 +229,12 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
     warps = 4
     while warps < 16 and tiles * warps < target_warps and steps >= 2 * warps * 2:
         warps *= 2
-    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8
+    parts = 2 * (2 if epilogue == "swiglu" else 1) + lane_k // 8 * token_tiles
     stages = 8
     while stages > 2 and warps * stages * parts * 512 > 100 * 1024:
         stages -= 2
+    while warps > 2 and warps * stages * parts * 512 > 100 * 1024:  # many token tiles
+        warps //= 2
     stages = max(2, min(stages, cdiv(steps, warps) + 1))
     if stages % 2:
         stages += 1
@@ -224,13 +254,14 @@ def _asked_family(overrides: dict) -> str | None:
 
 
 def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
-                kernel: str | None = None) -> dict:
+                kernel: str | None = None, token_tiles: int = 1) -> dict:
     """The decode GEMV's configuration for an (n_rows, k_dim) weight, its family under "kernel".
 
     The family: ``kernel``, else the experiments', else "rows". rows: GEMV_ROWS_TABLE's entry,
-    else gemv_rows_heuristic; mma: MMA_GEMV_TABLE's entry, else gemv_heuristic. The
-    experiments' settings replace those of
-    their own family. Never a function of the token count."""
+    else gemv_rows_heuristic; mma: MMA_GEMV_TABLE's entry (token_tiles > 1, gemv.cu's builds for
+    9..64 rows of a batched step: MMA_GEMV_WIDE_TABLE's), else gemv_heuristic. The experiments'
+    settings replace those of their own family. A single sequence's steps (up to 8 rows) take
+    one configuration whatever their token count."""
     overrides = experiments["gemv"]
     asked = _asked_family(overrides)
     kernel = kernel or asked or "rows"
@@ -240,9 +271,11 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
                   else gemv_rows_heuristic(n_rows, k_dim, int8, epilogue, device))
         config.setdefault("split_k", 1)
     elif kernel == "mma":
-        entry = MMA_GEMV_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
+        key = (n_rows, k_dim, bool(int8), epilogue)
+        entry = (MMA_GEMV_TABLE.get(key) if token_tiles == 1
+                 else MMA_GEMV_WIDE_TABLE.get(key + (token_tiles,)))
         config = (dict(entry) if entry is not None
-                  else gemv_heuristic(n_rows, k_dim, int8, epilogue, device))
+                  else gemv_heuristic(n_rows, k_dim, int8, epilogue, device, token_tiles))
     else:
         raise ValueError(f"unknown GEMV kernel family {kernel!r}: 'rows' or 'mma'")
     if asked in (None, kernel):
