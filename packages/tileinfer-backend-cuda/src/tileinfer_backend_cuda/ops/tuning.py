@@ -150,16 +150,17 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 
 
 # gemv.cu per weight shape -> warps (the in-block split of K), ring stages, the 256-byte L2
-# prefetch hint: the winners of the mma sweep of `benchmarks/cuda_kernels.py` on an H200 (one
-# token, session 4; the kernel reads the weight once for its 8 token slots, so the same shape
-# costs about the same at 8). The batched engine's steps of 2..8 rows run it; other shapes get
-# gemv_heuristic.
+# prefetch hint, 16-row tiles a warp: the batched engine's steps of 2..8 rows run it, and INT8
+# weights with K % 16 != 0. llama3-8b bf16: the winners at 8 rows of `benchmarks/batched_linear.py
+# --mma-sweep 8` (benchmarks/RESULTS.md, session 9; 3.77 ms a step against 4.29 with the 1-token
+# winners); the others: the 1-token sweep of `benchmarks/cuda_kernels.py` (session 4). Other
+# shapes get gemv_heuristic.
 MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
-    (6144, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 4, 'l2_256b': True},
-    (14336, 4096, False, 'swiglu'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'l2_256b': True},
-    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    (6144, 4096, False, 'none'): {'warps': 16, 'stages': 4, 'tiles': 1, 'l2_256b': True},
+    (4096, 4096, False, 'none'): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu'): {'warps': 8, 'stages': 2, 'tiles': 1, 'l2_256b': True},
+    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 3, 'tiles': 4, 'l2_256b': True},
     (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
     (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
     (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
