@@ -69,10 +69,12 @@ def _checked(settings) -> dict:
             "gemv_wide": dict(settings.get("gemv_wide", {}))}
 
 
-# The most rows of a batched step (batch_invariant=False) that gemv.cu runs with 2, 4 or 8 token
-# tiles of 8, reading the weight once, per weight dtype; above (and bf16 weights from 9 rows
-# while 0) cuBLAS (bf16) or gemm.cu (INT8).
-WIDE_MAX_TOKENS = {"bf16": 0, "int8": 64}
+# The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
+# once, per weight dtype; above, cuBLAS (bf16) or gemm.cu (INT8). (Steps of 2..8 rows of a single
+# sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows (the best gemv.cu builds at 32 rows only tie it; at 16 they take
+# 3.998 ms a llama3-8b step against 4.157; benchmarks/RESULTS.md, session 9). INT8: 5.27 ms at
+# 64 rows against 20.7 for gemv.cu on 8-row pieces and 38 for gemm.cu.
+WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
 
@@ -180,8 +182,21 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
 
 
 # gemv.cu at 9..64 rows (token_tiles = 2, 4, 8: 16, 32, 64 token slots) per weight shape and
-# token tiles; other shapes get gemv_heuristic.
-MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {}
+# token tiles: the winners of `benchmarks/batched_linear.py --mma-sweep 16` (llama3-8b bf16) and
+# `--int8 --mma-sweep 64` (benchmarks/RESULTS.md, session 9; the bf16 lm_head at 16 rows: the
+# 32-row winner, cuBLAS was as fast); other shapes get gemv_heuristic.
+MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
+    (6144, 4096, False, 'none', 2): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': True},
+    (4096, 4096, False, 'none', 2): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu', 2): {'warps': 8, 'stages': 2, 'tiles': 1, 'l2_256b': True},
+    (4096, 14336, False, 'none', 2): {'warps': 8, 'stages': 6, 'tiles': 2, 'l2_256b': True},
+    (128256, 4096, False, 'none', 2): {'warps': 4, 'stages': 2, 'tiles': 4, 'l2_256b': True},
+    (6144, 4096, True, 'none', 8): {'warps': 4, 'stages': 2, 'tiles': 2, 'l2_256b': True},
+    (4096, 4096, True, 'none', 8): {'warps': 4, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (14336, 4096, True, 'swiglu', 8): {'warps': 4, 'stages': 2, 'tiles': 2, 'l2_256b': True},
+    (4096, 14336, True, 'none', 8): {'warps': 4, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (128256, 4096, True, 'none', 8): {'warps': 4, 'stages': 2, 'tiles': 4, 'l2_256b': True},
+}
 
 
 def mma_token_tiles(n: int) -> int:
@@ -222,7 +237,11 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
                    token_tiles: int = 1) -> dict:
     """gemv.cu's configuration: warps splitting K and ring stages, aiming at about 16 warps per SM
     over the grid, a ring of at most ~100 KB per block (two blocks per SM) and no more stages
-    than a warp has steps; one 16-row tile a warp."""
+    than a warp has steps; one 16-row tile a warp. With 4 or 8 token tiles the x chunks outweigh
+    the weight's in a warp step: 4 warps of two 16-row tiles sharing them, two stages (every
+    winner of the 64-row INT8 sweep looks so)."""
+    if token_tiles >= 4:
+        return {"warps": 4, "stages": 2, "tiles": 2, "l2_256b": True}
     lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
     steps = cdiv(k_dim, 4 * lane_k)
     tiles = cdiv(n_rows, 16)

@@ -154,7 +154,7 @@ def run(args, out):
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(float(os.environ.get("TILEINFER_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
     uvicorn_server = _Server(config)
     uvicorn_server.run()
     return 0 if uvicorn_server.started else 1
