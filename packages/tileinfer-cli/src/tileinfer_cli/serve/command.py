@@ -98,12 +98,13 @@ def _ignore(signum, frame):
     pass
 
 
-# The interpreter's thread switch interval while serving (Python's default: 5 ms). The engine's
-# thread waits for the GPU with the GIL released; when the step ends it must take the GIL back
-# from the event loop's thread (HTTP, detokenizing), which otherwise may keep it up to the whole
-# interval. (Measured alone, before the engine was pipelined, it changed nothing; the pipelined
-# server's figures in benchmarks/RESULTS.md were measured with it.)
-SWITCH_INTERVAL_S = 0.0005
+# The interpreter's thread switch interval while serving (Python's default: 5 ms). Every PyTorch
+# op releases the GIL, so the engine's thread gives it up hundreds of times in an eager step
+# (prefill), and each time the event loop's thread is busy (HTTP, detokenizing) the engine waits
+# up to the whole interval to take it back. An eager llama3.2-1b step beside a busy thread took
+# 26.0 ms at 0.5 ms, 9.1 ms at 0.05 ms, 7.2 ms with no other thread (benchmarks/RESULTS.md,
+# session 9).
+SWITCH_INTERVAL_S = 0.00005
 
 
 def run(args, out):
@@ -154,7 +155,7 @@ def run(args, out):
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
-    sys.setswitchinterval(float(os.environ.get("TILEINFER_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn_server = _Server(config)
     uvicorn_server.run()
     return 0 if uvicorn_server.started else 1
