@@ -89,28 +89,31 @@ def add_sampling_options(p: argparse.ArgumentParser):
 
 def _speculative_spec(text: str) -> str:
     kind, colon, name = text.partition(":")
-    if not ((kind == "ngram" and not colon) or (kind in ("draft", "dflash") and name)):
-        raise argparse.ArgumentTypeError(f"{text!r}: use ngram, draft:MODEL or dflash:MODEL")
+    if not ((kind in ("ngram", "none") and not colon) or (kind in ("draft", "dflash") and name)):
+        raise argparse.ArgumentTypeError(f"{text!r}: use ngram, none, draft:MODEL or "
+                                         "dflash:MODEL")
     return text
 
 
 def add_speculative_options(p: argparse.ArgumentParser):
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--speculative", type=_speculative_spec,
-                   metavar="ngram|draft:MODEL|dflash:MODEL",
-                   help="check drafted tokens several per step: ngram (prompt lookup), "
-                        "draft:MODEL (a smaller model of the same vocabulary), or dflash:MODEL "
-                        "(a DFlash drafter made for this model)")
+    g.add_argument("--speculative", type=_speculative_spec, default="ngram",
+                   metavar="ngram|none|draft:MODEL|dflash:MODEL",
+                   help="check drafted tokens several per step: ngram (prompt lookup, the "
+                        "default: it drafts only while its guesses keep coming true, so it "
+                        "never costs much), none (plain decoding), draft:MODEL (a smaller model "
+                        "of the same vocabulary), or dflash:MODEL (a DFlash drafter made for "
+                        "this model)")
     g.add_argument("--draft-k", type=int_range(1, 64), metavar="K",
                    help="drafts per step (default: 4; a DFlash drafter's block size - 1)")
 
 
 def speculative_from(args, model):
-    """The proposer of --speculative (None without it)."""
+    """The proposer of --speculative (None for none, or a command without the option)."""
     spec = getattr(args, "speculative", None)
-    if spec is None:
+    if spec in (None, "none"):
         if getattr(args, "draft_k", None) is not None:
-            raise UserError("--draft-k needs --speculative")
+            raise UserError("--draft-k needs speculative decoding (not --speculative none)")
         return None
     from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash, load_model,
                            resolve_model_dir)

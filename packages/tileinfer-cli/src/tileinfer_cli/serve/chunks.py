@@ -65,9 +65,16 @@ class _Format:
         head, tail = self.head(job), self.tail(job)
         return "".join(head + self.choice_chunk(job, *d) + tail for d in deltas)
 
+    def response(self, job) -> dict:
+        """A whole (not streamed) answer: the endpoint's schema over every choice's."""
+        return self.schema(id=job.id, created=job.created, model=self.model_name,
+                           choices=[self.choice(job, c) for c in job.choices],
+                           usage=self.usage(job)).model_dump()
+
 
 class ChatFormat(_Format):
     object = "chat.completion.chunk"
+    schema = schemas.ChatCompletion
 
     def choice_chunk(self, job, choice, text, lps, finish) -> str:
         role = ""
@@ -81,22 +88,18 @@ class ChatFormat(_Format):
         return (f'{{"index":{choice.index},"delta":{delta},"logprobs":{logprobs},'
                 f'"finish_reason":{_finish(finish)}}}')
 
-    def response(self, job) -> dict:
-        choices = []
-        for c in job.choices:
-            logprobs = None
-            if job.plan.logprobs is not None:
-                logprobs = {"content": chat_entries(self.texts, c.lps)}
-            choices.append(schemas.ChatChoice(index=c.index, logprobs=logprobs,
-                                              message=schemas.AssistantMessage(
-                                                  content=c.text.text),
-                                              finish_reason=c.finish_reason))
-        return schemas.ChatCompletion(id=job.id, created=job.created, model=self.model_name,
-                                      choices=choices, usage=self.usage(job)).model_dump()
+    def choice(self, job, c):
+        logprobs = None
+        if job.plan.logprobs is not None:
+            logprobs = {"content": chat_entries(self.texts, c.lps)}
+        return schemas.ChatChoice(index=c.index, logprobs=logprobs,
+                                  message=schemas.AssistantMessage(content=c.text.text),
+                                  finish_reason=c.finish_reason)
 
 
 class CompletionFormat(_Format):
     object = "text_completion"
+    schema = schemas.Completion
 
     def _logprobs(self, choice, lps):
         found = completion_logprobs(self.texts, lps, choice.lp_offset)
@@ -111,14 +114,7 @@ class CompletionFormat(_Format):
         return (f'{{"index":{choice.index},"text":{_dumps(text)},"logprobs":{logprobs},'
                 f'"finish_reason":{_finish(finish)}}}')
 
-    def response(self, job) -> dict:
-        choices = []
-        for c in job.choices:
-            logprobs = None
-            if job.plan.logprobs is not None:
-                logprobs = self._logprobs(c, c.lps)
-            choices.append(schemas.CompletionChoice(index=c.index, text=c.text.text,
-                                                    logprobs=logprobs,
-                                                    finish_reason=c.finish_reason))
-        return schemas.Completion(id=job.id, created=job.created, model=self.model_name,
-                                  choices=choices, usage=self.usage(job)).model_dump()
+    def choice(self, job, c):
+        logprobs = self._logprobs(c, c.lps) if job.plan.logprobs is not None else None
+        return schemas.CompletionChoice(index=c.index, text=c.text.text, logprobs=logprobs,
+                                        finish_reason=c.finish_reason)
