@@ -37,11 +37,7 @@ class NgramProposer(Proposer):
     smoothing = 0.25
     draft_threshold = 0.55
     trust_threshold = 0.6
-    # 25% more tokens per unit of cost by the estimate, not 10%: p is a moving average of a few
-    # tokens, which text that copies in short stretches (spelling fixes) lifts above its true
-    # rate, and where an extra verify row costs 0.4 of a step (the CUDA backend on small models)
-    # a draft made at 10% margin lost more than it won (benchmarks/RESULTS.md, session 9).
-    min_gain = 1.25
+    min_gain = 1.1
     row_cost: float | None = None
 
     def __init__(self, k: int = 4, max_ngram: int = 3, min_ngram: int = 1,

@@ -153,7 +153,7 @@ class _Loop:
         self.smoothing = getattr(proposer, "smoothing", 0.25)
         self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
         self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
-        self.min_gain = getattr(proposer, "min_gain", 1.25)
+        self.min_gain = getattr(proposer, "min_gain", 1.1)
         self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
         self.step_seconds = getattr(runner, "step_seconds", {})
         self.last_event = None  # the end of the latest launched step (timing)

@@ -1,6 +1,6 @@
-"""n-gram speculation is the default of ``tileinfer run`` and ``tileinfer chat``: the answer is the
-one plain decoding gives (greedy, the embedded SmolLM2 on the ref backend), ``--speculative none``
-turns it off, and ``--draft-k`` without speculation is one clear error."""
+"""``tileinfer run --speculative ngram`` answers as plain decoding does (greedy, the embedded SmolLM2
+on the ref backend), plain decoding (``--speculative none``) is the default, and ``--draft-k``
+without speculation is one clear error."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ def _run(home, *args):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", [QUESTION, REPEAT], ids=["question", "repeat"])
-def test_run_speculates_by_default_and_answers_as_plain_decoding(home, prompt):
-    default, default_err = _run(home, prompt)
-    plain, plain_err = _run(home, "--speculative", "none", prompt)
-    assert default["tokens"] == plain["tokens"] and default["text"] == plain["text"]
-    assert "speculative:" in default_err  # the default ran the speculative loop
+def test_ngram_answers_as_plain_decoding_which_is_the_default(home, prompt):
+    spec, spec_err = _run(home, "--speculative", "ngram", prompt)
+    plain, plain_err = _run(home, prompt)
+    assert spec["tokens"] == plain["tokens"] and spec["text"] == plain["text"]
+    assert "speculative:" in spec_err  # it ran the speculative loop
     assert "speculative:" not in plain_err
 
 
