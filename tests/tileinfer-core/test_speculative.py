@@ -417,9 +417,10 @@ def test_cli_run_and_chat_report_acceptance():
 
 
 @pytest.mark.parametrize("args,pattern", [
-    (("--speculative", "bogus"), "use ngram, draft:MODEL or dflash:MODEL"),
-    (("--speculative", "draft:"), "use ngram, draft:MODEL or dflash:MODEL"),
-    (("--draft-k", "3"), "--draft-k needs --speculative"),
+    (("--speculative", "bogus"), "use ngram, none, draft:MODEL or dflash:MODEL"),
+    (("--speculative", "draft:"), "use ngram, none, draft:MODEL or dflash:MODEL"),
+    (("--draft-k", "3"), "--draft-k needs speculative decoding (not --speculative none)"),
+    (("--speculative", "none", "--draft-k", "3"), "--draft-k needs speculative decoding"),
 ])
 def test_cli_bad_speculative_options(args, pattern):
     result = tileinfer_cmd("run", "hi", "-n", "2", "--backend", "ref", *args)

@@ -105,9 +105,11 @@ class NgramProposer(Proposer):
         ones, not indexed). The match's continuation is copied on past the end of the sequence
         (a repeating stretch repeats on), so it is n long whenever there is a match.
         tokens: a list that only grows between calls (see ``prediction``)."""
+        if n <= 0:
+            return []
         self._sync(tokens, grows=True)
         start = self._match(tokens, tail)
-        if start is None or n <= 0:
+        if start is None:
             return []
         known, end = len(tokens), len(tokens) + len(tail)
         out: list[int] = []

@@ -372,7 +372,10 @@ class _Loop:
         guessed = prev.inputs[settled + 1:]  # prev's drafts at positions not known yet
         trusted = self._trusted(len(guessed))
         rows = [prev.n - 1, settled] if trusted and guessed else [settled]
-        need = len(guessed) + budget + 1 if (budget or trusted) else len(guessed)
+        # Without drafts to make or to chain on, no lookup: the hit rate checks the lookup's
+        # prediction when the token comes (``_emit``), and the first lookup, which indexes the
+        # whole prompt, then runs while the step launched here computes.
+        need = len(guessed) + budget + 1 if (budget or (trusted and guessed)) else len(guessed)
         # future[i]: the guess of the token at position len(known) + i.
         future = guessed + self.proposer.continuation(known, guessed, need - len(guessed))
         for row in rows:
