@@ -14,9 +14,10 @@
 // rows as the n = 8 side, which costs nothing at n < 8 and keeps the CUDA cores free for the
 // INT8 -> bf16 conversion. NT token tiles of 8 (a batched step of up to 8 * NT rows) reuse each
 // weight fragment for NT mma's, so the weight is still read once: a step of 9..64 rows streams
-// it as a step of 8 does, plus NT x chunks a lane and step. A dot product does not care in which order k is summed, so the
-// fragments come straight from the 16-byte chunks: lane (g = lane / 4, t = lane % 4) copies
-// W[row g][k + 8t .. k + 8t + 8), W[row g + 8][same] and x[token g][same]; the first four
+// it as a step of 8 does, plus NT x chunks a lane and step. A dot product does not care in
+// which order k is summed, so the fragments come straight from the 16-byte chunks: lane
+// (g = lane / 4, t = lane % 4) copies W[row g][k + 8t .. k + 8t + 8), W[row g + 8][same] and
+// x[token g][same]; the first four
 // weight pairs of each row are the A fragment of one mma and the x pairs at the same k its B
 // fragment, the next four pairs the second mma (layouts: mma_bf16_16816 in common.cuh). With
 // INT8 weights a lane takes 16 int8 per row (64 k per warp step), converted exactly to bf16 in

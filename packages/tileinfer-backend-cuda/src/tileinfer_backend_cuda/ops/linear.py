@@ -1,6 +1,7 @@
-"""The linear ops: decode GEMVs for up to GEMV_MAX_TOKENS token rows, with the SwiGLU / xIELU
-epilogues fused; more rows through cuBLAS (bf16 weights; bf16 or float32 outputs) or, for INT8
-weights, gemv.cu in pieces of 8 rows up to 64 rows and gemm.cu above.
+"""The linear ops: decode GEMVs for up to GEMV_MAX_TOKENS token rows, and gemv.cu with several
+token tiles up to tuning.WIDE_MAX_TOKENS rows (INT8 64, bf16 16), with the SwiGLU / xIELU
+epilogues fused; more rows through cuBLAS (bf16 weights; bf16 or float32 outputs) or gemm.cu
+(INT8 weights).
 
 Which GEMV: one token, and a single sequence's steps (``batch_invariant``, the contract's flag),
 take gemv_rows.cu, whose rows are the same bits at any token count (a speculative verify row
@@ -100,8 +101,8 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
 
 def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
          invariant=True):
-    """The decode GEMV of a gemv_ok call with at most GEMV_MAX_TOKENS rows, or a batched one
-    (not invariant) of at most WIDE_MAX_TOKENS (gemv.cu with 2, 4 or 8 token tiles)."""
+    """The GEMV of a gemv_ok call: up to GEMV_MAX_TOKENS rows (gemv_rows.cu, or gemv.cu when
+    batched: not invariant), or up to wide_max_tokens rows (gemv.cu with 2, 4 or 8 token tiles)."""
     n, k_dim = x.shape
     int8 = weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]

@@ -71,9 +71,10 @@ def _checked(settings) -> dict:
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
 # once, per weight dtype; above, cuBLAS (bf16) or gemm.cu (INT8). (Steps of 2..8 rows of a single
-# sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows (the best gemv.cu builds at 32 rows only tie it; at 16 they take
-# 3.998 ms a llama3-8b step against 4.157; benchmarks/RESULTS.md, session 9). INT8: 5.27 ms at
-# 64 rows against 20.7 for gemv.cu on 8-row pieces and 38 for gemm.cu.
+# sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows (the best gemv.cu
+# builds at 32 rows only tie it; at 16 they take 3.998 ms a llama3-8b step against 4.157;
+# benchmarks/RESULTS.md, session 9). INT8: 5.27 ms at 64 rows against 20.7 for gemv.cu on 8-row
+# pieces and 38 for gemm.cu.
 WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
