@@ -21,7 +21,8 @@ read), from its /metrics.
 ``offline`` row (``--offline``): the same requests through ``tileinfer.LLMEngine`` in this
 process (same model, shape, backend, max_running, max_step_tokens), all added at once and
 stepped to the end after a warm-up: output tokens/s, its steps and pipelined steps, and
-``serve_vs_offline``, the server's throughput over it. With a spawned server, the server has exited before the offline run.
+``serve_vs_offline``, the server's throughput over it. With a spawned server, the server has
+exited before the offline run.
 
 The server: ``--url`` drives one already running (loopback only); otherwise the script starts
 ``tileinfer serve`` with the model options below on a free port, waits for /health, warms it up
