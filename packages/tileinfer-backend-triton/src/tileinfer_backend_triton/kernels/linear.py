@@ -327,7 +327,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
         rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)
-        cfg = config or gemv_config(m if rows else SKINNY_MAX_M, n_out, k, int8, act, f32)
+        cfg = config or gemv_config(rows, n_out, k, int8, act, f32)
         # Row programs (CUDA cores) for one token and a single sequence's steps of up to
         # ROW_INVARIANT_MAX_M tokens, else dot tiles of 16, 32 or 64 token rows.
         block_m = 1 if (rows and not cfg.dot) else max(16, triton.next_power_of_2(m))

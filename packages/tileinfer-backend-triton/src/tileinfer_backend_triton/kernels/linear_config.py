@@ -69,20 +69,20 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
 }
 
 
-def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
+def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
     """Default GEMV tiles (from benchmarks/ops.py's sweep over llama decode shapes).
 
-    The config of 1..ROW_INVARIANT_MAX_M tokens must not depend on m (a verify step's rows run
-    exactly the 1-token code). One token row: ~4K weight elements per program per K tile
-    (16-byte loads, a float32 accumulator that does not spill on sm_90), two tiles in flight;
-    SwiGLU programs hold a gate and an up row block, hence their narrower tiles. 9..16 tokens
-    (and batched steps of 2..16): [16 x 32 x BLOCK_K] tensor-core tiles, 4 cp.async stages;
-    17..64: token tiles of 32 or 64 rows against 64 weight rows (32 for SwiGLU's pairs), so a
-    program's x tile is read once per 64 weight rows rather than per 32."""
+    rows: the row programs' config (one token, or a single sequence's step of up to
+    ROW_INVARIANT_MAX_M tokens, every row running exactly the 1-token code): ~4K weight elements
+    per program per K tile (16-byte loads, a float32 accumulator that does not spill on sm_90),
+    two tiles in flight; SwiGLU programs hold a gate and an up row block, hence their narrower
+    tiles. Otherwise (batched steps of 2..64 rows, any step of 9..64): tensor-core tiles of
+    16, 32 or 64 token rows against 64 weight rows (32 for SwiGLU's pairs), block_k 128, 3
+    cp.async stages (not swept)."""
     if INTERPRET_MODE:  # large tiles, few programs: the interpreter's cost is per program
         return GemvConfig(block_n=64 if act != ACT_SWIGLU else 32, block_k=64 if k <= 256 else 128,
                           unroll=2 if k >= 512 else 1)
-    if m <= ROW_INVARIANT_MAX_M:
+    if rows:
         entry = None if f32 else GEMV_TABLE.get((n, k, int8, act))
         if entry is not None:
             return entry
@@ -93,21 +93,19 @@ def gemv_config(m: int, n: int, k: int, int8: bool, act: int, f32: bool) -> Gemv
                 return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
             return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
         return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
-    if m <= 16:
-        return GemvConfig(block_n=32, block_k=256 if int8 else 128, num_warps=4, num_stages=4)
     return GemvConfig(block_n=32 if act == ACT_SWIGLU else 64, block_k=128, num_warps=4,
                       num_stages=3)
 
 
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
+    """Prefill tiles (steps of more than SKINNY_MAX_M tokens)."""
     if INTERPRET_MODE:
         return GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=1)
     if f32:
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
-    block_m = 64 if m <= 64 else 128
     block_n = 64 if act == ACT_SWIGLU else 128
-    return GemmConfig(block_m=block_m, block_n=block_n, block_k=64, num_warps=8 if block_m == 128
-                      else 4, num_stages=4 if act != ACT_SWIGLU else 3)
+    return GemmConfig(block_m=128, block_n=block_n, block_k=64, num_warps=8,
+                      num_stages=4 if act != ACT_SWIGLU else 3)
 
 
 def split_k_for(tiles: int, k: int, block_k: int, sms: int) -> int:
