@@ -10,6 +10,9 @@ dependent launch a kernel starts early, so its own duration overstates its share
 
     python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8] [--kv-cache int8]
 
+``--rows 1,2,8`` profiles, per count n, a single sequence's captured step of n rows with every
+row's logits and greedy token (a speculative verify step: the last token and n - 1 drafts).
+
 ``--batch N`` profiles the batched engine instead (``LLMEngine``, N requests decoding, their
 steps replayed from the N-row graph bucket): the kernels of 10 engine steps, the GPU span per step
 and the wall time per step (the difference is the host's share: planning, metadata, sampling).
@@ -55,8 +58,9 @@ def kernel_events(prof_trace: str) -> list[tuple[str, float, float]]:
     return sorted(kernels, key=lambda k: k[1])
 
 
-def profile_step(runner, replays: int) -> list[tuple[str, float, float]]:
-    graph = runner.captured_graph(1, SamplingParams())  # the greedy 1-token step
+def profile_step(runner, replays: int, graph=None) -> list[tuple[str, float, float]]:
+    if graph is None:
+        graph = runner.captured_graph(1, SamplingParams())  # the greedy 1-token step
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
@@ -99,6 +103,7 @@ def main():
                    help="JSON list of attention override dicts for the cuda backend")
     p.add_argument("--cuda-gemv", type=json.loads, default=[None],
                    help="JSON list of GEMV override dicts for the cuda backend")
+    p.add_argument("--rows", default="", help="comma list of row counts: profile verify steps")
     p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
     args = p.parse_args()
     if args.batch:
@@ -118,8 +123,13 @@ def main():
 
                 tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
                 what.update(attention_overrides=attention, gemv_overrides=gemv)
-            rows, span = profile_context(model, cache, args.context, args.replays)
-            print_profile(what, rows, span)
+            if args.rows:
+                for n in (int(r) for r in args.rows.split(",")):
+                    rows, span = profile_rows(model, cache, args.context, n, args.replays)
+                    print_profile(dict(what, rows=n), rows, span)
+            else:
+                rows, span = profile_context(model, cache, args.context, args.replays)
+                print_profile(what, rows, span)
 
 
 def profile_context(model, cache, context: int, replays: int):
@@ -131,6 +141,21 @@ def profile_context(model, cache, context: int, replays: int):
     runner.decode_from_device(seq, greedy)  # captures the 1-token graph
     torch.cuda.synchronize()
     result = summarize(profile_step(runner, replays), replays)
+    cache.release(seq)
+    return result
+
+
+def profile_rows(model, cache, context: int, n: int, replays: int):
+    """Profile of a verify step of n rows (every row's logits and greedy token) after
+    ``context`` cached positions, on a new runner."""
+    runner = ModelRunner(model, cache, graphs=True)
+    greedy = SamplingParams()
+    seq = cache.new_sequence()
+    runner.forward(seq, list(range(1, context + 1)))
+    runner.forward(seq, list(range(1, n + 1)), greedy, all_logits=True, sample_rows=True)
+    torch.cuda.synchronize()
+    graph = runner._all_logits_slots[n].graphs[runner._graph_key(greedy, rows=True)]
+    result = summarize(profile_step(runner, replays, graph), replays)
     cache.release(seq)
     return result
 

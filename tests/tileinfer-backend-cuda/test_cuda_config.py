@@ -86,7 +86,8 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 
 
 def test_experiments_default_to_the_shipped_configuration():
-    assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {}}
+    assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
+                                     "small_weight_bytes": None}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
@@ -99,7 +100,7 @@ def test_experiments_reject_unknown_settings():
 
 
 def test_experiment_applies_and_restores(fake_gpu):
-    shape = (4096, 4096, False, "none")
+    shape = (14336, 4096, False, "none")  # 117 MB: gemv_rows.cu by default
     with tuning.experiment({"gemv": {"kernel": "mma"}, "attention": {"stages": 3}, "pdl": False,
                             "gemv_wide": {"bf16": 32}}):
         assert tuning.gemv_config(*shape, 0) == _mma(*shape)
@@ -140,15 +141,35 @@ def test_experiments_come_from_the_environment():
 # --- decode GEMV configuration -------------------------------------------------------------------
 
 
+def test_single_sequence_family_by_weight_size_and_table(fake_gpu, monkeypatch):
+    """Small weights (streamed in less than a kernel's latency) run a single sequence's steps on
+    gemv.cu, large ones on gemv_rows.cu, and GEMV_ROWS_TABLE's shapes on gemv_rows.cu whatever
+    their size; the SwiGLU weight counts both matrices, INT8 one byte a weight."""
+    limit = tuning.SMALL_WEIGHT_BYTES
+    assert tuning.single_sequence_family(576, 576, False, "none") == "mma"  # SmolLM2's o
+    assert tuning.single_sequence_family(49152, 576, False, "none") == "rows"  # its lm_head, 57 MB
+    assert tuning.single_sequence_family(limit // 2 // 1024, 1024, False, "none") == "mma"
+    assert tuning.single_sequence_family(limit // 2 // 1024 + 1, 1024, False, "none") == "rows"
+    assert tuning.single_sequence_family(limit // 2 // 1024, 1024, False, "swiglu") == "rows"
+    assert tuning.single_sequence_family(limit // 2 // 1024, 1024, True, "swiglu") == "mma"
+    with tuning.experiment({"small_weight_bytes": 64 << 20}):
+        assert tuning.single_sequence_family(49152, 576, False, "none") == "mma"
+    monkeypatch.setitem(tuning.GEMV_ROWS_TABLE, (576, 576, False, "none"), {"rows": 2, "unroll": 1,
+                                                                           "warps": 1})
+    assert tuning.single_sequence_family(576, 576, False, "none") == "rows"
+    assert tuning.gemv_config(576, 576, False, "none", 0)["kernel"] == "rows"
+    assert tuning.gemv_config(576, 576, True, "none", 0) == _mma(576, 576, True, "none")
+
+
 def test_gemv_family_and_its_precedence(fake_gpu, monkeypatch):
-    shape = (4096, 4096, False, "none")
+    shape = (14336, 4096, False, "none")  # 117 MB: gemv_rows.cu by default
     assert tuning.gemv_config(*shape, 0) == _rows(*shape)
     # a table entry replaces the heuristic for its shape only
     monkeypatch.setitem(tuning.GEMV_ROWS_TABLE, shape, {"rows": 8, "unroll": 1, "warps": 4,
                                                         "split_k": 2})
     entry = {"rows": 8, "unroll": 1, "warps": 4, "split_k": 2, "kernel": "rows"}
     assert tuning.gemv_config(*shape, 0) == entry
-    assert tuning.gemv_config(4096, 4096, True, "none", 0) == _rows(4096, 4096, True, "none")
+    assert tuning.gemv_config(14336, 8192, True, "none", 0) == _rows(14336, 8192, True, "none")
     # the other family on request (INT8 weights with K % 16 != 0), from its heuristic
     assert tuning.gemv_config(*shape, 0, kernel="mma") == _mma(*shape)
     # experiments: their family is "kernel", else told by their keys; they apply to it only

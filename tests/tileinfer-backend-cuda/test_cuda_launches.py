@@ -121,6 +121,24 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
         assert mm_calls == [torch.float32]
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_small_weights_run_a_sequence_s_steps_on_gemv_cu_at_every_row_count(launches, int8):
+    """A weight under SMALL_WEIGHT_BYTES (SmolLM2's, 576 x 576 and the 2 x 1536 x 576 SwiGLU)
+    takes gemv.cu with one token tile and the same defines at 1, 5 and 8 rows."""
+    w, s = _weight(576, 576, int8)
+    wg, sg = _weight(2 * 1536, 576, int8)
+    for n in (1, 5, 8):
+        x = torch.randn(n, 576).to(BF)
+        OPS["linear"](torch.empty(n, 576, dtype=BF), x, w, s, True)
+        OPS["linear_swiglu"](torch.empty(n, 1536, dtype=BF), x, wg, sg,
+                             torch.empty(n, 3072, dtype=BF), True)
+    assert [(k.file, k.defines["EPILOGUE"]) for k in launches] == [("gemv.cu", 0), ("gemv.cu", 1)] * 3
+    assert [k.args[4] for k in launches] == [1, 1, 5, 5, 8, 8]
+    assert all(k.defines["NT"] == 1 and k.pdl for k in launches)
+    assert launches[0].defines == launches[2].defines == launches[4].defines
+    assert launches[1].defines == launches[3].defines == launches[5].defines
+
+
 def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
     w, s = _weight(2000, 1032, True)
     OPS["linear"](torch.empty(2, 2000, dtype=BF), torch.randn(2, 1032).to(BF), w, s)

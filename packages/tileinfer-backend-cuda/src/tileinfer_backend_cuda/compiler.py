@@ -286,8 +286,8 @@ class Kernel:
                 slot.value = 0 if a is None else (a if isinstance(a, int) else a.data_ptr())
             else:
                 slot.value = a
-        if stream is None:
-            stream = torch.cuda.current_stream(self.module.device_index).cuda_stream
+        if stream is None:  # the raw handle: a Stream object costs microseconds a launch
+            stream = _current_raw_stream(self.module.device_index)
         launch = gil_launcher()
         if launch is not None:  # the GIL held (see launch.py)
             err = launch.launch(self.function_ptr, gx, gy, gz, bx, by, bz, smem, stream,
@@ -302,6 +302,15 @@ class Kernel:
         if err:
             _check(_driver().CUresult(err), f"cuLaunchKernel{'Ex' if pdl else ''}({self.name}, "
                    f"grid={grid}, block={block}, smem={smem}{', PDL' if pdl else ''})")
+
+
+def _current_raw_stream(device_index: int) -> int:
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _pdl_config(driver, gx, gy, gz, bx, by, bz, smem, stream):

@@ -10,7 +10,7 @@ from .errors import UserError
 from .options import DTYPES, default_threads, torch_dtype
 from .parsing import int_range
 
-SHAPES = ("llama3-8b", "llama3.2-1b")  # tileinfer.model.random_weights.SHAPES
+SHAPES = ("llama3-8b", "llama3.2-3b", "llama3.2-1b", "smollm2-135m")  # random_weights.SHAPES
 
 EPILOG = """\
 examples:

@@ -4,8 +4,10 @@ epilogues fused; more rows through cuBLAS (bf16 weights; bf16 or float32 outputs
 (INT8 weights).
 
 Which GEMV: one token, and a single sequence's steps (``batch_invariant``, the contract's flag),
-take gemv_rows.cu, whose rows are the same bits at any token count (a speculative verify row
-equals the 1-token step's); batched steps of 2..8 rows take gemv.cu, the tensor-core GEMV that
+take one kernel and configuration per weight at every token count, so that a speculative verify
+row equals the 1-token step's bit for bit: gemv_rows.cu for large weights (the fastest stream at
+one token) and gemv.cu for small ones (tuning.single_sequence_family), where its tensor cores
+make the extra rows of a verify step almost free. Batched steps of 2..8 rows take gemv.cu, which
 reads each weight once for all 8 token slots (gemv_rows.cu, on the CUDA cores, spends about
 three times as long at 8 tokens as at 1). gemv.cu also runs where gemv_rows.cu cannot (INT8
 weights with K % 16 != 0).

@@ -10,14 +10,15 @@ The switch: ``TILEINFER_CUDA_EXPERIMENTS``, a JSON object read at import (benchm
 change it with ``set_experiments`` / ``experiment``), with the keys
 
 - ``"gemv"``: decode GEMV settings that replace the tables' for every shape: ``"kernel"``
-  (``"rows"``, gemv_rows.cu, the default; ``"mma"``, gemv.cu, kept for comparisons and for INT8
-  weights with K % 16 != 0) and that family's keys (rows: rows, unroll, warps, split_k; mma:
+  (``"rows"``, gemv_rows.cu; ``"mma"``, gemv.cu; the default is per weight,
+  ``single_sequence_family``) and that family's keys (rows: rows, unroll, warps, split_k; mma:
   warps, stages, l2_256b, tiles);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
   ``"decode_m_tiles"`` (1 or 2);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
-  takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s).
+  takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
+- ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _checked(settings) -> dict:
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
-    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide"}
+    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
@@ -66,7 +67,8 @@ def _checked(settings) -> dict:
     return {"gemv": dict(settings.get("gemv", {})),
             "attention": dict(settings.get("attention", {})),
             "pdl": bool(settings.get("pdl", True)),
-            "gemv_wide": dict(settings.get("gemv_wide", {}))}
+            "gemv_wide": dict(settings.get("gemv_wide", {})),
+            "small_weight_bytes": settings.get("small_weight_bytes")}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
@@ -179,6 +181,13 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
     (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
     (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
+    # SmolLM2-135M bf16: the 1-token winners of `benchmarks/batched_linear.py --shape
+    # smollm2-135m --mma-sweep 1` (session 10): its layers run a single sequence's steps here
+    (960, 576, False, 'none'): {'warps': 4, 'stages': 6, 'tiles': 1, 'l2_256b': True},
+    (576, 576, False, 'none'): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': True},
+    (1536, 576, False, 'swiglu'): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': False},
+    (576, 1536, False, 'none'): {'warps': 16, 'stages': 6, 'tiles': 1, 'l2_256b': False},
+    (49152, 576, False, 'none'): {'warps': 8, 'stages': 3, 'tiles': 2, 'l2_256b': True},
 }
 
 
@@ -262,6 +271,27 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
     return {"warps": warps, "stages": stages, "l2_256b": False}
 
 
+# A single sequence's steps (1..8 rows, the same kernel and configuration at every count) run
+# weights of at most this size on gemv.cu unless GEMV_ROWS_TABLE names them: its tensor cores
+# take the 8 token columns of a speculative verify step for about the price of one, where
+# gemv_rows.cu's CUDA-core work grows with every row. SmolLM2-135M (layers of 0.7-3.5 MB): a step
+# of 8 rows 0.87 ms against 1.76, a 1-token decode step 0.575 against 0.553 (benchmarks/
+# RESULTS.md, session 10). Larger weights stream faster on gemv_rows.cu at one token: with every
+# weight up to 64 MB on gemv.cu, llama3.2-3b (19-50 MB) decoded 487 tok/s against 525.
+SMALL_WEIGHT_BYTES = 4 << 20
+
+
+def single_sequence_family(n_rows: int, k_dim: int, int8: bool, epilogue: str) -> str:
+    """The GEMV kernel family of a single sequence's steps for a weight: "rows" (gemv_rows.cu)
+    for GEMV_ROWS_TABLE's shapes and weights above SMALL_WEIGHT_BYTES, else "mma" (gemv.cu)."""
+    if (n_rows, k_dim, bool(int8), epilogue) in GEMV_ROWS_TABLE:
+        return "rows"
+    mats = 2 if epilogue == "swiglu" else 1
+    weight_bytes = mats * n_rows * k_dim * (1 if int8 else 2)
+    small = experiments["small_weight_bytes"]
+    return "rows" if weight_bytes > (SMALL_WEIGHT_BYTES if small is None else small) else "mma"
+
+
 def _asked_family(overrides: dict) -> str | None:
     """The kernel family the experiments' GEMV settings ask for: "kernel", else told by their
     keys, else None."""
@@ -278,14 +308,14 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
                 kernel: str | None = None, token_tiles: int = 1) -> dict:
     """The decode GEMV's configuration for an (n_rows, k_dim) weight, its family under "kernel".
 
-    The family: ``kernel``, else the experiments', else "rows". rows: GEMV_ROWS_TABLE's entry,
-    else gemv_rows_heuristic; mma: MMA_GEMV_TABLE's entry (token_tiles > 1, gemv.cu's builds for
-    9..64 rows of a batched step: MMA_GEMV_WIDE_TABLE's), else gemv_heuristic. The experiments'
-    settings replace those of their own family. A single sequence's steps (up to 8 rows) take
-    one configuration whatever their token count."""
+    The family: ``kernel``, else the experiments', else single_sequence_family's. rows:
+    GEMV_ROWS_TABLE's entry, else gemv_rows_heuristic; mma: MMA_GEMV_TABLE's entry (token_tiles
+    > 1, gemv.cu's builds for 9..64 rows of a batched step: MMA_GEMV_WIDE_TABLE's), else
+    gemv_heuristic. The experiments' settings replace those of their own family. A single
+    sequence's steps (up to 8 rows) take one configuration whatever their token count."""
     overrides = experiments["gemv"]
     asked = _asked_family(overrides)
-    kernel = kernel or asked or "rows"
+    kernel = kernel or asked or single_sequence_family(n_rows, k_dim, int8, epilogue)
     if kernel == "rows":
         entry = GEMV_ROWS_TABLE.get((n_rows, k_dim, bool(int8), epilogue))
         config = (dict(entry) if entry is not None

@@ -16,6 +16,12 @@ SHAPES = {
                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
     "llama3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
                         num_key_value_heads=8, intermediate_size=8192, vocab_size=128256),
+    "llama3.2-3b": dict(num_hidden_layers=28, hidden_size=3072, num_attention_heads=24,
+                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256),
+    # SmolLM2-135M (the embedded default model; tied embeddings are read as a separate lm_head
+    # here, which costs the same)
+    "smollm2-135m": dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9,
+                         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152),
 }
 
 

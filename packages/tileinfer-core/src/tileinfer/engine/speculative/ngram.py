@@ -40,7 +40,9 @@ class NgramProposer(Proposer):
     min_gain = 1.1
     row_cost: float | None = None
 
-    def __init__(self, k: int = 4, max_ngram: int = 3, min_ngram: int = 1,
+    # k = 7: a verify step of k + 1 = 8 rows, the most a single sequence's captured steps take
+    # (the speculative benchmark's setting, benchmarks/RESULTS.md)
+    def __init__(self, k: int = 7, max_ngram: int = 3, min_ngram: int = 1,
                  adaptive: bool = True):
         self.k = check_k(k)
         for name, n in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
