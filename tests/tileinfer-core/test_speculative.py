@@ -402,20 +402,19 @@ def tileinfer_cmd(*args, stdin=None):
 
 
 @pytest.mark.slow
-def test_cli_run_and_chat_speculate_by_default_and_answer_as_plain_decoding():
+def test_cli_run_and_chat_speculate_on_request_and_answer_as_plain_decoding():
     prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
-    plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref",
-                          "--speculative", "none", "--stats")
+    plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats")
     assert plain.returncode == 0, plain.stderr
-    assert "speculative" not in plain.stderr and "lazy dog" in plain.stdout
-    for extra in ((), ("--speculative", "ngram", "--draft-k", "3")):  # n-gram is the default
+    assert "speculative" not in plain.stderr and "lazy dog" in plain.stdout  # plain: the default
+    for extra in (("--speculative", "ngram"), ("--speculative", "ngram", "--draft-k", "3")):
         run = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats",
                             *extra)
         assert run.returncode == 0, run.stderr
         assert run.stdout == plain.stdout
         assert "drafts accepted" in run.stderr
-    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0",
-                         stdin=f"{prompt}\n/stats\n/exit\n")
+    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0", "--speculative",
+                         "ngram", stdin=f"{prompt}\n/stats\n/exit\n")
     assert chat.returncode == 0, chat.stderr
     assert "drafts accepted" in chat.stdout
 
@@ -423,8 +422,8 @@ def test_cli_run_and_chat_speculate_by_default_and_answer_as_plain_decoding():
 @pytest.mark.parametrize("args,pattern", [
     (("--speculative", "bogus"), "use ngram, none, draft:MODEL or dflash:MODEL"),
     (("--speculative", "draft:"), "use ngram, none, draft:MODEL or dflash:MODEL"),
-    (("--speculative", "none", "--draft-k", "3"),
-     "--draft-k needs speculative decoding (not --speculative none)"),
+    (("--draft-k", "3"), "--draft-k needs speculative decoding (not --speculative none)"),
+    (("--speculative", "none", "--draft-k", "3"), "--draft-k needs speculative decoding"),
 ])
 def test_cli_bad_speculative_options(args, pattern):
     result = tileinfer_cmd("run", "hi", "-n", "2", "--backend", "ref", *args)

@@ -97,13 +97,12 @@ def _speculative_spec(text: str) -> str:
 
 def add_speculative_options(p: argparse.ArgumentParser):
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--speculative", type=_speculative_spec, default="ngram",
+    g.add_argument("--speculative", type=_speculative_spec, default="none",
                    metavar="ngram|none|draft:MODEL|dflash:MODEL",
-                   help="check drafted tokens several per step: ngram (prompt lookup, the "
-                        "default: it drafts only while its guesses keep coming true, so it "
-                        "never costs much), none (plain decoding), draft:MODEL (a smaller model "
-                        "of the same vocabulary), or dflash:MODEL (a DFlash drafter made for "
-                        "this model)")
+                   help="check drafted tokens several per step: ngram (prompt lookup: it drafts "
+                        "only while its guesses keep coming true), draft:MODEL (a smaller model "
+                        "of the same vocabulary), dflash:MODEL (a DFlash drafter made for this "
+                        "model), or none (plain decoding, the default)")
     g.add_argument("--draft-k", type=int_range(1, 64), metavar="K",
                    help="drafts per step (default: 7 for ngram, 4 for draft:MODEL; a DFlash "
                         "drafter's block size - 1)")

@@ -181,13 +181,6 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (8192, 2048, True, 'swiglu'): {'warps': 2, 'stages': 3, 'l2_256b': False},
     (2048, 8192, True, 'none'): {'warps': 16, 'stages': 3, 'l2_256b': False},
     (128256, 2048, True, 'none'): {'warps': 4, 'stages': 4, 'l2_256b': True},
-    # SmolLM2-135M bf16: the 1-token winners of `benchmarks/batched_linear.py --shape
-    # smollm2-135m --mma-sweep 1` (session 10): its layers run a single sequence's steps here
-    (960, 576, False, 'none'): {'warps': 4, 'stages': 6, 'tiles': 1, 'l2_256b': True},
-    (576, 576, False, 'none'): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': True},
-    (1536, 576, False, 'swiglu'): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': False},
-    (576, 1536, False, 'none'): {'warps': 16, 'stages': 6, 'tiles': 1, 'l2_256b': False},
-    (49152, 576, False, 'none'): {'warps': 8, 'stages': 3, 'tiles': 2, 'l2_256b': True},
 }
 
 

@@ -57,7 +57,8 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
     (128256, 4096, True, 0): _G(4, 1024, unroll=2),  # lm_head
     # SmolLM2-135M, bf16: the lm_head on the tensor-core tiles, rows padded to 16 (dot), in
     # every single-sequence step: 19.9 us at 1 token and 20.3 at 8 against the row programs'
-    # 34.1 and 221.1 (their 1024-wide K step is mostly masked at K = 576)
+    # 34.1 and 221.1 (their 1024-wide K step is mostly masked at K = 576). Its layers stay on
+    # the row programs, faster at 1 token (benchmarks/triton_dot_rows.py, RESULTS.md session 10)
     (49152, 576, False, 0): _G(32, 64, num_stages=1, dot=True),
     # llama3.2-1b, bf16
     (3072, 2048, False, 0): _G(4, 512, unroll=2),  # qkv

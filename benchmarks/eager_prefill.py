@@ -1,0 +1,76 @@
+"""What an eager prefill costs the host: a random-weight model of a named shape runs a prompt of
+``--tokens`` tokens (no CUDA graph: prompts are longer than the captured step sizes) and this
+prints the wall time, the time until the host has issued every kernel, and the kernels' own
+busy time, medians of 10; then the top of a cProfile of the host side.
+
+When wall ~= host issue and the kernels are busy for much less, the prefill waits on Python,
+not on the GPU.
+
+    python benchmarks/eager_prefill.py --shape llama3-8b --backend cuda --tokens 16
+    python benchmarks/eager_prefill.py --shape smollm2-135m --backend triton --tokens 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+from tileinfer.engine.cache import new_cache
+from tileinfer.engine.runner import ModelRunner
+from tileinfer.model.random_weights import random_model, shape_config
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="smollm2-135m")
+    p.add_argument("--backend", default="cuda")
+    p.add_argument("--tokens", type=int, default=150)
+    p.add_argument("--profile-lines", type=int, default=25)
+    args = p.parse_args()
+    model = random_model(shape_config(args.shape), backend=args.backend, max_len=args.tokens + 64)
+    cache = new_cache(model, args.tokens + 64)
+    runner = ModelRunner(model, cache, graphs=True)
+    ids = [(7 * j) % 1000 + 1 for j in range(args.tokens)]
+
+    def prefill():
+        seq = cache.new_sequence()
+        runner.forward(seq, ids)
+        return seq
+
+    for _ in range(3):
+        cache.release(prefill())
+    torch.cuda.synchronize()
+    walls, issued = [], []
+    for _ in range(10):
+        start = time.perf_counter()
+        seq = prefill()
+        issued.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - start) * 1e3)
+        cache.release(seq)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        seq = prefill()
+        torch.cuda.synchronize()
+    cache.release(seq)
+    busy = sum(e.device_time_total for e in prof.key_averages()) / 1e3
+    print(f"{args.shape} {args.backend} prefill of {args.tokens}: wall "
+          f"{statistics.median(walls):.2f} ms, host issue {statistics.median(issued):.2f} ms, "
+          f"kernels busy {busy:.2f} ms")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5):
+        cache.release(prefill())
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.profile_lines)
+    print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
