@@ -130,16 +130,27 @@ def test_sample_batch_gives_each_row_its_own_stream():
     calls = []
     ops = get_backend("ref")
 
-    class Spy:
+    class Spy:  # a backend without the optional sample_per_row
+        sample_per_row = None
+
         def sample_tokens(self, out, rows, *args):
             calls.append(rows.shape[0])
             ops.sample_tokens(out, rows, *args)
+
+    class PerRow:  # one with it
+        def sample_per_row(self, out, rows, *args):
+            calls.append(("per row", rows.shape[0]))
+            ops.sample_per_row(out, rows, *args)
 
     out = sample_batch(Spy(), logits, params, seeds, counters)
     expected = [sample_host(logits[r], params[r], seeds[r], counters[r]) for r in range(7)]
     assert out.dtype == torch.int32 and out.tolist() == expected
     # greedy rows in one call; rows 0 and 3 in one; rows 2, 4, 6 alone.
     assert sorted(calls) == [1, 1, 1, 2, 2]
+    calls.clear()
+    out = sample_batch(PerRow(), logits, params, seeds, counters)
+    assert out.dtype == torch.int32 and out.tolist() == expected
+    assert calls == [("per row", 7)]
     with pytest.raises(ValueError, match="7 logit rows, 6 params"):
         sample_batch(ops, logits, params[:6], seeds, counters)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from tileinfer.backend import BackendInfo, hookimpl
+from tileinfer.backend import sampling as _sampling
 from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
 from .dense import matmul, rms, rows_of
@@ -119,6 +120,11 @@ def reserve_scratch(device):
 def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
     params = SamplingParams(temperature, top_k, top_p)
     out.copy_(sample_rows(logits, params, seed, counter, probs_out))
+
+
+@hookimpl
+def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
+    out.copy_(_sampling.sample_per_row(logits, inv_temperature, top_k, top_p, seed, counter))
 
 
 @hookimpl

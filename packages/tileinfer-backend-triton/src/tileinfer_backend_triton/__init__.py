@@ -54,6 +54,7 @@ NOTES = {
     "attention_inputs": "one kernel: q/k RMSNorm, RoPE and the k/v store (bf16 or INT8) per token",
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
+    "sample_per_row": "one program per row, each with its own parameters and stream",
 }
 
 
@@ -125,6 +126,10 @@ if _AVAILABLE:
     @hookimpl
     def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
         _sampling.launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out)
+
+    @hookimpl
+    def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
+        _sampling.launch_sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter)
 
     @hookimpl
     def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed,

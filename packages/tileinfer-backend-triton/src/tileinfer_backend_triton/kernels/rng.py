@@ -28,8 +28,12 @@ def mix32(x):
 @triton.jit
 def stream_key(seed_ptr, counter_ptr, rows):
     """The 32-bit key of stream (seed, counter + row), as tileinfer.backend.sampling.stream_key."""
-    seed = tl.load(seed_ptr)
-    counter = tl.load(counter_ptr) + rows
+    return stream_key_of(tl.load(seed_ptr), tl.load(counter_ptr) + rows)
+
+
+@triton.jit
+def stream_key_of(seed, counter):
+    """The 32-bit key of stream (seed, counter), int64 values."""
     key = mix32(seed.to(tl.uint32) ^ tl.full([], _GOLDEN, tl.uint32))
     key = mix32(key ^ (seed >> 32).to(tl.uint32))
     return mix32(key ^ counter.to(tl.uint32))

@@ -23,6 +23,7 @@ from .common import (INTERPRET_MODE, exact_exp, exact_log, next_pow2, pdl_args,
 from .rng import ACCEPT_SALT
 from .rng import gumbel as _gumbel
 from .rng import stream_key as _stream_key
+from .rng import stream_key_of as _stream_key_of
 from .rng import uniform as _uniform
 
 
@@ -70,8 +71,10 @@ def _mass_ge(row_ptrs, V, inv_t, rmask, m, thr, ROWS: tl.constexpr, BLOCK: tl.co
 
 @triton.jit
 def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
-            HAS_TOPP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Per row (thr, m, z): kept = key >= thr; m = max s (always kept); z = sum kept exp(s - m)."""
+            HAS_TOPP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, topk_on, topp_on):
+    """Per row (thr, m, z): kept = key >= thr; m = max s (always kept); z = sum kept exp(s - m).
+    topk_on / topp_on ([ROWS] bool): the rows whose filter applies (per-row parameters; rmask
+    when one set of parameters holds for every row); the others are left unfiltered, exactly."""
     m = tl.where(rmask, _row_max(row_ptrs, V, inv_t, rmask, ROWS, BLOCK), 0.0)  # 0: padding rows
     thr = tl.full([ROWS], -2147483648, tl.int32)
     if HAS_TOPK:  # largest t with count(key >= t) >= top_k: 32 bisection steps
@@ -82,7 +85,7 @@ def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
             ok = _count_ge(row_ptrs, V, inv_t, rmask, mid.to(tl.int32), ROWS, BLOCK) >= top_k
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        thr = lo.to(tl.int32)
+        thr = tl.where(topk_on, lo.to(tl.int32), thr)
     z = _mass_ge(row_ptrs, V, inv_t, rmask, m, thr, ROWS, BLOCK)
     if HAS_TOPP:  # largest t whose upper set (within the kept) holds top_p of the kept mass
         need = top_p * z
@@ -97,8 +100,8 @@ def _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK: tl.constexpr,
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
             z_lo = tl.where(ok, mass, z_lo)
-        thr = tl.maximum(thr, lo.to(tl.int32))
-        z = z_lo
+        thr = tl.where(topp_on, tl.maximum(thr, lo.to(tl.int32)), thr)
+        z = tl.where(topp_on, z_lo, z)
     return thr, m, tl.where(rmask, z, 1.0)
 
 
@@ -146,7 +149,7 @@ def _sample_kernel(out_ptr, logits_ptr, probs_ptr, seed_ptr, counter_ptr, N, V, 
                          mask=rmask[:, None] & (offs < V)[None, :])
     else:
         thr, m, z = _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK, HAS_TOPP, ROWS,
-                            BLOCK)
+                            BLOCK, rmask, rmask)
         keys = _stream_key(seed_ptr, counter_ptr, rows)
         inv_z = 1.0 / z
         best_v = tl.full([ROWS], float("-inf"), tl.float32)
@@ -161,6 +164,50 @@ def _sample_kernel(out_ptr, logits_ptr, probs_ptr, seed_ptr, counter_ptr, N, V, 
                 p = tl.where(kept, exact_exp(s - m[:, None]) * inv_z[:, None], 0.0)
                 tl.store(prob_ptrs[:, None] + offs[None, :], p, mask=valid)
     tl.store(out_ptr + rows, tok.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _sample_per_row_kernel(out_ptr, logits_ptr, inv_t_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                           counter_ptr, N, V, s_l, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
+    """Grid: (cdiv(rows, ROWS),). Each row with its own parameters and stream (seed[j],
+    counter[j]): a greedy row (inv_t 0) takes the argmax, the others _sample_kernel's top-k /
+    top-p filtered Gumbel-max, each filter applied where the row asks for it."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < N
+    row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
+    inv_t = tl.load(inv_t_ptr + rows, mask=rmask, other=1.0)
+    greedy = inv_t == 0.0
+    inv_t = tl.where(greedy, 1.0, inv_t)  # greedy rows: their scores are unused
+    top_k = tl.load(top_k_ptr + rows, mask=rmask, other=0)
+    top_p = tl.load(top_p_ptr + rows, mask=rmask, other=1.0)
+    thr, m, z = _filter(row_ptrs, V, inv_t[:, None], rmask, top_k, top_p, True, True, ROWS,
+                        BLOCK, (top_k > 0) & (top_k < V), top_p < 1.0)
+    keys = _row_stream_keys(seed_ptr, counter_ptr, rows, rmask)
+    best_v = tl.full([ROWS], float("-inf"), tl.float32)
+    tok = tl.zeros([ROWS], tl.int32)
+    top_v = tl.full([ROWS], float("-inf"), tl.float32)
+    top = tl.zeros([ROWS], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        s, key, valid = _scores(row_ptrs, offs, V, inv_t[:, None], rmask)
+        kept = valid & (key >= thr[:, None])
+        score = tl.where(kept, s + _gumbel(keys[:, None], offs[None, :]), float("-inf"))
+        best_v, tok = _argmax_update(best_v, tok, score, start)
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=valid, other=float("-inf"))
+        top_v, top = _argmax_update(top_v, top, x, start)
+    tok = tl.where(greedy, top, tok)
+    tl.store(out_ptr + rows, tok.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _row_stream_keys(seed_ptr, counter_ptr, rows, rmask):
+    """The key of stream (seed[row], counter[row]) of each row, as stream_key."""
+    seed = tl.load(seed_ptr + rows, mask=rmask, other=0)
+    counter = tl.load(counter_ptr + rows, mask=rmask, other=0)
+    return _stream_key_of(seed, counter)
 
 
 @triton.jit
@@ -184,7 +231,7 @@ def _accept_kernel(out_ptr, logits_ptr, draft_ptr, q_ptr, seed_ptr, counter_ptr,
         p_d = tl.where(d == top, 1.0, 0.0)
     else:
         thr, m, z = _filter(row_ptrs, V, inv_t, rmask, top_k, top_p, HAS_TOPK, HAS_TOPP, ROWS,
-                            BLOCK)
+                            BLOCK, rmask, rmask)
         inv_z = 1.0 / z
         s_d = tl.load(row_ptrs + d, mask=rmask, other=0.0) * inv_t
         p_d = tl.where(_order_key(s_d) >= thr, exact_exp(s_d - m) * inv_z, 0.0)
@@ -362,6 +409,17 @@ def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_o
         out, logits, probs, seed, counter, n, vocab, logits.stride(0), probs.stride(0),
         inv_t, int(top_k), float(top_p),
         GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, PROBS=probs_out is not None,
+        ROWS=rows, BLOCK=block, num_warps=warps, **pdl_args(),
+    )
+
+
+def launch_sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    rows, block, warps = _tiles(n, vocab)
+    _sample_per_row_kernel[(triton.cdiv(n, rows),)](
+        out, logits, inv_temperature, top_k, top_p, seed, counter, n, vocab, logits.stride(0),
         ROWS=rows, BLOCK=block, num_warps=warps, **pdl_args(),
     )
 

@@ -3,7 +3,8 @@
 A backend is a plugin (a module or an object) registered under the entry-point group ``tileinfer``.
 It implements ``tileinfer_backend_info`` and any subset of the ops below with ``@hookimpl``
 functions of the same names and argument names. Ops it lacks fall back to the ``ref`` backend,
-except ``attention_with_inputs``, which is optional (docs/writing-a-backend.md).
+except ``attention_with_inputs`` and ``sample_per_row``, which are optional
+(docs/writing-a-backend.md).
 
 Conventions shared by every op (docs/architecture.md has the reasons):
 
@@ -179,6 +180,22 @@ def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_o
     to the smallest top set whose mass reaches top_p) is sampled by the Gumbel-max trick with the
     noise ``tileinfer.backend.sampling.gumbel(seed, counter + j, token)``. probs_out: None, or (n, vocab)
     float32 receiving p (zeros outside the kept set) for speculative sampling.
+    """
+
+
+@hookspec
+def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
+    """Optional: sample one token per logit row, each row with its own parameters and stream (a
+    batched step's rows are separate requests). Without it the batched engine groups its rows
+    into ``sample_tokens`` calls, one per run of rows that share parameters and a seed.
+
+    logits: (n, vocab) float32; out: (n,) int32; inv_temperature: (n,) float32, the row's
+    ``SamplingParams.inv_temperature`` (float32(1 / temperature)), 0 for a greedy row; top_k: (n,)
+    int32 (0: off); top_p: (n,) float32 (1: off); seed, counter: (n,) int64; all on the logits'
+    device (a GPU backend reads them there, so that the op can be captured in a CUDA graph; ref
+    reads them on the host). Row j is the token
+    ``sample_tokens`` gives a one-row call with that row's parameters and the stream
+    (seed[j], counter[j]): ``tileinfer.backend.sampling.sample_per_row`` defines it.
     """
 
 

@@ -136,16 +136,21 @@ def _bisect_threshold(keys: torch.Tensor, enough) -> torch.Tensor:
 
 def filtered_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Scaled logits s with -inf outside the kept set; logits (n, vocab) float32, temperature > 0."""
-    s = logits.float() * params.inv_temperature
+    return _filtered(logits, params.inv_temperature, params.top_k, params.top_p)
+
+
+def _filtered(logits, inv_temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """filtered_scores with the factor float32(1 / temperature) given (a float32 value)."""
+    s = logits.float() * inv_temperature
     keys = _order_key(s)
     kept = torch.ones_like(s, dtype=torch.bool)
-    if 0 < params.top_k < s.shape[-1]:
-        t_k = _bisect_threshold(keys, lambda m: m.sum(-1) >= params.top_k)
+    if 0 < top_k < s.shape[-1]:
+        t_k = _bisect_threshold(keys, lambda m: m.sum(-1) >= top_k)
         kept = keys >= t_k[:, None]
-    if params.top_p < 1:
+    if top_p < 1:
         m = torch.where(kept, s, -math.inf).amax(-1, keepdim=True)
         e = torch.where(kept, torch.exp(s - m), 0.0)
-        need = params.top_p * e.sum(-1)
+        need = top_p * e.sum(-1)
         t_p = _bisect_threshold(keys, lambda mask: torch.where(mask, e, 0.0).sum(-1) >= need)
         kept = kept & (keys >= t_p[:, None])
     return torch.where(kept, s, -math.inf)
@@ -186,6 +191,31 @@ def sample_rows(logits, params: SamplingParams, seed, counter, probs_out=None) -
         probs_out.copy_(torch.softmax(s, dim=-1))
     noise = gumbel_noise(_row_keys(seed, counter, logits.shape[0]), logits.shape[-1])
     return (s + noise).argmax(-1)
+
+
+def row_parameters(params: list[SamplingParams]) -> tuple[list, list, list]:
+    """The per-row parameters of ``sample_per_row`` (the op and its definition) for a list of
+    SamplingParams: float32(1 / temperature) (0 for a greedy row), top_k, float32(top_p)."""
+    inv_t = [0.0 if p.greedy else p.inv_temperature for p in params]
+    return inv_t, [p.top_k for p in params], [p.top_p for p in params]
+
+
+def sample_per_row(logits, inv_temperature, top_k, top_p, seed, counter) -> torch.Tensor:
+    """Token ids (n,) int64 for logits (n, vocab), row j sampled with its own parameters and
+    stream: inv_temperature (n,) float32 (0: greedy), top_k (n,) int (0: off), top_p (n,)
+    float32 (1: off), seed and counter (n,) int64; row j is ``sample_rows`` of that row alone
+    with SamplingParams of those values and the stream (seed[j], counter[j]). Pure torch, one
+    row at a time (the parameters are read on the host)."""
+    inv_t, ks, ps = inv_temperature.tolist(), top_k.tolist(), top_p.tolist()
+    ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    for j in range(logits.shape[0]):
+        row = logits[j:j + 1]
+        if inv_t[j] == 0:
+            ids[j] = row.argmax(-1)[0]
+            continue
+        s = _filtered(row, inv_t[j], int(ks[j]), ps[j])
+        ids[j] = (s + gumbel_noise(_row_keys(seed[j], counter[j], 1), row.shape[-1])).argmax(-1)[0]
+    return ids
 
 
 def accept_rows(logits, draft_ids, draft_probs, params: SamplingParams, seed, counter):

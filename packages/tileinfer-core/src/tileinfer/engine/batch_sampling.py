@@ -1,23 +1,23 @@
 """Sampling the rows of a batched step, each with its own parameters and random stream.
 
-The backends' ``sample_tokens`` takes one (temperature, top_k, top_p) for all its rows, one seed
-tensor, and gives row j the stream ``(seed, counter + j)``. A batch row r needs the stream
-``(seed_r, k_r)`` of its own request (its seed, and the index k_r of the token it samples). So:
+A batch row r needs its request's parameters and the stream ``(seed_r, k_r)`` (its seed, and the
+index k_r of the token it samples). A backend with the optional ``sample_per_row`` op samples
+every row in one call. Otherwise ``sample_tokens``, which takes one (temperature, top_k, top_p)
+for all its rows, one seed tensor, and gives row j the stream ``(seed, counter + j)``:
 
 - greedy rows ignore the stream: all of them go in one call;
 - other rows are grouped by (temperature, top_k, top_p, seed) and, within a group, by runs of
   consecutive counters (row j of a call uses counter + j): one call per run. Requests rarely
   share a seed, so in practice this is one call per sampled row.
 
-``sample_batch`` is the one place that knows this; an op taking per-row parameters, seeds and
-counters would replace its body with one call.
+``sample_batch`` is the one place that knows this.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..backend.sampling import SamplingParams
+from ..backend.sampling import SamplingParams, row_parameters
 
 
 def _runs(rows, counters):
@@ -64,6 +64,12 @@ def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds:
         return out
     # Seeds and counters of every row in one host-to-device copy; calls take 1-element views.
     streams = torch.tensor([seeds, counters], dtype=torch.int64).to(dev, non_blocking=True)
+    if ops.sample_per_row is not None:  # every row in one call
+        inv_t, top_k, top_p = row_parameters(params)
+        floats = torch.tensor([inv_t, top_p], dtype=torch.float32).to(dev, non_blocking=True)
+        ops.sample_per_row(out, logits, floats[0], torch.tensor(top_k, dtype=torch.int32).to(
+            dev, non_blocking=True), floats[1], streams[0], streams[1])
+        return out
     for key, rows in groups.items():
         p = params[rows[0]]
         runs = [rows] if key == ("greedy",) else _runs(rows, counters)

@@ -1,9 +1,12 @@
-"""Conformance: sample_tokens and accept_tokens, token for token as the ref backend."""
+"""Conformance: sample_tokens, accept_tokens and the optional sample_per_row, token for token as
+the ref backend and the host definition."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from tileinfer.backend.sampling import SamplingParams
 
 from .helpers import SAMPLING, assert_close, poisoned, seed_counter
 
@@ -44,3 +47,40 @@ def test_accept_tokens(ops, ref, device, params, with_q):
     ops.accept_tokens(out, logits, drafts, q, t, k, p, seed, counter)
     ref.accept_tokens(expected, logits, drafts, q, t, k, p, seed, counter)
     assert out.cpu().tolist() == expected.cpu().tolist()
+
+
+# The rows of a batched step: separate requests, each with its own parameters and stream.
+PER_ROW = [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=20),
+           SamplingParams(1.3, top_p=0.9), SamplingParams(0.8, top_k=50, top_p=0.8),
+           SamplingParams(1.0, top_k=1), SamplingParams(0.0), SamplingParams(0.6, top_k=3000)]
+
+
+@pytest.mark.parametrize("vocab", [1000, 3001])
+def test_sample_per_row(ops, device, vocab):
+    """Optional op: each row is the token a one-row sample_tokens call with its parameters and
+    stream gives, and what the host definition gives."""
+    if ops.sample_per_row is None:
+        pytest.skip("sample_per_row is optional and this backend does not implement it")
+    from tileinfer.backend.sampling import row_parameters, sample_host
+
+    params = PER_ROW + PER_ROW[1:4]
+    n = len(params)
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(n, vocab, generator=gen) * 3
+    logits[0, 7] = logits[0, 8] = logits[0].max() + 1  # a greedy tie: the lower index wins
+    seeds = [1234 + 7 * j if j % 3 else 99 for j in range(n)]  # some rows share a seed
+    counters = [5 + j % 4 for j in range(n)]  # and some a counter
+    inv_t, top_k, top_p = row_parameters(params)
+    args = (torch.tensor(inv_t, dtype=torch.float32), torch.tensor(top_k, dtype=torch.int32),
+            torch.tensor(top_p, dtype=torch.float32), torch.tensor(seeds, dtype=torch.int64),
+            torch.tensor(counters, dtype=torch.int64))
+    out = poisoned((n,), torch.int32, device)
+    ops.sample_per_row(out, logits.to(device), *(a.to(device) for a in args))
+    expected = [sample_host(logits[j], params[j], seeds[j], counters[j]) for j in range(n)]
+    assert out.cpu().tolist() == expected
+    for j in (1, 4, 9):  # a one-row sample_tokens call gives the row's token too
+        one = poisoned((1,), torch.int32, device)
+        p = params[j]
+        ops.sample_tokens(one, logits[j:j + 1].to(device), p.temperature, p.top_k, p.top_p,
+                          *seed_counter(device, seeds[j], counters[j]), None)
+        assert one.cpu().tolist() == [expected[j]]
