@@ -101,7 +101,8 @@ SMEM_LIMIT = 227 * 1024
 
 def mma_configs(key, token_tiles: int) -> list[dict]:
     """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
-    L2 prefetch hint, those that fit in shared memory."""
+    L2 prefetch hint, those that fit in shared memory; and the register stream (REGS steps a
+    round instead of the ring) x warps x tiles."""
     from tileinfer_backend_cuda.ops import linear
 
     _, k_dim, int8, epilogue = key
@@ -114,6 +115,10 @@ def mma_configs(key, token_tiles: int) -> list[dict]:
                     smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
                     if smem <= SMEM_LIMIT:
                         configs.append(cfg)
+        if linear.gemv_regs({"regs": 1}, k_dim, int8):
+            for regs in (2, 4):
+                for tiles in (1, 2):
+                    configs.append({"warps": warps, "stages": 2, "tiles": tiles, "regs": regs})
     return configs
 
 

@@ -41,6 +41,12 @@ def builds() -> list[tuple[str, dict, tuple]]:
         add("gemv.cu", W_INT8=w_int8, EPILOGUE=epilogue, ROUND_BF16=1 - w_int8, WARPS=8, STAGES=8, PDL=1)
     add("gemv.cu", WARPS=4, STAGES=2, PDL=1)
     add("gemv.cu", WARPS=2, STAGES=3)
+    # the register stream: each epilogue and weight dtype, token tiles, tiles, PDL
+    for w_int8, epilogue, regs, nt, tiles in ((0, 0, 4, 1, 1), (0, 1, 2, 2, 1), (1, 2, 3, 8, 2),
+                                              (1, 1, 2, 1, 2)):
+        add("gemv.cu", W_INT8=w_int8, EPILOGUE=epilogue, ROUND_BF16=1 - w_int8, WARPS=8,
+            STAGES=2, REGS=regs, NT=nt, TILES=tiles, PDL=1)
+    add("gemv.cu", REGS=1, WARPS=16, OUT_DTYPE="float", ROUND_BF16=0)
 
     # gemv_rows.cu: every dtype / epilogue / output, then the tiles, warps, token slots and PDL.
     for w_int8 in (0, 1):

@@ -198,7 +198,8 @@ def test_gemv_configuration_does_not_depend_on_the_token_count():
     wide = {key[:4] + (1,): cfg for key, cfg in tuning.MMA_GEMV_TABLE.items()}
     wide.update(tuning.MMA_GEMV_WIDE_TABLE)
     for (o_rows, k_dim, int8, epilogue, token_tiles), cfg in wide.items():
-        assert set(cfg) <= {"warps", "stages", "l2_256b", "tiles"} and cfg["warps"] in (2, 4, 8, 16)
+        assert set(cfg) <= {"warps", "stages", "l2_256b", "tiles", "regs"}
+        assert cfg["warps"] in (2, 4, 8, 16) and cfg.get("regs", 0) in (0, 1, 2, 3, 4)
         assert cfg.get("tiles", 1) in (1, 2, 4) and token_tiles in (1, 2, 4, 8)
         smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
         assert smem <= SMEM_PER_BLOCK, (o_rows, k_dim, int8, epilogue, token_tiles)

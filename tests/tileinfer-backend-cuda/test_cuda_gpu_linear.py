@@ -27,8 +27,9 @@ def _experiment(settings):
 
 
 @pytest.mark.parametrize("n", [9, 16, 31, 64])
-@pytest.mark.parametrize("cfg", [{}, {"warps": 4, "stages": 3, "tiles": 2, "l2_256b": True}],
-                         ids=["heuristic", "w4s3t2"])
+@pytest.mark.parametrize("cfg", [{}, {"warps": 4, "stages": 3, "tiles": 2, "l2_256b": True},
+                                 {"warps": 4, "tiles": 2, "regs": 2}],
+                         ids=["heuristic", "w4s3t2", "w4t2-regs2"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
     """Batched steps above 8 rows read the weight once for every token tile (all three epilogues,
@@ -136,13 +137,24 @@ GEMV_SWEEP_SAMPLE = [None, {"kernel": "mma"}, {"kernel": "mma", "warps": 2, "sta
                      {"kernel": "mma", "warps": 16, "stages": 4, "l2_256b": True},
                      # several 16-row tiles a warp (3000 rows: the last block is partly past O)
                      {"kernel": "mma", "warps": 8, "stages": 4, "l2_256b": True, "tiles": 2},
-                     {"kernel": "mma", "warps": 4, "stages": 3, "l2_256b": False, "tiles": 4}]
+                     {"kernel": "mma", "warps": 4, "stages": 3, "l2_256b": False, "tiles": 4},
+                     # the weight through registers (REGS steps a round), not the ring
+                     {"kernel": "mma", "warps": 8, "regs": 4},
+                     {"kernel": "mma", "warps": 16, "regs": 2, "tiles": 2},
+                     {"kernel": "mma", "warps": 4, "regs": 3}]
 
 
-@pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=lambda c: "default" if c is None else
-                         "mma" if "warps" not in c else
-                         f"w{c['warps']}s{c['stages']}t{c.get('tiles', 1)}"
-                         f"{'L2' if c['l2_256b'] else ''}")
+def _sweep_id(c):
+    if c is None:
+        return "default"
+    if "warps" not in c:
+        return "mma"
+    if c.get("regs"):
+        return f"w{c['warps']}t{c.get('tiles', 1)}regs{c['regs']}"
+    return f"w{c['warps']}s{c['stages']}t{c.get('tiles', 1)}{'L2' if c['l2_256b'] else ''}"
+
+
+@pytest.mark.parametrize("cfg", GEMV_SWEEP_SAMPLE, ids=_sweep_id)
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cfg, int8):
     g = torch.Generator().manual_seed(11)
@@ -166,7 +178,7 @@ def test_gemv_configs_match_ref_and_rows_match_one_token_steps(cuda, ref, cfg, i
     ref.linear(expected, x, wo, so)
     assert_close(out, expected, torch.bfloat16)
     if cfg is not None:
-        launched = {k.upper(): cfg[k] for k in ("warps", "stages", "tiles") if k in cfg}
+        launched = {k.upper(): cfg[k] for k in ("warps", "stages", "tiles", "regs") if k in cfg}
         assert loaded_modules("gemv.cu", **launched), "gemv.cu did not run"
 
 

@@ -236,6 +236,14 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// A 16-byte load of data read once (a weight chunk): not kept in L1.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // --- programmatic dependent launch (sm_90+) ----------------------------------------------------
 // A kernel launched with programmatic stream serialization (tuning.pdl) may start before the
 // previous kernel on the stream has finished: it must call pdl_wait() before it reads what that

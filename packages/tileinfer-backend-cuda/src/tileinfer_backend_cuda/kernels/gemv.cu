@@ -27,9 +27,15 @@
 // (8 token rows) is half the weight bytes of one tile, and x comes from L2 for every block, so
 // with 8 tokens one tile a warp moves 1.5x the weight's bytes into the SM, two tiles 1.25x.
 //
+// REGS > 0 streams the weight through registers instead of the ring, as gemv_rows.cu does: a
+// warp works in rounds of REGS steps, and the weight chunks of round j + 1 are requested
+// (ld.global.nc, not kept in L1) before the mma's of round j, from two register buffers (the
+// loop unrolled by two so that neither is copied); the x chunks of a step are read when its
+// mma's run (__ldg: L1 hits after the first warp). Same fragments, same k order per warp.
+//
 // The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
 // reused once every copy has landed (the dynamic size is the larger of the two, gemv_smem_bytes
-// in ops/linear.py).
+// in ops/linear.py; with REGS only the partial sums).
 //
 // Grid: ceil(O / (16 * TILES)) blocks of 16 * TILES output rows (for SwiGLU, gate rows j and up
 // rows O + j in one block); block: WARPS * 32 threads; dynamic shared memory:
@@ -43,7 +49,8 @@
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
-// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, PDL (0/1).
+// bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, REGS (0: the ring;
+// else steps per register round, 16-byte weight chunks only), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -73,6 +80,9 @@
 #ifndef NT
 #define NT 1
 #endif
+#ifndef REGS
+#define REGS 0
+#endif
 #ifndef PDL
 #define PDL 0
 #endif
@@ -90,7 +100,10 @@ constexpr int XVECS = LANE_K / 8;                 // 16-byte chunks of x per lan
 // Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
 // (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
 // of each token tile (tokens 8 j + g).
+#if !REGS
 constexpr int PARTS = 2 * WT + XVECS * NT;
+#endif
+static_assert(REGS == 0 || W_BYTES == 16, "REGS: 16-byte weight chunks only");
 
 #if W_INT8
 typedef signed char w_t;
@@ -157,12 +170,79 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
             wrow[m * TILES + j][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
         }
     }
-    uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
-    const u32 my_ring_addr = smem_addr(my_ring);
-
     // Warp `warp` takes the steps warp, warp + WARPS, ... (step s covers k in [s, s + 1) * STEP_K).
     const int steps = (K + STEP_K - 1) / STEP_K;
     const int my_steps = warp < steps ? (steps - warp + WARPS - 1) / WARPS : 0;
+    float acc[WT][NT][4];
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+#if REGS
+    // Register stream: round j holds this warp's steps j * REGS .. j * REGS + REGS - 1; a chunk
+    // past K (or past the warp's steps) is zeros, its x too (a zero weight times any x is 0 only
+    // when x is finite).
+    auto load_round = [&](uint4 (&wa)[REGS > 0 ? REGS : 1][WT], uint4 (&wb)[REGS > 0 ? REGS : 1][WT],
+                          int j) {
+#pragma unroll
+        for (int u = 0; u < REGS; ++u) {
+            const int i = j * REGS + u;
+            const int k = (warp + i * WARPS) * STEP_K;
+            const bool valid = i < my_steps && k + t * LANE_K < K;
+#pragma unroll
+            for (int m = 0; m < WT; ++m) {
+                wa[u][m] = valid ? load_stream(wrow[m][0] + k) : make_uint4(0, 0, 0, 0);
+                wb[u][m] = valid ? load_stream(wrow[m][1] + k) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    auto math_round = [&](const uint4 (&wa)[REGS > 0 ? REGS : 1][WT],
+                          const uint4 (&wb)[REGS > 0 ? REGS : 1][WT], int j) {
+        uint4 xv[REGS > 0 ? REGS : 1][NT][XVECS];  // the round's x chunks, all requested first
+#pragma unroll
+        for (int u = 0; u < REGS; ++u) {
+            const int i = j * REGS + u;
+            const int k = (warp + i * WARPS) * STEP_K;
+            const bool valid = i < my_steps && k + t * LANE_K < K;
+#pragma unroll
+            for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+                for (int v = 0; v < XVECS; ++v)
+                    xv[u][jt][v] = valid ? __ldg(reinterpret_cast<const uint4*>(xrow[jt] + k + 8 * v))
+                                         : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < REGS; ++u)
+#pragma unroll
+            for (int m = 0; m < WT; ++m) {
+                Frag f;
+                to_frag(f, wa[u][m], wb[u][m]);
+#pragma unroll
+                for (int jt = 0; jt < NT; ++jt) step_mma(acc[m][jt], f, xv[u][jt]);
+            }
+    };
+    const int rounds = REGS > 0 ? (my_steps + REGS - 1) / REGS : 0;
+    uint4 wa0[REGS > 0 ? REGS : 1][WT], wb0[REGS > 0 ? REGS : 1][WT];
+    uint4 wa1[REGS > 0 ? REGS : 1][WT], wb1[REGS > 0 ? REGS : 1][WT];
+#if PDL
+    pdl_launch_dependents();
+#endif
+    load_round(wa0, wb0, 0);
+#if PDL
+    pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
+#endif
+    for (int j = 0; j < rounds; j += 2) {
+        load_round(wa1, wb1, j + 1);
+        math_round(wa0, wb0, j);
+        if (j + 1 >= rounds) break;
+        load_round(wa0, wb0, j + 2);
+        math_round(wa1, wb1, j + 1);
+    }
+    __syncthreads();  // the ring's shared memory holds the partial sums from here on
+#else
+    uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
+    const u32 my_ring_addr = smem_addr(my_ring);
+
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
     // as one commit group. Every call commits a group, so "group i done" is a fixed count.
@@ -196,11 +276,6 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         cp_async_commit();
     };
 
-    float acc[WT][NT][4];
-#pragma unroll
-    for (int m = 0; m < WT; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
 
 #if PDL
     pdl_launch_dependents();
@@ -235,6 +310,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     }
     cp_async_wait<0>();
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
+#endif
 
     // partial[warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank conflicts).
     constexpr int PAD = TOKENS + 1;

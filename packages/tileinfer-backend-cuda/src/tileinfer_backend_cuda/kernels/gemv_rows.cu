@@ -106,14 +106,6 @@ __device__ __forceinline__ float xielu_fma(float v, float alpha_p, float alpha_n
                     : fmaf(expm1f(fminf(v, eps)) - v, alpha_n, beta * v);
 }
 
-// A weight chunk: read once, so not kept in L1 (x and the scratch are).
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 // The LANE_K weights of a chunk as float32 (element i = k + i).
 __device__ __forceinline__ void weights_to_float(const uint4& c, float (&f)[LANE_K]) {
     const u32 words[4] = {c.x, c.y, c.z, c.w};

@@ -50,10 +50,18 @@ def gemv_ok(out, x, weight, weight_scale) -> bool:
                      and weight_scale.dtype == torch.float32)))
 
 
+def gemv_regs(config: dict, k_dim: int, int8: bool) -> int:
+    """gemv.cu's REGS of a configuration: its "regs" (steps a register round; 0 streams through
+    the ring), where the weight comes in 16-byte chunks (not INT8 with K % 16 != 0)."""
+    return int(config.get("regs", 0)) if not (int8 and k_dim % 16) else 0
+
+
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1) -> int:
     """gemv.cu's ring: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per 16-row
-    tile (tiles per matrix x matrices) + the x chunks of every token tile."""
+    tile (tiles per matrix x matrices) + the x chunks of every token tile; none with REGS."""
+    if gemv_regs(config, k_dim, int8):
+        return 0
     lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     parts = 2 * tiles + lane_k // 8 * token_tiles
@@ -82,7 +90,9 @@ def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
-    if cfg.get("l2_256b"):
+    if cfg.get("regs") and (not int8 or int8_load == 16):
+        defines["REGS"] = int(cfg["regs"])  # the weight through registers, not the ring
+    if cfg.get("l2_256b") and "REGS" not in defines:
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     if pdl_on:
         defines["PDL"] = 1
