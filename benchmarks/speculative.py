@@ -7,7 +7,8 @@ edit, quote and answer, spelling fixes), whose answers mostly copy the prompt, a
 (story, explanation, short answers), whose answers do not. For each prompt and backend: plain
 decoding (pipelined) and ``generate(..., speculative=NgramProposer(k))`` with the same
 max_new_tokens and stop tokens; wall time of the whole generation (prefill included; the median
-of ``--repeats``, the two kinds of run alternating, each after a garbage collection, after a
+of at least ``--repeats`` runs each, more for short answers until each kind has run for
+``--min-seconds``, the two kinds of run alternating, each after a garbage collection, after a
 warm-up run of each that captures the graphs), the speed-up (plain seconds /
 speculative seconds), the acceptance and steps (``SpecStats``), and whether the output equals
 plain greedy token for token. Where it does not: ``first_divergence`` (the index of the first
@@ -147,7 +148,11 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
     run(None)
     run(NgramProposer(k=args.k))
     plain_runs, spec_runs = [], []
-    for _ in range(max(1, args.repeats)):
+    # A 15-token answer takes ~15 ms, mostly its prefill, and moves by +-10% between runs: short
+    # answers get more runs, until each kind has run for min_seconds (at most 20 times repeats).
+    while len(plain_runs) < max(1, args.repeats) or (
+            sum(r[1] for r in plain_runs) < args.min_seconds
+            and len(plain_runs) < 20 * max(1, args.repeats)):
         gc.collect()
         plain_runs.append(run(None))
         gc.collect()
@@ -161,6 +166,7 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
                speedup=round(plain_s / spec_s, 4), acceptance=stats.acceptance_rate,
                drafted=stats.drafted, accepted=stats.accepted, verify_steps=stats.verify_steps,
                plain_steps=stats.plain_steps, wasted_steps=stats.wasted_steps,
+               runs=len(plain_runs),
                identical=out == plain)
     if out != plain:
         i = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
@@ -330,7 +336,9 @@ def main():
     # exactly as a 1-token step does.
     p.add_argument("--k", type=int, default=7, help="n-gram drafts per step at most (default 7)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="runs of each kind at least")
+    p.add_argument("--min-seconds", type=float, default=0.5,
+                   help="runs of each kind until their time adds up to this (short answers)")
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")
