@@ -215,6 +215,9 @@ def test_sampling(launches):
     OPS["sample_tokens"](out, logits, 0.8, 50, 0.9, seed, counter, torch.empty_like(logits))
     OPS["accept_tokens"](out, logits, torch.tensor([3, 4], dtype=torch.int32), None, 0.8, 50, 0.9,
                          seed, counter)
+    OPS["sample_per_row"](out, logits, torch.tensor([0.0, 1.25]), torch.tensor([0, 40], dtype=torch.int32),
+                          torch.tensor([1.0, 0.9]), torch.tensor([7, 8]), torch.tensor([0, 3]))
     assert [(k.name, k.grid) for k in launches] == [("argmax_split", (32, 2)), ("sample", (2,)),
-                                                    ("accept", (2,))]
+                                                    ("accept", (2,)), ("sample_per_row", (2,))]
     assert all(k.extra == sampling.SAMPLING_OPTIONS for k in launches)
+    assert launches[-1].args[2] == 128256  # the vocabulary; the per-row tensors after it

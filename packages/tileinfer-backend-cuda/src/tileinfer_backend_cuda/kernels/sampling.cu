@@ -258,16 +258,13 @@ __device__ __forceinline__ float kept_prob(const Filter& f, float s) {
     return order_key(s) >= f.keep_from ? expf(s - f.m) / f.z : 0.0f;
 }
 
-// sample: out[j] = the token of row j (see tileinfer.sampling.sample_rows); probs_out, if not
-// null, receives the filtered distribution. greedy: argmax of the raw logits.
-extern "C" __global__ void __launch_bounds__(THREADS)
-sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int greedy,
-       float inv_t, int top_k, float top_p, const i64* __restrict__ seed,
-       const i64* __restrict__ counter, float* __restrict__ probs_out) {
-    __shared__ Shared sh;
-    const int j = blockIdx.x, tid = threadIdx.x;
-    const float* row = logits + (i64)j * vocab;
-    float* probs = probs_out ? probs_out + (i64)j * vocab : nullptr;
+// The token of one row (this block's), written to *out: greedy, the argmax of the raw logits;
+// else Gumbel-max with the stream key over the filtered scores. probs, if not null, receives the
+// filtered distribution (one-hot when greedy). Every argument is the same for the whole block.
+__device__ void sample_row(int* __restrict__ out, const float* __restrict__ row, int vocab,
+                           bool greedy, float inv_t, int top_k, float top_p, u32 key,
+                           float* __restrict__ probs, Shared& sh) {
+    const int tid = threadIdx.x;
     const float scale = greedy ? 1.0f : inv_t;
 
     float best = neg_inf();
@@ -275,14 +272,13 @@ sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int g
     for (int i = tid; i < vocab; i += THREADS) better(best, best_i, row[i] * scale, i);
     if (greedy) {
         const int token = block_argmax(best, best_i, sh);
-        if (tid == 0) out[j] = token;
+        if (tid == 0) *out = token;
         if (probs)
             for (int i = tid; i < vocab; i += THREADS) probs[i] = i == token ? 1.0f : 0.0f;
         return;
     }
     const float m = block_max(best, sh);
     const Filter f = make_filter(row, vocab, inv_t, top_k, top_p, m, sh);
-    const u32 key = stream_key(seed[0], counter[0] + j);
     best = neg_inf();
     best_i = 0x7FFFFFFF;
     for (int i = tid; i < vocab; i += THREADS) {
@@ -292,7 +288,35 @@ sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int g
         if (probs) probs[i] = kept ? expf(s - f.m) / f.z : 0.0f;
     }
     const int token = block_argmax(best, best_i, sh);
-    if (tid == 0) out[j] = token;
+    if (tid == 0) *out = token;
+}
+
+// sample: out[j] = the token of row j with one set of parameters and the stream (seed, counter
+// + j) (see tileinfer.sampling.sample_rows); probs_out, if not null, receives the filtered
+// distribution. greedy: argmax of the raw logits.
+extern "C" __global__ void __launch_bounds__(THREADS)
+sample(int* __restrict__ out, const float* __restrict__ logits, int vocab, int greedy,
+       float inv_t, int top_k, float top_p, const i64* __restrict__ seed,
+       const i64* __restrict__ counter, float* __restrict__ probs_out) {
+    __shared__ Shared sh;
+    const int j = blockIdx.x;
+    sample_row(out + j, logits + (i64)j * vocab, vocab, greedy != 0, inv_t, top_k, top_p,
+               stream_key(seed[0], counter[0] + j), probs_out ? probs_out + (i64)j * vocab : nullptr,
+               sh);
+}
+
+// sample_per_row: out[j] = the token of row j with its own parameters and stream (seed[j],
+// counter[j]) (tileinfer.sampling.sample_per_row): inv_temperature[j] 0 is greedy.
+extern "C" __global__ void __launch_bounds__(THREADS)
+sample_per_row(int* __restrict__ out, const float* __restrict__ logits, int vocab,
+               const float* __restrict__ inv_temperature, const int* __restrict__ top_k,
+               const float* __restrict__ top_p, const i64* __restrict__ seed,
+               const i64* __restrict__ counter) {
+    __shared__ Shared sh;
+    const int j = blockIdx.x;
+    const float inv_t = inv_temperature[j];
+    sample_row(out + j, logits + (i64)j * vocab, vocab, inv_t == 0.0f, inv_t, top_k[j], top_p[j],
+               stream_key(seed[j], counter[j]), nullptr, sh);
 }
 
 // argmax_split: greedy sampling of row j = blockIdx.y split over the vocabulary (one block of one

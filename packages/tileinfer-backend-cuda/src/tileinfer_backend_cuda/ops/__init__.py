@@ -22,6 +22,7 @@ OPS = {
     "attention_with_inputs": attention.attention_with_inputs,
     "reserve_scratch": common.reserve_scratch,
     "sample_tokens": sampling.sample_tokens,
+    "sample_per_row": sampling.sample_per_row,
     "accept_tokens": sampling.accept_tokens,
 }
 

@@ -1,6 +1,7 @@
 """sampling.cu: device sampling and the speculative p/q accept rule, token-identical to the host
 definition (tileinfer.backend.sampling); one block per logit row, or for greedy rows without
-probabilities the argmax split over the vocabulary (the decode step's case)."""
+probabilities the argmax split over the vocabulary (the decode step's case). sample_per_row: a
+batched step's rows, each with its own parameters and stream, one block per row."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_o
     k = kernel("sampling.cu", "sample", "ppiififppp", device, None, SAMPLING_OPTIONS)
     k.launch((n,), (1024,), (out, logits, vocab, int(params.greedy), inv_t, int(top_k),
                              float(top_p), seed, counter, probs_out))
+
+
+def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
+    """One block per row, each with its own parameters and stream (the kernel `sample`'s row code
+    with per-row arguments)."""
+    if not (_ok(logits, out, inv_temperature, top_k, top_p, seed, counter)
+            and out.dtype == top_k.dtype == torch.int32
+            and inv_temperature.dtype == top_p.dtype == torch.float32
+            and seed.dtype == counter.dtype == torch.int64):
+        return fallback("sample_per_row", "layout", out, logits, inv_temperature, top_k, top_p,
+                        seed, counter)
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    k = kernel("sampling.cu", "sample_per_row", "ppippppp", dev(logits), None, SAMPLING_OPTIONS)
+    k.launch((n,), (1024,), (out, logits, vocab, inv_temperature, top_k, top_p, seed, counter))
 
 
 def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed, counter):
