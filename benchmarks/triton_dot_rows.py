@@ -4,8 +4,8 @@ steps) against tensor-core (dot) tiles, at 1 and at 8 tokens.
 A speculative verify step of 8 rows runs every row on the 1-token code (row invariance); the
 row programs then cost one program per row, the dot tiles pad the rows to 16 and cost about the
 same at 1 and at 8. Each matrix is timed as a step meets it: 30 weight copies (2 for the lm_head)
-called back to back in a CUDA graph, the median of 7 replays, microseconds per call. The rows
-winners go in linear_config.GEMV_TABLE with ``dot=True``.
+called back to back in a CUDA graph, the median of 7 replays, microseconds per call. A dot tile
+that beats the row programs goes in linear_config.GEMV_TABLE with ``dot=True``.
 
     python benchmarks/triton_dot_rows.py     # one JSON line per (matrix, config), a summary
 """
