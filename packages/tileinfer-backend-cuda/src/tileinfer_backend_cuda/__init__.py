@@ -19,10 +19,11 @@ MIN_CAPABILITY = (8, 0)
 
 NOTES = {
     "linear": "decode (<= 8 tokens): row-streaming GEMV (warps stream whole bf16/INT8 weight "
-              "rows with 16-byte loads, split-K for narrow outputs; INT8 weights with "
-              "K % 16 != 0: the tensor-core GEMV fed by a cp.async ring); prefill: cuBLAS "
-              "through torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 "
-              "outputs; float32/float16 models: torch.matmul",
+              "rows with 16-byte loads, split-K for narrow outputs), or for weights up to 4 MB, "
+              "batched steps and INT8 weights with K % 16 != 0 the tensor-core GEMV fed by a "
+              "cp.async ring (9..64 rows too, each weight read once); prefill: cuBLAS through "
+              "torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; "
+              "float32/float16 models: torch.matmul",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
@@ -34,6 +35,7 @@ NOTES = {
     "sample_tokens": "one block per row; top-k by radix select, top-p by bisection over "
                      "fixed-point masses; float32 logits",
     "accept_tokens": "one block per row, the p/q rule with the host's hash",
+    "sample_per_row": "one block per row, each with its own parameters and stream",
 }
 
 
