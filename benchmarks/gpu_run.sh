@@ -3,7 +3,8 @@
 # transformers, pytest and the rest, with our packages installed from wheels in .whl/ (built on a
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
-#   benchmarks/gpu_run.sh OUTDIR [steps...]     steps: conformance tests ops bench pdl int8 spec
+#   benchmarks/gpu_run.sh OUTDIR [steps...]
+#       steps: conformance tests ops bench pdl int8 spec batch sweep
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -57,5 +58,16 @@ for step in $steps; do
     spec)
       timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
       tail -n 5 "$out/spec.json" ;;
+    batch)  # the batched engine's static batches on llama3-8b (cuda)
+      timeout 500 python3 benchmarks/batch.py --sections static --shape llama3-8b --backend cuda \
+        --batches ${BATCHES:-1,8,32} --repeats 3 > "$out/batch.json" 2> "$out/batch.err"
+      grep "static batch" "$out/batch.err" ;;
+    sweep)  # gemv.cu's configurations per matrix (the register stream among them): llama3-8b at
+            # 8 rows (batch 8), SmolLM2 at 1 row (its single-sequence steps)
+      timeout 400 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8 \
+        > "$out/sweep-8b-8.json" 2> "$out/sweep-8b-8.err"
+      timeout 300 python3 benchmarks/batched_linear.py --shape smollm2-135m --mma-sweep 1 \
+        > "$out/sweep-smollm2-1.json" 2> "$out/sweep-smollm2-1.err"
+      tail -n 8 "$out/sweep-8b-8.err" "$out/sweep-smollm2-1.err" ;;
   esac
 done
