@@ -4,7 +4,7 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests ops bench pdl int8 spec batch sweep
+#       steps: conformance tests ops bench pdl int8 spec batch sweep sweep32
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -69,5 +69,9 @@ for step in $steps; do
       timeout 300 python3 benchmarks/batched_linear.py --shape smollm2-135m --mma-sweep 1 \
         > "$out/sweep-smollm2-1.json" 2> "$out/sweep-smollm2-1.err"
       tail -n 8 "$out/sweep-8b-8.err" "$out/sweep-smollm2-1.err" ;;
+    sweep32)  # the same at 32 rows (batch 32, where bf16 takes cuBLAS today)
+      timeout 500 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 32 \
+        > "$out/sweep-8b-32.json" 2> "$out/sweep-8b-32.err"
+      tail -n 8 "$out/sweep-8b-32.err" ;;
   esac
 done
