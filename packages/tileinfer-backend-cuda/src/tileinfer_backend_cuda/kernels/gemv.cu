@@ -178,17 +178,20 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     for (int m = 0; m < WT; ++m)
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+    // The k of this warp's i-th step, and whether this lane's chunk there holds data: the step is
+    // one of the warp's and the chunk starts before K (K is a multiple of LANE_K).
+    auto step_k = [&](int i) { return (warp + i * WARPS) * STEP_K; };
+    auto in_range = [&](int i, int k) { return i < my_steps && k + t * LANE_K < K; };
 #if REGS
     // Register stream: round j holds this warp's steps j * REGS .. j * REGS + REGS - 1; a chunk
     // past K (or past the warp's steps) is zeros, its x too (a zero weight times any x is 0 only
     // when x is finite).
-    auto load_round = [&](uint4 (&wa)[REGS > 0 ? REGS : 1][WT], uint4 (&wb)[REGS > 0 ? REGS : 1][WT],
+    auto load_round = [&](uint4 (&wa)[REGS][WT], uint4 (&wb)[REGS][WT],
                           int j) {
 #pragma unroll
         for (int u = 0; u < REGS; ++u) {
-            const int i = j * REGS + u;
-            const int k = (warp + i * WARPS) * STEP_K;
-            const bool valid = i < my_steps && k + t * LANE_K < K;
+            const int i = j * REGS + u, k = step_k(i);
+            const bool valid = in_range(i, k);
 #pragma unroll
             for (int m = 0; m < WT; ++m) {
                 wa[u][m] = valid ? load_stream(wrow[m][0] + k) : make_uint4(0, 0, 0, 0);
@@ -196,14 +199,13 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
             }
         }
     };
-    auto math_round = [&](const uint4 (&wa)[REGS > 0 ? REGS : 1][WT],
-                          const uint4 (&wb)[REGS > 0 ? REGS : 1][WT], int j) {
-        uint4 xv[REGS > 0 ? REGS : 1][NT][XVECS];  // the round's x chunks, all requested first
+    auto math_round = [&](const uint4 (&wa)[REGS][WT],
+                          const uint4 (&wb)[REGS][WT], int j) {
+        uint4 xv[REGS][NT][XVECS];  // the round's x chunks, all requested first
 #pragma unroll
         for (int u = 0; u < REGS; ++u) {
-            const int i = j * REGS + u;
-            const int k = (warp + i * WARPS) * STEP_K;
-            const bool valid = i < my_steps && k + t * LANE_K < K;
+            const int i = j * REGS + u, k = step_k(i);
+            const bool valid = in_range(i, k);
 #pragma unroll
             for (int jt = 0; jt < NT; ++jt)
 #pragma unroll
@@ -221,9 +223,9 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
                 for (int jt = 0; jt < NT; ++jt) step_mma(acc[m][jt], f, xv[u][jt]);
             }
     };
-    const int rounds = REGS > 0 ? (my_steps + REGS - 1) / REGS : 0;
-    uint4 wa0[REGS > 0 ? REGS : 1][WT], wb0[REGS > 0 ? REGS : 1][WT];
-    uint4 wa1[REGS > 0 ? REGS : 1][WT], wb1[REGS > 0 ? REGS : 1][WT];
+    const int rounds = (my_steps + REGS - 1) / REGS;
+    uint4 wa0[REGS][WT], wb0[REGS][WT];
+    uint4 wa1[REGS][WT], wb1[REGS][WT];
 #if PDL
     pdl_launch_dependents();
 #endif
@@ -243,13 +245,12 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
     const u32 my_ring_addr = smem_addr(my_ring);
 
-
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
     // as one commit group. Every call commits a group, so "group i done" is a fixed count.
     // issue_w / issue_x: the weight / x half of step i (PDL's prologue splits them).
     auto issue_w = [&](int i) {
-        const int k = (warp + i * WARPS) * STEP_K;
-        const bool valid = i < my_steps && k + t * LANE_K < K;  // K is a multiple of LANE_K
+        const int k = step_k(i);
+        const bool valid = in_range(i, k);
         const int kk = valid ? k : 0;
         const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
@@ -259,8 +260,8 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         }
     };
     auto issue_x = [&](int i) {
-        const int k = (warp + i * WARPS) * STEP_K;
-        const bool valid = i < my_steps && k + t * LANE_K < K;
+        const int k = step_k(i);
+        const bool valid = in_range(i, k);
         const int kk = valid ? k : 0;
         const u32 stage = my_ring_addr + (u32)((i % STAGES) * PARTS * 32 * 16);
 #pragma unroll
@@ -275,7 +276,6 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
         issue_x(i);
         cp_async_commit();
     };
-
 
 #if PDL
     pdl_launch_dependents();
