@@ -115,7 +115,7 @@ def mma_configs(key, token_tiles: int) -> list[dict]:
                     smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
                     if smem <= SMEM_LIMIT:
                         configs.append(cfg)
-        if linear.gemv_regs({"regs": 1}, k_dim, int8):
+        if linear.gemv_regs({"regs": 1}, int8, linear.int8_load(k_dim)):
             for regs in (2, 4):
                 for tiles in (1, 2):
                     configs.append({"warps": warps, "stages": 2, "tiles": tiles, "regs": regs})

@@ -50,19 +50,24 @@ def gemv_ok(out, x, weight, weight_scale) -> bool:
                      and weight_scale.dtype == torch.float32)))
 
 
-def gemv_regs(config: dict, k_dim: int, int8: bool) -> int:
+def int8_load(k_dim: int) -> int:
+    """gemv.cu's INT8_LOAD: bytes of an INT8 weight chunk (16, or 8 where K % 16 != 0)."""
+    return 16 if k_dim % 16 == 0 else 8
+
+
+def gemv_regs(config: dict, int8: bool, load: int) -> int:
     """gemv.cu's REGS of a configuration: its "regs" (steps a register round; 0 streams through
-    the ring), where the weight comes in 16-byte chunks (not INT8 with K % 16 != 0)."""
-    return int(config.get("regs", 0)) if not (int8 and k_dim % 16) else 0
+    the ring), where the weight comes in 16-byte chunks (not INT8 loaded 8 bytes at a time)."""
+    return int(config.get("regs", 0)) if not (int8 and load != 16) else 0
 
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1) -> int:
     """gemv.cu's ring: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per 16-row
     tile (tiles per matrix x matrices) + the x chunks of every token tile; none with REGS."""
-    if gemv_regs(config, k_dim, int8):
+    if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
-    lane_k = (16 if k_dim % 16 == 0 else 8) if int8 else 8
+    lane_k = int8_load(k_dim) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     parts = 2 * tiles + lane_k // 8 * token_tiles
     return config["warps"] * config["stages"] * parts * 32 * 16
@@ -83,15 +88,16 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
     return int(not int8 and out_dtype != "float")
 
 
-def gemv_defines(cfg: dict, int8: bool, int8_load: int, epilogue: str, out_dtype: str,
+def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
                  pdl_on: bool, token_tiles: int = 1) -> dict:
-    """The defines of a gemv.cu build."""
-    defines = {"W_INT8": int(int8), "INT8_LOAD": int8_load, "EPILOGUE": EPILOGUES[epilogue],
+    """The defines of a gemv.cu build (load: its INT8_LOAD)."""
+    defines = {"W_INT8": int(int8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
-    if cfg.get("regs") and (not int8 or int8_load == 16):
-        defines["REGS"] = int(cfg["regs"])  # the weight through registers, not the ring
+    regs = gemv_regs(cfg, int8, load)
+    if regs:
+        defines["REGS"] = regs  # the weight through registers, not the ring
     if cfg.get("l2_256b") and "REGS" not in defines:
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
     if pdl_on:
@@ -128,7 +134,7 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
     pdl_on = pdl(device)
-    defines = gemv_defines(cfg, int8, 16 if k_dim % 16 == 0 else 8, epilogue,
+    defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
                            DTYPE_NAMES[out.dtype], pdl_on, token_tiles)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
     k.launch((cdiv(o_rows, 16 * defines["TILES"]),), (cfg["warps"] * 32,),
