@@ -188,17 +188,13 @@ def _sample_per_row_kernel(out_ptr, logits_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
     keys = _row_stream_keys(seed_ptr, counter_ptr, rows, rmask)
     best_v = tl.full([ROWS], float("-inf"), tl.float32)
     tok = tl.zeros([ROWS], tl.int32)
-    top_v = tl.full([ROWS], float("-inf"), tl.float32)
-    top = tl.zeros([ROWS], tl.int32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         s, key, valid = _scores(row_ptrs, offs, V, inv_t[:, None], rmask)
         kept = valid & (key >= thr[:, None])
         score = tl.where(kept, s + _gumbel(keys[:, None], offs[None, :]), float("-inf"))
         best_v, tok = _argmax_update(best_v, tok, score, start)
-        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=valid, other=float("-inf"))
-        top_v, top = _argmax_update(top_v, top, x, start)
-    tok = tl.where(greedy, top, tok)
+    tok = tl.where(greedy, _greedy(row_ptrs, V, rmask, ROWS, BLOCK), tok)
     tl.store(out_ptr + rows, tok.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
