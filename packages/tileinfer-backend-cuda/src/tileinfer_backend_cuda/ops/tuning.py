@@ -161,11 +161,11 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 # winners); the others: the 1-token sweep of `benchmarks/cuda_kernels.py` (session 4). Other
 # shapes get gemv_heuristic.
 MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
-    (6144, 4096, False, 'none'): {'warps': 16, 'stages': 4, 'tiles': 1, 'l2_256b': True},
-    (4096, 4096, False, 'none'): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (6144, 4096, False, 'none'): {'warps': 8, 'stages': 6, 'tiles': 1, 'l2_256b': True},
+    (4096, 4096, False, 'none'): {'warps': 8, 'stages': 6, 'tiles': 2, 'l2_256b': True},
     (14336, 4096, False, 'swiglu'): {'warps': 8, 'stages': 2, 'tiles': 1, 'l2_256b': True},
-    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
-    (128256, 4096, False, 'none'): {'warps': 4, 'stages': 3, 'tiles': 4, 'l2_256b': True},
+    (4096, 14336, False, 'none'): {'warps': 16, 'stages': 4, 'tiles': 2, 'l2_256b': True},
+    (128256, 4096, False, 'none'): {'warps': 8, 'stages': 2, 'tiles': 2, 'l2_256b': True},
     (6144, 4096, True, 'none'): {'warps': 8, 'stages': 2, 'l2_256b': False},
     (4096, 4096, True, 'none'): {'warps': 16, 'stages': 2, 'l2_256b': False},
     (14336, 4096, True, 'swiglu'): {'warps': 8, 'stages': 4, 'l2_256b': True},
