@@ -60,6 +60,13 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
     # 34.1 and 221.1 (their 1024-wide K step is mostly masked at K = 576). Its layers stay on
     # the row programs, faster at 1 token (benchmarks/triton_dot_rows.py, RESULTS.md session 10)
     (49152, 576, False, 0): _G(32, 64, num_stages=1, dot=True),
+    # and its layers on row programs of 4 rows and 256-wide K tiles, two a step (the default's
+    # 1024-wide step is 44% masked at K = 576 and a verify step pays that once per row): qkv 1.84
+    # / 4.62 us at 1 / 8 tokens against 1.93 / 5.42, o 1.46 / 2.96 against 1.59 / 3.33, gate_up
+    # 4.04 / 8.75 against 4.37 / 12.52 (`triton_dot_rows.py --rows-sweep`, RESULTS.md session 11)
+    (960, 576, False, 0): _G(4, 256, num_warps=2, unroll=2),  # qkv
+    (576, 576, False, 0): _G(4, 256, num_warps=4, unroll=2),  # o
+    (1536, 576, False, 1): _G(4, 128, num_warps=2, unroll=2),  # gate_up
     # llama3.2-1b, bf16
     (3072, 2048, False, 0): _G(4, 512, unroll=2),  # qkv
     (2048, 2048, False, 0): _G(4, 1024, unroll=2),  # o
