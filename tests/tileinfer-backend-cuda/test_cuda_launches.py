@@ -179,7 +179,7 @@ def test_decode_step_runs_one_fused_kernel(launches, kind):
                          "SMOOTH": int(kind == "int8-smooth"), "KV_STAGES": 2, "M_TILES": 2,
                          "PDL_TRIGGER": 1, "FUSED_INPUTS": 1, "NORM_DTYPE": "bf16_t"}
     splits = attention.attention_decode_splits(2, 8, ws.shape[2], 0)
-    assert splits == 17 and k.grid == (splits, 8, 2)  # 2 blocks per SM over 16 (sequence, kv head)
+    assert splits == 16 and k.grid == (splits, 8, 2)  # 2 blocks per SM over 16 (sequence, kv head)
 
 
 def test_verify_and_prefill_steps_run_the_two_ops(launches):

@@ -125,13 +125,14 @@ def attention_decode_tiles(max_context_len: int, num_splits: int, min_split_tile
 
 def attention_decode_splits(batch: int, kv_heads: int, workspace_splits: int, device: int,
                             cfg: dict | None = None) -> int:
-    """Split count of attention_decode.cu: about decode_blocks_per_sm blocks per SM over the
-    (sequence, kv head) pairs, at most the workspace's splits. Neither the row tiles nor the
-    cache's longest context count (splits past a row's keys exit at once), so a row's split
-    boundaries depend on its own context only."""
+    """Split count of attention_decode.cu: at most decode_blocks_per_sm blocks per SM over the
+    (sequence, kv head) pairs (one wave; at least one split, at most the workspace's). Rounding
+    up would start a second, mostly empty wave: llama3-8b at batch 32 (256 pairs, 264 block
+    slots) took 6,136 tok/s with 2 splits against 6,505 with 1 (benchmarks/RESULTS.md, session
+    11). Neither the row tiles nor the cache's longest context count (splits past a row's keys
+    exit at once), so a row's split boundaries depend on its own context only."""
     cfg = cfg or attention_config()
-    target = cfg.get("splits") or cdiv(cfg["decode_blocks_per_sm"] * num_sms(device),
-                                       batch * kv_heads)
+    target = cfg.get("splits") or cfg["decode_blocks_per_sm"] * num_sms(device) // (batch * kv_heads)
     return max(1, min(target, workspace_splits))
 
 
