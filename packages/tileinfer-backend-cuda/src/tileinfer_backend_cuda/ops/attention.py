@@ -132,7 +132,8 @@ def attention_decode_splits(batch: int, kv_heads: int, workspace_splits: int, de
     11). Neither the row tiles nor the cache's longest context count (splits past a row's keys
     exit at once), so a row's split boundaries depend on its own context only."""
     cfg = cfg or attention_config()
-    target = cfg.get("splits") or cfg["decode_blocks_per_sm"] * num_sms(device) // (batch * kv_heads)
+    slots = cfg["decode_blocks_per_sm"] * num_sms(device)  # one wave of blocks
+    target = cfg.get("splits") or slots // (batch * kv_heads)
     return max(1, min(target, workspace_splits))
 
 
