@@ -4,7 +4,7 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests ops bench pdl int8 spec batch sweep sweep32
+#       steps: conformance tests ops bench pdl int8 spec batch batchall sweep sweep32
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -17,6 +17,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$out/commit.txt"
+
+# batch.py with the given arguments, its logs as OUTDIR/NAME.json and .err, its figures on one line
+run_batch() {
+  local name=$1
+  shift
+  timeout 200 python3 benchmarks/batch.py "$@" > "$out/$name.json" 2> "$out/$name.err"
+  echo "$name: $(grep -h 'static batch\|tok/s\|TTFT\|identical' "$out/$name.err" | tr '\n' ';')"
+}
 
 for step in $steps; do
   case $step in
@@ -62,6 +70,17 @@ for step in $steps; do
       timeout 500 python3 benchmarks/batch.py --sections static --shape llama3-8b --backend cuda \
         --batches ${BATCHES:-1,8,32} --repeats 3 > "$out/batch.json" 2> "$out/batch.err"
       grep "static batch" "$out/batch.err" ;;
+    batchall)  # every static batch figure of the batched engine, and the continuous benchmark
+      run_batch batch-8b-cuda --sections static --shape llama3-8b --backend cuda \
+        --batches 1,8,32,64 --repeats 3
+      run_batch batch-1b-cuda --sections static --shape llama3.2-1b --backend cuda --batches 64 \
+        --repeats 3
+      run_batch batch-8b-int8 --sections static --shape llama3-8b --backend cuda --int8 \
+        --batches 64 --repeats 1
+      run_batch batch-8b-triton --sections static --shape llama3-8b --backend triton \
+        --batches 8,32,64 --repeats 1
+      run_batch continuous --sections continuous,prefix,agreement --shape llama3-8b --backend cuda \
+        --requests 256 --one-by-one 4 --repeats 3 --agree 16 ;;
     sweep)  # gemv.cu's configurations per matrix (the register stream among them): llama3-8b at
             # 8 rows (batch 8), SmolLM2 at 1 row (its single-sequence steps)
       timeout 400 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8 \

@@ -14,14 +14,15 @@ dependent launch a kernel starts early, so its own duration overstates its share
 row's logits and greedy token (a speculative verify step: the last token and n - 1 drafts).
 
 ``--batch N`` profiles the batched engine instead (``LLMEngine``, N requests decoding, their
-steps replayed from the N-row graph bucket): the kernels of 10 engine steps, the GPU span per step
-and the wall time per step (the difference is the host's share: planning, metadata, sampling).
+steps replayed from the N-row graph bucket): the kernels of ``--replays`` engine steps, the GPU
+span per step and the wall time per step (the difference is the host's share: planning,
+metadata, sampling).
 
 One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {"splits": 1}]'``
 profiles the step once per set of the CUDA backend's attention experiments (the "attention" key
-of ``TILEINFER_CUDA_EXPERIMENTS``, ops/tuning.py), with a new runner (new graphs) each time;
-``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV experiments (the "gemv"
-key, applied to every GEMV of the step), each with each attention set.
+of ``TILEINFER_CUDA_EXPERIMENTS``, ops/tuning.py), with a new runner or engine (new graphs)
+each time; ``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV experiments
+(the "gemv" key, applied to every GEMV of the step), each with each attention set.
 """
 
 from __future__ import annotations
@@ -106,13 +107,12 @@ def main():
     p.add_argument("--rows", default="", help="comma list of row counts: profile verify steps")
     p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
     args = p.parse_args()
-    if args.batch:
-        return profile_engine(args)
 
+    max_len = args.context + (512 if args.batch else 64)
     model = random_model(shape_config(args.shape), backend=args.backend,
-                         quantize="int8" if args.int8 else None, max_len=args.context + 64)
+                         quantize="int8" if args.int8 else None, max_len=max_len)
     kv = None if args.kv_cache == "bf16" else "int8"
-    cache = new_cache(model, args.context + 64, quantize=kv)
+    cache = None if args.batch else new_cache(model, args.context + 64, quantize=kv)
     for attention in args.cuda_attention:
         for gemv in args.cuda_gemv:
             what = dict(shape=args.shape, backend=args.backend,
@@ -123,7 +123,9 @@ def main():
 
                 tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
                 what.update(attention_overrides=attention, gemv_overrides=gemv)
-            if args.rows:
+            if args.batch:
+                profile_engine(model, args, what)
+            elif args.rows:
                 for n in (int(r) for r in args.rows.split(",")):
                     rows, span = profile_rows(model, cache, args.context, n, args.replays)
                     print_profile(dict(what, rows=n), rows, span)
@@ -160,16 +162,15 @@ def profile_rows(model, cache, context: int, n: int, replays: int):
     return result
 
 
-def profile_engine(args):
+def profile_engine(model, args, what: dict):
     """Kernels, GPU span and wall time of decode steps of the batched engine."""
     import time
 
     from tileinfer import LLMEngine
 
-    model = random_model(shape_config(args.shape), backend=args.backend,
-                         quantize="int8" if args.int8 else None, max_len=args.context + 512)
     for batch in (int(b) for b in args.batch.split(",")):
         engine = LLMEngine(model, max_running=batch, prefix_caching=False,
+                           kv_quantize=None if args.kv_cache == "bf16" else "int8",
                            num_pages=batch * (args.context + 512) // 16 + 64)
         engine.warmup()
         for i in range(batch):
@@ -192,11 +193,9 @@ def profile_engine(args):
             kernels = kernel_events(path)
         rows, span = summarize(kernels, args.replays)
         gpu_busy = sum(r["mean_us"] * r["calls_per_step"] for r in rows)
-        what = dict(shape=args.shape, backend=args.backend,
-                    weights="int8" if args.int8 else "bf16", batch=batch, context=args.context,
-                    wall_ms_per_step=round(wall_ms, 3), gpu_busy_ms=round(gpu_busy / 1e3, 3),
-                    tok_s=round(batch / wall_ms * 1e3, 1))
-        print_profile(what, rows[:15], span)
+        row = dict(what, batch=batch, wall_ms_per_step=round(wall_ms, 3),
+                   gpu_busy_ms=round(gpu_busy / 1e3, 3), tok_s=round(batch / wall_ms * 1e3, 1))
+        print_profile(row, rows[:15], span)
         engine.close()
         del engine
         torch.cuda.empty_cache()
