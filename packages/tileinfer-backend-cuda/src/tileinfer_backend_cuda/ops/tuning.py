@@ -157,8 +157,9 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 # gemv.cu per weight shape -> warps (the in-block split of K), ring stages, the 256-byte L2
 # prefetch hint, 16-row tiles a warp: the batched engine's steps of 2..8 rows run it, and INT8
 # weights with K % 16 != 0. llama3-8b bf16: the winners at 8 rows of `benchmarks/batched_linear.py
-# --mma-sweep 8` (benchmarks/RESULTS.md, session 9; 3.77 ms a step against 4.29 with the 1-token
-# winners); the others: the 1-token sweep of `benchmarks/cuda_kernels.py` (session 4). Other
+# --mma-sweep 8` (benchmarks/RESULTS.md: session 9, 3.77 ms a step against 4.29 with the 1-token
+# winners; session 11's sweep renewed qkv, o, down and the lm_head: batch 8 1,909 tok/s against
+# 1,875); the others: the 1-token sweep of `benchmarks/cuda_kernels.py` (session 4). Other
 # shapes get gemv_heuristic.
 MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (6144, 4096, False, 'none'): {'warps': 8, 'stages': 6, 'tiles': 1, 'l2_256b': True},
