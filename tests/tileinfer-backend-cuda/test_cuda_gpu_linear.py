@@ -349,3 +349,64 @@ def test_gemv_rows_split_k_graph_replay(cuda):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+# --- gemm_skinny.cu: batched bf16 steps past gemv.cu (off by default) -----------------------------
+
+# K = 4104: the last split of K is shorter than KC and no multiple of a warp step; 1000 output
+# rows: the last block partly past O.
+SKINNY_CONFIGS = {"heuristic": {}, "kc256": {"kc": 256},
+                  "w4-t2-s2-kc160": {"warps": 4, "tiles": 2, "stages": 2, "kc": 160},
+                  "one-split": {"kc": 4128}}
+
+
+@pytest.mark.parametrize("n", [9, 17, 32, 64])
+@pytest.mark.parametrize("cfg", list(SKINNY_CONFIGS))
+def test_skinny_gemm_matches_ref(cuda, ref, n, cfg):
+    """gemm_skinny.cu against ref, split-K and not, bf16 and float32 outputs (gemv.cu's wide
+    range cut to 8 rows, so that 9..16 rows take it too)."""
+    from tileinfer_backend_cuda.ops import tuning
+
+    if cfg == "one-split" and n > 16:
+        pytest.skip("an x tile of 4,128 k is for 16 rows at most (shared memory)")
+    g = torch.Generator().manual_seed(n)
+    out_f, in_f = 1000, 4104
+    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+    w, _ = weight(out_f, in_f, g, False)
+    settings = {"skinny": {"max_tokens": 64, **SKINNY_CONFIGS[cfg]}, "gemv_wide": {"bf16": 8}}
+    with _experiment(settings):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
+            expected = torch.empty_like(out)
+            cuda.linear(out, x, w, None, batch_invariant=False)
+            ref.linear(expected, x, w, None)
+            assert_close(out, expected, torch.bfloat16, what=cfg)
+    assert loaded_modules("gemm_skinny.cu", NT=tuning.mma_token_tiles(n)), "it did not run"
+
+
+def test_skinny_gemm_split_k_graph_replay(cuda):
+    """A captured split-K gemm_skinny.cu replays on new inputs exactly as it runs eagerly, three
+    launches in one graph sharing the counters (each last block re-arms its counter)."""
+    g = torch.Generator().manual_seed(11)
+    in_f, o_rows, n = 4096, 1536, 32
+    w = (torch.randn(o_rows, in_f, generator=g) * 0.02).to(torch.bfloat16).to(DEV)
+    xs = [torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3)]
+    x = torch.empty_like(xs[0])
+    out = torch.empty(n, o_rows, dtype=torch.bfloat16, device=DEV)
+    cuda.reserve_scratch(DEV)
+    with _experiment({"skinny": {"max_tokens": 64, "kc": 512}}):
+        eager = []
+        for xi in xs:
+            x.copy_(xi)
+            cuda.linear(out, x, w, None, batch_invariant=False)
+            eager.append(out.clone())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):
+                cuda.linear(out, x, w, None, batch_invariant=False)
+    assert loaded_modules("gemm_skinny.cu", KC=512), "it did not run"
+    for xi, want in zip(xs, eager):
+        x.copy_(xi)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

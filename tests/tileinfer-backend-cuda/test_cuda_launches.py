@@ -121,6 +121,40 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
         assert mm_calls == [torch.float32]
 
 
+def test_skinny_gemm_takes_batched_bf16_steps_past_gemv_cu_when_on(launches, monkeypatch):
+    """gemm_skinny.cu (off by default: cuBLAS) runs bf16 products of 17..64 rows once
+    experiments turn it on: a grid of 128-row blocks by the heuristic's splits of K, the x tile
+    and rings in shared memory, the scratch passed with splits; the float32 logits too. A
+    product whose split-K partials do not fit the scratch falls back to cuBLAS (no launch)."""
+    mm_calls = []
+    monkeypatch.setattr(linear.torch, "matmul", lambda *a, **kw: mm_calls.append("matmul"))
+    monkeypatch.setattr(linear.torch, "mm", lambda *a, **kw: mm_calls.append("mm"))
+    x = torch.randn(32, 4096).to(BF)
+    w = torch.randn(6144, 4096).to(BF)
+    OPS["linear"](torch.empty(32, 6144, dtype=BF), x, w, None, False)
+    assert launches == [] and mm_calls == ["matmul"]  # the default: cuBLAS
+
+    with tuning.experiment({"skinny": {"max_tokens": 64}}):
+        OPS["linear"](torch.empty(32, 6144, dtype=BF), x, w, None, False)
+        OPS["linear"](torch.empty(32, 6144, dtype=torch.float32), x, w, None, False)
+        (k, k_f32) = launches
+        cfg = tuning.skinny_heuristic(6144, 4096, 4, 0)
+        splits = -(-4096 // cfg["kc"])
+        assert (k.file, k.name, k.grid, k.block) == ("gemm_skinny.cu", "gemm_skinny",
+                                                     (6144 // 128, splits), (256,))
+        assert k.defines == {"NT": 4, "WARPS": 8, "TILES": 1, "KC": cfg["kc"], "STAGES": 4,
+                             "OUT_DTYPE": "bf16_t", "ROUND_BF16": 1, "PDL": 1}
+        assert k_f32.defines["OUT_DTYPE"] == "float" and k_f32.defines["ROUND_BF16"] == 0
+        assert splits > 1 and k.args[7] is not None and k.args[8] is not None  # the scratch
+        assert k.smem == linear.skinny_smem_bytes(cfg, 32) <= 227 * 1024
+        # the lm_head's partials would not fit the scratch: cuBLAS's float32 logits
+        launches.clear()
+        OPS["linear"](torch.empty(32, 128256, dtype=torch.float32), x,
+                      torch.empty(128256, 4096, dtype=BF), None, False)
+        assert launches == [] and mm_calls[-1] == "mm"
+        common.fallback_counts.clear()  # the fallback is counted, as it should be
+
+
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_small_weights_run_a_sequence_s_steps_on_gemv_cu_at_every_row_count(launches, int8):
     """A weight under SMALL_WEIGHT_BYTES (SmolLM2's, 576 x 576 and the 2 x 1536 x 576 SwiGLU)
