@@ -174,6 +174,7 @@ def skinny_smem_bytes(cfg: dict, tokens: int) -> int:
 
 
 def skinny_defines(cfg: dict, token_tiles: int, out_dtype: str, pdl_on: bool) -> dict:
+    """gemm_skinny.cu's defines for a configuration (skinny_heuristic's keys)."""
     return {"NT": token_tiles, "WARPS": cfg["warps"], "TILES": cfg["tiles"], "KC": cfg["kc"],
             "STAGES": cfg["stages"], "OUT_DTYPE": out_dtype,
             "ROUND_BF16": round_bf16(False, out_dtype), "PDL": int(pdl_on)}
