@@ -62,20 +62,6 @@ __device__ __forceinline__ void int8x16_to_bf16x16(const uint4& raw, uint4& lo, 
     int8x4_to_bf16x2(raw.w, hi.z, hi.w);
 }
 
-// Split-KV arrival, called by every thread after the block wrote its partials: counts the block
-// on `counter` (its row tile's, in the workspace) and tells every thread whether it arrived last
-// of `splits`; that block then sees every split's partials (and re-arms the counter).
-__device__ __forceinline__ bool last_split_to_arrive(int* counter, int splits) {
-    __shared__ int is_last;
-    __threadfence();  // this block's partials are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == splits - 1;
-    __syncthreads();
-    if (!is_last) return false;
-    __threadfence();
-    return true;
-}
-
 // One query row's output from its splits' partials (flash-decoding's combine), by one warp:
 // part holds `splits` workspace rows (normalized partial, log-sum-exp); a split with no key of
 // the row (log-sum-exp -inf) adds nothing; out_row = sum_s 2^(lse_s - max) partial_s / sum_s

@@ -244,6 +244,21 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
     return v;
 }
 
+// Split-K / split-KV arrival, called by every thread of a block after it wrote its partials:
+// counts the block on `counter` (one per output tile, zero between launches) and tells every
+// thread whether it arrived last of `splits`; that block then sees every split's partials (and
+// re-arms the counter). Ends with a barrier.
+__device__ __forceinline__ bool last_split_to_arrive(int* counter, int splits) {
+    __shared__ int is_last;
+    __threadfence();  // this block's partials are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!is_last) return false;
+    __threadfence();  // the other blocks' partials are visible from here
+    return true;
+}
+
 // --- programmatic dependent launch (sm_90+) ----------------------------------------------------
 // A kernel launched with programmatic stream serialization (tuning.pdl) may start before the
 // previous kernel on the stream has finished: it must call pdl_wait() before it reads what that

@@ -17,8 +17,8 @@
 //     fragments (a dot product does not care in which order k is summed), so the first four bf16
 //     pairs are one mma.m16n8k16 and the next four a second, for each token tile j < NT.
 // Splits (gridDim.y > 1): every block writes its float32 sums to a scratch [split][n][O];
-// the last block of a row block to arrive (an atomic counter per row block, __threadfence on
-// both sides) adds them in split order, rounds, writes out and re-arms its counter to 0, as
+// the last block of a row block to arrive (common.cuh's last_split_to_arrive, a counter per row
+// block) adds them in split order, rounds, writes out and re-arms its counter to 0, as
 // gemv_rows.cu does (ops/common.py's GemvScratch holds both).
 //
 // Grid: (ceil(O / ROWS), splits); block: WARPS * 32 threads; dynamic shared memory:
@@ -74,7 +74,6 @@ gemm_skinny(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t*
             int n, int K, int O, i64 x_stride, float* __restrict__ scratch,
             int* __restrict__ counters) {
     extern __shared__ uint4 smem[];
-    __shared__ int is_last_block;
     bf16_t* xs = reinterpret_cast<bf16_t*>(smem);     // [TOKENS][XS]
     uint4* rings = smem + TOKENS * XS * 2 / 16;        // [WARPS][STAGES][CELLS][32]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -191,15 +190,7 @@ gemm_skinny(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t*
     each_sum([&](int tok, int row, float v) {
         if (tok < n && row < O) scratch[((i64)split * n + tok) * O + row] = v;
     });
-    __threadfence();  // this block's partials are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int arrived = atomicAdd(counters + blockIdx.x, 1);
-        is_last_block = arrived == splits - 1;
-        if (is_last_block) __threadfence();  // the other blocks' partials are visible from here
-    }
-    __syncthreads();
-    if (!is_last_block) return;
+    if (!last_split_to_arrive(counters + blockIdx.x, splits)) return;
     for (int idx = threadIdx.x; idx < n * ROWS; idx += WARPS * 32) {
         const int tok = idx / ROWS, row = block_row + idx % ROWS;
         if (row >= O) continue;

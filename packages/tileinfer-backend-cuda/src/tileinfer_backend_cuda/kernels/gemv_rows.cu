@@ -25,9 +25,10 @@
 //     order through shared memory;
 //   sum over the grid's splits of K (gridDim.y > 1, for narrow outputs, where O / ROWS blocks
 //     are too few to fill the GPU): every block writes its float32 sums to a scratch
-//     [split][mat][token][O]; the last block of a row tile to arrive (an atomic counter per tile,
-//     __threadfence on both sides) adds the splits in split order, applies the epilogue and
-//     re-arms its counter to 0 (no memset before a launch, and a CUDA graph replays correctly).
+//     [split][mat][token][O]; the last block of a row tile to arrive (common.cuh's
+//     last_split_to_arrive, a counter per tile) adds the splits in split order, applies the
+//     epilogue and re-arms its counter to 0 (no memset before a launch, and a CUDA graph
+//     replays correctly).
 //     ops/common.py allocates the scratch and the counters once per device (reserve_scratch).
 // Row invariance: a (token, row) sum depends only on K, WARPS and the split of K, never on n or
 // on the other tokens, so a row of an 8-token verify step equals the same row of a 1-token step
@@ -211,7 +212,6 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
           float alpha_n, float beta, float eps, int k_split, float* __restrict__ scratch,
           int* __restrict__ counters) {
     __shared__ float partial[WARPS][TOKENS][WROWS];  // the warps' sums
-    __shared__ int is_last_block;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row_base = blockIdx.x * ROWS;
     const int split = blockIdx.y, splits = gridDim.y;
@@ -321,15 +321,7 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
         for (int m = 0; m < MATS; ++m)
             scratch[((i64)(split * MATS + m) * MAX_TOKENS + t) * O + row] = v[m];
     }
-    __threadfence();  // this block's partials are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int arrived = atomicAdd(counters + blockIdx.x, 1);
-        is_last_block = arrived == splits - 1;
-        if (is_last_block) __threadfence();  // the other blocks' partials are visible from here
-    }
-    __syncthreads();
-    if (!is_last_block) return;
+    if (!last_split_to_arrive(counters + blockIdx.x, splits)) return;
     for (int idx = threadIdx.x; idx < outputs; idx += WARPS * 32) {
         const int t = idx / ROWS, r = idx % ROWS, row = row_base + r;
         if (row >= O) continue;
