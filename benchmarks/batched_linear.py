@@ -25,9 +25,9 @@ one JSON row per matrix with its best configuration and its time against the shi
 
     python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
 
-``--skinny-sweep N``: the same for gemm_skinny.cu (bf16 weights, 9..64 rows; off by default, see
-tuning.SKINNY_MAX_TOKENS) under every configuration of ``skinny_configs`` whose shared memory and
-split-K scratch fit, against the shipped path (cuBLAS at 17..64 rows).
+``--skinny-sweep N``: the same for gemm_skinny.cu (bf16 weights, 9..64 rows; off by default,
+see tuning.SKINNY_MAX_TOKENS) under every configuration of ``skinny_configs`` whose shared
+memory and split-K scratch fit, against the shipped path (cuBLAS at 17..64 rows).
 
     python benchmarks/batched_linear.py --shape llama3-8b --skinny-sweep 32
 """
@@ -128,6 +128,20 @@ def mma_configs(key, token_tiles: int) -> list[dict]:
     return configs
 
 
+def time_configs(calls, configs, settings_of) -> list[tuple[float, dict | None]]:
+    """(seconds of the calls, configuration) under the shipped path (None, first) and under each
+    configuration's experiments, ``settings_of(cfg)``; each run once before it is timed."""
+    from tileinfer_backend_cuda.ops import tuning
+
+    timed = []
+    for cfg in [None] + configs:
+        with tuning.experiment({} if cfg is None else settings_of(cfg)):
+            for call in calls:
+                call()
+            timed.append((time_graph(calls, replays=5) * len(calls), cfg))
+    return timed
+
+
 def mma_sweep(model, n: int):
     from cuda_kernels import precompile
     from tileinfer_backend_cuda.ops import linear, tuning
@@ -148,13 +162,8 @@ def mma_sweep(model, n: int):
     table = {}
     for name, calls in matrix_calls(model, ops, n).items():
         key = matrix_key(model, name)
-        timed = []
-        for cfg in [None] + mma_configs(key, token_tiles):
-            settings = {"gemv": {"kernel": "mma", **cfg}, "gemv_wide": wide} if cfg else {}
-            with tuning.experiment(settings):
-                for call in calls:
-                    call()
-                timed.append((time_graph(calls, replays=5) * len(calls), cfg))
+        timed = time_configs(calls, mma_configs(key, token_tiles),
+                             lambda cfg: {"gemv": {"kernel": "mma", **cfg}, "gemv_wide": wide})
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0])
         if shipped <= best_s:
@@ -213,13 +222,8 @@ def skinny_sweep(model, n: int):
     precompile(list(jobs.values()))
     for name, calls in matrix_calls(model, ops, n).items():
         key = matrix_key(model, name)
-        timed = []
-        for cfg in [None] + skinny_configs(key, n):
-            settings = {"skinny": {"max_tokens": 64, **cfg}} if cfg is not None else {}
-            with tuning.experiment(settings):
-                for call in calls:
-                    call()
-                timed.append((time_graph(calls, replays=5) * len(calls), cfg))
+        timed = time_configs(calls, skinny_configs(key, n),
+                             lambda cfg: {"skinny": {"max_tokens": 64, **cfg}})
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0]) if timed[1:] else (shipped, None)
         row = dict(matrix=name, key=list(key), rows=n, shipped_ms=round(shipped * 1e3, 4),
