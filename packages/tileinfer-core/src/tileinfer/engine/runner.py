@@ -2,8 +2,17 @@
 
 Steps of up to ``MAX_GRAPH_TOKENS`` tokens (decode, speculative verification) run from static
 metadata and activation buffers; on a CUDA device with a graph-safe backend each step size is
-captured once in a CUDA graph (forward plus, optionally, device sampling) and replayed. Longer
-steps (prefill) run eagerly with buffers allocated for them.
+captured once in a CUDA graph (forward plus, optionally, device sampling) and replayed.
+
+Prefill steps of up to ``MAX_PREFILL_BUCKET`` tokens run the same way, padded up to a power of
+two (``prefill_bucket``): an eager prefill spends most of its time on the host (about 10 ms for
+SmolLM2's 30 layers, whose kernels take 1.6 ms of GPU; benchmarks/RESULTS.md, session 12). The
+padding tokens follow the real ones in the same sequence, so causal attention keeps them out of
+every real row; they write keys and values at the positions after the real tokens, which the
+next steps overwrite, and their pages go back to the pool after the step. A bucket's first
+prefill runs the padded step eagerly and the second captures it, so a one-off prompt does not
+pay for a capture, and both run the same kernels on the same rows (the same logits). Longer
+prefills, and those whose padding would not fit, run eagerly at their true size.
 
 Replaying needs the step's metadata in the static tensors: the host builds it (reserving pages)
 and sends it with one copy from a pinned staging buffer. The token ids of a step can instead come
@@ -27,6 +36,15 @@ from .graphs import capture_graph, use_graphs
 from .step import prepare_step, static_metadata
 
 MAX_GRAPH_TOKENS = 8
+MAX_PREFILL_BUCKET = 512
+MIN_PREFILL_BUCKET = 16
+
+
+def prefill_bucket(n: int) -> int | None:
+    """The static step size a prefill of n tokens is padded to (the next power of two, at least
+    ``MIN_PREFILL_BUCKET``), or None past ``MAX_PREFILL_BUCKET``."""
+    bucket = max(MIN_PREFILL_BUCKET, 1 << max(0, n - 1).bit_length())
+    return bucket if bucket <= MAX_PREFILL_BUCKET else None
 
 
 @dataclass
@@ -45,11 +63,16 @@ class ModelRunner:
     """Forward steps of ``model`` on ``cache``, with CUDA graphs for steps of 1..8 tokens.
 
     graphs: None picks them when the model is on CUDA and its backend is graph-safe.
+    static_prefill: run prefills padded to their bucket on static slots (default: with graphs);
+    without graphs they then run eagerly on those slots, which is what a graph replays (tests).
     """
 
-    def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=()):
+    def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=(),
+                 static_prefill: bool | None = None):
         self.model, self.cache = model, cache
         self.graphs = graphs = use_graphs(model, graphs)
+        self.static_prefill = graphs if static_prefill is None else static_prefill
+        self._prefill_seen: set = set()  # (bucket, sampling key) run once, eagerly
         self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
         self._slots: dict[int, _Slot] = {}  # steps that return the last row's logits
         self._all_logits_slots: dict[int, _Slot] = {}  # steps that return every row's logits
@@ -97,20 +120,42 @@ class ModelRunner:
         self.step_listener = listener
 
     def _after_step(self, seq, start, ids, buffers):
-        if self.step_listener is not None:
-            self.step_listener(seq, start, ids, buffers.hidden_out)
+        if self.step_listener is not None:  # a padded step's hidden states have more rows
+            hidden = {layer: rows[:len(ids)] for layer, rows in buffers.hidden_out.items()}
+            self.step_listener(seq, start, ids, hidden)
+
+    def _prefill_bucket(self, seq, n: int) -> int | None:
+        """The bucket a prefill of n tokens after seq's runs in, padded, or None (eager): when
+        static prefills are on, the bucket fits the sequence's length limit and the padding's
+        pages are free without evicting cached prefixes."""
+        bucket = prefill_bucket(n) if self.static_prefill else None
+        if bucket is None or len(seq) + bucket > min(self.model.max_len, self.cache.max_seq_len):
+            return None
+        cache = self.cache
+        real = max(0, cache.pages_for(len(seq) + n) - len(seq.pages))
+        padded = max(0, cache.pages_for(len(seq) + bucket) - len(seq.pages))
+        if padded > cache.allocator.free - cache.allocator.cached:
+            return None
+        if real > cache.free_pages:
+            return None  # the eager step raises OutOfPagesError
+        return bucket
 
     def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None,
-                    rows: bool = False):
+                    rows: bool = False, capture_later: bool = False):
         """Run the slot's step (replay or eager) and, if sampling, sample its last row (rows:
-        every row's argmax into slot.tokens instead)."""
+        every row's argmax into slot.tokens instead). capture_later: run eagerly, on the same
+        slot, the first time this step and sampling come (a prefill bucket's first use)."""
         if rows and slot.tokens is None:
             slot.tokens = torch.zeros(n, dtype=torch.int32, device=self.model.device)
-        if not self.graphs:
+        key = self._graph_key(sampling, rows)
+        eager_once = (capture_later and key not in slot.graphs
+                      and (n, key) not in self._prefill_seen)
+        if eager_once:
+            self._prefill_seen.add((n, key))
+        if not self.graphs or eager_once:
             slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
             self._sample_step(slot, sampling, rows, self.next_token)
             return
-        key = self._graph_key(sampling, rows)
         graph = slot.graphs.get(key)
         if graph is None:
             graph = slot.graphs[key] = self._capture(slot, sampling, rows)
@@ -186,6 +231,7 @@ class ModelRunner:
         ids = [int(i) for i in ids]
         n, start = len(ids), len(seq)
         max_len = self.model.max_len
+        padded = False
         try:
             if n in self.sizes:
                 slot = self._slot(n, all_logits)
@@ -195,6 +241,14 @@ class ModelRunner:
                     slot.meta.ids[:1].copy_(first_from)
                 self._run_static(slot, n, sampling, rows=sample_rows)
                 logits, buffers = slot.logits, slot.buffers
+            elif not all_logits and (bucket := self._prefill_bucket(seq, n)) is not None:
+                slot = self._slot(bucket)
+                prepare_step(self.cache, [seq], [ids + ids[-1:] * (bucket - n)], max_len=max_len,
+                             out=slot.meta, padding=bucket - n)
+                if first_from is not None:
+                    slot.meta.ids[:1].copy_(first_from)
+                self._run_static(slot, bucket, sampling, capture_later=True)
+                logits, buffers, padded = slot.logits, slot.buffers, True
             else:
                 meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
                                     max_len=max_len)
@@ -209,6 +263,8 @@ class ModelRunner:
             self.cache.truncate(seq, start)  # gives back pages reserved for the step
             raise
         seq.tokens.extend(ids)
+        if padded:
+            self.cache.truncate(seq, len(seq))  # gives back the padding's pages
         self._after_step(seq, start, ids, buffers)
         return logits if all_logits else logits[-1:]
 

@@ -161,7 +161,7 @@ def max_pages_per_step(cache: PagedKVCache, max_len: int | None = None) -> int:
 
 def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_logits: bool = False,
                  max_len: int | None = None, out: StepMetadata | None = None,
-                 keep_ids: bool = False, append: bool = False) -> StepMetadata:
+                 keep_ids: bool = False, append: bool = False, padding: int = 0) -> StepMetadata:
     """Reserve cache pages for the new tokens of every sequence, then build the step's metadata.
 
     seqs[b] continues with token_lists[b] (ids, at the positions after its cached ones).
@@ -171,7 +171,10 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
     out: static metadata to write into (see ``StepMetadata.copy_into``); keep_ids: leave
     out.ids alone (their values come from the device; token_lists then hold placeholders, which
     are not checked). append: append the ids to the sequences' tokens here; by default the
-    caller appends them once the step ran (``forward`` does).
+    caller appends them once the step ran (``forward`` does). padding: the last ``padding`` ids
+    of the last sequence only fill a static step up to its size: they run and write keys and
+    values at the positions after the real ones (which later steps overwrite; the caller gives
+    back their pages), and that sequence's logits row is its last real one.
     """
     token_lists = [as_token_ids(ids) for ids in token_lists]
     if len(seqs) != len(token_lists) or not seqs:
@@ -187,6 +190,8 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         cache.check_length(seq, len(ids), max_len)
+    if not 0 <= padding < len(token_lists[-1]) or (padding and all_logits):
+        raise ValueError(f"padding {padding} needs a longer last token list and no all_logits")
     if out is not None:
         _check_fits(out, token_lists, all_logits)
     cache.reserve_all(zip(seqs, (len(ids) for ids in token_lists)))
@@ -208,6 +213,7 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
         table.extend(pages)
         table.extend(zeros[:max_pages - len(pages)])
         logit_rows.extend(range(cu[-2], cu[-1]) if all_logits else [cu[-1] - 1])
+    logit_rows[-1] -= padding
 
     tensor = torch.tensor  # built on the host, then sent to the device (or into out)
     meta = StepMetadata(
