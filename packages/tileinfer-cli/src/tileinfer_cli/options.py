@@ -97,21 +97,29 @@ def _speculative_spec(text: str) -> str:
 
 def add_speculative_options(p: argparse.ArgumentParser):
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--speculative", type=_speculative_spec, default="none",
+    g.add_argument("--speculative", type=_speculative_spec, default=None,
                    metavar="ngram|none|draft:MODEL|dflash:MODEL",
                    help="check drafted tokens several per step: ngram (prompt lookup: it drafts "
                         "only while its guesses keep coming true), draft:MODEL (a smaller model "
                         "of the same vocabulary), dflash:MODEL (a DFlash drafter made for this "
-                        "model), or none (plain decoding, the default)")
+                        "model), or none (plain decoding). Default: ngram for greedy answers "
+                        "(token for token plain decoding's, and never measured slower), none "
+                        "when sampling")
     g.add_argument("--draft-k", type=int_range(1, 64), metavar="K",
                    help="drafts per step (default: 7 for ngram, 4 for draft:MODEL; a DFlash "
                         "drafter's block size - 1)")
 
 
-def speculative_from(args, model):
-    """The proposer of --speculative (None for none, or a command without the option)."""
-    spec = getattr(args, "speculative", None)
-    if spec in (None, "none"):
+def speculative_from(args, model, sampling):
+    """The proposer of --speculative (None for none, or a command without the option). Without
+    the option: n-gram drafts for greedy sampling (or when --draft-k asks for drafts), none when
+    sampling."""
+    if not hasattr(args, "speculative"):
+        return None
+    spec = args.speculative
+    if spec is None:
+        spec = "ngram" if sampling.greedy or args.draft_k is not None else "none"
+    if spec == "none":
         if getattr(args, "draft_k", None) is not None:
             raise UserError("--draft-k needs speculative decoding (not --speculative none)")
         return None

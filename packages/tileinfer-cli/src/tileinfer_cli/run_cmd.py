@@ -98,7 +98,7 @@ def run(args, out):
                         "room for an answer")
     limit = min(args.max_new_tokens, room)
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    speculative = speculative_from(args, model)
+    speculative = speculative_from(args, model, sampling)
     spec = SpecStats() if speculative is not None else None
     sink = io.StringIO() if args.json else out
     writer = StopWriter(stops, sink)

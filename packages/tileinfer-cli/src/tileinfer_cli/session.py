@@ -13,5 +13,5 @@ def new_session(args, model, tokenizer, sampling, stop_ids, out):
                           enable_thinking=args.thinking, max_tokens=args.max_len,
                           kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,
                           system=getattr(args, "system", None),
-                          speculative=speculative_from(args, model))
+                          speculative=speculative_from(args, model, sampling))
     return session, TextStream(tokenizer, out)
