@@ -4,7 +4,9 @@ prints the wall time, the time until the host has issued every kernel, and the k
 busy time, medians of 10; then the top of a cProfile of the host side.
 
 When wall ~= host issue and the kernels are busy for much less, the prefill waits on Python,
-not on the GPU.
+not on the GPU. ``--static-prefill on`` runs the prompt as ``ModelRunner`` does by default since
+session 12: padded to its bucket and replayed from a CUDA graph (engine/runner.py
+prefill_bucket); ``off`` (the default here) runs it eagerly at its true size.
 
     python benchmarks/eager_prefill.py --shape llama3-8b --backend cuda --tokens 16
     python benchmarks/eager_prefill.py --shape smollm2-135m --backend triton --tokens 150
@@ -31,10 +33,12 @@ def main():
     p.add_argument("--backend", default="cuda")
     p.add_argument("--tokens", type=int, default=150)
     p.add_argument("--profile-lines", type=int, default=25)
+    p.add_argument("--static-prefill", choices=["on", "off"], default="off")
     args = p.parse_args()
-    model = random_model(shape_config(args.shape), backend=args.backend, max_len=args.tokens + 64)
-    cache = new_cache(model, args.tokens + 64)
-    runner = ModelRunner(model, cache, graphs=True)
+    room = 2 * args.tokens + 64  # the padding of a bucket too
+    model = random_model(shape_config(args.shape), backend=args.backend, max_len=room)
+    cache = new_cache(model, room)
+    runner = ModelRunner(model, cache, graphs=True, static_prefill=args.static_prefill == "on")
     ids = [(7 * j) % 1000 + 1 for j in range(args.tokens)]
 
     def prefill():
@@ -58,8 +62,8 @@ def main():
         torch.cuda.synchronize()
     cache.release(seq)
     busy = sum(e.device_time_total for e in prof.key_averages()) / 1e3
-    print(f"{args.shape} {args.backend} prefill of {args.tokens}: wall "
-          f"{statistics.median(walls):.2f} ms, host issue {statistics.median(issued):.2f} ms, "
+    print(f"{args.shape} {args.backend} prefill of {args.tokens} (static {args.static_prefill}): "
+          f"wall {statistics.median(walls):.2f} ms, host issue {statistics.median(issued):.2f} ms, "
           f"kernels busy {busy:.2f} ms")
     profiler = cProfile.Profile()
     profiler.enable()
