@@ -402,19 +402,26 @@ def tileinfer_cmd(*args, stdin=None):
 
 
 @pytest.mark.slow
-def test_cli_run_and_chat_speculate_on_request_and_answer_as_plain_decoding():
+def test_cli_run_and_chat_speculate_by_default_when_greedy_and_answer_as_plain_decoding():
+    """Greedy answers draft n-grams by default (no option), as with --speculative ngram, and
+    give plain decoding's text (--speculative none); sampled ones stay plain unless asked."""
     prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
-    plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats")
+    plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats",
+                          "--speculative", "none")
     assert plain.returncode == 0, plain.stderr
-    assert "speculative" not in plain.stderr and "lazy dog" in plain.stdout  # plain: the default
-    for extra in (("--speculative", "ngram"), ("--speculative", "ngram", "--draft-k", "3")):
+    assert "speculative" not in plain.stderr and "lazy dog" in plain.stdout
+    sampled = tileinfer_cmd("run", prompt, "-n", "4", "-t", "0.7", "--backend", "ref",
+                            "--stats", "--seed", "1")
+    assert sampled.returncode == 0, sampled.stderr
+    assert "speculative" not in sampled.stderr  # sampling: plain unless asked
+    for extra in ((), ("--speculative", "ngram"), ("--speculative", "ngram", "--draft-k", "3")):
         run = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats",
                             *extra)
         assert run.returncode == 0, run.stderr
         assert run.stdout == plain.stdout
         assert "drafts accepted" in run.stderr
-    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0", "--speculative",
-                         "ngram", stdin=f"{prompt}\n/stats\n/exit\n")
+    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0",
+                         stdin=f"{prompt}\n/stats\n/exit\n")
     assert chat.returncode == 0, chat.stderr
     assert "drafts accepted" in chat.stdout
 
@@ -422,7 +429,6 @@ def test_cli_run_and_chat_speculate_on_request_and_answer_as_plain_decoding():
 @pytest.mark.parametrize("args,pattern", [
     (("--speculative", "bogus"), "use ngram, none, draft:MODEL or dflash:MODEL"),
     (("--speculative", "draft:"), "use ngram, none, draft:MODEL or dflash:MODEL"),
-    (("--draft-k", "3"), "--draft-k needs speculative decoding (not --speculative none)"),
     (("--speculative", "none", "--draft-k", "3"), "--draft-k needs speculative decoding"),
 ])
 def test_cli_bad_speculative_options(args, pattern):
