@@ -35,6 +35,7 @@ before anything is timed.
     python benchmarks/batch.py                                  # llama3-8b, every section
     python benchmarks/batch.py --shape llama3.2-1b --batches 1,8,32,64 --sections static
     python benchmarks/batch.py --backend triton --int8 --sections static --batches 64
+    python benchmarks/batch.py --sections static,prefix --static-mixed   # prefill steps graphed
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def run_all(engine, requests):
 def make_engine(model, args, max_running, prefix_caching=True):
     engine = LLMEngine(model, max_running=max_running, max_step_tokens=args.max_step_tokens,
                        prefix_caching=prefix_caching, kv_quantize=args.kv_cache,
-                       memory_fraction=args.memory_fraction)
+                       memory_fraction=args.memory_fraction, static_mixed=args.static_mixed)
     t = now()
     engine.warmup()
     log(f"engine: {engine.stats()['pages_total']} pages of {engine.cache.page_size} "
@@ -273,6 +274,9 @@ def main():
     ap.add_argument("--agree", type=int, default=16)
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--static-mixed", action="store_true",
+                    help="steps with prefill chunks padded to static shapes, from CUDA graphs "
+                         "(LLMEngine static_mixed)")
     args = ap.parse_args()
     if args.backend is None:
         from tileinfer.backend.registry import list_backends

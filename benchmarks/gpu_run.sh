@@ -4,7 +4,7 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests ops bench pdl int8 spec batch batchall sweep sweep32 skinny
+#       steps: conformance tests ops bench pdl int8 spec batch batchall mixed sweep sweep32 skinny
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -81,6 +81,15 @@ for step in $steps; do
         --batches 8,32,64 --repeats 1
       run_batch continuous --sections continuous,prefix,agreement --shape llama3-8b --backend cuda \
         --requests 256 --one-by-one 4 --repeats 3 --agree 16 ;;
+    mixed)  # steps with prefill chunks from CUDA graphs (LLMEngine static_mixed) against eager:
+            # the engine's GPU tests, then static batches, the prefix TTFT and the continuous run
+      timeout 200 python3 -m pytest -p no:cacheprovider tests/tileinfer-core/test_engine_mixed_steps.py \
+        tests/tileinfer-core/test_engine_gpu.py -m gpu -q -p no:randomly -n 4 > "$out/mixed-tests.log" 2>&1
+      echo "mixed tests: $(tail -n 1 "$out/mixed-tests.log")"
+      for flag in "" --static-mixed; do
+        run_batch "mixed${flag}" --sections static,continuous,prefix --shape llama3-8b \
+          --backend cuda --batches 8,32 --requests 128 --one-by-one 2 --repeats 3 $flag
+      done ;;
     sweep)  # gemv.cu's configurations per matrix (the register stream among them): llama3-8b at
             # 8 rows (batch 8), SmolLM2 at 1 row (its single-sequence steps)
       timeout 400 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8 \

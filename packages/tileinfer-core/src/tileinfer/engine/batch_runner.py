@@ -8,7 +8,13 @@ at position 0) whose only page is a scratch page the runner keeps out of the poo
 their keys and values there and never touch a real sequence; their logits are dropped.
 
 Every other step (prefill chunks, mixed with decode rows or not) runs eagerly with buffers made
-for it. Without graphs every step runs eagerly at its true size, no padding.
+for it, or, with ``static_mixed``, padded to a static shape (``engine/mixed_steps.py``): padding
+sequences on the scratch page take the padding tokens, and the shape's graph is captured the
+second time a step needs it (the first runs the same padded step eagerly, so both give the same
+logits). An eager step waits on the host (about 10 ms of Python and launches for a llama3-8b
+step), a replay does not. At most ``MIXED_KEPT`` such shapes keep their buffers and graphs
+(least recently used first out). Without graphs every step runs eagerly at its true size, no
+padding, unless static_decode / static_mixed ask for the static steps (tests).
 
 The rows of a step are separate sequences, so the linear ops are called with
 ``batch_invariant=False``: the backend may read each weight once for all rows (tensor-core
@@ -21,13 +27,17 @@ once the step's results are accepted, and on an error truncates the sequences ba
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from .cache import PagedKVCache, Sequence, check_cache
 from .graphs import capture_graph, use_graphs
+from .mixed_steps import MixedShape, mixed_shape, padding_lengths
 from .step import StepMetadata, prepare_step
+
+MIXED_KEPT = 6  # static mixed-step shapes kept (buffers and graph each)
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -53,10 +63,13 @@ class BatchRunner:
     max_batch: the largest decode step replayed from a graph (larger ones run eagerly).
     static_decode: run decode steps padded to the buckets on static metadata and buffers even
     without graphs (eagerly): what a graph replays, on any device (for tests). Default: graphs.
+    static_mixed: run steps with prefill chunks padded to static shapes too (with graphs:
+    replayed from CUDA graphs). Off by default.
     """
 
     def __init__(self, model, cache: PagedKVCache, graphs: bool | None = None,
-                 max_batch: int = 64, static_decode: bool | None = None):
+                 max_batch: int = 64, static_decode: bool | None = None,
+                 static_mixed: bool = False):
         check_cache(model, cache)
         self.model, self.cache = model, cache
         self.graphs = graphs = use_graphs(model, graphs)
@@ -64,12 +77,17 @@ class BatchRunner:
         if graphs and not self.static_decode:
             raise ValueError("CUDA graphs replay static decode steps: static_decode=False "
                              "needs graphs=False")
+        self.static_mixed = static_mixed
         self.buckets = bucket_sizes(max_batch) if self.static_decode else []
+        self.mixed_buckets = bucket_sizes(max_batch) if static_mixed else []
         self._static: dict[int, _Bucket] = {}
+        self._mixed: OrderedDict[MixedShape, _Bucket] = OrderedDict()
+        self._mixed_seen: set[MixedShape] = set()  # shapes run once (eagerly, not captured)
         self._pool = None
         # The padding rows' page, held by the runner for its whole life.
-        self.scratch_page = cache.allocator.allocate(1)[0] if self.static_decode else None
-        self.replays = self.eager_steps = self.tokens_run = 0
+        self.scratch_page = (cache.allocator.allocate(1)[0]
+                             if self.static_decode or static_mixed else None)
+        self.replays = self.eager_steps = self.tokens_run = self.mixed_steps = 0
         self.last_static = False
 
     @property
@@ -83,7 +101,8 @@ class BatchRunner:
             self.cache.allocator.release([self.scratch_page])
             self.scratch_page = None
         self._static.clear()
-        self.buckets = []
+        self._mixed.clear()
+        self.buckets = self.mixed_buckets = []
 
     def bucket_for(self, batch: int) -> int | None:
         """The graph bucket a decode step of ``batch`` sequences runs in, or None (eager)."""
@@ -100,6 +119,12 @@ class BatchRunner:
         if self.static_decode and all(len(ids) == 1 for ids in token_lists):
             size = self.bucket_for(len(seqs))
         self.last_static = size is not None
+        if size is None and self.static_mixed:
+            shape = mixed_shape(len(seqs), sum(map(len, token_lists)),
+                                max(map(len, token_lists)), self.mixed_buckets,
+                                min(self.model.max_len, self.cache.max_seq_len))
+            if shape is not None:
+                return self._run_mixed(shape, seqs, token_lists)
         if size is None:
             self.eager_steps += 1
             meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
@@ -139,6 +164,43 @@ class BatchRunner:
             bucket.graph.replay()
             self.replays += 1
         return bucket.buffers.logits[:n]
+
+    def _run_mixed(self, shape: MixedShape, seqs, token_lists) -> torch.Tensor:
+        """A step with prefill chunks, padded to ``shape``: eagerly on its static metadata and
+        buffers the first time the shape comes, captured the second, replayed after."""
+        bucket = self._mixed.get(shape)
+        if bucket is None:
+            bucket = self._mixed_bucket(shape)
+        self._mixed.move_to_end(shape)
+        pads = padding_lengths(shape, len(seqs), sum(map(len, token_lists)))
+        prepare_step(self.cache, list(seqs) + bucket.pad[:len(pads)],
+                     list(token_lists) + [[0] * n for n in pads], max_len=self.model.max_len,
+                     out=bucket.meta)
+        self.mixed_steps += 1
+        if not self.graphs or shape not in self._mixed_seen:
+            self._mixed_seen.add(shape)
+            self._forward(bucket.meta, bucket.buffers)
+        else:
+            if bucket.graph is None:
+                bucket.graph = self._capture(bucket)
+            bucket.graph.replay()
+            self.replays += 1
+        return bucket.buffers.logits[:len(seqs)]
+
+    def _mixed_bucket(self, shape: MixedShape) -> _Bucket:
+        """New static metadata, buffers and padding sequences for ``shape`` (dropping the least
+        recently used shape past ``MIXED_KEPT``). A padding sequence may run max_query tokens:
+        its block table repeats the scratch page, so every position lands on it."""
+        while len(self._mixed) >= MIXED_KEPT:
+            self._mixed.popitem(last=False)
+        meta = StepMetadata.for_cache(self.cache, shape.tokens, num_logits=shape.batch,
+                                      batch=shape.batch, max_len=self.model.max_len,
+                                      max_query_len=shape.max_query)
+        pages = [self.scratch_page] * self.cache.pages_for(shape.max_query)
+        pad = [Sequence(pages=list(pages)) for _ in range(shape.batch)]
+        bucket = _Bucket(meta, self.model.new_buffers(shape.tokens, shape.batch), pad=pad)
+        self._mixed[shape] = bucket
+        return bucket
 
     def _forward(self, meta, buffers) -> torch.Tensor:
         return self.model.forward_step(meta, buffers, self.cache, batch_invariant=False)

@@ -75,8 +75,8 @@ class LLMEngine:
     rows). prefix_caching: share full pages of common prefixes. graphs: CUDA graphs for decode
     steps (None: on CUDA with a graph-safe backend). kv_quantize / key_smoothing: as
     ``new_cache``. watermark: free pages a new request must leave (default 1% of the pool).
-    static_decode: see ``BatchRunner``. pipeline: launch a static decode step before reading the
-    previous one's tokens (``step``).
+    static_decode, static_mixed: see ``BatchRunner``. pipeline: launch a static decode step
+    before reading the previous one's tokens (``step``).
     """
 
     def __init__(self, model, num_pages: int | None = None, page_size: int = 16,
@@ -85,15 +85,15 @@ class LLMEngine:
                  kv_quantize: str | None = None, key_smoothing=None,
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
                  watermark: int | None = None, static_decode: bool | None = None,
-                 pipeline: bool = True):
+                 pipeline: bool = True, static_mixed: bool = False):
         if num_pages is None:
             num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize, cpu_tokens,
-                                      max_step_tokens, max_running, graphs)
+                                      max_step_tokens, max_running, graphs, static_mixed)
         self.model = model
         self.cache = new_cache(model, page_size=page_size, quantize=kv_quantize,
                                key_smoothing=key_smoothing, num_pages=num_pages)
         self.runner = BatchRunner(model, self.cache, graphs, max_batch=max_running,
-                                  static_decode=static_decode)
+                                  static_decode=static_decode, static_mixed=static_mixed)
         self.prefix = PrefixCache(self.cache) if prefix_caching else None
         self.scheduler = Scheduler(self.cache, self.prefix, max_running, max_step_tokens,
                                    watermark)
@@ -370,7 +370,8 @@ class LLMEngine:
                     steps=self.steps, pipelined_steps=self.pipelined_steps,
                     generated_tokens=self.generated_tokens,
                     computed_tokens=self.runner.tokens_run,
-                    graph_replays=self.runner.replays, eager_steps=self.runner.eager_steps)
+                    graph_replays=self.runner.replays, eager_steps=self.runner.eager_steps,
+                    static_mixed_steps=self.runner.mixed_steps)
 
     def check_accounting(self) -> dict:
         """AssertionError unless every page's references equal the sequences holding it (the

@@ -15,8 +15,9 @@ import math
 
 import torch
 
-from .batch_runner import bucket_sizes
+from .batch_runner import MIXED_KEPT, bucket_sizes
 from .cache import kv_bytes_per_token
+from .mixed_steps import MIXED_MAX_TOKENS
 
 DEFAULT_CPU_TOKENS = 32768
 MARGIN_BYTES = 512 << 20  # attention workspaces, allocator slack, sampling scratch
@@ -33,19 +34,23 @@ def step_activation_bytes(model, num_tokens: int, num_logits: int) -> int:
     return item * (num_tokens * per_token + num_logits * per_logit) + logits32
 
 
-def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool) -> int:
+def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool,
+                       static_mixed: bool = False) -> int:
     """What the engine's steps may allocate besides the pool: the largest eager step (twice,
-    for the allocator's transient copies), every graph bucket's static buffers, a margin."""
+    for the allocator's transient copies), every graph bucket's static buffers, the kept
+    static mixed-step shapes' buffers (``static_mixed``), a margin."""
     eager = 2 * step_activation_bytes(model, max_step_tokens, min(max_batch, max_step_tokens))
     static = sum(step_activation_bytes(model, b, b) for b in bucket_sizes(max_batch)) \
         if graphs else 0
-    return eager + static + MARGIN_BYTES
+    mixed = MIXED_KEPT * step_activation_bytes(model, MIXED_MAX_TOKENS, max_batch) \
+        if static_mixed else 0
+    return eager + static + mixed + MARGIN_BYTES
 
 
 def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
                   quantize: str | None = None, cpu_tokens: int | None = None,
                   max_step_tokens: int = 2048, max_batch: int = 64,
-                  graphs: bool | None = None) -> int:
+                  graphs: bool | None = None, static_mixed: bool = False) -> int:
     """How many KV pages of page_size positions the engine's pool gets.
 
     CUDA: ``fraction * total - (total - free) - activation_reserve(...)`` bytes of pages, with
@@ -64,8 +69,8 @@ def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
         graphs = model.ops.graph_safe
     free, total = torch.cuda.mem_get_info(device)
     page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
-    budget = fraction * total - (total - free) - activation_reserve(model, max_step_tokens,
-                                                                    max_batch, graphs)
+    budget = fraction * total - (total - free) - activation_reserve(
+        model, max_step_tokens, max_batch, graphs, static_mixed)
     pages = int(budget // page_bytes)
     if pages < 1:
         raise ValueError(
