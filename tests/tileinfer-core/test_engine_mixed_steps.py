@@ -10,10 +10,11 @@ import random
 import pytest
 import torch
 
-from tileinfer import LLMEngine, SamplingParams
+from tileinfer import LLMEngine, SamplingParams, load_model
 from tileinfer.engine.mixed_steps import (MIXED_MAX_TOKENS, MixedShape, mixed_shape,
                                           padding_lengths, query_bucket, token_bucket)
 from test_engine_exactness import SAMPLINGS, alone, load, mixed_requests, run_engine
+from test_engine_gpu import gpu_backends
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]
@@ -109,26 +110,16 @@ def test_padded_mixed_steps_under_preemption_and_prefix_hits(tiny):
 
 
 @pytest.mark.gpu
-def test_mixed_step_graphs_replay_the_first_eager_run(tiny):
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_mixed_step_graphs_replay_the_first_eager_run(tiny, backend):
     """bf16 on the GPU with CUDA graphs: the same batch three times (its prefill step's shape
     runs eagerly, then is captured, then replayed) gives the same tokens each time, and the
     pool ends as it began."""
-    from test_engine_gpu import gpu_backends
-
-    for backend in [p.values[0] for p in gpu_backends()]:
-        if backend == "none":
-            pytest.skip("no graph-safe GPU backend")
-        model = load_model_gpu(tiny, backend)
-        engine = LLMEngine(model, num_pages=64, max_running=8, static_mixed=True)
-        requests = mixed_requests(lengths=(16, 16, 16, 16), news=(10, 10, 10, 10))
-        outs = [run_engine(engine, requests)[0] for _ in range(3)]
-        assert outs[1] == outs[0] and outs[2] == outs[0], backend
-        assert engine.stats()["static_mixed_steps"] >= 3
-        assert any(b.graph is not None for b in engine.runner._mixed.values())
-
-
-def load_model_gpu(tiny, backend):
-    from tileinfer import load_model
-
-    return load_model(tiny.directory("llama", dtype=torch.bfloat16), dtype=torch.bfloat16,
-                      backend=backend, max_len=128, device="cuda")
+    model = load_model(tiny.directory("llama", dtype=torch.bfloat16), dtype=torch.bfloat16,
+                       backend=backend, max_len=128, device="cuda")
+    engine = LLMEngine(model, num_pages=64, max_running=8, static_mixed=True)
+    requests = mixed_requests(lengths=(16, 16, 16, 16), news=(10, 10, 10, 10))
+    outs = [run_engine(engine, requests)[0] for _ in range(3)]
+    assert outs[1] == outs[0] and outs[2] == outs[0]
+    assert engine.stats()["static_mixed_steps"] >= 3
+    assert any(b.graph is not None for b in engine.runner._mixed.values())
