@@ -2,10 +2,11 @@
 
 A step of b sequences, t tokens in all and a longest query of q tokens runs, padded, as a static
 step of ``MixedShape(tokens=T, batch=B, max_query=Q)``: T a token bucket >= t, B a batch bucket
->= b, Q a power of two >= q (at least 16, at most the longest sequence allowed). The B - b padding sequences take the T - t padding tokens, each at
-least one and at most Q (their queries must stay within the step's bound), on the runner's scratch
-page. Where no shape fits (too many tokens, too many sequences, padding that does not fit in the
-padding sequences) the step runs eagerly at its true size.
+>= b, Q a power of two >= q (at least 16, at most the longest sequence allowed). The B - b
+padding sequences take the T - t padding tokens, each at least one and at most Q (their queries
+must stay within the step's bound), on the runner's scratch page. Where no shape fits (too many
+tokens, too many sequences, padding that does not fit in the padding sequences) the step runs
+eagerly at its true size.
 
 Token buckets are multiples of 16 up to 128, then of 64 up to ``MIXED_MAX_TOKENS``: a static
 batch's prefill (8 prompts of 16 tokens: 128) needs no padding at all, and a longer step wastes
