@@ -66,7 +66,7 @@ def test_padded_prefill_equals_the_unpadded_one(tiny, n):
 
 
 def test_a_later_turn_is_padded_after_the_cached_positions(tiny):
-    """A second prefill (a chat turn) after 26 cached tokens: padded 30 -> 32 tokens; both
+    """A second prefill (a chat turn) after the first turn's cached tokens: padded 30 -> 32; both
     turns' greedy answers, the sequence and the pool equal the same two turns run unpadded."""
     model = load(tiny)
     first, second = prompt_ids(20, seed=1), prompt_ids(30, seed=2)
