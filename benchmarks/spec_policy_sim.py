@@ -1,0 +1,95 @@
+"""The pipelined n-gram loop's decisions, replayed on the CPU: which steps it launches on each
+prompt of ``speculative.py``, and the speed-up those steps would give at given GPU step costs.
+
+The loop (engine/speculative/pipelined.py) decides from its hit rate and from what a step of n
+rows costs against a 1-token step. On the GPU it measures that cost; here ``--row-cost`` fixes
+it (an extra row's cost in 1-token steps: 0.05 is about cuda's on SmolLM2 at 8 rows), so its
+decisions are deterministic and the same as on the GPU wherever the greedy tokens are. The real
+SmolLM2 runs on the ref backend in float32. The estimate: ``--prefill-ms`` plus the cost of every
+launched step (``--step-ms``: ms by row count, 1..8) for speculation, against the prefill plus one
+1-token step per generated token for plain decoding. It ignores the host's time, which both pay.
+
+``--hit-rate-start`` lists starting values of the loop's hit rate to compare (it starts at 0).
+
+    python benchmarks/spec_policy_sim.py --prompts quote_answer,rewrite --hit-rate-start 0,0.55
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from speculative import PROMPTS
+from tileinfer import (ChatMessage, ModelRunner, NgramProposer, SamplingParams, SpecStats,
+                       chat_prompt, generate_into, load_model, load_tokenizer)
+from tileinfer.engine.cache import new_cache
+from tileinfer.engine.speculative import pipelined
+from tileinfer.io.default_model import default_model_dir
+from tileinfer.io.generation_config import generation_defaults
+
+# cuda on the real SmolLM2, graph replays as the loop measured them (RESULTS.md, session 12)
+CUDA_STEP_MS = "0.656,0.697,0.733,0.742,0.779,0.830,0.864,0.884"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", default="", help="comma list of speculative.py's prompt names")
+    p.add_argument("--hit-rate-start", default="0")
+    p.add_argument("--row-cost", type=float, default=0.05)
+    p.add_argument("--step-ms", default=CUDA_STEP_MS)
+    p.add_argument("--prefill-ms", type=float, default=2.0)
+    p.add_argument("--new-tokens", type=int, default=128)
+    args = p.parse_args()
+    step_ms = [float(x) for x in args.step_ms.split(",")]
+    starts = [float(x) for x in args.hit_rate_start.split(",")]
+    torch.set_num_threads(1)
+
+    # Every launched step's row count, and the hit rate the loop starts from.
+    launched, start = [], [0.0]
+    loop_init, loop_launch = pipelined._Loop.__init__, pipelined._Loop._launch_step
+
+    def init(self, *a, **kw):
+        loop_init(self, *a, **kw)
+        self.hit_rate = start[0]
+
+    def launch(self, step):
+        launched.append(step.n)
+        return loop_launch(self, step)
+
+    pipelined._Loop.__init__, pipelined._Loop._launch_step = init, launch
+
+    folder = default_model_dir()
+    model = load_model(folder, dtype=torch.float32, backend="ref", max_len=2048)
+    tokenizer = load_tokenizer(folder)
+    _, eos = generation_defaults(folder, model.config)
+    names = set(args.prompts.split(",")) if args.prompts else None
+    for name, kind, text in PROMPTS:
+        if names is not None and name not in names:
+            continue
+        ids = tokenizer.encode(chat_prompt(folder, [ChatMessage("user", text)]),
+                               add_special_tokens=False)
+        cache = new_cache(model, len(ids) + args.new_tokens + 64)
+        runner = ModelRunner(model, cache)
+        for value in starts:
+            start[0] = value
+            launched.clear()
+            stats, proposer = SpecStats(), NgramProposer(k=7)
+            proposer.row_cost = args.row_cost
+            seq = cache.new_sequence()
+            out = generate_into(runner, seq, ids, args.new_tokens, SamplingParams(),
+                                stop_ids=eos, seed=0, speculative=proposer, spec_stats=stats)
+            cache.release(seq)
+            spec = args.prefill_ms + sum(step_ms[min(n, len(step_ms)) - 1] for n in launched)
+            plain = args.prefill_ms + len(out) * step_ms[0]
+            print(json.dumps(dict(prompt=name, kind=kind, hit_rate_start=value,
+                                  generated=len(out), verify_steps=stats.verify_steps,
+                                  plain_steps=stats.plain_steps,
+                                  wasted_steps=stats.wasted_steps, drafted=stats.drafted,
+                                  accepted=stats.accepted,
+                                  estimated_speedup=round(plain / spec, 3))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
