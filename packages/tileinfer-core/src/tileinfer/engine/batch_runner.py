@@ -155,8 +155,11 @@ class BatchRunner:
                      max_len=self.model.max_len, out=bucket.meta, keep_ids=keep_ids)
         return bucket
 
-    def _replay(self, bucket: _Bucket, n: int) -> torch.Tensor:
-        if not self.graphs:
+    def _replay(self, bucket: _Bucket, n: int, eager: bool = False) -> torch.Tensor:
+        """Run the bucket's step from its graph (captured on the first replay), or eagerly on
+        its static metadata and buffers without graphs or when asked (eager); logits of the
+        first n rows."""
+        if eager or not self.graphs:
             self._forward(bucket.meta, bucket.buffers)
         else:
             if bucket.graph is None:
@@ -177,15 +180,9 @@ class BatchRunner:
                      list(token_lists) + [[0] * n for n in pads], max_len=self.model.max_len,
                      out=bucket.meta)
         self.mixed_steps += 1
-        if not self.graphs or shape not in self._mixed_seen:
-            self._mixed_seen.add(shape)
-            self._forward(bucket.meta, bucket.buffers)
-        else:
-            if bucket.graph is None:
-                bucket.graph = self._capture(bucket)
-            bucket.graph.replay()
-            self.replays += 1
-        return bucket.buffers.logits[:len(seqs)]
+        first = shape not in self._mixed_seen
+        self._mixed_seen.add(shape)
+        return self._replay(bucket, len(seqs), eager=first)
 
     def _mixed_bucket(self, shape: MixedShape) -> _Bucket:
         """New static metadata, buffers and padding sequences for ``shape`` (dropping the least
