@@ -12,6 +12,7 @@ from tileinfer.engine.cache import new_cache
 from tileinfer.engine.generate import generate_into
 from tileinfer.engine.runner import MAX_PREFILL_BUCKET, ModelRunner, prefill_bucket
 from tileinfer.engine.step import prepare_step
+from test_engine_gpu import gpu_backends
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160
@@ -127,15 +128,6 @@ def test_prepare_step_padding_moves_the_logits_row_and_is_checked(tiny):
         with pytest.raises(ValueError, match="padding"):
             prepare_step(cache, [seq], [list(range(1, 17))], **bad)
         assert not seq.pages  # refused before reserving pages
-
-
-def gpu_backends():
-    from tileinfer.backend.registry import list_backends
-
-    names = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
-             and b.info.graph_safe]
-    return [pytest.param(n, marks=pytest.mark.gpu) for n in names] or [
-        pytest.param("none", marks=pytest.mark.skip(reason="no graph-safe GPU backend"))]
 
 
 @pytest.mark.gpu
