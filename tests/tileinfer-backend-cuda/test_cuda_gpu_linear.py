@@ -23,6 +23,17 @@ def _experiment(settings):
     return tuning.experiment(settings)
 
 
+def assert_linear_matches_ref(cuda, ref, x, w, scale, batch_invariant=True, what="output"):
+    """cuda.linear against ref.linear into bf16 and into float32 outputs (NaN-filled first, so
+    an unwritten element fails), to bf16 tolerance."""
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=out_dtype, device=DEV)
+        expected = torch.empty_like(out)
+        cuda.linear(out, x, w, scale, batch_invariant=batch_invariant)
+        ref.linear(expected, x, w, scale)
+        assert_close(out, expected, torch.bfloat16, what=what)
+
+
 # --- batched steps of 9..64 rows: gemv.cu with several token tiles --------------------------------
 
 
@@ -43,12 +54,7 @@ def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
     wo, so = w[:out_f], None if scale is None else scale[:out_f]
     settings = {"gemv": {"kernel": "mma", **cfg}, "gemv_wide": {"bf16": 64, "int8": 64}}
     with _experiment(settings):
-        for out_dtype in (torch.bfloat16, torch.float32):
-            out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
-            expected = torch.empty_like(out)
-            cuda.linear(out, x, wo, so, batch_invariant=False)
-            ref.linear(expected, x, wo, so)
-            assert_close(out, expected, torch.bfloat16)
+        assert_linear_matches_ref(cuda, ref, x, wo, so, batch_invariant=False)
         act, expected = (torch.empty(n, out_f, dtype=torch.bfloat16, device=DEV) for _ in range(2))
         scratch = torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV)
         cuda.linear_swiglu(act, x, w, scale, scratch, batch_invariant=False)
@@ -71,12 +77,7 @@ def test_decode_gemv_model_shapes(cuda, ref, n, out_f, in_f, int8):
     g = torch.Generator().manual_seed(out_f + in_f + n)
     x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
     w, scale = weight(out_f, in_f, g, int8)
-    for out_dtype in (torch.bfloat16, torch.float32):
-        out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
-        expected = torch.empty_like(out)
-        cuda.linear(out, x, w, scale)
-        ref.linear(expected, x, w, scale)
-        assert_close(out, expected, torch.bfloat16)
+    assert_linear_matches_ref(cuda, ref, x, w, scale)
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -104,12 +105,7 @@ def test_prefill_gemm(cuda, ref, n, in_f):
     w = (torch.randn(700, in_f, generator=g) * 0.03).to(torch.bfloat16)
     q, scale = quantize_weight(w)
     for wt, s in ((w.to(DEV), None), (q.to(DEV), scale.to(DEV))):
-        for out_dtype in (torch.bfloat16, torch.float32):
-            out = torch.full((n, 700), float("nan"), dtype=out_dtype, device=DEV)
-            expected = torch.empty_like(out)
-            cuda.linear(out, x, wt, s)
-            ref.linear(expected, x, wt, s)
-            assert_close(out, expected, torch.bfloat16)
+        assert_linear_matches_ref(cuda, ref, x, wt, s)
 
 
 @pytest.mark.parametrize("n", [1, 8, 40])
@@ -375,12 +371,7 @@ def test_skinny_gemm_matches_ref(cuda, ref, n, cfg):
     w, _ = weight(out_f, in_f, g, False)
     settings = {"skinny": {"max_tokens": 64, **SKINNY_CONFIGS[cfg]}, "gemv_wide": {"bf16": 8}}
     with _experiment(settings):
-        for out_dtype in (torch.bfloat16, torch.float32):
-            out = torch.full((n, out_f), float("nan"), dtype=out_dtype, device=DEV)
-            expected = torch.empty_like(out)
-            cuda.linear(out, x, w, None, batch_invariant=False)
-            ref.linear(expected, x, w, None)
-            assert_close(out, expected, torch.bfloat16, what=cfg)
+        assert_linear_matches_ref(cuda, ref, x, w, None, batch_invariant=False, what=cfg)
     assert loaded_modules("gemm_skinny.cu", NT=tuning.mma_token_tiles(n)), "it did not run"
 
 
