@@ -131,14 +131,11 @@ class ModelRunner:
         bucket = prefill_bucket(n) if self.static_prefill else None
         if bucket is None or len(seq) + bucket > min(self.model.max_len, self.cache.max_seq_len):
             return None
+        # Pages for the real tokens and the padding, from pages that hold no cached prefix (too
+        # few: the eager step runs, and raises OutOfPagesError where the real ones do not fit).
         cache = self.cache
-        real = max(0, cache.pages_for(len(seq) + n) - len(seq.pages))
         padded = max(0, cache.pages_for(len(seq) + bucket) - len(seq.pages))
-        if padded > cache.allocator.free - cache.allocator.cached:
-            return None
-        if real > cache.free_pages:
-            return None  # the eager step raises OutOfPagesError
-        return bucket
+        return bucket if padded <= cache.allocator.free - cache.allocator.cached else None
 
     def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None,
                     rows: bool = False, capture_later: bool = False):
