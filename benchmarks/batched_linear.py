@@ -24,12 +24,6 @@ one JSON row per matrix with its best configuration and its time against the shi
 ``MMA_GEMV_WIDE_TABLE`` entries.
 
     python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
-
-``--skinny-sweep N``: the same for gemm_skinny.cu (bf16 weights, 9..64 rows; off by default,
-see tuning.SKINNY_MAX_TOKENS) under every configuration of ``skinny_configs`` whose shared
-memory and split-K scratch fit, against the shipped path (cuBLAS at 17..64 rows).
-
-    python benchmarks/batched_linear.py --shape llama3-8b --skinny-sweep 32
 """
 
 from __future__ import annotations
@@ -179,60 +173,6 @@ def mma_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
-def skinny_configs(key, n: int) -> list[dict]:
-    """gemm_skinny.cu's sweep at one matrix: warps x 16-row tiles a warp x ring stages x the K of
-    a split, those whose shared memory and split-K scratch fit; and the heuristic's ({})."""
-    from tileinfer_backend_cuda.ops import common, linear, tuning
-
-    n_rows, k_dim, _, epilogue = key
-    o_rows = 2 * n_rows if epilogue == "swiglu" else n_rows  # the gate and up product
-    tokens = 8 * tuning.mma_token_tiles(n)
-    configs = [{}]
-    for warps in (4, 8):
-        for tiles in (1, 2):
-            for stages in (2, 4, 6):
-                for kc in (256, 384, 512, 704, 992, 1408):
-                    cfg = {"warps": warps, "tiles": tiles, "stages": stages, "kc": kc}
-                    splits = -(-k_dim // kc)
-                    if (linear.skinny_smem_bytes(cfg, tokens) <= SMEM_LIMIT
-                            and (splits == 1 or common.GemvScratch.fits(splits, 1, o_rows, n))):
-                        configs.append(cfg)
-    return configs
-
-
-def skinny_sweep(model, n: int):
-    from cuda_kernels import precompile
-    from tileinfer_backend_cuda.ops import linear, tuning
-
-    ops = get_backend("cuda")
-    names = ["qkv", "o", "gate_up", "down", "lm_head"]
-    device = torch.cuda.current_device()
-    pdl_on = tuning.pdl(device)
-    token_tiles = tuning.mma_token_tiles(n)
-    jobs = {}  # every build the sweep launches, compiled in parallel first
-    for name in names:
-        key = matrix_key(model, name)
-        o_rows = 2 * key[0] if key[3] == "swiglu" else key[0]
-        out = "float" if name == "lm_head" else "bf16_t"
-        for cfg in skinny_configs(key, n):
-            with tuning.experiment({"skinny": cfg}):
-                full = tuning.skinny_heuristic(o_rows, key[1], token_tiles, device)
-            defines = linear.skinny_defines(full, token_tiles, out, pdl_on)
-            jobs[json.dumps(defines, sort_keys=True)] = ("gemm_skinny.cu", defines)
-    precompile(list(jobs.values()))
-    for name, calls in matrix_calls(model, ops, n).items():
-        key = matrix_key(model, name)
-        timed = time_configs(calls, skinny_configs(key, n),
-                             lambda cfg: {"skinny": {"max_tokens": 64, **cfg}})
-        shipped = timed[0][0]
-        best_s, best = min(timed[1:], key=lambda t: t[0]) if timed[1:] else (shipped, None)
-        row = dict(matrix=name, key=list(key), rows=n, shipped_ms=round(shipped * 1e3, 4),
-                   best_ms=round(best_s * 1e3, 4), best=best, configs=len(timed) - 1)
-        print(json.dumps(row), flush=True)
-        print(f"{name:8s} shipped {shipped * 1e3:.4f} ms, gemm_skinny.cu best {best_s * 1e3:.4f} "
-              f"ms {best}", file=sys.stderr)
-
-
 def _swiglu_torch(h, w, gate_up):
     torch.matmul(h, w.t(), out=gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -251,16 +191,12 @@ def main():
     p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
     p.add_argument("--mma-sweep", type=int, metavar="N",
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
-    p.add_argument("--skinny-sweep", type=int, metavar="N",
-                   help="sweep gemm_skinny.cu's configurations at N rows instead (see above)")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
     if args.mma_sweep:
         return mma_sweep(model, args.mma_sweep)
-    if args.skinny_sweep:
-        return skinny_sweep(model, args.skinny_sweep)
     nbytes = linear_weight_bytes(model)
     variants = []
     for name in args.backends.split(","):

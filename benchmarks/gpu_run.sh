@@ -4,7 +4,7 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests ops bench pdl int8 spec batch batchall mixed sweep sweep32 skinny
+#       steps: conformance tests ops bench pdl int8 spec batch batchall mixed sweep sweep32 cublaslt
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -101,14 +101,15 @@ for step in $steps; do
       timeout 500 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 32 \
         > "$out/sweep-8b-32.json" 2> "$out/sweep-8b-32.err"
       tail -n 8 "$out/sweep-8b-32.err" ;;
-    skinny)  # gemm_skinny.cu: its GPU tests, then its sweep against cuBLAS at 32 and 64 rows
-      timeout 200 python3 -m pytest -p no:cacheprovider tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py \
-        -m gpu -k skinny -q -p no:randomly -n 4 > "$out/skinny-tests.log" 2>&1
-      echo "skinny tests: $(tail -n 1 "$out/skinny-tests.log")"
-      for rows in 32 64; do
-        timeout 300 python3 benchmarks/batched_linear.py --shape llama3-8b --skinny-sweep $rows \
-          > "$out/skinny-8b-$rows.json" 2> "$out/skinny-8b-$rows.err"
-        grep "gemm_skinny" "$out/skinny-8b-$rows.err"
+    cublaslt)  # batched bf16 products on cuBLASLt (tuning.CUBLASLT_MAX_TOKENS) against PyTorch's
+               # default cuBLAS (cublaslt_max_tokens 0), alternated: static batches 32 and 64
+      for rep in 1 2; do
+        for lt in on off; do
+          [ $lt = off ] && export TILEINFER_CUDA_EXPERIMENTS='{"cublaslt_max_tokens": 0}'
+          run_batch "cublaslt-$lt-$rep" --sections static --shape llama3-8b --backend cuda \
+            --batches 32,64 --repeats 3
+          unset TILEINFER_CUDA_EXPERIMENTS
+        done
       done ;;
   esac
 done

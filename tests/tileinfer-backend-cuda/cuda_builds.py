@@ -64,12 +64,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
         for out_dtype in ("bf16_t", "float"):
             add("gemm.cu", W_INT8=w_int8, OUT_DTYPE=out_dtype, ROUND_BF16=1 - w_int8)
 
-    # gemm_skinny.cu: each token-tile count and output, the warps / tiles / ring / PDL
-    for nt, out_dtype in ((2, "bf16_t"), (4, "float"), (8, "bf16_t")):
-        add("gemm_skinny.cu", NT=nt, OUT_DTYPE=out_dtype, ROUND_BF16=int(out_dtype != "float"),
-            KC=480 if nt == 8 else 992, PDL=1)
-    add("gemm_skinny.cu", NT=4, WARPS=4, TILES=2, STAGES=2, KC=256, PDL=0)
-
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)

@@ -88,13 +88,13 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 
 def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
-                                     "small_weight_bytes": None, "skinny": {}}
+                                     "small_weight_bytes": None, "cublaslt_max_tokens": None}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
 def test_experiments_reject_unknown_settings():
     for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
-                {"gemv_wide": {"fp8": 16}}, {"skinny": {"block_k": 64}}):
+                {"gemv_wide": {"fp8": 16}}, {"skinny": {"max_tokens": 64}}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))
@@ -387,20 +387,3 @@ def test_compile_builds_hold_the_default_decode_builds():
         m_tiles = attention.attention_decode_m_tiles(head_dim, group)
         for kv_int8, smooth in ((0, 0), (1, 0), (1, 1)):
             assert (head_dim, kv_int8, smooth, m_tiles) in fused
-
-
-@pytest.mark.parametrize("n_rows,k_dim", [(6144, 4096), (4096, 4096), (28672, 4096),
-                                          (4096, 14336), (128256, 4096), (200, 72)])
-@pytest.mark.parametrize("token_tiles", [2, 4, 8])
-def test_skinny_heuristic_fits_two_blocks_per_sm(fake_gpu, n_rows, k_dim, token_tiles):
-    """gemm_skinny.cu's configuration: KC a multiple of 32 (whole warp steps), an x tile of at
-    most 64 KB and shared memory for two blocks an SM; experiments replace any key."""
-    from tileinfer_backend_cuda.ops import linear
-
-    cfg = tuning.skinny_heuristic(n_rows, k_dim, token_tiles, 0)
-    assert cfg["kc"] % 32 == 0 and cfg["kc"] >= 32
-    assert 8 * token_tiles * (cfg["kc"] + 32) * 2 <= 64 * 1024
-    assert 2 * linear.skinny_smem_bytes(cfg, 8 * token_tiles) <= 228 * 1024
-    with tuning.experiment({"skinny": {"kc": 256, "warps": 4}}):
-        assert tuning.skinny_heuristic(n_rows, k_dim, token_tiles, 0)["kc"] == 256
-        assert tuning.skinny_heuristic(n_rows, k_dim, token_tiles, 0)["warps"] == 4

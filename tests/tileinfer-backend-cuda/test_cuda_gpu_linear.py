@@ -347,55 +347,37 @@ def test_gemv_rows_split_k_graph_replay(cuda):
         assert torch.equal(out, want)
 
 
-# --- gemm_skinny.cu: batched bf16 steps past gemv.cu (off by default) -----------------------------
-
-# K = 4104: the last split of K is shorter than KC and no multiple of a warp step; 1000 output
-# rows: the last block partly past O.
-SKINNY_CONFIGS = {"heuristic": {}, "kc256": {"kc": 256},
-                  "w4-t2-s2-kc160": {"warps": 4, "tiles": 2, "stages": 2, "kc": 160},
-                  "one-split": {"kc": 4128}}
+# --- cuBLASLt: bf16 products past gemv.cu, up to tuning.CUBLASLT_MAX_TOKENS rows ----------------
 
 
-@pytest.mark.parametrize("n", [9, 17, 32, 64])
-@pytest.mark.parametrize("cfg", list(SKINNY_CONFIGS))
-def test_skinny_gemm_matches_ref(cuda, ref, n, cfg):
-    """gemm_skinny.cu against ref, split-K and not, bf16 and float32 outputs (gemv.cu's wide
-    range cut to 8 rows, so that 9..16 rows take it too)."""
-    from tileinfer_backend_cuda.ops import tuning
-
-    if cfg == "one-split" and n > 16:
-        pytest.skip("an x tile of 4,128 k is for 16 rows at most (shared memory)")
+@pytest.mark.parametrize("n", [17, 32, 256, 257])
+def test_cublas_products_match_ref_and_restore_the_blas_library(cuda, ref, n):
+    """Products of 17..256 rows run on cuBLASLt, larger ones on PyTorch's default; both match ref
+    (bf16 and float32 outputs), and the preferred BLAS library is the caller's afterwards."""
     g = torch.Generator().manual_seed(n)
-    out_f, in_f = 1000, 4104
-    x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
-    w, _ = weight(out_f, in_f, g, False)
-    settings = {"skinny": {"max_tokens": 64, **SKINNY_CONFIGS[cfg]}, "gemv_wide": {"bf16": 8}}
-    with _experiment(settings):
-        assert_linear_matches_ref(cuda, ref, x, w, None, batch_invariant=False, what=cfg)
-    assert loaded_modules("gemm_skinny.cu", NT=tuning.mma_token_tiles(n)), "it did not run"
+    x = torch.randn(n, 4096, generator=g).to(torch.bfloat16).to(DEV)
+    w, _ = weight(1000, 4096, g, False)
+    before = torch.backends.cuda.preferred_blas_library()
+    assert_linear_matches_ref(cuda, ref, x, w, None, batch_invariant=False, what=f"{n} rows")
+    assert torch.backends.cuda.preferred_blas_library() == before
 
 
-def test_skinny_gemm_split_k_graph_replay(cuda):
-    """A captured split-K gemm_skinny.cu replays on new inputs exactly as it runs eagerly, three
-    launches in one graph sharing the counters (each last block re-arms its counter)."""
+def test_cublaslt_product_graph_replay(cuda):
+    """A captured cuBLASLt product replays on new inputs exactly as it runs eagerly."""
     g = torch.Generator().manual_seed(11)
     in_f, o_rows, n = 4096, 1536, 32
     w = (torch.randn(o_rows, in_f, generator=g) * 0.02).to(torch.bfloat16).to(DEV)
     xs = [torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3)]
     x = torch.empty_like(xs[0])
     out = torch.empty(n, o_rows, dtype=torch.bfloat16, device=DEV)
-    cuda.reserve_scratch(DEV)
-    with _experiment({"skinny": {"max_tokens": 64, "kc": 512}}):
-        eager = []
-        for xi in xs:
-            x.copy_(xi)
-            cuda.linear(out, x, w, None, batch_invariant=False)
-            eager.append(out.clone())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(3):
-                cuda.linear(out, x, w, None, batch_invariant=False)
-    assert loaded_modules("gemm_skinny.cu", KC=512), "it did not run"
+    eager = []
+    for xi in xs:
+        x.copy_(xi)
+        cuda.linear(out, x, w, None, batch_invariant=False)
+        eager.append(out.clone())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda.linear(out, x, w, None, batch_invariant=False)
     for xi, want in zip(xs, eager):
         x.copy_(xi)
         graph.replay()

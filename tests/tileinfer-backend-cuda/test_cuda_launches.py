@@ -26,10 +26,26 @@ class Launch:
             assert ok, f"{name}: {a!r} is no {kind!r} argument"
 
 
+class BlasLibrary:
+    """torch.backends.cuda.preferred_blas_library on a CPU build (which cannot set cuBLASLt):
+    the setting as a string, and the setting at each torch.mm call."""
+
+    def __init__(self):
+        self.now, self.at_mm = "default", []
+
+    def __call__(self, backend=None):
+        if backend is not None:
+            self.now = str(backend)
+        return self.now
+
+    def mm(self, *args, **kwargs):
+        self.at_mm.append((self.now, kwargs.get("out_dtype")))
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """The kernels of every ops module replaced by a recorder; device 0 an H200 (sm_90, 132 SMs)
-    with its scratch reserved (on the CPU)."""
+    with its scratch reserved (on the CPU); the BLAS library setting a BlasLibrary."""
     log = []
 
     class Recorder:
@@ -44,6 +60,7 @@ def launches(monkeypatch):
         if hasattr(mod, "dev"):
             monkeypatch.setattr(mod, "dev", lambda t: 0)
     monkeypatch.setitem(tuning._pdl_arch, 0, True)
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", BlasLibrary())
     for name, value in (("multi_processor_count", 132), ("shared_memory_per_block_optin", 232448),
                         ("shared_memory_per_multiprocessor", 233472)):
         monkeypatch.setitem(common._device_properties, (0, name), value)
@@ -121,38 +138,32 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
         assert mm_calls == [torch.float32]
 
 
-def test_skinny_gemm_takes_batched_bf16_steps_past_gemv_cu_when_on(launches, monkeypatch):
-    """gemm_skinny.cu (off by default: cuBLAS) runs bf16 products of 17..64 rows once
-    experiments turn it on: a grid of 128-row blocks by the heuristic's splits of K, the x tile
-    and rings in shared memory, the scratch passed with splits; the float32 logits too. A
-    product whose split-K partials do not fit the scratch falls back to cuBLAS (no launch)."""
-    mm_calls = []
-    monkeypatch.setattr(linear.torch, "matmul", lambda *a, **kw: mm_calls.append("matmul"))
-    monkeypatch.setattr(linear.torch, "mm", lambda *a, **kw: mm_calls.append("mm"))
-    x = torch.randn(32, 4096).to(BF)
+@pytest.mark.parametrize("n,library", [(17, "cublaslt"), (256, "cublaslt"), (257, "default")])
+def test_bf16_products_past_gemv_cu_run_on_cublaslt_up_to_its_rows(launches, monkeypatch, n,
+                                                                    library):
+    """bf16 products of wide_max_tokens + 1 .. CUBLASLT_MAX_TOKENS rows (batched decode steps)
+    call torch.mm with cuBLASLt preferred, the float32 logits too, larger ones (prefill) with the
+    caller's setting; the caller's setting is back afterwards, also when the product fails.
+    Experiments' cublaslt_max_tokens 0 leaves every product on the default."""
+    blas = torch.backends.cuda.preferred_blas_library  # the fixture's BlasLibrary
+    monkeypatch.setattr(linear.torch, "mm", blas.mm)
+    x = torch.randn(n, 4096).to(BF)
     w = torch.randn(6144, 4096).to(BF)
-    OPS["linear"](torch.empty(32, 6144, dtype=BF), x, w, None, False)
-    assert launches == [] and mm_calls == ["matmul"]  # the default: cuBLAS
+    OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, None, False)
+    OPS["linear"](torch.empty(n, 6144, dtype=torch.float32), x, w, None, False)
+    assert launches == []
+    assert blas.at_mm == [(library, None), (library, torch.float32)] and blas.now == "default"
+    with tuning.experiment({"cublaslt_max_tokens": 0}):
+        OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, None, False)
+    assert blas.at_mm[-1] == ("default", None)
 
-    with tuning.experiment({"skinny": {"max_tokens": 64}}):
-        OPS["linear"](torch.empty(32, 6144, dtype=BF), x, w, None, False)
-        OPS["linear"](torch.empty(32, 6144, dtype=torch.float32), x, w, None, False)
-        (k, k_f32) = launches
-        cfg = tuning.skinny_heuristic(6144, 4096, 4, 0)
-        splits = -(-4096 // cfg["kc"])
-        assert (k.file, k.name, k.grid, k.block) == ("gemm_skinny.cu", "gemm_skinny",
-                                                     (6144 // 128, splits), (256,))
-        assert k.defines == {"NT": 4, "WARPS": 8, "TILES": 1, "KC": cfg["kc"], "STAGES": 4,
-                             "OUT_DTYPE": "bf16_t", "ROUND_BF16": 1, "PDL": 1}
-        assert k_f32.defines["OUT_DTYPE"] == "float" and k_f32.defines["ROUND_BF16"] == 0
-        assert splits > 1 and k.args[7] is not None and k.args[8] is not None  # the scratch
-        assert k.smem == linear.skinny_smem_bytes(cfg, 32) <= 227 * 1024
-        # the lm_head's partials would not fit the scratch: cuBLAS's float32 logits
-        launches.clear()
-        OPS["linear"](torch.empty(32, 128256, dtype=torch.float32), x,
-                      torch.empty(128256, 4096, dtype=BF), None, False)
-        assert launches == [] and mm_calls[-1] == "mm"
-        common.fallback_counts.clear()  # the fallback is counted, as it should be
+    def failing_mm(*args, **kwargs):
+        raise RuntimeError("CUBLAS_STATUS_ALLOC_FAILED")
+
+    monkeypatch.setattr(linear.torch, "mm", failing_mm)
+    with pytest.raises(RuntimeError, match="ALLOC_FAILED"):
+        OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, None, False)
+    assert blas.now == "default"
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])

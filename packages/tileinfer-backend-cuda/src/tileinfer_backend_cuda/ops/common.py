@@ -135,11 +135,10 @@ class DeviceScratch:
 
 
 class GemvScratch(DeviceScratch):
-    """gemv_rows.cu's (and gemm_skinny.cu's) split-K scratch: float32 partial sums
-    [split][mat][token][O] and one arrival counter per row tile (zero between launches: the last
-    block of a tile re-arms it). A gemv_rows.cu launch that needs more than it holds runs without
-    split-K (decided from the shape alone, so never differently for 1 and 8 tokens); a
-    gemm_skinny.cu one leaves the product to cuBLAS."""
+    """gemv_rows.cu's split-K scratch: float32 partial sums [split][mat][token][O] and one
+    arrival counter per row tile (zero between launches: the last block of a tile re-arms it). A
+    launch that needs more than it holds runs without split-K (decided from the shape alone, so
+    never differently for 1 and 8 tokens)."""
 
     PARTIALS = 1 << 21  # floats (8 MiB)
     COUNTERS = 1 << 15
@@ -151,8 +150,7 @@ class GemvScratch(DeviceScratch):
     @classmethod
     def fits(cls, splits: int, mats: int, n_rows: int, tokens: int = GEMV_MAX_TOKENS) -> bool:
         """Room for a launch: partials of every split, mat and token slot; a counter per row tile
-        (n_rows bounds the tiles for every rows value). gemm_skinny.cu shares it (tokens: its
-        rows)."""
+        (n_rows bounds the tiles for every rows value)."""
         return splits * mats * tokens * n_rows <= cls.PARTIALS and n_rows <= cls.COUNTERS
 
 

@@ -30,8 +30,7 @@ from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, al
                      contig, dev, fallback, fallback_counts, kernel)
 from . import elementwise
 from .tuning import (gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens,
-                     mma_token_tiles, pdl, rows_lane_k, skinny_heuristic, skinny_max_tokens,
-                     wide_max_tokens)
+                     cublaslt_max_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
@@ -167,44 +166,19 @@ def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows
               scratch, counters), pdl=pdl_on)
 
 
-def skinny_smem_bytes(cfg: dict, tokens: int) -> int:
-    """gemm_skinny.cu's dynamic shared memory: the x tile (tokens rows of kc + 32 bf16) and the
-    warps' rings (stages x 2 tiles' rows x 32 lanes x 16 bytes each)."""
-    return tokens * (cfg["kc"] + 32) * 2 + cfg["warps"] * cfg["stages"] * 2 * cfg["tiles"] * 512
-
-
-def skinny_defines(cfg: dict, token_tiles: int, out_dtype: str, pdl_on: bool) -> dict:
-    """gemm_skinny.cu's defines for a configuration (skinny_heuristic's keys)."""
-    return {"NT": token_tiles, "WARPS": cfg["warps"], "TILES": cfg["tiles"], "KC": cfg["kc"],
-            "STAGES": cfg["stages"], "OUT_DTYPE": out_dtype,
-            "ROUND_BF16": round_bf16(False, out_dtype), "PDL": int(pdl_on)}
-
-
-def skinny(out, x, weight) -> bool:
-    """gemm_skinny.cu: a bf16 product of 9..64 rows (tuning.skinny_max_tokens says which run
-    it); False, launching nothing, where its split-K scratch is too small (cuBLAS then)."""
-    n, k_dim = x.shape
-    o_rows = weight.shape[0]
-    device = dev(out)
-    token_tiles = mma_token_tiles(n)
-    cfg = skinny_heuristic(o_rows, k_dim, token_tiles, device)
-    rows = 16 * cfg["tiles"] * cfg["warps"]
-    splits = cdiv(k_dim, cfg["kc"])
-    scratch = counters = None
-    if splits > 1:
-        fits = GemvScratch.fits(splits, 1, o_rows, tokens=n)
-        buffers = GEMV_SCRATCH.get(device) if fits else None
-        if buffers is None:
-            fallback_counts["skinny: split-K scratch too small (cuBLAS)"] += 1
-            return False
-        scratch, counters = buffers
-    pdl_on = pdl(device)
-    defines = skinny_defines(cfg, token_tiles, DTYPE_NAMES[out.dtype], pdl_on)
-    k = kernel("gemm_skinny.cu", "gemm_skinny", "pppiiiqpp", device, defines)
-    k.launch((cdiv(o_rows, rows), splits), (cfg["warps"] * 32,),
-             (out, x, weight, n, k_dim, o_rows, x.stride(0), scratch, counters),
-             skinny_smem_bytes(cfg, 8 * token_tiles), pdl=pdl_on)
-    return True
+def cublas(out, x, weight, **mm_options):
+    """out = x @ W.T by torch.mm; products of up to tuning.cublaslt_max_tokens() rows on
+    cuBLASLt (PyTorch's preferred BLAS library, set for the call and restored: a process-wide
+    setting, read when the product launches or is captured)."""
+    if x.shape[0] > cublaslt_max_tokens():
+        torch.mm(x, weight.t(), out=out, **mm_options)
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        torch.mm(x, weight.t(), out=out, **mm_options)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def gemm(out, x, weight, weight_scale):
@@ -230,13 +204,11 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
     if gemv_ok(out, x, weight, weight_scale):
         if _gemv_takes(n, weight):
             gemv(out, x, weight, weight_scale, invariant=invariant)
-        elif weight.dtype == torch.bfloat16 and n <= skinny_max_tokens() and skinny(out, x, weight):
-            pass  # batched steps past gemv.cu: gemm_skinny.cu (tuning.SKINNY_MAX_TOKENS)
         elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
-            torch.matmul(x, weight.t(), out=out)  # prefill: cuBLAS
+            cublas(out, x, weight)  # batched steps past gemv.cu, prefill
         elif weight.dtype == torch.bfloat16 and _MM_FLOAT32_OUT:
             # the logits: cuBLAS with float32 outputs, the float32 sums unrounded
-            torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+            cublas(out, x, weight, out_dtype=torch.float32)
         else:
             gemm(out, x, weight, weight_scale)
         return True

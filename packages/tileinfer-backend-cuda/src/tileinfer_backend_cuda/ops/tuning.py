@@ -19,8 +19,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
-- ``"skinny"``: gemm_skinny.cu's settings: ``"max_tokens"`` (replacing ``SKINNY_MAX_TOKENS``)
-  and keys of ``skinny_heuristic``'s configuration (warps, tiles, kc, stages).
+- ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
+  PyTorch's default library).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 _ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles"}
-_SKINNY_KEYS = frozenset({"max_tokens", "warps", "tiles", "kc", "stages"})
 
 
 def _checked(settings) -> dict:
@@ -62,11 +61,10 @@ def _checked(settings) -> dict:
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
     unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "skinny"}
+                               "cublaslt_max_tokens"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
-    unknown |= {f"skinny.{k}" for k in settings.get("skinny", {}) if k not in _SKINNY_KEYS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {"gemv": dict(settings.get("gemv", {})),
@@ -74,7 +72,7 @@ def _checked(settings) -> dict:
             "pdl": bool(settings.get("pdl", True)),
             "gemv_wide": dict(settings.get("gemv_wide", {})),
             "small_weight_bytes": settings.get("small_weight_bytes"),
-            "skinny": dict(settings.get("skinny", {}))}
+            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
@@ -93,14 +91,17 @@ def wide_max_tokens(int8: bool) -> int:
     return experiments["gemv_wide"].get(key, WIDE_MAX_TOKENS[key])
 
 
-# gemm_skinny.cu takes bf16 products of wide_max_tokens + 1 .. this many rows that gemv.cu does
-# not (0: none, cuBLAS takes them). Off until the GPU benchmark says it beats cuBLAS there
-# (benchmarks/batched_linear.py --skinny-sweep).
-SKINNY_MAX_TOKENS = 0
+# bf16 products of wide_max_tokens + 1 .. this many rows (batched decode steps, short prefill
+# chunks) run on cuBLASLt instead of PyTorch's default cuBLAS: at 32 rows of llama3-8b the default
+# splits K for o and down and adds a reduce kernel after each, cuBLASLt's heuristic does not.
+# Static batch 32 on the H200: 6,430 and 6,403 tok/s against 6,333 and 6,306 (benchmarks/
+# RESULTS.md, session 13). Larger products (prefill) keep the default.
+CUBLASLT_MAX_TOKENS = 256
 
 
-def skinny_max_tokens() -> int:
-    return int(experiments["skinny"].get("max_tokens", SKINNY_MAX_TOKENS))
+def cublaslt_max_tokens() -> int:
+    asked = experiments["cublaslt_max_tokens"]
+    return CUBLASLT_MAX_TOKENS if asked is None else int(asked)
 
 
 def set_experiments(settings=None):
@@ -288,21 +289,6 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
 # of 8 rows 0.87 ms against 1.76, a 1-token decode step 0.575 against 0.553 (benchmarks/
 # RESULTS.md, session 10). Larger weights stream faster on gemv_rows.cu at one token: with every
 # weight up to 64 MB on gemv.cu, llama3.2-3b (19-50 MB) decoded 487 tok/s against 525.
-def skinny_heuristic(n_rows: int, k_dim: int, token_tiles: int, device: int) -> dict:
-    """gemm_skinny.cu's configuration: 8 warps of one 16-row tile (128 rows a block), a 4-step
-    ring, and splits of K until the grid has about two blocks per SM, each split at least 256
-    wide and its x tile (8 * token_tiles rows of kc + 32 bf16) at most 64 KB, so that two
-    blocks fit an SM's shared memory. Experiments' "skinny" keys replace any of these."""
-    overrides = {k: v for k, v in experiments["skinny"].items() if k != "max_tokens"}
-    warps, tiles = overrides.get("warps", 8), overrides.get("tiles", 1)
-    row_blocks = cdiv(n_rows, 16 * tiles * warps)
-    splits = max(1, min(cdiv(2 * num_sms(device), row_blocks), k_dim // 256))
-    kc = 32 * cdiv(cdiv(k_dim, splits), 32)
-    tokens = 8 * token_tiles
-    kc = min(kc, (64 * 1024 // (2 * tokens) - 32) // 32 * 32)
-    return {"warps": warps, "tiles": tiles, "kc": kc, "stages": 4, **overrides}
-
-
 SMALL_WEIGHT_BYTES = 4 << 20
 
 
