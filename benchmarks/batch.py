@@ -35,7 +35,7 @@ before anything is timed.
     python benchmarks/batch.py                                  # llama3-8b, every section
     python benchmarks/batch.py --shape llama3.2-1b --batches 1,8,32,64 --sections static
     python benchmarks/batch.py --backend triton --int8 --sections static --batches 64
-    python benchmarks/batch.py --sections static,prefix --static-mixed   # prefill steps graphed
+    python benchmarks/batch.py --sections static,prefix --no-static-mixed   # prefill steps eager
 """
 
 from __future__ import annotations
@@ -274,9 +274,9 @@ def main():
     ap.add_argument("--agree", type=int, default=16)
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--static-mixed", action="store_true",
+    ap.add_argument("--static-mixed", action=argparse.BooleanOptionalAction, default=None,
                     help="steps with prefill chunks padded to static shapes, from CUDA graphs "
-                         "(LLMEngine static_mixed)")
+                         "(LLMEngine static_mixed; default: with graphs)")
     args = ap.parse_args()
     if args.backend is None:
         from tileinfer.backend.registry import list_backends

@@ -86,7 +86,7 @@ for step in $steps; do
       timeout 200 python3 -m pytest -p no:cacheprovider tests/tileinfer-core/test_engine_mixed_steps.py \
         tests/tileinfer-core/test_engine_gpu.py -m gpu -q -p no:randomly -n 4 > "$out/mixed-tests.log" 2>&1
       echo "mixed tests: $(tail -n 1 "$out/mixed-tests.log")"
-      for flag in "" --static-mixed; do
+      for flag in --no-static-mixed ""; do
         run_batch "mixed${flag}" --sections static,continuous,prefix --shape llama3-8b \
           --backend cuda --batches 8,32 --requests 128 --one-by-one 2 --repeats 3 $flag
       done ;;

@@ -5,6 +5,8 @@ the defines the shipped configuration implies (the GPU tests then check the resu
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
@@ -164,6 +166,27 @@ def test_bf16_products_past_gemv_cu_run_on_cublaslt_up_to_its_rows(launches, mon
     with pytest.raises(RuntimeError, match="ALLOC_FAILED"):
         OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, None, False)
     assert blas.now == "default"
+
+
+def test_the_cublaslt_notice_stays_off_the_user_s_stderr(launches, monkeypatch, capfd):
+    """PyTorch prints a notice on file descriptor 2 the first time a process prefers cuBLASLt;
+    the first product's setting keeps it out of the user's output, and descriptor 2 works after."""
+    blas = torch.backends.cuda.preferred_blas_library  # the fixture's BlasLibrary
+
+    def noisy(backend=None):
+        if backend == "cublaslt":
+            os.write(2, b"preferred_blas_library is an experimental feature\n")
+        return blas(backend)
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", noisy)
+    monkeypatch.setattr(linear, "_cublaslt_noted", False)
+    monkeypatch.setattr(linear.torch, "mm", blas.mm)
+    OPS["linear"](torch.empty(32, 6144, dtype=BF), torch.randn(32, 4096).to(BF),
+                  torch.randn(6144, 4096).to(BF), None, False)
+    os.write(2, b"the user's own line\n")
+    err = capfd.readouterr().err
+    assert "experimental" not in err and "the user's own line" in err
+    assert linear._cublaslt_noted and blas.at_mm == [("cublaslt", None)] and blas.now == "default"
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])

@@ -24,6 +24,9 @@ Configurations come from tuning.py and never depend on n, so a row's sum is the 
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
@@ -166,6 +169,30 @@ def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows
               scratch, counters), pdl=pdl_on)
 
 
+def _prefer_cublaslt():
+    """Make cuBLASLt PyTorch's preferred BLAS library. PyTorch's C++ side prints, once a process,
+    that the setting is experimental (a note for programs that set it for good) straight to file
+    descriptor 2; here it lasts one product, so the first setting runs with that descriptor on
+    os.devnull and the user's output stays clean."""
+    global _cublaslt_noted
+    if _cublaslt_noted:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        _cublaslt_noted = True
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+_cublaslt_noted = False
+
+
 def cublas(out, x, weight, **mm_options):
     """out = x @ W.T by torch.mm; products of up to tuning.cublaslt_max_tokens() rows on
     cuBLASLt (PyTorch's preferred BLAS library, set for the call and restored: a process-wide
@@ -174,7 +201,7 @@ def cublas(out, x, weight, **mm_options):
         torch.mm(x, weight.t(), out=out, **mm_options)
         return
     before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
+    _prefer_cublaslt()
     try:
         torch.mm(x, weight.t(), out=out, **mm_options)
     finally:

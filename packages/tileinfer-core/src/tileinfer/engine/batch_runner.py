@@ -64,12 +64,12 @@ class BatchRunner:
     static_decode: run decode steps padded to the buckets on static metadata and buffers even
     without graphs (eagerly): what a graph replays, on any device (for tests). Default: graphs.
     static_mixed: run steps with prefill chunks padded to static shapes too (with graphs:
-    replayed from CUDA graphs). Off by default.
+    replayed from CUDA graphs). Default: graphs.
     """
 
     def __init__(self, model, cache: PagedKVCache, graphs: bool | None = None,
                  max_batch: int = 64, static_decode: bool | None = None,
-                 static_mixed: bool = False):
+                 static_mixed: bool | None = None):
         check_cache(model, cache)
         self.model, self.cache = model, cache
         self.graphs = graphs = use_graphs(model, graphs)
@@ -77,7 +77,7 @@ class BatchRunner:
         if graphs and not self.static_decode:
             raise ValueError("CUDA graphs replay static decode steps: static_decode=False "
                              "needs graphs=False")
-        self.static_mixed = static_mixed
+        self.static_mixed = static_mixed = graphs if static_mixed is None else static_mixed
         self.buckets = bucket_sizes(max_batch) if self.static_decode else []
         self.mixed_buckets = bucket_sizes(max_batch) if static_mixed else []
         self._static: dict[int, _Bucket] = {}

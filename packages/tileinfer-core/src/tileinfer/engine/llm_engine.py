@@ -85,7 +85,7 @@ class LLMEngine:
                  kv_quantize: str | None = None, key_smoothing=None,
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
                  watermark: int | None = None, static_decode: bool | None = None,
-                 pipeline: bool = True, static_mixed: bool = False):
+                 pipeline: bool = True, static_mixed: bool | None = None):
         if num_pages is None:
             num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize, cpu_tokens,
                                       max_step_tokens, max_running, graphs, static_mixed)

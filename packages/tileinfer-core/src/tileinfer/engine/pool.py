@@ -50,7 +50,7 @@ def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool
 def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
                   quantize: str | None = None, cpu_tokens: int | None = None,
                   max_step_tokens: int = 2048, max_batch: int = 64,
-                  graphs: bool | None = None, static_mixed: bool = False) -> int:
+                  graphs: bool | None = None, static_mixed: bool | None = None) -> int:
     """How many KV pages of page_size positions the engine's pool gets.
 
     CUDA: ``fraction * total - (total - free) - activation_reserve(...)`` bytes of pages, with
@@ -67,6 +67,8 @@ def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
         return math.ceil(tokens / page_size)
     if graphs is None:
         graphs = model.ops.graph_safe
+    if static_mixed is None:  # BatchRunner's default
+        static_mixed = graphs
     free, total = torch.cuda.mem_get_info(device)
     page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
     budget = fraction * total - (total - free) - activation_reserve(
