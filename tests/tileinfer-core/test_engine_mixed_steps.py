@@ -109,6 +109,33 @@ def test_padded_mixed_steps_under_preemption_and_prefix_hits(tiny):
     assert out == [alone(model, r) for r in later]
 
 
+def test_past_the_build_budget_new_shapes_run_eagerly(tiny, monkeypatch):
+    """With shapes that keep changing, the runner builds at most MIXED_BUILDS static shapes;
+    later steps of shapes it does not keep run eagerly at their true size, those of a kept
+    shape still run padded, and every request's tokens equal its run alone."""
+    from tileinfer.engine import batch_runner
+
+    monkeypatch.setattr(batch_runner, "MIXED_BUILDS", 2)
+    model = load(tiny)
+    requests = mixed_requests(lengths=(20, 33, 5, 40, 17, 26), news=(6, 5, 7, 4, 6, 5))
+    engine = LLMEngine(model, num_pages=40, max_running=8, max_step_tokens=24,
+                       static_decode=True, static_mixed=True)
+    runner = engine.runner
+    seen = []  # (the step's shape, whether it ran padded), for every step with a prefill chunk
+    real_run_mixed = runner._run_mixed
+
+    def run_mixed(shape, seqs, token_lists):
+        seen.append(shape)
+        return real_run_mixed(shape, seqs, token_lists)
+
+    monkeypatch.setattr(runner, "_run_mixed", run_mixed)
+    out, _ = run_engine(engine, requests)
+    assert out == [alone(model, r) for r in requests]
+    assert runner.mixed_builds == 2 and len(set(seen)) == 2
+    assert len(seen) > 2  # a kept shape ran padded again after the budget was spent
+    assert runner.eager_steps > 0  # the other shapes ran eagerly
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", gpu_backends())
 def test_mixed_step_graphs_replay_the_first_eager_run(tiny, backend):

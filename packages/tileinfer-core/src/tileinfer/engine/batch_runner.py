@@ -13,8 +13,11 @@ sequences on the scratch page take the padding tokens, and the shape's graph is 
 second time a step needs it (the first runs the same padded step eagerly, so both give the same
 logits). An eager step waits on the host (about 10 ms of Python and launches for a llama3-8b
 step), a replay does not. At most ``MIXED_KEPT`` such shapes keep their buffers and graphs
-(least recently used first out). Without graphs every step runs eagerly at its true size, no
-padding, unless static_decode / static_mixed ask for the static steps (tests).
+(least recently used first out), and at most ``MIXED_BUILDS`` are built in a runner's life: a
+workload whose shapes keep changing would otherwise build and capture at every step (a capture
+costs more than the eager step), so past that a step whose shape is not kept runs eagerly at its
+true size. Without graphs every step runs eagerly at its true size, no padding, unless
+static_decode / static_mixed ask for the static steps (tests).
 
 The rows of a step are separate sequences, so the linear ops are called with
 ``batch_invariant=False``: the backend may read each weight once for all rows (tensor-core
@@ -38,6 +41,7 @@ from .mixed_steps import MixedShape, mixed_shape, padding_lengths
 from .step import StepMetadata, prepare_step
 
 MIXED_KEPT = 6  # static mixed-step shapes kept (buffers and graph each)
+MIXED_BUILDS = 32  # static mixed-step shapes built in a runner's life, at most
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -88,6 +92,7 @@ class BatchRunner:
         self.scratch_page = (cache.allocator.allocate(1)[0]
                              if self.static_decode or static_mixed else None)
         self.replays = self.eager_steps = self.tokens_run = self.mixed_steps = 0
+        self.mixed_builds = 0
         self.last_static = False
 
     @property
@@ -123,7 +128,7 @@ class BatchRunner:
             shape = mixed_shape(len(seqs), sum(map(len, token_lists)),
                                 max(map(len, token_lists)), self.mixed_buckets,
                                 min(self.model.max_len, self.cache.max_seq_len))
-            if shape is not None:
+            if shape is not None and (shape in self._mixed or self.mixed_builds < MIXED_BUILDS):
                 return self._run_mixed(shape, seqs, token_lists)
         if size is None:
             self.eager_steps += 1
@@ -197,6 +202,7 @@ class BatchRunner:
         pad = [Sequence(pages=list(pages)) for _ in range(shape.batch)]
         bucket = _Bucket(meta, self.model.new_buffers(shape.tokens, shape.batch), pad=pad)
         self._mixed[shape] = bucket
+        self.mixed_builds += 1
         return bucket
 
     def _forward(self, meta, buffers) -> torch.Tensor:
