@@ -148,10 +148,11 @@ class GemvScratch(DeviceScratch):
                                     torch.zeros(self.COUNTERS, dtype=torch.int32, device=d)))
 
     @classmethod
-    def fits(cls, splits: int, mats: int, n_rows: int, tokens: int = GEMV_MAX_TOKENS) -> bool:
+    def fits(cls, splits: int, mats: int, n_rows: int) -> bool:
         """Room for a launch: partials of every split, mat and token slot; a counter per row tile
         (n_rows bounds the tiles for every rows value)."""
-        return splits * mats * tokens * n_rows <= cls.PARTIALS and n_rows <= cls.COUNTERS
+        return (splits * mats * GEMV_MAX_TOKENS * n_rows <= cls.PARTIALS
+                and n_rows <= cls.COUNTERS)
 
 
 class ArgmaxScratch(DeviceScratch):

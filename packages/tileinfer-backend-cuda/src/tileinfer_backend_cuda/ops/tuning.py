@@ -94,8 +94,9 @@ def wide_max_tokens(int8: bool) -> int:
 # bf16 products of wide_max_tokens + 1 .. this many rows (batched decode steps, short prefill
 # chunks) run on cuBLASLt instead of PyTorch's default cuBLAS: at 32 rows of llama3-8b the default
 # splits K for o and down and adds a reduce kernel after each, cuBLASLt's heuristic does not.
-# Static batch 32 on the H200: 6,430 and 6,403 tok/s against 6,333 and 6,306 (benchmarks/
-# RESULTS.md, session 13). Larger products (prefill) keep the default.
+# On the H200, static batch 32 made 6,514 and 6,505 tok/s against 6,405 and 6,403, batch 64
+# 11,777 and 11,773 against 11,400 and 11,401 (benchmarks/RESULTS.md, session 13, call 3).
+# Larger products (prefill) keep the default.
 CUBLASLT_MAX_TOKENS = 256
 
 
