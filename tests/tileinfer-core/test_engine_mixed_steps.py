@@ -121,7 +121,7 @@ def test_past_the_build_budget_new_shapes_run_eagerly(tiny, monkeypatch):
     engine = LLMEngine(model, num_pages=40, max_running=8, max_step_tokens=24,
                        static_decode=True, static_mixed=True)
     runner = engine.runner
-    seen = []  # (the step's shape, whether it ran padded), for every step with a prefill chunk
+    seen = []  # the shape of every step that ran padded
     real_run_mixed = runner._run_mixed
 
     def run_mixed(shape, seqs, token_lists):
