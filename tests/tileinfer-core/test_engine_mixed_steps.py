@@ -124,9 +124,9 @@ def test_past_the_build_budget_new_shapes_run_eagerly(tiny, monkeypatch):
     seen = []  # the shape of every step that ran padded
     real_run_mixed = runner._run_mixed
 
-    def run_mixed(shape, seqs, token_lists):
+    def run_mixed(shape, seqs, token_lists, tokens):
         seen.append(shape)
-        return real_run_mixed(shape, seqs, token_lists)
+        return real_run_mixed(shape, seqs, token_lists, tokens)
 
     monkeypatch.setattr(runner, "_run_mixed", run_mixed)
     out, _ = run_engine(engine, requests)

@@ -119,17 +119,17 @@ class BatchRunner:
     def run(self, seqs: list[Sequence], token_lists: list[list[int]]) -> torch.Tensor:
         """Logits (len(seqs), vocab) float32 of each sequence's last new token. Valid until the
         next ``run``. ``last_static`` says whether the step ran as a static decode step."""
-        self.tokens_run += sum(map(len, token_lists))
+        tokens = sum(map(len, token_lists))
+        self.tokens_run += tokens
         size = None
         if self.static_decode and all(len(ids) == 1 for ids in token_lists):
             size = self.bucket_for(len(seqs))
         self.last_static = size is not None
         if size is None and self.static_mixed:
-            shape = mixed_shape(len(seqs), sum(map(len, token_lists)),
-                                max(map(len, token_lists)), self.mixed_buckets,
+            shape = mixed_shape(len(seqs), tokens, max(map(len, token_lists)), self.mixed_buckets,
                                 min(self.model.max_len, self.cache.max_seq_len))
             if shape is not None and (shape in self._mixed or self.mixed_builds < MIXED_BUILDS):
-                return self._run_mixed(shape, seqs, token_lists)
+                return self._run_mixed(shape, seqs, token_lists, tokens)
         if size is None:
             self.eager_steps += 1
             meta = prepare_step(self.cache, seqs, token_lists, max_len=self.model.max_len)
@@ -173,14 +173,15 @@ class BatchRunner:
             self.replays += 1
         return bucket.buffers.logits[:n]
 
-    def _run_mixed(self, shape: MixedShape, seqs, token_lists) -> torch.Tensor:
-        """A step with prefill chunks, padded to ``shape``: eagerly on its static metadata and
-        buffers the first time the shape comes, captured the second, replayed after."""
+    def _run_mixed(self, shape: MixedShape, seqs, token_lists, tokens: int) -> torch.Tensor:
+        """A step with prefill chunks (``tokens`` in all), padded to ``shape``: eagerly on its
+        static metadata and buffers the first time the shape comes, captured the second,
+        replayed after."""
         bucket = self._mixed.get(shape)
         if bucket is None:
             bucket = self._mixed_bucket(shape)
         self._mixed.move_to_end(shape)
-        pads = padding_lengths(shape, len(seqs), sum(map(len, token_lists)))
+        pads = padding_lengths(shape, len(seqs), tokens)
         prepare_step(self.cache, list(seqs) + bucket.pad[:len(pads)],
                      list(token_lists) + [[0] * n for n in pads], max_len=self.model.max_len,
                      out=bucket.meta)
