@@ -21,7 +21,7 @@ import time
 
 import torch
 from tileinfer import forward
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 from tileinfer.model.random_weights import random_model, shape_config
 from tileinfer_backend_cuda import launch
 

@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 import torch
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE / "data" / "kjv-genesis.txt"

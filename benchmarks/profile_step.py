@@ -38,9 +38,9 @@ from collections import defaultdict
 import torch
 
 from tileinfer.model.random_weights import random_model, shape_config
-from tileinfer.engine.runner import ModelRunner
+from tileinfer.engine.generation.runner import ModelRunner
 from tileinfer.backend.sampling import SamplingParams
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 
 
 def short_name(name: str) -> str:

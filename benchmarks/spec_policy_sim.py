@@ -1,7 +1,7 @@
 """The pipelined n-gram loop's decisions, replayed on the CPU: which steps it launches on each
 prompt of ``speculative.py``, and the speed-up those steps would give at given GPU step costs.
 
-The loop (engine/speculative/pipelined.py) decides from its hit rate and from what a step of n
+The loop (engine/generation/speculative/pipelined.py) decides from its hit rate and from what a step of n
 rows costs against a 1-token step. On the GPU it measures that cost; here ``--row-cost`` fixes
 it (an extra row's cost in 1-token steps: 0.05 is about cuda's on SmolLM2 at 8 rows), so its
 decisions are deterministic and the same as on the GPU wherever the greedy tokens are. The real
@@ -24,8 +24,8 @@ import torch
 from speculative import PROMPTS
 from tileinfer import (ChatMessage, ModelRunner, NgramProposer, SamplingParams, SpecStats,
                        chat_prompt, generate_into, load_model, load_tokenizer)
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.speculative import pipelined
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.speculative import pipelined
 from tileinfer.io.default_model import default_model_dir
 from tileinfer.io.generation_config import generation_defaults
 

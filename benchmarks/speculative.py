@@ -42,7 +42,7 @@ import sys
 import time
 
 import torch
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 
 CODE = '''def summarize(values):
     total = 0

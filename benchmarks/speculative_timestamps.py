@@ -19,7 +19,7 @@ import time
 
 import torch
 from tileinfer import ModelRunner, NgramProposer, SamplingParams, SpecStats, generate_into
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 from tileinfer.model.config import config_from_dict
 from tileinfer.model.random_weights import random_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.engine.cache import new_cache
+from tileinfer.engine.kv.cache import new_cache
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -30,11 +30,11 @@ import torch
 
 from tileinfer import memory_report
 from tileinfer.backend.registry import get_backend
-from tileinfer.engine.cache import PagedKVCache, new_cache
-from tileinfer.engine.calibration import (calibrate_key_smoothing, calibration_text,
+from tileinfer.engine.kv.cache import PagedKVCache, new_cache
+from tileinfer.engine.generation.calibration import (calibrate_key_smoothing, calibration_text,
                                           key_smoothing_from_calibration)
-from tileinfer.engine.forward import forward
-from tileinfer.engine.step import prepare_step
+from tileinfer.engine.generation.forward import forward
+from tileinfer.engine.kv.step import prepare_step
 from tileinfer.io.tokenizer import load_tokenizer
 from tileinfer.model import load_model
 from tileinfer_backend_ref.kv import store_kv  # the ground truth's cache writes

@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from tileinfer.backend.registry import list_backends
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.forward import forward, forward_batch
-from tileinfer.engine.step import prepare_step
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.forward import forward, forward_batch
+from tileinfer.engine.kv.step import prepare_step
 from tileinfer.model import load_model
 from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, prompt_ids,  # noqa: F401
                          single_torch_thread, tiny)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tileinfer.backend.registry import list_backends
-from tileinfer.engine.cache import (ContextLengthError, OutOfPagesError, PagedKVCache,
+from tileinfer.engine.kv.cache import (ContextLengthError, OutOfPagesError, PagedKVCache,
                                     kv_bytes_per_token, new_cache)
-from tileinfer.engine.calibration import calibrate_key_smoothing, key_smoothing_from_calibration
-from tileinfer.engine.forward import forward
-from tileinfer.engine.step import StepMetadata, prepare_step, static_metadata
+from tileinfer.engine.generation.calibration import calibrate_key_smoothing, key_smoothing_from_calibration
+from tileinfer.engine.generation.forward import forward
+from tileinfer.engine.kv.step import StepMetadata, prepare_step, static_metadata
 from tileinfer.model import load_model
 from tileinfer_backend_ref.kv import store_kv  # the ground truth's cache writes
 from tileinfer.model.config import config_from_dict

@@ -76,12 +76,12 @@ def test_out_of_pages_leaves_the_session_usable(smol):
     chat = ChatSession(model, tok, max_tokens=64, page_size=16)
     first, _ = chat.reply("Hi", 4)
     before = snapshot(chat)
-    # Shrink the pool from outside so the next turn cannot get its pages.
-    hog = chat.cache.new_sequence()
-    chat.cache.reserve(hog, chat.cache.free_pages * chat.cache.page_size)
+    # Another user of the model's shared pool takes every free page, so the next turn cannot
+    # get its pages.
+    hog = chat.cache.allocator.allocate(chat.cache.free_pages)
     with pytest.raises(OutOfPagesError):
         chat.reply("Tell me more about yourself.", 8)
-    chat.cache.release(hog)
+    chat.cache.allocator.release(hog)
     assert snapshot(chat) == before
     chat.reset()
     assert chat.messages == [] and len(chat.seq) == 0
@@ -110,7 +110,7 @@ def test_second_thread_gets_a_clear_error_and_the_turn_in_progress_is_intact(smo
     # Before: two threads interleaved both turns into a corrupted conversation and cache.
     import threading
 
-    from tileinfer.engine.chat import ChatSessionBusyError
+    from tileinfer.engine.generation.chat import ChatSessionBusyError
 
     chat = session(smol)
     inside, release = threading.Event(), threading.Event()
@@ -161,6 +161,16 @@ def test_cache_larger_than_memory_is_refused_before_allocating(smol, monkeypatch
     from tileinfer.model.loader import MemoryLimitError
 
     model, tok = smol
+    model.close()  # the model's KV pool is made anew for the session, and checked first
     monkeypatch.setattr(loader, "available_memory", lambda device: 1 << 20)
-    with pytest.raises(MemoryLimitError, match="a KV cache of 512 tokens needs about"):
+    with pytest.raises(MemoryLimitError, match="a KV pool of 528 tokens needs about"):
         ChatSession(model, tok)
+    # A session that needs more free pages than the pool has grows it: checked the same way.
+    monkeypatch.undo()
+    first = ChatSession(model, tok, max_tokens=64)
+    first.reply("Hi", 1)  # holds pages of the pool now
+    pages = first.cache.num_pages
+    monkeypatch.setattr(loader, "available_memory", lambda device: 1 << 10)
+    with pytest.raises(MemoryLimitError, match="more tokens needs about"):
+        ChatSession(model, tok, max_tokens=512)
+    assert first.cache.num_pages == pages

@@ -278,10 +278,20 @@ def test_kv_pool_pages_on_the_cpu(model):
     assert kv_pool_pages(model) == 32768 // 16
     with pytest.raises(ValueError, match="fraction"):
         kv_pool_pages(model, fraction=0)
-    engine = LLMEngine(model, cpu_tokens=64, page_size=16)
+    # No pool yet: the engine's is made for its tokens, and at least one sequence of the
+    # model's max_len (a generation on the same model shares it), plus a scratch page.
+    model.close()
+    one_sequence = -(-model.max_len // 16)
+    engine = LLMEngine(model, cpu_tokens=16 * (one_sequence + 2), page_size=16)
     stats = engine.stats()
-    assert (stats["pages_total"], stats["pages_free"], stats["page_size"]) == (4, 4, 16)
+    assert (stats["pages_total"], stats["pages_free"], stats["page_size"]) == \
+        (one_sequence + 2, one_sequence + 2, 16)
     assert stats["pool_bytes"] == engine.cache.nbytes
+    engine.close()
+    # The model's pool only grows for later users: a smaller one keeps it as it is.
+    assert LLMEngine(model, cpu_tokens=16, page_size=16).stats()["pages_total"] == one_sequence + 2
+    assert LLMEngine(model, cpu_tokens=16 * 3 * one_sequence,
+                     page_size=16).stats()["pages_total"] == 3 * one_sequence
 
 
 def test_max_running_and_the_step_budget_are_kept(model, monkeypatch):
@@ -289,9 +299,9 @@ def test_max_running_and_the_step_budget_are_kept(model, monkeypatch):
     seen = []
     real = engine.runner.run
 
-    def spy(seqs, token_lists):
+    def spy(seqs, token_lists, *args):
         seen.append([len(t) for t in token_lists])
-        return real(seqs, token_lists)
+        return real(seqs, token_lists, *args)
 
     monkeypatch.setattr(engine.runner, "run", spy)
     ids = [engine.add_request(prompt_ids(n, seed=n), max_new_tokens=5, stop_ids=[])

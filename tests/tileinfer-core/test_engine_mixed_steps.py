@@ -1,5 +1,5 @@
 """Steps with prefill chunks padded to static shapes (``BatchRunner(static_mixed=True)``,
-engine/mixed_steps.py): the shapes and their padding, and the engine's outputs with them equal to
+engine/serving/mixed_steps.py): the shapes and their padding, and the engine's outputs with them equal to
 each request run alone (float32 on the CPU, where the static steps run eagerly: what a graph
 replays), through chunked prefill, preemption and prefix hits."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tileinfer import LLMEngine, SamplingParams, load_model
-from tileinfer.engine.mixed_steps import (MIXED_MAX_TOKENS, MixedShape, mixed_shape,
+from tileinfer.engine.serving.mixed_steps import (MIXED_MAX_TOKENS, MixedShape, mixed_shape,
                                           padding_lengths, query_bucket, token_bucket)
 from test_engine_exactness import SAMPLINGS, alone, load, mixed_requests, run_engine
 from test_engine_gpu import gpu_backends
@@ -87,7 +87,7 @@ def test_padded_mixed_steps_give_each_request_its_own_tokens(tiny, sampling):
     assert reasons == ["length"] * len(requests)
     stats = engine.stats()
     assert stats["static_mixed_steps"] >= 3
-    assert 0 < len(engine.runner._mixed) <= 6  # MIXED_KEPT
+    assert 0 < len(engine.runner.mixed_steps_kept()) <= engine.runner.steps.max_kept
 
 
 def test_padded_mixed_steps_under_preemption_and_prefix_hits(tiny):
@@ -110,17 +110,15 @@ def test_padded_mixed_steps_under_preemption_and_prefix_hits(tiny):
 
 
 def test_past_the_build_budget_new_shapes_run_eagerly(tiny, monkeypatch):
-    """With shapes that keep changing, the runner builds at most MIXED_BUILDS static shapes;
-    later steps of shapes it does not keep run eagerly at their true size, those of a kept
-    shape still run padded, and every request's tokens equal its run alone."""
-    from tileinfer.engine import batch_runner
-
-    monkeypatch.setattr(batch_runner, "MIXED_BUILDS", 2)
+    """With shapes that keep changing, the runtime builds at most ``max_builds`` static mixed
+    shapes; later steps of shapes it does not keep run eagerly at their true size, those of a
+    kept shape still run padded, and every request's tokens equal its run alone."""
     model = load(tiny)
     requests = mixed_requests(lengths=(20, 33, 5, 40, 17, 26), news=(6, 5, 7, 4, 6, 5))
     engine = LLMEngine(model, num_pages=40, max_running=8, max_step_tokens=24,
                        static_decode=True, static_mixed=True)
     runner = engine.runner
+    monkeypatch.setattr(runner.steps, "max_builds", 2)
     seen = []  # the shape of every step that ran padded
     real_run_mixed = runner._run_mixed
 
@@ -131,7 +129,7 @@ def test_past_the_build_budget_new_shapes_run_eagerly(tiny, monkeypatch):
     monkeypatch.setattr(runner, "_run_mixed", run_mixed)
     out, _ = run_engine(engine, requests)
     assert out == [alone(model, r) for r in requests]
-    assert runner.mixed_builds == 2 and len(set(seen)) == 2
+    assert runner.steps.builds == 2 and len(set(seen)) == 2
     assert len(seen) > 2  # a kept shape ran padded again after the budget was spent
     assert runner.eager_steps > 0  # the other shapes ran eagerly
 
@@ -149,4 +147,4 @@ def test_mixed_step_graphs_replay_the_first_eager_run(tiny, backend):
     outs = [run_engine(engine, requests)[0] for _ in range(3)]
     assert outs[1] == outs[0] and outs[2] == outs[0]
     assert engine.stats()["static_mixed_steps"] >= 3
-    assert any(b.graph is not None for b in engine.runner._mixed.values())
+    assert any(step.graphs for step in engine.runner.mixed_steps_kept().values())

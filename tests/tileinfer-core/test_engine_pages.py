@@ -8,10 +8,10 @@ import torch
 
 from tileinfer import SamplingParams, get_backend
 from tileinfer.backend.sampling import sample_host
-from tileinfer.engine.batch_runner import bucket_sizes
-from tileinfer.engine.batch_sampling import sample_batch
-from tileinfer.engine.cache import OutOfPagesError, PageAllocator, PagedKVCache
-from tileinfer.engine.prefix_cache import PrefixCache, page_keys
+from tileinfer.engine.serving.batch_runner import bucket_sizes
+from tileinfer.engine.serving.batch_sampling import sample_batch
+from tileinfer.engine.kv.cache import OutOfPagesError, PageAllocator, PagedKVCache
+from tileinfer.engine.kv.prefix_cache import PrefixCache, page_keys
 from tileinfer.model.config import config_from_dict
 from tiny_models import COMMON, single_torch_thread  # noqa: F401
 

@@ -9,9 +9,9 @@ import torch
 
 from tileinfer import OutOfPagesError, SamplingParams, forward, load_model
 from tileinfer.backend.sampling import sample_host
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.generate import generate, generate_into
-from tileinfer.engine.runner import ModelRunner
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.generate import generate, generate_into
+from tileinfer.engine.generation.runner import ModelRunner
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160

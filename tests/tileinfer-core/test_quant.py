@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.calibration import calibrate_key_smoothing
-from tileinfer.engine.forward import forward
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.calibration import calibrate_key_smoothing
+from tileinfer.engine.generation.forward import forward
 from tileinfer.model import load_model
 from tileinfer.model.quant import Int8Weight, quantize_int8
 from tileinfer.model.weights import weight_bytes

@@ -1,4 +1,4 @@
-"""Prefills padded to a static bucket (ModelRunner, engine/runner.py): the same logits, tokens,
+"""Prefills padded to a static bucket (ModelRunner, engine/generation/runner.py): the same logits, tokens,
 hidden states, sequence and page pool as an unpadded prefill, on the CPU (``static_prefill``
 runs on the static slots without graphs: what a graph replays) and with graphs on the GPU."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tileinfer import SamplingParams, load_model
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.generate import generate_into
-from tileinfer.engine.runner import MAX_PREFILL_BUCKET, ModelRunner, prefill_bucket
-from tileinfer.engine.step import prepare_step
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.generate import generate_into
+from tileinfer.engine.generation.runner import MAX_PREFILL_BUCKET, ModelRunner, prefill_bucket
+from tileinfer.engine.kv.step import prepare_step
 from test_engine_gpu import gpu_backends
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
@@ -52,7 +52,7 @@ def test_padded_prefill_equals_the_unpadded_one(tiny, n):
         pages, free = list(seq.pages), cache.free_pages
         out = generate_into(runner, seq, [int(logits.argmax())], 12, stop_ids=[])
         results[static] = dict(logits=logits, hidden=hidden, pages=pages, free=free, out=out,
-                               tokens=list(seq.tokens), bucket=prefill_bucket(n) in runner._slots)
+                               tokens=list(seq.tokens), bucket=runner.static_step(prefill_bucket(n)) is not None)
     plain, padded = results[False], results[True]
     assert padded["bucket"] and not plain["bucket"]  # only the padded run used a prefill slot
     torch.testing.assert_close(padded["logits"], plain["logits"], rtol=1e-5, atol=1e-5)
@@ -93,7 +93,7 @@ def test_padding_that_does_not_fit_runs_at_the_true_size(tiny):
     runner = ModelRunner(model, cache, static_prefill=True)
     seq = cache.new_sequence()
     logits = runner.forward(seq, prompt)
-    assert 64 not in runner._slots  # the 64-token bucket would need a fourth page
+    assert runner.static_step(64) is None  # the 64-token bucket would need a fourth page
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     assert (len(seq.tokens), len(seq.pages), cache.free_pages) == (34, 3, 0)
     # Near the model's max_len: 150 cached + 9 new would be padded past 160 positions.
@@ -102,7 +102,7 @@ def test_padding_that_does_not_fit_runs_at_the_true_size(tiny):
     seq = cache.new_sequence()
     runner.forward(seq, prompt_ids(150))
     runner.forward(seq, prompt_ids(9, seed=3))
-    assert 16 not in runner._slots and len(seq) == 159
+    assert runner.static_step(16) is None and len(seq) == 159
 
 
 def test_a_failed_padded_prefill_leaves_sequence_and_pool_as_they_were(tiny):
@@ -150,6 +150,6 @@ def test_graph_replayed_prefill_gives_the_tokens_of_its_first_eager_run(tiny, ba
     eager = run(ModelRunner(model, cache, graphs=False, static_prefill=True), cache)
     runner = ModelRunner(model, cache, graphs=True)
     outs = [run(runner, cache) for _ in range(3)]
-    assert runner._slots[64].graphs  # the 64-token bucket was captured
+    assert runner.static_step(64).graphs  # the 64-token bucket was captured
     assert outs == [eager] * 3
     assert cache.free_pages == cache.num_pages

@@ -14,10 +14,10 @@ import torch
 from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa: F401
 from tileinfer import (ChatSession, DraftProposer, NgramProposer, SamplingParams, SpecStats,
                        load_model, load_tokenizer)
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.generate import generate, generate_into
-from tileinfer.engine.runner import ModelRunner
-from tileinfer.engine.speculative.proposer import Draft, Proposer
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.generate import generate, generate_into
+from tileinfer.engine.generation.runner import ModelRunner
+from tileinfer.engine.generation.speculative.proposer import Draft, Proposer
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160
@@ -93,7 +93,7 @@ def test_spec_stats():
 
 
 def test_draft_budget_backs_off_and_comes_back():
-    from tileinfer.engine.speculative.proposer import DraftBudget
+    from tileinfer.engine.generation.speculative.proposer import DraftBudget
 
     budget = DraftBudget(6)
     assert budget.next() == 6

@@ -18,10 +18,10 @@ from speculative_helpers import divergence, gpu_backends, one_cpu_thread  # noqa
 from tileinfer import (ConfigError, DFlashProposer, SamplingParams, SpecStats, WeightsError,
                        load_dflash, load_model)
 from tileinfer.backend.sampling import filtered_probs
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.generate import generate, generate_into
-from tileinfer.engine.runner import ModelRunner
-from tileinfer.engine.speculative.dflash import build_target_layer_ids
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.generate import generate, generate_into
+from tileinfer.engine.generation.runner import ModelRunner
+from tileinfer.engine.generation.speculative.dflash import build_target_layer_ids
 from tiny_models import COMMON, build_tiny, prompt_ids, save_tiny, tiny  # noqa: F401
 
 MAX_LEN = 160

@@ -15,10 +15,10 @@ import torch
 
 from speculative_helpers import gpu_backends, one_cpu_thread  # noqa: F401
 from tileinfer import NgramProposer, SamplingParams, SpecStats, load_model
-from tileinfer.engine.cache import PagedKVCache, new_cache
-from tileinfer.engine.generate import generate, generate_into
-from tileinfer.engine.runner import ModelRunner
-from tileinfer.engine.speculative.proposer import Proposer
+from tileinfer.engine.kv.cache import PagedKVCache, new_cache
+from tileinfer.engine.generation.generate import generate, generate_into
+from tileinfer.engine.generation.runner import ModelRunner
+from tileinfer.engine.generation.speculative.proposer import Proposer
 from tileinfer.model.config import config_from_dict
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
@@ -322,7 +322,7 @@ def test_sampled_pipelined_runs_are_reproducible(tiny, adaptive):
 
 
 def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
-    from tileinfer.engine.speculative.pipelined import _Loop
+    from tileinfer.engine.generation.speculative.pipelined import _Loop
 
     truth = list(range(3, 40))
     runner = ScriptedRunner(truth)

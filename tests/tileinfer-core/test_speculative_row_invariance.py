@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from speculative_helpers import gpu_backends, one_cpu_thread  # noqa: F401
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.forward import forward, forward_batch
-from tileinfer.engine.runner import ModelRunner
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.forward import forward, forward_batch
+from tileinfer.engine.generation.runner import ModelRunner
 from tileinfer.model import load_model
 from tiny_models import prompt_ids, tiny  # noqa: F401
 

@@ -14,9 +14,9 @@ import torch
 from speculative_helpers import one_cpu_thread  # noqa: F401
 from tileinfer import ModelRunner, SamplingParams, SpecStats, forward, get_backend
 from tileinfer.backend.sampling import filtered_probs
-from tileinfer.engine.cache import new_cache
-from tileinfer.engine.generate import generate_into
-from tileinfer.engine.speculative.proposer import Draft, Proposer
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.engine.generation.generate import generate_into
+from tileinfer.engine.generation.speculative.proposer import Draft, Proposer
 from tileinfer.model.config import config_from_dict
 from tileinfer.model.random_weights import random_model
 

@@ -14,8 +14,8 @@ import time
 import torch
 
 from tileinfer import ModelRunner, SamplingParams, generate_into, new_cache
-from tileinfer.engine.cache import kv_bytes_per_token
-from tileinfer.engine.runner import prefill_bucket
+from tileinfer.engine.kv.cache import kv_bytes_per_token
+from tileinfer.engine.generation.runner import prefill_bucket
 from tileinfer.model.weights import weight_bytes
 
 
@@ -53,7 +53,7 @@ def bench_generation(model, prompt_len: int = 16, new_tokens: int = 256,
                      graphs: bool | None = None, pipeline: bool | None = None,
                      kv_quantize: str | None = None, repeats: int = 3) -> dict:
     """Prefill and decode throughput at batch 1 (greedy, no stop tokens), medians of repeats."""
-    # Room for the prefill's padding too (engine/runner.py prefill_bucket): a pool that holds
+    # Room for the prefill's padding too (engine/generation/runner.py prefill_bucket): a pool that holds
     # the prompt but not its bucket would run the prefill eagerly.
     prefill_len = max(prompt_len, prefill_bucket(prompt_len) or 0)
     cache = new_cache(model, prefill_len + new_tokens + 32, quantize=kv_quantize)

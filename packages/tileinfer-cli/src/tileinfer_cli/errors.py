@@ -11,7 +11,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Imported only when an exception is being matched (``except user_errors()``), so that
     ``--help`` does not import tileinfer (and torch)."""
     import tileinfer as ti
-    from tileinfer.engine.chat import ChatSessionBusyError
+    from tileinfer.engine.generation.chat import ChatSessionBusyError
     from tileinfer.io.local_models import LocalModelError
     from tileinfer.model.loader import MemoryLimitError
 

@@ -24,5 +24,6 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
                      calibrate_key_smoothing, forward, forward_batch, generate, generate_into,
                      key_smoothing_from_calibration, kv_bytes_per_token, load_dflash,
                      memory_report, new_cache, prepare_step, static_metadata)
-from .engine import (BatchRunner, EngineThread, LLMEngine, RequestError, RequestOutput,
-                     generate_batch, kv_pool_pages)
+from .engine import (BatchRunner, EngineThread, LLMEngine, ModelRuntime,
+                     PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
+                     runner_for, runtime_of)

@@ -26,7 +26,7 @@ import torch
 
 from ..model.quant import Int8Weight
 from ..model.weights import weight_bytes
-from .cache import PagedKVCache
+from .kv.cache import PagedKVCache
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
 

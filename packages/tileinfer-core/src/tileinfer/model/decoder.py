@@ -26,8 +26,8 @@ no ``.tolist()``): only op-table calls, views, and torch's out= forms of a row g
 a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether the ops
 themselves are capturable is the backend's ``graph_safe``).
 
-The model layer knows nothing of the engine: a step (``tileinfer.engine.step.StepMetadata``) and
-the KV cache (``tileinfer.engine.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
+The model layer knows nothing of the engine: a step (``tileinfer.engine.kv.step.StepMetadata``) and
+the KV cache (``tileinfer.engine.kv.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
 through ``meta.ids``, ``meta.logit_rows``, ``meta.attention`` and ``cache.layer(i)``.
 """
 
@@ -92,6 +92,22 @@ class Model:
         # Per layer: the q/k norms and RoPE tables between the qkv projection and attention.
         self.qk = [QKTransform(self.cos, self.sin, layer.q_norm, layer.k_norm, config.rms_norm_eps)
                    for layer in weights.layers]
+        # What the layers above keep for this model while it is loaded (the engine's runtime:
+        # KV pool, static steps, CUDA graphs), each with a close() that ``close`` calls.
+        self.attachments: dict = {}
+
+    def close(self):
+        """Give back what the model holds beyond its weights (its runtime's KV pool, static
+        steps and CUDA graphs); the model stays usable and makes them again if used."""
+        attachments, self.attachments = self.attachments, {}
+        for part in attachments.values():
+            part.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def backend(self) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..backend.types import AttentionStep
+from ...backend.types import AttentionStep
 from .cache import PagedKVCache, Sequence
 from .packed_upload import PackedUpload
 

@@ -17,15 +17,16 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend.sampling import SamplingParams
-from ..io.chat_template import ChatMessage, chat_prompt
-from ..model.loader import check_fits
-from .cache import common_prefix_len, kv_bytes_per_token, new_cache
+from ...backend.sampling import SamplingParams
+from ...io.chat_template import ChatMessage, chat_prompt
+from ..kv.cache import common_prefix_len
+from ..runtime.runtime import runtime_of
 from .generate import generate_into
-from .runner import ModelRunner
+from .runner import runner_for
 from .speculative.proposer import SpecStats
 
 
@@ -54,7 +55,11 @@ class ChatSessionBusyError(RuntimeError):
 
 
 class ChatSession:
-    """A conversation with ``model``, with its own paged KV cache for up to ``max_tokens`` positions.
+    """A conversation with ``model`` of up to ``max_tokens`` positions, its keys and values in
+    pages of the model's shared KV pool (``runtime_of(model).cache``), which grows to have room
+    for it when made. The pages stay held until ``close()`` or ``reset()``; another user of the
+    pool (an ``LLMEngine``) may take the free pages meanwhile, and a turn then fails with
+    ``OutOfPagesError``, leaving the conversation as it was.
 
     template: a model folder or template source for ``chat_prompt`` (default: the model's folder).
     kv_cache: None (model dtype) or "int8", with optional per-layer ``key_smoothing`` factors
@@ -80,16 +85,27 @@ class ChatSession:
         self.speculative = speculative
         self.turns = 0
         self._busy = threading.Lock()
-        pages = math.ceil(self.max_tokens / page_size)
-        check_fits(pages * page_size * kv_bytes_per_token(model.config, kv_cache, model.dtype),
-                   model.device, f"a KV cache of {self.max_tokens} tokens")
-        self.cache = new_cache(model, self.max_tokens, page_size=page_size, quantize=kv_cache,
-                               key_smoothing=key_smoothing)
-        self.runner = ModelRunner(model, self.cache, graphs=graphs)
+        runtime = runtime_of(model)
+        with runtime.lock:  # the conversation's pages come from the model's shared KV pool
+            self.runner = runner_for(model, graphs, page_size=page_size, kv_quantize=kv_cache,
+                                     key_smoothing=key_smoothing)
+            runtime.reserve_room(math.ceil(self.max_tokens / page_size))
         self.seq = self.cache.new_sequence()
+        # A session dropped without close() gives its pages back when it is collected.
+        self._finalizer = weakref.finalize(self, _release, self.runner, self.seq)
         self.system = system
         self.messages: list[ChatMessage] = []
         self._reset()
+
+    @property
+    def cache(self):
+        """The model's KV pool, where the conversation's pages live."""
+        return self.runner.cache
+
+    def close(self):
+        """Give the conversation's pages back to the pool (a later turn starts afresh)."""
+        with self._turn():
+            self._reset()
 
     @contextlib.contextmanager
     def _turn(self):
@@ -109,8 +125,8 @@ class ChatSession:
             self._reset()
 
     def _reset(self):
-        self.cache.release(self.seq)
-        self.seq = self.cache.new_sequence()
+        with self.runner.lock:
+            _release(self.runner, self.seq)
         self.messages = [ChatMessage("system", self.system)] if self.system else []
 
     def prompt_ids(self, messages) -> list[int]:
@@ -123,7 +139,7 @@ class ChatSession:
     def reply(self, text: str, max_new_tokens: int = 1024, on_token=None) -> tuple[str, TurnStats]:
         """Add the user message ``text``, generate the reply, add it to the conversation.
         Raises ``ChatSessionBusyError`` if another thread is inside a turn of this session."""
-        with self._turn():
+        with self._turn(), self.runner.lock:
             return self._reply(text, max_new_tokens, on_token)
 
     def _reply(self, text, max_new_tokens, on_token):
@@ -159,3 +175,10 @@ class ChatSession:
         self.cache.truncate(self.seq, reused)
         if len(cached) > reused:
             self.runner.forward(self.seq, cached[reused:])
+
+
+def _release(runner, seq):
+    """Give seq's pages back to the runner's pool (none left if the model was closed)."""
+    if runner.cache is not None and seq.pages:
+        runner.cache.release(seq)
+    del seq.tokens[:]

@@ -13,8 +13,8 @@ from importlib import resources
 
 import torch
 
-from ..io.tokenizer import load_tokenizer
-from .cache import PagedKVCache
+from ...io.tokenizer import load_tokenizer
+from ..kv.cache import PagedKVCache
 from .forward import forward
 
 

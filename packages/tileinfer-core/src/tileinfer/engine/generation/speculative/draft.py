@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ...backend.sampling import SamplingParams
-from ..cache import common_prefix_len, new_cache
+from ....backend.sampling import SamplingParams
+from ...kv.cache import common_prefix_len, new_cache
 from ..runner import ModelRunner
 from .proposer import Draft, Proposer, check_k, draft_seed
 

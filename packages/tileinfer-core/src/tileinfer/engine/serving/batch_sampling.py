@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend.sampling import SamplingParams, row_parameters
+from ...backend.sampling import SamplingParams, row_parameters
 
 
 def _runs(rows, counters):

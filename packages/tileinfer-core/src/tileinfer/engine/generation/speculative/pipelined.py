@@ -1,6 +1,6 @@
 """Pipelined speculative decoding for proposers that draft on the host (``NgramProposer``).
 
-Plain pipelined decoding (``tileinfer.engine.generate``) launches step k + 1 with token k still on
+Plain pipelined decoding (``tileinfer.engine.generation.generate``) launches step k + 1 with token k still on
 the device and only then waits for token k, so the GPU never waits for Python. This loop keeps
 that: every step takes its first input from the device, from a row of the step launched just
 before it, and is launched before that step's tokens are read. A step is that input and 0..k
@@ -37,7 +37,7 @@ Every emitted token comes from a row whose inputs are all known tokens, computed
 of plain decoding computes it (backends compute each row of a short step as a 1-token step does),
 so greedy output equals plain greedy output. Sampled rows use the stream (seed, n) of the n-th
 new token and the p/q rule with the drafts as deterministic proposals (as
-``tileinfer.engine.speculative.decode`` describes); a dropped row consumed nothing that an emitted
+``tileinfer.engine.generation.speculative.decode`` describes); a dropped row consumed nothing that an emitted
 token depends on, and the drafts depend only on tokens emitted before them.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..backend.sampling import SamplingParams
+from ...backend.sampling import SamplingParams
 from .llm_engine import LLMEngine
 from .request import ERROR
 

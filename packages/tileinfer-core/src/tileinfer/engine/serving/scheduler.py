@@ -19,6 +19,11 @@ The result is a list of (request, n): run the request's next n tokens in this st
 them are reserved here, so the step itself cannot run out of pages. Mixed steps (prefill chunks
 and decode rows) are normal; a step of decode rows only is what the runner can replay from a
 CUDA graph.
+
+After a step the scheduler also commits its results (``commit``: a token is appended, or the
+request finishes, "stop" or "length"; ``publish``: newly full pages go to the prefix cache), and
+decides whether the next step may be launched before this one's tokens are known
+(``can_pipeline``: only when it is certain to be the same requests decoding one more token).
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from __future__ import annotations
 import bisect
 import math
 
-from .cache import PagedKVCache
-from .prefix_cache import PrefixCache
-from .request import RUNNING, WAITING, Request
+from ..kv.cache import PagedKVCache
+from ..kv.prefix_cache import PrefixCache
+from .request import FINISHED, LENGTH, RUNNING, STOP, WAITING, Request
 
 
 def _insert_by_arrival(queue: list[Request], req: Request):
@@ -44,13 +49,15 @@ class Scheduler:
     """
 
     def __init__(self, cache: PagedKVCache, prefix: PrefixCache | None, max_running: int = 64,
-                 max_step_tokens: int = 2048, watermark: int | None = None):
+                 max_step_tokens: int = 2048, watermark: int | None = None,
+                 max_len: int | None = None):
         if max_running < 1 or max_step_tokens < 1:
             raise ValueError(f"max_running and max_step_tokens must be >= 1, got {max_running}, "
                              f"{max_step_tokens}")
         self.cache, self.prefix = cache, prefix
         self.max_running, self.max_step_tokens = max_running, max_step_tokens
         self.watermark = math.ceil(0.01 * cache.num_pages) if watermark is None else watermark
+        self.max_len = max_len or cache.max_seq_len  # the longest a request may grow
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.preemptions = 0
@@ -139,3 +146,41 @@ class Scheduler:
             plan.append((req, n))
             budget -= n
         return budget
+
+    # -- after a step --------------------------------------------------------------------------
+
+    def commit(self, req: Request, token: int) -> str | None:
+        """Take req's sampled token: None while it goes on (the token joins its output), else
+        why it finished: STOP (a stop id, not part of the output) or LENGTH (its last token)."""
+        if token in req.stop_ids:
+            return STOP
+        req.output.append(token)
+        # The next step would run this token at position num_tokens - 1: within max_len?
+        if len(req.output) >= req.max_new_tokens or req.num_tokens > self.max_len:
+            return LENGTH
+        return None
+
+    def finish(self, req: Request):
+        """Take req out of the queues, give back its pages, mark it finished."""
+        self.remove(req)
+        req.state = FINISHED
+
+    def publish(self, req: Request):
+        """Publish req's newly full pages to the prefix cache (if there is one)."""
+        if self.prefix is not None and req.state != FINISHED:
+            self.prefix.publish(req.seq, req.page_keys)
+
+    def can_pipeline(self, reqs: list[Request], queued: bool) -> bool:
+        """Whether the step after a decode step of ``reqs`` is certain to be the same requests
+        decoding one more token each (so it may be launched before this step's tokens are
+        read): nothing is ``queued`` (no request added or aborted), no waiting request could
+        join, every running request is in it, and none may stop for its length or wants
+        log-probabilities (read from the step's logits). A request that stops on a stop id
+        wastes its row of the launched step; anything else goes back to ``schedule``."""
+        if queued or len(reqs) != len(self.running):
+            return False
+        if self.waiting and len(self.running) < self.max_running:
+            return False
+        return not any(r.state != RUNNING or r.logprobs is not None
+                       or len(r.output) + 1 >= r.max_new_tokens
+                       or r.num_tokens + 1 > self.max_len for r in reqs)

@@ -11,10 +11,10 @@ out to be a stop token (or the last one asked for), the one step launched past i
 with ``truncate``. Afterwards the sequence holds the input ids and every generated token except
 the last, exactly as in plain decoding.
 
-Speculative decoding (``speculative=`` a proposer, see ``tileinfer.engine.speculative``) checks
+Speculative decoding (``speculative=`` a proposer, see ``tileinfer.engine.generation.speculative``) checks
 several drafted tokens per target step instead; with n-gram drafts it is pipelined the same way
-(``tileinfer.engine.speculative.pipelined``) and drafts only while drafts are accepted; its stream
-usage is described in ``tileinfer.engine.speculative.decode``.
+(``tileinfer.engine.generation.speculative.pipelined``) and drafts only while drafts are accepted; its stream
+usage is described in ``tileinfer.engine.generation.speculative.decode``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from ..backend.sampling import SamplingParams
-from .cache import new_cache
-from .runner import ModelRunner
+from ...backend.sampling import SamplingParams
+from ..runtime.runtime import runtime_of
+from .runner import ModelRunner, runner_for
 from .speculative.decode import generate_speculative
 from .speculative.proposer import Proposer, SpecStats
 
@@ -63,18 +63,23 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     seed = random.getrandbits(63) if seed is None else int(seed)
     if pipeline is None:
         pipeline = runner.graphs
-    start = len(seq)
-    try:
-        if speculative is not None:  # sets up the stream (seed, counter) itself
-            return generate_speculative(runner, seq, ids, speculative, max_new_tokens, sampling,
-                                        stop, seed, on_token, spec_stats)
-        runner.seed.fill_(seed)
-        runner.counter.zero_()
-        loop = _pipelined if pipeline else _stepwise
-        return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
-    except BaseException:
-        runner.cache.truncate(seq, start)
-        raise
+    with runner.lock:
+        start = len(seq)
+        # A proposer may have the runner write hidden states (DFlash): only for this generation.
+        hidden = runner.hidden_layers, runner.step_listener
+        try:
+            if speculative is not None:  # sets up the stream (seed, counter) itself
+                return generate_speculative(runner, seq, ids, speculative, max_new_tokens,
+                                            sampling, stop, seed, on_token, spec_stats)
+            runner.seed.fill_(seed)
+            runner.counter.zero_()
+            loop = _pipelined if pipeline else _stepwise
+            return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
+        except BaseException:
+            runner.cache.truncate(seq, start)
+            raise
+        finally:
+            runner.hidden_layers, runner.step_listener = hidden
 
 
 def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
@@ -138,18 +143,25 @@ def generate(model, prompt_ids, max_new_tokens: int = 256, sampling: SamplingPar
              graphs: bool | None = None, kv_quantize: str | None = None, key_smoothing=None,
              page_size: int = 16, speculative: Proposer | None = None,
              spec_stats: SpecStats | None = None):
-    """One-shot generation in a fresh KV cache sized for the prompt and ``max_new_tokens``."""
+    """Generate up to ``max_new_tokens`` after ``prompt_ids`` in a new sequence of the model's
+    KV pool, on the model's runner (``runner_for``): the pool, static steps, CUDA graphs and
+    the speculative cost model are the model's runtime's, made by the first call and reused by
+    every later one. kv_quantize, key_smoothing, page_size: the pool's (changing them makes the
+    pool anew, which needs no other sequence to hold pages)."""
     _check_args(max_new_tokens, sampling)
     total = len(prompt_ids) + max_new_tokens
     if total > model.max_len:
         raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
                          f"exceeds the model's max_len {model.max_len}")
-    cache = new_cache(model, total, page_size=page_size, quantize=kv_quantize,
+    runtime = runtime_of(model)
+    with runtime.lock:
+        runner = runner_for(model, graphs, page_size=page_size, kv_quantize=kv_quantize,
                             key_smoothing=key_smoothing)
-    runner = ModelRunner(model, cache, graphs=graphs)
-    seq = cache.new_sequence()
-    try:
-        return generate_into(runner, seq, prompt_ids, max_new_tokens, sampling, stop_ids, seed,
-                             on_token, pipeline, speculative, spec_stats)
-    finally:
-        cache.release(seq)
+        runtime.reserve_room(runner.cache.pages_for(total))
+        cache = runner.cache
+        seq = cache.new_sequence()
+        try:
+            return generate_into(runner, seq, prompt_ids, max_new_tokens, sampling, stop_ids,
+                                 seed, on_token, pipeline, speculative, spec_stats)
+        finally:
+            cache.release(seq)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..model.decoder import Model
-from .cache import PagedKVCache, Sequence, check_cache
-from .step import as_token_ids, prepare_step
+from ...model.decoder import Model
+from ..kv.cache import PagedKVCache, Sequence, check_cache
+from ..kv.step import as_token_ids, prepare_step
 
 
 def forward_batch(model: Model, cache: PagedKVCache, seqs: list[Sequence], token_lists,

@@ -2,7 +2,7 @@
 
 Two loops. A proposer that drafts on the host and can guess past tokens the device has not
 returned yet (``NgramProposer``: it has ``continuation``) runs the pipelined loop of
-``tileinfer.engine.speculative.pipelined``, which never waits for the GPU between steps and drafts
+``tileinfer.engine.generation.speculative.pipelined``, which never waits for the GPU between steps and drafts
 only while drafts keep being accepted. Other proposers (draft models, DFlash, custom ones) run
 the synchronous loop below: propose, verify, read, repeat, with a ``DraftBudget`` that drafts
 fewer tokens (down to none, probing again later) while drafts are rejected.

@@ -8,10 +8,17 @@
 
 Each ``step`` plans one forward step with the ``Scheduler`` (continuous batching: decode rows
 of running requests and prefill chunks of new ones, under a token budget; preemption when pages
-run out), runs it with the ``BatchRunner`` (one ``forward_step`` for all of them; decode-only
-steps from CUDA graphs), samples the rows whose request reached its next token
-(``sample_batch``: each request's own parameters and stream (seed, k)), publishes newly full
-pages to the prefix cache and finishes requests that stopped.
+run out), runs it and samples the rows whose request reached its next token with the
+``BatchRunner`` (one ``forward_step`` for all of them, decode-only steps from CUDA graphs; each
+request's own parameters and stream (seed, k)), and has the scheduler commit the tokens (stop
+ids and lengths finish requests, newly full pages go to the prefix cache). The engine itself
+only keeps the requests' bookkeeping: the queue of added and aborted requests, the outputs not
+returned yet, and the step launched ahead.
+
+The KV pool, static steps and CUDA graphs are the model's runtime's (``engine/runtime``): an
+engine sizes the pool for serving (it grows to that size and keeps it), and a later engine on
+the same model finds the graphs captured. Engines (and generations) on one model take turns
+step by step (the runtime's lock); each sees the pages the others hold as taken.
 
 Threads: ``add_request`` and ``abort`` may be called from any thread (an asyncio server's loop);
 they queue under a short lock and ``step`` takes the queue at its start. ``abort`` takes effect
@@ -33,17 +40,18 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..backend.sampling import SamplingParams
-from .batch_runner import BatchRunner
-from .batch_sampling import sample_batch, token_logprobs
-from .cache import new_cache
+from ...backend.sampling import SamplingParams
+from ..kv.prefix_cache import PrefixCache
+from ..runtime.runtime import runtime_of
+from .batch_runner import BatchRunner, SampledIds
+from .batch_sampling import token_logprobs
 from .pool import kv_pool_pages
-from .prefix_cache import PrefixCache
-from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestError,
+from .request import (ABORT, ERROR, FINISHED, RUNNING, STOP, Request, RequestError,
                       RequestOutput, check_request)
 from .scheduler import Scheduler
 
@@ -51,32 +59,30 @@ from .scheduler import Scheduler
 @dataclass(eq=False)
 class _Step:
     """A launched step: its requests, their sequences' lengths before it, the rows sampled in
-    it, their ids on the device and the copy of them to the host (an event to wait for on CUDA),
-    the sampled rows' logits, whether it was a static decode step, and the step launched after
-    it from its ids (the successor), if any."""
+    it, their ids (on the device, copied to the host), the sampled rows' logits, whether it was
+    a static decode step, and the step launched after it from its ids (the successor), if any."""
 
     reqs: list
     starts: list[int]
     sampled: list[int]
-    ids: torch.Tensor | None
+    ids: SampledIds | None
     rows: torch.Tensor | None
-    host_ids: torch.Tensor | None = None
-    copied: object = None
     decode: bool = False
     successor: "_Step | None" = None
 
 
 class LLMEngine:
-    """Serves many requests on ``model`` from one paged KV pool.
+    """Serves many requests on ``model`` from its runtime's paged KV pool.
 
-    num_pages: pool size (default ``kv_pool_pages``: a ``memory_fraction`` of the GPU, or
-    ``cpu_tokens`` positions on the CPU). max_running: the most requests in a step (also the
-    largest CUDA-graph bucket). max_step_tokens: a step's token budget (prefill chunks + decode
-    rows). prefix_caching: share full pages of common prefixes. graphs: CUDA graphs for decode
-    steps (None: on CUDA with a graph-safe backend). kv_quantize / key_smoothing: as
-    ``new_cache``. watermark: free pages a new request must leave (default 1% of the pool).
-    static_decode, static_mixed: see ``BatchRunner``. pipeline: launch a static decode step
-    before reading the previous one's tokens (``step``).
+    num_pages: the pool's pages for requests (default ``kv_pool_pages``: a ``memory_fraction``
+    of the GPU, or ``cpu_tokens`` positions on the CPU); given, the pool is made exactly that
+    size (plus the runtime's scratch page), which needs it idle. max_running: the most
+    requests in a step (also the largest CUDA-graph bucket). max_step_tokens: a step's token
+    budget (prefill chunks + decode rows). prefix_caching: share full pages of common
+    prefixes. graphs: CUDA graphs for static steps (None: on CUDA with a graph-safe backend).
+    kv_quantize / key_smoothing: as ``new_cache``. watermark: free pages a new request must
+    leave (default 1% of the pool). static_decode, static_mixed: see ``BatchRunner``.
+    pipeline: launch a static decode step before reading the previous one's tokens (``step``).
     """
 
     def __init__(self, model, num_pages: int | None = None, page_size: int = 16,
@@ -86,17 +92,29 @@ class LLMEngine:
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
                  watermark: int | None = None, static_decode: bool | None = None,
                  pipeline: bool = True, static_mixed: bool | None = None):
-        if num_pages is None:
-            num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize, cpu_tokens,
-                                      max_step_tokens, max_running, graphs, static_mixed)
         self.model = model
-        self.cache = new_cache(model, page_size=page_size, quantize=kv_quantize,
-                               key_smoothing=key_smoothing, num_pages=num_pages)
-        self.runner = BatchRunner(model, self.cache, graphs, max_batch=max_running,
-                                  static_decode=static_decode, static_mixed=static_mixed)
+        runtime = self.runtime = runtime_of(model)
+        with runtime.lock:
+            if num_pages is None:
+                idle = runtime.cache if runtime.cache is not None and not runtime.live_pages() \
+                    else None
+                num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize,
+                                          cpu_tokens, max_step_tokens, max_running, graphs,
+                                          static_mixed,
+                                          reclaimable=0 if idle is None else idle.nbytes)
+                self.cache = runtime.kv_pool(num_pages + 1, page_size, kv_quantize,
+                                             key_smoothing)
+            else:
+                self.cache = runtime.kv_pool(num_pages + 1, page_size, kv_quantize,
+                                             key_smoothing, exact=True)
+            self.runner = BatchRunner(model, runtime, graphs, max_batch=max_running,
+                                      static_decode=static_decode, static_mixed=static_mixed)
+        self.closed = False
         self.prefix = PrefixCache(self.cache) if prefix_caching else None
         self.scheduler = Scheduler(self.cache, self.prefix, max_running, max_step_tokens,
-                                   watermark)
+                                   watermark, max_len=model.max_len)
+        # An engine dropped without close() gives its requests' pages back when collected.
+        self._finalizer = weakref.finalize(self, _free_requests, self.scheduler)
         self._requests: dict[int, Request] = {}  # taken in by a step, not finished
         self._inbox: list[tuple[str, object]] = []  # ("add", Request) / ("abort", id)
         self._live: set[int] = set()  # added and not finished
@@ -108,6 +126,11 @@ class LLMEngine:
         self.pipeline = pipeline
         self._inflight: _Step | None = None  # launched by the last step(), not completed
         self.steps = self.generated_tokens = self.pipelined_steps = 0
+
+    @property
+    def num_pages(self) -> int:
+        """Pages of the pool for requests (the runtime's scratch page is not one)."""
+        return self.cache.num_pages - 1
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -125,8 +148,7 @@ class LLMEngine:
         c = self.model.config
         args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
                              vocab_size=c.vocab_size, max_len=self.model.max_len,
-                             page_size=self.cache.page_size,
-                             pool_pages=self.cache.num_pages - self.runner.reserved_pages,
+                             page_size=self.cache.page_size, pool_pages=self.num_pages,
                              default_stop=c.eos_token_ids)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= 20):
@@ -170,11 +192,16 @@ class LLMEngine:
                 if req is not None:
                     self._finish(req, ABORT)
 
+    def running_ids(self) -> set[int]:
+        """Ids of the requests that hold pages now (running or prefilling); the others are
+        queued. Read without the step lock: a snapshot."""
+        return {req.request_id for req in list(self.scheduler.running)}
+
     def _finish(self, req: Request, reason: str, new_tokens=(), error=None, stop_token=None,
                 logprobs=None):
-        self.scheduler.remove(req)
+        self.scheduler.finish(req)
         del self._requests[req.request_id]
-        req.state, req.finish_reason, req.error = FINISHED, reason, error
+        req.finish_reason, req.error = reason, error
         self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
                                            error, stop_token, logprobs))
         with self._inbox_lock:  # after the output is pending: has_unfinished stays true
@@ -193,8 +220,8 @@ class LLMEngine:
             self._drain()
             for req in list(self._requests.values()):
                 self._finish(req, ERROR, error=str(error))
-            if self._inflight is not None and self._inflight.copied is not None:
-                self._inflight.copied.synchronize()  # before its graph or pages can go away
+            if self._inflight is not None and self._inflight.ids is not None:
+                self._inflight.ids.tolist()  # waits: before its graph or pages can go away
             self._inflight = None
             return self._take_outputs()
 
@@ -207,7 +234,7 @@ class LLMEngine:
         Pipelined (``pipeline``): a step of decode rows is completed (its tokens read back) only
         after the next one is launched, so the GPU runs the next step while the host handles
         this one's tokens; its outputs are then returned one call later than they were made."""
-        with self._step_lock:
+        with self._step_lock, self.runtime.lock:
             self._drain()
             flight, self._inflight = self._inflight, None
             if flight is None:
@@ -230,7 +257,8 @@ class LLMEngine:
         starts = [len(req.seq) for req in reqs]
         sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
         try:
-            logits = self.runner.run([req.seq for req in reqs], chunks)
+            logits = self.runner.run([req.seq for req in reqs], chunks,
+                                     sum(n for _, n in plan))
             flight = self._sample(reqs, starts, sampled, logits)
         except BaseException as e:
             self._fail_step(reqs, starts, e)
@@ -242,21 +270,16 @@ class LLMEngine:
 
     def _launch_next(self, prev: _Step) -> _Step | None:
         """The decode step after ``prev``, launched before prev's tokens are read (its input
-        ids are prev's samples, on the device), or None where the next step may differ: new
-        requests could join, one stopped or was aborted, one reaches its length or wants
-        logprobs, or pages run out (the scheduler then plans it, preempting if it must)."""
-        reqs, s = prev.reqs, self.scheduler
+        ids are prev's samples, on the device), when the scheduler says it is certain to be
+        that step; None otherwise, or when pages run out (the scheduler then plans it)."""
+        reqs = prev.reqs
         with self._inbox_lock:
-            inbox = bool(self._inbox)
-        if (not prev.decode or inbox or len(reqs) != len(s.running)
-                or (s.waiting and len(s.running) < s.max_running)
-                or any(r.state != RUNNING or r.logprobs is not None
-                       or len(r.output) + 1 >= r.max_new_tokens
-                       or r.num_tokens + 1 > self.model.max_len for r in reqs)):
+            queued = bool(self._inbox)
+        if not prev.decode or not self.scheduler.can_pipeline(reqs, queued):
             return None
         starts = [len(req.seq) for req in reqs]
         try:
-            logits = self.runner.run_device_ids([req.seq for req in reqs], prev.ids)
+            logits = self.runner.run_device_ids([req.seq for req in reqs], prev.ids.ids)
             flight = self._sample(reqs, starts, list(range(len(reqs))), logits, ahead=1)
         except Exception:  # no room, or a fault: give the pages back, the scheduler decides
             for req, start in zip(reqs, starts):
@@ -270,30 +293,22 @@ class LLMEngine:
 
     def _sample(self, reqs, starts, sampled, logits, ahead: int = 0) -> _Step:
         """Sample the rows of the requests in ``sampled`` (their k-th token, k = len(output) +
-        ahead) and start copying the ids to the host."""
+        ahead); the runner starts copying the ids to the host."""
         ids = rows = None
         if sampled:
             rows = logits if len(sampled) == len(reqs) else logits[sampled]
-            ids = sample_batch(self.model.ops, rows, [reqs[i].sampling for i in sampled],
-                               [reqs[i].seed for i in sampled],
-                               [len(reqs[i].output) + ahead for i in sampled])
-        flight = _Step(reqs, starts, sampled, ids, rows)
-        if ids is not None and ids.is_cuda:
-            flight.host_ids = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order
-            flight.copied = torch.cuda.Event()
-            flight.copied.record()
-        else:
-            flight.host_ids = ids
-        return flight
+            ids = self.runner.sample(rows, [reqs[i].sampling for i in sampled],
+                                     [reqs[i].seed for i in sampled],
+                                     [len(reqs[i].output) + ahead for i in sampled])
+        return _Step(reqs, starts, sampled, ids, rows)
 
     def _complete(self, flight: _Step):
-        """Read the step's tokens back and hand them to their requests. A successor step (already
-        running) continues the same requests with these tokens: they join its sequences now."""
+        """Read the step's tokens back and have the scheduler commit them. A successor step
+        (already running) continues the same requests with these tokens: they join its
+        sequences now."""
         reqs, sampled = flight.reqs, flight.sampled
         try:
-            if flight.copied is not None:
-                flight.copied.synchronize()
-            ids = [] if flight.host_ids is None else flight.host_ids.tolist()
+            ids = [] if flight.ids is None else flight.ids.tolist()
             lps = {}
             want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
             if want:
@@ -306,15 +321,23 @@ class LLMEngine:
             return
         next_ids = dict(zip(sampled, ids)) if flight.successor is not None else {}
         for i, req in enumerate(reqs):
-            if req.state == FINISHED:  # aborted while the step ran
-                continue
-            if i in next_ids:
+            if req.state == RUNNING and i in next_ids:
                 req.seq.tokens.append(next_ids[i])  # the token the successor step runs
-            if self.prefix is not None:
-                self.prefix.publish(req.seq, req.page_keys)
+            self.scheduler.publish(req)
         for j, (i, token) in enumerate(zip(sampled, ids)):
-            if reqs[i].state != FINISHED:
-                self._accept(reqs[i], token, lps.get(j))
+            req = reqs[i]
+            if req.state != RUNNING:  # aborted while the step ran
+                continue
+            reason = self.scheduler.commit(req, token)
+            logprobs = None if lps.get(j) is None else [lps[j]]
+            if reason == STOP:
+                self._finish(req, STOP, stop_token=token)
+                continue
+            self.generated_tokens += 1
+            if reason is not None:
+                self._finish(req, reason, new_tokens=[token], logprobs=logprobs)
+            else:
+                self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs))
 
     def _fail_step(self, reqs, starts, e: BaseException):
         for req, start in zip(reqs, starts):
@@ -329,23 +352,10 @@ class LLMEngine:
             if req.state != FINISHED:
                 self._finish(req, ERROR, error=message)
 
-    def _accept(self, req: Request, token: int, logprob=None):
-        if token in req.stop_ids:
-            self._finish(req, STOP, stop_token=token)
-            return
-        req.output.append(token)
-        self.generated_tokens += 1
-        # The next step would run this token at position num_tokens - 1: within max_len?
-        logprobs = None if logprob is None else [logprob]
-        if len(req.output) >= req.max_new_tokens or req.num_tokens > self.model.max_len:
-            self._finish(req, LENGTH, new_tokens=[token], logprobs=logprobs)
-        else:
-            self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs))
-
     def warmup(self):
         """Capture the decode steps' CUDA graphs of every batch-size bucket now (a server calls
         it before taking requests); without graphs it does nothing."""
-        with self._step_lock:
+        with self._step_lock, self.runtime.lock:
             if self.runner.graphs:
                 self.runner.warmup()
                 torch.cuda.synchronize()
@@ -362,7 +372,7 @@ class LLMEngine:
         with self._inbox_lock:
             queued = sum(kind == "add" for kind, _ in self._inbox)
         return dict(running=len(s.running), waiting=len(s.waiting) + queued,
-                    pages_total=self.cache.num_pages, pages_used=alloc.held,
+                    pages_total=self.num_pages, pages_used=alloc.held - 1,
                     pages_cached=alloc.cached, pages_free=alloc.free - alloc.cached,
                     page_size=self.cache.page_size, pool_bytes=self.cache.nbytes,
                     preemptions=s.preemptions,
@@ -382,12 +392,19 @@ class LLMEngine:
             assert all(req.seq is not None for req in self.scheduler.running)
             assert all(req.seq is None for req in self.scheduler.waiting), \
                 "a waiting request holds pages"
-            if self.runner.scratch_page is not None:
-                holders.append([self.runner.scratch_page])
+            holders.append([self.runner.scratch_page])
             self.cache.allocator.check(held_by=holders)
             return self.stats()
 
     def close(self):
-        """Fail what is left and give the runner's pages back."""
-        self.fail_all("the engine was closed")
-        self.runner.close()
+        """Fail what is left (their pages go back to the pool); the model's runtime keeps the
+        pool and the captured steps for the next engine or generation."""
+        if not self.closed:
+            self.fail_all("the engine was closed")
+            self.closed = True
+
+
+def _free_requests(scheduler: Scheduler):
+    """Give back the pages of every request the scheduler holds (an engine that was dropped)."""
+    for req in list(scheduler.running) + list(scheduler.waiting):
+        scheduler.free(req)

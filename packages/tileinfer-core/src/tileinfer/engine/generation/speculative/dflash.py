@@ -33,16 +33,16 @@ from pathlib import Path
 
 import torch
 
-from ...backend.sampling import SamplingParams
-from ...io.model_dir import resolve_model_dir
-from ...model.config import ConfigError, ModelConfig, check_max_len, config_from_dict
-from ...model.decoder import Model
-from ...model.quant import linear_operands
-from ...model.weights import (Checkpoint, LayerWeights, ModelWeights, layer_tensor_names,
+from ....backend.sampling import SamplingParams
+from ....io.model_dir import resolve_model_dir
+from ....model.config import ConfigError, ModelConfig, check_max_len, config_from_dict
+from ....model.decoder import Model
+from ....model.quant import linear_operands
+from ....model.weights import (Checkpoint, LayerWeights, ModelWeights, layer_tensor_names,
                               stacked_tensor)
-from ..cache import ContextLengthError, OutOfPagesError, common_prefix_len, new_cache
-from ..graphs import capture_graph
-from ..step import prepare_step, static_metadata
+from ...kv.cache import ContextLengthError, OutOfPagesError, common_prefix_len, new_cache
+from ...runtime.graphs import capture_graph
+from ...kv.step import prepare_step, static_metadata
 from .proposer import Draft, Proposer, check_k, draft_seed
 
 

@@ -15,8 +15,9 @@ import math
 
 import torch
 
-from .batch_runner import MIXED_KEPT, bucket_sizes
-from .cache import kv_bytes_per_token
+from ..kv.cache import kv_bytes_per_token
+from ..runtime.static_steps import MAX_KEPT
+from .batch_runner import bucket_sizes
 from .mixed_steps import MIXED_MAX_TOKENS
 
 DEFAULT_CPU_TOKENS = 32768
@@ -42,7 +43,7 @@ def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool
     eager = 2 * step_activation_bytes(model, max_step_tokens, min(max_batch, max_step_tokens))
     static = sum(step_activation_bytes(model, b, b) for b in bucket_sizes(max_batch)) \
         if graphs else 0
-    mixed = MIXED_KEPT * step_activation_bytes(model, MIXED_MAX_TOKENS, max_batch) \
+    mixed = MAX_KEPT * step_activation_bytes(model, MIXED_MAX_TOKENS, max_batch) \
         if static_mixed else 0
     return eager + static + mixed + MARGIN_BYTES
 
@@ -50,11 +51,13 @@ def activation_reserve(model, max_step_tokens: int, max_batch: int, graphs: bool
 def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
                   quantize: str | None = None, cpu_tokens: int | None = None,
                   max_step_tokens: int = 2048, max_batch: int = 64,
-                  graphs: bool | None = None, static_mixed: bool | None = None) -> int:
+                  graphs: bool | None = None, static_mixed: bool | None = None,
+                  reclaimable: int = 0) -> int:
     """How many KV pages of page_size positions the engine's pool gets.
 
     CUDA: ``fraction * total - (total - free) - activation_reserve(...)`` bytes of pages, with
     (free, total) from ``torch.cuda.mem_get_info``; ValueError when that leaves no page.
+    ``reclaimable``: bytes in use now that the pool replaces (the model runtime's idle pool).
     CPU: pages for ``cpu_tokens`` positions (default 32,768).
     """
     if not 0 < fraction <= 1:
@@ -71,7 +74,7 @@ def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
         static_mixed = graphs
     free, total = torch.cuda.mem_get_info(device)
     page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
-    budget = fraction * total - (total - free) - activation_reserve(
+    budget = fraction * total - (total - free - reclaimable) - activation_reserve(
         model, max_step_tokens, max_batch, graphs, static_mixed)
     pages = int(budget // page_bytes)
     if pages < 1:

@@ -16,8 +16,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from ..backend.sampling import SamplingParams
-from .cache import Sequence
+from ...backend.sampling import SamplingParams
+from ..kv.cache import Sequence
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 # Why a request finished.

@@ -6,7 +6,7 @@ max_ngram down to min_ngram: a longer match is a better predictor, a shorter one
 
 The lookup runs on the host in microseconds and can extend a sequence the host does not know yet
 (``continuation``: after tokens the device is still computing, guessed), so the speculative loop
-runs it pipelined (``tileinfer.engine.speculative.pipelined``): it drafts only while the lookup's
+runs it pipelined (``tileinfer.engine.generation.speculative.pipelined``): it drafts only while the lookup's
 predictions keep coming true, which it checks on every token for free.
 """
 
@@ -24,7 +24,7 @@ class NgramProposer(Proposer):
     one seen, e.g. a new chat turn that rewrote the end).
 
     adaptive (default): the speculative loop drafts only while the lookup's guesses keep coming
-    true and the extra rows pay (``tileinfer.engine.speculative.pipelined``): from a moving
+    true and the extra rows pay (``tileinfer.engine.generation.speculative.pipelined``): from a moving
     average p of its hits (``smoothing``: the weight of the latest token), nothing while p <
     ``draft_threshold``, else the count (at most k) with the most expected tokens per measured
     cost of a step, if it gains ``min_gain``; it launches a step before the one in flight is

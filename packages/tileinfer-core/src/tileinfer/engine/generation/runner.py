@@ -5,8 +5,8 @@ metadata and activation buffers; on a CUDA device with a graph-safe backend each
 captured once in a CUDA graph (forward plus, optionally, device sampling) and replayed.
 
 Prefill steps of up to ``MAX_PREFILL_BUCKET`` tokens run the same way, padded up to a power of
-two (``prefill_bucket``): an eager prefill spends most of its time on the host (about 10 ms for
-SmolLM2's 30 layers, whose kernels take 1.6 ms of GPU; benchmarks/RESULTS.md, session 12). The
+two (``prefill_bucket``): an eager prefill spends most of its time on the host (the host
+launches every op of every layer while the GPU waits; benchmarks/RESULTS.md has the figures). The
 padding tokens follow the real ones in the same sequence, so causal attention keeps them out of
 every real row; they write keys and values at the positions after the real tokens, which the
 next steps overwrite, and their pages go back to the pool after the step. A bucket's first
@@ -19,6 +19,10 @@ and sends it with one copy from a pinned staging buffer. The token ids of a step
 from the device: the sampling op writes the next token straight into the 1-token step's ids, so
 pipelined decoding (``tileinfer.generate``) never waits for the host.
 
+A runner stands on ``StaticSteps`` (``engine/runtime/static_steps.py``): the runtime's
+(``runtime_of(model)``), shared with every other path of the model and kept as long as the
+model, or, made standalone with a cache of its own, its own.
+
 Speculative decoding adds two things: steps that return the logits of every row (a verify step
 of the last token and k drafts: ``forward(..., all_logits=True)``, with static slots and graphs
 of their own), and the output hidden states of chosen layers, which a DFlash drafter reads after
@@ -27,13 +31,15 @@ each step (``capture_hidden_states``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
 
 import torch
 
-from ..backend.sampling import SamplingParams
-from .graphs import capture_graph, use_graphs
-from .step import prepare_step, static_metadata
+from ...backend.sampling import SamplingParams
+from ..kv.step import prepare_step, static_metadata
+from ..runtime.graphs import use_graphs
+from ..runtime.runtime import runtime_of
+from ..runtime.static_steps import StaticStep, StaticSteps
 
 MAX_GRAPH_TOKENS = 8
 MAX_PREFILL_BUCKET = 512
@@ -47,62 +53,73 @@ def prefill_bucket(n: int) -> int | None:
     return bucket if bucket <= MAX_PREFILL_BUCKET else None
 
 
-@dataclass
-class _Slot:
-    """Static state of one step size: metadata, buffers, its graphs and its last logits."""
-
-    meta: object
-    buffers: object
-    logits: torch.Tensor | None = None  # output of the last run
-    tokens: torch.Tensor | None = None  # (n,) int32: every row's greedy token (sample_rows)
-    # One graph per sampling captured with it: None (no sampling) or (temperature, top_k, top_p).
-    graphs: dict = field(default_factory=dict)
-
-
 class ModelRunner:
-    """Forward steps of ``model`` on ``cache``, with CUDA graphs for steps of 1..8 tokens.
+    """Forward steps of ``model`` on a KV cache, with CUDA graphs for steps of 1..8 tokens.
 
-    graphs: None picks them when the model is on CUDA and its backend is graph-safe.
-    static_prefill: run prefills padded to their bucket on static slots (default: with graphs);
-    without graphs they then run eagerly on those slots, which is what a graph replays (tests).
+    runtime: the model's ``ModelRuntime`` whose pool, static steps, sampling stream and step
+    costs the runner shares (``runner_for`` gives the runtime's runner); without one, ``cache``
+    is the runner's own and so are the rest. graphs: None picks them when the model is on CUDA
+    and its backend is graph-safe. static_prefill: run prefills padded to their bucket on static
+    steps (default: with graphs); without graphs they then run eagerly on those steps, which is
+    what a graph replays (tests).
     """
 
-    def __init__(self, model, cache, graphs: bool | None = None, extra_sizes=(),
-                 static_prefill: bool | None = None):
-        self.model, self.cache = model, cache
+    def __init__(self, model, cache=None, graphs: bool | None = None, extra_sizes=(),
+                 static_prefill: bool | None = None, runtime=None):
+        self.model = model
         self.graphs = graphs = use_graphs(model, graphs)
         self.static_prefill = graphs if static_prefill is None else static_prefill
-        self._prefill_seen: set = set()  # (bucket, sampling key) run once, eagerly
         self.sizes = sorted(set(range(1, MAX_GRAPH_TOKENS + 1)) | set(extra_sizes))
-        self._slots: dict[int, _Slot] = {}  # steps that return the last row's logits
-        self._all_logits_slots: dict[int, _Slot] = {}  # steps that return every row's logits
         # Layers whose output hidden states every step writes, and who reads them after a step.
         self.hidden_layers: tuple[int, ...] = ()
         self.step_listener = None
-        device = model.device
-        # The counter-based random stream of device sampling: seed and the next counter.
-        self.seed = torch.zeros(1, dtype=torch.int64, device=device)
-        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-        self._pool = None  # the graphs share one memory pool
-        # Row count -> the latest measured seconds of steps of that many rows, kept across
-        # generations: the pipelined speculative loop's cost model (how much a verify step of
-        # n rows costs against a 1-token step on this model, backend and device).
-        self.step_seconds: dict[int, list[float]] = {}
+        self.runtime = runtime
+        if runtime is not None:
+            self.steps = runtime.steps
+            # The counter-based random stream of device sampling: seed and the next counter.
+            self.seed, self.counter = runtime.seed, runtime.counter
+            # Row count -> the latest measured seconds of steps of that many rows: the
+            # pipelined speculative loop's cost model, kept as long as the runtime.
+            self.step_seconds = runtime.step_seconds
+            self._cache = None
+        else:
+            if cache is None:
+                raise ValueError("a ModelRunner needs a cache or a runtime")
+            self.steps = StaticSteps(graphs)
+            device = model.device
+            self.seed = torch.zeros(1, dtype=torch.int64, device=device)
+            self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+            self.step_seconds: dict[int, list[float]] = {}
+            self._cache = cache
 
-    # -- static slots ------------------------------------------------------------------------
+    @property
+    def cache(self):
+        return self._cache if self.runtime is None else self.runtime.cache
 
-    def _slot(self, n: int, all_logits: bool = False) -> _Slot:
-        slots = self._all_logits_slots if all_logits else self._slots
-        slot = slots.get(n)
-        if slot is None:
+    @property
+    def lock(self):
+        """Held while a generation runs on the runner (the runtime's: one at a time)."""
+        return self.runtime.lock if self.runtime is not None else contextlib.nullcontext()
+
+    # -- static steps ------------------------------------------------------------------------
+
+    def _slot(self, n: int, all_logits: bool = False) -> StaticStep:
+        """The static step of n tokens (logits of the last row, or of every row)."""
+        key = ("seq", n, all_logits, self.hidden_layers)
+
+        def make():
             meta = static_metadata(self.model, n, self.cache, n_logits=n if all_logits else 1)
-            slot = _Slot(meta, self.model.new_buffers(n, meta.num_logits,
-                                                      hidden_layers=self.hidden_layers))
-            slots[n] = slot
-        return slot
+            return StaticStep(meta, self.model.new_buffers(n, meta.num_logits,
+                                                           hidden_layers=self.hidden_layers))
+        return self.steps.get(key, make)
+
+    def static_step(self, n: int, all_logits: bool = False) -> StaticStep | None:
+        """The static step of n tokens if one was made (for inspection), else None."""
+        key = ("seq", n, all_logits, self.hidden_layers)
+        return next((step for k, step in self.steps.items() if k == key), None)
 
     def add_sizes(self, sizes):
-        """Also run steps of these token counts from static slots (and graphs)."""
+        """Also run steps of these token counts from static steps (and graphs)."""
         self.sizes = sorted(set(self.sizes) | {int(n) for n in sizes})
 
     def capture_hidden_states(self, layers, listener):
@@ -110,13 +127,9 @@ class ModelRunner:
         ``hidden_states[layer + 1]`` before any final norm, see ``StepBuffers.hidden_out``) and
         then call ``listener(seq, start, ids, hidden_out)``: the step ran ``ids`` at positions
         ``start..`` of ``seq``, and ``hidden_out`` maps each layer to its (len(ids), hidden) rows,
-        valid until the next step of that size. A DFlash drafter reads them. Static slots made
-        without these outputs are dropped (and their graphs captured again when next used)."""
-        layers = tuple(sorted({int(layer) for layer in layers}))
-        if layers != self.hidden_layers:
-            self._slots.clear()
-            self._all_logits_slots.clear()
-            self.hidden_layers = layers
+        valid until the next step of that size. A DFlash drafter reads them. Steps then use
+        static steps made with these outputs (captured again when first used)."""
+        self.hidden_layers = tuple(sorted({int(layer) for layer in layers}))
         self.step_listener = listener
 
     def _after_step(self, seq, start, ids, buffers):
@@ -137,35 +150,36 @@ class ModelRunner:
         padded = max(0, cache.pages_for(len(seq) + bucket) - len(seq.pages))
         return bucket if padded <= cache.allocator.free - cache.allocator.cached else None
 
-    def _run_static(self, slot: _Slot, n: int, sampling: SamplingParams | None,
-                    rows: bool = False, capture_later: bool = False):
+    def _run_static(self, slot: StaticStep, n: int, sampling: SamplingParams | None,
+                    rows: bool = False, capture_at: int = 1):
         """Run the slot's step (replay or eager) and, if sampling, sample its last row (rows:
-        every row's argmax into slot.tokens instead). capture_later: run eagerly, on the same
-        slot, the first time this step and sampling come (a prefill bucket's first use)."""
-        if rows and slot.tokens is None:
-            slot.tokens = torch.zeros(n, dtype=torch.int32, device=self.model.device)
-        key = self._graph_key(sampling, rows)
-        eager_once = (capture_later and key not in slot.graphs
-                      and (n, key) not in self._prefill_seen)
-        if eager_once:
-            self._prefill_seen.add((n, key))
-        if not self.graphs or eager_once:
-            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            self._sample_step(slot, sampling, rows, self.next_token)
-            return
-        graph = slot.graphs.get(key)
-        if graph is None:
-            graph = slot.graphs[key] = self._capture(slot, sampling, rows)
-        graph.replay()
+        every row's argmax into the slot's ``tokens`` instead). capture_at 2: run eagerly, on
+        the same slot, the first time this step and sampling come (a prefill bucket)."""
+        if rows and "tokens" not in slot.extra:
+            slot.extra["tokens"] = torch.zeros(n, dtype=torch.int32, device=self.model.device)
 
-    def _sample_step(self, slot: _Slot, sampling, rows: bool, out):
+        def step():
+            slot.extra["logits"] = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            self._sample_step(slot, sampling, rows, self.next_token)
+
+        def warmup():  # samples into scratch so that the step's input ids stay as they are
+            counter, scratch = self.counter.clone(), torch.empty_like(self.next_token)
+            slot.extra["logits"] = self.model.forward_step(slot.meta, slot.buffers, self.cache)
+            self._sample_step(slot, sampling, rows, scratch)
+            self.counter.copy_(counter)
+
+        self.steps.run(slot, self._graph_key(sampling, rows), step, capture_at=capture_at,
+                       warmup=warmup, eager=not self.graphs)
+
+    def _sample_step(self, slot: StaticStep, sampling, rows: bool, out):
         if sampling is None:
             return
+        logits = slot.extra["logits"]
         if rows:  # greedy: the argmax of every row (it does not advance the counter)
-            self.model.ops.sample_tokens(slot.tokens, slot.logits, 0.0, 0, 1.0, self.seed,
+            self.model.ops.sample_tokens(slot.extra["tokens"], logits, 0.0, 0, 1.0, self.seed,
                                          self.counter, None)
         else:
-            self._sample_into(slot.logits, sampling, out)
+            self._sample_into(logits, sampling, out)
 
     @staticmethod
     def _graph_key(sampling: SamplingParams | None, rows: bool = False):
@@ -177,33 +191,12 @@ class ModelRunner:
     def captured_graph(self, n: int, sampling: SamplingParams | None):
         """The CUDA graph of the n-token step (last row's logits) sampling with ``sampling``, once
         a step has captured it, else None: benchmarks replay it to time the GPU alone."""
-        slot = self._slots.get(n)
-        return None if slot is None else slot.graphs.get(self._graph_key(sampling))
+        return self._slot(n).graphs.get(self._graph_key(sampling))
 
     def _sample_into(self, logits, sampling, out):
         self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
                                      sampling.top_p, self.seed, self.counter, None)
         self.counter.add_(1)
-
-    def _capture(self, slot: _Slot, sampling: SamplingParams | None,
-                 rows: bool = False) -> torch.cuda.CUDAGraph:
-        """Capture the slot's step (and sampling) in a graph. The step's metadata is already in
-        the static tensors; capturing does not run it, so the first replay does."""
-        counter = self.counter.clone()
-        scratch = torch.empty_like(self.next_token)
-
-        def warmup():  # samples into scratch so that the step's input ids stay as they are
-            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            self._sample_step(slot, sampling, rows, scratch)
-            self.counter.copy_(counter)
-
-        def step():
-            slot.logits = self.model.forward_step(slot.meta, slot.buffers, self.cache)
-            self._sample_step(slot, sampling, rows, self.next_token)
-
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        return capture_graph(step, warmup=warmup, pool=self._pool)
 
     # -- public steps ------------------------------------------------------------------------
 
@@ -237,15 +230,15 @@ class ModelRunner:
                 if first_from is not None:
                     slot.meta.ids[:1].copy_(first_from)
                 self._run_static(slot, n, sampling, rows=sample_rows)
-                logits, buffers = slot.logits, slot.buffers
+                logits, buffers = slot.extra["logits"], slot.buffers
             elif not all_logits and (bucket := self._prefill_bucket(seq, n)) is not None:
                 slot = self._slot(bucket)
                 prepare_step(self.cache, [seq], [ids + ids[-1:] * (bucket - n)], max_len=max_len,
                              out=slot.meta, padding=bucket - n)
                 if first_from is not None:
                     slot.meta.ids[:1].copy_(first_from)
-                self._run_static(slot, bucket, sampling, capture_later=True)
-                logits, buffers, padded = slot.logits, slot.buffers, True
+                self._run_static(slot, bucket, sampling, capture_at=2)
+                logits, buffers, padded = slot.extra["logits"], slot.buffers, True
             else:
                 meta = prepare_step(self.cache, [seq], [ids], all_logits=all_logits,
                                     max_len=max_len)
@@ -281,15 +274,29 @@ class ModelRunner:
             raise
         seq.tokens.append(-1)
         self._after_step(seq, start, [-1], slot.buffers)
-        return slot.logits
+        return slot.extra["logits"]
 
     def row_tokens(self, n: int) -> torch.Tensor:
         """(n,) int32 on the device: every row's greedy token of the last n-token step run with
         ``sample_rows`` (a static buffer: read it before the next such step)."""
-        return self._slot(n, all_logits=True).tokens
+        return self._slot(n, all_logits=True).extra["tokens"]
 
     @property
     def next_token(self) -> torch.Tensor:
         """(1,) int32 on the device: the token the last sampling step drew, which is also the
         input of the next 1-token step."""
         return self._slot(1).meta.ids
+
+
+def runner_for(model, graphs: bool | None = None, num_pages: int | None = None,
+               page_size: int = 16, kv_quantize: str | None = None,
+               key_smoothing=None) -> ModelRunner:
+    """The model's single-sequence runner on its runtime (made once per graphs setting), its KV
+    pool holding at least ``num_pages`` pages of ``page_size`` in ``kv_quantize``'s precision
+    (see ``ModelRuntime.kv_pool``)."""
+    runtime = runtime_of(model)
+    with runtime.lock:
+        runtime.kv_pool(num_pages, page_size, kv_quantize, key_smoothing)
+        graphs = use_graphs(model, graphs)
+        return runtime.part(("runner", graphs),
+                            lambda: ModelRunner(model, graphs=graphs, runtime=runtime))

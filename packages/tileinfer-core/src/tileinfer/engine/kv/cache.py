@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backend.types import LayerKV
-from ..model.config import ModelConfig
+from ...backend.types import LayerKV
+from ...model.config import ModelConfig
 
 
 class OutOfPagesError(RuntimeError):
@@ -98,6 +98,13 @@ class PageAllocator:
     @property
     def held(self) -> int:
         return self.num_pages - self.free
+
+    def grow(self, num_pages: int):
+        """Add free pages up to ``num_pages`` (the pool's tensors grew)."""
+        for page in range(self.num_pages, num_pages):
+            heapq.heappush(self._free, page)
+        self._refs.extend([0] * (num_pages - self.num_pages))
+        self.num_pages = num_pages
 
     def refcount(self, page: int) -> int:
         return self._refs[page]
@@ -247,6 +254,24 @@ class PagedKVCache:
         if not bool((factors > 0).all()) or not bool(torch.isfinite(factors).all()):
             raise ValueError("key_smoothing factors must be finite and > 0")
         return factors.to(self.device).contiguous()
+
+    def grow(self, num_pages: int):
+        """Hold ``num_pages`` pages: new pools with the old pages copied to the same ids, so
+        every sequence keeps its pages and contents. Steps captured on the old pools must be
+        captured again (their graphs hold the old addresses)."""
+        if num_pages <= self.num_pages:
+            return
+        for name in ("k_pages", "v_pages", "k_scales", "v_scales"):
+            old = getattr(self, name)
+            if old is None:
+                continue
+            new = torch.zeros((old.shape[0], num_pages, *old.shape[2:]), dtype=old.dtype,
+                              device=old.device)
+            new[:, :self.num_pages].copy_(old)
+            setattr(self, name, new)
+            del old
+        self.allocator.grow(num_pages)
+        self.num_pages = num_pages
 
     def layer(self, i: int) -> LayerKV:
         pick = lambda t: None if t is None else t[i]  # noqa: E731

@@ -1,0 +1,127 @@
+"""The paths users call, timed as users run them (real SmolLM2-135M-Instruct, greedy).
+
+(a) ``cli`` rows: ``tileinfer run --json -n N PROMPT`` as a new process per run, with the default
+options and with ``--speculative none``, per backend: wall time of the process, the timings its
+``--json`` reports (load, time to the first token, decode tok/s) and, once per backend, the time of
+``import torch`` alone in a new process.
+
+(b) ``oneshot`` rows: ``tileinfer.generate`` called several times in one process for each prompt
+(plain, and with ``speculative=NgramProposer()``): the wall time of every call, so that the first
+call (which may compile and capture) and the later ones show apart.
+
+    python benchmarks/user_paths.py --sections cli,oneshot --backends cuda,triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from speculative import PROMPTS  # noqa: E402
+
+STORY = "Write a long story about a dragon."
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def emit(row):
+    print(json.dumps(row), flush=True)
+
+
+def cli_run(backend: str, prompt: str, new_tokens: int, extra=()) -> dict:
+    cmd = [sys.executable, "-m", "tileinfer_cli", "run", "--json", "--stats", "-b", backend,
+           "-n", str(new_tokens), *extra, prompt]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:], "wall": wall}
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["wall"] = round(wall, 4)
+    out["stats_line"] = done.stderr.strip().splitlines()[-2:]
+    out.pop("text", None)
+    out["n_tokens"] = len(out.pop("tokens"))
+    return out
+
+
+def import_torch_seconds() -> float:
+    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return float(done.stdout.strip())
+
+
+def section_cli(args):
+    prompts = [("story", STORY)] + [(name, text) for name, _, text in PROMPTS[: args.cli_prompts]]
+    for backend in args.backends:
+        emit({"kind": "import_torch", "backend": backend,
+              "seconds": round(import_torch_seconds(), 4)})
+        for name, text in prompts:
+            for label, extra in (("default", ()), ("none", ("--speculative", "none"))):
+                row = cli_run(backend, text, args.new_tokens, extra)
+                row.update(kind="cli", backend=backend, prompt=name, options=label)
+                emit(row)
+                t = row.get("timings", {})
+                log(f"cli {backend} {name} {label}: wall {row['wall']:.2f}s load "
+                    f"{t.get('load')} ttft {t.get('time_to_first_token')} "
+                    f"{t.get('tokens_per_second')} tok/s {row.get('n_tokens')} tokens")
+
+
+def section_oneshot(args):
+    import torch
+    import tileinfer as ti
+
+    folder = ti.default_model_dir()
+    tok = ti.load_tokenizer(folder)
+    for backend in args.backends:
+        model = ti.load_model(folder, backend=backend)
+        for name, _, text in [("story", "open", STORY)] + list(PROMPTS):
+            prompt = ti.chat_prompt(folder, [ti.ChatMessage("user", text)])
+            ids = tok.encode(prompt, add_special_tokens=False)
+            outs, times = {}, {}
+            for label in ("plain", "ngram"):
+                times[label] = []
+                for _ in range(args.calls):
+                    spec = ti.NgramProposer() if label == "ngram" else None
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    out = ti.generate(model, ids, args.new_tokens, seed=0, speculative=spec)
+                    torch.cuda.synchronize()
+                    times[label].append(time.perf_counter() - start)
+                    outs[label] = out
+            later = {k: statistics.median(v[1:]) for k, v in times.items()}
+            row = {"kind": "oneshot", "backend": backend, "prompt": name,
+                   "tokens": len(outs["plain"]), "identical": outs["plain"] == outs["ngram"],
+                   "seconds": {k: [round(x, 5) for x in v] for k, v in times.items()},
+                   "speedup_later": round(later["plain"] / later["ngram"], 3)}
+            emit(row)
+            log(f"oneshot {backend} {name}: {row['tokens']} tok, plain "
+                f"{[round(x * 1e3, 1) for x in times['plain']]} ms, ngram "
+                f"{[round(x * 1e3, 1) for x in times['ngram']]} ms, x{row['speedup_later']}, "
+                f"identical {row['identical']}")
+        del model
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sections", default="cli,oneshot")
+    p.add_argument("--backends", default="cuda,triton")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--cli-prompts", type=int, default=0,
+                   help="also run the first N prompts of benchmarks/speculative.py in the CLI")
+    args = p.parse_args()
+    args.backends = args.backends.split(",")
+    for section in args.sections.split(","):
+        {"cli": section_cli, "oneshot": section_oneshot}[section](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""ModelRuntime: what a loaded model keeps between calls, made once and shared by every path.
+
+``runtime_of(model)`` gives the model's one runtime (made on first use, closed by
+``model.close()``). It holds:
+
+- ``cache``: the KV page pool (``PagedKVCache``). Every path takes its sequences from it: each
+  ``generate`` call, a ``ChatSession``'s conversation, the serving engine's requests. Its size
+  is what the largest user asked for: at least one sequence of the model's ``max_len``, more
+  when an ``LLMEngine`` sizes it for serving. Asked for more pages, it grows in place (live
+  sequences keep their pages and contents); asked for another page size or precision, it is
+  made anew, which needs it idle (no sequence holding pages).
+- ``steps``: the ``StaticSteps`` of every runner (static step buffers and CUDA graphs, one graph
+  pool), so a step shape is captured once per process, not once per call.
+- ``seed`` and ``counter``: the device sampling stream that captured graphs read.
+- ``step_seconds``: what steps of n rows measured (the speculative loop's cost model).
+- ``scratch_page``: one page kept out of the pool's use, where padding rows of static steps
+  write their keys and values.
+- parts made on demand by the layers above (the single-sequence runner, the batched runner),
+  through ``part(name, make)``, so this module imports neither.
+
+``lock``: one step at a time on the model's static tensors. A generation holds it for its
+whole length, a serving engine for each step; a second thread waits.
+
+Its memory is bounded: the pool's pages, static buffers for a fixed set of step shapes plus at
+most ``StaticSteps.max_kept`` evictable ones, and their graphs; ``memory()`` reports it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ...model.loader import check_fits
+from ..kv.cache import PagedKVCache, kv_bytes_per_token
+from .graphs import use_graphs
+from .static_steps import StaticSteps
+
+_ATTACHMENT = "runtime"
+
+
+class PoolBusyError(RuntimeError):
+    """The KV pool must be made anew (another page size or precision, or a smaller size) while
+    sequences hold pages of it."""
+
+
+class ModelRuntime:
+    """The runtime of one loaded model (see the module docstring)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.graphs = use_graphs(model, None)
+        self.lock = threading.RLock()
+        self.steps = StaticSteps(self.graphs)
+        self.cache: PagedKVCache | None = None
+        self.scratch_page: int | None = None
+        device = model.device
+        self.seed = torch.zeros(1, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.step_seconds: dict[int, list[float]] = {}
+        self._parts: dict = {}
+        self.pool_builds = 0
+
+    # -- the KV pool -------------------------------------------------------------------------
+
+    def min_pages(self, page_size: int) -> int:
+        """Pages of one sequence of max_len, plus the scratch page."""
+        return -(-self.model.max_len // page_size) + 1
+
+    def kv_pool(self, num_pages: int | None = None, page_size: int = 16,
+                quantize: str | None = None, key_smoothing=None,
+                exact: bool = False) -> PagedKVCache:
+        """The pool, made or changed to hold at least ``num_pages`` pages (exactly, with
+        ``exact``; default: one max_len sequence) of ``page_size`` positions in ``quantize``'s
+        precision with ``key_smoothing``. Growing keeps every live sequence; anything else that
+        changes the pool needs it idle (``PoolBusyError``)."""
+        with self.lock:
+            want = max(num_pages or 0, 1 if exact else self.min_pages(page_size))
+            cache = self.cache
+            if cache is not None and self._same_kind(cache, page_size, quantize, key_smoothing):
+                if cache.num_pages == want or (cache.num_pages > want and not exact):
+                    return cache
+                if cache.num_pages < want and not exact and self.live_pages():
+                    self._grow(want)  # keeps the live sequences' pages
+                    return cache
+            if cache is not None and self.live_pages():
+                raise PoolBusyError(
+                    f"the model's KV pool ({cache.num_pages} pages of {cache.page_size}, "
+                    f"{cache.quantize or 'unquantized'}) holds {self.live_pages()} pages of live "
+                    "sequences (a ChatSession, an LLMEngine); close them before asking for a "
+                    "pool of another size, page size or precision")
+            self._build(want, page_size, quantize, key_smoothing)
+            return self.cache
+
+    def reserve_room(self, pages: int):
+        """Grow the pool (same page size and precision) so that ``pages`` of it are free."""
+        with self.lock:
+            cache = self.cache
+            missing = pages - cache.free_pages
+            if missing > 0:
+                check_fits(missing * cache.nbytes // cache.num_pages, cache.device,
+                           f"a KV pool of {missing * cache.page_size} more tokens")
+                self._grow(cache.num_pages + missing)
+
+    def live_pages(self) -> int:
+        """Pages held by sequences (the scratch page is not counted)."""
+        if self.cache is None:
+            return 0
+        return self.cache.allocator.held - (self.scratch_page is not None)
+
+    @staticmethod
+    def _same_kind(cache, page_size, quantize, key_smoothing) -> bool:
+        if cache.page_size != page_size or cache.quantize != quantize:
+            return False
+        if key_smoothing is None or cache.k_smooth is None:
+            return key_smoothing is None and cache.k_smooth is None
+        factors = torch.stack([torch.as_tensor(f, dtype=torch.float32) for f in key_smoothing])
+        return torch.equal(factors.to(cache.k_smooth.device), cache.k_smooth)
+
+    def _build(self, num_pages, page_size, quantize, key_smoothing):
+        model = self.model
+        self.steps.clear()
+        self.cache = self.scratch_page = None
+        page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
+        check_fits(num_pages * page_bytes, model.device,
+                   f"a KV pool of {num_pages * page_size} tokens")
+        self.cache = PagedKVCache(model.config, num_pages, page_size=page_size, dtype=model.dtype,
+                                  device=model.device, quantize=quantize,
+                                  key_smoothing=key_smoothing, max_seq_len=model.max_len)
+        self.scratch_page = self.cache.allocator.allocate(1)[0]
+        self.pool_builds += 1
+        for part in self._parts.values():
+            if hasattr(part, "pool_changed"):
+                part.pool_changed()
+
+    def _grow(self, num_pages: int):
+        self.cache.grow(num_pages)
+        self.steps.clear()  # graphs hold the old pools' addresses
+        self.pool_builds += 1
+        for part in self._parts.values():
+            if hasattr(part, "pool_changed"):
+                part.pool_changed()
+
+    # -- parts -------------------------------------------------------------------------------
+
+    def part(self, name, make):
+        """The part called ``name``, made with ``make()`` the first time (a runner)."""
+        part = self._parts.get(name)
+        if part is None:
+            part = self._parts[name] = make()
+        return part
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def memory(self) -> dict:
+        """Bytes held: the KV pool, the static steps' buffers, and the number of CUDA graphs."""
+        cache = self.cache
+        return dict(kv_pool_bytes=0 if cache is None else cache.nbytes,
+                    kv_pool_pages=0 if cache is None else cache.num_pages,
+                    kv_pages_live=self.live_pages(),
+                    static_step_bytes=self.steps.nbytes, static_steps=len(self.steps.steps()),
+                    cuda_graphs=self.steps.num_graphs)
+
+    def close(self):
+        """Drop the graphs, the static steps and the pool (their memory goes back to the
+        caching allocator, and to the device with ``torch.cuda.empty_cache``)."""
+        with self.lock:
+            for part in self._parts.values():
+                if hasattr(part, "close"):
+                    part.close()
+            self._parts.clear()
+            self.steps.clear()
+            self.cache = self.scratch_page = None
+            if torch.device(self.model.device).type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+
+
+def runtime_of(model) -> ModelRuntime:
+    """The model's runtime, made on first use (``model.close()`` closes it)."""
+    runtime = model.attachments.get(_ATTACHMENT)
+    if runtime is None:
+        runtime = model.attachments[_ATTACHMENT] = ModelRuntime(model)
+    return runtime
