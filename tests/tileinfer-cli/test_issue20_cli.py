@@ -169,8 +169,16 @@ def test_json_reports_text_tokens_timings_and_finish_reason(home, smollm2_dir):
     assert len(out["tokens"]) == 3
     assert out["text"] == load_tokenizer(smollm2_dir).decode(out["tokens"])
     assert out["backend"] == "ref" and out["prompt_tokens"] > 10
-    assert set(out["timings"]) == {"load", "time_to_first_token", "generate",
-                                   "tokens_per_second"}
+    timings = out["timings"]
+    assert set(timings) == {"load", "time_to_first_token", "generate", "tokens_per_second",
+                            "from_start_to_first_token", "startup"}
+    # The parts of the start-up, in order, add up to the time from the start to the first token.
+    assert list(timings["startup"]) == ["start", "import_torch", "import_tileinfer",
+                                        "load_model", "prompt", "first_token"]
+    assert sum(timings["startup"].values()) == pytest.approx(
+        timings["from_start_to_first_token"], abs=2e-3)
+    assert timings["startup"]["first_token"] == pytest.approx(timings["time_to_first_token"],
+                                                              abs=1e-3)
 
 
 @pytest.mark.slow

@@ -402,9 +402,9 @@ def tileinfer_cmd(*args, stdin=None):
 
 
 @pytest.mark.slow
-def test_cli_run_and_chat_speculate_by_default_when_greedy_and_answer_as_plain_decoding():
-    """Greedy answers draft n-grams by default (no option), as with --speculative ngram, and
-    give plain decoding's text (--speculative none); sampled ones stay plain unless asked."""
+def test_cli_run_and_chat_speculate_when_asked_and_answer_as_plain_decoding():
+    """Answers decode plainly by default; --speculative ngram (or --draft-k) drafts n-grams and
+    gives plain decoding's text (--speculative none)."""
     prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
     plain = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats",
                           "--speculative", "none")
@@ -414,14 +414,16 @@ def test_cli_run_and_chat_speculate_by_default_when_greedy_and_answer_as_plain_d
                             "--stats", "--seed", "1")
     assert sampled.returncode == 0, sampled.stderr
     assert "speculative" not in sampled.stderr  # sampling: plain unless asked
-    for extra in ((), ("--speculative", "ngram"), ("--speculative", "ngram", "--draft-k", "3")):
+    default = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats")
+    assert default.stdout == plain.stdout and "speculative" not in default.stderr
+    for extra in (("--speculative", "ngram"), ("--draft-k", "3")):
         run = tileinfer_cmd("run", prompt, "-n", "16", "-t", "0", "--backend", "ref", "--stats",
                             *extra)
         assert run.returncode == 0, run.stderr
         assert run.stdout == plain.stdout
         assert "drafts accepted" in run.stderr
-    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0",
-                         stdin=f"{prompt}\n/stats\n/exit\n")
+    chat = tileinfer_cmd("chat", "--backend", "ref", "-n", "12", "-t", "0", "--speculative",
+                         "ngram", stdin=f"{prompt}\n/stats\n/exit\n")
     assert chat.returncode == 0, chat.stderr
     assert "drafts accepted" in chat.stdout
 

@@ -6,6 +6,7 @@ greedy decoding's bit for bit (also with every guess of the pipeline failing), s
 max_new_tokens at every position, sampled runs."""
 
 from __future__ import annotations
+import contextlib
 
 import random
 from types import SimpleNamespace
@@ -83,6 +84,8 @@ class ScriptedRunner:
         self.graphs = False
         self.rows: dict[int, torch.Tensor] = {}
         self.step_seconds: dict[int, list[float]] = {}
+        self.lock = contextlib.nullcontext()
+        self.hidden_layers, self.step_listener = (), None
 
     def add_sizes(self, sizes):
         pass
@@ -322,18 +325,12 @@ def test_sampled_pipelined_runs_are_reproducible(tiny, adaptive):
 
 
 def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
-    from tileinfer.engine.generation.speculative.pipelined import _Loop
-
-    truth = list(range(3, 40))
-    runner = ScriptedRunner(truth)
-    seq = runner.cache.new_sequence()
+    from tileinfer.engine.generation.speculative.step_costs import DraftPolicy
 
     def budget(hit_rate, seconds, k=7):
-        runner.step_seconds = {n: [s] * 5 for n, s in seconds.items()}
-        loop = _Loop(runner, seq, truth[:5], NgramProposer(k=k), 8, SamplingParams(), set(), 0,
-                     None, SpecStats())
-        loop.hit_rate = hit_rate
-        return loop._budget()
+        policy = DraftPolicy(NgramProposer(k=k), {n: [s] * 5 for n, s in seconds.items()})
+        policy.hit_rate = hit_rate
+        return policy.budget()
 
     cheap = {n: 1e-3 * (1 + 0.02 * (n - 1)) for n in range(1, 9)}
     assert budget(0.3, cheap) == 0  # below draft_threshold: no drafts

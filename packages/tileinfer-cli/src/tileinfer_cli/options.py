@@ -102,9 +102,9 @@ def add_speculative_options(p: argparse.ArgumentParser):
                    help="check drafted tokens several per step: ngram (prompt lookup: it drafts "
                         "only while its guesses keep coming true), draft:MODEL (a smaller model "
                         "of the same vocabulary), dflash:MODEL (a DFlash drafter made for this "
-                        "model), or none (plain decoding). Default: ngram for greedy answers "
-                        "(token for token plain decoding's, and never measured slower), none "
-                        "when sampling")
+                        "model), or none (plain decoding). Default: none (in a new process the "
+                        "first verify steps of each size cost more than n-gram drafts save on "
+                        "one answer; benchmarks/RESULTS.md), ngram when --draft-k is given")
     g.add_argument("--draft-k", type=int_range(1, 64), metavar="K",
                    help="drafts per step (default: 7 for ngram, 4 for draft:MODEL; a DFlash "
                         "drafter's block size - 1)")
@@ -112,13 +112,12 @@ def add_speculative_options(p: argparse.ArgumentParser):
 
 def speculative_from(args, model, sampling):
     """The proposer of --speculative (None for none, or a command without the option). Without
-    the option: n-gram drafts for greedy sampling (or when --draft-k asks for drafts), none when
-    sampling."""
+    the option: plain decoding, or n-gram drafts when --draft-k asks for drafts."""
     if not hasattr(args, "speculative"):
         return None
     spec = args.speculative
     if spec is None:
-        spec = "ngram" if sampling.greedy or args.draft_k is not None else "none"
+        spec = "ngram" if args.draft_k is not None else "none"
     if spec == "none":
         if getattr(args, "draft_k", None) is not None:
             raise UserError("--draft-k needs speculative decoding (not --speculative none)")

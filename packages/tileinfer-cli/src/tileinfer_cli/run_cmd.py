@@ -10,6 +10,7 @@ import time
 from .errors import UserError
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from)
+from .startup import Clock
 from .stops import StopStringFound, StopWriter
 from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
 
@@ -27,8 +28,12 @@ examples:
 
 --json prints one object: text, tokens (the answer's token ids), prompt_tokens, finish_reason
 ("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),
-stop (the stop string found, or null), model, backend and timings in seconds (load,
-time_to_first_token, generate) with tokens_per_second.
+stop (the stop string found, or null), model, backend and timings in seconds: load (the
+process's start to the loaded model), time_to_first_token (from the prompt's ids to the first
+token), generate (the whole generation), tokens_per_second (decode, after the first token),
+from_start_to_first_token, and startup: the parts of the time to the first token (start: the
+interpreter and the command's own imports; import_torch; import_tileinfer; load_model; prompt:
+template and tokenizer; first_token).
 """
 
 
@@ -78,13 +83,21 @@ def prompt_and_model(args) -> tuple[str, str | None]:
 
 
 def run(args, out):
+    clock = Clock()
+    clock.mark("start")
     prompt, args.model = prompt_and_model(args)
     system = checked_text(args.system, "--system") if args.system is not None else None
     stops = [checked_text(s, "--stop") for s in args.stop]
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
-    started = time.perf_counter()
+    import torch  # noqa: F401  (timed apart: it is most of a new process's start)
+
+    clock.mark("import_torch")
+    import tileinfer  # noqa: F401
+
+    clock.mark("import_tileinfer")
     model, tokenizer, folder = load(args)
+    loaded = clock.mark("load_model")
     sampling, stop_ids = sampling_from(args, folder, model.config)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
@@ -107,11 +120,11 @@ def run(args, out):
 
     def on_token(token):
         if not first:
-            first.append(time.perf_counter())
+            first.append(clock.mark("first_token"))
         new.append(token)
         stream.put(token)
 
-    loaded = time.perf_counter()
+    prepared = clock.mark("prompt")
     try:
         generate(model, ids, limit, sampling, stop_ids=stop_ids, seed=args.seed,
                  on_token=on_token, kv_quantize=kv_cache, key_smoothing=key_smoothing,
@@ -121,7 +134,7 @@ def run(args, out):
         pass
     writer.end()
     done = time.perf_counter()
-    seconds = done - loaded
+    seconds = done - prepared
     finish = "stop" if writer.found is not None or len(new) < limit else "length"
     decode_s = done - first[0] if first else 0.0
     rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else 0.0
@@ -130,10 +143,7 @@ def run(args, out):
             "text": writer.text, "tokens": new, "prompt_tokens": len(ids),
             "finish_reason": finish, "stop": writer.found, "model": str(folder),
             "backend": model.ops.name,
-            "timings": {"load": round(loaded - started, 4),
-                        "time_to_first_token": round(first[0] - loaded, 4) if first else None,
-                        "generate": round(seconds, 4),
-                        "tokens_per_second": round(rate, 3)},
+            "timings": timings(clock, loaded, prepared, first, seconds, rate),
         }, ensure_ascii=False), file=out)
     else:
         print(file=out)
@@ -141,6 +151,22 @@ def run(args, out):
         print(f"[{len(ids)} prompt tokens, {len(new)} generated ({finish}), "
               f"{len(new) / seconds if seconds > 0 else 0.0:.1f} tok/s, backend "
               f"{model.ops.name}]", file=sys.stderr)
+        parts = clock.parts()
+        if first:
+            print("[start-up: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()
+                                            if k != "decode") + "]", file=sys.stderr)
         if spec is not None:
             print(f"[{spec.summary()}]", file=sys.stderr)
     return 0
+
+
+def timings(clock: Clock, loaded: float, prepared: float, first: list, seconds: float,
+            rate: float) -> dict:
+    """The timings of ``--json`` (see the epilog)."""
+    start = clock.since_start(loaded)
+    return {"load": round(start, 4) if start is not None else None,
+            "time_to_first_token": round(first[0] - prepared, 4) if first else None,
+            "generate": round(seconds, 4), "tokens_per_second": round(rate, 3),
+            "from_start_to_first_token": (round(clock.since_start(first[0]), 4)
+                                          if first and start is not None else None),
+            "startup": clock.parts()}

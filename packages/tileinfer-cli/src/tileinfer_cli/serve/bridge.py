@@ -148,7 +148,7 @@ class EngineBridge:
             # Requests in the engine's running list hold pages (prefilling a long prompt
             # counts as running); the others are still queued. A copy of the list, read
             # without the engine's lock: a request that starts now is caught next time.
-            running = {r.request_id for r in list(self.engine.scheduler.running)}
+            running = self.engine.running_ids()
             for job in old:
                 if job.choices[0].rid not in running:
                     job.fail(APIError(503, f"the request waited {now - job.arrival:.1f} s in "

@@ -174,26 +174,36 @@ class Registry:
         self._tables: dict[str, OpTable] = {}
         self._from_entry_points: set[str] = set()
         self._lock = threading.RLock()
-        self._loaded = False
+        self._loaded = False  # every entry point imported
+        self._imported: set[str] = set()  # names whose entry points were imported
+        self._by_name = self._allowed = None
 
-    def load_entry_points(self):
+    def load_entry_points(self, names=None):
+        """Import the installed backends' plugins: all of them, or only those of ``names``
+        (choosing one backend imports it and ref, not every other backend's kernels)."""
         with self._lock:
             if self._loaded:
                 return
-            self._loaded = True
-            allowed = _allowed_names()
-            by_name = _entry_points_by_name()
-            if allowed is not None:
-                self.unknown_allowed = sorted(allowed - set(by_name))
-                if self.unknown_allowed:
-                    warnings.warn(
-                        f"{ALLOW_ENV} names backends that are not installed: "
-                        f"{', '.join(self.unknown_allowed)} (installed: "
-                        f"{', '.join(sorted(by_name)) or 'none'})", BackendWarning, stacklevel=3)
-            for name, eps in sorted(by_name.items()):
-                if allowed is not None and name not in allowed:
+            if self._by_name is None:
+                self._allowed = _allowed_names()
+                self._by_name = _entry_points_by_name()
+                if self._allowed is not None:
+                    self.unknown_allowed = sorted(self._allowed - set(self._by_name))
+                    if self.unknown_allowed:
+                        warnings.warn(
+                            f"{ALLOW_ENV} names backends that are not installed: "
+                            f"{', '.join(self.unknown_allowed)} (installed: "
+                            f"{', '.join(sorted(self._by_name)) or 'none'})", BackendWarning,
+                            stacklevel=3)
+            todo = sorted(self._by_name) if names is None else names
+            for name in todo:
+                if name in self._imported or name not in self._by_name:
                     continue
-                self._load_entry_point(name, eps)
+                self._imported.add(name)
+                if self._allowed is None or name in self._allowed:
+                    self._load_entry_point(name, self._by_name[name])
+            if names is None:
+                self._loaded = True
 
     def _load_entry_point(self, name, eps):
         if len(eps) > 1:
@@ -288,10 +298,13 @@ class Registry:
         return backend
 
     def get(self, name: str) -> OpTable:
-        self.load_entry_points()
         if name in self._tables:
             return self._tables[name]
+        self.load_entry_points([name, FALLBACK])
         backend = self.backends.get(name)
+        if backend is None:
+            self.load_entry_points()  # the error lists every installed backend
+            backend = self.backends.get(name)
         if backend is None:
             known = ", ".join(sorted(self.backends)) or "none"
             hint = f" ({ALLOW_ENV} is set)" if os.environ.get(ALLOW_ENV) else ""
@@ -354,8 +367,8 @@ def default_backend_name() -> str:
 
     Triton comes first: it needs no NVRTC and runs on any GPU Triton supports; cuda (faster on
     Hopper, see benchmarks/RESULTS.md) is chosen by name."""
-    _registry.load_entry_points()
     for name in ("triton", "cuda"):
+        _registry.load_entry_points([name])
         b = _registry.backends.get(name)
         if b is not None and b.available and "cuda" in b.info.devices:
             return name

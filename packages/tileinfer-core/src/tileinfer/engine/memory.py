@@ -85,8 +85,10 @@ def memory_report(model, cache: PagedKVCache | None = None, budget_bytes: int | 
 
     Returns a dict of plain numbers and strings (JSON-ready):
     weights, weight_bytes, decode_weight_bytes, linear_weight_bytes, kv_cache, page_size,
-    kv_bytes_per_token, kv_fixed_bytes, kv_budget_bytes, kv_capacity_tokens, and with a cache
-    also cache_bytes and cache_tokens.
+    kv_bytes_per_token, kv_fixed_bytes, kv_budget_bytes, kv_capacity_tokens, with a cache
+    also cache_bytes and cache_tokens, and ``runtime``: what the model's runtime holds now
+    (``ModelRuntime.memory``: its KV pool, static step buffers and CUDA graphs; zeros before
+    the model first runs).
     """
     if cache is None:
         c = model.config
@@ -114,6 +116,10 @@ def memory_report(model, cache: PagedKVCache | None = None, budget_bytes: int | 
                   kv_budget_bytes=budget, kv_capacity_tokens=pages * probe.page_size)
     if cache is not None:
         report.update(cache_bytes=cache_bytes(cache), cache_tokens=positions)
+    runtime = model.attachments.get("runtime")
+    report["runtime"] = runtime.memory() if runtime is not None else dict(
+        kv_pool_bytes=0, kv_pool_pages=0, kv_pages_live=0, static_step_bytes=0, static_steps=0,
+        cuda_graphs=0)
     return report
 
 

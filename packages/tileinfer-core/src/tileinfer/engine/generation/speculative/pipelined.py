@@ -44,11 +44,13 @@ token depends on, and the drafts depend only on tokens emitted before them.
 from __future__ import annotations
 
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from .ring import ring_for
+from .step_costs import DraftPolicy
 
 
 @dataclass
@@ -78,56 +80,6 @@ class _Step:
         return self.start + len(self.inputs) - 1
 
 
-class _Ring:
-    """RING buffers per launch slot: pinned host tokens and, for sampled verify steps, device
-    tokens and drafts; a slot is written again only once its last use on the device has
-    finished (a CUDA event). Kept per runner across generations (``_ring``)."""
-
-    RING = 8
-
-    def __init__(self, width: int, device):
-        self.width, self.device = width, device
-        self.cuda = torch.device(device).type == "cuda"
-        self.pin = dict(pin_memory=True) if self.cuda else {}
-        self.host = [torch.empty(width, dtype=torch.int32, **self.pin) for _ in range(self.RING)]
-        self._sampled = None  # (device tokens, pinned drafts, device drafts) per slot
-        self.done = [None] * self.RING
-        self.i = -1
-
-    def take(self) -> int:
-        self.i = (self.i + 1) % self.RING
-        if self.done[self.i] is not None:
-            self.done[self.i].synchronize()
-        return self.i
-
-    def sampled(self, i):
-        """Slot i's device tokens, pinned drafts and device drafts (sampled verify steps)."""
-        if self._sampled is None:
-            def make(**kw):
-                return [torch.empty(self.width, dtype=torch.int32, **kw) for _ in range(self.RING)]
-            self._sampled = (make(device=self.device), make(**self.pin), make(device=self.device))
-        return tuple(buffers[i] for buffers in self._sampled)
-
-    def record(self, i):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.done[i] = event
-            return event
-        return None
-
-
-_RINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _ring(runner, width: int) -> _Ring:
-    """The runner's ring of at least width tokens per slot (made once per runner)."""
-    ring = _RINGS.get(runner)
-    if ring is None or ring.width < width:
-        ring = _RINGS[runner] = _Ring(width, runner.model.device)
-    return ring
-
-
 def generate_pipelined(runner, seq, ids, proposer, max_new_tokens: int, sampling, stop: set,
                        seed: int, on_token, stats) -> list[int]:
     """Continue seq with ids and generate up to max_new_tokens tokens with the host proposer's
@@ -149,22 +101,15 @@ class _Loop:
         self.max_new, self.sampling, self.stop, self.seed = max_new, sampling, stop, seed
         self.on_token, self.stats = on_token, stats
         self.k = proposer.k
-        self.adaptive = getattr(proposer, "adaptive", True)
-        self.smoothing = getattr(proposer, "smoothing", 0.25)
-        self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
-        self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
-        self.min_gain = getattr(proposer, "min_gain", 1.1)
-        self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
-        self.step_seconds = getattr(runner, "step_seconds", {})
+        self.policy = DraftPolicy(proposer, getattr(runner, "step_seconds", {}))
         self.last_event = None  # the end of the latest launched step (timing)
         self.known = [int(t) for t in seq.tokens] + ids  # every token known, by position
         self.base = len(self.known)  # the position of the first new token
         self.new: list[int] = []
         self.stopped = False
-        self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
         self.guesses: dict[int, int] = {}  # position -> the token last guessed there
         self.pending: deque[_Step] = deque()
-        self.ring = _ring(runner, self.k + 1)
+        self.ring = ring_for(runner, self.k + 1)
         self.cuda = self.ring.cuda
         self.device_counter = None  # the device counter's value after the launched work
         self.last_counter = torch.empty(1, dtype=torch.int64, device=self.model.device)
@@ -228,7 +173,7 @@ class _Loop:
             if step.previous_event is not None and step.timed:
                 # The device's time from the step before to this one: what the step cost as
                 # the pipeline ran it (host delays included).
-                self._observe(step.n, step.previous_event.elapsed_time(step.event) / 1e3)
+                self.policy.observe(step.n, step.previous_event.elapsed_time(step.event) / 1e3)
         step.outputs = step.host[:step.n].tolist()
         known, first_unknown = self.known, len(self.known)
         self._first_input(step)
@@ -263,8 +208,7 @@ class _Loop:
         guess = self.guesses.pop(pos, None)
         if guess is None:
             guess = self.proposer.prediction(self.known)
-        a = self.smoothing
-        self.hit_rate = (1 - a) * self.hit_rate + a * (guess == token)
+        self.policy.record_guess(guess == token)
         if token in self.stop:
             self.stopped = True
             raise _Done
@@ -284,64 +228,6 @@ class _Loop:
         pages = (len(seq.pages) + cache.free_pages) * cache.page_size
         return min(self.limit, pages) - start
 
-    # -- what a step costs -------------------------------------------------------------------
-
-    PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
-
-    def _observe(self, n: int, seconds: float):
-        recent = self.step_seconds.setdefault(n, [])
-        recent.append(seconds)
-        del recent[:-5]
-
-    def _seconds(self, n: int) -> float | None:
-        """The measured cost of an n-row step: the median of the last 5 (the smallest of fewer
-        than 3: the first step of a size may include capturing its CUDA graph)."""
-        recent = self.step_seconds.get(n)
-        if not recent:
-            return None
-        ordered = sorted(recent)
-        return ordered[len(ordered) // 2] if len(ordered) >= 3 else ordered[0]
-
-    def _ratio(self, n: int) -> float:
-        """What an n-row step costs against a 1-token step: measured where it was, else the
-        steepest measured cost per extra row (PRIOR_ROW_COST before any)."""
-        if n == 1:
-            return 1.0
-        if self.row_cost is not None:
-            return 1.0 + self.row_cost * (n - 1)
-        one = self._seconds(1)
-        if not one:
-            return 1.0 + self.PRIOR_ROW_COST * (n - 1)
-        seconds = self._seconds(n)
-        if seconds is not None:
-            return max(1.0, seconds / one)
-        slopes = [(self._seconds(m) / one - 1) / (m - 1) for m in self.step_seconds if m > 1]
-        return 1.0 + max(slopes + [self.PRIOR_ROW_COST]) * (n - 1)
-
-    def _budget(self) -> int:
-        """Drafts for the next step: the count m that gives the most tokens per unit of cost,
-        if each draft holds with the recent hit rate p: (1 + sum p**i) tokens for the cost of
-        an (m + 1)-row step (the accepted drafts count half when the next step cannot be chained
-        on them); none while p < draft_threshold or when no count gains min_gain."""
-        if not self.adaptive:
-            return self.k
-        p = self.hit_rate
-        if p < self.draft_threshold:
-            return 0
-        best, best_m, gain = self.min_gain, 0, 0.0
-        for m in range(1, self.k + 1):
-            gain += p ** m
-            chained = p ** m >= self.trust_threshold
-            value = (1.0 + (gain if chained else 0.5 * gain)) / self._ratio(m + 1)
-            if value > best:
-                best, best_m = value, m
-        return best_m
-
-    def _trusted(self, guessed: int) -> bool:
-        """Chain the next step on all of the step in flight's guessed drafts: when they are all
-        accepted with probability at least trust_threshold (see ``_budget``)."""
-        return not self.adaptive or self.hit_rate ** guessed >= self.trust_threshold
-
     def _fit(self, start: int, drafts: list[int]) -> list[int] | None:
         """The drafts a step at start may take (none past the last token asked for, or past the
         room), or None when the step is not needed or does not fit at all."""
@@ -359,7 +245,7 @@ class _Loop:
         known = self.known
         prev = self.pending[-1] if self.pending else None
         if prev is None:
-            return self._restart(self._budget())
+            return self._restart(self.policy.budget())
         settled = len(known) - 1 - prev.start  # prev's first row that gives a new token
         usable = (0 <= settled < prev.n and self._first_input(prev) is not None
                   and all(prev.inputs[j] == known[prev.start + j] for j in range(settled + 1)))
@@ -367,10 +253,10 @@ class _Loop:
             self.pending.pop()
             if prev.outputs is None:
                 self.stats.wasted_steps += 1
-            return self._restart(self._budget())
-        budget = self._budget()
+            return self._restart(self.policy.budget())
+        budget = self.policy.budget()
         guessed = prev.inputs[settled + 1:]  # prev's drafts at positions not known yet
-        trusted = self._trusted(len(guessed))
+        trusted = self.policy.trusted(len(guessed))
         rows = [prev.n - 1, settled] if trusted and guessed else [settled]
         # Without drafts to make or to chain on, no lookup: the hit rate checks the lookup's
         # prediction when the token comes (``_emit``), and the first lookup, which indexes the
@@ -434,7 +320,7 @@ class _Loop:
         self._launch_step(step)
         seconds = time.perf_counter() - started
         if not self.cuda:  # the step ran on the host: its cost is its time
-            self._observe(step.n, seconds)
+            self.policy.observe(step.n, seconds)
         step.timed = seconds < self.SLOW_LAUNCH
 
     def _launch_step(self, step: _Step):

@@ -1,0 +1,89 @@
+"""How much the pipelined speculative loop drafts: a cost model of steps and a hit rate.
+
+The loop keeps a moving average p of how often its guesses came true, and knows what a step of
+n rows costs on the device against a 1-token step: measured between consecutive steps (CUDA
+events, host delays included) and kept in the runner's ``step_seconds`` across generations
+(the model runtime's: every generation of the process shares them). It drafts the count m that
+gives the most expected tokens per cost, (1 + p + .. + p**m) / cost(m + 1), if that gains at
+least ``min_gain`` and p >= ``draft_threshold`` (else none), and chains the next step on all
+of the step in flight's drafts when they all hold with probability >= ``trust_threshold``.
+"""
+
+from __future__ import annotations
+
+
+class DraftPolicy:
+    """The drafting decisions of one pipelined speculative generation (see the module
+    docstring). The thresholds come from the proposer's attributes where it has them."""
+
+    def __init__(self, proposer, step_seconds: dict):
+        self.k = proposer.k
+        self.adaptive = getattr(proposer, "adaptive", True)
+        self.smoothing = getattr(proposer, "smoothing", 0.25)
+        self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
+        self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
+        self.min_gain = getattr(proposer, "min_gain", 1.1)
+        self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
+        self.step_seconds = step_seconds
+        self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
+
+    def record_guess(self, hit: bool):
+        """A new token came: whether the loop's guess of it (if any) was right."""
+        a = self.smoothing
+        self.hit_rate = (1 - a) * self.hit_rate + a * hit
+
+    PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
+
+    def observe(self, n: int, seconds: float):
+        recent = self.step_seconds.setdefault(n, [])
+        recent.append(seconds)
+        del recent[:-5]
+
+    def _seconds(self, n: int) -> float | None:
+        """The measured cost of an n-row step: the median of the last 5 (the smallest of fewer
+        than 3: the first step of a size may include capturing its CUDA graph)."""
+        recent = self.step_seconds.get(n)
+        if not recent:
+            return None
+        ordered = sorted(recent)
+        return ordered[len(ordered) // 2] if len(ordered) >= 3 else ordered[0]
+
+    def _ratio(self, n: int) -> float:
+        """What an n-row step costs against a 1-token step: measured where it was, else the
+        steepest measured cost per extra row (PRIOR_ROW_COST before any)."""
+        if n == 1:
+            return 1.0
+        if self.row_cost is not None:
+            return 1.0 + self.row_cost * (n - 1)
+        one = self._seconds(1)
+        if not one:
+            return 1.0 + self.PRIOR_ROW_COST * (n - 1)
+        seconds = self._seconds(n)
+        if seconds is not None:
+            return max(1.0, seconds / one)
+        slopes = [(self._seconds(m) / one - 1) / (m - 1) for m in self.step_seconds if m > 1]
+        return 1.0 + max(slopes + [self.PRIOR_ROW_COST]) * (n - 1)
+
+    def budget(self) -> int:
+        """Drafts for the next step: the count m that gives the most tokens per unit of cost,
+        if each draft holds with the recent hit rate p: (1 + sum p**i) tokens for the cost of
+        an (m + 1)-row step (the accepted drafts count half when the next step cannot be chained
+        on them); none while p < draft_threshold or when no count gains min_gain."""
+        if not self.adaptive:
+            return self.k
+        p = self.hit_rate
+        if p < self.draft_threshold:
+            return 0
+        best, best_m, gain = self.min_gain, 0, 0.0
+        for m in range(1, self.k + 1):
+            gain += p ** m
+            chained = p ** m >= self.trust_threshold
+            value = (1.0 + (gain if chained else 0.5 * gain)) / self._ratio(m + 1)
+            if value > best:
+                best, best_m = value, m
+        return best_m
+
+    def trusted(self, guessed: int) -> bool:
+        """Chain the next step on all of the step in flight's guessed drafts: when they are all
+        accepted with probability at least trust_threshold (see ``_budget``)."""
+        return not self.adaptive or self.hit_rate ** guessed >= self.trust_threshold
