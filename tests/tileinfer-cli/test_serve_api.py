@@ -93,6 +93,19 @@ def test_models_and_health(server, client, http):
     assert http.get("/health").json() == {"status": "ok"}
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-smollm2-shape"]
+    # SmolLM2's generation_config.json sets no sampling values: OpenAI's defaults.
+    assert models[0].sampling_defaults == {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                           "from_generation_config": []}
+    assert "sampling defaults: temperature 1, top_p 1 (OpenAI's" in server.output()
+
+
+def test_an_omitted_temperature_samples_at_1(folder, client, offline):
+    kwargs = dict(model="tiny-smollm2-shape", messages=[{"role": "user", "content": "Hi"}],
+                  max_tokens=12, n=3, seed=21)
+    texts = [c.message.content for c in client.chat.completions.create(**kwargs).choices]
+    assert len(set(texts)) == 3  # greedy would give three copies
+    ids = chat_ids(folder, offline[1], "Hi")
+    assert texts == offline_texts(offline, [ids] * 3, SamplingParams(1.0), 12, [21, 22, 23])
 
 
 def test_chat_streamed_equals_not_streamed_equals_offline(folder, client, offline):
@@ -138,7 +151,8 @@ def test_completions_raw_http_streamed_and_not(http, offline):
 
 
 def test_stop_strings_across_token_boundaries(client):
-    base = dict(model="tiny-smollm2-shape", prompt="The weather today", max_tokens=40)
+    base = dict(model="tiny-smollm2-shape", prompt="The weather today", max_tokens=40,
+                temperature=0)
     full = client.completions.create(**base).choices[0]
     text = full.text
     assert full.finish_reason == "length"

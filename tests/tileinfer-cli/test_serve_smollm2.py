@@ -80,14 +80,16 @@ def test_every_endpoint_but_health_needs_the_key(server):
 def test_paris_with_the_same_text_as_tileinfer_run(server, smollm2_dir):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=TIMEOUT,
                            max_retries=0)
+    # Greedy, as tileinfer run decodes a model whose generation_config.json sets no sampling
+    # (the server's default would be OpenAI's temperature 1).
     answer = client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": QUESTION}],
-        max_tokens=12)
+        max_tokens=12, temperature=0)
     text = answer.choices[0].message.content
     assert "Paris" in text
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": QUESTION}],
-        max_tokens=12, stream=True) if c.choices)
+        max_tokens=12, temperature=0, stream=True) if c.choices)
     assert streamed == text
     run = subprocess.run([sys.executable, "-m", "tileinfer_cli", "run", "-m", str(smollm2_dir),
                           "--backend", "ref", "-n", "12", "--threads", "1", "--json", QUESTION],

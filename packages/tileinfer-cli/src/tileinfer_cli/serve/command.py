@@ -32,8 +32,9 @@ examples:
 so that serving loads can be measured without the checkpoint (the folder needs config.json and
 tokenizer.json). Its answers are noise.
 
-Sampling parameters a request leaves out take the model authors' defaults
-(generation_config.json), as tileinfer run does. SIGTERM or Ctrl-C stops accepting requests,
+Sampling parameters a request leaves out (temperature, top_p, top_k) take generation_config.json's
+values where it sets them, else OpenAI's (temperature 1, top_p 1): unlike tileinfer run, a model
+without sampling settings samples. GET /v1/models and the start-up line show them. SIGTERM or Ctrl-C stops accepting requests,
 lets running ones finish for --shutdown-grace seconds, aborts the rest and exits.
 """
 
@@ -134,7 +135,8 @@ def run(args, out):
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.model.ops.name}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+          f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}",
+          file=sys.stderr, flush=True)
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -2,9 +2,9 @@
 
 Refused with a 400 that gives the numbers: a prompt that leaves no room in the model's context
 (``max_len``), a ``max_tokens`` beyond what the context has left, a template that rejects the
-conversation, text that is not valid Unicode. Parameters left out take the model authors'
-defaults (generation_config.json), as ``tileinfer run`` does; ``max_tokens`` defaults to what
-the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint).
+conversation, text that is not valid Unicode. Sampling parameters left out take the server's
+defaults (``defaults.py``: generation_config.json's, else OpenAI's); ``max_tokens`` defaults to
+what the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _max_tokens(served, prompt_len: int, asked: int | None, default: int | None,
 def _sampling(served, req):
     from tileinfer import SamplingParams
 
-    d = served.sampling
+    d = served.defaults
     top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None

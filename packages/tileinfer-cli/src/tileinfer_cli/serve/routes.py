@@ -175,7 +175,8 @@ class Endpoints:
 
     async def models(self, request):
         s = self.server.served
-        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len)
+        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len,
+                         sampling_defaults=s.defaults.card())
         return JSONResponse(ModelList(data=[card]).model_dump())
 
     async def health(self, request):

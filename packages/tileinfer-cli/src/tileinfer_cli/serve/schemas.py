@@ -277,6 +277,9 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "tileinfer"
     max_model_len: int
+    # An extension: {"temperature", "top_p", "top_k", "from_generation_config": [names]}, what
+    # a request that leaves them out gets.
+    sampling_defaults: dict
 
 
 class ModelList(BaseModel):
