@@ -253,6 +253,21 @@ def test_eight_concurrent_clients_get_the_offline_engines_output(folder, client,
                                     [100 + i for i in range(8)])
 
 
+def test_an_assistant_turn_of_tool_calls_only_fits_a_template_that_concatenates(folder, client,
+                                                                              offline):
+    # SmolLM2's template adds content to strings: a null content is rendered as "".
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    answer = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                            max_tokens=2, temperature=0)
+    expected = chat_prompt(folder, [messages[0], {"role": "assistant", "content": ""},
+                                    {"role": "tool", "content": "done"}])
+    assert answer.usage.prompt_tokens == len(offline[1].encode(expected,
+                                                               add_special_tokens=False))
+
+
 def _error(response, status, param=None):
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -286,6 +301,14 @@ def test_bad_requests_get_400_with_the_reason(http, client):
     _error(http.post(chat, json=dict(messages=hi, model="gpt-4")), 404, "model")
     _error(http.post(chat, json=dict(messages=hi, n=2, stream_options={"include_usage": True})),
            400, "stream_options")
+    for name in ("bos_token", "messages", "raise_exception"):
+        message = _error(http.post(chat, json=dict(messages=hi, chat_template_kwargs={
+            name: "x"})), 400, "chat_template_kwargs")
+        assert name in message
+    # A kwarg named like the renderer's own parameters is a template variable like any other.
+    for name in ("model", "source"):
+        r = http.post(chat, json=dict(messages=hi, max_tokens=1, chat_template_kwargs={name: 1}))
+        assert r.status_code == 200, r.text
     with pytest.raises(openai.BadRequestError, match="unsupported parameter: tools_please"):
         client.chat.completions.create(model="tiny-smollm2-shape", messages=hi,
                                        extra_body={"tools_please": 1})

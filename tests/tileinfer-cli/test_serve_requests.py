@@ -95,3 +95,45 @@ def test_omitted_sampling_parameters_take_generation_config(server, folder, clie
     text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, seed=7,
                                      temperature=1.3).choices[0].text
     assert text == offline_text(offline, ids, SamplingParams(1.3, top_k=20, top_p=0.9), 16, 7)
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "name": "alice", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+     "content": [{"type": "text", "text": "18 C, "}, {"type": "text", "text": "sunny"}]},
+]
+# What the template gets: the arguments as an object, the text parts joined.
+AS_TEMPLATE_INPUT = [
+    CONVERSATION[0], CONVERSATION[1],
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C, sunny"},
+]
+
+
+def test_names_tool_calls_and_tool_results_reach_the_template(folder, client, offline):
+    prompt = chat_prompt(folder, AS_TEMPLATE_INPUT, add_generation_prompt=True)
+    assert "user name=alice" in prompt and "tool name=get_weather id=call_1" in prompt
+    assert '(none) call call_1 get_weather{"city": "Paris"}' in prompt
+    ids = offline[1].encode(prompt, add_special_tokens=False)
+    answer = client.chat.completions.create(model=MODEL, messages=CONVERSATION, max_tokens=10,
+                                            temperature=0)
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.choices[0].message.content == offline_text(offline, ids, SamplingParams(), 10, 0)
+
+
+def test_messages_that_break_the_roles_rules_get_400(http):
+    cases = [([{"role": "user", "content": None}], "needs content"),
+             ([{"role": "tool", "content": "18 C"}], "needs tool_call_id"),
+             ([{"role": "user", "content": "hi", "tool_call_id": "x"}], "only tool messages"),
+             ([{"role": "user", "content": "hi", "tool_calls": []}], "only assistant messages"),
+             ([{"role": "robot", "content": "hi"}], "messages.0.role")]
+    for messages, reason in cases:
+        r = http.post("/v1/chat/completions", json={"messages": messages})
+        assert r.status_code == 400, r.text
+        assert reason in r.json()["error"]["message"], r.text

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import DEFAULT_MAX_LEN, resolve_dtype, set_threads
 from .defaults import SamplingDefaults
+from .template import ServedTemplate
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ServedModel:
     model: object  # tileinfer.Model
     tokenizer: object  # tileinfer.Tokenizer
     defaults: object  # SamplingDefaults: what requests that leave sampling out get
+    template: object  # ServedTemplate: the chat template, read at start-up
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
 
@@ -75,5 +77,6 @@ def load_served(args) -> ServedModel:
         raise UserError(str(e)) from None
     name = args.served_model_name or (args.model if args.model and not Path(args.model).exists()
                                       else folder.name)
-    return ServedModel(name, folder, model, tokenizer, defaults, list(stop_ids),
+    return ServedModel(name, folder, model, tokenizer, defaults, ServedTemplate(folder),
+                       list(stop_ids),
                        args.load_format == "dummy")

@@ -39,14 +39,7 @@ class Plan:
 
 
 def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
-    from tileinfer import ChatTemplateError, chat_prompt
-
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = chat_prompt(served.folder, messages, add_generation_prompt=True,
-                           **(req.chat_template_kwargs or {}))
-    except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
+    text = served.template.render(req.messages, req.chat_template_kwargs)
     try:
         return served.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:  # a lone surrogate
