@@ -90,7 +90,9 @@ def stream_text(chunks, index=0) -> str:
 
 
 def test_models_and_health(server, client, http):
-    assert http.get("/health").json() == {"status": "ok"}
+    r = http.get("/health", headers={"Origin": "https://app.example"})
+    assert r.json() == {"status": "ok"}
+    assert "access-control-allow-origin" not in r.headers  # no CORS without --allowed-origins
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-smollm2-shape"]
     # SmolLM2's generation_config.json sets no sampling values: OpenAI's defaults.
@@ -232,6 +234,14 @@ def test_same_seed_same_output(client):
     b = client.completions.create(**kwargs, seed=1234).choices[0].text
     c = client.completions.create(**kwargs, seed=4321).choices[0].text
     assert a == b and a != c
+
+
+def test_a_top_k_beyond_the_vocabulary_is_no_filter(client):
+    kwargs = dict(model="tiny-smollm2-shape", prompt="Pick a number", max_tokens=8,
+                  temperature=1.0, seed=99)
+    texts = [client.completions.create(**kwargs, extra_body={"top_k": k}).choices[0].text
+             for k in (0, 49152, 10**12)]
+    assert texts[0] == texts[1] == texts[2]
 
 
 def test_eight_concurrent_clients_get_the_offline_engines_output(folder, client, offline):

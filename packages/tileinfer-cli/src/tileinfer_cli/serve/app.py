@@ -1,14 +1,19 @@
-"""The ASGI app: routes, OpenAI-shaped errors, the API-key guard, the engine's lifespan.
+"""The ASGI app: routes, OpenAI-shaped errors, the API-key guard, CORS, the engine's lifespan.
 
 ``Guard`` runs before routing: with an API key, every path but ``/health`` needs
 ``Authorization: Bearer <key>`` (compared with ``hmac.compare_digest``; 401 otherwise), and a
 request whose declared body is over the size limit is refused (400) before it is read.
+With ``--allowed-origins``, Starlette's ``CORSMiddleware`` wraps the guard, so that a browser's
+preflight (which carries no key) is answered and every answer, errors included, carries the
+CORS headers. An unexpected exception is answered 500 with its type and message, paths cut
+(``errors.redact``), and logged with its traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -17,22 +22,26 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from .bridge import EngineBridge
-from .errors import APIError, error_response
+from .errors import APIError, error_response, redact
 from .metrics import Metrics
 from .routes import Endpoints
+
+log = logging.getLogger("tileinfer.serve")
 
 
 class Server:
     """What the endpoints share: the model, the engine bridge, metrics, settings."""
 
     def __init__(self, served, engine, api_key: str | None = None, max_queue: int = 1024,
-                 queue_timeout: float | None = 300.0, max_body: int = 4 << 20):
+                 queue_timeout: float | None = 300.0, max_body: int = 4 << 20,
+                 allowed_origins=()):
         self.served, self.engine = served, engine
         self.metrics = Metrics()
         self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
         self.metrics.watch_engine(engine, lambda: len(self.bridge.jobs))
         self.api_key = api_key.encode() if api_key else None
         self.max_body = max_body
+        self.allowed_origins = list(allowed_origins)
         self.draining = False  # set on SIGTERM / Ctrl-C: new requests get 503
         self.started = int(time.time())
 
@@ -98,8 +107,9 @@ async def _http_error(request, exc: HTTPException):
 
 
 async def _server_error(request, exc: Exception):
-    return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                   "server_error"))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}: "
+                                   f"{redact(str(exc))}", "server_error"))
 
 
 def build_app(server: Server):
@@ -121,4 +131,11 @@ def build_app(server: Server):
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error,
                                         Exception: _server_error})
-    return Guard(app, server)
+    guarded = Guard(app, server)
+    if not server.allowed_origins:
+        return guarded
+    from starlette.middleware.cors import CORSMiddleware
+
+    return CORSMiddleware(guarded, allow_origins=server.allowed_origins,
+                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                          max_age=600)

@@ -21,7 +21,7 @@ import collections
 import logging
 import time
 
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, redact
 
 SWEEP_SECONDS = 0.25
 log = logging.getLogger("tileinfer.serve")
@@ -80,8 +80,8 @@ class EngineBridge:
                     choice.job.on_output(choice, out, t)
                 except Exception as e:  # a bug: fail this request, not the others
                     log.exception("handling the output of %s", choice.job.id)
-                    choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: {e}",
-                                             "server_error"), "error")
+                    choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: "
+                                             f"{redact(str(e))}", "server_error"), "error")
                 touched[choice.job] = None
         for job in touched:
             job.publish()

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 
-from .errors import APIError
+from .errors import APIError, redact
 from .text import ChoiceText
 
 END = object()  # the last event of a job
@@ -107,8 +107,8 @@ class Job:
                     reason = "stop"
                 self._finish(choice, reason)
             elif reason == "error":
-                self.fail(APIError(500, f"generation failed: {out.error}", "server_error"),
-                          "error")
+                self.fail(APIError(500, f"generation failed: {redact(str(out.error))}",
+                                   "server_error"), "error")
             else:  # "abort": not by this job (it forgets its requests when it aborts them)
                 self.fail(APIError(503, "the request was aborted by the server",
                                    "server_error"), "abort")

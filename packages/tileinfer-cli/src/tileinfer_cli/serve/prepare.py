@@ -92,6 +92,8 @@ def _sampling(served, req):
 
     d = served.defaults
     top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
+    if top_k >= served.vocab_size:  # keeps every token: off (and within the kernels' int32)
+        top_k = 0
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,
