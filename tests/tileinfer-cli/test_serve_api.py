@@ -6,6 +6,7 @@ offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, r
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -287,6 +288,33 @@ def _error(response, status, param=None):
     return error["message"]
 
 
+def test_long_prompts_are_prepared_off_the_event_loop(http):
+    # Three chat requests of ~900 KB each (200k tokens: 400 for the context, after ~0.4 s of
+    # encoding each), and /health asked meanwhile: the loop answers it at once.
+    body = {"messages": [{"role": "user", "content": "The quick brown fox. " * 43000}]}
+    done = []
+
+    def heavy():
+        r = httpx.post(http.base_url.join("/v1/chat/completions"), json=body, timeout=TIMEOUT)
+        done.append(r.status_code)
+
+    waits = []
+    started = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(heavy) for _ in range(3)]
+        time.sleep(0.1)
+        while len(done) < 3:
+            t = time.monotonic()
+            assert http.get("/health").status_code == 200
+            waits.append(time.monotonic() - t)
+            time.sleep(0.01)
+        for f in futures:
+            f.result()
+    took = time.monotonic() - started
+    assert done == [400] * 3 and len(waits) >= 5, (done, waits)
+    assert max(waits) < took / 4, (max(waits), took)
+
+
 def test_bad_requests_get_400_with_the_reason(http, client):
     chat = "/v1/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
@@ -306,8 +334,12 @@ def test_bad_requests_get_400_with_the_reason(http, client):
            "presence_penalty")
     _error(http.post(chat, content=b'{"messages": [', headers={
         "content-type": "application/json"}), 400)
-    message = _error(http.post(chat, content=b" " * (5 << 20)), 400)
-    assert str(5 << 20) in message and str(4 << 20) in message
+    # The body limit: 16 bytes per token of max_len, at least 1 MiB; 413 before it is read,
+    # whether its length is declared or not.
+    message = _error(http.post(chat, content=b" " * (5 << 20)), 413)
+    assert str(5 << 20) in message and str(1 << 20) in message
+    message = _error(http.post(chat, content=iter([b" " * (1 << 19)] * 4)), 413)
+    assert str(1 << 20) in message
     _error(http.post(chat, json=dict(messages=hi, model="gpt-4")), 404, "model")
     _error(http.post(chat, json=dict(messages=hi, n=2, stream_options={"include_usage": True})),
            400, "stream_options")

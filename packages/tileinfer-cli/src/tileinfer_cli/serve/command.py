@@ -61,8 +61,9 @@ def add_parser(sub, formatter):
                         "given, or the folder's name)")
     g.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: random weights of the folder's config shape (benchmarks)")
-    g.add_argument("--max-body-bytes", type=int_range(1024, INT32_MAX), default=4 << 20,
-                   metavar="N", help="larger request bodies are refused (400)")
+    g.add_argument("--max-body-bytes", type=int_range(1024, INT32_MAX), metavar="N",
+                   help="larger request bodies are refused (413; default: 16 bytes per token of "
+                        "--max-len, at least 1 MiB)")
     g.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=[],
                    help="web origins (https://app.example, or *) whose pages may call the API "
                         "from a browser (CORS; default: none)")
