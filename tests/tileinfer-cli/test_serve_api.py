@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 import torch
 
-from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder
+from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder, wait_for
 from tileinfer import (LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch,
                        load_config, load_tokenizer)
 from tileinfer.model.random_weights import random_model
@@ -38,7 +38,7 @@ def folder(smollm2_dir, tmp_path_factory):
 def server(folder, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "8192",
-                       "--max-running", "8"], log)
+                       "--max-running", "8", "--log-level", "info"], log)
     try:
         yield s.wait_ready()
     finally:
@@ -226,6 +226,36 @@ def test_logprobs_are_the_engines(folder, client, http, offline):
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
     assert "".join(lp["tokens"]) == r["choices"][0]["text"]
     assert lp["text_offset"][0] == 0 and all(len(t) == 2 for t in lp["top_logprobs"])
+
+
+def test_vllm_metric_names_and_a_log_line_per_request(server, client):
+    label = '{model_name="tiny-smollm2-shape"}'
+    before = metrics(server.url)
+    answer = client.completions.create(model="tiny-smollm2-shape", prompt="Count", max_tokens=5,
+                                       user="alice", temperature=0, stop="never")
+    after = metrics(server.url)
+
+    def grew(name):
+        return after[name] - before[name]
+
+    assert grew("vllm:prompt_tokens_total" + label) == answer.usage.prompt_tokens
+    assert grew("vllm:generation_tokens_total" + label) == 5
+    success = 'vllm:request_success_total{finished_reason="length",model_name="tiny-smollm2-shape"}'
+    assert grew(success) == 1
+    for histogram, count in (("time_to_first_token_seconds", 1),
+                             ("e2e_request_latency_seconds", 1),
+                             ("request_queue_time_seconds", 1),
+                             ("time_per_output_token_seconds", 4),
+                             ("inter_token_latency_seconds", 4)):
+        assert grew(f"vllm:{histogram}_count{label}") == count, histogram
+    assert f"vllm:num_requests_running{label}" in after
+    assert f"vllm:num_requests_waiting{label}" in after
+    assert 0 <= after[f"vllm:kv_cache_usage_perc{label}"] <= 1
+    line = wait_for(lambda: next((l for l in server.output().splitlines()
+                                  if answer.id in l), None), 10, "the request's log line")
+    assert line.startswith("INFO:") and "(user 'alice')" in line, line
+    prompt = answer.usage.prompt_tokens
+    assert f"{prompt} prompt + 5 output tokens, TTFT " in line and line.endswith(" s, length")
 
 
 def test_same_seed_same_output(client):

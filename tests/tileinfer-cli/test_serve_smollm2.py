@@ -26,6 +26,7 @@ from test_serve_helpers import ServerProcess, metrics, wait_for
 KEY = "test-key-1f2e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 QUESTION = "What is the capital of France?"
+LABEL = '{model_name="SmolLM2-135M-Instruct"}'
 TIMEOUT = 120
 
 pytestmark = pytest.mark.slow
@@ -104,11 +105,11 @@ def test_a_client_that_disconnects_frees_its_pages(server, http):
     assert metrics(server.url, AUTH)["tileinfer_kv_pages_used"] > 0
     response.close()  # mid-stream: the request is aborted and its pages freed
     after = wait_for(lambda: (m := metrics(server.url, AUTH))["tileinfer_kv_pages_used"] == 0
-                     and m["tileinfer_requests_running"] == 0 and m, 30, "the pages back")
+                     and m["vllm:num_requests_running" + LABEL] == 0 and m, 30, "the pages back")
     aborted = 'tileinfer_requests_total{outcome="abort"}'
     assert after[aborted] == before[aborted] + 1
-    generated = (after["tileinfer_generation_tokens_total"]
-                 - before["tileinfer_generation_tokens_total"])
+    generated = (after["vllm:generation_tokens_total" + LABEL]
+                 - before["vllm:generation_tokens_total" + LABEL])
     assert generated < 400
 
 
@@ -119,8 +120,8 @@ def test_a_full_queue_answers_429_and_a_long_wait_503(server, http):
         "/v1/completions", json=dict(prompt="Hello", max_tokens=4))))
     thread.start()
     try:
-        wait_for(lambda: metrics(server.url, AUTH)["tileinfer_requests_waiting"] == 1, 30,
-                 "a waiting request")
+        wait_for(lambda: metrics(server.url, AUTH)["vllm:num_requests_waiting" + LABEL] == 1,
+                 30, "a waiting request")
         full = http.post("/v1/completions", json=dict(prompt="Hello", max_tokens=4))
         assert full.status_code == 429, full.text
         assert full.headers["retry-after"] == "1"

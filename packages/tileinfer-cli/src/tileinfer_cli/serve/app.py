@@ -49,7 +49,7 @@ class Server:
                  queue_timeout: float | None = 300.0, max_body: int | None = None,
                  allowed_origins=()):
         self.served, self.engine = served, engine
-        self.metrics = Metrics()
+        self.metrics = Metrics(served.name)
         self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
         self.metrics.watch_engine(engine, lambda: len(self.bridge.jobs))
         self.api_key = api_key.encode() if api_key else None

@@ -24,6 +24,7 @@ import time
 from .errors import APIError, bad_request, redact
 
 SWEEP_SECONDS = 0.25
+STEP_GAP = 0.0005  # seconds between two outputs that are taken for two steps' outputs
 log = logging.getLogger("tileinfer.serve")
 
 
@@ -38,6 +39,7 @@ class EngineBridge:
         self._choices: dict[int, object] = {}  # engine request id -> Choice
         self.jobs: set = set()  # not ended
         self._sweeper: asyncio.Task | None = None
+        self._last_output = self._step_began = 0.0  # the engine thread's, as perf_counter
 
     def start(self, loop: asyncio.AbstractEventLoop):
         from tileinfer import EngineThread
@@ -59,7 +61,14 @@ class EngineBridge:
     # -- the engine's thread --------------------------------------------------------------------
 
     def _on_output(self, out):
-        self._outbox.append((time.perf_counter(), out))
+        # The thread hands over a step's outputs back to back, then starts the next step: an
+        # output that comes STEP_GAP after the one before is the first of a step, which began
+        # about when the one before came (the start of a request's step: metrics' queue time).
+        t = time.perf_counter()
+        if t - self._last_output > STEP_GAP:
+            self._step_began = self._last_output
+        self._last_output = t
+        self._outbox.append((t, self._step_began, out))
         if not self._flush_pending:
             self._flush_pending = True
             try:
@@ -73,11 +82,11 @@ class EngineBridge:
         self._flush_pending = False  # before draining: an output appended now gets a flush
         outbox, choices, touched = self._outbox, self._choices, {}
         while outbox:
-            t, out = outbox.popleft()
+            t, began, out = outbox.popleft()
             choice = choices.get(out.request_id)
             if choice is not None:
                 try:
-                    choice.job.on_output(choice, out, t)
+                    choice.job.on_output(choice, out, t, began)
                 except Exception as e:  # a bug: fail this request, not the others
                     log.exception("handling the output of %s", choice.job.id)
                     choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: "

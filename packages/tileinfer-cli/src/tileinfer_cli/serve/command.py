@@ -70,7 +70,8 @@ def add_parser(sub, formatter):
     g.add_argument("--shutdown-grace", type=float_range(0, 3600), default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish")
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                   default="info")
+                   default="info", help="info: a line per finished request (id, user, tokens, "
+                   "time to first token, duration, finish reason)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
     e = p.add_argument_group("engine")
     e.add_argument("--max-running", type=int_range(1, 4096), default=64, metavar="N",
@@ -113,6 +114,21 @@ def _ignore(signum, frame):
 # 26.0 ms at 0.5 ms, 9.1 ms at 0.05 ms, 7.2 ms with no other thread (benchmarks/RESULTS.md,
 # session 9).
 SWITCH_INTERVAL_S = 0.00005
+
+
+def _log_to_stderr(level: str):
+    """The server's own log (a line per finished request at info) beside uvicorn's, as it
+    writes its lines."""
+    import logging
+
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    log = logging.getLogger("tileinfer.serve")
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
 
 
 def check_pool_fits_max_len(engine, max_len: int):
@@ -186,6 +202,7 @@ def run(args, out):
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
+    _log_to_stderr(args.log_level)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn_server = _Server(config)
     uvicorn_server.run()

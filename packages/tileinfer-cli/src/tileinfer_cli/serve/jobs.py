@@ -59,6 +59,8 @@ class Job:
         self.error: APIError | None = None
         self.outcome: str | None = None  # set once, when the job ends
         self.unfinished = plan.n
+        self.ttft: float | None = None  # seconds from arrival to the first token
+        self.t_last = 0.0  # when the last token came
 
     @property
     def done(self) -> bool:
@@ -75,21 +77,24 @@ class Job:
 
     # -- the bridge's calls ---------------------------------------------------------------------
 
-    def on_output(self, choice: Choice, out, t: float):
-        """One engine output of one of its choices (tokens, maybe the end)."""
+    def on_output(self, choice: Choice, out, t: float, step_began: float):
+        """One engine output of one of its choices (tokens, maybe the end); t: when the engine
+        handed it over, step_began: about when the step that made it began."""
         if self.done or choice.finished:
             return
         metrics = self.bridge.metrics
         if not self.started:
             self.started = True
             if out.new_tokens:
-                metrics.ttft.observe(t - self.arrival)
+                self.ttft = t - self.arrival
+                metrics.ttft.observe(self.ttft)
+                metrics.queue.observe(max(0.0, step_began - self.arrival))
             if self.plan.n > 1 and out.finish_reason not in ("error", "abort"):
                 self.bridge.add_choices(self, self.choices[1:])
         if out.new_tokens:
             if choice.t_last:
                 metrics.itl.observe(t - choice.t_last)
-            choice.t_last = t
+            choice.t_last = self.t_last = t
             lps = out.logprobs
             for k, token in enumerate(out.new_tokens):
                 choice.tokens += 1
@@ -161,13 +166,16 @@ class Job:
                 self.bridge.forget(c, abort=True)
         self.bridge.job_ended(self)
         m = self.bridge.metrics
+        reasons = ",".join(sorted({c.finish_reason or outcome for c in self.choices}))
         if outcome == "finished":
             m.outcome(self.choices[0].finish_reason)
+            m.e2e.observe(self.t_last - self.arrival if self.t_last else
+                          time.perf_counter() - self.arrival)
         else:
             m.outcome(outcome)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %d prompt + %d generated tokens, %s in %.3f s%s", self.id,
-                     len(self.plan.prompt_ids), self.completion_tokens,
-                     self.choices[0].finish_reason if outcome == "finished" else outcome,
-                     time.perf_counter() - self.arrival,
-                     f" (user {self.user!r})" if self.user else "")
+        if log.isEnabledFor(logging.INFO):
+            ttft = f"{self.ttft:.3f} s" if self.ttft is not None else "-"
+            log.info("%s%s: %d prompt + %d output tokens, TTFT %s, %.3f s, %s", self.id,
+                     f" (user {self.user!r})" if self.user else "", len(self.plan.prompt_ids),
+                     self.completion_tokens, ttft, time.perf_counter() - self.arrival,
+                     reasons if outcome == "finished" else outcome)
