@@ -258,6 +258,68 @@ def test_vllm_metric_names_and_a_log_line_per_request(server, client):
     assert f"{prompt} prompt + 5 output tokens, TTFT " in line and line.endswith(" s, length")
 
 
+def test_tokenize_and_detokenize_in_vllms_shapes(folder, http, offline):
+    tok = offline[1]
+    r = http.post("/tokenize", json={"model": "tiny-smollm2-shape", "prompt": "Hello world"})
+    assert r.status_code == 200, r.text
+    ids = tok.encode("Hello world", add_special_tokens=True)
+    assert r.json() == {"tokens": ids, "count": len(ids), "max_model_len": MAX_LEN,
+                        "token_strs": None}
+    r = http.post("/tokenize", json={"prompt": "Hello world", "add_special_tokens": False,
+                                     "return_token_strs": True}).json()
+    assert r["token_strs"] == [tok.id_to_token(i) for i in r["tokens"]]
+    messages = [{"role": "user", "content": "Hi there"}]
+    r = http.post("/tokenize", json={"messages": messages}).json()
+    assert r["tokens"] == chat_ids(folder, tok, "Hi there")
+    r = http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False})
+    prompt = chat_prompt(folder, messages, add_generation_prompt=False)
+    assert r.json()["tokens"] == tok.encode(prompt, add_special_tokens=False)
+    r = http.post("/detokenize", json={"model": "tiny-smollm2-shape", "tokens": ids})
+    assert r.status_code == 200 and r.json() == {"prompt": tok.decode(ids)}
+    _error(http.post("/detokenize", json={"tokens": [10**9]}), 400, "tokens")
+    _error(http.post("/tokenize", json={"prompt": "x", "model": "gpt-4"}), 404, "model")
+    _error(http.post("/tokenize", json={"prompt": "x", "extra": 1}), 400, "extra")
+
+
+def test_completions_take_a_list_of_prompts_with_n_each(client, offline):
+    texts = ["Once upon a time", "The capital of France"]
+    ids = [offline[1].encode(t) for t in texts]
+    got = client.completions.create(model="tiny-smollm2-shape", prompt=ids, n=2, max_tokens=6,
+                                    temperature=1.0, seed=40)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    expected = offline_texts(offline, [ids[0], ids[0], ids[1], ids[1]], SamplingParams(1.0), 6,
+                             [40, 41, 42, 43])
+    assert [c.text for c in got.choices] == expected
+    assert got.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    assert got.usage.completion_tokens == 24
+    chunks = list(client.completions.create(model="tiny-smollm2-shape", prompt=texts, n=2,
+                                            max_tokens=6, temperature=1.0, seed=40,
+                                            stream=True))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i)
+                for i in range(4)]
+    assert streamed == expected
+
+
+def test_max_tokens_0_gives_the_prompts_usage(client, http, offline):
+    got = client.completions.create(model="tiny-smollm2-shape", prompt=["One", "Two three"],
+                                    max_tokens=0)
+    assert [(c.index, c.text, c.finish_reason) for c in got.choices] == \
+        [(0, "", "length"), (1, "", "length")]
+    assert got.usage.prompt_tokens == len(offline[1].encode("One")) + \
+        len(offline[1].encode("Two three"))
+    assert got.usage.completion_tokens == 0
+    chunks = list(client.completions.create(model="tiny-smollm2-shape", prompt="One",
+                                            max_tokens=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].finish_reason == "length" and chunks[-1].usage.total_tokens \
+        == len(offline[1].encode("One"))
+    # A prompt of exactly the context fits no answer, but 0 tokens of it.
+    assert http.post("/v1/completions", json={"prompt": [5] * MAX_LEN,
+                                              "max_tokens": 0}).status_code == 200
+    _error(http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), 400, "max_tokens")
+
+
 def test_same_seed_same_output(client):
     kwargs = dict(model="tiny-smollm2-shape", prompt="Pick a number", max_tokens=16,
                   temperature=1.0, top_p=0.95)
@@ -350,6 +412,10 @@ def test_bad_requests_get_400_with_the_reason(http, client):
     hi = [{"role": "user", "content": "hi"}]
     message = _error(http.post("/v1/completions", json=dict(prompt=[5] * 600)), 400, "prompt")
     assert "600" in message and "512" in message
+    message = _error(http.post("/v1/completions", json=dict(prompt=[[5], [5] * 600])), 400,
+                     "prompt")
+    assert "prompt 1 has 600" in message
+    _error(http.post("/v1/completions", json=dict(prompt=["a"] * 20, n=16)), 400, "prompt")
     message = _error(http.post(chat, json=dict(messages=[{"role": "user",
                                                            "content": "word " * 700}])),
                      400, "messages")

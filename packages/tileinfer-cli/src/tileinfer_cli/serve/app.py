@@ -129,6 +129,8 @@ def build_app(server: Server):
     routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
               Route("/v1/completions", e.completions, methods=["POST"]),
               Route("/v1/models", e.models, methods=["GET"]),
+              Route("/tokenize", e.tokenize, methods=["POST"]),
+              Route("/detokenize", e.detokenize, methods=["POST"]),
               Route("/health", e.health, methods=["GET"]),
               Route("/metrics", e.metrics, methods=["GET"])]
 

@@ -96,7 +96,7 @@ class EngineBridge:
             job.publish()
 
     def check_capacity(self, n: int):
-        deferred = sum(len(j.choices) - 1 for j in self.jobs if not j.choices_added)
+        deferred = sum(j.deferred for j in self.jobs)
         waiting = self.engine.stats()["waiting"] + deferred
         if waiting + n > self.max_queue:
             self.metrics.outcome("rejected")
@@ -105,29 +105,34 @@ class EngineBridge:
                            code="queue_full", headers={"Retry-After": "1"})
 
     def submit(self, job):
-        """Add the job's first choice (all of them when n == 1); RequestError -> 400."""
+        """Add each prompt's first choice (all the choices when n == 1); RequestError -> 400."""
         from tileinfer import RequestError
 
-        first = job.choices[0]
-        try:
-            first.rid = self.thread.add_request(**job.engine_args(first))
-        except RequestError as e:
-            self.metrics.outcome("invalid")
-            raise bad_request(str(e), "max_tokens" if "max_new_tokens" in str(e) else None)
-        self._choices[first.rid] = first
+        added = []
+        for leader in job.leaders:
+            try:
+                leader.rid = self.thread.add_request(**job.engine_args(leader))
+            except RequestError as e:
+                for choice in added:
+                    self.forget(choice, abort=True)
+                self.metrics.outcome("invalid")
+                raise bad_request(redact(str(e)),
+                                  "max_tokens" if "max_new_tokens" in str(e) else None)
+            self._choices[leader.rid] = leader
+            added.append(leader)
         self.jobs.add(job)
-        self.metrics.prompt_tokens += len(job.plan.prompt_ids)
+        self.metrics.prompt_tokens += job.plan.prompt_tokens
 
     def add_choices(self, job, choices):
-        """The other choices of a job whose first choice's prompt is now cached."""
+        """The other choices of a prompt whose first choice's prompt is now cached."""
         from tileinfer import RequestError
 
-        job.choices_added = True
+        job.deferred -= len(choices)
         for choice in choices:
             try:
                 choice.rid = self.thread.add_request(**job.engine_args(choice))
             except RequestError as e:  # as the first choice's, so not expected
-                job.fail(APIError(500, f"choice {choice.index} was refused: {e}",
+                job.fail(APIError(500, f"choice {choice.index} was refused: {redact(str(e))}",
                                   "server_error"), "error")
                 return
             self._choices[choice.rid] = choice

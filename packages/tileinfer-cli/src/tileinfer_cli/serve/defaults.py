@@ -45,7 +45,7 @@ class SamplingDefaults:
                 "from_generation_config": list(self.from_model)}
 
     def describe(self) -> str:
-        """For the start-up line: ``temperature 0.6, top_p 0.95, top_k 20 (generation_config...)``."""
+        """For the start-up line, e.g. ``temperature 0.6, top_p 0.95 (generation_config.json)``."""
         values = f"temperature {self.temperature:g}, top_p {self.top_p:g}"
         if self.top_k:
             values += f", top_k {self.top_k}"

@@ -184,7 +184,9 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
+    # A text or token ids, or a list of them (each gets n choices).
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0: the usage of the prompts only
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None

@@ -33,7 +33,7 @@ class ServedTemplate:
         except ValueError as e:  # no template, or an unreadable tokenizer_config.json
             self.source, self.missing = None, str(e)
 
-    def render(self, messages, kwargs: dict | None) -> str:
+    def render(self, messages, kwargs: dict | None, add_generation_prompt: bool = True) -> str:
         """The prompt text of a chat request's messages (``schemas.Message``); a 400 when the
         model has no template or the template refuses the conversation."""
         from tileinfer import ChatTemplateError
@@ -45,14 +45,14 @@ class ServedTemplate:
         dicts = [as_dict(m) for m in messages]
         variables = {**self.special, **(kwargs or {})}
         try:
-            return render_chat_template(self.source, dicts, True, **variables)
+            return render_chat_template(self.source, dicts, add_generation_prompt, **variables)
         except ChatTemplateError as e:
             if not any(d["content"] is None for d in dicts):
                 raise bad_request(redact(str(e)), "messages") from None
             error = e
         try:
             blank = [{**d, "content": ""} if d["content"] is None else d for d in dicts]
-            return render_chat_template(self.source, blank, True, **variables)
+            return render_chat_template(self.source, blank, add_generation_prompt, **variables)
         except ChatTemplateError:
             raise bad_request(redact(str(error)), "messages") from None
 
