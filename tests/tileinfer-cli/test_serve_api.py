@@ -6,6 +6,7 @@ offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, r
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -18,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 import torch
 
-from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder
+from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder, wait_for
 from tileinfer import (LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch,
                        load_config, load_tokenizer)
 from tileinfer.model.random_weights import random_model
@@ -37,7 +38,7 @@ def folder(smollm2_dir, tmp_path_factory):
 def server(folder, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "8192",
-                       "--max-running", "8"], log)
+                       "--max-running", "8", "--log-level", "info"], log)
     try:
         yield s.wait_ready()
     finally:
@@ -90,9 +91,24 @@ def stream_text(chunks, index=0) -> str:
 
 
 def test_models_and_health(server, client, http):
-    assert http.get("/health").json() == {"status": "ok"}
+    r = http.get("/health", headers={"Origin": "https://app.example"})
+    assert r.json() == {"status": "ok"}
+    assert "access-control-allow-origin" not in r.headers  # no CORS without --allowed-origins
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-smollm2-shape"]
+    # SmolLM2's generation_config.json sets no sampling values: OpenAI's defaults.
+    assert models[0].sampling_defaults == {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                           "from_generation_config": []}
+    assert "sampling defaults: temperature 1, top_p 1 (OpenAI's" in server.output()
+
+
+def test_an_omitted_temperature_samples_at_1(folder, client, offline):
+    kwargs = dict(model="tiny-smollm2-shape", messages=[{"role": "user", "content": "Hi"}],
+                  max_tokens=12, n=3, seed=21)
+    texts = [c.message.content for c in client.chat.completions.create(**kwargs).choices]
+    assert len(set(texts)) == 3  # greedy would give three copies
+    ids = chat_ids(folder, offline[1], "Hi")
+    assert texts == offline_texts(offline, [ids] * 3, SamplingParams(1.0), 12, [21, 22, 23])
 
 
 def test_chat_streamed_equals_not_streamed_equals_offline(folder, client, offline):
@@ -138,7 +154,8 @@ def test_completions_raw_http_streamed_and_not(http, offline):
 
 
 def test_stop_strings_across_token_boundaries(client):
-    base = dict(model="tiny-smollm2-shape", prompt="The weather today", max_tokens=40)
+    base = dict(model="tiny-smollm2-shape", prompt="The weather today", max_tokens=40,
+                temperature=0)
     full = client.completions.create(**base).choices[0]
     text = full.text
     assert full.finish_reason == "length"
@@ -211,6 +228,98 @@ def test_logprobs_are_the_engines(folder, client, http, offline):
     assert lp["text_offset"][0] == 0 and all(len(t) == 2 for t in lp["top_logprobs"])
 
 
+def test_vllm_metric_names_and_a_log_line_per_request(server, client):
+    label = '{model_name="tiny-smollm2-shape"}'
+    before = metrics(server.url)
+    answer = client.completions.create(model="tiny-smollm2-shape", prompt="Count", max_tokens=5,
+                                       user="alice", temperature=0, stop="never")
+    after = metrics(server.url)
+
+    def grew(name):
+        return after[name] - before[name]
+
+    assert grew("vllm:prompt_tokens_total" + label) == answer.usage.prompt_tokens
+    assert grew("vllm:generation_tokens_total" + label) == 5
+    success = 'vllm:request_success_total{finished_reason="length",model_name="tiny-smollm2-shape"}'
+    assert grew(success) == 1
+    for histogram, count in (("time_to_first_token_seconds", 1),
+                             ("e2e_request_latency_seconds", 1),
+                             ("request_queue_time_seconds", 1),
+                             ("time_per_output_token_seconds", 4),
+                             ("inter_token_latency_seconds", 4)):
+        assert grew(f"vllm:{histogram}_count{label}") == count, histogram
+    assert f"vllm:num_requests_running{label}" in after
+    assert f"vllm:num_requests_waiting{label}" in after
+    assert 0 <= after[f"vllm:kv_cache_usage_perc{label}"] <= 1
+    line = wait_for(lambda: next((l for l in server.output().splitlines()
+                                  if answer.id in l), None), 10, "the request's log line")
+    assert line.startswith("INFO:") and "(user 'alice')" in line, line
+    prompt = answer.usage.prompt_tokens
+    assert f"{prompt} prompt + 5 output tokens, TTFT " in line and line.endswith(" s, length")
+
+
+def test_tokenize_and_detokenize_in_vllms_shapes(folder, http, offline):
+    tok = offline[1]
+    r = http.post("/tokenize", json={"model": "tiny-smollm2-shape", "prompt": "Hello world"})
+    assert r.status_code == 200, r.text
+    ids = tok.encode("Hello world", add_special_tokens=True)
+    assert r.json() == {"tokens": ids, "count": len(ids), "max_model_len": MAX_LEN,
+                        "token_strs": None}
+    r = http.post("/tokenize", json={"prompt": "Hello world", "add_special_tokens": False,
+                                     "return_token_strs": True}).json()
+    assert r["token_strs"] == [tok.id_to_token(i) for i in r["tokens"]]
+    messages = [{"role": "user", "content": "Hi there"}]
+    r = http.post("/tokenize", json={"messages": messages}).json()
+    assert r["tokens"] == chat_ids(folder, tok, "Hi there")
+    r = http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False})
+    prompt = chat_prompt(folder, messages, add_generation_prompt=False)
+    assert r.json()["tokens"] == tok.encode(prompt, add_special_tokens=False)
+    r = http.post("/detokenize", json={"model": "tiny-smollm2-shape", "tokens": ids})
+    assert r.status_code == 200 and r.json() == {"prompt": tok.decode(ids)}
+    _error(http.post("/detokenize", json={"tokens": [10**9]}), 400, "tokens")
+    _error(http.post("/tokenize", json={"prompt": "x", "model": "gpt-4"}), 404, "model")
+    _error(http.post("/tokenize", json={"prompt": "x", "extra": 1}), 400, "extra")
+
+
+def test_completions_take_a_list_of_prompts_with_n_each(client, offline):
+    texts = ["Once upon a time", "The capital of France"]
+    ids = [offline[1].encode(t) for t in texts]
+    got = client.completions.create(model="tiny-smollm2-shape", prompt=ids, n=2, max_tokens=6,
+                                    temperature=1.0, seed=40)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    expected = offline_texts(offline, [ids[0], ids[0], ids[1], ids[1]], SamplingParams(1.0), 6,
+                             [40, 41, 42, 43])
+    assert [c.text for c in got.choices] == expected
+    assert got.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    assert got.usage.completion_tokens == 24
+    chunks = list(client.completions.create(model="tiny-smollm2-shape", prompt=texts, n=2,
+                                            max_tokens=6, temperature=1.0, seed=40,
+                                            stream=True))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i)
+                for i in range(4)]
+    assert streamed == expected
+
+
+def test_max_tokens_0_gives_the_prompts_usage(client, http, offline):
+    got = client.completions.create(model="tiny-smollm2-shape", prompt=["One", "Two three"],
+                                    max_tokens=0)
+    assert [(c.index, c.text, c.finish_reason) for c in got.choices] == \
+        [(0, "", "length"), (1, "", "length")]
+    assert got.usage.prompt_tokens == len(offline[1].encode("One")) + \
+        len(offline[1].encode("Two three"))
+    assert got.usage.completion_tokens == 0
+    chunks = list(client.completions.create(model="tiny-smollm2-shape", prompt="One",
+                                            max_tokens=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].finish_reason == "length" and chunks[-1].usage.total_tokens \
+        == len(offline[1].encode("One"))
+    # A prompt of exactly the context fits no answer, but 0 tokens of it.
+    assert http.post("/v1/completions", json={"prompt": [5] * MAX_LEN,
+                                              "max_tokens": 0}).status_code == 200
+    _error(http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), 400, "max_tokens")
+
+
 def test_same_seed_same_output(client):
     kwargs = dict(model="tiny-smollm2-shape", prompt="Pick a number", max_tokens=16,
                   temperature=1.0, top_p=0.95)
@@ -218,6 +327,14 @@ def test_same_seed_same_output(client):
     b = client.completions.create(**kwargs, seed=1234).choices[0].text
     c = client.completions.create(**kwargs, seed=4321).choices[0].text
     assert a == b and a != c
+
+
+def test_a_top_k_beyond_the_vocabulary_is_no_filter(client):
+    kwargs = dict(model="tiny-smollm2-shape", prompt="Pick a number", max_tokens=8,
+                  temperature=1.0, seed=99)
+    texts = [client.completions.create(**kwargs, extra_body={"top_k": k}).choices[0].text
+             for k in (0, 49152, 10**12)]
+    assert texts[0] == texts[1] == texts[2]
 
 
 def test_eight_concurrent_clients_get_the_offline_engines_output(folder, client, offline):
@@ -239,6 +356,21 @@ def test_eight_concurrent_clients_get_the_offline_engines_output(folder, client,
                                     [100 + i for i in range(8)])
 
 
+def test_an_assistant_turn_of_tool_calls_only_fits_a_template_that_concatenates(folder, client,
+                                                                              offline):
+    # SmolLM2's template adds content to strings: a null content is rendered as "".
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    answer = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                            max_tokens=2, temperature=0)
+    expected = chat_prompt(folder, [messages[0], {"role": "assistant", "content": ""},
+                                    {"role": "tool", "content": "done"}])
+    assert answer.usage.prompt_tokens == len(offline[1].encode(expected,
+                                                               add_special_tokens=False))
+
+
 def _error(response, status, param=None):
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -248,11 +380,42 @@ def _error(response, status, param=None):
     return error["message"]
 
 
+def test_long_prompts_are_prepared_off_the_event_loop(http):
+    # Three chat requests of ~900 KB each (200k tokens: 400 for the context, after ~0.4 s of
+    # encoding each), and /health asked meanwhile: the loop answers it at once.
+    body = {"messages": [{"role": "user", "content": "The quick brown fox. " * 43000}]}
+    done = []
+
+    def heavy():
+        r = httpx.post(http.base_url.join("/v1/chat/completions"), json=body, timeout=TIMEOUT)
+        done.append(r.status_code)
+
+    waits = []
+    started = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(heavy) for _ in range(3)]
+        time.sleep(0.1)
+        while len(done) < 3:
+            t = time.monotonic()
+            assert http.get("/health").status_code == 200
+            waits.append(time.monotonic() - t)
+            time.sleep(0.01)
+        for f in futures:
+            f.result()
+    took = time.monotonic() - started
+    assert done == [400] * 3 and len(waits) >= 5, (done, waits)
+    assert max(waits) < took / 4, (max(waits), took)
+
+
 def test_bad_requests_get_400_with_the_reason(http, client):
     chat = "/v1/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
     message = _error(http.post("/v1/completions", json=dict(prompt=[5] * 600)), 400, "prompt")
     assert "600" in message and "512" in message
+    message = _error(http.post("/v1/completions", json=dict(prompt=[[5], [5] * 600])), 400,
+                     "prompt")
+    assert "prompt 1 has 600" in message
+    _error(http.post("/v1/completions", json=dict(prompt=["a"] * 20, n=16)), 400, "prompt")
     message = _error(http.post(chat, json=dict(messages=[{"role": "user",
                                                            "content": "word " * 700}])),
                      400, "messages")
@@ -267,11 +430,23 @@ def test_bad_requests_get_400_with_the_reason(http, client):
            "presence_penalty")
     _error(http.post(chat, content=b'{"messages": [', headers={
         "content-type": "application/json"}), 400)
-    message = _error(http.post(chat, content=b" " * (5 << 20)), 400)
-    assert str(5 << 20) in message and str(4 << 20) in message
+    # The body limit: 16 bytes per token of max_len, at least 1 MiB; 413 before it is read,
+    # whether its length is declared or not.
+    message = _error(http.post(chat, content=b" " * (5 << 20)), 413)
+    assert str(5 << 20) in message and str(1 << 20) in message
+    message = _error(http.post(chat, content=iter([b" " * (1 << 19)] * 4)), 413)
+    assert str(1 << 20) in message
     _error(http.post(chat, json=dict(messages=hi, model="gpt-4")), 404, "model")
     _error(http.post(chat, json=dict(messages=hi, n=2, stream_options={"include_usage": True})),
            400, "stream_options")
+    for name in ("bos_token", "messages", "raise_exception"):
+        message = _error(http.post(chat, json=dict(messages=hi, chat_template_kwargs={
+            name: "x"})), 400, "chat_template_kwargs")
+        assert name in message
+    # A kwarg named like the renderer's own parameters is a template variable like any other.
+    for name in ("model", "source"):
+        r = http.post(chat, json=dict(messages=hi, max_tokens=1, chat_template_kwargs={name: 1}))
+        assert r.status_code == 200, r.text
     with pytest.raises(openai.BadRequestError, match="unsupported parameter: tools_please"):
         client.chat.completions.create(model="tiny-smollm2-shape", messages=hi,
                                        extra_body={"tools_please": 1})

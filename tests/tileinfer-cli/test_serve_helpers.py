@@ -27,13 +27,22 @@ TINY_CONFIG = dict(model_type="llama", vocab_size=49152, hidden_size=64, interme
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def tiny_folder(smollm2_dir: Path, root: Path) -> Path:
+def tiny_folder(smollm2_dir: Path, root: Path, generation: dict | None = None,
+                template: str | None = None) -> Path:
+    """The tiny model's folder; generation: keys to add to generation_config.json; template: a
+    chat_template.jinja that replaces SmolLM2's."""
     folder = root / "tiny-smollm2-shape"
     folder.mkdir(exist_ok=True)
     for name in TOKENIZER_FILES:
         if (smollm2_dir / name).exists():
             shutil.copy(smollm2_dir / name, folder / name)
     (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    if generation:
+        path = folder / "generation_config.json"
+        settings = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**settings, **generation}))
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template)
     return folder
 
 

@@ -26,6 +26,7 @@ from test_serve_helpers import ServerProcess, metrics, wait_for
 KEY = "test-key-1f2e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 QUESTION = "What is the capital of France?"
+LABEL = '{model_name="SmolLM2-135M-Instruct"}'
 TIMEOUT = 120
 
 pytestmark = pytest.mark.slow
@@ -80,14 +81,16 @@ def test_every_endpoint_but_health_needs_the_key(server):
 def test_paris_with_the_same_text_as_tileinfer_run(server, smollm2_dir):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=TIMEOUT,
                            max_retries=0)
+    # Greedy, as tileinfer run decodes a model whose generation_config.json sets no sampling
+    # (the server's default would be OpenAI's temperature 1).
     answer = client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": QUESTION}],
-        max_tokens=12)
+        max_tokens=12, temperature=0)
     text = answer.choices[0].message.content
     assert "Paris" in text
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": QUESTION}],
-        max_tokens=12, stream=True) if c.choices)
+        max_tokens=12, temperature=0, stream=True) if c.choices)
     assert streamed == text
     run = subprocess.run([sys.executable, "-m", "tileinfer_cli", "run", "-m", str(smollm2_dir),
                           "--backend", "ref", "-n", "12", "--threads", "1", "--json", QUESTION],
@@ -102,11 +105,11 @@ def test_a_client_that_disconnects_frees_its_pages(server, http):
     assert metrics(server.url, AUTH)["tileinfer_kv_pages_used"] > 0
     response.close()  # mid-stream: the request is aborted and its pages freed
     after = wait_for(lambda: (m := metrics(server.url, AUTH))["tileinfer_kv_pages_used"] == 0
-                     and m["tileinfer_requests_running"] == 0 and m, 30, "the pages back")
+                     and m["vllm:num_requests_running" + LABEL] == 0 and m, 30, "the pages back")
     aborted = 'tileinfer_requests_total{outcome="abort"}'
     assert after[aborted] == before[aborted] + 1
-    generated = (after["tileinfer_generation_tokens_total"]
-                 - before["tileinfer_generation_tokens_total"])
+    generated = (after["vllm:generation_tokens_total" + LABEL]
+                 - before["vllm:generation_tokens_total" + LABEL])
     assert generated < 400
 
 
@@ -117,8 +120,8 @@ def test_a_full_queue_answers_429_and_a_long_wait_503(server, http):
         "/v1/completions", json=dict(prompt="Hello", max_tokens=4))))
     thread.start()
     try:
-        wait_for(lambda: metrics(server.url, AUTH)["tileinfer_requests_waiting"] == 1, 30,
-                 "a waiting request")
+        wait_for(lambda: metrics(server.url, AUTH)["vllm:num_requests_waiting" + LABEL] == 1,
+                 30, "a waiting request")
         full = http.post("/v1/completions", json=dict(prompt="Hello", max_tokens=4))
         assert full.status_code == 429, full.text
         assert full.headers["retry-after"] == "1"

@@ -100,3 +100,18 @@ def test_malformed_json(tmp_path):
     (tmp_path / "generation_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="generation_config.json is not valid JSON"):
         generation_defaults(tmp_path)
+
+
+def test_sampling_settings_are_the_values_set_whatever_do_sample(tmp_path):
+    from tileinfer.io.generation_config import sampling_settings
+
+    assert sampling_settings(tmp_path) == {}
+    path = tmp_path / "generation_config.json"
+    path.write_text(json.dumps({"do_sample": False, "temperature": 0.6, "top_k": 20.0,
+                                "top_p": None, "eos_token_id": 2}))
+    found = sampling_settings(tmp_path)
+    assert found == {"temperature": 0.6, "top_k": 20} and isinstance(found["top_k"], int)
+    for bad in ({"temperature": "hot"}, {"top_k": 2.5}, {"top_p": True}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="generation_config.json"):
+            sampling_settings(tmp_path)

@@ -6,14 +6,18 @@ One concept per module:
     command.py    the subcommand's options and its run(): load, build the engine, serve
     loading.py    the served model: a folder's weights, or random weights of its shape (dummy)
     schemas.py    pydantic models of the requests and responses
+    defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
+    template.py   the chat template, and a request's messages as its input
     prepare.py    a validated request -> prompt ids and engine arguments (checks, 400s)
+    tokenizing.py /tokenize and /detokenize
     bridge.py     the engine on its thread, handing each step's outputs to the asyncio loop
     jobs.py       one HTTP request's choices: detokenizing, stop strings, events to await
     text.py       a choice's incremental text (no split UTF-8 characters, stop strings)
     chunks.py     SSE chunks and final responses as JSON
     logprobs.py   token log-probabilities in the chat and completions shapes
     routes.py     the endpoints
-    app.py        the Starlette app: routes, errors, the API key and body-size guard, lifespan
+    app.py        the Starlette app: routes, errors, the API key and body-size guard, CORS,
+                  lifespan
     errors.py     OpenAI-shaped errors
     metrics.py    the Prometheus metrics
 

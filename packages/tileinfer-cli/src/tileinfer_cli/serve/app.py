@@ -1,15 +1,23 @@
-"""The ASGI app: routes, OpenAI-shaped errors, the API-key guard, the engine's lifespan.
+"""The ASGI app: routes, OpenAI-shaped errors, the API-key guard, CORS, the engine's lifespan.
 
 ``Guard`` runs before routing: with an API key, every path but ``/health`` needs
 ``Authorization: Bearer <key>`` (compared with ``hmac.compare_digest``; 401 otherwise), and a
-request whose declared body is over the size limit is refused (400) before it is read.
+request whose declared body is over the size limit is refused (413) before it is read. The
+limit follows the context: ``BODY_BYTES_PER_TOKEN`` per token of ``max_len``, at least
+``MIN_BODY_BYTES`` (``--max-body-bytes`` sets it).
+With ``--allowed-origins``, Starlette's ``CORSMiddleware`` wraps the guard, so that a browser's
+preflight (which carries no key) is answered and every answer, errors included, carries the
+CORS headers. An unexpected exception is answered 500 with its type and message, paths cut
+(``errors.redact``), and logged with its traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -17,22 +25,37 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from .bridge import EngineBridge
-from .errors import APIError, error_response
+from .errors import APIError, error_response, redact
 from .metrics import Metrics
-from .routes import Endpoints
+from .routes import Endpoints, too_large
+
+log = logging.getLogger("tileinfer.serve")
+
+# A prompt's text takes about 4 bytes per token, JSON-escaped non-ASCII text up to ~12: the body
+# of a request that fills the context fits in 16 bytes per token, with room for the rest.
+BODY_BYTES_PER_TOKEN = 16
+MIN_BODY_BYTES = 1 << 20
+PREPARE_THREADS = 4
+
+
+def body_limit(max_len: int) -> int:
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_len)
 
 
 class Server:
     """What the endpoints share: the model, the engine bridge, metrics, settings."""
 
     def __init__(self, served, engine, api_key: str | None = None, max_queue: int = 1024,
-                 queue_timeout: float | None = 300.0, max_body: int = 4 << 20):
+                 queue_timeout: float | None = 300.0, max_body: int | None = None,
+                 allowed_origins=()):
         self.served, self.engine = served, engine
-        self.metrics = Metrics()
+        self.metrics = Metrics(served.name)
         self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
         self.metrics.watch_engine(engine, lambda: len(self.bridge.jobs))
         self.api_key = api_key.encode() if api_key else None
-        self.max_body = max_body
+        self.max_body = max_body or body_limit(served.max_len)
+        self.preparing = ThreadPoolExecutor(PREPARE_THREADS, "tileinfer-prepare")
+        self.allowed_origins = list(allowed_origins)
         self.draining = False  # set on SIGTERM / Ctrl-C: new requests get 503
         self.started = int(time.time())
 
@@ -80,10 +103,8 @@ class Guard:
                                 code="invalid_api_key",
                                 headers={"WWW-Authenticate": "Bearer"})
         size = headers.get(b"content-length", b"")
-        limit = self.server.max_body
-        if size.isdigit() and int(size) > limit:
-            return APIError(400, f"the request body has {int(size)} bytes; the limit is "
-                            f"{limit}", code="request_too_large")
+        if size.isdigit() and int(size) > self.server.max_body:
+            return too_large(self.server.max_body, int(size))
         return None
 
 
@@ -98,8 +119,9 @@ async def _http_error(request, exc: HTTPException):
 
 
 async def _server_error(request, exc: Exception):
-    return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                   "server_error"))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}: "
+                                   f"{redact(str(exc))}", "server_error"))
 
 
 def build_app(server: Server):
@@ -107,6 +129,8 @@ def build_app(server: Server):
     routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
               Route("/v1/completions", e.completions, methods=["POST"]),
               Route("/v1/models", e.models, methods=["GET"]),
+              Route("/tokenize", e.tokenize, methods=["POST"]),
+              Route("/detokenize", e.detokenize, methods=["POST"]),
               Route("/health", e.health, methods=["GET"]),
               Route("/metrics", e.metrics, methods=["GET"])]
 
@@ -117,8 +141,16 @@ def build_app(server: Server):
             yield
         finally:
             server.bridge.stop()
+            server.preparing.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error,
                                         Exception: _server_error})
-    return Guard(app, server)
+    guarded = Guard(app, server)
+    if not server.allowed_origins:
+        return guarded
+    from starlette.middleware.cors import CORSMiddleware
+
+    return CORSMiddleware(guarded, allow_origins=server.allowed_origins,
+                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                          max_age=600)

@@ -21,9 +21,10 @@ import collections
 import logging
 import time
 
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, redact
 
 SWEEP_SECONDS = 0.25
+STEP_GAP = 0.0005  # seconds between two outputs that are taken for two steps' outputs
 log = logging.getLogger("tileinfer.serve")
 
 
@@ -38,6 +39,7 @@ class EngineBridge:
         self._choices: dict[int, object] = {}  # engine request id -> Choice
         self.jobs: set = set()  # not ended
         self._sweeper: asyncio.Task | None = None
+        self._last_output = self._step_began = 0.0  # the engine thread's, as perf_counter
 
     def start(self, loop: asyncio.AbstractEventLoop):
         from tileinfer import EngineThread
@@ -59,7 +61,14 @@ class EngineBridge:
     # -- the engine's thread --------------------------------------------------------------------
 
     def _on_output(self, out):
-        self._outbox.append((time.perf_counter(), out))
+        # The thread hands over a step's outputs back to back, then starts the next step: an
+        # output that comes STEP_GAP after the one before is the first of a step, which began
+        # about when the one before came (the start of a request's step: metrics' queue time).
+        t = time.perf_counter()
+        if t - self._last_output > STEP_GAP:
+            self._step_began = self._last_output
+        self._last_output = t
+        self._outbox.append((t, self._step_began, out))
         if not self._flush_pending:
             self._flush_pending = True
             try:
@@ -73,21 +82,21 @@ class EngineBridge:
         self._flush_pending = False  # before draining: an output appended now gets a flush
         outbox, choices, touched = self._outbox, self._choices, {}
         while outbox:
-            t, out = outbox.popleft()
+            t, began, out = outbox.popleft()
             choice = choices.get(out.request_id)
             if choice is not None:
                 try:
-                    choice.job.on_output(choice, out, t)
+                    choice.job.on_output(choice, out, t, began)
                 except Exception as e:  # a bug: fail this request, not the others
                     log.exception("handling the output of %s", choice.job.id)
-                    choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: {e}",
-                                             "server_error"), "error")
+                    choice.job.fail(APIError(500, f"internal error: {type(e).__name__}: "
+                                             f"{redact(str(e))}", "server_error"), "error")
                 touched[choice.job] = None
         for job in touched:
             job.publish()
 
     def check_capacity(self, n: int):
-        deferred = sum(len(j.choices) - 1 for j in self.jobs if not j.choices_added)
+        deferred = sum(j.deferred for j in self.jobs)
         waiting = self.engine.stats()["waiting"] + deferred
         if waiting + n > self.max_queue:
             self.metrics.outcome("rejected")
@@ -96,29 +105,34 @@ class EngineBridge:
                            code="queue_full", headers={"Retry-After": "1"})
 
     def submit(self, job):
-        """Add the job's first choice (all of them when n == 1); RequestError -> 400."""
+        """Add each prompt's first choice (all the choices when n == 1); RequestError -> 400."""
         from tileinfer import RequestError
 
-        first = job.choices[0]
-        try:
-            first.rid = self.thread.add_request(**job.engine_args(first))
-        except RequestError as e:
-            self.metrics.outcome("invalid")
-            raise bad_request(str(e), "max_tokens" if "max_new_tokens" in str(e) else None)
-        self._choices[first.rid] = first
+        added = []
+        for leader in job.leaders:
+            try:
+                leader.rid = self.thread.add_request(**job.engine_args(leader))
+            except RequestError as e:
+                for choice in added:
+                    self.forget(choice, abort=True)
+                self.metrics.outcome("invalid")
+                raise bad_request(redact(str(e)),
+                                  "max_tokens" if "max_new_tokens" in str(e) else None)
+            self._choices[leader.rid] = leader
+            added.append(leader)
         self.jobs.add(job)
-        self.metrics.prompt_tokens += len(job.plan.prompt_ids)
+        self.metrics.prompt_tokens += job.plan.prompt_tokens
 
     def add_choices(self, job, choices):
-        """The other choices of a job whose first choice's prompt is now cached."""
+        """The other choices of a prompt whose first choice's prompt is now cached."""
         from tileinfer import RequestError
 
-        job.choices_added = True
+        job.deferred -= len(choices)
         for choice in choices:
             try:
                 choice.rid = self.thread.add_request(**job.engine_args(choice))
             except RequestError as e:  # as the first choice's, so not expected
-                job.fail(APIError(500, f"choice {choice.index} was refused: {e}",
+                job.fail(APIError(500, f"choice {choice.index} was refused: {redact(str(e))}",
                                   "server_error"), "error")
                 return
             self._choices[choice.rid] = choice

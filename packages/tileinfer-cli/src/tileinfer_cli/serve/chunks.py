@@ -48,7 +48,7 @@ class _Format:
         return '],"usage":null}\n\n' if job.plan.include_usage else "]}\n\n"
 
     def usage(self, job) -> dict:
-        prompt, completion = len(job.plan.prompt_ids), job.completion_tokens
+        prompt, completion = job.plan.prompt_tokens, job.completion_tokens
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
 

@@ -32,9 +32,13 @@ examples:
 so that serving loads can be measured without the checkpoint (the folder needs config.json and
 tokenizer.json). Its answers are noise.
 
-Sampling parameters a request leaves out take the model authors' defaults
-(generation_config.json), as tileinfer run does. SIGTERM or Ctrl-C stops accepting requests,
-lets running ones finish for --shutdown-grace seconds, aborts the rest and exits.
+Sampling parameters a request leaves out (temperature, top_p, top_k) take the values
+generation_config.json sets, else OpenAI's (temperature 1, top_p 1): unlike tileinfer run, a
+model without sampling settings samples. GET /v1/models and the start-up line show them.
+
+SIGTERM or Ctrl-C stops accepting requests, lets running ones finish for --shutdown-grace
+seconds, aborts the rest and exits; a second SIGTERM or Ctrl-C exits at once (code 128 + the
+signal's number).
 """
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -57,12 +61,17 @@ def add_parser(sub, formatter):
                         "given, or the folder's name)")
     g.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: random weights of the folder's config shape (benchmarks)")
-    g.add_argument("--max-body-bytes", type=int_range(1024, INT32_MAX), default=4 << 20,
-                   metavar="N", help="larger request bodies are refused (400)")
+    g.add_argument("--max-body-bytes", type=int_range(1024, INT32_MAX), metavar="N",
+                   help="larger request bodies are refused (413; default: 16 bytes per token of "
+                        "--max-len, at least 1 MiB)")
+    g.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=[],
+                   help="web origins (https://app.example, or *) whose pages may call the API "
+                        "from a browser (CORS; default: none)")
     g.add_argument("--shutdown-grace", type=float_range(0, 3600), default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish")
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                   default="info")
+                   default="info", help="info: a line per finished request (id, user, tokens, "
+                   "time to first token, duration, finish reason)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
     e = p.add_argument_group("engine")
     e.add_argument("--max-running", type=int_range(1, 4096), default=64, metavar="N",
@@ -107,6 +116,37 @@ def _ignore(signum, frame):
 SWITCH_INTERVAL_S = 0.00005
 
 
+def _log_to_stderr(level: str):
+    """The server's own log (a line per finished request at info) beside uvicorn's, as it
+    writes its lines."""
+    import logging
+
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    log = logging.getLogger("tileinfer.serve")
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
+
+
+def check_pool_fits_max_len(engine, max_len: int):
+    """UserError unless the KV pool holds one sequence of max_len positions (else requests that
+    leave max_tokens out, which may fill the context, would be refused one by one)."""
+    stats = engine.stats()
+    page = stats["page_size"]
+    free = stats["pages_total"] - stats["pages_used"]  # the runner holds its scratch page
+    needed = -(-max_len // page)
+    if needed > free:
+        engine.close()
+        enough = (needed + stats["pages_used"]) * page
+        raise UserError(
+            f"the KV pool holds {free * page} positions ({free} pages of {page}), fewer than one "
+            f"sequence of --max-len {max_len}: give --kv-tokens {enough} or more (on a GPU, a "
+            f"larger --memory-fraction), or --max-len {free * page} or less")
+
+
 def run(args, out):
     _check_extra()
     api_key = args.api_key or os.environ.get("TILEINFER_API_KEY") or None
@@ -127,17 +167,24 @@ def run(args, out):
                        prefix_caching=not args.no_prefix_caching, kv_quantize=kv_quantize,
                        key_smoothing=key_smoothing, memory_fraction=args.memory_fraction,
                        cpu_tokens=args.kv_tokens)
+    check_pool_fits_max_len(engine, served.max_len)
     engine.warmup()
     server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
-                    queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes)
+                    queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes,
+                    allowed_origins=args.allowed_origins)
     stats = engine.stats()
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.model.ops.name}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+          f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}",
+          file=sys.stderr, flush=True)
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            if server.draining:  # the second signal: the user does not want to wait
+                print(f"tileinfer: {signal.Signals(sig).name} again: exiting now",
+                      file=sys.stderr, flush=True)
+                os._exit(128 + sig)
             # Stop taking requests; after the grace period fail those still running (they get
             # an error, streams an error event and [DONE]), so that every connection ends
             # before uvicorn's own deadline (a little later) would cut it.
@@ -155,6 +202,7 @@ def run(args, out):
     # handlers it found: make those ignore it, so that a graceful stop exits with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
+    _log_to_stderr(args.log_level)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn_server = _Server(config)
     uvicorn_server.run()

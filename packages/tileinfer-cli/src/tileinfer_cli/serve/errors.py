@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 
 class APIError(Exception):
@@ -32,3 +33,13 @@ def error_response(error: APIError):
     from starlette.responses import JSONResponse
 
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+# An absolute filesystem path (two components at least), not the path part of a URL.
+_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"`:,;()\[\]{}<>]+/)+([^\s/'\"`:,;()\[\]{}<>]*)")
+
+
+def redact(text: str) -> str:
+    """text with each absolute path cut to its last part (``/home/x/models/foo`` -> ``foo``): for
+    messages of exceptions raised below the server, which clients see."""
+    return _PATH.sub(lambda m: m.group(1) or "<path>", text)

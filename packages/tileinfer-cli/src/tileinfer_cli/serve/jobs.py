@@ -7,9 +7,11 @@ request is aborted, its pages freed). Per batch of outputs a streamed job puts o
 queue: the new text, log-probabilities and finish reasons of the choices that changed; a job that
 is not streamed puts only ``END``, when every choice has finished (or the job failed).
 
-n > 1: the first choice runs alone until its first token, by which time its prompt's full pages
-are in the engine's prefix cache; the other choices are added then and share those pages
-instead of prefilling the prompt again. Choice i samples with the seed ``seed + i``.
+A job has n choices per prompt (a completions request may give several prompts): prompt p's
+are choices ``p * n .. p * n + n - 1``. n > 1: each prompt's first choice (its leader) runs
+alone until its first token, by which time the prompt's full pages are in the engine's prefix
+cache; the prompt's other choices are added then and share those pages instead of prefilling
+the prompt again. Choice i samples with the seed ``seed + i``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import logging
 import time
 
-from .errors import APIError
+from .errors import APIError, redact
 from .text import ChoiceText
 
 END = object()  # the last event of a job
@@ -26,11 +28,13 @@ log = logging.getLogger("tileinfer.serve")
 
 
 class Choice:
-    __slots__ = ("job", "index", "rid", "text", "tokens", "finish_reason", "lps", "lps_sent",
-                 "t_last", "changed", "role_sent", "lp_offset")
+    __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
+                 "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
+        self.prompt = index // job.plan.n  # the plan's prompt it answers
+        self.started = False  # it produced output
         self.rid: int | None = None
         self.tokens = 0  # generated tokens counted in usage (up to a stop string's last)
         self.finish_reason: str | None = None
@@ -52,13 +56,15 @@ class Job:
         self.created = int(time.time())
         self.arrival = time.perf_counter()
         self.choices = [Choice(self, i, ChoiceText(tokenizer, plan.stops))
-                        for i in range(plan.n)]
+                        for i in range(plan.choices)]
         self.events: asyncio.Queue = asyncio.Queue()
-        self.started = False  # the first choice produced output
-        self.choices_added = plan.n == 1  # the other choices are in the engine too
+        self.started = False  # a choice produced output
+        self.deferred = plan.choices - len(plan.prompts)  # choices waiting for their leader
         self.error: APIError | None = None
         self.outcome: str | None = None  # set once, when the job ends
-        self.unfinished = plan.n
+        self.unfinished = plan.choices
+        self.ttft: float | None = None  # seconds from arrival to the first token
+        self.t_last = 0.0  # when the last token came
 
     @property
     def done(self) -> bool:
@@ -70,26 +76,46 @@ class Job:
 
     def engine_args(self, choice: Choice) -> dict:
         p = self.plan
-        return dict(prompt_ids=p.prompt_ids, sampling=p.sampling, max_new_tokens=p.max_tokens,
-                    stop_ids=p.stop_ids, seed=p.seed_of(choice.index), logprobs=p.logprobs)
+        return dict(prompt_ids=p.prompts[choice.prompt], sampling=p.sampling,
+                    max_new_tokens=p.max_tokens[choice.prompt], stop_ids=p.stop_ids,
+                    seed=p.seed_of(choice.index), logprobs=p.logprobs)
+
+    @property
+    def leaders(self) -> list[Choice]:
+        """Each prompt's first choice."""
+        return self.choices[::self.plan.n]
+
+    def finish_unrun(self):
+        """max_tokens 0: every choice ends at once, empty (finish reason length)."""
+        for c in self.choices:
+            self._finish(c, "length")
+        self.publish()
 
     # -- the bridge's calls ---------------------------------------------------------------------
 
-    def on_output(self, choice: Choice, out, t: float):
-        """One engine output of one of its choices (tokens, maybe the end)."""
+    def on_output(self, choice: Choice, out, t: float, step_began: float):
+        """One engine output of one of its choices (tokens, maybe the end); t: when the engine
+        handed it over, step_began: about when the step that made it began."""
         if self.done or choice.finished:
             return
         metrics = self.bridge.metrics
         if not self.started:
             self.started = True
             if out.new_tokens:
-                metrics.ttft.observe(t - self.arrival)
-            if self.plan.n > 1 and out.finish_reason not in ("error", "abort"):
-                self.bridge.add_choices(self, self.choices[1:])
+                self.ttft = t - self.arrival
+                metrics.ttft.observe(self.ttft)
+                metrics.queue.observe(max(0.0, step_began - self.arrival))
+        if not choice.started:
+            choice.started = True
+            n = self.plan.n
+            if n > 1 and choice.index % n == 0 and out.finish_reason not in ("error", "abort"):
+                self.bridge.add_choices(self, self.choices[choice.index + 1:choice.index + n])
+                if self.done:
+                    return
         if out.new_tokens:
             if choice.t_last:
                 metrics.itl.observe(t - choice.t_last)
-            choice.t_last = t
+            choice.t_last = self.t_last = t
             lps = out.logprobs
             for k, token in enumerate(out.new_tokens):
                 choice.tokens += 1
@@ -107,8 +133,8 @@ class Job:
                     reason = "stop"
                 self._finish(choice, reason)
             elif reason == "error":
-                self.fail(APIError(500, f"generation failed: {out.error}", "server_error"),
-                          "error")
+                self.fail(APIError(500, f"generation failed: {redact(str(out.error))}",
+                                   "server_error"), "error")
             else:  # "abort": not by this job (it forgets its requests when it aborts them)
                 self.fail(APIError(503, "the request was aborted by the server",
                                    "server_error"), "abort")
@@ -161,13 +187,16 @@ class Job:
                 self.bridge.forget(c, abort=True)
         self.bridge.job_ended(self)
         m = self.bridge.metrics
+        reasons = ",".join(sorted({c.finish_reason or outcome for c in self.choices}))
         if outcome == "finished":
             m.outcome(self.choices[0].finish_reason)
+            m.e2e.observe(self.t_last - self.arrival if self.t_last else
+                          time.perf_counter() - self.arrival)
         else:
             m.outcome(outcome)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %d prompt + %d generated tokens, %s in %.3f s%s", self.id,
-                     len(self.plan.prompt_ids), self.completion_tokens,
-                     self.choices[0].finish_reason if outcome == "finished" else outcome,
-                     time.perf_counter() - self.arrival,
-                     f" (user {self.user!r})" if self.user else "")
+        if log.isEnabledFor(logging.INFO):
+            ttft = f"{self.ttft:.3f} s" if self.ttft is not None else "-"
+            log.info("%s%s: %d prompt + %d output tokens, TTFT %s, %.3f s, %s", self.id,
+                     f" (user {self.user!r})" if self.user else "", self.plan.prompt_tokens,
+                     self.completion_tokens, ttft, time.perf_counter() - self.arrival,
+                     reasons if outcome == "finished" else outcome)

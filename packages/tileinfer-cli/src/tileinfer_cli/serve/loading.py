@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UserError
 from ..options import DEFAULT_MAX_LEN, resolve_dtype, set_threads
+from .defaults import SamplingDefaults
+from .template import ServedTemplate
 
 
 @dataclass
@@ -21,7 +24,8 @@ class ServedModel:
     folder: Path
     model: object  # tileinfer.Model
     tokenizer: object  # tileinfer.Tokenizer
-    sampling: object  # the authors' default SamplingParams (generation_config.json)
+    defaults: object  # SamplingDefaults: what requests that leave sampling out get
+    template: object  # ServedTemplate: the chat template, read at start-up
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
 
@@ -66,8 +70,13 @@ def load_served(args) -> ServedModel:
     else:
         model = load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
                            quantize=quantize, allow_long=args.allow_long_context)
-    sampling, stop_ids = generation_defaults(folder, model.config)
+    _, stop_ids = generation_defaults(folder, model.config)
+    try:
+        defaults = SamplingDefaults.of_folder(folder)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     name = args.served_model_name or (args.model if args.model and not Path(args.model).exists()
                                       else folder.name)
-    return ServedModel(name, folder, model, tokenizer, sampling, list(stop_ids),
+    return ServedModel(name, folder, model, tokenizer, defaults, ServedTemplate(folder),
+                       list(stop_ids),
                        args.load_format == "dummy")

@@ -2,9 +2,10 @@
 
 Refused with a 400 that gives the numbers: a prompt that leaves no room in the model's context
 (``max_len``), a ``max_tokens`` beyond what the context has left, a template that rejects the
-conversation, text that is not valid Unicode. Parameters left out take the model authors'
-defaults (generation_config.json), as ``tileinfer run`` does; ``max_tokens`` defaults to what
-the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint).
+conversation, text that is not valid Unicode. Sampling parameters left out take the server's
+defaults (``defaults.py``: generation_config.json's, else OpenAI's); ``max_tokens`` defaults to
+what the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint). A completions
+request may give a list of prompts (texts or token lists): each gets n choices, indexed in order.
 """
 
 from __future__ import annotations
@@ -15,21 +16,30 @@ from .errors import bad_request
 from .schemas import ChatRequest, CompletionRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_CHOICES = 256  # prompts x n in one request
 INT64 = 2**63
 
 
 @dataclass
 class Plan:
-    prompt_ids: list[int]
-    max_tokens: int
+    prompts: list[list[int]]  # token ids; several for a completions request's list of prompts
+    max_tokens: list[int]  # per prompt; 0: answer without generating (completions)
     sampling: object  # tileinfer.SamplingParams
     seed: int | None
     stops: list[str]
     stop_ids: list[int]
-    n: int
+    n: int  # choices per prompt: prompt i's are choices i * n .. i * n + n - 1
     logprobs: int | None  # top log-probabilities per token; None: no logprobs
     stream: bool
     include_usage: bool
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
 
     def seed_of(self, choice: int) -> int | None:
         """Choice i's seed: the request's seed + i (in the int64 range); None stays random."""
@@ -39,56 +49,59 @@ class Plan:
 
 
 def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
-    from tileinfer import ChatTemplateError, chat_prompt
-
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = chat_prompt(served.folder, messages, add_generation_prompt=True,
-                           **(req.chat_template_kwargs or {}))
-    except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
+    text = served.template.render(req.messages, req.chat_template_kwargs)
     try:
         return served.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:  # a lone surrogate
         raise bad_request(str(e), "messages") from None
 
 
-def completion_prompt_ids(served, req: CompletionRequest) -> list[int]:
+def completion_prompts(served, req: CompletionRequest) -> list[list[int]]:
+    """The request's prompts as token ids: one text or token list, or a list of them."""
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise bad_request(f"a list of {len(prompt)} prompts: this server takes one prompt "
-                              "per request (send several requests, or use n)", "prompt")
-        prompt = prompt[0]
+    prompts = prompt if _several(prompt) else [prompt]
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts of n={req.n} choices each: at most "
+                          f"{MAX_CHOICES} choices a request", "prompt")
+    return [_prompt_ids(served, p, _name(req.prompt, i)) for i, p in enumerate(prompts)]
+
+
+def _several(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+
+
+def _name(prompt, i: int) -> str:
+    return f"prompt {i}" if _several(prompt) else "the prompt"
+
+
+def _prompt_ids(served, prompt, what: str) -> list[int]:
+    if not prompt:
+        raise bad_request(f"{what} is empty", "prompt")
     if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("the prompt is empty", "prompt")
         try:
             return served.tokenizer.encode(prompt, add_special_tokens=True)
         except ValueError as e:
             raise bad_request(str(e), "prompt") from None
-    if not prompt:
-        raise bad_request("the prompt is empty", "prompt")
     vocab = served.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                          "prompt")
+        raise bad_request(f"token id {bad[0]} of {what} is outside the vocabulary "
+                          f"(0..{vocab - 1})", "prompt")
     return list(prompt)
 
 
 def _max_tokens(served, prompt_len: int, asked: int | None, default: int | None,
-                param: str, prompt_param: str) -> int:
+                param: str, prompt_param: str, what: str = "the prompt") -> int:
     room = served.max_len - prompt_len
-    if room < 1:
+    if room < 1 and not (asked == 0 and room == 0):
         raise bad_request(
-            f"the prompt has {prompt_len} tokens; this model's context is {served.max_len} "
+            f"{what} has {prompt_len} tokens; this model's context is {served.max_len} "
             "tokens, which leaves no room for an answer", prompt_param, "context_length_exceeded")
     if asked is None:
         return room if default is None else min(default, room)
     if asked > room:
         raise bad_request(
-            f"{param} is {asked}, but the prompt has {prompt_len} tokens and this model's "
+            f"{param} is {asked}, but {what} has {prompt_len} tokens and this model's "
             f"context is {served.max_len} tokens: at most {room} tokens fit", param,
             "context_length_exceeded")
     return asked
@@ -97,8 +110,10 @@ def _max_tokens(served, prompt_len: int, asked: int | None, default: int | None,
 def _sampling(served, req):
     from tileinfer import SamplingParams
 
-    d = served.sampling
+    d = served.defaults
     top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
+    if top_k >= served.vocab_size:  # keeps every token: off (and within the kernels' int32)
+        top_k = 0
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,
@@ -107,10 +122,10 @@ def _sampling(served, req):
         raise bad_request(str(e)) from None
 
 
-def _common(served, req, prompt_ids, max_tokens, logprobs) -> Plan:
+def _common(served, req, prompts, max_tokens, logprobs) -> Plan:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options needs stream: true", "stream_options")
-    return Plan(prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=_sampling(served, req),
+    return Plan(prompts=prompts, max_tokens=max_tokens, sampling=_sampling(served, req),
                 seed=req.seed, stops=req.stops(),
                 stop_ids=[] if req.ignore_eos else list(served.stop_ids), n=req.n,
                 logprobs=logprobs, stream=req.stream,
@@ -128,12 +143,13 @@ def plan_chat(served, req: ChatRequest) -> Plan:
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(served, len(ids), asked, None, param, "messages")
-    return _common(served, req, ids, max_tokens,
+    return _common(served, req, [ids], [max_tokens],
                    (req.top_logprobs or 0) if req.logprobs else None)
 
 
 def plan_completion(served, req: CompletionRequest) -> Plan:
-    ids = completion_prompt_ids(served, req)
-    max_tokens = _max_tokens(served, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
-                             "max_tokens", "prompt")
-    return _common(served, req, ids, max_tokens, req.logprobs)
+    prompts = completion_prompts(served, req)
+    max_tokens = [_max_tokens(served, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
+                              "max_tokens", "prompt", _name(req.prompt, i))
+                  for i, ids in enumerate(prompts)]
+    return _common(served, req, prompts, max_tokens, req.logprobs)

@@ -1,10 +1,12 @@
-"""The endpoints: completions (chat and legacy), models, health, metrics.
+"""The endpoints: completions (chat and legacy), models, tokenize and detokenize, health,
+metrics.
 
-A completion request is read (size-limited), parsed (malformed JSON: 400), validated against
-its schema (an unknown or unsupported parameter: 400 naming it), checked against the model
-(prompt and ``max_tokens`` within the context: 400 with the numbers) and against the queue
-(full: 429), then added to the engine as a job. The response waits for the job's first event,
-watching for the client to go away meanwhile; so errors that come before the first token
+A completion request is read (size-limited: 413 once past the limit), then, on a worker thread
+(``Server.preparing``), parsed (malformed JSON: 400), validated against its schema (an unknown
+or unsupported parameter: 400 naming it) and checked against the model (prompt and
+``max_tokens`` within the context: 400 with the numbers); back on the loop, checked against
+the queue (full: 429) and added to the engine as a job. The response waits for the job's first
+event, watching for the client to go away meanwhile; so errors that come before the first token
 (a queue timeout, a failing step) still get their HTTP status. A streamed answer then goes out
 as server-sent events; a client that disconnects aborts its job (pages freed at once).
 """
@@ -23,24 +25,34 @@ from .errors import APIError, bad_request, error_response
 from .jobs import END, Job
 from .prepare import plan_chat, plan_completion
 from .schemas import ChatRequest, CompletionRequest, ModelCard, ModelList
+from .tokenizing import detokenize, tokenize
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def read_json(request, limit: int):
+def too_large(limit: int, size: int | None = None) -> APIError:
+    said = f"has {size} bytes" if size is not None else "is longer"
+    return APIError(413, f"the request body {said}; the limit is {limit} bytes (--max-body-bytes)",
+                    "invalid_request_error", code="request_too_large")
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The body, read as it comes; 413 as soon as it passes the limit."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
-        raise bad_request(f"the request body has {int(size)} bytes; the limit is {limit}",
-                          code="request_too_large")
+        raise too_large(limit, int(size))
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise bad_request(f"the request body has more than {limit} bytes (the limit)",
-                              code="request_too_large")
+            raise too_large(limit)
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(body: bytes):
     try:
-        return json.loads(b"".join(chunks))
+        return json.loads(body)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json")
 
@@ -59,7 +71,9 @@ def validation_error(e: ValidationError) -> APIError:
 
 
 _NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
-          | {"role", "content", "type", "text", "include_usage"})
+          | {"role", "content", "type", "text", "include_usage", "name", "tool_calls",
+             "tool_call_id", "function", "arguments", "id", "tokens", "add_special_tokens",
+             "add_generation_prompt", "return_token_strs"})
 
 
 def parse(body, schema):
@@ -143,17 +157,22 @@ class Endpoints:
         server = self.server
         try:
             server.check_accepting()
-            req = parse(await read_json(request, server.max_body), schema)
-            server.check_model(req.model)
-            plan = planner(server.served, req)
+            body = await read_body(request, server.max_body)
+            # Parsing, the chat template and tokenizing on a worker thread: a long prompt
+            # does not hold up the streams the loop is writing.
+            req, plan = await asyncio.get_running_loop().run_in_executor(
+                server.preparing, self._prepare, body, schema, planner)
         except APIError as e:
             if e.status == 400 or e.status == 404:
                 server.metrics.outcome("invalid")
             raise
-        server.bridge.check_capacity(plan.n)
         job = Job(server.bridge, plan, server.served.tokenizer, prefix,
                   f"{prefix}-{secrets.token_hex(12)}", req.user)
-        server.bridge.submit(job)
+        if max(plan.max_tokens) == 0:  # nothing to generate (completions' max_tokens: 0)
+            job.finish_unrun()
+        else:
+            server.bridge.check_capacity(plan.choices)
+            server.bridge.submit(job)
         handed_over = False
         try:
             item = await first_event(request, job)
@@ -173,10 +192,34 @@ class Endpoints:
             if not handed_over:
                 job.close()
 
+    def _prepare(self, body: bytes, schema, planner):
+        req = parse(parse_json(body), schema)
+        self.server.check_model(req.model)
+        return req, planner(self.server.served, req)
+
     async def models(self, request):
         s = self.server.served
-        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len)
+        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len,
+                         sampling_defaults=s.defaults.card())
         return JSONResponse(ModelList(data=[card]).model_dump())
+
+    async def tokenize(self, request):
+        return await self._tokenizer(request, tokenize)
+
+    async def detokenize(self, request):
+        return await self._tokenizer(request, detokenize)
+
+    async def _tokenizer(self, request, answer):
+        server = self.server
+        body = await read_body(request, server.max_body)
+
+        def work():
+            found, model = answer(server.served, parse_json(body))
+            server.check_model(model)
+            return found
+
+        return JSONResponse(await asyncio.get_running_loop().run_in_executor(
+            server.preparing, work))
 
     async def health(self, request):
         if self.server.draining:

@@ -17,12 +17,18 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_N = 16  # choices per request
 MAX_STOPS = 16
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+# What the server gives the chat template (transformers' names): chat_template_kwargs may not
+# replace them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({
+    "messages", "add_generation_prompt", "tools", "documents", "raise_exception",
+    "strftime_now", "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+    "mask_token"})
 
 
 class _Strict(BaseModel):
@@ -36,12 +42,51 @@ class TextPart(_Strict):
     text: str
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str | dict  # OpenAI sends a JSON string
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
+
+class ToolCall(_Strict):
+    """A tool call of an earlier assistant turn, as a client gives it back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant turn of tool calls only
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool turns: the call answered
+    # What OpenAI's own assistant messages carry, so that a client may send one back as it got
+    # it: accepted when they say nothing.
+    refusal: None = None
+    annotations: list | None = None
+    audio: None = None
+    function_call: None = None
+
+    @field_validator("annotations")
+    @classmethod
+    def _no_annotations(cls, v, info):
+        return _neutral(info.field_name, v, (None, []))
+
+    @model_validator(mode="after")
+    def _fields_of_the_role(self):
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id (the call it answers)")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("only tool messages carry tool_call_id")
+        return self
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
 
@@ -131,14 +176,17 @@ class ChatRequest(_Sampling):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v):
-        reserved = {"messages", "add_generation_prompt", "tools", "documents"} & set(v or {})
+        reserved = RESERVED_TEMPLATE_VARIABLES & set(v or {})
         if reserved:
-            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: "
+                             "the chat template's own variables")
         return v
 
 
 class CompletionRequest(_Sampling):
+    # A text or token ids, or a list of them (each gets n choices).
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0: the usage of the prompts only
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -277,6 +325,9 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "tileinfer"
     max_model_len: int
+    # An extension: {"temperature", "top_p", "top_k", "from_generation_config": [names]}, what
+    # a request that leaves them out gets.
+    sampling_defaults: dict
 
 
 class ModelList(BaseModel):

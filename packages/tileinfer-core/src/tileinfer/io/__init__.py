@@ -4,7 +4,7 @@ the backend layer only (for ``SamplingParams``)."""
 
 from .chat_template import ChatMessage, ChatTemplateError, chat_prompt
 from .default_model import DefaultModelUnavailable, default_model_dir
-from .generation_config import generation_defaults
+from .generation_config import generation_defaults, sampling_settings
 from .gguf_import import GGUFImportError, import_gguf
 from .import_staging import clean_interrupted_imports
 from .hub import CachedModel, HubError, list_models, model_dir, pull, remove_model

@@ -137,12 +137,14 @@ def render_chat_template(
     source: str,
     messages: Iterable[ChatMessage | Mapping],
     add_generation_prompt: bool = True,
+    /,
     *,
     tools: list | None = None,
     documents: list | None = None,
     **template_kwargs,
 ) -> str:
-    """Render the template ``source`` for ``messages``; ``template_kwargs`` become template variables."""
+    """Render the template ``source`` for ``messages``; ``template_kwargs`` become template variables
+    (any name: the first three parameters are positional-only)."""
     template = _compile(source)
     try:
         return template.render(

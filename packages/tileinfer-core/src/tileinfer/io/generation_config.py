@@ -3,6 +3,9 @@
 transformers samples only when ``do_sample`` is true (its default is false: greedy), and then fills
 unset values with its own defaults: temperature 1.0, top_k 50, top_p 1.0. ``eos_token_id`` (an int
 or a list) says which tokens end a reply; without it, config.json's eos_token_id does.
+
+``sampling_settings`` reads the sampling values the file sets, whatever its ``do_sample``: what an
+OpenAI-compatible server takes for the parameters a request leaves out (as vLLM does).
 """
 
 from __future__ import annotations
@@ -68,3 +71,25 @@ def generation_defaults(model_dir: str | Path, config=None) -> tuple[SamplingPar
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: unusable sampling settings: {e}") from e
     return sampling, stop_ids
+
+
+SAMPLING_SETTINGS = (("temperature", float), ("top_p", float), ("top_k", int))
+
+
+def sampling_settings(model_dir: str | Path) -> dict:
+    """``{"temperature": 0.6, "top_p": 0.95, "top_k": 20}``: those of the three that the folder's
+    generation_config.json sets (not null), whatever its do_sample; {} without the file. A value
+    that is not a number is a ValueError naming the file."""
+    path = Path(model_dir) / "generation_config.json"
+    settings = read_json(path)
+    found = {}
+    for name, kind in SAMPLING_SETTINGS:
+        value = settings.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (kind is int and value != int(value)):
+            raise ValueError(f"{path}: {name} should be a{'n integer' if kind is int else ' number'}, "
+                             f"got {value!r}")
+        found[name] = kind(value)
+    return found

@@ -1,0 +1,56 @@
+"""The sampling defaults of a server: what a request that leaves out ``temperature``, ``top_p`` or
+``top_k`` gets.
+
+Each comes from the model's generation_config.json where the file sets it (whatever its
+``do_sample``, as vLLM does), else from OpenAI's API: temperature 1.0, top_p 1.0, and top_k off
+(OpenAI has none). So a model without sampling settings samples, as OpenAI's endpoints do, where
+``tileinfer run`` (which follows transformers' ``do_sample``) decodes greedily. ``/v1/models``
+shows them (``sampling_defaults``), and so does the start-up line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    from_model: tuple[str, ...]  # the names generation_config.json set
+
+    @classmethod
+    def of_folder(cls, folder) -> "SamplingDefaults":
+        """ValueError if generation_config.json holds values that are not numbers, or that
+        SamplingParams refuses."""
+        from tileinfer import SamplingParams
+        from tileinfer.io import sampling_settings
+
+        settings = sampling_settings(folder)
+        values = {**OPENAI_DEFAULTS, **settings}
+        values["top_k"] = max(0, values["top_k"])  # -1 (vLLM's "off") as 0
+        try:
+            SamplingParams(values["temperature"], values["top_k"], values["top_p"])
+        except ValueError as e:
+            raise ValueError(f"generation_config.json: unusable sampling settings: {e}") from None
+        names = tuple(name for name in OPENAI_DEFAULTS if name in settings)
+        return cls(values["temperature"], values["top_p"], values["top_k"], names)
+
+    def card(self) -> dict:
+        """The ``sampling_defaults`` field of /v1/models."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "from_generation_config": list(self.from_model)}
+
+    def describe(self) -> str:
+        """For the start-up line, e.g. ``temperature 0.6, top_p 0.95 (generation_config.json)``."""
+        values = f"temperature {self.temperature:g}, top_p {self.top_p:g}"
+        if self.top_k:
+            values += f", top_k {self.top_k}"
+        if not self.from_model:
+            return f"{values} (OpenAI's; generation_config.json sets none)"
+        if len(self.from_model) == len(OPENAI_DEFAULTS):
+            return f"{values} (generation_config.json)"
+        return f"{values} ({', '.join(self.from_model)} from generation_config.json)"

@@ -1,0 +1,139 @@
+"""``tileinfer serve`` on the tiny random-weight model of ``test_serve_api.py``, with sampling
+settings in its generation_config.json and a chat template that writes every message field
+(name, tool calls, tool_call_id, null content): sampling defaults and what applications send.
+What it answers is checked against the offline engine on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
+    pytest.importorskip(_module)
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+import torch
+
+from test_serve_helpers import ServerProcess, tiny_folder
+from tileinfer import (SamplingParams, chat_prompt, generate_batch, load_config,
+                       load_tokenizer)
+from tileinfer.model.random_weights import random_model
+
+MAX_LEN = 512
+TIMEOUT = 120
+MODEL = "tiny-smollm2-shape"
+GENERATION = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
+
+# Writes every field a message may carry, and "(none)" for a null content.
+TEMPLATE = """\
+{%- for m in messages -%}
+<|im_start|>{{ m.role }}{% if m.name is defined %} name={{ m.name }}{% endif %}\
+{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}
+{% if m.content is none %}(none){% else %}{{ m.content }}{% endif %}
+{%- if m.tool_calls is defined %}{% for c in m.tool_calls %} call {{ c.id }} \
+{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{% endif %}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}
+"""
+
+
+@pytest.fixture(scope="module")
+def folder(smollm2_dir, tmp_path_factory):
+    return tiny_folder(smollm2_dir, tmp_path_factory.mktemp("serve-requests"),
+                       generation=GENERATION, template=TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-requests-log") / "server.log"
+    s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "4096",
+                       "--max-running", "4"], log)
+    try:
+        yield s.wait_ready()
+    finally:
+        rc = s.stop()
+    assert rc == 0, s.output()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=TIMEOUT,
+                         max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def offline(folder):
+    model = random_model(load_config(folder), dtype=torch.float32, backend="ref", device="cpu",
+                         max_len=MAX_LEN, seed=0)
+    return model, load_tokenizer(folder)
+
+
+def offline_text(offline, ids, sampling, max_new, seed):
+    model, tok = offline
+    tokens = generate_batch(model, [ids], sampling, max_new, seeds=[seed], num_pages=64)[0]
+    return tok.decode(tokens)
+
+
+def test_omitted_sampling_parameters_take_generation_config(server, folder, client, offline):
+    card = client.models.list().data[0]
+    assert card.sampling_defaults == {**GENERATION,
+                                      "from_generation_config": ["temperature", "top_p", "top_k"]}
+    assert "sampling defaults: temperature 0.6, top_p 0.9, top_k 20 (generation_config.json)" \
+        in server.output()
+    prompt = "Tell me a story"
+    ids = offline[1].encode(prompt)
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                     seed=7).choices[0].text
+    assert text == offline_text(offline, ids, SamplingParams(0.6, top_k=20, top_p=0.9), 16, 7)
+    # A request that sets one keeps the others' defaults.
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, seed=7,
+                                     temperature=1.3).choices[0].text
+    assert text == offline_text(offline, ids, SamplingParams(1.3, top_k=20, top_p=0.9), 16, 7)
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "name": "alice", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+     "content": [{"type": "text", "text": "18 C, "}, {"type": "text", "text": "sunny"}]},
+]
+# What the template gets: the arguments as an object, the text parts joined.
+AS_TEMPLATE_INPUT = [
+    CONVERSATION[0], CONVERSATION[1],
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C, sunny"},
+]
+
+
+def test_names_tool_calls_and_tool_results_reach_the_template(folder, client, offline):
+    prompt = chat_prompt(folder, AS_TEMPLATE_INPUT, add_generation_prompt=True)
+    assert "user name=alice" in prompt and "tool name=get_weather id=call_1" in prompt
+    assert '(none) call call_1 get_weather{"city": "Paris"}' in prompt
+    ids = offline[1].encode(prompt, add_special_tokens=False)
+    answer = client.chat.completions.create(model=MODEL, messages=CONVERSATION, max_tokens=10,
+                                            temperature=0)
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.choices[0].message.content == offline_text(offline, ids, SamplingParams(), 10, 0)
+
+
+def test_messages_that_break_the_roles_rules_get_400(http):
+    cases = [([{"role": "user", "content": None}], "needs content"),
+             ([{"role": "tool", "content": "18 C"}], "needs tool_call_id"),
+             ([{"role": "user", "content": "hi", "tool_call_id": "x"}], "only tool messages"),
+             ([{"role": "user", "content": "hi", "tool_calls": []}], "only assistant messages"),
+             ([{"role": "robot", "content": "hi"}], "messages.0.role")]
+    for messages, reason in cases:
+        r = http.post("/v1/chat/completions", json={"messages": messages})
+        assert r.status_code == 400, r.text
+        assert reason in r.json()["error"]["message"], r.text
