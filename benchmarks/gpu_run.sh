@@ -4,7 +4,8 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests ops bench pdl int8 spec batch batchall mixed sweep sweep32 cublaslt
+#       steps: conformance tests enginetests userpaths ops bench pdl int8 spec batch batchall mixed
+#              sweep sweep32 cublaslt
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -38,6 +39,18 @@ for step in $steps; do
       timeout 500 python3 -m pytest -p no:cacheprovider tests -m gpu -q -rf -p no:randomly -n 4 \
         --ignore=tests/integration/test_conformance.py > "$out/gpu-tests.log" 2>&1
       echo "gpu tests: $(tail -n 1 "$out/gpu-tests.log")" ;;
+    enginetests)  # the GPU tests of the engine's paths (runtime, graphs, speculation, batching)
+      timeout 400 python3 -m pytest -p no:cacheprovider -m gpu -q -rf -p no:randomly -n 4 \
+        tests/tileinfer-core tests/tileinfer-backend-cuda/test_cuda_gpu_graphs.py \
+        > "$out/engine-tests.log" 2>&1
+      echo "engine gpu tests: $(tail -n 1 "$out/engine-tests.log")" ;;
+    userpaths)  # the paths users call: new tileinfer run processes, one-shot generate calls
+      timeout 300 python3 benchmarks/user_paths.py --sections oneshot --backends cuda,triton \
+        > "$out/oneshot.json" 2> "$out/oneshot.err"
+      grep "^oneshot" "$out/oneshot.err"
+      timeout 280 python3 benchmarks/user_paths.py --sections cli --backends cuda,triton \
+        --cli-prompts ${CLI_PROMPTS:-2} > "$out/cli.json" 2> "$out/cli.err"
+      grep "^cli\|^import" "$out/cli.err" ;;
     ops)
       timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"
       echo "ops benchmark: $(wc -l < "$out/ops.json") rows" ;;

@@ -35,7 +35,8 @@ def folder(smollm2_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(folder, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-robustness-log") / "server.log"
-    s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "2048",
+    # --kv-tokens less than one sequence of the model's 512 positions: the pool is raised.
+    s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "256",
                        "--allowed-origins", ORIGIN, "--shutdown-grace", "60"], log)
     try:
         yield s.wait_ready()
@@ -51,15 +52,14 @@ def test_redact_cuts_paths_to_their_last_part():
         assert redact(kept) == kept
 
 
-def test_a_pool_smaller_than_one_sequence_is_refused_at_start(folder):
-    run = subprocess.run([sys.executable, "-m", "tileinfer_cli", "serve", "-m", str(folder),
-                          "--load-format", "dummy", "--threads", "1", "--kv-tokens", "256",
-                          "--port", "0"], capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
-    assert "--max-len 512" in lines[0] and "--kv-tokens 512" in lines[0], lines[0]
-    assert "max_new_tokens" not in lines[0]
+def test_a_pool_smaller_than_one_sequence_holds_one_with_a_note(server):
+    """--kv-tokens 256 with --max-len 512: the model's pool always holds one whole sequence (a
+    request that leaves max_tokens out may fill the context), and the start says so once."""
+    notes = [line for line in server.output().splitlines() if "--kv-tokens 256" in line]
+    assert len(notes) == 1 and "one --max-len 512 sequence" in notes[0], server.output()
+    r = httpx.post(server.url + "/v1/completions",
+                   json={"prompt": "hi", "max_tokens": 500, "stop": []})
+    assert r.status_code == 200, r.text
 
 
 def test_no_chat_template_is_a_400_without_the_folders_path(server, folder):

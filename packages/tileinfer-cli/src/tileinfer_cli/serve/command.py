@@ -168,6 +168,11 @@ def run(args, out):
                        key_smoothing=key_smoothing, memory_fraction=args.memory_fraction,
                        cpu_tokens=args.kv_tokens)
     check_pool_fits_max_len(engine, served.max_len)
+    if args.kv_tokens is not None and args.kv_tokens < served.max_len:
+        print(f"tileinfer: note: --kv-tokens {args.kv_tokens} is less than one --max-len "
+              f"{served.max_len} sequence; the KV pool holds "
+              f"{engine.stats()['pages_total'] * engine.stats()['page_size']} positions",
+              file=sys.stderr)
     engine.warmup()
     server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
                     queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes,
