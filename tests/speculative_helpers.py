@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_params import gpu_backends  # noqa: F401  (the tests import it from here)
 
 from tileinfer.engine.kv.cache import new_cache
 
@@ -16,16 +17,6 @@ def one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def gpu_backends():
-    """The graph-safe CUDA backends, as pytest params marked gpu (or one skipped param)."""
-    from tileinfer.backend.registry import list_backends
-
-    names = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
-             and b.info.graph_safe]
-    return [pytest.param(n, marks=pytest.mark.gpu) for n in names] or [
-        pytest.param("none", marks=pytest.mark.skip(reason="no graph-safe GPU backend"))]
 
 
 def divergence(model, prompt, plain, out) -> str:

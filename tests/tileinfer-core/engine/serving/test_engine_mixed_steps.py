@@ -14,7 +14,7 @@ from tileinfer import LLMEngine, SamplingParams, load_model
 from tileinfer.engine.serving.mixed_steps import (MIXED_MAX_TOKENS, MixedShape, mixed_shape,
                                           padding_lengths, query_bucket, token_bucket)
 from test_engine_exactness import SAMPLINGS, alone, load, mixed_requests, run_engine
-from test_engine_gpu import gpu_backends
+from gpu_params import gpu_backends
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]

@@ -12,7 +12,7 @@ from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.generate import generate_into
 from tileinfer.engine.generation.runner import MAX_PREFILL_BUCKET, ModelRunner, prefill_bucket
 from tileinfer.engine.kv.step import prepare_step
-from test_engine_gpu import gpu_backends
+from gpu_params import gpu_backends
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160

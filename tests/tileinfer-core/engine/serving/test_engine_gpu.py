@@ -7,22 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_params import gpu_backends
 
 from tileinfer import LLMEngine, SamplingParams, generate, kv_pool_pages, load_model
 from tiny_models import prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 160
 SAMPLINGS = [SamplingParams(0.0), SamplingParams(1.0, top_k=40), SamplingParams(0.8, top_p=0.9)]
-
-
-def gpu_backends(names=None):
-    from tileinfer.backend.registry import list_backends
-
-    found = [b.name for b in list_backends() if b.available and "cuda" in b.info.devices
-             and b.info.graph_safe and (names is None or b.name in names)]
-    return [pytest.param(n, marks=pytest.mark.gpu) for n in found] or [
-        pytest.param("none", marks=[pytest.mark.gpu,
-                                    pytest.mark.skip(reason="no graph-safe GPU backend")])]
 
 
 def load(tiny, backend, dtype=torch.bfloat16):
