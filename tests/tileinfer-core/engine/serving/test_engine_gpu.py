@@ -45,11 +45,14 @@ def run(engine, reqs):
 def test_graph_replays_equal_the_same_steps_run_eagerly(tiny, backend):
     model = load(tiny, backend)
     reqs = requests()
-    graphed = LLMEngine(model, num_pages=64, max_running=8, max_step_tokens=64, graphs=True)
+    # Without prefix caching: the second engine would find the first one's prompts in the
+    # model's pool, and steps of other shapes may round differently in bf16.
+    graphed = LLMEngine(model, num_pages=64, max_running=8, max_step_tokens=64, graphs=True,
+                        prefix_caching=False, static_mixed=False)
     out = run(graphed, reqs)
     assert graphed.stats()["graph_replays"] > 50
     eager = LLMEngine(model, num_pages=64, max_running=8, max_step_tokens=64, graphs=False,
-                      static_decode=True)
+                      static_decode=True, prefix_caching=False)
     assert run(eager, reqs) == out
     graphed.close()
 
@@ -70,7 +73,7 @@ def test_batch_of_one_with_graphs_equals_generate(tiny, backend):
 def test_float32_batch_equals_each_request_alone(tiny, backend):
     model = load(tiny, backend, torch.float32)
     reqs = requests()
-    engine = LLMEngine(model, num_pages=24, max_running=8, max_step_tokens=48)  # preempts
+    engine = LLMEngine(model, num_pages=23, max_running=8, max_step_tokens=48)  # preempts
     out = run(engine, reqs)
     assert engine.stats()["preemptions"] > 0
     assert out == [generate(model, r["prompt_ids"], r["max_new_tokens"], r["sampling"],
@@ -93,6 +96,7 @@ def test_pool_is_sized_from_free_gpu_memory(tiny, backend):
     with pytest.raises(ValueError, match="no memory left for the KV cache"):
         kv_pool_pages(model, fraction=(total - free) / total / 2)
     engine = LLMEngine(model, memory_fraction=fraction, max_running=8)
-    assert engine.stats()["pages_total"] == engine.cache.num_pages > 0
+    # The pool's pages for requests: all but the runtime's scratch page.
+    assert engine.stats()["pages_total"] == engine.cache.num_pages - 1 > 0
     assert run(engine, requests()[:2])
     engine.close()
