@@ -15,11 +15,13 @@ from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
 
 EPILOG = """\
 The prompt comes from the command line, from --file, or from standard input ("-", or when no
-prompt is given and standard input is not a terminal).
+prompt is given and standard input is not a terminal). Text piped in beside a prompt argument
+comes first, then a blank line, then the argument: cat notes.txt | tileinfer run "Summarize".
 
 examples:
   tileinfer run "What is the capital of France?"
   echo "What is the capital of France?" | tileinfer run
+  cat notes.txt | tileinfer run "Summarize these notes in three bullets."
   tileinfer run -m Qwen/Qwen3-0.6B --system "Answer in one word." "Capital of Italy?"
   tileinfer run -f question.txt --stop $'\\n\\n' --max-new-tokens 200
   tileinfer run --json "Name three colours" | jq -r .text
@@ -68,6 +70,8 @@ def prompt_and_model(args) -> tuple[str, str | None]:
         prompt = read_file(args.file)
     elif words and words[-1] != "-":
         prompt = words[-1]
+        if not stdin_is_terminal():
+            prompt = joined_with_stdin(prompt)
     elif words or not stdin_is_terminal():
         prompt = read_stdin()
     else:
@@ -75,6 +79,13 @@ def prompt_and_model(args) -> tuple[str, str | None]:
     if not prompt.strip():
         raise UserError("the prompt is empty")
     return prompt.strip("\n"), model
+
+
+def joined_with_stdin(prompt: str) -> str:
+    """Piped text first, a blank line, then the prompt (``cat notes.txt | tileinfer run
+    "Summarize"``), as simonw's llm joins them; the prompt alone when nothing was piped."""
+    piped = read_stdin().strip("\n")
+    return f"{piped}\n\n{prompt}" if piped.strip() else prompt
 
 
 def run(args, out):
