@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
 from .gguf_tokenizer import build_tokenizer, generation_config_from
+from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
 from .paths import models_home
 
@@ -312,13 +313,13 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     vocab_size = int(meta.get("llama.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
     config = _config(meta, arch, vocab_size, tied, rope_freqs, dtype)
+    out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
+    clean_interrupted_imports(out_dir.parent)
+    check_room(out_dir.parent, output_bytes(reader, dtype.itemsize), path.name)
     tensors = _weights(reader, path, config, dtype, bar)
     _check_shapes(tensors, config, path)
     bar.set_description(f"importing {path.name}: writing the model folder")
 
-    out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    clean_interrupted_imports(out_dir.parent)
     staging = staging_dir(out_dir)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -345,6 +346,10 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
+    except OSError as e:  # a disk that filled up meanwhile, a folder made read-only
+        shutil.rmtree(staging, ignore_errors=True)
+        raise GGUFImportError(f"writing {out_dir} failed ({e.strerror or e}); the import "
+                              "did not complete") from e
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
