@@ -26,7 +26,7 @@ examples:
   tileinfer chat
   tileinfer chat Qwen/Qwen3-0.6B --no-think
   tileinfer chat -m SmolLM2-135M-Instruct --system "You are a pirate." --temperature 0.8
-  tileinfer chat --temperature 0.7 --stop "User:"
+  tileinfer chat -o temperature 0.7 -o top_p 0.9 --stop "User:"
   printf 'Hi\\n/set temperature 0\\nName a colour\\n' | tileinfer chat
 """
 

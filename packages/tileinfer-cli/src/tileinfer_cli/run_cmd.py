@@ -26,6 +26,7 @@ examples:
   tileinfer run -f question.txt --stop $'\\n\\n' --max-new-tokens 200
   tileinfer run --json "Name three colours" | jq -r .text
   tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
+  tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
 
 --json prints one object: text, tokens (the answer's token ids), prompt_tokens, finish_reason
 ("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),

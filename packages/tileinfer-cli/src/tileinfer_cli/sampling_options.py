@@ -43,7 +43,7 @@ class OptionAction(argparse.Action):
         try:
             attr, checked = parsed(key, value)
         except UserError as e:
-            parser.error(f"argument {option_string}: {e}")
+            raise argparse.ArgumentError(self, str(e)) from None
         setattr(namespace, attr, checked)
 
 
