@@ -19,6 +19,7 @@ from .errors import UserError
 from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
     sampling_from
 from .session import ContextFull, chat_turn, new_session
+from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text
 
 EPILOG = """\
@@ -40,6 +41,7 @@ def add_parser(sub, formatter):
                    "conversation (kept by /reset)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a reply where the model writes TEXT (not printed; repeatable)")
+    add_template_options(p, raw=False)
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
@@ -55,9 +57,11 @@ def run(args, out):
     stops = [checked_text(s, "--stop") for s in args.stop]
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
+    check_template_options(args)
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
-    session = new_session(args, model, tokenizer, sampling, stop_ids)
+    session = new_session(args, model, tokenizer, sampling, stop_ids,
+                          template=template_from(args, folder))
     reader, console = open_input()
     if console is not None:
         print(f"{folder.name} on {model.ops.name} ({model.device}). {HELP}", file=console)

@@ -11,6 +11,7 @@ from .errors import UserError
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from)
 from .stops import StopStringFound, StopWriter
+from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
 
 EPILOG = """\
@@ -25,6 +26,8 @@ examples:
   tileinfer run -m Qwen/Qwen3-0.6B --system "Answer in one word." "Capital of Italy?"
   tileinfer run -f question.txt --stop $'\\n\\n' --max-new-tokens 200
   tileinfer run --json "Name three colours" | jq -r .text
+  tileinfer run --raw "The three primary colours are"     no chat template: plain completion
+  tileinfer run --chat-template chatml.jinja "Hi"
   tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
   tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
 
@@ -50,6 +53,7 @@ def add_parser(sub, formatter):
                    help="print one JSON object after the answer instead of streaming it")
     p.add_argument("--stats", action="store_true",
                    help="print token counts and speed to standard error after")
+    add_template_options(p, raw=True)
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
@@ -95,15 +99,21 @@ def run(args, out):
     stops = [checked_text(s, "--stop") for s in args.stop]
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
+    check_template_options(args)
     started = time.perf_counter()
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
-    template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
-    messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", prompt)]
-    text = chat_prompt(folder, messages, add_generation_prompt=True, **template_kwargs)
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    template = template_from(args, folder)
+    if template is None:
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    else:
+        template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
+        messages = (([ChatMessage("system", system)] if system else [])
+                    + [ChatMessage("user", prompt)])
+        text = chat_prompt(template, messages, add_generation_prompt=True, **template_kwargs)
+        ids = tokenizer.encode(text, add_special_tokens=False)
     room = model.max_len - len(ids)
     if room < 1:
         raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
