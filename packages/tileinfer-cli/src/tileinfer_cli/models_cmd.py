@@ -8,6 +8,8 @@ imports.
 
 from __future__ import annotations
 
+import json
+
 from .errors import UserError
 
 PULL_EPILOG = """\
@@ -37,6 +39,8 @@ def add_parser(sub, formatter):
 
     p = sub.add_parser("list", help="list pulled, imported and default models",
                        formatter_class=formatter)
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list: name, kind, revision, size_bytes, path")
     p.set_defaults(func=list_)
 
     p = sub.add_parser("rm", help="remove a pulled or imported model (and killed imports' "
@@ -73,24 +77,30 @@ def list_(args, out):
     from tileinfer.io.hub import list_models
     from tileinfer.io.local_models import list_local_models
 
-    rows = [(m.repo_id, f"pulled, {m.revision[:12]}", _size(m.size_bytes), str(m.path))
-            for m in list_models()]
+    rows = [{"name": m.repo_id, "kind": "pulled", "revision": m.revision,
+             "size_bytes": m.size_bytes, "path": str(m.path)} for m in list_models()]
     local = list_local_models()
     for m in local:
         kind = "default, imported" if m.name == DEFAULT_MODEL_NAME else "imported"
-        rows.append((m.name, kind, _size(m.size_bytes), str(m.path)))
+        rows.append({"name": m.name, "kind": kind, "revision": None,
+                     "size_bytes": m.size_bytes, "path": str(m.path)})
     if DEFAULT_MODEL_NAME not in {m.name for m in local}:
         try:
             source = default_gguf_path()
-            rows.append((DEFAULT_MODEL_NAME, "default, imported on first use",
-                         _size(source.stat().st_size), str(source)))
+            rows.append({"name": DEFAULT_MODEL_NAME, "kind": "default, imported on first use",
+                         "revision": None, "size_bytes": source.stat().st_size,
+                         "path": str(source)})
         except DefaultModelUnavailable:
             pass
+    if args.json:
+        print(json.dumps(rows, indent=2), file=out)
+        return 0
     if not rows:
         print("no models here yet: tileinfer pull OWNER/NAME, or tileinfer import FILE.gguf",
               file=out)
-    for name, kind, size, path in rows:
-        print(f"{name:<40} {kind:<32} {size:>9}  {path}", file=out)
+    for r in rows:
+        kind = f"pulled, {r['revision'][:12]}" if r["kind"] == "pulled" else r["kind"]
+        print(f"{r['name']:<40} {kind:<32} {_size(r['size_bytes']):>9}  {r['path']}", file=out)
     return 0
 
 

@@ -4,7 +4,8 @@ The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its
 folder gets config.json (model_type llama, from the GGUF metadata), model.safetensors (bf16 by
 default), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, merges and token
 types), tokenizer_config.json (chat template, BOS/EOS), generation_config.json and import.json
-(where it came from, and the importer version, so a stale import can be redone).
+(where it came from, its license, name and tensor types, and the importer version, so a stale
+import can be redone).
 
 An import writes into a hidden staging folder ``.NAME.importing-PID`` beside the target and
 renames it into place when complete. One that was killed (SIGKILL, a power cut) leaves that
@@ -35,7 +36,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
+from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf, source_summary
 from .gguf_tokenizer import build_tokenizer, generation_config_from
 from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
@@ -341,7 +342,8 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         stat = path.stat()
         _write_json(
             staging / "import.json",
-            {"source": str(path.resolve()), "source_size": stat.st_size, "importer_version": IMPORTER_VERSION},
+            {"source": str(path.resolve()), "source_size": stat.st_size, "importer_version": IMPORTER_VERSION,
+             **source_summary(reader, path)},
         )
         if out_dir.exists():
             shutil.rmtree(out_dir)
