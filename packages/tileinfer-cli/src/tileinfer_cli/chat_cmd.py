@@ -16,9 +16,10 @@ import sys
 from .chat_commands import HELP, Commands
 from .chat_input import open_input, read_turn
 from .errors import UserError
+from .logs import Log, add_log_flag, conversation, new_conversation_id, options_of
 from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
     sampling_from
-from .session import ContextFull, chat_turn, new_session
+from .session import ContextFull, chat_turn, new_session, replay
 from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text
 
@@ -29,6 +30,7 @@ examples:
   tileinfer chat -m SmolLM2-135M-Instruct --system "You are a pirate." --temperature 0.8
   tileinfer chat -o temperature 0.7 -o top_p 0.9 --stop "User:"
   printf 'Hi\\n/set temperature 0\\nName a colour\\n' | tileinfer chat
+  tileinfer chat --continue                   go on with the latest logged conversation
 """
 
 
@@ -41,6 +43,12 @@ def add_parser(sub, formatter):
                    "conversation (kept by /reset)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a reply where the model writes TEXT (not printed; repeatable)")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--continue", "-c", dest="continue_", action="store_true",
+                        help="go on with the latest logged conversation")
+    resume.add_argument("--cid", metavar="ID",
+                        help="go on with the logged conversation ID (tileinfer logs shows ids)")
+    add_log_flag(p)
     add_template_options(p, raw=False)
     add_model_options(p)
     add_sampling_options(p)
@@ -58,14 +66,26 @@ def run(args, out):
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
     check_template_options(args)
+    resuming = args.continue_ or args.cid is not None
+    if resuming:  # before loading: an unknown id is one line at once
+        cid, rows = conversation(args.cid)
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
     session = new_session(args, model, tokenizer, sampling, stop_ids,
                           template=template_from(args, folder))
+    log, state = Log(args, "chat"), {"cid": cid if resuming else new_conversation_id()}
+    if resuming:
+        replay(session, rows, args.system)
     reader, console = open_input()
     if console is not None:
         print(f"{folder.name} on {model.ops.name} ({model.device}). {HELP}", file=console)
-    commands = Commands(session, args, out)
+        if resuming:
+            print(f"(conversation {state['cid']}: {len(rows)} earlier turns)", file=console)
+
+    def new_conversation():
+        state["cid"] = new_conversation_id()
+
+    commands = Commands(session, args, out, on_reset=new_conversation)
     while True:
         try:
             text = read_turn(reader.read_line).strip()
@@ -83,8 +103,15 @@ def run(args, out):
                 return 0
             continue
         try:
-            commands.last = chat_turn(session, text, args.max_new_tokens, stops, out)
+            turn = commands.last = chat_turn(session, text, args.max_new_tokens, stops, out)
             print(file=out)
+            out.flush()
+            log.write(state["cid"], model=folder.name, backend=model.ops.name,
+                      system=session.system, prompt=text, answer=turn.text,
+                      options=options_of(args, session.sampling, stops, seed=session.seed),
+                      prompt_tokens=turn.prompt_tokens, answer_tokens=len(turn.tokens),
+                      time_to_first_token=turn.time_to_first_token, seconds=turn.seconds,
+                      finish_reason=turn.finish)
             if commands.last.finish == "context":
                 print(f"(the reply was cut: the conversation filled the {session.max_tokens} "
                       "tokens of --max-len; /reset starts over, or start the chat again with "

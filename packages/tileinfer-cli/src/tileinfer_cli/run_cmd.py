@@ -8,6 +8,7 @@ import sys
 import time
 
 from .errors import UserError
+from .logs import Log, add_log_flag, new_conversation_id, options_of
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from)
 from .stops import StopStringFound, StopWriter
@@ -31,7 +32,8 @@ examples:
   tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
   tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
 
---json prints one object: text, tokens (the answer's token ids), prompt_tokens, finish_reason
+--json prints one object: text, tokens (the answer's token ids), prompt_tokens, conversation_id
+(the log's: tileinfer logs --cid ID), finish_reason
 ("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),
 stop (the stop string found, or null), model, backend and timings in seconds (load,
 time_to_first_token, generate) with tokens_per_second.
@@ -53,6 +55,7 @@ def add_parser(sub, formatter):
                    help="print one JSON object after the answer instead of streaming it")
     p.add_argument("--stats", action="store_true",
                    help="print token counts and speed to standard error after")
+    add_log_flag(p)
     add_template_options(p, raw=True)
     add_model_options(p)
     add_sampling_options(p)
@@ -147,9 +150,11 @@ def run(args, out):
     finish = "stop" if writer.found is not None or len(new) < limit else "length"
     decode_s = done - first[0] if first else 0.0
     rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else 0.0
+    cid = new_conversation_id()
     if args.json:
         print(json.dumps({
             "text": writer.text, "tokens": new, "prompt_tokens": len(ids),
+            "conversation_id": cid,
             "finish_reason": finish, "stop": writer.found, "model": str(folder),
             "backend": model.ops.name,
             "timings": {"load": round(loaded - started, 4),
@@ -159,6 +164,13 @@ def run(args, out):
         }, ensure_ascii=False), file=out)
     else:
         print(file=out)
+    out.flush()
+    Log(args, "run").write(cid, model=folder.name, backend=model.ops.name, system=system,
+                           prompt=prompt, answer=writer.text,
+                           options=options_of(args, sampling, stops), prompt_tokens=len(ids),
+                           answer_tokens=len(new),
+                           time_to_first_token=first[0] - loaded if first else None,
+                           seconds=seconds, finish_reason=finish)
     if args.stats:
         print(f"[{len(ids)} prompt tokens, {len(new)} generated ({finish}), "
               f"{len(new) / seconds if seconds > 0 else 0.0:.1f} tok/s, backend "

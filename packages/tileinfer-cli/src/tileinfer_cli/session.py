@@ -91,3 +91,16 @@ def chat_turn(session, text: str, max_new_tokens: int, stops, out) -> Turn:
     return Turn(writer.text if reply is None else reply, tokens, prompt, stats.reused if stats else None, finish,
                 writer.found, time.perf_counter() - start, first[0] if first else None,
                 stats.spec if stats else None)
+
+
+def replay(session, rows, system=None):
+    """Put a logged conversation (``rows``, oldest first) into ``session``: its system message
+    (unless ``system`` replaces it) and each prompt and answer; the next turn prefills them once
+    and later turns reuse them from the cache."""
+    from tileinfer import ChatMessage
+
+    session.system = system if system is not None else rows[0]["system"]
+    messages = [ChatMessage("system", session.system)] if session.system else []
+    for r in rows:
+        messages += [ChatMessage("user", r["prompt"]), ChatMessage("assistant", r["answer"])]
+    session.messages = messages
