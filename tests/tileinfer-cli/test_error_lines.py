@@ -107,7 +107,7 @@ def test_disk_filling_up_while_writing_keeps_the_previous_import(tmp_path, monke
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(g, "save_file", full)
-    code, err = run_main(capsys, "import", str(tiny_gguf_file))
+    code, err = run_main(capsys, "import", str(tiny_gguf_file), "--force")
     assert code == 2 and len(err) == 1, err
     assert "No space left on device" in err[0] and "the import did not complete" in err[0]
     assert {f.name: f.read_bytes() for f in folder.iterdir()} == before

@@ -27,6 +27,7 @@ IMPORT_EPILOG = """\
 examples:
   tileinfer import ~/Downloads/Llama-3.2-1B-Instruct-Q8_0.gguf
   tileinfer import model.gguf --name llama1b && tileinfer run -m llama1b "Hi"
+  tileinfer import model.gguf --force         convert again over the earlier import
 """
 
 
@@ -53,6 +54,8 @@ def add_parser(sub, formatter):
                        epilog=IMPORT_EPILOG, formatter_class=formatter)
     p.add_argument("path", help="the .gguf file")
     p.add_argument("--name", help="the model's name (default: the file's name without .gguf)")
+    p.add_argument("--force", action="store_true",
+                   help="convert again over a model of that name (default: keep it and say so)")
     p.set_defaults(func=import_)
 
 
@@ -136,8 +139,26 @@ def rm(args, out):
 
 
 def import_(args, out):
-    from tileinfer.io.gguf_import import import_gguf
+    import json
+    from pathlib import Path
 
-    path = import_gguf(args.path, name=args.name)
-    print(f"imported {args.path} as {path.name} into {path}", file=out)
+    from tileinfer.io.gguf_import import import_gguf, is_current_import
+    from tileinfer.io.local_models import is_plain_name, local_model_dir
+
+    path = Path(args.path).expanduser()
+    name = args.name or path.stem
+    existing = local_model_dir(name) if is_plain_name(name) else None
+    if existing is not None and not args.force and path.is_file():
+        if is_current_import(existing, path):
+            print(f"{name} is already imported from {args.path} (in {existing}); --force "
+                  "converts it again", file=out)
+            return 0
+        try:
+            source = json.loads((existing / "import.json").read_text())["source"]
+        except (OSError, ValueError, KeyError, TypeError):
+            source = "another file"
+        raise UserError(f"a model named {name} exists already (from {source}): --name NAME "
+                        "imports under another name, --force replaces it")
+    folder = import_gguf(path, name=args.name)
+    print(f"imported {args.path} as {folder.name} into {folder}", file=out)
     return 0

@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import threading
+import warnings
 from pathlib import Path
 
 import gguf
@@ -46,6 +47,10 @@ from .paths import models_home
 IMPORTER_VERSION = 1
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+class GGUFImportWarning(UserWarning):
+    """Something in the file that the import went on with but that may not be what was meant."""
 
 
 # GGUF tensor name (after "blk.N.") -> HF llama parameter name (after "model.layers.N.").
@@ -204,6 +209,10 @@ def _weights(reader, path: Path, config: dict, dtype: torch.dtype, bar=None) -> 
             w = unpermute_qk(w, config["num_key_value_heads"])
         if not w.flags.writeable:  # F32 tensors are read-only views of the memory-mapped file
             w = w.copy()
+        if not np.issubdtype(w.dtype, np.floating):
+            warnings.warn(f"{path.name}: tensor {t.name} holds {w.dtype} integers, not weights of "
+                          f"a float or quantized type; cast to {str(dtype).removeprefix('torch.')}",
+                          GGUFImportWarning, stacklevel=2)
         tensors[name] = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
     return tensors
 
@@ -272,6 +281,14 @@ def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def _readable_like_the_others(file: Path) -> None:
+    """safetensors writes its file 0600; give it the mode the umask gives new files (0644 under
+    umask 022), like the JSON files beside it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(file, 0o666 & ~mask)
+
+
 def import_gguf(
     path: str | Path,
     out_dir: str | Path | None = None,
@@ -326,6 +343,7 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     staging.mkdir()
     try:
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        _readable_like_the_others(staging / "model.safetensors")
         tokenizer.save(str(staging / "tokenizer.json"))
         tokenizer_config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
