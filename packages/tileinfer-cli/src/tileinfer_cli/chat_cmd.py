@@ -15,6 +15,7 @@ import sys
 
 from .chat_commands import HELP, Commands
 from .chat_input import open_input, read_turn
+from .cli_words import in_cli_words
 from .errors import UserError
 from .logs import Log, add_log_flag, conversation, new_conversation_id, options_of
 from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
@@ -123,4 +124,4 @@ def run(args, out):
         except BrokenPipeError:
             raise
         except Exception as exc:  # a failed turn leaves the session usable
-            print(f"\nerror: {exc}", file=out)
+            print(f"\nerror: {in_cli_words(str(exc))}", file=out)

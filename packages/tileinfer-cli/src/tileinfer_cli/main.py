@@ -15,6 +15,7 @@ import threading
 import warnings
 
 from . import backends_cmd, bench_cmd, chat_cmd, logs_cmd, models_cmd, run_cmd, show_cmd
+from .cli_words import in_cli_words
 from .errors import UserError, user_errors
 from .parsing import HelpFormatter, Parser
 from .plugin_errors import failing_op
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"tileinfer: warning: {message}", file=sys.stderr)
+    print(f"tileinfer: warning: {in_cli_words(str(message))}", file=sys.stderr)
 
 
 def _terminate(signum, frame):
@@ -122,5 +123,5 @@ def _first_line(exc) -> str:
 
 
 def _report(exc) -> int:
-    print(f"tileinfer: error: {_first_line(exc)}", file=sys.stderr)
+    print(f"tileinfer: error: {in_cli_words(_first_line(exc))}", file=sys.stderr)
     return 2
