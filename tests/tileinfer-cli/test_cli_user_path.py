@@ -349,12 +349,12 @@ def test_max_len_beyond_the_models_positions(home):
     # Before: --max-len 20000 beyond SmolLM2's 8,192 positions was accepted without a word, and
     # --max-len 1000000000 ran for minutes and died of memory.
     assert_one_line_error(tileinfer("run", "--max-len", "20000", "hi", env=home),
-                          "max_len 20000 exceeds the model's 8192 positions")
+                          "--max-len 20000 exceeds the model's 8192 positions")
     result = tileinfer("run", "--max-len", "1000000000", "--allow-long-context", "hi", env=home,
                        timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     warning, error = [line for line in result.stderr.splitlines() if line.strip()]
-    assert warning.startswith("tileinfer: warning: max_len 1000000000 exceeds")
+    assert warning.startswith("tileinfer: warning: --max-len 1000000000 exceeds")
     assert re.match(r"tileinfer: error: loading .* needs about .* but only .* is available",
                     error)
 

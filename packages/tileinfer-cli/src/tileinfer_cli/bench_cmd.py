@@ -5,6 +5,7 @@ of N requests on the serving engine (bench_batch.py). Prints a table and JSON li
 from __future__ import annotations
 
 import json
+import sys
 
 from .errors import UserError
 from .options import DTYPES, default_threads, torch_dtype
@@ -73,13 +74,17 @@ def run(args, out):
     quantize = "int8" if args.int8 else None
     kv = None if args.kv_cache == "bf16" else "int8"
     max_len = args.prompt_len + args.new_tokens + 64
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    what = f"loading {args.model}" if args.model else f"making random weights of {args.shape}"
+    _progress(f"{what} ({args.dtype}{', int8' if args.int8 else ''}) for backend {backend} on "
+              f"{device}" + ("; on the CPU each run takes a while" if device == "cpu" else ""))
     if args.model:
         model = load_model(args.model, dtype=torch_dtype(args.dtype), backend=backend,
                            max_len=max_len, quantize=quantize)
         name = args.model
     else:
         model = random_model(shape_config(args.shape), torch_dtype(args.dtype), backend,
-                             "cuda" if torch.cuda.is_available() else "cpu", quantize, max_len)
+                             device, quantize, max_len)
         name = args.shape
     on_gpu = model.device.type == "cuda"
     if not on_gpu and (args.graphs != "off" or args.pipeline != "off"):
@@ -88,6 +93,7 @@ def run(args, out):
         else:
             raise UserError("CUDA graphs and pipelining need a GPU; use --graphs off --pipeline off")
     if args.batch:
+        _progress(f"measuring a static batch of {args.batch}: a warm-up and {args.repeats} runs")
         return _run_batch(args, model, name, kv, out)
     bandwidth = copy_bandwidth(model.device) if on_gpu else None
     per_token = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv)
@@ -97,8 +103,11 @@ def run(args, out):
         for pipeline in _flags(args.pipeline):
             if pipeline and not graphs:
                 continue  # pipelining feeds the sampled token into the captured step
+            _progress(f"measuring {args.prompt_len} prompt + {args.new_tokens} new tokens, "
+                      f"graphs {'on' if graphs else 'off'}, pipeline {'on' if pipeline else 'off'}:"
+                      f" 2 warm-ups and {args.repeats} runs")
             r = bench_generation(model, args.prompt_len, args.new_tokens, graphs, pipeline, kv,
-                                 args.repeats)
+                                 args.repeats, progress=_progress)
             r.update(model=name, bytes_per_token=per_token, device=str(model.device),
                      weight_bytes=memory["weight_bytes"],
                      kv_bytes_per_token=memory["kv_bytes_per_token"],
@@ -112,6 +121,11 @@ def run(args, out):
     _print_table(rows, out)
     _write_json(rows, args.json, out)
     return 0
+
+
+def _progress(text):
+    """A line on standard error as the work goes (the table and JSON go to standard output)."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def _write_json(rows, path, out):

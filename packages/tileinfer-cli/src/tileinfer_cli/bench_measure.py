@@ -51,8 +51,10 @@ def synchronize(device):
 
 def bench_generation(model, prompt_len: int = 16, new_tokens: int = 256,
                      graphs: bool | None = None, pipeline: bool | None = None,
-                     kv_quantize: str | None = None, repeats: int = 3) -> dict:
-    """Prefill and decode throughput at batch 1 (greedy, no stop tokens), medians of repeats."""
+                     kv_quantize: str | None = None, repeats: int = 3, progress=None) -> dict:
+    """Prefill and decode throughput at batch 1 (greedy, no stop tokens), medians of repeats.
+    progress(text), if given, hears of each warm-up and timed run as it ends."""
+    say = progress or (lambda text: None)
     # Room for the prefill's padding too (engine/generation/runner.py prefill_bucket): a pool that holds
     # the prompt but not its bucket would run the prefill eagerly.
     prefill_len = max(prompt_len, prefill_bucket(prompt_len) or 0)
@@ -77,9 +79,16 @@ def bench_generation(model, prompt_len: int = 16, new_tokens: int = 256,
         assert len(out) == n_new
         return first[0] - start, end - first[0]
 
-    for _ in range(2):  # warm-up: compiles kernels, captures graphs (a prefill's on its 2nd use)
+    for i in range(2):  # warm-up: compiles kernels, captures graphs (a prefill's on its 2nd use)
         one_run(min(8, new_tokens))
-    runs = sorted(one_run(new_tokens) for _ in range(repeats))
+        say(f"warm-up {i + 1}/2 done")
+    runs = []
+    for i in range(repeats):
+        runs.append(one_run(new_tokens))
+        ttft, decode = runs[-1]
+        say(f"run {i + 1}/{repeats}: first token after {ttft * 1e3:.1f} ms, decode "
+            f"{(new_tokens - 1) / decode if decode > 0 else 0:.1f} tok/s")
+    runs.sort()
     prefill_s, decode_s = runs[len(runs) // 2]
     result = dict(prompt_len=prompt_len, new_tokens=new_tokens, graphs=runner.graphs,
                   pipeline=pipeline, kv_cache=kv_quantize or str(model.dtype).split(".")[-1],

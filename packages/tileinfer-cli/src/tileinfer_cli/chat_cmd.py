@@ -1,50 +1,60 @@
 """``tileinfer chat [MODEL]``: an interactive conversation.
 
-Commands: /reset clears the conversation, /stats shows the last turn's statistics, /exit quits.
-Ctrl-C while the model replies stops the reply and keeps the conversation as it was before it;
-Ctrl-C or end of input at the prompt quits.
+On a terminal the line is edited with the arrow keys and kept in a history (Up recalls earlier
+messages); a paste of several lines is one message, and so is a block between two \"\"\" lines.
+Commands: /set KEY VALUE changes a sampling option (temperature, top_p, top_k, seed,
+max_tokens), /set system TEXT the system message, /reset clears the conversation, /stats shows
+the last turn's statistics, /help lists them, /exit quits. Ctrl-C while the model replies stops
+the reply and keeps the conversation as it was before it; Ctrl-C or Ctrl-D at the prompt quits.
+Piped in (not a terminal), each line is a message and no prompt is written.
 """
 
 from __future__ import annotations
 
 import sys
 
+from .chat_commands import HELP, Commands
+from .chat_input import open_input, read_turn
+from .cli_words import in_cli_words
 from .errors import UserError
-from .options import (add_model_options, add_sampling_options, add_speculative_options, load,
-                      sampling_from)
-from .session import new_session
-from .text_input import checked_text, decoded
-
-HELP = "commands: /reset  /stats  /exit   (Ctrl-C stops a reply)"
+from .logs import Log, add_log_flag, conversation, new_conversation_id, options_of
+from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
+    sampling_from
+from .session import ContextFull, chat_turn, new_session, replay
+from .templates import add_template_options, check_template_options, template_from
+from .text_input import checked_text
 
 EPILOG = """\
 examples:
   tileinfer chat
   tileinfer chat Qwen/Qwen3-0.6B --no-think
   tileinfer chat -m SmolLM2-135M-Instruct --system "You are a pirate." --temperature 0.8
+  tileinfer chat -o temperature 0.7 -o top_p 0.9 --stop "User:"
+  printf 'Hi\\n/set temperature 0\\nName a colour\\n' | tileinfer chat
+  tileinfer chat --continue                   go on with the latest logged conversation
 """
 
 
 def add_parser(sub, formatter):
-    p = sub.add_parser("chat", help="chat interactively (/reset, /stats, /exit)",
+    p = sub.add_parser("chat", help="chat interactively (/set, /reset, /stats, /exit)",
                        description=__doc__.split("\n\n", 1)[1], epilog=EPILOG,
                        formatter_class=formatter)
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help="model (or use --model)")
     p.add_argument("--system", "-s", metavar="TEXT", help="a system message that starts the "
                    "conversation (kept by /reset)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a reply where the model writes TEXT (not printed; repeatable)")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--continue", "-c", dest="continue_", action="store_true",
+                        help="go on with the latest logged conversation")
+    resume.add_argument("--cid", metavar="ID",
+                        help="go on with the logged conversation ID (tileinfer logs shows ids)")
+    add_log_flag(p)
+    add_template_options(p, raw=False)
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
     p.set_defaults(func=run)
-
-
-def _read(prompt, out):
-    out.write(prompt)
-    out.flush()
-    line = sys.stdin.buffer.readline()
-    if not line:
-        raise EOFError
-    return decoded(line, "the line").rstrip("\r\n")
 
 
 def run(args, out):
@@ -53,48 +63,65 @@ def run(args, out):
     args.model = args.model or args.model_pos
     if args.system is not None:
         checked_text(args.system, "--system")
+    stops = [checked_text(s, "--stop") for s in args.stop]
+    if any(not s for s in stops):
+        raise UserError("--stop needs a non-empty text")
+    check_template_options(args)
+    resuming = args.continue_ or args.cid is not None
+    if resuming:  # before loading: an unknown id is one line at once
+        cid, rows = conversation(args.cid)
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
-    session, stream = new_session(args, model, tokenizer, sampling, stop_ids, out)
-    print(f"{folder.name} on {model.ops.name} ({model.device}). {HELP}", file=out)
-    last = None
+    session = new_session(args, model, tokenizer, sampling, stop_ids,
+                          template=template_from(args, folder))
+    log, state = Log(args, "chat"), {"cid": cid if resuming else new_conversation_id()}
+    if resuming:
+        replay(session, rows, args.system)
+    reader, console = open_input()
+    if console is not None:
+        print(f"{folder.name} on {model.ops.name} ({model.device}). {HELP}", file=console)
+        if resuming:
+            print(f"(conversation {state['cid']}: {len(rows)} earlier turns)", file=console)
+
+    def new_conversation():
+        state["cid"] = new_conversation_id()
+
+    commands = Commands(session, args, out, on_reset=new_conversation)
     while True:
         try:
-            text = _read(">>> ", out).strip()
+            text = read_turn(reader.read_line).strip()
         except (EOFError, KeyboardInterrupt):
-            print(file=out)
+            if console is not None:
+                print(file=console)
             return 0
         except UserError as e:  # a line that is not UTF-8: say so, keep the conversation
             print(f"tileinfer: error: {e}", file=sys.stderr)
             continue
         if not text:
             continue
-        if text in ("/exit", "/quit", "/bye"):
-            return 0
-        if text == "/reset":
-            session.reset()
-            print("(conversation cleared)", file=out)
-            continue
-        if text == "/stats":
-            if last is None:
-                print("(no turn yet)", file=out)
-            else:
-                print(f"reused {last.reused} cached prompt tokens, prefilled {last.prefilled}, "
-                      f"generated {last.generated} at {last.tokens_per_second:.1f} tok/s; "
-                      f"{len(session.seq)} tokens cached", file=out)
-                if last.spec is not None:
-                    print(last.spec.summary(), file=out)
-            continue
         if text.startswith("/"):
-            print(f"unknown command {text!r}; {HELP}", file=out)
+            if not commands(text):
+                return 0
             continue
         try:
-            _, last = session.reply(text, args.max_new_tokens, on_token=stream.put)
-            stream.end()
+            turn = commands.last = chat_turn(session, text, args.max_new_tokens, stops, out)
             print(file=out)
+            out.flush()
+            log.write(state["cid"], model=folder.name, backend=model.ops.name,
+                      system=session.system, prompt=text, answer=turn.text,
+                      options=options_of(args, session.sampling, stops, seed=session.seed),
+                      prompt_tokens=turn.prompt_tokens, answer_tokens=len(turn.tokens),
+                      time_to_first_token=turn.time_to_first_token, seconds=turn.seconds,
+                      finish_reason=turn.finish)
+            if commands.last.finish == "context":
+                print(f"(the reply was cut: the conversation filled the {session.max_tokens} "
+                      "tokens of --max-len; /reset starts over, or start the chat again with "
+                      "a larger --max-len)", file=out)
+        except ContextFull as e:
+            print(f"({e})", file=out)
         except KeyboardInterrupt:
-            stream.end()
             print("\n(stopped; the conversation is as before this message)", file=out)
+        except BrokenPipeError:
+            raise
         except Exception as exc:  # a failed turn leaves the session usable
-            stream.end()
-            print(f"\nerror: {exc}", file=out)
+            print(f"\nerror: {in_cli_words(str(exc))}", file=out)

@@ -8,17 +8,21 @@ Startup imports nothing heavy: torch and tileinfer are imported when a command r
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 import warnings
 
-from . import backends_cmd, bench_cmd, chat_cmd, models_cmd, run_cmd
+from . import backends_cmd, bench_cmd, chat_cmd, logs_cmd, models_cmd, run_cmd, show_cmd
+from .cli_words import in_cli_words
 from .errors import UserError, user_errors
 from .parsing import HelpFormatter, Parser
+from .plugin_errors import failing_op
 from .serve import command as serve_cmd  # the server's modules are imported when it runs
 
-COMMANDS = [run_cmd, chat_cmd, models_cmd, backends_cmd, bench_cmd, serve_cmd]
+COMMANDS = [run_cmd, chat_cmd, models_cmd, show_cmd, logs_cmd, backends_cmd, bench_cmd,
+            serve_cmd]
 
 EPILOG = """\
 examples:
@@ -27,6 +31,8 @@ examples:
   tileinfer pull Qwen/Qwen3-0.6B && tileinfer chat Qwen/Qwen3-0.6B
   tileinfer import model.gguf && tileinfer run -m model "Hi"
   tileinfer list
+  tileinfer show SmolLM2-135M-Instruct
+  tileinfer logs -q Paris                             logged answers and chat turns
   tileinfer backends
   tileinfer bench --shape llama3-8b
   tileinfer serve                                     an OpenAI-compatible server on :8000
@@ -58,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"tileinfer: warning: {message}", file=sys.stderr)
+    print(f"tileinfer: warning: {in_cli_words(str(message))}", file=sys.stderr)
 
 
 def _terminate(signum, frame):
@@ -77,13 +83,45 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except UserError as exc:  # before user_errors(), which imports tileinfer
+    except BrokenPipeError:
+        return _reader_gone()
+    except Exception as exc:
+        return _failure(exc)
+
+
+def _failure(exc: Exception) -> int:
+    """One line for a user's mistake (exit 2) or a failing backend plugin (exit 1); anything
+    else is a bug of TileInfer and keeps its traceback."""
+    if isinstance(exc, UserError):  # before user_errors(), which imports tileinfer
         return _report(exc)
-    except user_errors() as exc:
+    plugin = failing_op(exc)
+    if plugin is not None and not os.environ.get("TILEINFER_DEBUG"):
+        backend, op = plugin
+        print(f"tileinfer: error: backend {backend!r} failed in op {op!r}: "
+              f"{type(exc).__name__}: {_first_line(exc)} (a bug of that backend; "
+              "TILEINFER_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+    if plugin is None and isinstance(exc, user_errors()):
         return _report(exc)
+    raise exc
+
+
+def _reader_gone() -> int:
+    """The reader of standard output went away (``tileinfer run ... | head -n 1``): end quietly,
+    with the exit code of a process that SIGPIPE ended. Standard output is pointed at
+    /dev/null so that the interpreter's last flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
+
+
+def _first_line(exc) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _report(exc) -> int:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    print(f"tileinfer: error: {message}", file=sys.stderr)
+    print(f"tileinfer: error: {in_cli_words(_first_line(exc))}", file=sys.stderr)
     return 2

@@ -8,6 +8,8 @@ imports.
 
 from __future__ import annotations
 
+import json
+
 from .errors import UserError
 
 PULL_EPILOG = """\
@@ -25,6 +27,7 @@ IMPORT_EPILOG = """\
 examples:
   tileinfer import ~/Downloads/Llama-3.2-1B-Instruct-Q8_0.gguf
   tileinfer import model.gguf --name llama1b && tileinfer run -m llama1b "Hi"
+  tileinfer import model.gguf --force         convert again over the earlier import
 """
 
 
@@ -37,6 +40,8 @@ def add_parser(sub, formatter):
 
     p = sub.add_parser("list", help="list pulled, imported and default models",
                        formatter_class=formatter)
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list: name, kind, revision, size_bytes, path")
     p.set_defaults(func=list_)
 
     p = sub.add_parser("rm", help="remove a pulled or imported model (and killed imports' "
@@ -49,6 +54,8 @@ def add_parser(sub, formatter):
                        epilog=IMPORT_EPILOG, formatter_class=formatter)
     p.add_argument("path", help="the .gguf file")
     p.add_argument("--name", help="the model's name (default: the file's name without .gguf)")
+    p.add_argument("--force", action="store_true",
+                   help="convert again over a model of that name (default: keep it and say so)")
     p.set_defaults(func=import_)
 
 
@@ -73,24 +80,30 @@ def list_(args, out):
     from tileinfer.io.hub import list_models
     from tileinfer.io.local_models import list_local_models
 
-    rows = [(m.repo_id, f"pulled, {m.revision[:12]}", _size(m.size_bytes), str(m.path))
-            for m in list_models()]
+    rows = [{"name": m.repo_id, "kind": "pulled", "revision": m.revision,
+             "size_bytes": m.size_bytes, "path": str(m.path)} for m in list_models()]
     local = list_local_models()
     for m in local:
         kind = "default, imported" if m.name == DEFAULT_MODEL_NAME else "imported"
-        rows.append((m.name, kind, _size(m.size_bytes), str(m.path)))
+        rows.append({"name": m.name, "kind": kind, "revision": None,
+                     "size_bytes": m.size_bytes, "path": str(m.path)})
     if DEFAULT_MODEL_NAME not in {m.name for m in local}:
         try:
             source = default_gguf_path()
-            rows.append((DEFAULT_MODEL_NAME, "default, imported on first use",
-                         _size(source.stat().st_size), str(source)))
+            rows.append({"name": DEFAULT_MODEL_NAME, "kind": "default, imported on first use",
+                         "revision": None, "size_bytes": source.stat().st_size,
+                         "path": str(source)})
         except DefaultModelUnavailable:
             pass
+    if args.json:
+        print(json.dumps(rows, indent=2), file=out)
+        return 0
     if not rows:
         print("no models here yet: tileinfer pull OWNER/NAME, or tileinfer import FILE.gguf",
               file=out)
-    for name, kind, size, path in rows:
-        print(f"{name:<40} {kind:<32} {size:>9}  {path}", file=out)
+    for r in rows:
+        kind = f"pulled, {r['revision'][:12]}" if r["kind"] == "pulled" else r["kind"]
+        print(f"{r['name']:<40} {kind:<32} {_size(r['size_bytes']):>9}  {r['path']}", file=out)
     return 0
 
 
@@ -126,8 +139,26 @@ def rm(args, out):
 
 
 def import_(args, out):
-    from tileinfer.io.gguf_import import import_gguf
+    import json
+    from pathlib import Path
 
-    path = import_gguf(args.path, name=args.name)
-    print(f"imported {args.path} as {path.name} into {path}", file=out)
+    from tileinfer.io.gguf_import import import_gguf, is_current_import
+    from tileinfer.io.local_models import is_plain_name, local_model_dir
+
+    path = Path(args.path).expanduser()
+    name = args.name or path.stem
+    existing = local_model_dir(name) if is_plain_name(name) else None
+    if existing is not None and not args.force and path.is_file():
+        if is_current_import(existing, path):
+            print(f"{name} is already imported from {args.path} (in {existing}); --force "
+                  "converts it again", file=out)
+            return 0
+        try:
+            source = json.loads((existing / "import.json").read_text())["source"]
+        except (OSError, ValueError, KeyError, TypeError):
+            source = "another file"
+        raise UserError(f"a model named {name} exists already (from {source}): --name NAME "
+                        "imports under another name, --force replaces it")
+    folder = import_gguf(path, name=args.name)
+    print(f"imported {args.path} as {folder.name} into {folder}", file=out)
     return 0

@@ -11,6 +11,7 @@ import os
 
 from .errors import UserError
 from .parsing import INT32_MAX, INT64_MAX, float_range, int_range
+from .sampling_options import add_option_flag
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_LEN = 4096  # load_model's default max_len (capped by the model's positions)
@@ -80,6 +81,7 @@ def add_sampling_options(p: argparse.ArgumentParser):
                    help="random seed of the sampler (default: a random one)")
     g.add_argument("--max-new-tokens", "-n", type=int_range(1, INT32_MAX), default=512,
                    metavar="N", help="the longest answer in tokens")
+    add_option_flag(g)
     think = g.add_mutually_exclusive_group()
     think.add_argument("--think", dest="thinking", action="store_true", default=None,
                        help="let a reasoning model think first (Qwen3's enable_thinking)")

@@ -8,25 +8,33 @@ import sys
 import time
 
 from .errors import UserError
+from .logs import Log, add_log_flag, new_conversation_id, options_of
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from)
 from .startup import Clock
 from .stops import StopStringFound, StopWriter
+from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
 
 EPILOG = """\
 The prompt comes from the command line, from --file, or from standard input ("-", or when no
-prompt is given and standard input is not a terminal).
+prompt is given and standard input is not a terminal). Text piped in beside a prompt argument
+comes first, then a blank line, then the argument: cat notes.txt | tileinfer run "Summarize".
 
 examples:
   tileinfer run "What is the capital of France?"
   echo "What is the capital of France?" | tileinfer run
+  cat notes.txt | tileinfer run "Summarize these notes in three bullets."
   tileinfer run -m Qwen/Qwen3-0.6B --system "Answer in one word." "Capital of Italy?"
   tileinfer run -f question.txt --stop $'\\n\\n' --max-new-tokens 200
   tileinfer run --json "Name three colours" | jq -r .text
+  tileinfer run --raw "The three primary colours are"     no chat template: plain completion
+  tileinfer run --chat-template chatml.jinja "Hi"
   tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
+  tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
 
---json prints one object: text, tokens (the answer's token ids), prompt_tokens, finish_reason
+--json prints one object: text, tokens (the answer's token ids), prompt_tokens, conversation_id
+(the log's: tileinfer logs --cid ID), finish_reason
 ("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),
 stop (the stop string found, or null), model, backend and timings in seconds: load (the
 process's start to the loaded model), time_to_first_token (from the prompt's ids to the first
@@ -52,6 +60,8 @@ def add_parser(sub, formatter):
                    help="print one JSON object after the answer instead of streaming it")
     p.add_argument("--stats", action="store_true",
                    help="print token counts and speed to standard error after")
+    add_log_flag(p)
+    add_template_options(p, raw=True)
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
@@ -73,6 +83,8 @@ def prompt_and_model(args) -> tuple[str, str | None]:
         prompt = read_file(args.file)
     elif words and words[-1] != "-":
         prompt = words[-1]
+        if not stdin_is_terminal():
+            prompt = joined_with_stdin(prompt)
     elif words or not stdin_is_terminal():
         prompt = read_stdin()
     else:
@@ -80,6 +92,13 @@ def prompt_and_model(args) -> tuple[str, str | None]:
     if not prompt.strip():
         raise UserError("the prompt is empty")
     return prompt.strip("\n"), model
+
+
+def joined_with_stdin(prompt: str) -> str:
+    """Piped text first, a blank line, then the prompt (``cat notes.txt | tileinfer run
+    "Summarize"``), as simonw's llm joins them; the prompt alone when nothing was piped."""
+    piped = read_stdin().strip("\n")
+    return f"{piped}\n\n{prompt}" if piped.strip() else prompt
 
 
 def run(args, out):
@@ -90,6 +109,7 @@ def run(args, out):
     stops = [checked_text(s, "--stop") for s in args.stop]
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
+    check_template_options(args)
     import torch  # noqa: F401  (timed apart: it is most of a new process's start)
 
     clock.mark("import_torch")
@@ -101,10 +121,15 @@ def run(args, out):
     sampling, stop_ids = sampling_from(args, folder, model.config)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
-    template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
-    messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", prompt)]
-    text = chat_prompt(folder, messages, add_generation_prompt=True, **template_kwargs)
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    template = template_from(args, folder)
+    if template is None:
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    else:
+        template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking}
+        messages = (([ChatMessage("system", system)] if system else [])
+                    + [ChatMessage("user", prompt)])
+        text = chat_prompt(template, messages, add_generation_prompt=True, **template_kwargs)
+        ids = tokenizer.encode(text, add_special_tokens=False)
     room = model.max_len - len(ids)
     if room < 1:
         raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
@@ -138,15 +163,24 @@ def run(args, out):
     finish = "stop" if writer.found is not None or len(new) < limit else "length"
     decode_s = done - first[0] if first else 0.0
     rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else 0.0
+    cid = new_conversation_id()
     if args.json:
         print(json.dumps({
             "text": writer.text, "tokens": new, "prompt_tokens": len(ids),
+            "conversation_id": cid,
             "finish_reason": finish, "stop": writer.found, "model": str(folder),
             "backend": model.ops.name,
             "timings": timings(clock, loaded, prepared, first, seconds, rate),
         }, ensure_ascii=False), file=out)
     else:
         print(file=out)
+    out.flush()
+    Log(args, "run").write(cid, model=folder.name, backend=model.ops.name, system=system,
+                           prompt=prompt, answer=writer.text,
+                           options=options_of(args, sampling, stops), prompt_tokens=len(ids),
+                           answer_tokens=len(new),
+                           time_to_first_token=first[0] - prepared if first else None,
+                           seconds=seconds, finish_reason=finish)
     if args.stats:
         print(f"[{len(ids)} prompt tokens, {len(new)} generated ({finish}), "
               f"{len(new) / seconds if seconds > 0 else 0.0:.1f} tok/s, backend "

@@ -119,6 +119,32 @@ def load_chat_template(model_dir: str | Path, *, tools: list | None = None) -> s
     return template
 
 
+@dataclass(frozen=True)
+class TemplateWithTokens:
+    """A chat template source used instead of a model's own, rendered with that model folder's
+    special tokens (``bos_token``, ...): what ``tileinfer run --chat-template FILE`` passes to
+    ``chat_prompt`` (or to ``ChatSession(template=...)``)."""
+
+    source: str
+    model_dir: Path
+
+
+def read_template_file(path: str | Path, model_dir: str | Path) -> TemplateWithTokens:
+    """The Jinja chat template in the file ``path``, checked to compile; a ChatTemplateError
+    naming the file otherwise."""
+    try:
+        source = Path(path).expanduser().read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ChatTemplateError(f"cannot read the chat template {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ChatTemplateError(f"the chat template {path} is not UTF-8 text (byte offset {e.start})") from None
+    try:
+        _compile(source)
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"{path}: {e}") from None
+    return TemplateWithTokens(source, Path(model_dir))
+
+
 def _as_dicts(messages: Iterable[ChatMessage | Mapping]) -> list[dict]:
     out = []
     for m in messages:
@@ -175,11 +201,15 @@ def chat_prompt(
 ) -> str:
     """The prompt string for ``messages``, rendered with the model's own chat template.
 
-    ``model`` is a model folder (its chat template and special tokens are used) or the template
-    source itself (then pass ``bos_token=...`` and the like yourself). ``add_generation_prompt``
+    ``model`` is a model folder (its chat template and special tokens are used), the template
+    source itself (then pass ``bos_token=...`` and the like yourself), or a TemplateWithTokens
+    (another template with a folder's special tokens). ``add_generation_prompt``
     opens an assistant turn for the model to complete. Other keywords go to the template, e.g.
     ``enable_thinking=False`` for Qwen3, ``tools=[...]``, ``date_string="26 Jul 2024"``.
     """
+    if isinstance(model, TemplateWithTokens):
+        variables = {**special_tokens(model.model_dir), **template_kwargs}
+        return render_chat_template(model.source, messages, add_generation_prompt, **variables)
     if isinstance(model, str) and _looks_like_template(model):
         return render_chat_template(model, messages, add_generation_prompt, **template_kwargs)
     model_dir = Path(model)

@@ -4,7 +4,8 @@ The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its
 folder gets config.json (model_type llama, from the GGUF metadata), model.safetensors (bf16 by
 default), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, merges and token
 types), tokenizer_config.json (chat template, BOS/EOS), generation_config.json and import.json
-(where it came from, and the importer version, so a stale import can be redone).
+(where it came from, its license, name and tensor types, and the importer version, so a stale
+import can be redone).
 
 An import writes into a hidden staging folder ``.NAME.importing-PID`` beside the target and
 renames it into place when complete. One that was killed (SIGKILL, a power cut) leaves that
@@ -26,6 +27,7 @@ import math
 import os
 import shutil
 import threading
+import warnings
 from pathlib import Path
 
 import gguf
@@ -35,8 +37,9 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf
+from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf, source_summary
 from .gguf_tokenizer import build_tokenizer, generation_config_from
+from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
 from .paths import models_home
 
@@ -44,6 +47,10 @@ from .paths import models_home
 IMPORTER_VERSION = 1
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+class GGUFImportWarning(UserWarning):
+    """Something in the file that the import went on with but that may not be what was meant."""
 
 
 # GGUF tensor name (after "blk.N.") -> HF llama parameter name (after "model.layers.N.").
@@ -202,6 +209,10 @@ def _weights(reader, path: Path, config: dict, dtype: torch.dtype, bar=None) -> 
             w = unpermute_qk(w, config["num_key_value_heads"])
         if not w.flags.writeable:  # F32 tensors are read-only views of the memory-mapped file
             w = w.copy()
+        if not np.issubdtype(w.dtype, np.floating):
+            warnings.warn(f"{path.name}: tensor {t.name} holds {w.dtype} integers, not weights of "
+                          f"a float or quantized type; cast to {str(dtype).removeprefix('torch.')}",
+                          GGUFImportWarning, stacklevel=2)
         tensors[name] = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
     return tensors
 
@@ -270,6 +281,14 @@ def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def _readable_like_the_others(file: Path) -> None:
+    """safetensors writes its file 0600; give it the mode the umask gives new files (0644 under
+    umask 022), like the JSON files beside it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(file, 0o666 & ~mask)
+
+
 def import_gguf(
     path: str | Path,
     out_dir: str | Path | None = None,
@@ -312,18 +331,19 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     vocab_size = int(meta.get("llama.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
     config = _config(meta, arch, vocab_size, tied, rope_freqs, dtype)
+    out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
+    clean_interrupted_imports(out_dir.parent)
+    check_room(out_dir.parent, output_bytes(reader, dtype.itemsize), path.name)
     tensors = _weights(reader, path, config, dtype, bar)
     _check_shapes(tensors, config, path)
     bar.set_description(f"importing {path.name}: writing the model folder")
 
-    out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    clean_interrupted_imports(out_dir.parent)
     staging = staging_dir(out_dir)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        _readable_like_the_others(staging / "model.safetensors")
         tokenizer.save(str(staging / "tokenizer.json"))
         tokenizer_config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -340,11 +360,16 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         stat = path.stat()
         _write_json(
             staging / "import.json",
-            {"source": str(path.resolve()), "source_size": stat.st_size, "importer_version": IMPORTER_VERSION},
+            {"source": str(path.resolve()), "source_size": stat.st_size, "importer_version": IMPORTER_VERSION,
+             **source_summary(reader, path)},
         )
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
+    except OSError as e:  # a disk that filled up meanwhile, a folder made read-only
+        shutil.rmtree(staging, ignore_errors=True)
+        raise GGUFImportError(f"writing {out_dir} failed ({e.strerror or e}); the import "
+                              "did not complete") from e
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

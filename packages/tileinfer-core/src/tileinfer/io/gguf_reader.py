@@ -42,3 +42,16 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
         return gguf.GGUFReader(path)
     except Exception as e:  # truncated or not a GGUF: the reader raises ValueError, IndexError, ...
         raise GGUFImportError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def source_summary(reader: gguf.GGUFReader, path: Path) -> dict:
+    """What an imported folder keeps of its GGUF file beside the weights: the license and name
+    the file declares (None when it does not) and how many tensors of each type it holds (its
+    quantization: Q4_1, Q8_0, ...)."""
+    meta = GGUFMetadata(reader, path)
+    types: dict[str, int] = {}
+    for t in reader.tensors:
+        name = gguf.GGMLQuantizationType(t.tensor_type).name
+        types[name] = types.get(name, 0) + 1
+    return {"license": meta.get("general.license"), "name": meta.get("general.name"),
+            "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]))}

@@ -1,0 +1,93 @@
+"""``tileinfer show MODEL [--json]``: a model's architecture, size, context, precision, chat
+template, generation defaults, license and where it lives, read from its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  tileinfer show SmolLM2-135M-Instruct
+  tileinfer show Qwen/Qwen3-0.6B --json | jq .context_length
+  tileinfer show ./my-model-folder
+"""
+TEMPLATE_LINES = 6
+
+
+def add_parser(sub, formatter):
+    p = sub.add_parser("show", help="show a model's architecture, size, template and license",
+                       epilog=EPILOG, formatter_class=formatter)
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a folder, a pulled repo id, an imported name or a .gguf file "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def kind_of(name) -> str:
+    from tileinfer.io.default_model import DEFAULT_MODEL_NAME
+    from tileinfer.io.local_models import local_model_dir
+
+    if name is None or name == DEFAULT_MODEL_NAME:
+        return "default, imported"
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return "imported from a GGUF file"
+    if path.is_dir():
+        return "folder"
+    return "imported" if local_model_dir(name) is not None else "pulled"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit} ({n:,})"
+    return str(n)
+
+
+def run(args, out):
+    from tileinfer import resolve_model_dir
+
+    folder = resolve_model_dir(args.model)
+    from .model_info import model_info
+
+    info = model_info(args.model or folder.name, folder, kind_of(args.model))
+    if args.json:
+        print(json.dumps(info, ensure_ascii=False, indent=2), file=out)
+        return 0
+    for label, value in rows(info):
+        print(f"  {label:<16} {value}" if label else value, file=out)
+    return 0
+
+
+def rows(info: dict):
+    yield "", f"{info['name']}  ({info['kind']})"
+    yield "path", info["path"]
+    yield "architecture", (f"{info['architecture']}: {info['layers']} layers, hidden "
+                           f"{info['hidden_size']}, vocabulary {info['vocab_size']}")
+    yield "parameters", _count(info["parameters"])
+    yield "context length", info["context_length"]
+    weights = ", ".join(f"{d} {_count(n).split()[0]}" for d, n in info["weights_dtypes"].items())
+    yield "dtype", f"{info['dtype']} (weights: {weights or 'none found'})"
+    source = info["gguf_source"]
+    quant = info["quantization"] or "none"
+    if source and source.get("tensor_types"):
+        types = ", ".join(f"{t} x{n}" for t, n in source["tensor_types"].items())
+        quant += f"; imported (dequantized) from a GGUF of {types}"
+    yield "quantization", quant
+    yield "license", info["license"] or "not stated in the model's files"
+    g = info["generation_defaults"]
+    yield "generation", (f"temperature {g['temperature']}, top_p {g['top_p']}, top_k "
+                         f"{g['top_k']}; ends at token ids {g['stop_ids']}"
+                         + (f"; max_new_tokens {g['max_new_tokens']}" if "max_new_tokens" in g
+                            else ""))
+    template = info["chat_template"]
+    if template is None:
+        yield "chat template", "none (tileinfer run --raw, or --chat-template FILE)"
+        return
+    lines = template.strip("\n").splitlines()
+    yield "chat template", f"{len(lines)} lines" + (f", the first {TEMPLATE_LINES}:"
+                                                    if len(lines) > TEMPLATE_LINES else ":")
+    for line in lines[:TEMPLATE_LINES]:
+        yield "", f"    | {line}"

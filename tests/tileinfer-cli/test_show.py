@@ -1,0 +1,85 @@
+"""``tileinfer show MODEL [--json]`` and ``tileinfer list --json``, against what the model's own
+files say (the weights loaded with safetensors, the GGUF read with the gguf package)."""
+
+import json
+import shutil
+
+import pytest
+
+from cli_helpers import assert_one_line_error, tileinfer
+
+
+def show(env, *args):
+    result = tileinfer("show", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_show_json_matches_the_files(tiny_home, tiny_gguf_file):
+    import gguf
+    from safetensors.torch import load_file
+
+    from tileinfer.io.chat_template import load_chat_template
+
+    info = json.loads(show(tiny_home, "tiny", "--json"))
+    folder = info["path"]
+    weights = load_file(f"{folder}/model.safetensors")
+    assert info["parameters"] == sum(t.numel() for t in weights.values())
+    assert info["weights_dtypes"] == {"BF16": info["parameters"]}
+    assert (info["architecture"], info["context_length"], info["dtype"]) == (
+        "LlamaForCausalLM", 256, "bfloat16")
+    assert info["kind"] == "imported" and info["quantization"] is None
+    assert info["chat_template"] == load_chat_template(folder)
+    reader = gguf.GGUFReader(tiny_gguf_file)
+    assert info["gguf_source"]["tensor_types"] == {"F32": len(reader.tensors)}
+    assert info["generation_defaults"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                                           "stop_ids": [262]}
+    assert info["license"] is None
+
+
+def test_show_text(tiny_home):
+    out = show(tiny_home, "tiny")
+    assert out.startswith("tiny  (imported)\n")
+    assert "  context length   256\n" in out
+    assert "  chat template    3 lines:\n    | {% for m in messages %}<|im_start|>" in out
+    assert "  license          not stated in the model's files" in out
+
+
+@pytest.mark.parametrize("files,expected", [
+    ({"README.md": "---\nlanguage: en\nlicense: apache-2.0\n---\n# A model\n"}, "apache-2.0"),
+    ({"LICENSE": "MIT License\n\nCopyright ..."}, "MIT License (LICENSE)"),
+    ({"README.md": "---\nlicense: 'llama3.2'\n---\n", "LICENSE": "other"}, "llama3.2"),
+])
+def test_license_from_the_folders_files(tiny_home, tmp_path, files, expected):
+    folder = tmp_path / "m"
+    shutil.copytree(f"{tiny_home['TILEINFER_HOME']}/models/tiny", folder)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    info = json.loads(show(tiny_home, str(folder), "--json"))
+    assert info["license"] == expected and info["kind"] == "folder"
+
+
+def test_license_from_the_gguf_file(smollm2_dir, tmp_path):
+    home = {"TILEINFER_HOME": str(smollm2_dir.parent.parent)}
+    info = json.loads(show(home, "--json"))
+    assert info["license"] == "apache-2.0" and info["kind"] == "default, imported"
+    # An import made before import.json kept the license: read from the GGUF file itself.
+    folder = tmp_path / "older"
+    shutil.copytree(smollm2_dir, folder, copy_function=shutil.copy)
+    imported = json.loads((folder / "import.json").read_text())
+    older = {k: imported[k] for k in ("source", "source_size", "importer_version")}
+    (folder / "import.json").write_text(json.dumps(older))
+    assert json.loads(show(home, str(folder), "--json"))["license"] == "apache-2.0"
+
+
+def test_list_json(tiny_home):
+    result = tileinfer("list", "--json", env={**tiny_home, "HF_HUB_CACHE": "/nonexistent"})
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["tiny"]["kind"] == "imported"
+    assert rows["tiny"]["path"].endswith("/models/tiny") and rows["tiny"]["size_bytes"] > 0
+
+
+def test_show_unknown_model_is_one_line(tiny_home):
+    assert_one_line_error(tileinfer("show", "nosuchmodel", env=tiny_home),
+                          "'nosuchmodel' is not a model folder, an imported model or a pulled")
