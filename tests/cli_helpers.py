@@ -38,7 +38,7 @@ def assert_one_line_error(result, pattern, code=2):
 def gguf_helpers():
     """tiny_llama and write_gguf of the GGUF import tests (a small GGUF with a tokenizer)."""
     spec = importlib.util.spec_from_file_location(
-        "gguf_import_tests", TESTS / "tileinfer-core" / "test_gguf_import.py")
+        "gguf_import_tests", TESTS / "tileinfer-core" / "io" / "test_gguf_import.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -269,7 +269,7 @@ def test_imported_models_are_listed_run_and_removed_by_name(tmp_path, smollm2_di
 def _gguf_helpers():
     """tiny_llama and write_gguf of the GGUF import tests (a small GGUF with a tokenizer)."""
     spec = importlib.util.spec_from_file_location(
-        "gguf_import_tests", TESTS / "tileinfer-core" / "test_gguf_import.py")
+        "gguf_import_tests", TESTS / "tileinfer-core" / "io" / "test_gguf_import.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

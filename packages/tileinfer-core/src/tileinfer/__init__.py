@@ -11,10 +11,9 @@ generation, chat, speculation); each imports only the layers before it.
 from .backend import (BackendError, BackendInfo, SamplingParams, get_backend, hookimpl,
                       list_backends)
 from .backend.sampling import accept_host, sample_host
-from .io import (CachedModel, ChatMessage, ChatTemplateError, DefaultModelUnavailable,
-                 GGUFImportError, HubError, TextStream, Tokenizer, chat_prompt,
-                 default_model_dir, generation_defaults, import_gguf, list_models,
-                 load_tokenizer, model_dir, pull, remove_model, resolve_model_dir)
+from .io import (ChatMessage, ChatTemplateError, DefaultModelUnavailable, GGUFImportError,
+                 TextStream, Tokenizer, chat_prompt, default_model_dir, generation_defaults,
+                 load_tokenizer, resolve_model_dir)
 from .model import (ConfigError, Int8Weight, Model, StepBuffers, WeightsError, config_from_dict,
                     load_config, load_model, load_weights, max_length, quantize_int8, rope_tables,
                     weight_bytes)
@@ -27,3 +26,12 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
 from .engine import (BatchRunner, EngineThread, LLMEngine, ModelRuntime,
                      PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
                      runner_for, runtime_of)
+
+
+def __getattr__(name):
+    """The io layer's names that import huggingface_hub or the GGUF reader, on first use."""
+    from . import io
+
+    if name in io.LAZY:
+        return getattr(io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .gguf_import import import_gguf, is_current_import
+from .import_record import is_current_import
 from .paths import models_home
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -43,5 +43,7 @@ def default_model_dir() -> Path:
     source = default_gguf_path()
     folder = models_home() / DEFAULT_MODEL_NAME
     if not is_current_import(folder, source):
+        from .gguf_import import import_gguf  # the GGUF reader and numpy: only to import
+
         import_gguf(source, folder)
     return folder

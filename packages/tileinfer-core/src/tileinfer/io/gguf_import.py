@@ -39,12 +39,12 @@ from tqdm import tqdm
 
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf, source_summary
 from .gguf_tokenizer import build_tokenizer, generation_config_from
+from .import_record import IMPORTER_VERSION, is_current_import  # noqa: F401
 from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
 from .paths import models_home
 
 # Bump when the importer's output changes, so cached imports are redone.
-IMPORTER_VERSION = 1
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -376,14 +376,3 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     return out_dir
 
 
-def is_current_import(folder: Path, source: Path) -> bool:
-    """Whether ``folder`` holds a complete import of ``source`` by this importer version."""
-    try:
-        info = json.loads((folder / "import.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (
-        info.get("importer_version") == IMPORTER_VERSION
-        and info.get("source_size") == source.stat().st_size
-        and (folder / "config.json").is_file()
-    )

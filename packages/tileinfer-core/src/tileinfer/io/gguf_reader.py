@@ -7,9 +7,7 @@ from pathlib import Path
 
 import gguf
 
-
-class GGUFImportError(ValueError):
-    """The file is not a readable GGUF, or holds something the importer does not support."""
+from .import_record import GGUFImportError
 
 
 class GGUFMetadata:

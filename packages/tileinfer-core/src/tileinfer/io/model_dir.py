@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .default_model import DEFAULT_MODEL_NAME, default_model_dir
-from .gguf_import import import_gguf, is_current_import
-from .hub import HubError, model_dir
+from .import_record import is_current_import
 from .local_models import is_plain_name, local_model_dir
 from .paths import models_home
 
@@ -21,13 +20,19 @@ def resolve_model_dir(model=None) -> Path:
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         folder = models_home() / path.stem
-        return folder if is_current_import(folder, path) else import_gguf(path, folder)
+        if is_current_import(folder, path):
+            return folder
+        from .gguf_import import import_gguf
+
+        return import_gguf(path, folder)
     if isinstance(model, str) and not path.is_dir() and is_plain_name(model):
         if model == DEFAULT_MODEL_NAME:
             return default_model_dir()
         folder = local_model_dir(model)
         if folder is not None:
             return folder
+        from .hub import HubError, model_dir  # huggingface_hub: only for repo ids
+
         try:
             return model_dir(model)
         except HubError:
@@ -35,4 +40,6 @@ def resolve_model_dir(model=None) -> Path:
                 f"{model!r} is not a model folder, an imported model or a pulled repo id "
                 "(`tileinfer list` shows the models here; `tileinfer pull OWNER/NAME` downloads "
                 "one, `tileinfer import FILE.gguf` imports one)") from None
+    from .hub import model_dir
+
     return model_dir(model)
