@@ -8,6 +8,7 @@ One concept per module:
     schemas.py    pydantic models of the requests and responses
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages as its input
+    validation.py a request body -> its pydantic model, or one 400 naming the parameter
     prepare.py    a validated request -> prompt ids and engine arguments (checks, 400s)
     tokenizing.py /tokenize and /detokenize
     bridge.py     the engine on its thread, handing each step's outputs to the asyncio loop

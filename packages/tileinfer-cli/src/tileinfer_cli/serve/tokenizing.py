@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import bad_request
 from .schemas import RESERVED_TEMPLATE_VARIABLES, Message
+from .validation import parse
 
 
 class _Strict(BaseModel):
@@ -58,8 +59,6 @@ class Detokenize(_Strict):
 def tokenize(served, body) -> tuple[dict, str | None]:
     """(the answer of /tokenize, the model the request names) for a parsed body (a
     TokenizeChat when it has messages)."""
-    from .routes import parse
-
     if isinstance(body, dict) and "messages" in body:
         req = parse(body, TokenizeChat)
         text = served.template.render(req.messages, req.chat_template_kwargs,
@@ -78,8 +77,6 @@ def tokenize(served, body) -> tuple[dict, str | None]:
 
 
 def detokenize(served, body) -> tuple[dict, str | None]:
-    from .routes import parse
-
     req = parse(body, Detokenize)
     vocab = served.tokenizer.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]

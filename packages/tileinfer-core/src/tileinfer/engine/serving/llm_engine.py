@@ -6,34 +6,24 @@
         for out in engine.step():      # RequestOutput: new tokens, finished, why
             ...
 
-Each ``step`` plans one forward step with the ``Scheduler`` (continuous batching: decode rows
-of running requests and prefill chunks of new ones, under a token budget; preemption when pages
-run out), runs it and samples the rows whose request reached its next token with the
-``BatchRunner`` (one ``forward_step`` for all of them, decode-only steps from CUDA graphs; each
-request's own parameters and stream (seed, k)), and has the scheduler commit the tokens (stop
-ids and lengths finish requests, newly full pages go to the prefix cache). The engine itself
-only keeps the requests' bookkeeping: the queue of added and aborted requests, the outputs not
-returned yet, and the step launched ahead.
+Each ``step`` has the ``Scheduler`` plan a step (decode rows and prefill chunks under a token
+budget, preemption when pages run out), the ``BatchRunner`` run it and sample each finished row
+with its request's parameters and stream (seed, k), and the scheduler commit the tokens. The
+engine keeps only the bookkeeping: the queue of added and aborted requests, the outputs not
+returned yet, and the step launched ahead. The KV pool, static steps and CUDA graphs are the
+model runtime's (``engine/runtime``): an engine grows the pool to its size, a later engine finds
+the graphs captured, and engines and generations on one model take turns step by step.
 
-The KV pool, static steps and CUDA graphs are the model's runtime's (``engine/runtime``): an
-engine sizes the pool for serving (it grows to that size and keeps it), and a later engine on
-the same model finds the graphs captured. Engines (and generations) on one model take turns
-step by step (the runtime's lock); each sees the pages the others hold as taken.
+Threads: ``add_request`` and ``abort`` may be called from any thread; they queue under a short
+lock and ``step`` takes the queue at its start (``abort`` frees the pages at once when no step
+runs). ``EngineThread`` runs the step loop on a background thread.
 
-Threads: ``add_request`` and ``abort`` may be called from any thread (an asyncio server's loop);
-they queue under a short lock and ``step`` takes the queue at its start. ``abort`` takes effect
-at once (pages freed) when no step is running, else when the running step ends.
-``EngineThread`` runs the step loop on a background thread.
+Pipelining: while the scheduler is sure the next step is the same requests decoding one more
+token (``Scheduler.can_pipeline``), it is launched from the current step's sampled ids still on
+the device, and the host reads and commits the current one while the GPU runs.
 
-Pipelining: while the running requests only decode (none joins, leaves or needs its logprobs),
-the next step is launched from the current one's sampled ids still on the device, before those
-are read back; the host then reads them, finishes requests and publishes pages while the GPU
-runs. A request that stops wastes one row of the step already launched.
-
-Faults: a step that raises (out of memory, a kernel error) fails the requests in it (their
-pages are given back, finish_reason "error" with the message) and the engine goes on with the
-others. Requests are checked when added (``RequestError``): bad arguments, a prompt longer than
-the model's max_len, or a request that could not fit the pool even alone.
+Faults: a step that raises fails the requests in it (pages given back, finish_reason "error")
+and the engine goes on with the others; ``add_request`` refuses bad requests (``RequestError``).
 """
 
 from __future__ import annotations
