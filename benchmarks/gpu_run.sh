@@ -4,8 +4,8 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests enginetests userpaths ops bench pdl int8 spec batch batchall mixed
-#              sweep sweep32 cublaslt
+#       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
+#              batch batchall mixed sweep sweep32 cublaslt
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -51,6 +51,16 @@ for step in $steps; do
       timeout 280 python3 benchmarks/user_paths.py --sections cli --backends cuda,triton \
         --cli-prompts ${CLI_PROMPTS:-2} > "$out/cli.json" 2> "$out/cli.err"
       grep "^cli\|^import" "$out/cli.err" ;;
+    batchtwice)  # generate_batch called twice in one process, the second call timed (8B, cuda)
+      timeout 300 python3 benchmarks/user_paths.py --sections batch --backends cuda \
+        --batches ${BATCHES:-8,32,64} > "$out/batchtwice.json" 2> "$out/batchtwice.err"
+      grep "^batch" "$out/batchtwice.err" ;;
+    startup)  # where a new tileinfer run process's start-up goes (cuda): imports, a profile
+      (cd /tmp && python3 -X importtime -m tileinfer_cli run -b cuda -n 16 --no-log "Hi" \
+        2> "$out/importtime.txt" > /dev/null)
+      sort -t'|' -k2 -n "$out/importtime.txt" | tail -n 25
+      (cd /tmp && python3 -m cProfile -s cumtime -m tileinfer_cli run -b cuda -n 16 --no-log \
+        "Hi" 2>&1 | head -n 70 > "$out/startup-profile.txt") ;;
     ops)
       timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"
       echo "ops benchmark: $(wc -l < "$out/ops.json") rows" ;;

@@ -9,7 +9,12 @@ per backend, the time of ``import torch`` alone in a new process.
 (plain, and with ``speculative=NgramProposer()``): the wall time of every call, so that the first
 call (which may compile and capture) and the later ones show apart.
 
+(c) ``batch`` rows: ``tileinfer.generate_batch`` of B random prompts of 16 tokens, 256 new
+tokens each, called twice in one process on random llama3-8b weights; the second call timed
+(the first makes the model's runtime: its pool, static steps and graphs).
+
     python benchmarks/user_paths.py --sections cli,oneshot --backends cuda,triton
+    python benchmarks/user_paths.py --sections batch --backends cuda --batches 8,32,64
 """
 
 from __future__ import annotations
@@ -124,18 +129,53 @@ def section_oneshot(args):
         del model
 
 
+def section_batch(args):
+    import random
+
+    import torch
+    import tileinfer as ti
+    from tileinfer.model.random_weights import random_model, shape_config
+
+    for backend in args.backends:
+        model = random_model(shape_config("llama3-8b"), backend=backend)
+        rng = random.Random(0)
+        for batch in args.batches:
+            prompts = [[rng.randrange(model.config.vocab_size) for _ in range(16)]
+                       for _ in range(batch)]
+            seconds = []
+            for _ in range(2):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = ti.generate_batch(model, prompts, max_new_tokens=256, stop_ids=[],
+                                        seeds=0)
+                torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - start)
+            tokens = sum(map(len, out))
+            row = {"kind": "batch", "backend": backend, "shape": "llama3-8b", "batch": batch,
+                   "tokens": tokens, "seconds": [round(x, 4) for x in seconds],
+                   "tok_s_second_call": round(tokens / seconds[1], 1),
+                   "tok_s_first_call": round(tokens / seconds[0], 1)}
+            emit(row)
+            log(f"batch {backend} llama3-8b B={batch}: second call {row['tok_s_second_call']} "
+                f"tok/s (first {row['tok_s_first_call']})")
+        model.close()
+        del model
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sections", default="cli,oneshot")
     p.add_argument("--backends", default="cuda,triton")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--batches", default="8,32,64")
     p.add_argument("--cli-prompts", type=int, default=0,
                    help="also run the first N prompts of benchmarks/speculative.py in the CLI")
     args = p.parse_args()
     args.backends = args.backends.split(",")
+    args.batches = [int(b) for b in args.batches.split(",")]
     for section in args.sections.split(","):
-        {"cli": section_cli, "oneshot": section_oneshot}[section](args)
+        {"cli": section_cli, "oneshot": section_oneshot, "batch": section_batch}[section](args)
 
 
 if __name__ == "__main__":

@@ -322,8 +322,6 @@ def test_default_calibration_text_runs_on_the_model_tokenizer(smollm2):
 def test_cli_int8_smooth_session_calibrates_on_the_default_text(smollm2):
     """``tileinfer run/chat --kv-cache int8-smooth`` builds its session with factors calibrated
     on ``calibration_text()``."""
-    import io
-
     from tileinfer_cli.main import build_parser
     from tileinfer_cli.session import new_session
 
@@ -332,11 +330,12 @@ def test_cli_int8_smooth_session_calibrates_on_the_default_text(smollm2):
     args = build_parser().parse_args(["run", "--kv-cache", "int8-smooth", "--max-len", "256",
                                       "hello"])
     model = smollm2["bf16"]
-    session, _ = new_session(args, model, load_tokenizer(smollm2["dir"]), SamplingParams(),
-                             None, io.StringIO())
+    model.close()  # the session makes the model's KV pool anew, in INT8 with the factors
+    session = new_session(args, model, load_tokenizer(smollm2["dir"]), SamplingParams(), None)
     assert session.cache.quantize == "int8"
     expected = torch.stack(calibrate_key_smoothing(model))
     torch.testing.assert_close(session.cache.k_smooth, expected, rtol=0, atol=0)
+    session.close()
 
 
 # -- the benchmark script's windows ----------------------------------------------------------

@@ -15,7 +15,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Llama
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from tileinfer.io import default_model
+from tileinfer.io import default_model, gguf_import
 from tileinfer.io.chat_template import ChatMessage, chat_prompt
 from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_path, default_model_dir
 from tileinfer.io.gguf_import import GGUFImportError, import_gguf
@@ -159,7 +159,7 @@ def test_default_model_is_imported_once(smollm2_dir, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("imported again")
 
-    monkeypatch.setattr(default_model, "import_gguf", fail)
+    monkeypatch.setattr(gguf_import, "import_gguf", fail)
     assert default_model_dir() == smollm2_dir
     assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == before
 
@@ -171,7 +171,7 @@ def test_stale_default_import_is_redone(tmp_path, monkeypatch, smollm2_dir):
     (folder / "config.json").write_text("{}")
     (folder / "import.json").write_text(json.dumps({"importer_version": 0}))
     calls = []
-    monkeypatch.setattr(default_model, "import_gguf", lambda source, out: calls.append((source, out)) or out)
+    monkeypatch.setattr(gguf_import, "import_gguf", lambda source, out: calls.append((source, out)) or out)
     assert default_model_dir() == folder
     assert calls == [(default_gguf_path(), folder)]
 

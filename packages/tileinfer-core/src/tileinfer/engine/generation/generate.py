@@ -65,7 +65,8 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
         pipeline = runner.graphs
     with runner.lock:
         start = len(seq)
-        # A proposer may have the runner write hidden states (DFlash): only for this generation.
+        # A proposer may have the runner write hidden states (DFlash): on the model runtime's
+        # shared runner only for this generation (a runner of the caller's own keeps them).
         hidden = runner.hidden_layers, runner.step_listener
         try:
             if speculative is not None:  # sets up the stream (seed, counter) itself
@@ -79,7 +80,8 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
             runner.cache.truncate(seq, start)
             raise
         finally:
-            runner.hidden_layers, runner.step_listener = hidden
+            if getattr(runner, "runtime", None) is not None:
+                runner.hidden_layers, runner.step_listener = hidden
 
 
 def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):

@@ -129,17 +129,11 @@ class ModelRuntime:
                                   key_smoothing=key_smoothing, max_seq_len=model.max_len)
         self.scratch_page = self.cache.allocator.allocate(1)[0]
         self.pool_builds += 1
-        for part in self._parts.values():
-            if hasattr(part, "pool_changed"):
-                part.pool_changed()
 
     def _grow(self, num_pages: int):
         self.cache.grow(num_pages)
         self.steps.clear()  # graphs hold the old pools' addresses
         self.pool_builds += 1
-        for part in self._parts.values():
-            if hasattr(part, "pool_changed"):
-                part.pool_changed()
 
     # -- parts -------------------------------------------------------------------------------
 
