@@ -5,7 +5,7 @@ busy time, medians of 10; then the top of a cProfile of the host side.
 
 When wall ~= host issue and the kernels are busy for much less, the prefill waits on Python,
 not on the GPU. ``--static-prefill on`` runs the prompt as ``ModelRunner`` does by default since
-session 12: padded to its bucket and replayed from a CUDA graph (engine/generation/runner.py
+b7c1e54 (benchmarks/RESULTS.md, 2026-12-02, "Prefill: the host's time"): padded to its bucket and replayed from a CUDA graph (engine/generation/runner.py
 prefill_bucket); ``off`` (the default here) runs it eagerly at its true size.
 
     python benchmarks/eager_prefill.py --shape llama3-8b --backend cuda --tokens 16

@@ -29,7 +29,8 @@ from tileinfer.engine.generation.speculative import pipelined
 from tileinfer.io.default_model import default_model_dir
 from tileinfer.io.generation_config import generation_defaults
 
-# cuda on the real SmolLM2, graph replays as the loop measured them (RESULTS.md, session 12)
+# cuda on the real SmolLM2, graph replays as the loop measured them (35359cc: benchmarks/RESULTS.md,
+# 2026-12-02, "The speculative benchmark on the real SmolLM2")
 CUDA_STEP_MS = "0.656,0.697,0.733,0.742,0.779,0.830,0.864,0.884"
 
 

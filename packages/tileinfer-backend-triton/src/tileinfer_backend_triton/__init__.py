@@ -40,6 +40,7 @@ _AVAILABLE, _REASON, _DEVICES = _availability()
 if _AVAILABLE:
     import torch
 
+    from .kernels import accept as _accept
     from .kernels import attention as _attention
     from .kernels import embed as _embed
     from .kernels import linear as _linear
@@ -134,5 +135,5 @@ if _AVAILABLE:
     @hookimpl
     def accept_tokens(out, logits, draft_ids, draft_probs, temperature, top_k, top_p, seed,
                       counter):
-        _sampling.launch_accept(out, logits, draft_ids, draft_probs, temperature, top_k, top_p,
-                                seed, counter)
+        _accept.launch_accept(out, logits, draft_ids, draft_probs, temperature, top_k, top_p,
+                              seed, counter)

@@ -23,10 +23,11 @@
 //     element) and int32 sums, scaled by the query's and each key's scale; for O += P V a
 //     transposing ldmatrix of the int8 values gives each lane bytes that convert to bf16 B
 //     fragments exactly in registers (common.cuh's int8_even_to_bf16x2), and P carries the
-//     value scales. On the H200 (llama3-8b shape, 32k context) the conversion pass had made
-//     INT8 pages slower than bf16 (53.0 against 47.2 us: 1150 instructions per warp and tile,
-//     8-way bank conflicts); this way they take 39.8 us against bf16's 46.5 (about 740
-//     instructions per warp and tile).
+//     value scales. A conversion pass through shared memory had made INT8 pages slower than
+//     bf16 (its instructions and bank conflicts, not the bytes, bounded it); this way INT8 pages
+//     are faster than bf16 at long context, with about two thirds of the instructions per warp
+//     and tile (benchmarks/RESULTS.md, 2026-11-30, "the CUDA INT8 decode attention on int8
+//     tensor cores").
 //   * After the last tile the warps' (m, l, O) go through shared memory (where the ring was) and
 //     are merged in the fixed order 0, 1, 2, 3: M = max m_w, O = sum_w 2^(m_w - M) O_w,
 //     l = sum_w 2^(m_w - M) l_w; then O / l is written, or with split-KV the split's normalized
@@ -60,8 +61,9 @@
 // start prefetching its weight, once every block has passed pdl_launch_dependents: at the
 // kernel's start (PDL_TRIGGER 0), or after its key loop (PDL_TRIGGER 1, ops/tuning.py's
 // default "decode_pdl_trigger"), so that the weight prefetch does not compete with this
-// kernel's K/V loads: on the H200 the later trigger took a llama3.2-1b step from 832 to 805 us
-// and a llama3-8b INT8-weight step from 2539 to 2529 us (benchmarks/profile_step.py).
+// kernel's K/V loads: the later trigger made llama3.2-1b and llama3-8b INT8-weight steps slightly
+// faster (benchmarks/profile_step.py; benchmarks/RESULTS.md, 2026-11-30, "Where the decode
+// attention lets the o projection launch").
 //
 // Fused attention inputs (FUSED_INPUTS = 1; attention_with_inputs, for steps of one query
 // token per sequence): the kernel also does attention_inputs' work, reading the qkv projection

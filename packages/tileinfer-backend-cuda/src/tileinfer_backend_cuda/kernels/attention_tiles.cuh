@@ -70,7 +70,8 @@ __device__ __forceinline__ void int8x16_to_bf16x16(const uint4& raw, uint4& lo, 
 // is the kernel's tail: the splits' log-sum-exps are read at once (lane i: splits i, i + 32,
 // ...) together with the first COMBINE_BATCH partials, and the partials of each later batch
 // are all requested before any of them is added (a loop that loads, then adds, one split at a
-// time waits an L2 round trip per split: about 0.6 us per split measured at 33-64 splits).
+// time waits an L2 round trip per split, so more splits had made the kernel slower:
+// benchmarks/RESULTS.md, 2026-11-30, "the Triton INT8 GEMV's loads, the CUDA split-KV combine").
 #ifndef COMBINE_BATCH
 #define COMBINE_BATCH 8  // 8, 16 or 32 (a divisor of 32)
 #endif

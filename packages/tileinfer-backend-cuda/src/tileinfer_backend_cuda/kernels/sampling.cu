@@ -320,7 +320,8 @@ sample_per_row(int* __restrict__ out, const float* __restrict__ logits, int voca
 }
 
 // argmax_split: greedy sampling of row j = blockIdx.y split over the vocabulary (one block of one
-// row is latency-bound: 8 us for 128256 logits on an H200). Block c takes the CHUNK logits from
+// row is latency-bound: benchmarks/RESULTS.md, 2026-11-30, "GEMV tables from the sweeps, the
+// split greedy sampler"). Block c takes the CHUNK logits from
 // c * CHUNK, writes its maximum and that maximum's first index to part_v / part_i[j][c], and the
 // last block of the row to arrive (counter[j], zero between launches, re-armed by that block)
 // picks among the chunks in chunk order: the same first index of the maximum as sample's greedy

@@ -77,7 +77,8 @@ def attention_decode_m_tiles(head_dim: int, group: int) -> int:
     """16-row m-tiles per warp of attention_decode.cu (M_TILES): two where a verify step's
     ATTN_DECODE_MAX_TOKENS x group rows need more than one and the accumulators fit in registers
     (head_dim <= 128). A function of the model only, so steps of any size run the same build
-    (one m-tile for 1-token steps measured slower end to end: benchmarks/RESULTS.md, session 4)."""
+    (one m-tile for 1-token steps measured slower end to end: benchmarks/RESULTS.md, 2026-11-30,
+    "A/B of these CUDA changes, end to end")."""
     return 2 if head_dim <= 128 and ATTN_DECODE_MAX_TOKENS * group > 16 else 1
 
 
@@ -128,9 +129,10 @@ def attention_decode_splits(batch: int, kv_heads: int, workspace_splits: int, de
     """Split count of attention_decode.cu: at most decode_blocks_per_sm blocks per SM over the
     (sequence, kv head) pairs (one wave; at least one split, at most the workspace's). Rounding
     up would start a second, mostly empty wave: llama3-8b at batch 32 (256 pairs, 264 block
-    slots) took 6,136 tok/s with 2 splits against 6,505 with 1 (benchmarks/RESULTS.md, session
-    11). Neither the row tiles nor the cache's longest context count (splits past a row's keys
-    exit at once), so a row's split boundaries depend on its own context only."""
+    slots) ran faster with 1 split than with 2 (benchmarks/RESULTS.md, 2026-12-01, "Batch 32:
+    where the step goes, and the decode split count"). Neither the row tiles nor the cache's
+    longest context count (splits past a row's keys exit at once), so a row's split boundaries
+    depend on its own context only."""
     cfg = cfg or attention_config()
     slots = cfg["decode_blocks_per_sm"] * num_sms(device)  # one wave of blocks
     target = cfg.get("splits") or slots // (batch * kv_heads)

@@ -46,7 +46,9 @@ _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 # "decode_combine_batch" (COMBINE_BATCH: 8, 16 or 32), "decode_min_split_tiles"
 # (MIN_SPLIT_TILES). Comparison switches: "decode" (False: decode steps run attention.cu) and
 # "decode_fused_inputs" (False: attention_with_inputs runs the two ops' kernels).
-# The values: the H200's best per op and end to end (benchmarks/RESULTS.md, sessions 5 and 6).
+# The values: the H200's best per op and end to end (benchmarks/RESULTS.md, 2026-11-30, "attention
+# inputs fused into the CUDA decode attention" and "the CUDA INT8 decode attention on int8 tensor
+# cores").
 ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
@@ -78,9 +80,9 @@ def _checked(settings) -> dict:
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
 # once, per weight dtype; above, cuBLAS (bf16) or gemm.cu (INT8). (Steps of 2..8 rows of a single
 # sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows (the best gemv.cu
-# builds at 32 rows only tie it; at 16 they take 3.998 ms a llama3-8b step against 4.157;
-# benchmarks/RESULTS.md, session 9). INT8: 5.27 ms at 64 rows against 20.7 for gemv.cu on 8-row
-# pieces and 38 for gemm.cu.
+# builds at 32 rows only tie it, at 16 they beat it). INT8: one read of the weight for all 64 rows
+# beats gemv.cu on 8-row pieces (a read per piece) and gemm.cu (prefill tiles) several times over.
+# Figures: benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost in gemv.cu".
 WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
@@ -93,10 +95,9 @@ def wide_max_tokens(int8: bool) -> int:
 
 # bf16 products of wide_max_tokens + 1 .. this many rows (batched decode steps, short prefill
 # chunks) run on cuBLASLt instead of PyTorch's default cuBLAS: at 32 rows of llama3-8b the default
-# splits K for o and down and adds a reduce kernel after each, cuBLASLt's heuristic does not.
-# On the H200, static batch 32 made 6,514 and 6,505 tok/s against 6,405 and 6,403, batch 64
-# 11,777 and 11,773 against 11,400 and 11,401 (benchmarks/RESULTS.md, session 13, call 3).
-# Larger products (prefill) keep the default.
+# splits K for o and down and adds a reduce kernel after each, cuBLASLt's heuristic does not
+# (static batches 32 and 64 gain on the H200: benchmarks/RESULTS.md, 2026-12-02, "Batch 32:
+# cuBLASLt for the batched products"). Larger products (prefill) keep the default.
 CUBLASLT_MAX_TOKENS = 256
 
 
@@ -147,7 +148,8 @@ def attention_config() -> dict:
 # gemv_rows.cu per weight shape (output rows, K, int8 weights, epilogue; for SwiGLU the output
 # rows are the intermediate size) -> rows per warp, unroll, warps (the in-block split of K),
 # split_k (the grid's split of K). The winners of `benchmarks/ops.py --only cuda-sweep` on an H200
-# (benchmarks/RESULTS.md, session 4); other shapes get gemv_rows_heuristic.
+# (benchmarks/RESULTS.md, 2026-11-30, "the Triton INT8 GEMV's loads, the CUDA split-KV combine",
+# "What changed"); other shapes get gemv_rows_heuristic.
 GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (6144, 4096, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 4, 'split_k': 1},
     (4096, 4096, False, 'none'): {'rows': 2, 'unroll': 4, 'warps': 4, 'split_k': 1},
@@ -175,10 +177,11 @@ GEMV_ROWS_TABLE: dict[tuple[int, int, bool, str], dict] = {
 # gemv.cu per weight shape -> warps (the in-block split of K), ring stages, the 256-byte L2
 # prefetch hint, 16-row tiles a warp: the batched engine's steps of 2..8 rows run it, and INT8
 # weights with K % 16 != 0. llama3-8b bf16: the winners at 8 rows of `benchmarks/batched_linear.py
-# --mma-sweep 8` (benchmarks/RESULTS.md: session 9, 3.77 ms a step against 4.29 with the 1-token
-# winners; session 11's sweep renewed qkv, o, down and the lm_head: batch 8 1,909 tok/s against
-# 1,875); the others: the 1-token sweep of `benchmarks/cuda_kernels.py` (session 4). Other
-# shapes get gemv_heuristic.
+# --mma-sweep 8`, faster in the step than the 1-token winners (benchmarks/RESULTS.md, 2026-12-01,
+# "What a batched step's linears cost in gemv.cu"; qkv, o, down and the lm_head renewed by
+# "Batch 8: gemv.cu's 8-row table again"); the others: the 1-token sweep of
+# `benchmarks/cuda_kernels.py` (2026-11-30, "the Triton INT8 GEMV's loads, the CUDA split-KV
+# combine"). Other shapes get gemv_heuristic.
 MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (6144, 4096, False, 'none'): {'warps': 8, 'stages': 6, 'tiles': 1, 'l2_256b': True},
     (4096, 4096, False, 'none'): {'warps': 8, 'stages': 6, 'tiles': 2, 'l2_256b': True},
@@ -205,8 +208,8 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
 
 # gemv.cu at 9..64 rows (token_tiles = 2, 4, 8: 16, 32, 64 token slots) per weight shape and
 # token tiles: the winners of `benchmarks/batched_linear.py --mma-sweep 16` (llama3-8b bf16) and
-# `--int8 --mma-sweep 64` (benchmarks/RESULTS.md, session 9; the bf16 lm_head at 16 rows: the
-# 32-row winner, cuBLAS was as fast); other shapes get gemv_heuristic.
+# `--int8 --mma-sweep 64` (benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost
+# in gemv.cu"; the bf16 lm_head at 16 rows: the 32-row winner, cuBLAS was as fast); other shapes get gemv_heuristic.
 MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (6144, 4096, False, 'none', 2): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': True},
     (4096, 4096, False, 'none', 2): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},
@@ -286,10 +289,11 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
 # A single sequence's steps (1..8 rows, the same kernel and configuration at every count) run
 # weights of at most this size on gemv.cu unless GEMV_ROWS_TABLE names them: its tensor cores
 # take the 8 token columns of a speculative verify step for about the price of one, where
-# gemv_rows.cu's CUDA-core work grows with every row. SmolLM2-135M (layers of 0.7-3.5 MB): a step
-# of 8 rows 0.87 ms against 1.76, a 1-token decode step 0.575 against 0.553 (benchmarks/
-# RESULTS.md, session 10). Larger weights stream faster on gemv_rows.cu at one token: with every
-# weight up to 64 MB on gemv.cu, llama3.2-3b (19-50 MB) decoded 487 tok/s against 525.
+# gemv_rows.cu's CUDA-core work grows with every row: on SmolLM2-135M (layers of 0.7-3.5 MB) a
+# step of 8 rows takes about half the time, a 1-token step a few percent more. Larger weights
+# stream faster on gemv_rows.cu at one token (llama3.2-3b's 19-50 MB weights decoded slower on
+# gemv.cu). Figures: benchmarks/RESULTS.md, 2026-12-01, "Which GEMV runs a single sequence's
+# steps on cuda".
 SMALL_WEIGHT_BYTES = 4 << 20
 
 
@@ -350,8 +354,9 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
 def gemv_rows_tokens(n: int) -> int:
     """The token slots of the gemv_rows.cu build that runs an n-token step: n rounded up to 1, 2,
     4 or GEMV_MAX_TOKENS (each slot holds registers: a 2-token verify step on an 8-slot build
-    took 2.3x the 1-token step on SmolLM2, benchmarks/RESULTS.md session 8); a row's sum is the
-    same in every build."""
+    cost about twice the 1-token step on SmolLM2, far more than on a 2-slot build;
+    benchmarks/RESULTS.md, 2026-12-01, "the batched engine, pipelined", "Speculative decoding,
+    real SmolLM2"); a row's sum is the same in every build."""
     slots = 1
     while slots < n:
         slots *= 2

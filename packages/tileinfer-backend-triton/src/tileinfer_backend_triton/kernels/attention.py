@@ -34,8 +34,10 @@ SPLIT_MAX_TOKENS = 64
 MAX_SPLITS = 64
 MIN_CHUNK = 64
 WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks try others)
-# Split-KV target in programs per SM, by INT8 pages (from benchmarks/ops.py's sweep; the figures
-# are in benchmarks/RESULTS.md).
+# Split-KV target in programs per SM, by INT8 pages (from benchmarks/ops.py's sweep: more splits
+# shorten bf16 pages' long contexts; INT8 pages are bound by their conversions, not the bytes;
+# benchmarks/RESULTS.md, 2026-11-30, "Triton PDL, the CUDA rows GEMV and split decode attention",
+# "Triton decode attention sweep").
 SPLITS_PER_SM = {False: 4, True: 2}
 
 

@@ -41,7 +41,8 @@ class GemmConfig:
 
 # Per-shape GEMV tiles for 1..ROW_INVARIANT_MAX_M tokens over gemv_config's defaults,
 # (n_out, k, int8, act) -> GemvConfig, in the form benchmarks/ops.py's sweep prints its winners
-# (kept where they beat the default; the timings are in benchmarks/RESULTS.md). n_out of a SwiGLU
+# (kept where they beat the default; the timings are in benchmarks/RESULTS.md, 2026-11-30,
+# "GEMV tables from the sweeps, the split greedy sampler" and later entries). n_out of a SwiGLU
 # entry (act 1) is the intermediate size: a program takes block_n gate rows and their up rows.
 _G = GemvConfig
 GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
@@ -56,14 +57,15 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
     (4096, 14336, True, 0): _G(4, 1024, unroll=2),  # down
     (128256, 4096, True, 0): _G(4, 1024, unroll=2),  # lm_head
     # SmolLM2-135M, bf16: the lm_head on the tensor-core tiles, rows padded to 16 (dot), in
-    # every single-sequence step: 19.9 us at 1 token and 20.3 at 8 against the row programs'
-    # 34.1 and 221.1 (their 1024-wide K step is mostly masked at K = 576). Its layers stay on
-    # the row programs, faster at 1 token (benchmarks/triton_dot_rows.py, RESULTS.md session 10)
+    # every single-sequence step: faster than the row programs at 1 token and far faster at 8
+    # (their 1024-wide K step is mostly masked at K = 576). Its layers stay on the row programs,
+    # faster at 1 token (benchmarks/triton_dot_rows.py; benchmarks/RESULTS.md, 2026-12-01,
+    # "Triton: SmolLM2's GEMVs, row programs against dot tiles")
     (49152, 576, False, 0): _G(32, 64, num_stages=1, dot=True),
     # and its layers on row programs of 4 rows and 256-wide K tiles, two a step (the default's
-    # 1024-wide step is 44% masked at K = 576 and a verify step pays that once per row): qkv 1.84
-    # / 4.62 us at 1 / 8 tokens against 1.93 / 5.42, o 1.46 / 2.96 against 1.59 / 3.33, gate_up
-    # 4.04 / 8.75 against 4.37 / 12.52 (`triton_dot_rows.py --rows-sweep`, RESULTS.md session 11)
+    # 1024-wide step is 44% masked at K = 576 and a verify step pays that once per row): as
+    # fast at 1 token, faster at 8 (`triton_dot_rows.py --rows-sweep`; benchmarks/RESULTS.md,
+    # 2026-12-01, "Triton: SmolLM2's layers on narrower row programs")
     (960, 576, False, 0): _G(4, 256, num_warps=2, unroll=2),  # qkv
     (576, 576, False, 0): _G(4, 256, num_warps=4, unroll=2),  # o
     (1536, 576, False, 1): _G(4, 128, num_warps=2, unroll=2),  # gate_up

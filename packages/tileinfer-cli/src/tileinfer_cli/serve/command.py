@@ -110,9 +110,10 @@ def _ignore(signum, frame):
 # The interpreter's thread switch interval while serving (Python's default: 5 ms). Every PyTorch
 # op releases the GIL, so the engine's thread gives it up hundreds of times in an eager step
 # (prefill), and each time the event loop's thread is busy (HTTP, detokenizing) the engine waits
-# up to the whole interval to take it back. An eager llama3.2-1b step beside a busy thread took
-# 26.0 ms at 0.5 ms, 9.1 ms at 0.05 ms, 7.2 ms with no other thread (benchmarks/RESULTS.md,
-# session 9).
+# up to the whole interval to take it back. At 0.05 ms an eager step beside a busy thread comes
+# close to its time alone; at 0.5 ms it took several times that (benchmarks/gil_contention.py;
+# benchmarks/RESULTS.md, 2026-12-01, "gemv.cu's 8- and 16-row tables, the server's load
+# generator", "The server under load").
 SWITCH_INTERVAL_S = 0.00005
 
 
