@@ -4,6 +4,7 @@ its reader closed, and a backend plugin whose op raises (exit code 1, naming plu
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,3 +157,33 @@ def test_plugin_op_that_raises_is_one_line_naming_plugin_and_op(tmp_path, tiny_h
     debug = tileinfer("run", "-m", "tiny", "--backend", "brokenb", "-n", "3", "hi",
                       env={**env, "TILEINFER_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+NAN_PLUGIN = """
+    import torch
+    from tileinfer.backend import BackendInfo, get_backend, hookimpl
+
+    @hookimpl
+    def tileinfer_backend_info():
+        return BackendInfo(name="nanb", available=True, devices=("cpu", "cuda"),
+                           graph_safe=False)
+
+    @hookimpl
+    def add_rmsnorm(residual, out, delta, weight, eps):
+        get_backend("ref").add_rmsnorm(residual, out, delta, weight, eps)
+        out[-1, 0] = float("nan")  # as if an activation overflowed
+"""
+
+
+def test_non_finite_logits_end_the_answer_with_one_line(tmp_path, tiny_home):
+    # Before: NaN logits printed one token again and again with exit 0.
+    (tmp_path / "nanb.py").write_text(textwrap.dedent(NAN_PLUGIN))
+    info = tmp_path / "nanb-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nanb\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[tileinfer]\nnanb = nanb\n")
+    env = {**tiny_home, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get(
+        "PYTHONPATH", "")])}
+    result = tileinfer("run", "-m", "tiny", "--backend", "nanb", "-n", "3", "hi", env=env)
+    assert_one_line_error(result, re.escape("the model computed non-finite logits (NaN or "
+                                            "infinity) for generated token 0 on backend 'nanb'"))

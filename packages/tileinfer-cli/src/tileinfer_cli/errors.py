@@ -14,8 +14,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tileinfer.engine.generation.chat import ChatSessionBusyError
     from tileinfer.io.local_models import LocalModelError
     from tileinfer.model.loader import MemoryLimitError
+    from tileinfer.engine.runtime.finite import NonFiniteLogitsError
 
     return (UserError, ti.BackendError, ti.ConfigError, ti.WeightsError, ti.HubError,
             ti.GGUFImportError, ti.ChatTemplateError, ti.OutOfPagesError, ti.ContextLengthError,
             ti.PromptTooLongError, ti.DefaultModelUnavailable, LocalModelError,
-            MemoryLimitError, ChatSessionBusyError, ValueError, FileNotFoundError)
+            MemoryLimitError, ChatSessionBusyError, NonFiniteLogitsError, ValueError,
+            FileNotFoundError)

@@ -24,7 +24,7 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
                      key_smoothing_from_calibration, kv_bytes_per_token, load_dflash,
                      memory_report, new_cache, prepare_step, static_metadata)
 from .engine import (BatchRunner, EngineThread, LLMEngine, ModelRuntime,
-                     PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
+                     NonFiniteLogitsError, PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
                      runner_for, runtime_of)
 
 

@@ -17,6 +17,7 @@ from .kv.cache import (ContextLengthError, OutOfPagesError, PagedKVCache, Sequen
                        kv_bytes_per_token, new_cache)
 from .kv.step import StepMetadata, prepare_step, static_metadata
 from .memory import memory_report
+from .runtime.finite import NonFiniteLogitsError
 from .runtime.runtime import ModelRuntime, PoolBusyError, runtime_of
 from .serving.batch import generate_batch
 from .serving.batch_runner import BatchRunner

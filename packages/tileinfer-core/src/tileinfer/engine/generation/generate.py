@@ -90,6 +90,7 @@ def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     while True:
         runner.forward(seq, pending, sampling)
         token = int(runner.next_token[0])  # waits for the step
+        runner.check_finite(float(runner.logit_sum[0]), len(new))
         if token in stop:
             break
         new.append(token)
@@ -104,10 +105,12 @@ def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
 def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     device_token = runner.next_token
     host_tokens = torch.empty(max_new_tokens + 1, dtype=torch.int32, pin_memory=True)
+    host_sums = torch.empty(max_new_tokens + 1, dtype=torch.float32, pin_memory=True)
     events = []
 
     def launch_copy(k):
         host_tokens[k : k + 1].copy_(device_token, non_blocking=True)
+        host_sums[k : k + 1].copy_(runner.logit_sum, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         events.append(event)
@@ -132,6 +135,7 @@ def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
             launch_next()
         events[k].synchronize()
         token = int(host_tokens[k])
+        runner.check_finite(float(host_sums[k]), k)
         if token in stop:
             break
         new.append(token)

@@ -37,6 +37,7 @@ import torch
 
 from ...backend.sampling import SamplingParams
 from ..kv.step import prepare_step, static_metadata
+from ..runtime.finite import check_finite
 from ..runtime.graphs import use_graphs
 from ..runtime.runtime import runtime_of
 from ..runtime.static_steps import StaticStep, StaticSteps
@@ -78,6 +79,7 @@ class ModelRunner:
             self.steps = runtime.steps
             # The counter-based random stream of device sampling: seed and the next counter.
             self.seed, self.counter = runtime.seed, runtime.counter
+            self.logit_sum = runtime.logit_sum
             # Row count -> the latest measured seconds of steps of that many rows: the
             # pipelined speculative loop's cost model, kept as long as the runtime.
             self.step_seconds = runtime.step_seconds
@@ -89,6 +91,7 @@ class ModelRunner:
             device = model.device
             self.seed = torch.zeros(1, dtype=torch.int64, device=device)
             self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+            self.logit_sum = torch.zeros(1, dtype=torch.float32, device=device)
             self.step_seconds: dict[int, list[float]] = {}
             self._cache = cache
 
@@ -157,6 +160,7 @@ class ModelRunner:
         the same slot, the first time this step and sampling come (a prefill bucket)."""
         if rows and "tokens" not in slot.extra:
             slot.extra["tokens"] = torch.zeros(n, dtype=torch.int32, device=self.model.device)
+            slot.extra["sums"] = torch.zeros(n, dtype=torch.float32, device=self.model.device)
 
         def step():
             slot.extra["logits"] = self.model.forward_step(slot.meta, slot.buffers, self.cache)
@@ -178,6 +182,7 @@ class ModelRunner:
         if rows:  # greedy: the argmax of every row (it does not advance the counter)
             self.model.ops.sample_tokens(slot.extra["tokens"], logits, 0.0, 0, 1.0, self.seed,
                                          self.counter, None)
+            torch.sum(logits, dim=1, out=slot.extra["sums"])  # (engine/runtime/finite.py)
         else:
             self._sample_into(logits, sampling, out)
 
@@ -203,6 +208,8 @@ class ModelRunner:
         self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
                                      sampling.top_p, self.seed, self.counter, None)
         self.counter.add_(1)
+        # The sampled row's sum, read with the token: NaN or inf shows (engine/runtime/finite.py).
+        torch.sum(logits[-1:], dim=1, out=self.logit_sum)
 
     # -- public steps ------------------------------------------------------------------------
 
@@ -286,6 +293,15 @@ class ModelRunner:
         """(n,) int32 on the device: every row's greedy token of the last n-token step run with
         ``sample_rows`` (a static buffer: read it before the next such step)."""
         return self._slot(n, all_logits=True).extra["tokens"]
+
+    def row_sums(self, n: int) -> torch.Tensor:
+        """(n,) float32 on the device: the sum of every row's logits of that step."""
+        return self._slot(n, all_logits=True).extra["sums"]
+
+    def check_finite(self, total: float, token_index: int):
+        """NonFiniteLogitsError unless ``total``, the logits' sum of new token ``token_index``
+        (``logit_sum`` or ``row_sums``), is finite."""
+        check_finite(total, token_index, self.model.ops.name)
 
     @property
     def next_token(self) -> torch.Tensor:

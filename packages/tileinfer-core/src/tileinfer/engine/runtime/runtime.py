@@ -11,7 +11,8 @@
   made anew, which needs it idle (no sequence holding pages).
 - ``steps``: the ``StaticSteps`` of every runner (static step buffers and CUDA graphs, one graph
   pool), so a step shape is captured once per process, not once per call.
-- ``seed`` and ``counter``: the device sampling stream that captured graphs read.
+- ``seed`` and ``counter``: the device sampling stream that captured graphs read, and
+  ``logit_sum`` they write (``finite.py``).
 - ``step_seconds``: what steps of n rows measured (the speculative loop's cost model).
 - ``scratch_page``: one page kept out of the pool's use, where padding rows of static steps
   write their keys and values.
@@ -57,6 +58,8 @@ class ModelRuntime:
         device = model.device
         self.seed = torch.zeros(1, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        # The sum of the last sampled row's logits (a NaN check, engine/runtime/finite.py).
+        self.logit_sum = torch.zeros(1, dtype=torch.float32, device=device)
         self.step_seconds: dict[int, list[float]] = {}
         self._parts: dict = {}
         self.pool_builds = 0

@@ -58,16 +58,22 @@ def bucket_sizes(max_batch: int) -> list[int]:
 @dataclass(eq=False)
 class SampledIds:
     """A step's sampled token ids: on the device (``ids``), and their copy to the host
-    (``host``, complete once ``ready`` is: an event on CUDA, None on the CPU)."""
+    (``host``, complete once ``ready`` is: an event on CUDA, None on the CPU), with each row's
+    logits' sum (``host_sums``: NaN or inf shows there, engine/runtime/finite.py)."""
 
     ids: torch.Tensor
     host: torch.Tensor
+    host_sums: torch.Tensor
     ready: object = None
 
     def tolist(self) -> list[int]:
         if self.ready is not None:
             self.ready.synchronize()
         return self.host.tolist()
+
+    def sums(self) -> list[float]:
+        """Each row's logits' sum (after ``tolist``)."""
+        return self.host_sums.tolist()
 
 
 class BatchRunner:
@@ -162,14 +168,16 @@ class BatchRunner:
 
     def sample(self, logits: torch.Tensor, params, seeds, counters) -> SampledIds:
         """Each row's token (``sample_batch``: row r with params[r] from the stream
-        (seeds[r], counters[r])), and its copy to the host started."""
+        (seeds[r], counters[r])) and its logits' sum, their copy to the host started."""
         ids = sample_batch(self.model.ops, logits, params, seeds, counters)
+        sums = logits.sum(dim=1)
         if not ids.is_cuda:
-            return SampledIds(ids, ids)
+            return SampledIds(ids, ids, sums)
         host = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order
+        host_sums = sums.to("cpu", non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return SampledIds(ids, host, ready)
+        return SampledIds(ids, host, host_sums, ready)
 
     def _static_step(self, size: int, seqs, token_lists, keep_ids: bool = False) -> StaticStep:
         """Bucket ``size``'s metadata filled with the step of seqs, padding rows after them."""

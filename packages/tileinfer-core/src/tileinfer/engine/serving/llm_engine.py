@@ -37,6 +37,7 @@ import torch
 
 from ...backend.sampling import SamplingParams
 from ..kv.prefix_cache import PrefixCache
+from ..runtime.finite import non_finite
 from ..runtime.runtime import runtime_of
 from .batch_runner import BatchRunner, SampledIds
 from .batch_sampling import token_logprobs
@@ -104,7 +105,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.cache, self.prefix, max_running, max_step_tokens,
                                    watermark, max_len=model.max_len)
         # An engine dropped without close() gives its requests' pages back when collected.
-        self._finalizer = weakref.finalize(self, _free_requests, self.scheduler)
+        self._finalizer = weakref.finalize(self, self.scheduler.free_all)
         self._requests: dict[int, Request] = {}  # taken in by a step, not finished
         self._inbox: list[tuple[str, object]] = []  # ("add", Request) / ("abort", id)
         self._live: set[int] = set()  # added and not finished
@@ -119,7 +120,7 @@ class LLMEngine:
 
     @property
     def num_pages(self) -> int:
-        """Pages of the pool for requests (the runtime's scratch page is not one)."""
+        """Pages of the pool for requests (not the runtime's scratch page)."""
         return self.cache.num_pages - 1
 
     # -- requests ------------------------------------------------------------------------------
@@ -299,6 +300,7 @@ class LLMEngine:
         reqs, sampled = flight.reqs, flight.sampled
         try:
             ids = [] if flight.ids is None else flight.ids.tolist()
+            sums = [] if flight.ids is None else flight.ids.sums()
             lps = {}
             want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
             if want:
@@ -317,6 +319,10 @@ class LLMEngine:
         for j, (i, token) in enumerate(zip(sampled, ids)):
             req = reqs[i]
             if req.state != RUNNING:  # aborted while the step ran
+                continue
+            problem = non_finite(sums[j], len(req.output), self.model.ops.name)
+            if problem is not None:  # NaN or inf in its logits: this request fails alone
+                self._finish(req, ERROR, error=problem)
                 continue
             reason = self.scheduler.commit(req, token)
             logprobs = None if lps.get(j) is None else [lps[j]]
@@ -374,16 +380,10 @@ class LLMEngine:
                     static_mixed_steps=self.runner.mixed_steps)
 
     def check_accounting(self) -> dict:
-        """AssertionError unless every page's references equal the sequences holding it (the
-        runner's scratch page included), waiting requests hold none and cached pages are
-        unreferenced. Returns ``stats()``."""
+        """AssertionError unless the pool's references match the requests' pages (see
+        ``Scheduler.check_pages``). Returns ``stats()``."""
         with self._step_lock:
-            holders = [req.seq.pages for req in self.scheduler.running]
-            assert all(req.seq is not None for req in self.scheduler.running)
-            assert all(req.seq is None for req in self.scheduler.waiting), \
-                "a waiting request holds pages"
-            holders.append([self.runner.scratch_page])
-            self.cache.allocator.check(held_by=holders)
+            self.scheduler.check_pages(self.runner.scratch_page)
             return self.stats()
 
     def close(self):
@@ -393,8 +393,3 @@ class LLMEngine:
             self.fail_all("the engine was closed")
             self.closed = True
 
-
-def _free_requests(scheduler: Scheduler):
-    """Give back the pages of every request the scheduler holds (an engine that was dropped)."""
-    for req in list(scheduler.running) + list(scheduler.waiting):
-        scheduler.free(req)

@@ -81,6 +81,20 @@ class Scheduler:
             self.cache.release(req.seq)
         req.seq, req.page_keys = None, []
 
+    def free_all(self):
+        """Give back the pages of every request (an engine that was dropped)."""
+        for req in self.running + self.waiting:
+            self.free(req)
+
+    def check_pages(self, *others: int):
+        """AssertionError unless every page's references equal the running requests' pages
+        (and the pages ``others`` held beside them, once each), waiting requests hold none and
+        cached pages are unreferenced."""
+        assert all(req.seq is not None for req in self.running)
+        assert all(req.seq is None for req in self.waiting), "a waiting request holds pages"
+        holders = [req.seq.pages for req in self.running] + [[page] for page in others]
+        self.cache.allocator.check(held_by=holders)
+
     def preempt(self, req: Request):
         """Free req's pages and queue it again (ahead of the requests that came after it)."""
         self.running.remove(req)

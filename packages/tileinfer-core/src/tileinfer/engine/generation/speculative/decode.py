@@ -76,6 +76,7 @@ def generate_speculative(runner, seq, ids, proposer, max_new_tokens: int, sampli
 
     runner.forward(seq, ids, sampling)  # prefill: token 0 from the stream (seed, 0)
     emitted = [int(runner.next_token[0])]
+    runner.check_finite(float(runner.logit_sum[0]), 0)
     new: list[int] = []
     while True:
         # seq holds everything before emitted[-1]; emitted[0] sits at position first.
@@ -99,6 +100,8 @@ def generate_speculative(runner, seq, ids, proposer, max_new_tokens: int, sampli
             drafts = Draft(drafts)
         drafts = drafts.truncated(max(k, 0))
         emitted = _verify(runner, seq, last, drafts, sampling, len(new), out, last_counter)
+        for j, total in enumerate(emitted.sums):
+            runner.check_finite(total, len(new) + j)
         stats.record(len(drafts), len(emitted) - 1)
         budget.record(len(drafts), len(emitted) - 1)
 
@@ -121,9 +124,18 @@ def _verify(runner, seq, last, drafts: Draft, sampling, counter: int, out, last_
         ops.sample_tokens(out[n - 1:n], logits[n - 1:], t, top_k, top_p, runner.seed,
                           last_counter, None)
     tokens = out[:n].tolist()  # waits for the step
+    sums = logits[:n].sum(dim=1).tolist()  # NaN or inf in a row shows (runtime/finite.py)
     # A rejected row's token differs from its draft (greedy: it is the argmax the draft missed).
     accepted = 0
     while accepted < n - 1 and tokens[accepted] == drafts[accepted]:
         accepted += 1
     runner.cache.truncate(seq, start + 1 + accepted)  # keep last and the accepted drafts
-    return tokens[:accepted + 1]
+    return _Emitted(tokens[:accepted + 1], sums[:accepted + 1])
+
+
+class _Emitted(list):
+    """The tokens a verify step emits, and ``sums``: the logits' sum of the row of each."""
+
+    def __init__(self, tokens, sums):
+        super().__init__(tokens)
+        self.sums = sums

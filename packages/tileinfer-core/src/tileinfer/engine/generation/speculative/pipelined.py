@@ -69,6 +69,9 @@ class _Step:
     previous_event: object | None = None  # the end of the step launched before it (timing)
     timed: bool = False  # whether its time is its cost (see _Loop.SLOW_LAUNCH)
     guess: int = 0  # the placeholder of a device-given first input (a valid token id)
+    sums: torch.Tensor | None = None  # (n,) float32 on the device: each row's logits' sum
+    host_sums: torch.Tensor | None = None
+    totals: list | None = None  # the host's copy of sums, once read (runtime/finite.py)
 
     @property
     def n(self) -> int:
@@ -126,7 +129,7 @@ class _Loop:
         runner.forward(self.seq, self.ids, self.sampling)  # token 0 from the stream (seed, 0)
         self.device_counter = 1
         prefill = self._record(_Step(self.base - 1, [self.known[-1]], None, runner.next_token,
-                                     None, None))
+                                     None, None, sums=runner.logit_sum))
         self.pending.append(prefill)
         try:
             while True:
@@ -175,6 +178,7 @@ class _Loop:
                 # the pipeline ran it (host delays included).
                 self.policy.observe(step.n, step.previous_event.elapsed_time(step.event) / 1e3)
         step.outputs = step.host[:step.n].tolist()
+        step.totals = step.host_sums[:step.n].tolist()
         known, first_unknown = self.known, len(self.known)
         self._first_input(step)
         fresh = sum(1 for j in range(1, step.n) if step.start + j >= first_unknown)
@@ -191,6 +195,7 @@ class _Loop:
                 if pos + 1 < len(known):
                     continue  # a token known already (an earlier step gave it)
                 emitted += 1
+                self.runner.check_finite(step.totals[j], len(self.new))
                 self._emit(step.outputs[j])
         finally:
             if step.start == self.base - 1 and step.source is None and step.n == 1:
@@ -345,12 +350,12 @@ class _Loop:
                     runner.next_token.copy_(source)
                 runner.decode_from_device(seq, sampling)
             self.device_counter = first_new + 1  # the captured step advanced it
-            step.out = runner.next_token
+            step.out, step.sums = runner.next_token, runner.logit_sum
         elif sampling.greedy:  # every row's argmax, inside the step's graph
             ids = [step.guess if source is not None else step.inputs[0], *step.inputs[1:]]
             runner.forward(seq, ids, sampling, all_logits=True, first_from=source,
                            sample_rows=True)
-            step.out = runner.row_tokens(n)
+            step.out, step.sums = runner.row_tokens(n), runner.row_sums(n)
         else:
             ids = [step.guess if source is not None else step.inputs[0], *step.inputs[1:]]
             logits = runner.forward(seq, ids, all_logits=True, first_from=source)
@@ -367,16 +372,18 @@ class _Loop:
             torch.add(runner.counter, m, out=self.last_counter)
             ops.sample_tokens(out[m:], logits[m:], t, sampling.top_k, sampling.top_p,
                               runner.seed, self.last_counter, None)
-            step.out = out
+            step.out, step.sums = out, logits[:n].sum(dim=1)
             self.ring.record(i)
         self._record(step)
         self.pending.append(step)
 
     def _record(self, step: _Step) -> _Step:
-        """Queue the copy of the step's tokens to the host, and an event after it."""
+        """Queue the copy of the step's tokens and logits' sums to the host, and an event after
+        it."""
         i = self.ring.take()
-        step.host = self.ring.host[i]
+        step.host, step.host_sums = self.ring.host[i], self.ring.host_sums[i]
         step.host[:step.n].copy_(step.out, non_blocking=self.cuda)
+        step.host_sums[:step.n].copy_(step.sums, non_blocking=self.cuda)
         step.event = self.ring.record(i)
         step.previous_event, self.last_event = self.last_event, step.event
         return step

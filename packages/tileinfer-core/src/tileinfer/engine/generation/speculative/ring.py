@@ -9,9 +9,9 @@ import torch
 
 
 class Ring:
-    """RING buffers per launch slot: pinned host tokens and, for sampled verify steps, device
-    tokens and drafts; a slot is written again only once its last use on the device has
-    finished (a CUDA event). Kept per runner across generations (``_ring``)."""
+    """RING buffers per launch slot: pinned host tokens and logits' sums and, for sampled verify
+    steps, device tokens and drafts; a slot is written again only once its last use on the
+    device has finished (a CUDA event). Kept per runner across generations (``ring_for``)."""
 
     RING = 8
 
@@ -20,6 +20,8 @@ class Ring:
         self.cuda = torch.device(device).type == "cuda"
         self.pin = dict(pin_memory=True) if self.cuda else {}
         self.host = [torch.empty(width, dtype=torch.int32, **self.pin) for _ in range(self.RING)]
+        self.host_sums = [torch.empty(width, dtype=torch.float32, **self.pin)
+                          for _ in range(self.RING)]
         self._sampled = None  # (device tokens, pinned drafts, device drafts) per slot
         self.done = [None] * self.RING
         self.i = -1
