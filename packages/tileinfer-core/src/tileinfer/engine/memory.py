@@ -27,6 +27,7 @@ import torch
 from ..model.quant import Int8Weight
 from ..model.weights import weight_bytes
 from .kv.cache import PagedKVCache
+from .runtime.runtime import existing_runtime
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
 
@@ -116,7 +117,7 @@ def memory_report(model, cache: PagedKVCache | None = None, budget_bytes: int | 
                   kv_budget_bytes=budget, kv_capacity_tokens=pages * probe.page_size)
     if cache is not None:
         report.update(cache_bytes=cache_bytes(cache), cache_tokens=positions)
-    runtime = model.attachments.get("runtime")
+    runtime = existing_runtime(model)
     report["runtime"] = runtime.memory() if runtime is not None else dict(
         kv_pool_bytes=0, kv_pool_pages=0, kv_pages_live=0, static_step_bytes=0, static_steps=0,
         cuda_graphs=0)

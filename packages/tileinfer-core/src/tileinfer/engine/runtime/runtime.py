@@ -16,8 +16,8 @@
 - ``step_seconds``: what steps of n rows measured (the speculative loop's cost model).
 - ``scratch_page``: one page kept out of the pool's use, where padding rows of static steps
   write their keys and values.
-- parts made on demand by the layers above (the single-sequence runner, the batched runner),
-  through ``part(name, make)``, so this module imports neither.
+- parts made on demand by the layers above (the single-sequence runner of each graphs
+  setting), through ``part(name, make)``, so this module imports none of them.
 
 ``lock``: one step at a time on the model's static tensors. A generation holds it for its
 whole length, a serving engine for each step; a second thread waits.
@@ -173,9 +173,20 @@ class ModelRuntime:
                 torch.cuda.empty_cache()
 
 
+_MAKING = threading.Lock()
+
+
 def runtime_of(model) -> ModelRuntime:
     """The model's runtime, made on first use (``model.close()`` closes it)."""
     runtime = model.attachments.get(_ATTACHMENT)
     if runtime is None:
-        runtime = model.attachments[_ATTACHMENT] = ModelRuntime(model)
+        with _MAKING:  # two threads' first calls make one runtime
+            runtime = model.attachments.get(_ATTACHMENT)
+            if runtime is None:
+                runtime = model.attachments[_ATTACHMENT] = ModelRuntime(model)
     return runtime
+
+
+def existing_runtime(model) -> ModelRuntime | None:
+    """The model's runtime if one was made (and not closed), else None."""
+    return model.attachments.get(_ATTACHMENT)
