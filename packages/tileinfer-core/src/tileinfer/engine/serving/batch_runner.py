@@ -43,6 +43,7 @@ from ..kv.cache import Sequence
 from ..kv.step import StepMetadata, prepare_step
 from ..runtime.graphs import use_graphs
 from ..runtime.static_steps import StaticStep
+from .batch_processing import count_rows, process_rows
 from .batch_sampling import sample_batch
 from .mixed_steps import MixedShape, mixed_shape, padding_lengths
 
@@ -170,6 +171,17 @@ class BatchRunner:
         ready = torch.cuda.Event()
         ready.record()
         return SampledIds(ids, host, ready)
+
+    def sample_requests(self, logits: torch.Tensor, reqs, ahead: int = 0) -> SampledIds:
+        """``sample`` for rows of requests: row j is reqs[j]'s token len(output) + ahead, from
+        its parameters (logit bias, penalties and min_p applied first, ``batch_processing``)
+        and its stream (seed, that index)."""
+        counters = [len(req.output) + ahead for req in reqs]
+        rows = process_rows(logits, reqs, counters)
+        sampled = self.sample(rows, [req.sampling for req in reqs], [req.seed for req in reqs],
+                              counters)
+        count_rows(sampled.ids, reqs, counters)
+        return sampled
 
     def _static_step(self, size: int, seqs, token_lists, keep_ids: bool = False) -> StaticStep:
         """Bucket ``size``'s metadata filled with the step of seqs, padding rows after them."""
