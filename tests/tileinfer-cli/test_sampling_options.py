@@ -1,5 +1,6 @@
 """``-o KEY VALUE`` on run and chat: every sampling option of the API by the OpenAI-style names
-(temperature, top_p, top_k, seed, max_tokens), checked like the flags, unknown keys refused in
+(temperature, top_p, top_k, seed, max_tokens, presence_penalty, frequency_penalty,
+repetition_penalty, min_p, logit_bias), checked like the flags, unknown keys refused in
 one line that lists the known ones."""
 
 import json
@@ -23,10 +24,35 @@ def test_each_option_sets_what_its_flag_sets(command):
     assert parse(command + ["-o", "top_k", "1", "-o", "top_k", "2"]).top_k == 2  # the last wins
 
 
+
+@pytest.mark.parametrize("command", [["run", "hi"], ["chat"]])
+def test_logit_processing_options_set_what_their_flags_set(command):
+    parse = build_parser().parse_args
+    via_o = parse(command + ["-o", "presence_penalty", "0.5", "-o", "frequency_penalty", "-1",
+                             "-o", "repetition_penalty", "1.2", "-o", "min_p", "0.05",
+                             "-o", "logit_bias", '{"7": -100, "12": 2.5}'])
+    via_flags = parse(command + ["--presence-penalty", "0.5", "--frequency-penalty", "-1",
+                                 "--repetition-penalty", "1.2", "--min-p", "0.05",
+                                 "--logit-bias", '{"7": -100, "12": 2.5}'])
+    assert vars(via_o) == vars(via_flags)
+    assert (via_o.presence_penalty, via_o.frequency_penalty, via_o.repetition_penalty,
+            via_o.min_p, via_o.logit_bias) == (0.5, -1.0, 1.2, 0.05, {7: -100.0, 12: 2.5})
+
+
 @pytest.mark.parametrize("args,pattern", [
-    (["-o", "frequency_penalty", "1"], r"argument --option/-o: unknown option "
-                                       r"'frequency_penalty'; the options are temperature, "
-                                       "top_p, top_k, seed, max_tokens"),
+    (["-o", "best_of", "1"], r"argument --option/-o: unknown option 'best_of'; the options are "
+                             "temperature, top_p, top_k, seed, max_tokens, presence_penalty, "
+                             "frequency_penalty, repetition_penalty, min_p, logit_bias"),
+    (["-o", "presence_penalty", "2.5"], r"argument --option/-o: presence_penalty: 2.5 is out of "
+                                        r"range"),
+    (["-o", "repetition_penalty", "0"], r"argument --option/-o: repetition_penalty: 0 is out of "
+                                        r"range"),
+    (["-o", "min_p", "-0.1"], r"argument --option/-o: min_p: -0.1 is out of range"),
+    (["-o", "logit_bias", "[1]"], r"argument --option/-o: logit_bias: \[1\] is not a JSON "
+                                  r"object of token ids to biases"),
+    (["-o", "logit_bias", '{"5": 300}'], r"argument --option/-o: logit_bias: the bias of token 5 "
+                                         r"must be a number in \[-100, 100\]"),
+    (["-o", "logit_bias", '{"x": 3}'], r"argument --option/-o: logit_bias: x is not a token id"),
     (["-o", "top_p", "2"], r"argument --option/-o: top_p: 2 is out of range"),
     (["-o", "max_tokens", "0"], r"argument --option/-o: max_tokens: 0 is out of range"),
     (["-o", "seed", "x"], r"argument --option/-o: seed: 'x' is not an integer"),
@@ -47,3 +73,21 @@ def test_options_reach_the_sampler(tiny_home):
                      "-o", "max_tokens", "6")
     assert sampled == tokens("--temperature", "1.5", "--seed", "3", "--top-k", "20", "-n", "6")
     assert len(sampled) == 6 and sampled != tokens("-n", "6")
+
+
+def test_logit_processing_options_reach_the_sampler(tiny_home):
+    def tokens(*args):
+        result = tileinfer("run", "-m", "tiny", "--json", "--temperature", "0", "-n", "8", *args,
+                           "the thin", env=tiny_home)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["tokens"]
+
+    greedy = tokens()
+    assert tokens("-o", "logit_bias", json.dumps({str(greedy[0]): -100}))[0] != greedy[0]
+    assert tokens("-o", "frequency_penalty", "2", "-o", "presence_penalty", "2") != greedy
+    result = tileinfer("run", "-m", "tiny", "-o", "logit_bias", '{"99999999": 1}', "hi",
+                       env=tiny_home)
+    assert_one_line_error(result, "logit_bias: token 99999999 is outside the vocabulary")
+    result = tileinfer("run", "-m", "tiny", "--speculative", "ngram", "-o", "min_p", "0.1",
+                       "-o", "temperature", "1", "hi", env=tiny_home)
+    assert_one_line_error(result, "speculative decoding does not take")

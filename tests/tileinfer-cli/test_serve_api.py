@@ -426,7 +426,7 @@ def test_bad_requests_get_400_with_the_reason(http, client):
     message = _error(http.post(chat, json=dict(messages=hi, best_friend=True)), 400,
                      "best_friend")
     assert "unsupported parameter" in message
-    _error(http.post(chat, json=dict(messages=hi, presence_penalty=1.0)), 400,
+    _error(http.post(chat, json=dict(messages=hi, presence_penalty=3.0)), 400,
            "presence_penalty")
     _error(http.post(chat, content=b'{"messages": [', headers={
         "content-type": "application/json"}), 400)

@@ -97,6 +97,50 @@ def test_omitted_sampling_parameters_take_generation_config(server, folder, clie
     assert text == offline_text(offline, ids, SamplingParams(1.3, top_k=20, top_p=0.9), 16, 7)
 
 
+def test_penalties_bias_and_min_p_give_the_engines_tokens(client, offline):
+    """OpenAI's presence_penalty, frequency_penalty and logit_bias (string keys), vLLM's
+    repetition_penalty and min_p: the text the offline engine gives with those SamplingParams."""
+    prompt = "Tell me a story"
+    ids = offline[1].encode(prompt)
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, seed=3,
+                                      temperature=0.9).choices[0].text
+    asked = dict(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={"100": 5.0, "7": -100})
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, seed=3,
+                                     temperature=0.9, **asked,
+                                     extra_body=dict(repetition_penalty=1.4, min_p=0.05)
+                                     ).choices[0].text
+    expected = offline_text(offline, ids, SamplingParams(
+        0.9, top_k=20, top_p=0.9, presence_penalty=1.5, frequency_penalty=0.5,
+        logit_bias={100: 5.0, 7: -100}, repetition_penalty=1.4, min_p=0.05), 16, 3)
+    assert text == expected and text != plain
+
+
+def test_chat_takes_them_too(folder, client, offline):
+    messages = [{"role": "user", "content": "hi"}]
+    ids = offline[1].encode(chat_prompt(folder, messages, add_generation_prompt=True),
+                            add_special_tokens=False)
+    answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
+                                            temperature=0, frequency_penalty=2.0,
+                                            logit_bias={"100": 3.0},
+                                            extra_body=dict(repetition_penalty=1.5))
+    expected = offline_text(offline, ids, SamplingParams(
+        frequency_penalty=2.0, logit_bias={100: 3.0}, repetition_penalty=1.5), 10, 0)
+    assert answer.choices[0].message.content == expected
+    assert expected != offline_text(offline, ids, SamplingParams(), 10, 0)
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(min_p=1.5), "min_p"),
+    (dict(logit_bias={"abc": 1}), "logit_bias"), (dict(logit_bias={"5": 101}), "logit_bias"),
+    (dict(logit_bias={"99999999": 1}), "logit_bias"),
+])
+def test_logit_processing_out_of_range_gets_400(http, body, param):
+    r = http.post("/v1/completions", json=dict(prompt="hi", max_tokens=1, **body))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "name": "alice", "content": "What is the weather in Paris?"},

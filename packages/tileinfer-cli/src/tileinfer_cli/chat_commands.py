@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .errors import UserError
-from .sampling_options import KNOWN, parsed
+from .sampling_options import KNOWN, SAMPLING_FIELDS, parsed
 
 HELP = ("commands: /set KEY VALUE (" + KNOWN + "), /set system TEXT, /set (show), /reset, "
         '/stats, /exit; """ starts and ends a multi-line message; Ctrl-C stops a reply')
@@ -63,8 +63,11 @@ class Commands:
 
     def settings(self) -> dict:
         s = self.session
-        return {"temperature": s.sampling.temperature, "top_p": s.sampling.top_p,
-                "top_k": s.sampling.top_k, "seed": s.seed,
+        p = s.sampling
+        return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
+                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+                "repetition_penalty": p.repetition_penalty, "min_p": p.min_p,
+                "logit_bias": dict(p.logit_bias), "seed": s.seed,
                 "max_tokens": self.args.max_new_tokens, "system": s.system}
 
     def set(self, rest: str):
@@ -82,7 +85,7 @@ class Commands:
             raise UserError(f"/set {key} needs a value")
         attr, checked = parsed(key, value)
         s = self.session
-        if attr in ("temperature", "top_p", "top_k"):
+        if attr in SAMPLING_FIELDS:
             s.sampling = dataclasses.replace(s.sampling, **{attr: checked})
         elif attr == "seed":
             s.seed = checked

@@ -83,6 +83,11 @@ def options_of(args, sampling, stops, seed=None) -> dict:
     options = {"temperature": sampling.temperature, "top_p": sampling.top_p,
                "top_k": sampling.top_k, "seed": args.seed if seed is None else seed,
                "max_tokens": args.max_new_tokens}
+    for name, off in (("presence_penalty", 0), ("frequency_penalty", 0),
+                      ("repetition_penalty", 1), ("min_p", 0), ("logit_bias", ())):
+        if getattr(sampling, name) != off:
+            value = getattr(sampling, name)
+            options[name] = {str(i): b for i, b in value} if name == "logit_bias" else value
     if stops:
         options["stop"] = list(stops)
     if getattr(args, "raw", False):

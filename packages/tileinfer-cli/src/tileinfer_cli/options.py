@@ -10,9 +10,12 @@ import argparse
 import os
 
 from .errors import UserError
-from .parsing import INT32_MAX, INT64_MAX, float_range, int_range
+from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, logit_bias
 from .sampling_options import add_option_flag
 
+# Sampling options without a default in generation_config.json: off unless given.
+PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+              "logit_bias")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_LEN = 4096  # load_model's default max_len (capped by the model's positions)
 
@@ -77,6 +80,17 @@ def add_sampling_options(p: argparse.ArgumentParser):
     g.add_argument("--top-k", type=int_range(0, INT32_MAX), metavar="K", help="0 disables it")
     g.add_argument("--top-p", type=float_range(0, 1, lo_open=True), metavar="P",
                    help="in (0, 1]; 1 disables it")
+    g.add_argument("--presence-penalty", type=float_range(-2, 2), metavar="X",
+                   help="subtracted from the logit of every token the answer holds (OpenAI's)")
+    g.add_argument("--frequency-penalty", type=float_range(-2, 2), metavar="X",
+                   help="subtracted once per occurrence in the answer (OpenAI's)")
+    g.add_argument("--repetition-penalty", type=float_range(0, 1e6, lo_open=True), metavar="R",
+                   help="logits of prompt and answer tokens divided by R if positive, else "
+                        "multiplied (HF's); 1 disables it")
+    g.add_argument("--min-p", type=float_range(0, 1), metavar="P",
+                   help="keep tokens at least P times as likely as the likeliest; 0 disables it")
+    g.add_argument("--logit-bias", type=logit_bias, metavar="JSON",
+                   help="token id -> bias added to its logit, e.g. '{\"2\": -100}'")
     g.add_argument("--seed", type=int_range(0, INT64_MAX // 2), metavar="N",
                    help="random seed of the sampler (default: a random one)")
     g.add_argument("--max-new-tokens", "-n", type=int_range(1, INT32_MAX), default=512,
@@ -125,6 +139,9 @@ def speculative_from(args, model, sampling):
         if getattr(args, "draft_k", None) is not None:
             raise UserError("--draft-k needs speculative decoding (not --speculative none)")
         return None
+    if sampling.processes_logits:
+        raise UserError("speculative decoding does not take presence_penalty, "
+                        "frequency_penalty, repetition_penalty, min_p or logit_bias")
     from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash, load_model,
                            resolve_model_dir)
 
@@ -179,11 +196,17 @@ def sampling_from(args, folder, config):
     from tileinfer import SamplingParams, generation_defaults
 
     defaults, stop_ids = generation_defaults(folder, config)
+    given = {name: getattr(args, name, None) for name in PROCESSING}
     params = SamplingParams(
         temperature=defaults.temperature if args.temperature is None else args.temperature,
         top_k=defaults.top_k if args.top_k is None else args.top_k,
         top_p=defaults.top_p if args.top_p is None else args.top_p,
+        **{name: value for name, value in given.items() if value is not None},
     )
+    bad = [i for i, _ in params.logit_bias if i >= config.vocab_size]
+    if bad:
+        raise UserError(f"logit_bias: token {bad[0]} is outside the vocabulary "
+                        f"(0..{config.vocab_size - 1})")
     return params, stop_ids
 
 

@@ -70,5 +70,32 @@ def float_range(lo: float, hi: float, lo_open: bool = False):
     return parse
 
 
+def logit_bias(text: str) -> dict:
+    """An argparse type: a JSON object of token ids (as strings, as the API takes them) to
+    biases in [-100, 100], e.g. '{"128001": -100}'."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a JSON object of token ids to "
+                                         "biases, e.g. '{\"128001\": -100}'")
+    out = {}
+    for key, bias in value.items():
+        if not key.isdigit() or not key.isascii():
+            raise argparse.ArgumentTypeError(f"{_short(key)} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise argparse.ArgumentTypeError(f"the bias of token {key} must be a number in "
+                                             "[-100, 100]")
+        out[int(key)] = float(bias)
+    return out
+
+
+logit_bias.__name__ = "JSON object"
+
+
 def _short(text: str) -> str:
     return text if len(text) <= 24 else text[:10] + "..." + text[-6:]

@@ -1,14 +1,15 @@
 """The sampling options by the names of the OpenAI-style server (temperature, top_p, top_k, seed,
-max_tokens): ``-o KEY VALUE`` on run and chat, and ``/set KEY VALUE`` inside a chat. Each maps
-to the attribute of the parsed arguments that its command-line flag sets, and is checked with the
-same range as that flag."""
+max_tokens, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias):
+``-o KEY VALUE`` on run and chat, and ``/set KEY VALUE`` inside a chat. Each maps to the
+attribute of the parsed arguments that its command-line flag sets, and is checked with the same
+range as that flag."""
 
 from __future__ import annotations
 
 import argparse
 
 from .errors import UserError
-from .parsing import INT32_MAX, INT64_MAX, float_range, int_range
+from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, logit_bias
 
 # name -> (the argparse attribute, the flag, parse-and-check)
 OPTIONS = {
@@ -17,7 +18,16 @@ OPTIONS = {
     "top_k": ("top_k", "--top-k", int_range(0, INT32_MAX)),
     "seed": ("seed", "--seed", int_range(0, INT64_MAX // 2)),
     "max_tokens": ("max_new_tokens", "--max-new-tokens", int_range(1, INT32_MAX)),
+    "presence_penalty": ("presence_penalty", "--presence-penalty", float_range(-2, 2)),
+    "frequency_penalty": ("frequency_penalty", "--frequency-penalty", float_range(-2, 2)),
+    "repetition_penalty": ("repetition_penalty", "--repetition-penalty",
+                           float_range(0, 1e6, lo_open=True)),
+    "min_p": ("min_p", "--min-p", float_range(0, 1)),
+    "logit_bias": ("logit_bias", "--logit-bias", logit_bias),
 }
+# The options that are SamplingParams fields of the same name (the others: seed, max_tokens).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "min_p", "logit_bias")
 KNOWN = ", ".join(OPTIONS)
 
 

@@ -18,6 +18,8 @@ from .schemas import ChatRequest, CompletionRequest
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_CHOICES = 256  # prompts x n in one request
 INT64 = 2**63
+# Logit processing parameters a request may give (SamplingParams' names); left out: off.
+PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 
 
 @dataclass
@@ -114,10 +116,18 @@ def _sampling(served, req):
     top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
     if top_k >= served.vocab_size:  # keeps every token: off (and within the kernels' int32)
         top_k = 0
+    bias = req.logit_bias_ids()
+    outside = [i for i in bias if i >= served.vocab_size]
+    if outside:
+        raise bad_request(f"logit_bias names token {outside[0]}, outside the vocabulary "
+                          f"(0..{served.vocab_size - 1})", "logit_bias")
+    optional = {name: getattr(req, name) for name in PROCESSING
+                if getattr(req, name) is not None}
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,
-                              top_k=top_k, top_p=d.top_p if req.top_p is None else req.top_p)
+                              top_k=top_k, top_p=d.top_p if req.top_p is None else req.top_p,
+                              logit_bias=bias, **optional)
     except ValueError as e:
         raise bad_request(str(e)) from None
 

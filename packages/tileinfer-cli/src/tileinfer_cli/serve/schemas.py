@@ -2,11 +2,16 @@
 
 Requests forbid unknown fields: a parameter this server does not implement is refused with a
 400 that names it, never ignored. A few OpenAI parameters are accepted only with the value that
-changes nothing (``frequency_penalty: 0``, ``logit_bias: {}``, ``tools: []``, ``echo: false``,
-...), because clients send those defaults explicitly; any other value is refused by name.
+changes nothing (``tools: []``, ``echo: false``, ...), because clients send those defaults
+explicitly; any other value is refused by name.
 
-Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``ignore_eos`` (do not stop at the
-model's end-of-sequence tokens: fixed output lengths for benchmarks), ``chat_template_kwargs``.
+Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` and
+``frequency_penalty`` (in [-2, 2]) and ``logit_bias`` (token ids as strings -> a bias in
+[-100, 100]), and vLLM's ``repetition_penalty`` (> 0) and ``min_p`` (in [0, 1]).
+
+Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``repetition_penalty``, ``min_p``,
+``ignore_eos`` (do not stop at the model's end-of-sequence tokens: fixed output lengths for
+benchmarks), ``chat_template_kwargs``.
 
 Streamed chunks are written by ``chunks.py`` as JSON text directly (many per step); the chunk
 models here describe them and the tests check the written chunks against them.
@@ -15,6 +20,7 @@ models here describe them and the tests check the written chunks against them.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -118,20 +124,24 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)  # an end-user id; shown in the server log
     ignore_eos: bool = False
-    # Accepted only when they change nothing.
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalty(cls, v, info):
-        return _neutral(info.field_name, v, (None, 0, 0.0))
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v, info):
-        return _neutral(info.field_name, v, (None, {}))
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.isdigit() or not key.isascii():
+                raise ValueError(f"logit_bias keys are token ids (digits), got {key!r}")
+            if not math.isfinite(bias) or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias of token {key} must be in [-100, 100], got {bias}")
+        return v
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod

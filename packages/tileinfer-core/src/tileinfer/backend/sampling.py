@@ -10,6 +10,9 @@ int64) and maps the top 23 bits to ``(h + 0.5) / 2**23`` in (0, 1), exactly repr
 float32 (with 24 bits, ``2**24 - 0.5`` would round up to 2**24 and give u = 1, an infinite
 noise). Token ``i`` of a row gets the Gumbel noise ``-log(-log(uniform(seed, counter, i)))``.
 
+Before any of this, a row sampled with logit bias, penalties or min_p goes through
+``tileinfer.backend.logit_processing`` (``sample_host`` applies it; the sampling ops see its result).
+
 Filtering (temperature > 0). ``s = logits * float32(1 / temperature)`` (a multiply, exactly rounded
 on every device). top_k > 0 keeps ``s >= t_k`` where t_k is the k-th largest value of s (ties
 kept). top_p < 1 then keeps ``s >= t_p``, where t_p is the largest value of s whose upper set
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .logit_processing import process_host
+
 MASK32 = 0xFFFFFFFF
 # The index hashed for the acceptance uniform: no token id reaches it.
 ACCEPT_SALT = 0xFFFFFFFF
@@ -43,20 +48,51 @@ _GOLDEN = 0x9E3779B9
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
+
+    The logit processing options (``tileinfer.backend.logit_processing`` defines them exactly,
+    in vLLM's order: logit_bias, repetition, frequency and presence penalties on the logits,
+    then temperature, then min_p, top_k and top_p):
+
+    - presence_penalty, frequency_penalty in [-2, 2] (OpenAI's): subtracted from the logit of
+      every token the output so far holds, once (presence) and once per occurrence (frequency);
+    - repetition_penalty > 0 (HF's and vLLM's; 1 is off): the logits of tokens of the prompt or
+      the output so far are divided by it when positive, multiplied by it otherwise;
+    - logit_bias: token id -> a bias in [-100, 100] added to its logit; given as a mapping (or
+      (id, bias) pairs), kept as a sorted tuple of pairs so that the parameters stay hashable;
+    - min_p in [0, 1] (0 is off): keeps the tokens whose probability is at least min_p times the
+      most likely token's (it does not change a greedy choice).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple = ()
+    min_p: float = 0.0
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+        if not _finite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {k!r}")
         if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _finite(v) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 disables it), got {v!r}")
+        r = self.repetition_penalty
+        if not _finite(r) or r <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 disables it), "
+                             f"got {r!r}")
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number in [0, 1] (0 disables it), got "
+                             f"{self.min_p!r}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +102,41 @@ class SamplingParams:
     def inv_temperature(self) -> float:
         """1 / temperature rounded to float32: the factor every backend multiplies logits by."""
         return float(torch.tensor(1.0 / self.temperature, dtype=torch.float32))
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty needs the tokens seen so far (presence, frequency, repetition)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the logits go through ``logit_processing`` before the sampling op: a penalty,
+        a logit bias, or min_p when sampling (min_p keeps the greedy token)."""
+        return self.penalized or bool(self.logit_bias) or (self.min_p > 0 and not self.greedy)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bias_pairs(bias) -> tuple:
+    """logit_bias as sorted (token id, bias) pairs, each id once, each bias in [-100, 100]."""
+    items = bias.items() if hasattr(bias, "items") else bias
+    try:
+        pairs = [(i, b) for i, b in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}") from None
+    out = {}
+    for i, b in pairs:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {i!r}")
+        if not _finite(b) or not -100 <= b <= 100:
+            raise ValueError(f"logit_bias of token {i} must be a number in [-100, 100], got {b!r}")
+        if i in out:
+            raise ValueError(f"logit_bias names token {i} twice")
+        out[i] = float(b)
+    return tuple(sorted(out.items()))
 
 
 # --- the counter-based random stream -----------------------------------------------------------
@@ -237,9 +308,14 @@ def accept_rows(logits, draft_ids, draft_probs, params: SamplingParams, seed, co
     return torch.where(accept, d[:, 0], score.argmax(-1))
 
 
-def sample_host(logits, params: SamplingParams, seed: int, counter: int) -> int:
-    """The token the device samples from one logit row (vocab,) for stream (seed, counter)."""
+def sample_host(logits, params: SamplingParams, seed: int, counter: int, prompt=(),
+                output=()) -> int:
+    """The token the device samples from one logit row (vocab,) for stream (seed, counter).
+    prompt, output: the token ids before the output and the output so far, which the penalties
+    read (``logit_processing``; only when params.processes_logits)."""
     row = logits.detach().float().cpu().reshape(1, -1)
+    if params.processes_logits:
+        row = process_host(row, params, prompt, output)
     ids = sample_rows(row, params, torch.tensor([seed]), torch.tensor([counter]))
     return int(ids[0])
 

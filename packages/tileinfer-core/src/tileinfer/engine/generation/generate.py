@@ -4,6 +4,12 @@ Every token is sampled by the backend's ``sample_tokens`` op from the stream (se
 k-th new token, so the result is a function of the logits and one seed whichever path runs it:
 ``tileinfer.sampling.sample_host(logits, params, seed, k)`` picks the same token.
 
+Logit bias, penalties and min_p (``SamplingParams``) are applied on the device before the
+sampling op, with the sequence's token counts kept on the device and updated by each sampling
+step (``sequence_processing.py``), so pipelined decoding and CUDA graphs run them as they run
+the rest; ``sample_host(..., prompt=, output=)`` gives the same tokens, the prompt being all the
+sequence holds before the output. Speculative decoding does not take them.
+
 Pipelined decoding (CUDA graphs on a CUDA device): each step's sampled token is written on the
 device into the next step's input, and copied to pinned host memory asynchronously. The host
 launches step k + 1 before it reads token k, so the GPU never waits for Python; when token k turns
@@ -59,6 +65,9 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     ids = [int(i) for i in ids]
     if not ids:
         raise ValueError("generate needs at least one input token")
+    if speculative is not None and sampling.processes_logits:
+        raise ValueError("speculative decoding does not take logit bias, penalties or min_p: "
+                         "generate without a proposer")
     stop = set(runner.model.config.eos_token_ids if stop_ids is None else stop_ids)
     seed = random.getrandbits(63) if seed is None else int(seed)
     if pipeline is None:
@@ -74,6 +83,7 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
                                             sampling, stop, seed, on_token, spec_stats)
             runner.seed.fill_(seed)
             runner.counter.zero_()
+            runner.begin_sampling(sampling, seq.tokens + ids)
             loop = _pipelined if pipeline else _stepwise
             return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
         except BaseException:

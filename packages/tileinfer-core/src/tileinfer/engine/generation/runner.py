@@ -41,6 +41,7 @@ from ..runtime.finite import check_finite
 from ..runtime.graphs import use_graphs
 from ..runtime.runtime import runtime_of
 from ..runtime.static_steps import StaticStep, StaticSteps
+from .sequence_processing import SequenceProcessing, graph_key
 
 MAX_GRAPH_TOKENS = 8
 MAX_PREFILL_BUCKET = 512
@@ -75,6 +76,8 @@ class ModelRunner:
         self.hidden_layers: tuple[int, ...] = ()
         self.step_listener = None
         self.runtime = runtime
+        # Logit bias, penalties and min_p of the current generation: made on first use.
+        self.processing: SequenceProcessing | None = None
         if runtime is not None:
             self.steps = runtime.steps
             # The counter-based random stream of device sampling: seed and the next counter.
@@ -168,9 +171,12 @@ class ModelRunner:
 
         def warmup():  # samples into scratch so that the step's input ids stay as they are
             counter, scratch = self.counter.clone(), torch.empty_like(self.next_token)
+            counts = self.processing.saved() if self.processing is not None else None
             slot.extra["logits"] = self.model.forward_step(slot.meta, slot.buffers, self.cache)
             self._sample_step(slot, sampling, rows, scratch)
             self.counter.copy_(counter)
+            if counts is not None:
+                self.processing.restore(counts)
 
         self.steps.run(slot, self._graph_key(sampling, rows), step, capture_at=capture_at,
                        warmup=warmup, eager=not self.graphs)
@@ -190,7 +196,7 @@ class ModelRunner:
     def _graph_key(sampling: SamplingParams | None, rows: bool = False):
         if sampling is None:
             return None
-        key = (sampling.temperature, sampling.top_k, sampling.top_p)
+        key = (sampling.temperature, sampling.top_k, sampling.top_p, *graph_key(sampling))
         return ("rows", *key) if rows else key
 
     def has_graph(self, n: int, sampling: SamplingParams | None) -> bool:
@@ -205,11 +211,33 @@ class ModelRunner:
         return self._slot(n).graphs.get(self._graph_key(sampling))
 
     def _sample_into(self, logits, sampling, out):
-        self.model.ops.sample_tokens(out, logits[-1:], sampling.temperature, sampling.top_k,
+        row = logits[-1:]
+        if sampling.processes_logits:
+            row = self.processing.process(row, sampling)
+        self.model.ops.sample_tokens(out, row, sampling.temperature, sampling.top_k,
                                      sampling.top_p, self.seed, self.counter, None)
         self.counter.add_(1)
         # The sampled row's sum, read with the token: NaN or inf shows (engine/runtime/finite.py).
         torch.sum(logits[-1:], dim=1, out=self.logit_sum)
+        if sampling.processes_logits:
+            self.processing.count(out, sampling)
+
+    def begin_sampling(self, sampling: SamplingParams, context):
+        """Set up logit bias, penalties and min_p for a generation after the ``context`` token
+        ids (everything the sequence holds before its output; the repetition penalty reads
+        them): needed before the first step that samples with such parameters. Nothing to do
+        for parameters without them."""
+        if not sampling.processes_logits:
+            return
+        if self.processing is None:
+            self.processing = SequenceProcessing(self.model.config.vocab_size, self.model.device)
+        self.processing.begin(sampling, [int(i) for i in context])
+
+    def _check_sampling(self, sampling):
+        if sampling is not None and sampling.processes_logits and (
+                self.processing is None or self.processing.params != sampling):
+            raise ValueError("sampling with logit bias, penalties or min_p needs "
+                             "begin_sampling(sampling, context) before the generation's steps")
 
     # -- public steps ------------------------------------------------------------------------
 
@@ -231,6 +259,7 @@ class ModelRunner:
                                 and len(ids) in self.sizes):
             raise ValueError("sample_rows needs all_logits, a static step size and greedy "
                              "sampling")
+        self._check_sampling(sampling)
         ids = [int(i) for i in ids]
         n, start = len(ids), len(seq)
         max_len = self.model.max_len
@@ -276,6 +305,7 @@ class ModelRunner:
         device (already in ``next_token``); the host only sends positions and slots. Appends a
         placeholder id (-1) to ``seq``: the caller writes the real token once it knows it.
         Returns the step's logits (1, vocab), valid until the next 1-token step."""
+        self._check_sampling(sampling)
         start = len(seq)
         slot = self._slot(1)
         try:

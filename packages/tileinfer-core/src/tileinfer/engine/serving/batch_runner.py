@@ -43,6 +43,7 @@ from ..kv.cache import Sequence
 from ..kv.step import StepMetadata, prepare_step
 from ..runtime.graphs import use_graphs
 from ..runtime.static_steps import StaticStep
+from .batch_processing import count_rows, process_rows
 from .batch_sampling import sample_batch
 from .mixed_steps import MixedShape, mixed_shape, padding_lengths
 
@@ -166,11 +167,14 @@ class BatchRunner:
         self.last_static = True
         return self._replay(bucket, len(seqs))
 
-    def sample(self, logits: torch.Tensor, params, seeds, counters) -> SampledIds:
+    def sample(self, logits: torch.Tensor, params, seeds, counters,
+               raw: torch.Tensor | None = None) -> SampledIds:
         """Each row's token (``sample_batch``: row r with params[r] from the stream
-        (seeds[r], counters[r])) and its logits' sum, their copy to the host started."""
+        (seeds[r], counters[r])) and the sum of its ``raw`` logits (default ``logits``: the
+        model's, before any processing, whose -inf are no fault), their copy to the host
+        started."""
         ids = sample_batch(self.model.ops, logits, params, seeds, counters)
-        sums = logits.sum(dim=1)
+        sums = (logits if raw is None else raw).sum(dim=1)
         if not ids.is_cuda:
             return SampledIds(ids, ids, sums)
         host = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order
@@ -178,6 +182,17 @@ class BatchRunner:
         ready = torch.cuda.Event()
         ready.record()
         return SampledIds(ids, host, host_sums, ready)
+
+    def sample_requests(self, logits: torch.Tensor, reqs, ahead: int = 0) -> SampledIds:
+        """``sample`` for rows of requests: row j is reqs[j]'s token len(output) + ahead, from
+        its parameters (logit bias, penalties and min_p applied first, ``batch_processing``)
+        and its stream (seed, that index)."""
+        counters = [len(req.output) + ahead for req in reqs]
+        rows = process_rows(logits, reqs, counters)
+        sampled = self.sample(rows, [req.sampling for req in reqs], [req.seed for req in reqs],
+                              counters, raw=logits)
+        count_rows(sampled.ids, reqs, counters)
+        return sampled
 
     def _static_step(self, size: int, seqs, token_lists, keep_ids: bool = False) -> StaticStep:
         """Bucket ``size``'s metadata filled with the step of seqs, padding rows after them."""

@@ -288,9 +288,7 @@ class LLMEngine:
         ids = rows = None
         if sampled:
             rows = logits if len(sampled) == len(reqs) else logits[sampled]
-            ids = self.runner.sample(rows, [reqs[i].sampling for i in sampled],
-                                     [reqs[i].seed for i in sampled],
-                                     [len(reqs[i].output) + ahead for i in sampled])
+            ids = self.runner.sample_requests(rows, [reqs[i] for i in sampled], ahead)
         return _Step(reqs, starts, sampled, ids, rows)
 
     def _complete(self, flight: _Step):

@@ -12,10 +12,12 @@ depend on what else ran in the same steps, on chunking or on preemption.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
 
+from ...backend.logit_processing import check_bias_ids
 from ...backend.sampling import SamplingParams
 from ..kv.cache import Sequence
 
@@ -63,6 +65,7 @@ class Request:
     preemptions: int = 0
     cached_prompt_tokens: int = 0  # taken from the prefix cache at the first admission
     logprobs: int | None = None  # top log-probabilities to report per token (None: none)
+    token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
 
     @property
     def tokens(self) -> list[int]:
@@ -111,7 +114,8 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
         raise RequestError(f"sampling must be a tileinfer.SamplingParams, got "
                            f"{type(sampling).__name__}")
     try:  # re-validates one built around __post_init__ (e.g. with object.__setattr__)
-        sampling = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+        sampling = dataclasses.replace(sampling)
+        check_bias_ids(sampling, vocab_size)
     except ValueError as e:
         raise RequestError(str(e)) from None
     if seed is None:

@@ -20,7 +20,8 @@ from .test_attention import test_attention, test_attention_inputs, test_attentio
 from .test_linear import (test_batch_invariant_rows, test_linear, test_linear_float32_model,
                           test_linear_swiglu, test_linear_xielu)
 from .test_norms import test_add_rmsnorm, test_embed, test_rmsnorm
-from .test_sampling import test_accept_tokens, test_sample_per_row, test_sample_tokens
+from .test_sampling import (test_accept_tokens, test_sample_per_row, test_sample_tokens,
+                            test_sample_tokens_after_logit_processing)
 from .test_scratch import test_reserve_scratch
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "test_batch_invariant_rows",
     "test_attention_inputs", "test_attention", "test_attention_with_inputs",
     "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens", "test_sample_per_row",
+    "test_sample_tokens_after_logit_processing",
     # helpers
     "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
     "TOLERANCE", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",

@@ -84,3 +84,43 @@ def test_sample_per_row(ops, device, vocab):
         ops.sample_tokens(one, logits[j:j + 1].to(device), p.temperature, p.top_k, p.top_p,
                           *seed_counter(device, seeds[j], counters[j]), None)
         assert one.cpu().tolist() == [expected[j]]
+
+
+# Logit processing (tileinfer.backend.logit_processing) runs before the sampling ops: min_p
+# leaves -inf logits, a logit bias large finite ones; the ops must sample such rows as ref does.
+PROCESSED = [SamplingParams(0.0, logit_bias={3: 100.0}), SamplingParams(0.8, min_p=0.2),
+             SamplingParams(1.0, top_k=20, min_p=0.1),
+             SamplingParams(0.7, top_p=0.9, min_p=0.05, logit_bias={5: -100.0})]
+
+
+@pytest.mark.parametrize("params", PROCESSED, ids=str)
+def test_sample_tokens_after_logit_processing(ops, ref, device, params):
+    from tileinfer.backend.logit_processing import process_host
+
+    n, vocab = 3, 3001
+    gen = torch.Generator().manual_seed(11)
+    raw = torch.randn(n, vocab, generator=gen) * 3
+    logits = torch.cat([process_host(raw[j], params) for j in range(n)]).to(device)
+    seed, counter = seed_counter(device)
+    t, k, p = params.temperature, params.top_k, params.top_p
+    out, expected = poisoned((n,), torch.int32, device), poisoned((n,), torch.int32, device)
+    ops.sample_tokens(out, logits, t, k, p, seed, counter, None)
+    ref.sample_tokens(expected, logits, t, k, p, seed, counter, None)
+    assert out.cpu().tolist() == expected.cpu().tolist()
+    if ops.sample_per_row is not None:
+        from tileinfer.backend.sampling import row_parameters
+
+        inv_t, top_k, top_p = row_parameters([params] * n)
+        rows = poisoned((n,), torch.int32, device)
+        ops.sample_per_row(rows, logits, torch.tensor(inv_t, dtype=torch.float32).to(device),
+                           torch.tensor(top_k, dtype=torch.int32).to(device),
+                           torch.tensor(top_p, dtype=torch.float32).to(device),
+                           torch.full((n,), 1234, dtype=torch.int64).to(device),
+                           torch.arange(n, dtype=torch.int64).to(device))
+        ref_rows = poisoned((n,), torch.int32, device)
+        ref.sample_per_row(ref_rows, logits, torch.tensor(inv_t, dtype=torch.float32).to(device),
+                           torch.tensor(top_k, dtype=torch.int32).to(device),
+                           torch.tensor(top_p, dtype=torch.float32).to(device),
+                           torch.full((n,), 1234, dtype=torch.int64).to(device),
+                           torch.arange(n, dtype=torch.int64).to(device))
+        assert rows.cpu().tolist() == ref_rows.cpu().tolist()
