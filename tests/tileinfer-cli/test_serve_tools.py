@@ -193,3 +193,38 @@ def test_tool_requests_the_server_cannot_honour_get_400(served):
         assert r.status_code == 400, (extra, r.text)
         error = r.json()["error"]
         assert error["param"] == param and message in error["message"], (extra, error)
+
+
+def test_tokenize_counts_the_tools_as_the_chat_prompt_has_them(served):
+    name, client, url, engine, folder = served
+    engine.script = "ok"
+    client.chat.completions.create(model="tiny-smollm2-shape", messages=ASK, tools=[WEATHER])
+    r = httpx.post(url + "/tokenize", timeout=60, json={"messages": ASK, "tools": [WEATHER]})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == engine.prompts[-1]
+
+
+def test_malformed_tool_fields_get_400_never_500(served):
+    name, client, url, engine, folder = served
+    for extra in ({"tools": [1]}, {"tools": [None]}, {"tools": [{"function": {"name": "f"}}]},
+                  {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+                  {"tool_choice": {"type": "function"}}, {"tool_choice": 3},
+                  {"tools": "get_weather"}, {"parallel_tool_calls": [1]}):
+        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={"messages": ASK, **extra})
+        assert r.status_code == 400, (extra, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_tool_parser_none_leaves_the_answer_as_text(smollm2_dir, shared_dir, tmp_path):
+    source = shared_dir / "fixtures" / "models" / "Qwen3-0.6B" / "chat_template.jinja"
+    folder = tiny_folder(smollm2_dir, tmp_path, template=source.read_text())
+    server, url, engine = scripted_server(folder, tool_parser="none")
+    try:
+        engine.script = ANSWERS["qwen3"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=60, max_retries=0)
+        answer = client.chat.completions.create(model="tiny-smollm2-shape", messages=ASK,
+                                                tools=[WEATHER]).choices[0]
+        assert answer.message.content == ANSWERS["qwen3"] and answer.finish_reason == "stop"
+        assert "get_weather" in engine.tokenizer.decode(engine.prompts[-1])  # still offered
+    finally:
+        stop(server)
