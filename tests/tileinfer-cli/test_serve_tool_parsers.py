@@ -11,7 +11,8 @@ import pytest
 
 from tileinfer_cli.serve.tool_parsers import ParsedCall, detect, tool_parser
 
-NESTED = {"city": "Zürich", "when": {"days": [1, 2], "tz": "Europe/Zurich"}, "note": "日本 😀 \"q\""}
+NESTED = {"city": "Zürich", "when": {"days": [1, 2], "tz": "Europe/Zurich"},
+          "note": "日本 😀 \"q\""}
 
 
 def args(call: ParsedCall) -> dict:

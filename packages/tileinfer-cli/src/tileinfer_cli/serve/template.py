@@ -11,9 +11,9 @@ in its place, as llama-server's template engine does for such templates.
 
 A request's tools are the template's ``tools`` (``tools.py``); a folder whose
 tokenizer_config.json names several templates renders a request with tools with its "tool_use"
-one, as transformers does. The template's variables are the folder's special tokens (``bos_token``, ...) and the request's
-``chat_template_kwargs``; ``schemas.py`` refuses kwargs that would replace the template's own
-variables (``RESERVED_TEMPLATE_VARIABLES``).
+one, as transformers does. The template's variables are the folder's special tokens
+(``bos_token``, ...) and the request's ``chat_template_kwargs``; ``schemas.py`` refuses kwargs
+that would replace the template's own variables (``RESERVED_TEMPLATE_VARIABLES``).
 """
 
 from __future__ import annotations
