@@ -7,7 +7,10 @@ One concept per module:
     loading.py    the served model: a folder's weights, or random weights of its shape (dummy)
     schemas.py    pydantic models of the requests and responses
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
-    template.py   the chat template, and a request's messages as its input
+    template.py   the chat template, and a request's messages and tools as its input
+    tools.py      a request's tools and tool_choice
+    tool_parsers.py  tool calls in a model's answer, per format (llama3, qwen3, mistral)
+    tool_output.py   an answer's tool calls: ids, the whole message, the stream's deltas
     validation.py a request body -> its pydantic model, or one 400 naming the parameter
     prepare.py    a validated request -> prompt ids and engine arguments (checks, 400s)
     tokenizing.py /tokenize and /detokenize

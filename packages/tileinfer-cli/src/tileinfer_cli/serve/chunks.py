@@ -10,14 +10,16 @@ Streams follow OpenAI's: each choice's first chunk carries ``role`` (chat), a ch
 choice's new text (one per choice per flush), the choice's last chunk its ``finish_reason``;
 with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last chunk with no
 choices carries the usage; then ``data: [DONE]``. An error after the stream started is sent as
-an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``.
+an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``. A request
+with tools streams its choices' text through ``tool_output.ToolStream``: a flush's content and
+each tool-call delta go out in chunks of their own, the finish reason on the last.
 """
 
 from __future__ import annotations
 
 import json
 
-from . import schemas
+from . import schemas, tool_output
 from .logprobs import TokenTexts, chat_entries, completion_logprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -63,7 +65,7 @@ class _Format:
 
     def chunks(self, job, deltas) -> str:
         head, tail = self.head(job), self.tail(job)
-        return "".join(head + self.choice_chunk(job, *d) + tail for d in deltas)
+        return "".join(head + c + tail for d in deltas for c in self.choice_chunks(job, *d))
 
     def response(self, job) -> dict:
         """A whole (not streamed) answer: the endpoint's schema over every choice's."""
@@ -76,25 +78,41 @@ class ChatFormat(_Format):
     object = "chat.completion.chunk"
     schema = schemas.ChatCompletion
 
-    def choice_chunk(self, job, choice, text, lps, finish) -> str:
-        role = ""
+    def choice_chunks(self, job, choice, text, lps, finish) -> list[str]:
+        calls = ()
+        if choice.tools is not None:
+            text, calls = choice.tools.feed(text, finish is not None)
+            finish = tool_output.finish_reason(finish, choice.tools.called)
+        # The delta's fields: content, then each tool-call entry in a chunk of its own.
+        fields = [f'"content":{_dumps(text)}'] if text or not calls else []
+        fields += [f'"tool_calls":[{_dumps(call)}]' for call in calls]
         if not choice.role_sent:
             choice.role_sent = True
-            role = '"role":"assistant",'
-        delta = f'{{{role}"content":{_dumps(text)}}}' if text or role else "{}"
+            fields[0] = '"role":"assistant",' + fields[0]
+        elif fields == ['"content":""']:
+            fields = [""]
         logprobs = "null"
         if job.plan.logprobs is not None:
             logprobs = _dumps({"content": chat_entries(self.texts, lps)})
-        return (f'{{"index":{choice.index},"delta":{delta},"logprobs":{logprobs},'
-                f'"finish_reason":{_finish(finish)}}}')
+        last = len(fields) - 1
+        return [f'{{"index":{choice.index},"delta":{{{f}}},'
+                f'"logprobs":{logprobs if k == 0 else "null"},'
+                f'"finish_reason":{_finish(finish if k == last else None)}}}'
+                for k, f in enumerate(fields)]
 
     def choice(self, job, c):
         logprobs = None
         if job.plan.logprobs is not None:
             logprobs = {"content": chat_entries(self.texts, c.lps)}
-        return schemas.ChatChoice(index=c.index, logprobs=logprobs,
-                                  message=schemas.AssistantMessage(content=c.text.text),
-                                  finish_reason=c.finish_reason)
+        message, finish = schemas.AssistantMessage(content=c.text.text), c.finish_reason
+        if job.plan.tools is not None:
+            content, calls = tool_output.message(job.plan.tools, c.text.text,
+                                                 job.plan.max_tool_calls)
+            if calls:
+                message = schemas.AssistantToolCalls(content=content, tool_calls=calls)
+                finish = tool_output.finish_reason(finish, True)
+        return schemas.ChatChoice(index=c.index, logprobs=logprobs, message=message,
+                                  finish_reason=finish)
 
 
 class CompletionFormat(_Format):
@@ -107,12 +125,12 @@ class CompletionFormat(_Format):
             choice.lp_offset = found["text_offset"][-1] + len(found["tokens"][-1])
         return found
 
-    def choice_chunk(self, job, choice, text, lps, finish) -> str:
+    def choice_chunks(self, job, choice, text, lps, finish) -> list[str]:
         logprobs = "null"
         if job.plan.logprobs is not None:
             logprobs = _dumps(self._logprobs(choice, lps))
-        return (f'{{"index":{choice.index},"text":{_dumps(text)},"logprobs":{logprobs},'
-                f'"finish_reason":{_finish(finish)}}}')
+        return [f'{{"index":{choice.index},"text":{_dumps(text)},"logprobs":{logprobs},'
+                f'"finish_reason":{_finish(finish)}}}']
 
     def choice(self, job, c):
         logprobs = self._logprobs(c, c.lps) if job.plan.logprobs is not None else None

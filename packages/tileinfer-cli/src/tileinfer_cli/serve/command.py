@@ -69,6 +69,9 @@ def add_parser(sub, formatter):
                         "from a browser (CORS; default: none)")
     g.add_argument("--shutdown-grace", type=float_range(0, 3600), default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish")
+    g.add_argument("--tool-parser", choices=["auto", "llama3", "qwen3", "mistral", "none"],
+                   default="auto", help="the format of the model's tool calls, read from "
+                   "answers to requests with tools (auto: the one its chat template shows)")
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info", help="info: a line per finished request (id, user, tokens, "
                    "time to first token, duration, finish reason)")
@@ -182,7 +185,8 @@ def run(args, out):
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.model.ops.name}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
-          f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}",
+          f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}; "
+          f"tool calls: {served.tool_parser.name if served.tool_parser else 'not read'}",
           file=sys.stderr, flush=True)
 
     class _Server(uvicorn.Server):

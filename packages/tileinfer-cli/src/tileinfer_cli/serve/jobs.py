@@ -22,6 +22,7 @@ import time
 
 from .errors import APIError, redact
 from .text import ChoiceText
+from .tool_output import ToolStream
 
 END = object()  # the last event of a job
 log = logging.getLogger("tileinfer.serve")
@@ -29,7 +30,7 @@ log = logging.getLogger("tileinfer.serve")
 
 class Choice:
     __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
-                 "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started")
+                 "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
@@ -44,6 +45,10 @@ class Choice:
         self.changed = False
         self.role_sent = False
         self.lp_offset = 0  # completions logprobs: text_offset of the next token
+        plan = job.plan
+        # A streamed answer to a request with tools: its text split into content and calls.
+        self.tools = ToolStream(plan.tools, plan.max_tool_calls) \
+            if plan.tools is not None and plan.stream else None
 
     @property
     def finished(self) -> bool:

@@ -28,6 +28,7 @@ class ServedModel:
     template: object  # ServedTemplate: the chat template, read at start-up
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
+    tool_parser: object = None  # tool_parsers.ToolParser of its tool-call format, or None
 
     @property
     def max_len(self) -> int:
@@ -77,6 +78,16 @@ def load_served(args) -> ServedModel:
         raise UserError(str(e)) from None
     name = args.served_model_name or (args.model if args.model and not Path(args.model).exists()
                                       else folder.name)
-    return ServedModel(name, folder, model, tokenizer, defaults, ServedTemplate(folder),
-                       list(stop_ids),
-                       args.load_format == "dummy")
+    template = ServedTemplate(folder)
+    return ServedModel(name, folder, model, tokenizer, defaults, template, list(stop_ids),
+                       args.load_format == "dummy",
+                       served_tool_parser(args.tool_parser, template, tokenizer))
+
+
+def served_tool_parser(option: str, template: ServedTemplate, tokenizer):
+    """--tool-parser's parser; auto: the format the chat template (else the tokenizer) shows."""
+    from .tool_parsers import detect, tool_parser
+
+    if option == "auto":
+        option = detect(template.tool_source, tokenizer)
+    return tool_parser(option)

@@ -6,6 +6,8 @@ conversation, text that is not valid Unicode. Sampling parameters left out take 
 defaults (``defaults.py``: generation_config.json's, else OpenAI's); ``max_tokens`` defaults to
 what the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint). A completions
 request may give a list of prompts (texts or token lists): each gets n choices, indexed in order.
+A chat request that offers tools renders them into the prompt and has its answers read for calls
+by the served model's tool parser (none: the answers stay text).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from .errors import bad_request
 from .schemas import ChatRequest, CompletionRequest
+from .tools import check_tools, offered
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_CHOICES = 256  # prompts x n in one request
@@ -34,6 +37,8 @@ class Plan:
     logprobs: int | None  # top log-probabilities per token; None: no logprobs
     stream: bool
     include_usage: bool
+    tools: object = None  # the ToolParser reading calls from the answers; None: no tools
+    max_tool_calls: int | None = None  # 1: parallel_tool_calls false
 
     @property
     def choices(self) -> int:
@@ -51,7 +56,9 @@ class Plan:
 
 
 def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
-    text = served.template.render(req.messages, req.chat_template_kwargs)
+    check_tools(req.tools, req.tool_choice)
+    text = served.template.render(req.messages, req.chat_template_kwargs,
+                                  tools=offered(req.tools, req.tool_choice))
     try:
         return served.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:  # a lone surrogate
@@ -153,8 +160,12 @@ def plan_chat(served, req: ChatRequest) -> Plan:
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(served, len(ids), asked, None, param, "messages")
-    return _common(served, req, [ids], [max_tokens],
+    plan = _common(served, req, [ids], [max_tokens],
                    (req.top_logprobs or 0) if req.logprobs else None)
+    if offered(req.tools, req.tool_choice) is not None:
+        plan.tools = served.tool_parser
+        plan.max_tool_calls = 1 if req.parallel_tool_calls is False else None
+    return plan
 
 
 def plan_completion(served, req: CompletionRequest) -> Plan:

@@ -2,8 +2,8 @@
 
 Requests forbid unknown fields: a parameter this server does not implement is refused with a
 400 that names it, never ignored. A few OpenAI parameters are accepted only with the value that
-changes nothing (``tools: []``, ``echo: false``, ...), because clients send those defaults
-explicitly; any other value is refused by name.
+changes nothing (``echo: false``, ...), because clients send those defaults explicitly; any
+other value is refused by name. ``tools`` and ``tool_choice`` are described in ``tools.py``.
 
 Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` and
 ``frequency_penalty`` (in [-2, 2]) and ``logit_bias`` (token ids as strings -> a bias in
@@ -24,6 +24,8 @@ import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .tools import Tool, ToolChoice
 
 MAX_N = 16  # choices per request
 MAX_STOPS = 16
@@ -163,20 +165,10 @@ class ChatRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list | None = None
-    tool_choice: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     response_format: dict | None = None
     parallel_tool_calls: bool | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v, info):
-        return _neutral(info.field_name, v, (None, []))
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v, info):
-        return _neutral(info.field_name, v, (None, "none"))
 
     @field_validator("response_format")
     @classmethod
@@ -247,7 +239,7 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class AssistantMessage(BaseModel):
@@ -255,9 +247,28 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class CalledTool(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class AssistantToolCalls(BaseModel):
+    """An answer of a request with tools: content None when the model only called."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[CalledTool]
+
+
 class ChatChoice(BaseModel):
     index: int
-    message: AssistantMessage
+    message: AssistantToolCalls | AssistantMessage
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
 
@@ -287,10 +298,25 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class FunctionDelta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class Delta(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):

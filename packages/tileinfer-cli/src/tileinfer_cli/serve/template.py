@@ -9,9 +9,11 @@ object in a string (OpenAI's form) are passed as the object, as vLLM does: templ
 with ``tojson``. A template that cannot take a null content (one that concatenates it) gets ""
 in its place, as llama-server's template engine does for such templates.
 
-The template's variables are the folder's special tokens (``bos_token``, ...) and the request's
-``chat_template_kwargs``; ``schemas.py`` refuses kwargs that would replace the template's own
-variables (``RESERVED_TEMPLATE_VARIABLES``).
+A request's tools are the template's ``tools`` (``tools.py``); a folder whose
+tokenizer_config.json names several templates renders a request with tools with its "tool_use"
+one, as transformers does. The template's variables are the folder's special tokens
+(``bos_token``, ...) and the request's ``chat_template_kwargs``; ``schemas.py`` refuses kwargs
+that would replace the template's own variables (``RESERVED_TEMPLATE_VARIABLES``).
 """
 
 from __future__ import annotations
@@ -29,30 +31,37 @@ class ServedTemplate:
         self.special = special_tokens(folder)
         try:
             self.source: str | None = load_chat_template(folder)
+            self.tool_source: str | None = load_chat_template(folder, tools=[])
             self.missing: str | None = None
         except ValueError as e:  # no template, or an unreadable tokenizer_config.json
-            self.source, self.missing = None, str(e)
+            self.source = self.tool_source = None
+            self.missing = str(e)
 
-    def render(self, messages, kwargs: dict | None, add_generation_prompt: bool = True) -> str:
-        """The prompt text of a chat request's messages (``schemas.Message``); a 400 when the
-        model has no template or the template refuses the conversation."""
+    def render(self, messages, kwargs: dict | None, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """The prompt text of a chat request's messages (``schemas.Message``) and tools (the
+        dicts the client sent, or None); a 400 when the model has no template or the template
+        refuses the conversation."""
         from tileinfer import ChatTemplateError
         from tileinfer.io.chat_template import render_chat_template
 
         if self.source is None:
             raise bad_request("this model has no chat template: send the prompt text to "
                               "/v1/completions instead", "messages")
+        source = self.source if tools is None else self.tool_source
         dicts = [as_dict(m) for m in messages]
         variables = {**self.special, **(kwargs or {})}
+        if tools is not None:
+            variables["tools"] = tools
         try:
-            return render_chat_template(self.source, dicts, add_generation_prompt, **variables)
+            return render_chat_template(source, dicts, add_generation_prompt, **variables)
         except ChatTemplateError as e:
             if not any(d["content"] is None for d in dicts):
                 raise bad_request(redact(str(e)), "messages") from None
             error = e
         try:
             blank = [{**d, "content": ""} if d["content"] is None else d for d in dicts]
-            return render_chat_template(self.source, blank, add_generation_prompt, **variables)
+            return render_chat_template(source, blank, add_generation_prompt, **variables)
         except ChatTemplateError:
             raise bad_request(redact(str(error)), "messages") from None
 

@@ -3,7 +3,7 @@ prompts with them):
 
     {"prompt": "text", "add_special_tokens": true}                 -> {"tokens", "count",
     {"messages": [...], "add_generation_prompt": true,                 "max_model_len",
-     "chat_template_kwargs": {...}}                                    "token_strs"}
+     "chat_template_kwargs": {...}, "tools": [...]}                    "token_strs"}
     {"tokens": [1, 2, 3]}                                          -> {"prompt": "text"}
 
 A prompt is tokenized as ``/v1/completions`` tokenizes it, messages as ``/v1/chat/completions``
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import bad_request
 from .schemas import RESERVED_TEMPLATE_VARIABLES, Message
+from .tools import Tool, check_tools, offered
 from .validation import parse
 
 
@@ -40,6 +41,7 @@ class TokenizeChat(_Strict):
     add_special_tokens: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -61,8 +63,9 @@ def tokenize(served, body) -> tuple[dict, str | None]:
     TokenizeChat when it has messages)."""
     if isinstance(body, dict) and "messages" in body:
         req = parse(body, TokenizeChat)
+        check_tools(req.tools, None)
         text = served.template.render(req.messages, req.chat_template_kwargs,
-                                      req.add_generation_prompt)
+                                      req.add_generation_prompt, offered(req.tools, None))
         param = "messages"
     else:
         req = parse(body, TokenizePrompt)

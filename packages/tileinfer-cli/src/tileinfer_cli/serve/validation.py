@@ -34,7 +34,8 @@ def validation_error(e: ValidationError) -> APIError:
 _NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
           | {"role", "content", "type", "text", "include_usage", "name", "tool_calls",
              "tool_call_id", "function", "arguments", "id", "tokens", "add_special_tokens",
-             "add_generation_prompt", "return_token_strs"})
+             "add_generation_prompt", "return_token_strs", "description", "parameters",
+             "strict"})
 
 
 def parse(body, schema):

@@ -1,0 +1,86 @@
+"""A chat request's ``tools`` (OpenAI function tools) and ``tool_choice``.
+
+The tools go to the chat template as the client sent them (the JSON schema dicts, keys in the
+client's order: templates write them with ``tojson`` or key by key, so the order is part of the
+prompt), as transformers' ``apply_chat_template(tools=...)`` passes them.
+
+``tool_choice`` ``"auto"`` (the default when there are tools) lets the model answer or call;
+``"none"`` renders the prompt without the tools and reads no calls from the answer.
+``"required"`` and a named function would need the sampler to be held to the call's grammar
+(constrained decoding), which the engine does not have: they are refused with a 400 rather than
+answered by a model that may not call.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from .errors import bad_request
+
+UNSUPPORTED_CHOICE = ('tool_choice {!s} is not supported by this server: forcing a call needs '
+                      'constrained decoding, which it does not have; only "none" and "auto" '
+                      'are accepted')
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+    _sent: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_as_sent(cls, data, handler):
+        tool = handler(data)
+        if isinstance(data, dict):
+            tool._sent = data
+        return tool
+
+    def as_sent(self) -> dict:
+        return self._sent or self.model_dump(exclude_unset=True)
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def check_tools(tools: list[Tool] | None, choice) -> None:
+    """A 400 for a tool_choice the server cannot honour, or two tools of one name."""
+    if choice == "required":
+        raise bad_request(UNSUPPORTED_CHOICE.format('"required"'), "tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        raise bad_request(UNSUPPORTED_CHOICE.format(
+            f'{{"type": "function", "function": {{"name": "{choice.function.name}"}}}}'),
+            "tool_choice")
+    names = [t.function.name for t in tools or ()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise bad_request(f"more than one tool is named {twice[0]!r}", "tools")
+
+
+def offered(tools: list[Tool] | None, choice) -> list[dict] | None:
+    """The tool dicts for the chat template, None when the request offers none (no tools, an
+    empty list, or tool_choice "none")."""
+    if not tools or choice == "none":
+        return None
+    return [t.as_sent() for t in tools]

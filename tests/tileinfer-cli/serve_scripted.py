@@ -1,0 +1,113 @@
+"""A ``tileinfer serve`` app in this process, on a loopback port, whose engine answers every
+request with a scripted text (no model): for tests of what the server makes of a given answer
+(tool calls), which a tiny random model would never write. Everything above the engine is the
+real server: the app, the bridge, jobs, detokenizing, chunks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from tileinfer import load_tokenizer
+from tileinfer.engine.serving.request import RequestOutput
+
+from test_serve_helpers import free_port
+
+
+class ScriptedEngine:
+    """The engine interface the server uses; each request's output is ``script`` encoded,
+    ``tokens_per_step`` tokens a step (a cycle of counts), then finish reason "stop"."""
+
+    def __init__(self, tokenizer, tokens_per_step=(1, 3, 2)):
+        self.tokenizer, self.tokens_per_step = tokenizer, tokens_per_step
+        self.script = ""
+        self.prompts: list[list[int]] = []  # every request's prompt ids, in order
+        self._pending: dict[int, list[int]] = {}
+        self._steps: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def add_request(self, prompt_ids, sampling, max_new_tokens, stop_ids, seed, logprobs):
+        with self._lock:
+            rid, self._next = self._next, self._next + 1
+            self.prompts.append(list(prompt_ids))
+            ids = self.tokenizer.encode(self.script, add_special_tokens=False)
+            self._pending[rid] = ids[:max_new_tokens]
+            self._steps[rid] = 0
+            return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending)
+
+    def step(self):
+        time.sleep(0.002)
+        outputs = []
+        with self._lock:
+            for rid, ids in list(self._pending.items()):
+                k = self.tokens_per_step[self._steps[rid] % len(self.tokens_per_step)]
+                self._steps[rid] += 1
+                new, self._pending[rid] = ids[:k], ids[k:]
+                done = not self._pending[rid]
+                if done:
+                    del self._pending[rid]
+                outputs.append(RequestOutput(rid, new, finished=done,
+                                             finish_reason="stop" if done else None))
+        return outputs
+
+    def abort(self, rid) -> bool:
+        with self._lock:
+            return self._pending.pop(rid, None) is not None
+
+    def fail_all(self, message):
+        with self._lock:
+            rids, self._pending = list(self._pending), {}
+        return [RequestOutput(r, [], True, "error", message) for r in rids]
+
+    def stats(self) -> dict:
+        return dict(running=len(self._pending), waiting=0, pages_used=0, pages_cached=0,
+                    pages_free=1, pages_total=1, preemptions=0, page_size=16)
+
+    def running_ids(self):
+        return set(self._pending)
+
+    def close(self):
+        pass
+
+
+def scripted_server(folder: Path, tool_parser: str = "auto"):
+    """(the running uvicorn server, its base URL, the engine) for the model folder's tokenizer
+    and chat template; stop it with ``stop(server)``."""
+    import uvicorn
+
+    from tileinfer_cli.serve.app import Server, build_app
+    from tileinfer_cli.serve.defaults import SamplingDefaults
+    from tileinfer_cli.serve.loading import ServedModel, served_tool_parser
+    from tileinfer_cli.serve.template import ServedTemplate
+
+    tokenizer = load_tokenizer(folder)
+    template = ServedTemplate(folder)
+    model = SimpleNamespace(max_len=4096, config=SimpleNamespace(vocab_size=tokenizer.vocab_size))
+    served = ServedModel(folder.name, folder, model, tokenizer, SamplingDefaults.of_folder(folder),
+                         template, [tokenizer.eos_token_id], False,
+                         served_tool_parser(tool_parser, template, tokenizer))
+    engine = ScriptedEngine(tokenizer)
+    port = free_port()
+    config = uvicorn.Config(build_app(Server(served, engine)), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the scripted server did not start")
+        time.sleep(0.02)
+    server.thread = thread
+    return server, f"http://127.0.0.1:{port}", engine
+
+
+def stop(server):
+    server.should_exit = True
+    server.thread.join(30)
