@@ -18,6 +18,8 @@ def resolve_model_dir(model=None) -> Path:
     if model is None:
         return default_model_dir()
     path = Path(model).expanduser()
+    if path.is_dir():
+        return path
     if path.suffix == ".gguf" and path.is_file():
         folder = models_home() / path.stem
         if is_current_import(folder, path):

@@ -130,32 +130,23 @@ def _pipelined(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     base = len(seq)  # positions of generated tokens start here
     new: list[int] = []
     k = 0  # the token the host reads next
-    # The first decode step of a new runtime captures its graph, which takes the host longer
-    # than the prefill takes the GPU: token 0 is read first then, so the capture is not part of
-    # the time to the first token.
-    read_first = not runner.has_graph(1, sampling)
-
-    def launch_next():  # step k + 1 consumes token k straight from the device
-        runner.decode_from_device(seq, sampling)
-        launch_copy(k + 1)
-
     while True:
-        launched = k + 1 < max_new_tokens and not (k == 0 and read_first)
-        if launched:  # before the host knows token k
-            launch_next()
+        if k + 1 < max_new_tokens:
+            # Step k + 1 consumes token k straight from the device, before the host knows it.
+            runner.decode_from_device(seq, sampling)
+            launch_copy(k + 1)
         events[k].synchronize()
         token = int(host_tokens[k])
         runner.check_finite(float(host_sums[k]), k)
         if token in stop:
             break
         new.append(token)
+        if k + 1 < max_new_tokens:  # step k + 1 ran with token k: replace its placeholder
+            seq.tokens[base + k] = token
         if on_token is not None:
             on_token(token)
         if len(new) == max_new_tokens:
             break
-        if not launched:
-            launch_next()
-        seq.tokens[base + k] = token  # step k + 1 ran with token k: replace its placeholder
         k += 1
     # Token k was the last: it is never run, and any step launched with it is rolled back.
     torch.cuda.current_stream().synchronize()

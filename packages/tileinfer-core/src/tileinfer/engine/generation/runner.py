@@ -199,12 +199,6 @@ class ModelRunner:
         key = (sampling.temperature, sampling.top_k, sampling.top_p, *graph_key(sampling))
         return ("rows", *key) if rows else key
 
-    def has_graph(self, n: int, sampling: SamplingParams | None) -> bool:
-        """Whether the n-token step sampling with ``sampling`` replays a captured graph (False
-        without graphs)."""
-        step = self.static_step(n)
-        return self.graphs and step is not None and self._graph_key(sampling) in step.graphs
-
     def captured_graph(self, n: int, sampling: SamplingParams | None):
         """The CUDA graph of the n-token step (last row's logits) sampling with ``sampling``, once
         a step has captured it, else None: benchmarks replay it to time the GPU alone."""
