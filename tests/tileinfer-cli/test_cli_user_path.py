@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,15 @@ def test_chat_reports_a_line_that_is_not_utf8_and_goes_on(home):
     assert result.stderr.strip() == ("tileinfer: error: the line is not valid UTF-8 text (byte "
                                      "0xff at byte offset 3)")
     assert "Paris" in result.stdout
+
+
+def test_process_age_is_measured_from_the_kernels_record():
+    """The start-up clock's process age: within the wall time a parent measures around the
+    child (one clock tick of slack), and more than nothing."""
+    code = ("from tileinfer_cli.startup import _AGE; print(_AGE)")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    outside = time.perf_counter() - start
+    age = float(done.stdout)
+    assert 0 < age <= outside + 0.011, (age, outside)

@@ -9,22 +9,24 @@ import time
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _process_start() -> float | None:
-    """The process's start as a ``time.time()`` value (to a clock tick), or None off Linux."""
+def _seconds_since_start() -> float | None:
+    """Seconds since this process started, or None off Linux. The kernel records the start in
+    clock ticks after boot (field 22 of /proc/self/stat, on the boot-time clock); the boot-time
+    clock now, less that, is the age (the boot time of /proc/stat, in whole seconds, would put up
+    to a second of error in it)."""
     try:
         with open("/proc/self/stat") as f:
             # The command name (field 2) may hold spaces: fields after its closing parenthesis.
             fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/stat") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
-    except (OSError, StopIteration, IndexError, ValueError):
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, IndexError, ValueError, AttributeError):
         return None
-    return boot + int(fields[19]) / _TICKS  # field 22: starttime, in clock ticks after boot
+    return now - int(fields[19]) / _TICKS
 
 
-PROCESS_START = _process_start()
-# time.perf_counter() at the moment the process started (approximately, to a clock tick).
-_OFFSET = (time.perf_counter() - (time.time() - PROCESS_START)) if PROCESS_START else None
+_AGE = _seconds_since_start()
+# time.perf_counter() at the moment the process started (to a clock tick).
+_OFFSET = None if _AGE is None else time.perf_counter() - _AGE
 
 
 class Clock:
