@@ -135,30 +135,33 @@ class Model:
         c, dt, dev = self.config, self.dtype, self.device
         max_context_len = max_context_len or self.max_len
 
-        def empty(*shape, dtype=dt):
-            return torch.empty(shape, dtype=dtype, device=dev)
+        def unwritten(*shape, dtype=dt):
+            # NaN until an op writes it: an op that leaves its output unwritten (or returns a
+            # new tensor instead of writing) then shows as non-finite logits, never as
+            # plausible garbage (engine/runtime/finite.py).
+            return torch.full(shape, float("nan"), dtype=dtype, device=dev)
 
         for layer in hidden_layers:
             if not 0 <= layer < c.num_layers:
                 raise ValueError(f"hidden_layers: layer {layer} is not in 0..{c.num_layers - 1}")
         self.ops.reserve_scratch(dev)
         return StepBuffers(
-            hidden=empty(n_tokens, c.hidden_size),
-            normed=empty(n_tokens, c.hidden_size),
-            qkv=empty(n_tokens, c.qkv_size),
-            q=empty(n_tokens, c.num_heads, c.head_dim),
-            attn=empty(n_tokens, c.num_heads, c.head_dim),
-            delta=empty(n_tokens, c.hidden_size),
-            act=empty(n_tokens, c.intermediate_size),
-            gate_up=empty(n_tokens, 2 * c.intermediate_size) if c.mlp == "swiglu" else None,
-            logit_hidden=empty(n_logits, c.hidden_size),
-            logit_delta=empty(n_logits, c.hidden_size),
-            logit_normed=empty(n_logits, c.hidden_size),
-            logits=empty(n_logits, c.vocab_size, dtype=torch.float32),
+            hidden=unwritten(n_tokens, c.hidden_size),
+            normed=unwritten(n_tokens, c.hidden_size),
+            qkv=unwritten(n_tokens, c.qkv_size),
+            q=unwritten(n_tokens, c.num_heads, c.head_dim),
+            attn=unwritten(n_tokens, c.num_heads, c.head_dim),
+            delta=unwritten(n_tokens, c.hidden_size),
+            act=unwritten(n_tokens, c.intermediate_size),
+            gate_up=unwritten(n_tokens, 2 * c.intermediate_size) if c.mlp == "swiglu" else None,
+            logit_hidden=unwritten(n_logits, c.hidden_size),
+            logit_delta=unwritten(n_logits, c.hidden_size),
+            logit_normed=unwritten(n_logits, c.hidden_size),
+            logits=unwritten(n_logits, c.vocab_size, dtype=torch.float32),
             workspace=self.ops.attention_workspace(n_tokens, c.num_heads, c.head_dim,
                                                    max_context_len, dev),
             max_context_len=max_context_len,
-            hidden_out={layer: empty(n_tokens, c.hidden_size) for layer in hidden_layers},
+            hidden_out={layer: unwritten(n_tokens, c.hidden_size) for layer in hidden_layers},
         )
 
     def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True,
