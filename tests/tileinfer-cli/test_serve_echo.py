@@ -151,3 +151,57 @@ def test_chat_does_not_take_echo(http):
     r = http.post("/v1/chat/completions", json=dict(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], echo=True))
     assert r.status_code == 400 and "echo" in r.text
+
+
+TASK = """\
+task: tiny_echo_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+DOCS = [dict(question="The sky is", choices=["blue", "green", "loud"], answer=0),
+        dict(question="Two plus two is", choices=["four", "five"], answer=0)]
+
+
+@pytest.mark.slow
+def test_lm_eval_local_completions_scores_a_tiny_task(server, folder, offline, tmp_path):
+    """lm-eval's own client against the server: each choice's loglikelihood is the sum of the
+    continuation tokens' log-probabilities of a plain forward (each request is one prompt of
+    at most 32 tokens: exact)."""
+    for module in ("lm_eval", "transformers", "tenacity", "aiohttp"):  # lm-eval[api]
+        pytest.importorskip(module)
+    from lm_eval import simple_evaluate
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from lm_eval.tasks import TaskManager
+
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tiny_echo_choice.yaml").write_text(TASK.format(data=data))
+    lm = LocalCompletionsAPI(base_url=server.url + "/v1/completions", model=MODEL,
+                             tokenizer_backend="huggingface", tokenizer=str(folder),
+                             max_length=MAX_LEN, num_concurrent=1, max_retries=1)
+    out = simple_evaluate(model=lm, tasks=["tiny_echo_choice"], log_samples=True,
+                          task_manager=TaskManager(include_path=str(tasks)))
+    samples = out["samples"]["tiny_echo_choice"]
+    assert len(samples) == len(DOCS)
+    model, _ = offline
+    for s in samples:
+        for (context, continuation), resp in zip(s["arguments"], s["resps"]):
+            context_enc, continuation_enc = lm._encode_pair(context, continuation)
+            ids = context_enc + continuation_enc
+            assert len(ids) <= 32
+            entries = prompt_logprobs(offline, ids, 1)  # entry p - 1: token p
+            want = sum(entries[p - 1][0] for p in range(len(context_enc), len(ids)))
+            got = resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]
+            assert got == want
+    assert "acc,none" in out["results"]["tiny_echo_choice"]
