@@ -134,5 +134,5 @@ class CompletionFormat(_Format):
 
     def choice(self, job, c):
         logprobs = self._logprobs(c, c.lps) if job.plan.logprobs is not None else None
-        return schemas.CompletionChoice(index=c.index, text=c.text.text, logprobs=logprobs,
+        return schemas.CompletionChoice(index=c.index, text=c.echo + c.text.text, logprobs=logprobs,
                                         finish_reason=c.finish_reason)

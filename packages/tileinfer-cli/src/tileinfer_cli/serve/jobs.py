@@ -30,7 +30,8 @@ log = logging.getLogger("tileinfer.serve")
 
 class Choice:
     __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
-                 "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools")
+                 "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools",
+                 "echo")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
@@ -46,6 +47,7 @@ class Choice:
         self.role_sent = False
         self.lp_offset = 0  # completions logprobs: text_offset of the next token
         plan = job.plan
+        self.echo = "" if plan.echoes is None else plan.echoes[self.prompt]  # not sent yet
         # A streamed answer to a request with tools: its text split into content and calls.
         self.tools = ToolStream(plan.tools, plan.max_tool_calls) \
             if plan.tools is not None and plan.stream else None
@@ -83,7 +85,8 @@ class Job:
         p = self.plan
         return dict(prompt_ids=p.prompts[choice.prompt], sampling=p.sampling,
                     max_new_tokens=p.max_tokens[choice.prompt], stop_ids=p.stop_ids,
-                    seed=p.seed_of(choice.index), logprobs=p.logprobs)
+                    seed=p.seed_of(choice.index), logprobs=p.logprobs,
+                    prompt_logprobs=p.prompt_logprobs)
 
     @property
     def leaders(self) -> list[Choice]:
@@ -91,7 +94,8 @@ class Job:
         return self.choices[::self.plan.n]
 
     def finish_unrun(self):
-        """max_tokens 0: every choice ends at once, empty (finish reason length)."""
+        """max_tokens 0: every choice ends at once, empty or its echoed prompt (finish reason
+        length)."""
         for c in self.choices:
             self._finish(c, "length")
         self.publish()
@@ -117,6 +121,11 @@ class Job:
                 self.bridge.add_choices(self, self.choices[choice.index + 1:choice.index + n])
                 if self.done:
                     return
+        if out.prompt_logprobs is not None:  # echo: the prompt's entries come first
+            prompt = self.plan.prompts[choice.prompt]
+            choice.lps.extend((t, *(e or (None, None))) for t, e in zip(prompt,
+                                                                        out.prompt_logprobs))
+            choice.changed = True
         if out.new_tokens:
             if choice.t_last:
                 metrics.itl.observe(t - choice.t_last)
@@ -156,7 +165,8 @@ class Job:
                     c.changed = False
                     lps = c.lps[c.lps_sent:]
                     c.lps_sent = len(c.lps)
-                    deltas.append((c, c.text.take(), lps, c.finish_reason))
+                    text, c.echo = c.echo + c.text.take(), ""
+                    deltas.append((c, text, lps, c.finish_reason))
                 self.events.put_nowait(deltas)
         if self.unfinished == 0:
             self.events.put_nowait(END)

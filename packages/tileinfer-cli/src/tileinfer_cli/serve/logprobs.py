@@ -40,13 +40,14 @@ def chat_entries(texts: TokenTexts, items) -> list[dict]:
 
 def completion_logprobs(texts: TokenTexts, items, offset: int = 0) -> dict:
     """The legacy completions ``logprobs`` object; text_offset counts from offset (the length of
-    the text before these tokens)."""
+    the text before these tokens). An echoed prompt's first token has logprob and tops None:
+    null in both lists."""
     tokens, token_logprobs, top, offsets = [], [], [], []
     for token, logprob, tops in items:
         text = texts(token)[0]
         tokens.append(text)
         token_logprobs.append(logprob)
-        top.append({texts(t)[0]: lp for t, lp in tops})
+        top.append(None if tops is None else {texts(t)[0]: lp for t, lp in tops})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,

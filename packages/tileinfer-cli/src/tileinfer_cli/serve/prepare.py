@@ -6,6 +6,9 @@ conversation, text that is not valid Unicode. Sampling parameters left out take 
 defaults (``defaults.py``: generation_config.json's, else OpenAI's); ``max_tokens`` defaults to
 what the context has left (chat) or 16 (completions, as OpenAI's legacy endpoint). A completions
 request may give a list of prompts (texts or token lists): each gets n choices, indexed in order.
+With ``echo`` each choice's text starts with its prompt (the text given, or the ids decoded) and
+its ``logprobs`` with the prompt tokens' (the first token's null), which the engine computes from
+the prompt's rows (``prompt_logprobs``); ``max_tokens: 0`` then answers the prompt only.
 A chat request that offers tools renders them into the prompt and has its answers read for calls
 by the served model's tool parser (none: the answers stay text).
 """
@@ -39,6 +42,12 @@ class Plan:
     include_usage: bool
     tools: object = None  # the ToolParser reading calls from the answers; None: no tools
     max_tool_calls: int | None = None  # 1: parallel_tool_calls false
+    echoes: list[str] | None = None  # per prompt, the text its choices start with (echo)
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """The top log-probabilities per prompt token the engine reports (echo with logprobs)."""
+        return self.logprobs if self.echoes is not None else None
 
     @property
     def choices(self) -> int:
@@ -173,4 +182,9 @@ def plan_completion(served, req: CompletionRequest) -> Plan:
     max_tokens = [_max_tokens(served, len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
                               "max_tokens", "prompt", _name(req.prompt, i))
                   for i, ids in enumerate(prompts)]
-    return _common(served, req, prompts, max_tokens, req.logprobs)
+    plan = _common(served, req, prompts, max_tokens, req.logprobs)
+    if req.echo:
+        given = req.prompt if _several(req.prompt) else [req.prompt]
+        plan.echoes = [p if isinstance(p, str) else served.tokenizer.decode(ids)
+                       for p, ids in zip(given, prompts)]
+    return plan

@@ -132,7 +132,8 @@ class Endpoints:
             raise
         job = Job(server.bridge, plan, server.served.tokenizer, prefix,
                   f"{prefix}-{secrets.token_hex(12)}", req.user)
-        if max(plan.max_tokens) == 0:  # nothing to generate (completions' max_tokens: 0)
+        # Nothing to generate or score (completions' max_tokens: 0, no prompt logprobs).
+        if max(plan.max_tokens) == 0 and plan.prompt_logprobs is None:
             job.finish_unrun()
         else:
             server.bridge.check_capacity(plan.choices)

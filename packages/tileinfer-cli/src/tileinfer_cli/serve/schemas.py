@@ -2,7 +2,7 @@
 
 Requests forbid unknown fields: a parameter this server does not implement is refused with a
 400 that names it, never ignored. A few OpenAI parameters are accepted only with the value that
-changes nothing (``echo: false``, ...), because clients send those defaults explicitly; any
+changes nothing (``suffix: null``, ...), because clients send those defaults explicitly; any
 other value is refused by name. ``tools`` and ``tool_choice`` are described in ``tools.py``.
 
 Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` and
@@ -190,14 +190,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(None, ge=0)  # 0: the usage of the prompts only
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    echo: bool = False
+    echo: bool = False  # the answer starts with the prompt (and its tokens' logprobs)
     suffix: str | None = None
     best_of: int | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v, info):
-        return _neutral(info.field_name, v, (False,))
 
     @field_validator("suffix")
     @classmethod
@@ -234,8 +229,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

@@ -135,7 +135,8 @@ class StepMetadata:
 def _check_fits(static: StepMetadata, token_lists, all_logits: bool):
     """The errors ``copy_into`` would raise, raised before any page is reserved."""
     batch, num_tokens = len(token_lists), sum(map(len, token_lists))
-    num_logits = num_tokens if all_logits else batch
+    num_logits = sum(len(ids) if every else 1
+                     for ids, every in zip(token_lists, _per_sequence(all_logits, batch)))
     if (static.batch, static.num_tokens, static.num_logits) != (batch, num_tokens, num_logits):
         raise ValueError(f"the static step metadata holds {static.batch} sequences, "
                          f"{static.num_tokens} tokens and {static.num_logits} logit rows; this "
@@ -143,6 +144,10 @@ def _check_fits(static: StepMetadata, token_lists, all_logits: bool):
     if max(map(len, token_lists)) > static.max_query_len:
         raise ValueError(f"a query of {max(map(len, token_lists))} tokens exceeds the static "
                          f"max_query_len {static.max_query_len}")
+
+
+def _per_sequence(all_logits, batch: int) -> list[bool]:
+    return list(all_logits) if isinstance(all_logits, (list, tuple)) else [all_logits] * batch
 
 
 def as_token_ids(ids) -> list[int]:
@@ -159,15 +164,17 @@ def max_pages_per_step(cache: PagedKVCache, max_len: int | None = None) -> int:
     return cache.pages_for(context_bound(cache, max_len))
 
 
-def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_logits: bool = False,
+def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_logits=False,
                  max_len: int | None = None, out: StepMetadata | None = None,
                  keep_ids: bool = False, append: bool = False, padding: int = 0) -> StepMetadata:
     """Reserve cache pages for the new tokens of every sequence, then build the step's metadata.
 
     seqs[b] continues with token_lists[b] (ids, at the positions after its cached ones).
-    all_logits: logits for every row, else for the last row of each sequence. max_len: the model's
-    longest sequence (RoPE table length). Errors (a sequence too long: ContextLengthError; too few
-    free pages: OutOfPagesError; a bad id) are raised before any sequence or page changes.
+    all_logits: logits for every row, else for the last row of each sequence; a list of one bool
+    per sequence: every row of the sequences marked, the last row of the others. max_len: the
+    model's longest sequence (RoPE table length). Errors (a sequence too long:
+    ContextLengthError; too few free pages: OutOfPagesError; a bad id) are raised before any
+    sequence or page changes.
     out: static metadata to write into (see ``StepMetadata.copy_into``); keep_ids: leave
     out.ids alone (their values come from the device; token_lists then hold placeholders, which
     are not checked). append: append the ids to the sequences' tokens here; by default the
@@ -190,7 +197,10 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         cache.check_length(seq, len(ids), max_len)
-    if not 0 <= padding < len(token_lists[-1]) or (padding and all_logits):
+    every_row = _per_sequence(all_logits, len(seqs))
+    if len(every_row) != len(seqs):
+        raise ValueError(f"all_logits: {len(every_row)} flags for {len(seqs)} sequences")
+    if not 0 <= padding < len(token_lists[-1]) or (padding and any(every_row)):
         raise ValueError(f"padding {padding} needs a longer last token list and no all_logits")
     if out is not None:
         _check_fits(out, token_lists, all_logits)
@@ -202,7 +212,7 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
     # The block table (batch * max_pages ids) is the bulk of a batched step's metadata: built
     # in an int32 array, which converts to a tensor far faster than nested lists of ints.
     table, zeros = array("i"), array("i", bytes(4 * max_pages))
-    for seq, ids in zip(seqs, token_lists):
+    for seq, ids, every in zip(seqs, token_lists, every_row):
         start = len(seq)
         for p in range(start, start + len(ids)):
             positions.append(p)
@@ -212,7 +222,7 @@ def prepare_step(cache: PagedKVCache, seqs: list[Sequence], token_lists, all_log
         pages = seq.pages[:max_pages]
         table.extend(pages)
         table.extend(zeros[:max_pages - len(pages)])
-        logit_rows.extend(range(cu[-2], cu[-1]) if all_logits else [cu[-1] - 1])
+        logit_rows.extend(range(cu[-2], cu[-1]) if every else [cu[-1] - 1])
     logit_rows[-1] -= padding
 
     tensor = torch.tensor  # built on the host, then sent to the device (or into out)

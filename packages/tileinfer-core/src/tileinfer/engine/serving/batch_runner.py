@@ -153,6 +153,28 @@ class BatchRunner:
         bucket = self._static_step(size, seqs, token_lists)
         return self._replay(bucket, len(seqs))
 
+    def run_rows(self, seqs: list[Sequence], token_lists: list[list[int]], every_row: list[bool],
+                 tokens: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """An eager step in which the sequences b with every_row[b] get the logits of every row
+        of their chunk, the others of their last row only: (each sequence's last row's logits
+        (len(seqs), vocab), {b: its rows' logits (len(token_lists[b]), vocab)} for the marked
+        ones), float32. Runs eagerly (no static shape has the extra rows)."""
+        tokens = sum(map(len, token_lists)) if tokens is None else tokens
+        self.tokens_run += tokens
+        self.eager_steps += 1
+        self.last_static = False
+        meta = prepare_step(self.cache, seqs, token_lists, all_logits=every_row,
+                            max_len=self.model.max_len)
+        logits = self._forward(meta, self.model.new_buffers(meta.num_tokens, meta.num_logits))
+        last, rows, end = [], {}, 0
+        for b, (ids, every) in enumerate(zip(token_lists, every_row)):
+            n = len(ids) if every else 1
+            if every:
+                rows[b] = logits[end:end + n]
+            end += n
+            last.append(end - 1)
+        return logits[last], rows
+
     def run_device_ids(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
         """A static decode step whose token ids are on the device already: ids (len(seqs),)
         int32, e.g. the previous step's samples, not read back yet (the engine's pipelining).

@@ -98,3 +98,13 @@ def token_logprobs(logits: torch.Tensor, ids: list[int], tops: list[int]) -> lis
     top_v, top_i = top_v.tolist(), top_i.tolist()
     return [(chosen[r], list(zip(top_i[r][:tops[r]], top_v[r][:tops[r]])))
             for r in range(len(ids))]
+
+
+def sampled_logprobs(rows: torch.Tensor, reqs, ids: list[int]) -> dict[int, tuple]:
+    """{j: ``token_logprobs`` entry of ids[j]} for the sampled rows j (rows (m, vocab)) whose
+    request reqs[j] asked for logprobs."""
+    want = [j for j, req in enumerate(reqs) if req.logprobs is not None]
+    if not want:
+        return {}
+    found = token_logprobs(rows[want], [ids[j] for j in want], [reqs[j].logprobs for j in want])
+    return dict(zip(want, found))

@@ -40,10 +40,11 @@ from ..kv.prefix_cache import PrefixCache
 from ..runtime.finite import non_finite
 from ..runtime.runtime import runtime_of
 from .batch_runner import BatchRunner, SampledIds
-from .batch_sampling import token_logprobs
+from .batch_sampling import sampled_logprobs
 from .pool import kv_pool_pages
-from .request import (ABORT, ERROR, FINISHED, RUNNING, STOP, Request, RequestError,
-                      RequestOutput, check_request)
+from .prompt_logprobs import collect, needs_rows, report
+from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestOutput,
+                      check_request)
 from .scheduler import Scheduler
 
 
@@ -127,7 +128,7 @@ class LLMEngine:
 
     def add_request(self, prompt_ids, sampling: SamplingParams = SamplingParams(),
                     max_new_tokens: int = 256, stop_ids=None, seed: int | None = None,
-                    logprobs: int | None = None) -> int:
+                    logprobs: int | None = None, prompt_logprobs: int | None = None) -> int:
         """Queue a request; returns its id. RequestError (a ValueError) if the engine refuses it.
 
         stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
@@ -135,18 +136,18 @@ class LLMEngine:
         stream (seed, k), as ``tileinfer.generate(..., seed=seed)`` does.
         logprobs: report each new token's log-probability and the ``logprobs`` most likely
         tokens' (``RequestOutput.logprobs``; 0..20), from the raw logits.
+        prompt_logprobs: the same for each prompt token given the ones before it, on the first
+        output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
         """
         c = self.model.config
         args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
                              vocab_size=c.vocab_size, max_len=self.model.max_len,
                              page_size=self.cache.page_size, pool_pages=self.num_pages,
-                             default_stop=c.eos_token_ids)
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= 20):
-            raise RequestError(f"logprobs must be None or an integer in 0..20, got {logprobs!r}")
+                             default_stop=c.eos_token_ids, logprobs=logprobs,
+                             prompt_logprobs=prompt_logprobs)
         with self._inbox_lock:
             rid = next(self._ids)
-            self._inbox.append(("add", Request(rid, arrival=rid, logprobs=logprobs, **args)))
+            self._inbox.append(("add", Request(rid, arrival=rid, **args)))
             self._live.add(rid)
         return rid
 
@@ -189,12 +190,12 @@ class LLMEngine:
         return {req.request_id for req in list(self.scheduler.running)}
 
     def _finish(self, req: Request, reason: str, new_tokens=(), error=None, stop_token=None,
-                logprobs=None):
+                logprobs=None, prompt_lps=None):
         self.scheduler.finish(req)
         del self._requests[req.request_id]
         req.finish_reason, req.error = reason, error
         self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
-                                           error, stop_token, logprobs))
+                                           error, stop_token, logprobs, prompt_lps))
         with self._inbox_lock:  # after the output is pending: has_unfinished stays true
             self._live.discard(req.request_id)
             self._aborting.discard(req.request_id)
@@ -247,9 +248,14 @@ class LLMEngine:
         chunks = [req.next_chunk(n) for req, n in plan]
         starts = [len(req.seq) for req in reqs]
         sampled = [i for i, (req, n) in enumerate(plan) if starts[i] + n == req.num_tokens]
+        every_row = [needs_rows(req) for req in reqs]
         try:
-            logits = self.runner.run([req.seq for req in reqs], chunks,
-                                     sum(n for _, n in plan))
+            seqs, tokens = [req.seq for req in reqs], sum(n for _, n in plan)
+            if any(every_row):  # prompt rows whose logits a request reports
+                logits, rows = self.runner.run_rows(seqs, chunks, every_row, tokens)
+                collect(reqs, starts, rows)
+            else:
+                logits = self.runner.run(seqs, chunks, tokens)
             flight = self._sample(reqs, starts, sampled, logits)
         except BaseException as e:
             self._fail_step(reqs, starts, e)
@@ -299,12 +305,7 @@ class LLMEngine:
         try:
             ids = [] if flight.ids is None else flight.ids.tolist()
             sums = [] if flight.ids is None else flight.ids.sums()
-            lps = {}
-            want = [j for j, i in enumerate(sampled) if reqs[i].logprobs is not None]
-            if want:
-                found = token_logprobs(flight.rows[want], [ids[j] for j in want],
-                                       [reqs[sampled[j]].logprobs for j in want])
-                lps = dict(zip(want, found))
+            lps = sampled_logprobs(flight.rows, [reqs[i] for i in sampled], ids)
         except BaseException as e:
             self._fail_step(reqs, flight.starts, e)
             self._inflight = None  # its successor continued the requests just failed
@@ -322,16 +323,21 @@ class LLMEngine:
             if problem is not None:  # NaN or inf in its logits: this request fails alone
                 self._finish(req, ERROR, error=problem)
                 continue
+            prompt_lps = report(req)
+            if req.max_new_tokens == 0:  # the prompt only scored: its sampled token is dropped
+                self._finish(req, LENGTH, prompt_lps=prompt_lps)
+                continue
             reason = self.scheduler.commit(req, token)
             logprobs = None if lps.get(j) is None else [lps[j]]
             if reason == STOP:
-                self._finish(req, STOP, stop_token=token)
+                self._finish(req, STOP, stop_token=token, prompt_lps=prompt_lps)
                 continue
             self.generated_tokens += 1
             if reason is not None:
-                self._finish(req, reason, new_tokens=[token], logprobs=logprobs)
+                self._finish(req, reason, [token], logprobs=logprobs, prompt_lps=prompt_lps)
             else:
-                self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs))
+                self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs,
+                                                   prompt_logprobs=prompt_lps))
 
     def _fail_step(self, reqs, starts, e: BaseException):
         for req, start in zip(reqs, starts):

@@ -45,6 +45,9 @@ class RequestOutput:
     # With add_request(logprobs=k): per new token, (its log-probability, the k most likely
     # (id, log-probability) pairs), from the step's raw logits (before temperature etc.).
     logprobs: list | None = None
+    # With add_request(prompt_logprobs=k), on its first output: per prompt token, None for the
+    # first, then (its log-probability given the tokens before it, the k most likely pairs).
+    prompt_logprobs: list | None = None
 
 
 @dataclass(eq=False)
@@ -65,6 +68,9 @@ class Request:
     preemptions: int = 0
     cached_prompt_tokens: int = 0  # taken from the prefix cache at the first admission
     logprobs: int | None = None  # top log-probabilities to report per token (None: none)
+    prompt_logprobs: int | None = None  # top pairs per prompt token (None: none)
+    prompt_lps: list = field(default_factory=list)  # entries of prompt tokens 1.. found so far
+    prompt_reported: bool = False
     token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
 
     @property
@@ -92,9 +98,20 @@ class Request:
         return self.prompt[start:start + n] + self.output[:max(0, start + n - p)]
 
 
+def check_top(name: str, value):
+    """RequestError unless value is None or an integer in 0..20 (logprobs, prompt_logprobs)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value <= 20):
+        raise RequestError(f"{name} must be None or an integer in 0..20, got {value!r}")
+
+
 def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_size: int,
-                  max_len: int, page_size: int, pool_pages: int, default_stop) -> dict:
-    """Validated, normalized arguments of a request, or RequestError saying what is wrong."""
+                  max_len: int, page_size: int, pool_pages: int, default_stop,
+                  logprobs=None, prompt_logprobs=None) -> dict:
+    """Validated, normalized arguments of a request, or RequestError saying what is wrong.
+    max_new_tokens may be 0 with prompt_logprobs (the prompt is only scored)."""
+    check_top("logprobs", logprobs)
+    check_top("prompt_logprobs", prompt_logprobs)
     try:
         prompt = [int(i) for i in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
     except (TypeError, ValueError) as e:
@@ -107,9 +124,12 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
     if len(prompt) > max_len:
         raise RequestError(f"the prompt has {len(prompt)} tokens; the model's max_len is "
                            f"{max_len}")
+    least = 0 if prompt_logprobs is not None else 1
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-            or max_new_tokens < 1:
-        raise RequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+            or max_new_tokens < least:
+        kind = "a positive integer (0 needs prompt_logprobs)" if least else \
+            "a non-negative integer"
+        raise RequestError(f"max_new_tokens must be {kind}, got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingParams):
         raise RequestError(f"sampling must be a tileinfer.SamplingParams, got "
                            f"{type(sampling).__name__}")
@@ -126,8 +146,9 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
         stop = frozenset(int(i) for i in (default_stop if stop_ids is None else stop_ids))
     except (TypeError, ValueError) as e:
         raise RequestError(f"stop_ids must be token ids: {e}") from None
-    # Positions it may cache: every token but the last one sampled, within max_len.
-    positions = min(len(prompt) + max_new_tokens - 1, max_len)
+    # Positions it may cache: every token but the last one sampled, within max_len (the whole
+    # prompt when it only scores it: its last row runs too).
+    positions = min(len(prompt) + max(max_new_tokens, 1) - 1, max_len)
     pages = math.ceil(positions / page_size)
     if pages > pool_pages:
         raise RequestError(
@@ -135,4 +156,4 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
             f"{len(prompt)} + max_new_tokens {max_new_tokens}), the pool has {pool_pages}; "
             f"lower max_new_tokens or give the engine more pages")
     return dict(prompt=prompt, sampling=sampling, max_new_tokens=max_new_tokens,
-                stop_ids=stop, seed=seed)
+                stop_ids=stop, seed=seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs)

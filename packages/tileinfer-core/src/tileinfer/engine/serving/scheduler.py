@@ -33,6 +33,7 @@ import math
 
 from ..kv.cache import PagedKVCache
 from ..kv.prefix_cache import PrefixCache
+from .prompt_logprobs import needs_rows
 from .request import FINISHED, LENGTH, RUNNING, STOP, WAITING, Request
 
 
@@ -144,13 +145,15 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             req = self.waiting[0]
             tokens = req.tokens
-            found, idle = (0, 0) if self.prefix is None else self.prefix.cached_pages_of(tokens)
+            # A request scoring its prompt needs every prompt row run: no cached prefix.
+            prefix = None if needs_rows(req) else self.prefix
+            found, idle = (0, 0) if prefix is None else prefix.cached_pages_of(tokens)
             spare = self.cache.free_pages - idle - (self.watermark if self.running else 0)
             n = min(len(tokens) - found * ps, budget, spare * ps)
             if n < 1:
                 break
             seq = self.cache.new_sequence()
-            keys = [] if self.prefix is None else self.prefix.attach(seq, tokens)
+            keys = [] if prefix is None else prefix.attach(seq, tokens)
             self.cache.reserve(seq, n)
             self.waiting.pop(0)
             req.seq, req.page_keys, req.state = seq, keys, RUNNING
