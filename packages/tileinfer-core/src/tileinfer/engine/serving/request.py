@@ -66,6 +66,7 @@ class Request:
     cached_prompt_tokens: int = 0  # taken from the prefix cache at the first admission
     logprobs: int | None = None  # top log-probabilities to report per token (None: none)
     token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
+    grammar: object = None  # its GrammarMatcher, when it has a structure (batch_grammar)
 
     @property
     def tokens(self) -> list[int]:
