@@ -10,6 +10,7 @@ generation, chat, speculation); each imports only the layers before it.
 
 from .backend import (BackendError, BackendInfo, SamplingParams, get_backend, hookimpl,
                       list_backends)
+from .backend.grammar import Grammar, GrammarError, compile_grammar
 from .backend.sampling import accept_host, sample_host
 from .io import (ChatMessage, ChatTemplateError, DefaultModelUnavailable, GGUFImportError,
                  TextStream, Tokenizer, chat_prompt, default_model_dir, generation_defaults,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import bad_request
 from .schemas import ChatRequest, CompletionRequest
+from .structured import structure_of
 from .tools import check_tools, offered
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -137,13 +138,14 @@ def _sampling(served, req):
     if outside:
         raise bad_request(f"logit_bias names token {outside[0]}, outside the vocabulary "
                           f"(0..{served.vocab_size - 1})", "logit_bias")
+    structure = structure_of(served, req)
     optional = {name: getattr(req, name) for name in PROCESSING
                 if getattr(req, name) is not None}
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,
                               top_k=top_k, top_p=d.top_p if req.top_p is None else req.top_p,
-                              logit_bias=bias, **optional)
+                              logit_bias=bias, structure=structure, **optional)
     except ValueError as e:
         raise bad_request(str(e)) from None
 

@@ -11,7 +11,8 @@ Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` a
 
 Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``repetition_penalty``, ``min_p``,
 ``ignore_eos`` (do not stop at the model's end-of-sequence tokens: fixed output lengths for
-benchmarks), ``chat_template_kwargs``.
+benchmarks), ``chat_template_kwargs``, and the structured outputs ``guided_json``,
+``guided_regex``, ``guided_grammar`` beside OpenAI's ``response_format`` (``structured.py``).
 
 Streamed chunks are written by ``chunks.py`` as JSON text directly (many per step); the chunk
 models here describe them and the tests check the written chunks against them.
@@ -130,6 +131,11 @@ class _Sampling(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
     min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    # Structured outputs (structured.py checks and compiles them).
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
     logit_bias: dict[str, float] | None = None
 
     @field_validator("logit_bias")
@@ -167,13 +173,7 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    response_format: dict | None = None
     parallel_tool_calls: bool | None = None
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v, info):
-        return _neutral(info.field_name, v, (None, {"type": "text"}))
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -62,6 +62,10 @@ class SamplingParams:
       (id, bias) pairs), kept as a sorted tuple of pairs so that the parameters stay hashable;
     - min_p in [0, 1] (0 is off): keeps the tokens whose probability is at least min_p times the
       most likely token's (it does not change a greedy choice).
+
+    structure: a ``tileinfer.backend.grammar.Grammar`` (``compile_grammar``: JSON, a JSON
+    schema, a regex or a Lark grammar, for a tokenizer) that the output must follow: each
+    step's disallowed tokens get -inf after the processing above, before the sampling op.
     """
 
     temperature: float = 0.0
@@ -72,6 +76,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple = ()
     min_p: float = 0.0
+    structure: object = None
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -93,6 +98,11 @@ class SamplingParams:
             raise ValueError(f"min_p must be a number in [0, 1] (0 disables it), got "
                              f"{self.min_p!r}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.structure is not None:
+            from .grammar import Grammar
+            if not isinstance(self.structure, Grammar):
+                raise ValueError(f"structure must be a Grammar (tileinfer.compile_grammar), got "
+                                 f"{type(self.structure).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -108,6 +118,11 @@ class SamplingParams:
         """Whether a penalty needs the tokens seen so far (presence, frequency, repetition)."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
+
+    @property
+    def structured(self) -> bool:
+        """Whether a grammar masks the tokens (read from the host at every step)."""
+        return self.structure is not None
 
     @property
     def processes_logits(self) -> bool:

@@ -10,6 +10,12 @@ step (``sequence_processing.py``), so pipelined decoding and CUDA graphs run the
 the rest; ``sample_host(..., prompt=, output=)`` gives the same tokens, the prompt being all the
 sequence holds before the output. Speculative decoding does not take them.
 
+A grammar (``SamplingParams.structure``, structured outputs) is read on the host at every
+token: before each step the matcher's bitmask of allowed tokens goes to the device, where the
+sampled row's disallowed logits become -inf; after it the matcher takes the token. Such a
+generation runs step by step (not pipelined, not speculative) and ends at a stop token, which
+the mask allows only where the grammar accepts, or when the grammar allows nothing more.
+
 Pipelined decoding (CUDA graphs on a CUDA device): each step's sampled token is written on the
 device into the next step's input, and copied to pinned host memory asynchronously. The host
 launches step k + 1 before it reads token k, so the GPU never waits for Python; when token k turns
@@ -68,6 +74,9 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     if speculative is not None and sampling.processes_logits:
         raise ValueError("speculative decoding does not take logit bias, penalties or min_p: "
                          "generate without a proposer")
+    if speculative is not None and sampling.structured:
+        raise ValueError("speculative decoding does not take a grammar (structure): generate "
+                         "without a proposer")
     stop = set(runner.model.config.eos_token_ids if stop_ids is None else stop_ids)
     seed = random.getrandbits(63) if seed is None else int(seed)
     if pipeline is None:
@@ -83,8 +92,8 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
                                             sampling, stop, seed, on_token, spec_stats)
             runner.seed.fill_(seed)
             runner.counter.zero_()
-            runner.begin_sampling(sampling, seq.tokens + ids)
-            loop = _pipelined if pipeline else _stepwise
+            runner.begin_sampling(sampling, seq.tokens + ids, stop)
+            loop = _pipelined if pipeline and not sampling.structured else _stepwise
             return loop(runner, seq, ids, max_new_tokens, sampling, stop, on_token)
         except BaseException:
             runner.cache.truncate(seq, start)
@@ -97,16 +106,22 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
 def _stepwise(runner, seq, ids, max_new_tokens, sampling, stop, on_token):
     new: list[int] = []
     pending = ids
+    grammar = runner.grammar if sampling.structured else None
     while True:
+        if grammar is not None:
+            grammar.load_mask()
         runner.forward(seq, pending, sampling)
         token = int(runner.next_token[0])  # waits for the step
         runner.check_finite(float(runner.logit_sum[0]), len(new))
         if token in stop:
             break
+        if grammar is not None and not grammar.matcher.advance(token):
+            raise RuntimeError(f"the grammar rejected token {token} at output token {len(new)}: "
+                               f"{grammar.matcher.error}")
         new.append(token)
         if on_token is not None:
             on_token(token)
-        if len(new) == max_new_tokens:
+        if len(new) == max_new_tokens or (grammar is not None and grammar.matcher.done):
             break
         pending = [token]
     return new

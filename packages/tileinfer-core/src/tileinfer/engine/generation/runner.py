@@ -41,7 +41,8 @@ from ..runtime.finite import check_finite
 from ..runtime.graphs import use_graphs
 from ..runtime.runtime import runtime_of
 from ..runtime.static_steps import StaticStep, StaticSteps
-from .sequence_processing import SequenceProcessing, graph_key
+from ...backend.grammar import mask_logits
+from .sequence_processing import SequenceGrammar, SequenceProcessing, graph_key
 
 MAX_GRAPH_TOKENS = 8
 MAX_PREFILL_BUCKET = 512
@@ -78,6 +79,8 @@ class ModelRunner:
         self.runtime = runtime
         # Logit bias, penalties and min_p of the current generation: made on first use.
         self.processing: SequenceProcessing | None = None
+        # The grammar of the current generation (structured outputs): made on first use.
+        self.grammar: SequenceGrammar | None = None
         if runtime is not None:
             self.steps = runtime.steps
             # The counter-based random stream of device sampling: seed and the next counter.
@@ -208,6 +211,8 @@ class ModelRunner:
         row = logits[-1:]
         if sampling.processes_logits:
             row = self.processing.process(row, sampling)
+        if sampling.structured:  # the bitmask load_mask sent for this token
+            row = mask_logits(row, self.grammar.words)
         self.model.ops.sample_tokens(out, row, sampling.temperature, sampling.top_k,
                                      sampling.top_p, self.seed, self.counter, None)
         self.counter.add_(1)
@@ -216,11 +221,16 @@ class ModelRunner:
         if sampling.processes_logits:
             self.processing.count(out, sampling)
 
-    def begin_sampling(self, sampling: SamplingParams, context):
-        """Set up logit bias, penalties and min_p for a generation after the ``context`` token
-        ids (everything the sequence holds before its output; the repetition penalty reads
-        them): needed before the first step that samples with such parameters. Nothing to do
-        for parameters without them."""
+    def begin_sampling(self, sampling: SamplingParams, context, stop_ids=()):
+        """Set up logit bias, penalties, min_p and a grammar for a generation after the
+        ``context`` token ids (everything the sequence holds before its output; the repetition
+        penalty reads them): needed before the first step that samples with such parameters.
+        stop_ids: the generation's stop tokens, which the grammar allows where it accepts.
+        Nothing to do for parameters without them."""
+        if sampling.structured:
+            if self.grammar is None:
+                self.grammar = SequenceGrammar(self.model.device)
+            self.grammar.begin(sampling, stop_ids)
         if not sampling.processes_logits:
             return
         if self.processing is None:

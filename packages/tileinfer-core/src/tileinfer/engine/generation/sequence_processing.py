@@ -20,11 +20,39 @@ from ...backend.sampling import SamplingParams
 
 def graph_key(params: SamplingParams) -> tuple:
     """What a captured step's graph depends on besides (temperature, top_k, top_p): which steps
-    run and the bias length (the values are read from the state's tensors). () when none run."""
+    run and the bias length (the values are read from the state's tensors), and whether a
+    grammar mask applies. () when none run."""
+    key = ("grammar",) if params.structured else ()
     if not params.processes_logits:
-        return ()
+        return key
     return ("processed", params.penalized, len(params.logit_bias),
-            params.min_p > 0 and not params.greedy)
+            params.min_p > 0 and not params.greedy, *key)
+
+
+class SequenceGrammar:
+    """The grammar of the generation a runner runs: its matcher, the next token's bitmask on
+    the host (``host``, (1, words) int32, pinned on CUDA) and on the device (``words``, the
+    tensor a step's graph reads by address; made once per bitmask width)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.matcher = None
+        self.words: torch.Tensor | None = None
+        self.host: torch.Tensor | None = None
+
+    def begin(self, params: SamplingParams, stop_ids=()):
+        self.matcher = params.structure.matcher(stop_ids)
+        n = self.matcher.words
+        if self.words is None or self.words.shape[1] != n:
+            self.words = torch.zeros(1, n, dtype=torch.int32, device=self.device)
+            pin = self.words.is_cuda
+            self.host = torch.zeros(1, n, dtype=torch.int32, pin_memory=pin)
+
+    def load_mask(self):
+        """Compute the next token's bitmask on the host and send it to the device. The previous
+        copy is complete: the caller read the last step's token since."""
+        self.matcher.fill(self.host[0])
+        self.words.copy_(self.host, non_blocking=True)
 
 
 class SequenceProcessing:

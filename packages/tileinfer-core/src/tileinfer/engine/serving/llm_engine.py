@@ -39,6 +39,7 @@ from ...backend.sampling import SamplingParams
 from ..kv.prefix_cache import PrefixCache
 from ..runtime.finite import non_finite
 from ..runtime.runtime import runtime_of
+from .batch_grammar import advance as advance_grammar
 from .batch_runner import BatchRunner, SampledIds
 from .batch_sampling import sampled_logprobs
 from .pool import kv_pool_pages
@@ -333,6 +334,12 @@ class LLMEngine:
                 self._finish(req, STOP, stop_token=token, prompt_lps=prompt_lps)
                 continue
             self.generated_tokens += 1
+            if reason is None and req.sampling.structured:
+                verdict = advance_grammar(req, token)
+                if verdict is not None and verdict != "done":
+                    self._finish(req, ERROR, error=verdict)
+                    continue
+                reason = STOP if verdict == "done" else None
             if reason is not None:
                 self._finish(req, reason, [token], logprobs=logprobs, prompt_lps=prompt_lps)
             else:

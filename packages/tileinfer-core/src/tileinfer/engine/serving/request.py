@@ -72,6 +72,7 @@ class Request:
     prompt_lps: list = field(default_factory=list)  # entries of prompt tokens 1.. found so far
     prompt_reported: bool = False
     token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
+    grammar: object = None  # its GrammarMatcher, when it has a structure (batch_grammar)
 
     @property
     def tokens(self) -> list[int]:

@@ -1,0 +1,83 @@
+"""Structured outputs through ``tileinfer serve`` (the tiny random-weight model with SmolLM2's
+tokenizer, driven by the official ``openai`` client): response_format json_schema and
+json_object, guided_regex on completions; answers parse and validate; bad schemas and
+conflicting requests are a 400 naming the parameter."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client", "llguidance"):
+    pytest.importorskip(_module)
+openai = pytest.importorskip("openai")
+
+from grammar_helpers import SCHEMA, check_schema
+from test_serve_helpers import ServerProcess, tiny_folder
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-structured")
+    folder = tiny_folder(smollm2_dir, root)
+    s = ServerProcess(["-m", folder, "--load-format", "dummy", "--kv-tokens", "4096",
+                       "--max-running", "4"], root / "server.log")
+    try:
+        s.wait_ready()
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=TIMEOUT,
+                            max_retries=0)
+    finally:
+        rc = s.stop()
+    assert rc == 0, s.output()
+
+
+def chat(client, **kw):
+    return client.chat.completions.create(
+        model="tiny-smollm2-shape", messages=[{"role": "user", "content": "Describe a cat as JSON."}],
+        **{"max_tokens": 150, **kw})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_answers_validate(client, temperature):
+    fmt = {"type": "json_schema", "json_schema": {"name": "cat", "schema": SCHEMA,
+                                                  "strict": True}}
+    for seed in range(2):
+        r = chat(client, response_format=fmt, temperature=temperature, seed=seed)
+        assert r.choices[0].finish_reason == "stop"
+        check_schema(r.choices[0].message.content)
+
+
+def test_json_object_and_streaming(client):
+    r = chat(client, response_format={"type": "json_object"}, temperature=1.0, seed=3,
+             max_tokens=300)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    fmt = {"type": "json_schema", "json_schema": {"name": "cat", "schema": SCHEMA}}
+    text = "".join(c.choices[0].delta.content or "" for c in chat(
+        client, response_format=fmt, temperature=1.0, seed=4, stream=True) if c.choices)
+    check_schema(text)
+
+
+def test_guided_regex_on_completions(client):
+    r = client.completions.create(model="tiny-smollm2-shape", prompt="Code:", max_tokens=20, temperature=1.0,
+                                  extra_body={"guided_regex": r"[A-Z]{2}-[0-9]{4}"})
+    assert re.fullmatch(r"[A-Z]{2}-[0-9]{4}", r.choices[0].text)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                 "schema": {"type": "nope"}}}},
+     "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"extra_body": {"guided_regex": "(a"}}, "guided_regex"),
+    ({"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}},
+     "guided_regex"),
+])
+def test_bad_structure_is_a_400(client, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, **body)
+    assert e.value.body["param"] == param
