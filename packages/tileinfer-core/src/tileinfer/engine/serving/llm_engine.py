@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -40,28 +39,14 @@ from ..kv.prefix_cache import PrefixCache
 from ..runtime.finite import non_finite
 from ..runtime.runtime import runtime_of
 from .batch_grammar import advance as advance_grammar
-from .batch_runner import BatchRunner, SampledIds
+from .batch_runner import BatchRunner
 from .batch_sampling import sampled_logprobs
+from .launched_step import LaunchedStep
 from .pool import kv_pool_pages
 from .prompt_logprobs import collect, needs_rows, report
 from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestOutput,
                       check_request)
 from .scheduler import Scheduler
-
-
-@dataclass(eq=False)
-class _Step:
-    """A launched step: its requests, their sequences' lengths before it, the rows sampled in
-    it, their ids (on the device, copied to the host), the sampled rows' logits, whether it was
-    a static decode step, and the step launched after it from its ids (the successor), if any."""
-
-    reqs: list
-    starts: list[int]
-    sampled: list[int]
-    ids: SampledIds | None
-    rows: torch.Tensor | None
-    decode: bool = False
-    successor: "_Step | None" = None
 
 
 class LLMEngine:
@@ -117,7 +102,7 @@ class LLMEngine:
         self._step_lock = threading.Lock()
         self._ids = itertools.count()
         self.pipeline = pipeline
-        self._inflight: _Step | None = None  # launched by the last step(), not completed
+        self._inflight: LaunchedStep | None = None  # launched by the last step(), not completed
         self.steps = self.generated_tokens = self.pipelined_steps = 0
 
     @property
@@ -243,7 +228,7 @@ class LLMEngine:
             self._complete(flight)
             return self._take_outputs()
 
-    def _launch(self, plan) -> _Step | None:
+    def _launch(self, plan) -> LaunchedStep | None:
         """Run the plan's step and sample its rows on the device (tokens not read back)."""
         reqs = [req for req, _ in plan]
         chunks = [req.next_chunk(n) for req, n in plan]
@@ -266,7 +251,7 @@ class LLMEngine:
         flight.decode = self.runner.last_static and len(sampled) == len(reqs)
         return flight
 
-    def _launch_next(self, prev: _Step) -> _Step | None:
+    def _launch_next(self, prev: LaunchedStep) -> LaunchedStep | None:
         """The decode step after ``prev``, launched before prev's tokens are read (its input
         ids are prev's samples, on the device), when the scheduler says it is certain to be
         that step; None otherwise, or when pages run out (the scheduler then plans it)."""
@@ -289,16 +274,16 @@ class LLMEngine:
         self.pipelined_steps += 1
         return flight
 
-    def _sample(self, reqs, starts, sampled, logits, ahead: int = 0) -> _Step:
+    def _sample(self, reqs, starts, sampled, logits, ahead: int = 0) -> LaunchedStep:
         """Sample the rows of the requests in ``sampled`` (their k-th token, k = len(output) +
         ahead); the runner starts copying the ids to the host."""
         ids = rows = None
         if sampled:
             rows = logits if len(sampled) == len(reqs) else logits[sampled]
             ids = self.runner.sample_requests(rows, [reqs[i] for i in sampled], ahead)
-        return _Step(reqs, starts, sampled, ids, rows)
+        return LaunchedStep(reqs, starts, sampled, ids, rows)
 
-    def _complete(self, flight: _Step):
+    def _complete(self, flight: LaunchedStep):
         """Read the step's tokens back and have the scheduler commit them. A successor step
         (already running) continues the same requests with these tokens: they join its
         sequences now."""

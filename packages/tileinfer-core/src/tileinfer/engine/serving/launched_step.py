@@ -1,0 +1,25 @@
+"""A step the engine launched and has not completed: what it needs to read the step's tokens
+back and hand them to their requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batch_runner import SampledIds
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A launched step: its requests, their sequences' lengths before it, the rows sampled in
+    it, their ids (on the device, copied to the host), the sampled rows' logits, whether it was
+    a static decode step, and the step launched after it from its ids (the successor), if any."""
+
+    reqs: list
+    starts: list[int]
+    sampled: list[int]
+    ids: SampledIds | None
+    rows: torch.Tensor | None
+    decode: bool = False
+    successor: "LaunchedStep | None" = None
