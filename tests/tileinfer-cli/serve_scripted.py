@@ -29,7 +29,8 @@ class ScriptedEngine:
         self._lock = threading.Lock()
         self._next = 0
 
-    def add_request(self, prompt_ids, sampling, max_new_tokens, stop_ids, seed, logprobs):
+    def add_request(self, prompt_ids, sampling, max_new_tokens, stop_ids, seed, logprobs,
+                    prompt_logprobs=None):
         with self._lock:
             rid, self._next = self._next, self._next + 1
             self.prompts.append(list(prompt_ids))
