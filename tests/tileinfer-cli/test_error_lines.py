@@ -127,6 +127,18 @@ def test_closed_standard_output_ends_quietly(tiny_home):
     assert child.returncode == 128 + signal.SIGPIPE
 
 
+def installed_plugin(folder, name: str, source: str, tiny_home) -> dict:
+    """Install module ``name`` (``source``) in ``folder`` as a backend distribution with an entry
+    point, the way pip would lay it out; returns the environment that finds it."""
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    info = folder / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[tileinfer]\n{name} = {name}\n")
+    return {**tiny_home, "PYTHONPATH": os.pathsep.join([str(folder),
+                                                        os.environ.get("PYTHONPATH", "")])}
+
+
 BROKEN_PLUGIN = """
     from tileinfer.backend import BackendInfo, hookimpl
 
@@ -144,13 +156,7 @@ BROKEN_PLUGIN = """
 @pytest.mark.parametrize("exc", ["RuntimeError", "ValueError"])
 def test_plugin_op_that_raises_is_one_line_naming_plugin_and_op(tmp_path, tiny_home, exc):
     # Before: 32 lines of traceback; a ValueError would have passed for the user's mistake.
-    (tmp_path / "brokenb.py").write_text(textwrap.dedent(BROKEN_PLUGIN.format(exc=exc)))
-    info = tmp_path / "brokenb-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenb\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[tileinfer]\nbrokenb = brokenb\n")
-    env = {**tiny_home, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get(
-        "PYTHONPATH", "")])}
+    env = installed_plugin(tmp_path, "brokenb", BROKEN_PLUGIN.format(exc=exc), tiny_home)
     result = tileinfer("run", "-m", "tiny", "--backend", "brokenb", "-n", "3", "hi", env=env)
     assert_one_line_error(result, f"backend 'brokenb' failed in op 'rmsnorm': {exc}: the kernel "
                                   "fell over", code=1)
@@ -177,13 +183,7 @@ NAN_PLUGIN = """
 
 def test_non_finite_logits_end_the_answer_with_one_line(tmp_path, tiny_home):
     # Before: NaN logits printed one token again and again with exit 0.
-    (tmp_path / "nanb.py").write_text(textwrap.dedent(NAN_PLUGIN))
-    info = tmp_path / "nanb-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nanb\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[tileinfer]\nnanb = nanb\n")
-    env = {**tiny_home, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get(
-        "PYTHONPATH", "")])}
+    env = installed_plugin(tmp_path, "nanb", NAN_PLUGIN, tiny_home)
     result = tileinfer("run", "-m", "tiny", "--backend", "nanb", "-n", "3", "hi", env=env)
     assert_one_line_error(result, re.escape("the model computed non-finite logits (NaN or "
                                             "infinity) for generated token 0 on backend 'nanb'"))
