@@ -40,6 +40,16 @@ RESERVED_TEMPLATE_VARIABLES = frozenset({
     "mask_token"})
 
 
+def check_template_kwargs(v):
+    """chat_template_kwargs as given, or a ValueError if it sets one of the template's own
+    variables."""
+    reserved = RESERVED_TEMPLATE_VARIABLES & set(v or {})
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: "
+                         "the chat template's own variables")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -178,11 +188,7 @@ class ChatRequest(_Sampling):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v):
-        reserved = RESERVED_TEMPLATE_VARIABLES & set(v or {})
-        if reserved:
-            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: "
-                             "the chat template's own variables")
-        return v
+        return check_template_kwargs(v)
 
 
 class CompletionRequest(_Sampling):

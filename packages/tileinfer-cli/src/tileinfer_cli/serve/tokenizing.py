@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import bad_request
-from .schemas import RESERVED_TEMPLATE_VARIABLES, Message
+from .schemas import Message, check_template_kwargs
 from .tools import Tool, check_tools, offered
 from .validation import parse
 
@@ -46,11 +46,7 @@ class TokenizeChat(_Strict):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v):
-        reserved = RESERVED_TEMPLATE_VARIABLES & set(v or {})
-        if reserved:
-            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: "
-                             "the chat template's own variables")
-        return v
+        return check_template_kwargs(v)
 
 
 class Detokenize(_Strict):
