@@ -436,3 +436,21 @@ def test_process_age_is_measured_from_the_kernels_record():
     outside = time.perf_counter() - start
     age = float(done.stdout)
     assert 0 < age <= outside + 0.011, (age, outside)
+
+
+@pytest.mark.slow
+def test_json_schema_and_regex_shape_the_answer(home, tmp_path):
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"capital": {"enum": ["Paris", "London", "Rome"]},
+                                               "country": {"type": "string", "maxLength": 12}},
+              "required": ["capital", "country"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    out = run_json(home, "-n", "40", "--json-schema", str(path), QUESTION)
+    answer = json.loads(out["text"])
+    assert set(answer) == {"capital", "country"} and answer["capital"] in schema["properties"][
+        "capital"]["enum"] and len(answer["country"]) <= 12
+    out = run_json(home, "-n", "12", "--regex", "The capital is [A-Z][a-z]+\\.", QUESTION)
+    assert re.fullmatch(r"The capital is [A-Z][a-z]+\.", out["text"]), out["text"]
+    bad = tileinfer("run", "--json-schema", str(tmp_path / "missing.json"), QUESTION, env=home)
+    assert_one_line_error(bad, "--json-schema: cannot read")

@@ -13,6 +13,7 @@ from .options import (add_model_options, add_sampling_options, add_speculative_o
                       kv_cache_from, load, sampling_from, speculative_from)
 from .startup import Clock
 from .stops import StopStringFound, StopWriter
+from .structure_options import add_structure_options, with_structure
 from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
 
@@ -32,6 +33,7 @@ examples:
   tileinfer run --chat-template chatml.jinja "Hi"
   tileinfer run SmolLM2-135M-Instruct "Hi" --threads 2 --seed 7 --temperature 0.7
   tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
+  tileinfer run --json-schema person.json "Describe a person as JSON"
 
 --json prints one object: text, tokens (the answer's token ids), prompt_tokens, conversation_id
 (the log's: tileinfer logs --cid ID), finish_reason
@@ -65,6 +67,7 @@ def add_parser(sub, formatter):
     add_model_options(p)
     add_sampling_options(p)
     add_speculative_options(p)
+    add_structure_options(p)
     p.set_defaults(func=run)
 
 
@@ -119,6 +122,7 @@ def run(args, out):
     model, tokenizer, folder = load(args)
     loaded = clock.mark("load_model")
     sampling, stop_ids = sampling_from(args, folder, model.config)
+    sampling = with_structure(args, sampling, tokenizer)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
     template = template_from(args, folder)
