@@ -47,7 +47,7 @@ class Server:
 
     def __init__(self, served, engine, api_key: str | None = None, max_queue: int = 1024,
                  queue_timeout: float | None = 300.0, max_body: int | None = None,
-                 allowed_origins=()):
+                 allowed_origins=(), metrics_public: bool = False):
         self.served, self.engine = served, engine
         self.metrics = Metrics(served.name)
         self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
@@ -56,6 +56,7 @@ class Server:
         self.max_body = max_body or body_limit(served.max_len)
         self.preparing = ThreadPoolExecutor(PREPARE_THREADS, "tileinfer-prepare")
         self.allowed_origins = list(allowed_origins)
+        self.metrics_public = metrics_public  # /metrics answered without the API key
         self.draining = False  # set on SIGTERM / Ctrl-C: new requests get 503
         self.started = int(time.time())
 
@@ -95,7 +96,8 @@ class Guard:
 
     def check(self, scope) -> APIError | None:
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] != "/health":
+        open_paths = ("/health", "/metrics") if self.server.metrics_public else ("/health",)
+        if self.expected is not None and scope["path"] not in open_paths:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 return APIError(401, "a valid API key is needed: send the header "

@@ -67,6 +67,8 @@ def add_parser(sub, formatter):
     g.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=[],
                    help="web origins (https://app.example, or *) whose pages may call the API "
                         "from a browser (CORS; default: none)")
+    g.add_argument("--metrics-public", action="store_true",
+                   help="answer /metrics without the API key (for a scraper on the network)")
     g.add_argument("--shutdown-grace", type=float_range(0, 3600), default=30.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish")
     g.add_argument("--tool-parser", choices=["auto", "llama3", "qwen3", "mistral", "none"],
@@ -180,7 +182,7 @@ def run(args, out):
     engine.warmup()
     server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
                     queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes,
-                    allowed_origins=args.allowed_origins)
+                    allowed_origins=args.allowed_origins, metrics_public=args.metrics_public)
     stats = engine.stats()
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.model.ops.name}, max_len {served.max_len}, "

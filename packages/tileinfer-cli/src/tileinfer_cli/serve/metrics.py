@@ -131,6 +131,10 @@ class Metrics:
                    s["pages_used"] / max(1, s["pages_total"]))
         yield _one(CounterMetricFamily, "vllm:num_preemptions",
                    "requests preempted for pages", m, s["preemptions"])
+        yield _one(CounterMetricFamily, "vllm:prefix_cache_queries",
+                   "prompt tokens looked up in the prefix cache", m, s["prefix_query_tokens"])
+        yield _one(CounterMetricFamily, "vllm:prefix_cache_hits",
+                   "prompt tokens found in the prefix cache", m, s["prefix_hit_tokens"])
         gauges = [("kv_pages_used", "KV pages referenced by requests", s["pages_used"]),
                   ("kv_pages_cached", "unreferenced prefix pages kept for reuse",
                    s["pages_cached"]),

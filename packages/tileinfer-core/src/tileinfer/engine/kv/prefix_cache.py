@@ -49,7 +49,7 @@ class PrefixCache:
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
         self.hit_tokens = 0  # prompt tokens taken from the cache instead of computed
-        self.queried_tokens = 0
+        self.queried_tokens = 0  # prompt tokens looked up (hit or not)
 
     def attach(self, seq: Sequence, tokens: list[int]) -> list[tuple]:
         """Give the empty seq the longest cached prefix of tokens, whole pages only and leaving

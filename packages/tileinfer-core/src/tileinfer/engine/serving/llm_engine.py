@@ -369,6 +369,7 @@ class LLMEngine:
                     page_size=self.cache.page_size, pool_bytes=self.cache.nbytes,
                     preemptions=s.preemptions,
                     prefix_hit_tokens=0 if self.prefix is None else self.prefix.hit_tokens,
+                    prefix_query_tokens=0 if self.prefix is None else self.prefix.queried_tokens,
                     steps=self.steps, pipelined_steps=self.pipelined_steps,
                     generated_tokens=self.generated_tokens,
                     computed_tokens=self.runner.tokens_run,
