@@ -18,23 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import tileinfer
 
 TESTS = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
-
-
-def tileinfer(*args, stdin: bytes | str | None = None, env=None, timeout=300, cwd=None):
-    """Run the command; stdout and stderr as text (undecodable bytes replaced)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("TILEINFER_BACKENDS", None) if "TILEINFER_BACKENDS" not in (env or {}) else None
-    if isinstance(stdin, str):
-        stdin = stdin.encode()
-    result = subprocess.run([sys.executable, "-m", "tileinfer_cli", *args],
-                            input=stdin if stdin is not None else b"",
-                            capture_output=True, timeout=timeout, env=full_env, cwd=cwd)
-    result.stdout = result.stdout.decode("utf-8", "replace")
-    result.stderr = result.stderr.decode("utf-8", "replace")
-    return result
 
 
 def assert_one_line_error(result, pattern):

@@ -17,16 +17,12 @@ for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
     pytest.importorskip(_module)
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
-import torch
 
+from serve_fixtures import MAX_LEN, TIMEOUT, client, http, offline  # noqa: F401 (fixtures)
 from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder, wait_for
-from tileinfer import (LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch,
-                       load_config, load_tokenizer)
-from tileinfer.model.random_weights import random_model
+from tileinfer import LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch
 from tileinfer_cli.serve import schemas
 
-MAX_LEN = 512  # the tiny config's max_position_embeddings
-TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +42,6 @@ def server(folder, tmp_path_factory):
     assert rc == 0, s.output()
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=TIMEOUT,
-                         max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def offline(folder):
-    model = random_model(load_config(folder), dtype=torch.float32, backend="ref", device="cpu",
-                         max_len=MAX_LEN, seed=0)
-    return model, load_tokenizer(folder)
 
 
 def chat_ids(folder, tok, text):
