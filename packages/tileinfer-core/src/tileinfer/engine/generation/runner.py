@@ -124,8 +124,7 @@ class ModelRunner:
 
     def static_step(self, n: int, all_logits: bool = False) -> StaticStep | None:
         """The static step of n tokens if one was made (for inspection), else None."""
-        key = ("seq", n, all_logits, self.hidden_layers)
-        return next((step for k, step in self.steps.items() if k == key), None)
+        return self.steps.find(("seq", n, all_logits, self.hidden_layers))
 
     def add_sizes(self, sizes):
         """Also run steps of these token counts from static steps (and graphs)."""

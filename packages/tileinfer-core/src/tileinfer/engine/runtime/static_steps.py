@@ -89,6 +89,11 @@ class StaticSteps:
         self._evictable.move_to_end(key)
         return step
 
+    def find(self, key) -> StaticStep | None:
+        """The static step of ``key`` if it is kept, without making or touching it."""
+        step = self._fixed.get(key)
+        return step if step is not None else self._evictable.get(key)
+
     def can_build(self, key) -> bool:
         """Whether ``get(key, ..., evictable=True)`` would give a step."""
         return key in self._evictable or key in self._fixed or self.builds < self.max_builds
