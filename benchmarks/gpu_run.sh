@@ -55,12 +55,14 @@ for step in $steps; do
       timeout 300 python3 benchmarks/user_paths.py --sections batch --backends cuda \
         --batches ${BATCHES:-8,32,64} > "$out/batchtwice.json" 2> "$out/batchtwice.err"
       grep "^batch" "$out/batchtwice.err" ;;
-    startup)  # where a new tileinfer run process's start-up goes (cuda): imports, a profile
+    startup)  # where a new tileinfer run process's start-up goes: imports (cuda), a profile per backend
       (cd /tmp && python3 -X importtime -m tileinfer_cli run -b cuda -n 16 --no-log "Hi" \
         2> "$out/importtime.txt" > /dev/null)
       sort -t'|' -k2 -n "$out/importtime.txt" | tail -n 25
-      (cd /tmp && python3 -m cProfile -s cumtime -m tileinfer_cli run -b cuda -n 16 --no-log \
-        "Hi" 2>&1 | head -n 70 > "$out/startup-profile.txt") ;;
+      for b in cuda triton; do
+        (cd /tmp && python3 -m cProfile -s cumtime -m tileinfer_cli run -b $b -n 16 --no-log \
+          "Hi" 2>&1 | head -n 90 > "$out/startup-profile-$b.txt")
+      done ;;
     ops)
       timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"
       echo "ops benchmark: $(wc -l < "$out/ops.json") rows" ;;
