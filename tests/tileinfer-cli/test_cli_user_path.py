@@ -162,7 +162,7 @@ def test_json_reports_text_tokens_timings_and_finish_reason(home, smollm2_dir):
                             "from_start_to_first_token", "startup"}
     # The parts of the start-up, in order, add up to the time from the start to the first token.
     assert list(timings["startup"]) == ["start", "import_torch", "import_tileinfer",
-                                        "load_model", "prompt", "first_token"]
+                                        "load_model", "warm_up", "prompt", "first_token"]
     assert sum(timings["startup"].values()) == pytest.approx(
         timings["from_start_to_first_token"], abs=2e-3)
     assert timings["startup"]["first_token"] == pytest.approx(timings["time_to_first_token"],

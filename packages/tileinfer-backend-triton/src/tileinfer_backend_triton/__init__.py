@@ -37,6 +37,25 @@ def _availability():
 
 _AVAILABLE, _REASON, _DEVICES = _availability()
 
+
+def _hash_triton_in_background():
+    """Triton keys its on-disk kernel cache with a hash of its own installation (its compiler's
+    sources and libtriton.so, a few tenths of a second), made once per process at the first
+    kernel launch, where a new process's first answer would wait for it. hashlib lets go of the
+    interpreter's lock while it hashes, so a thread started when the backend loads makes it
+    while the model's weights load."""
+    import threading
+
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:  # another Triton layout: the first launch makes it, as before
+        return
+    threading.Thread(target=triton_key, name="tileinfer-triton-key", daemon=True).start()
+
+
+if _AVAILABLE and "cuda" in _DEVICES:
+    _hash_triton_in_background()
+
 if _AVAILABLE:
     import torch
 

@@ -16,6 +16,7 @@ import sys
 from .chat_commands import HELP, Commands
 from .chat_input import open_input, read_turn
 from .cli_words import in_cli_words
+from .cuda_start import start_cuda_in_background
 from .errors import UserError
 from .logs import Log, add_log_flag, conversation, new_conversation_id, options_of
 from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
@@ -70,6 +71,7 @@ def run(args, out):
     resuming = args.continue_ or args.cid is not None
     if resuming:  # before loading: an unknown id is one line at once
         cid, rows = conversation(args.cid)
+    start_cuda_in_background(args.backend)
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
     session = new_session(args, model, tokenizer, sampling, stop_ids,

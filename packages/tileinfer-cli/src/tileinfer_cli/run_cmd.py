@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from .cuda_start import start_cuda_in_background
 from .errors import UserError
 from .logs import Log, add_log_flag, new_conversation_id, options_of
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
@@ -42,8 +43,9 @@ stop (the stop string found, or null), model, backend and timings in seconds: lo
 process's start to the loaded model), time_to_first_token (from the prompt's ids to the first
 token), generate (the whole generation), tokens_per_second (decode, after the first token),
 from_start_to_first_token, and startup: the parts of the time to the first token (start: the
-interpreter and the command's own imports; import_torch; import_tileinfer; load_model; prompt:
-template and tokenizer; first_token).
+interpreter and the command's own imports; import_torch; import_tileinfer; load_model; warm_up:
+a short generation after a made-up prompt that loads the kernels and captures the decode step,
+as llama.cpp's tools do at load; prompt: template and tokenizer; first_token).
 """
 
 
@@ -113,6 +115,7 @@ def run(args, out):
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
     check_template_options(args)
+    start_cuda_in_background(args.backend)
     import torch  # noqa: F401  (timed apart: it is most of a new process's start)
 
     clock.mark("import_torch")
@@ -123,7 +126,11 @@ def run(args, out):
     loaded = clock.mark("load_model")
     sampling, stop_ids = sampling_from(args, folder, model.config)
     sampling = with_structure(args, sampling, tokenizer)
-    from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
+    from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate, warm_up
+
+    kv_cache, key_smoothing = kv_cache_from(args, model)
+    warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+    clock.mark("warm_up")
 
     template = template_from(args, folder)
     if template is None:
@@ -139,7 +146,6 @@ def run(args, out):
         raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
                         "room for an answer")
     limit = min(args.max_new_tokens, room)
-    kv_cache, key_smoothing = kv_cache_from(args, model)
     speculative = speculative_from(args, model, sampling)
     spec = SpecStats() if speculative is not None else None
     sink = io.StringIO() if args.json else out

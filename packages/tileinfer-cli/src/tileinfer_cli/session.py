@@ -11,9 +11,10 @@ from .stops import StopStringFound, StopWriter
 
 
 def new_session(args, model, tokenizer, sampling, stop_ids, template=None):
-    from tileinfer import ChatSession
+    from tileinfer import ChatSession, warm_up
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
+    warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
     return ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                        enable_thinking=args.thinking, max_tokens=args.max_len,
                        kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,

@@ -26,7 +26,7 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
                      memory_report, new_cache, prepare_step, static_metadata)
 from .engine import (BatchRunner, EngineThread, LLMEngine, ModelRuntime,
                      NonFiniteLogitsError, PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
-                     runner_for, runtime_of)
+                     runner_for, runtime_of, warm_up)
 
 
 def __getattr__(name):

@@ -11,6 +11,7 @@ from .generation.chat import ChatSession, PromptTooLongError, TurnStats
 from .generation.forward import forward, forward_batch
 from .generation.generate import generate, generate_into
 from .generation.runner import ModelRunner, runner_for
+from .generation.warm_up import warm_up
 from .generation.speculative import (DFlashDrafter, DFlashProposer, Draft, DraftProposer,
                                      NgramProposer, Proposer, SpecStats, load_dflash)
 from .kv.cache import (ContextLengthError, OutOfPagesError, PagedKVCache, Sequence,
