@@ -75,13 +75,15 @@ NOTES = {
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
     "sample_per_row": "one program per row, each with its own parameters and stream",
+    "batch_invariant": "linear: 16-row tensor-core tiles from the weight's shape, no split-K; "
+                       "attention: one row per program, 256-position splits",
 }
 
 
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="triton", available=_AVAILABLE, reason=_REASON, devices=_DEVICES,
-                       graph_safe=True, notes=NOTES)
+                       graph_safe=True, notes=NOTES, batch_invariant=True)
 
 
 if _AVAILABLE:
@@ -130,7 +132,8 @@ if _AVAILABLE:
         _attention.launch_attention(out, q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale,
                                     kv.k_smooth, step.cu_seqlens_q, step.context_lens,
                                     step.block_table, step.max_query_len, step.max_context_len,
-                                    scale, causal, workspace)
+                                    scale, causal, workspace,
+                                    batch_invariant=step.batch_invariant)
 
     @hookimpl
     def reserve_scratch(device):

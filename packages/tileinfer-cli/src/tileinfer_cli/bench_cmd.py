@@ -34,6 +34,8 @@ def add_parser(sub, formatter):
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                    help="weights and activations")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant ops (what --deterministic of run, chat and serve costs)")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16",
                    help="KV cache precision")
     p.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=16, metavar="N",
@@ -80,11 +82,12 @@ def run(args, out):
               f"{device}" + ("; on the CPU each run takes a while" if device == "cpu" else ""))
     if args.model:
         model = load_model(args.model, dtype=torch_dtype(args.dtype), backend=backend,
-                           max_len=max_len, quantize=quantize)
+                           max_len=max_len, quantize=quantize,
+                           batch_invariant=args.deterministic)
         name = args.model
     else:
         model = random_model(shape_config(args.shape), torch_dtype(args.dtype), backend,
-                             device, quantize, max_len)
+                             device, quantize, max_len, batch_invariant=args.deterministic)
         name = args.shape
     on_gpu = model.device.type == "cuda"
     if not on_gpu and (args.graphs != "off" or args.pipeline != "off"):
@@ -108,7 +111,8 @@ def run(args, out):
                       f" 2 warm-ups and {args.repeats} runs")
             r = bench_generation(model, args.prompt_len, args.new_tokens, graphs, pipeline, kv,
                                  args.repeats, progress=_progress)
-            r.update(model=name, bytes_per_token=per_token, device=str(model.device),
+            r.update(model=name, deterministic=args.deterministic, bytes_per_token=per_token,
+                     device=str(model.device),
                      weight_bytes=memory["weight_bytes"],
                      kv_bytes_per_token=memory["kv_bytes_per_token"],
                      gpu=torch.cuda.get_device_name() if on_gpu else None)
@@ -144,7 +148,7 @@ def _run_batch(args, model, name, kv, out):
     from .bench_batch import bench_static_batch
 
     r = bench_static_batch(model, args.batch, args.prompt_len, args.new_tokens, kv, args.repeats)
-    r.update(model=name, device=str(model.device))
+    r.update(model=name, deterministic=args.deterministic, device=str(model.device))
     print(f"KV pool: {r['pool_pages']:,} pages of {r['page_size']} positions, "
           f"{format_bytes(r['pool_bytes'])}", file=out)
     decode = f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-"

@@ -59,6 +59,9 @@ def add_model_options(p: argparse.ArgumentParser):
                    help="weights and activations (auto: bf16 on a GPU, fp32 on the CPU, where "
                         "PyTorch's bf16 matrix products are slow)")
     g.add_argument("--int8", action="store_true", help="INT8 weights (per-channel scales)")
+    g.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant ops: an answer's tokens and logprobs do not depend on "
+                        "what else runs beside it (docs/determinism.md has the cost)")
     g.add_argument("--kv-cache", choices=["bf16", "int8", "int8-smooth"], default="bf16",
                    help="KV cache precision (int8-smooth: INT8 with calibrated key smoothing)")
     g.add_argument("--max-len", type=int_range(1, INT32_MAX), metavar="N",
@@ -187,7 +190,7 @@ def load(args):
     model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
                        max_len=args.max_len,
                        quantize="int8" if args.int8 else None,
-                       allow_long=args.allow_long_context)
+                       allow_long=args.allow_long_context, batch_invariant=args.deterministic)
     return model, load_tokenizer(folder), folder
 
 

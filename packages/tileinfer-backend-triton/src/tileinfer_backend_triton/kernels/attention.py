@@ -10,7 +10,10 @@ positions past a sequence's context are masked, never read. Online softmax in fl
 
 Steps of up to ROW_INVARIANT_MAX_Q rows per sequence run one row per program, each deriving its
 split partition from its own visible length, so a verify row equals the decode step of that row
-bit for bit. INT8 pages: key smoothing is folded into the query (kept as a bf16 hi + lo pair),
+bit for bit. Batch-invariant steps (``AttentionStep.batch_invariant``) run every row that way,
+prefill rows too, with splits of a fixed INVARIANT_CHUNK positions and the combine's reduction
+over a fixed INVARIANT_SPLITS_PAD: a row's result then depends on its query and the keys it
+sees only. INT8 pages: key smoothing is folded into the query (kept as a bf16 hi + lo pair),
 the key scale multiplies the scores, the value scale the probabilities.
 docs/triton-kernels.md has the design and its reasons.
 """
@@ -39,6 +42,37 @@ WORKSPACE_MIN_CHUNK = 64  # the workspace holds splits this short (benchmarks tr
 # benchmarks/RESULTS.md, 2026-11-30, "Triton PDL, the CUDA rows GEMV and split decode attention",
 # "Triton decode attention sweep").
 SPLITS_PER_SM = {False: 4, True: 2}
+# Batch-invariant steps: positions per split (a multiple of every row tile's BLOCK_N), and the
+# splits the combine's reduction tree always spans (so the longest context is their product).
+INVARIANT_CHUNK = 256
+INVARIANT_SPLITS_PAD = 128
+
+
+class _InvariantWorkspace:
+    """The split workspace of batch-invariant steps, per device: every row of any step may
+    split, so it is sized by the steps' rows and contexts (the model's workspace holds at most
+    SPLIT_MAX_TOKENS rows). It grows outside graph captures (a step always runs eagerly before
+    its capture) and a grown-out buffer is kept, since captured graphs may still use it."""
+
+    def __init__(self):
+        self._by_device: dict = {}
+
+    def get(self, device, tokens: int, heads: int, splits: int, head_dim: int) -> torch.Tensor:
+        key = (device.type, device.index)
+        buffers = self._by_device.setdefault(key, [])
+        need = (tokens, heads, splits, head_dim + 2)
+        if buffers and all(have >= want for have, want in zip(buffers[-1].shape, need)):
+            return buffers[-1]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the batch-invariant attention workspace must grow during a CUDA "
+                               "graph capture: run the step eagerly first")
+        shape = tuple(max(want, have) for want, have in
+                      zip(need, buffers[-1].shape if buffers else need))
+        buffers.append(torch.empty(shape, dtype=torch.float32, device=device))
+        return buffers[-1]
+
+
+INVARIANT_WORKSPACE = _InvariantWorkspace()
 
 
 @triton.jit
@@ -219,9 +253,9 @@ def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
 
 def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
                      context_lens, block_table, max_query_len, max_context_len, scale, causal,
-                     ws, tiles=None, splits=None, min_chunk=MIN_CHUNK):
+                     ws, tiles=None, splits=None, min_chunk=MIN_CHUNK, batch_invariant=False):
     """tiles, splits, min_chunk: launch settings for benchmarks (defaults: _tiles,
-    SPLITS_PER_SM, MIN_CHUNK)."""
+    SPLITS_PER_SM, MIN_CHUNK). batch_invariant: the step's (see the module docstring)."""
     n, heads, hd = q.shape
     if n == 0:
         return
@@ -236,6 +270,10 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1:
         raise ValueError("attention: q, out and the caches need a contiguous head_dim")
 
+    if batch_invariant:
+        return _launch_invariant(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth,
+                                 cu_seqlens_q, context_lens, block_table, max_q, max_ctx, scale,
+                                 causal, f32)
     # Decode / verify steps: the 1-row tiles, one query row per program (row invariance).
     row_mode = max_q <= ROW_INVARIANT_MAX_Q
     block_m, block_n, warps, stages = tiles or _tiles(1 if row_mode else max_q, group, hd, int8)
@@ -288,3 +326,37 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
             SPLITS_PAD=next_pow2(ws.shape[2]), BLOCK_D=next_pow2(hd), num_warps=4, **pdl_args(),
         )
 
+
+
+def _launch_invariant(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
+                      context_lens, block_table, max_q, max_ctx, scale, causal, f32):
+    """A batch-invariant step: one query row per program (the 1-row tiles), splits of
+    INVARIANT_CHUNK positions from position 0, always combined over INVARIANT_SPLITS_PAD."""
+    n, heads, hd = q.shape
+    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = heads // kv_heads
+    batch = cu_seqlens_q.shape[0] - 1
+    int8 = k_cache.dtype == torch.int8
+    num_splits = cdiv(max_ctx, INVARIANT_CHUNK)
+    if num_splits > INVARIANT_SPLITS_PAD:
+        raise ValueError(f"batch-invariant attention covers contexts of up to "
+                         f"{INVARIANT_CHUNK * INVARIANT_SPLITS_PAD} positions, not {max_ctx}")
+    block_m, block_n, warps, stages = _tiles(1, group, hd, int8)
+    ws = INVARIANT_WORKSPACE.get(q.device, n, heads, num_splits, hd)
+    s_sp, s_ss, s_sh = k_scale.stride() if int8 else (0, 0, 0)
+    _attention_kernel[(batch * kv_heads, max_q, num_splits)](
+        out, q, k_cache, v_cache, k_scale if int8 else q, v_scale if int8 else q,
+        k_smooth if k_smooth is not None else q, cu_seqlens_q, context_lens, block_table, ws,
+        kv_heads, group, hd, float(scale) * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
+        block_table.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), INVARIANT_CHUNK,
+        PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=True,
+        F32=f32, ROW_SPLITS=False, MIN_CHUNK_C=MIN_CHUNK, BLOCK_M=block_m, BLOCK_Q=1,
+        BLOCK_N=block_n, BLOCK_D=next_pow2(hd), num_warps=warps, num_stages=stages, **pdl_args(),
+    )
+    _combine_kernel[(n, heads)](
+        out, ws, num_splits, hd, out.stride(0), out.stride(1), ws.stride(0), ws.stride(1),
+        ws.stride(2), SPLITS_PAD=INVARIANT_SPLITS_PAD, BLOCK_D=next_pow2(hd), num_warps=4,
+        **pdl_args(),
+    )

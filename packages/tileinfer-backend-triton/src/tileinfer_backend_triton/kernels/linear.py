@@ -15,6 +15,11 @@ the fused SwiGLU / xIELU activations):
   in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
+Batch-invariant steps (``Invariance.BATCH``) of any number of rows run ``_gemv_kernel``'s
+tensor-core path on tiles of 16 token rows (one row program per 16 rows), without split-K, in a
+configuration chosen from the weight alone (``invariant_config``): every row is summed by the
+same instructions in the same K order whatever the step's row count.
+
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
 INT8 weight's float32 product is scaled and rounded once, to out's dtype. SwiGLU rounds gate and up to x's dtype,
@@ -28,18 +33,21 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from tileinfer.backend.hookspecs import Invariance
 
 from .activations import silu_mul_math, xielu_math
 from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents, pdl_wait,
                      sm_count)
 # The launch configuration is in linear_config; its names are this module's too.
-from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
-                            SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, gemm_config,
-                            gemv_config, reserve_scratch, split_k_for)
+from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, INVARIANT_BLOCK_M,
+                            ROW_INVARIANT_MAX_M, SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig,
+                            gemm_config, gemv_config, invariant_config, reserve_scratch,
+                            split_k_for)
 
-__all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "ROW_INVARIANT_MAX_M", "SCRATCH",
-           "SKINNY_MAX_M", "GemmConfig", "GemvConfig", "gemm_config", "gemv_config",
-           "launch_linear", "reserve_scratch", "split_k_for"]
+__all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "INVARIANT_BLOCK_M",
+           "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
+           "gemm_config", "gemv_config", "invariant_config", "launch_linear", "reserve_scratch",
+           "split_k_for"]
 
 
 
@@ -308,7 +316,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
 
     config: a GemvConfig / GemmConfig to override the defaults (benchmarks and tests).
     invariant: the linear contract's batch_invariant (False: rows of separate sequences, so
-    2..ROW_INVARIANT_MAX_M rows may take the tensor-core tiles)."""
+    2..ROW_INVARIANT_MAX_M rows may take the tensor-core tiles; ``Invariance.BATCH``: the
+    batch-invariant tiles at any row count)."""
     m, k = x.shape
     n_out = out.shape[1]
     if m == 0 or n_out == 0:
@@ -324,6 +333,18 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     # product into a float32 out (the logits: the float32 sum itself, the linear contract).
     round_x = not int8 and not (act == ACT_NONE and out.dtype == torch.float32)
     common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
+
+    if invariant == Invariance.BATCH:
+        cfg = invariant_config(n_out, k, act)
+        _gemv_kernel[(cdiv(m, INVARIANT_BLOCK_M), cdiv(n_out, cfg.block_n), 1)](
+            x, weight, scale, out, x, x,
+            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, INVARIANT_BLOCK_M,
+            alpha_p, alpha_n, beta, eps,
+            BLOCK_M=INVARIANT_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=1,
+            EVEN_K=k % cfg.block_k == 0, UNROLL=1, W_VEC=1, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **common, **pdl_args(),
+        )
+        return
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
         rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)

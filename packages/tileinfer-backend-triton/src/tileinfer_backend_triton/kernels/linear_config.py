@@ -111,6 +111,20 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
                       num_stages=3)
 
 
+# Batch-invariant steps: token rows per tensor-core tile (the smallest tl.dot takes).
+INVARIANT_BLOCK_M = 16
+
+
+def invariant_config(n: int, k: int, act: int) -> GemvConfig:
+    """The tiles of batch-invariant steps, from the weight's shape alone (never the row count):
+    narrow weight tiles, so that a 1-row step still has many programs to stream the weight with
+    (no split-K, whose partials would need room for every row), K in 128-wide steps (64 where K
+    is not a multiple of 128, e.g. SmolLM2's 576)."""
+    block_k = 128 if k % 128 == 0 else 64
+    return GemvConfig(block_n=16 if act == ACT_SWIGLU else 32, block_k=block_k, num_warps=4,
+                      num_stages=3)
+
+
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
     """Prefill tiles (steps of more than SKINNY_MAX_M tokens)."""
     if INTERPRET_MODE:

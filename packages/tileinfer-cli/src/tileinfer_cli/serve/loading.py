@@ -39,7 +39,8 @@ class ServedModel:
         return self.model.config.vocab_size
 
 
-def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize, allow_long: bool):
+def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize, allow_long: bool,
+               batch_invariant: bool = False):
     """A model of folder's config shape with random weights (seed 0)."""
     from tileinfer import get_backend, load_config
     from tileinfer.model.config import check_max_len
@@ -52,7 +53,7 @@ def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize,
     check_max_len(config, max_len, allow_long)
     device = default_device(get_backend(backend))
     return random_model(config, dtype=dtype, backend=backend, device=device, quantize=quantize,
-                        max_len=max_len, seed=0)
+                        max_len=max_len, seed=0, batch_invariant=batch_invariant)
 
 
 def load_served(args) -> ServedModel:
@@ -67,10 +68,11 @@ def load_served(args) -> ServedModel:
     tokenizer = load_tokenizer(folder)
     if args.load_format == "dummy":
         model = load_dummy(folder, dtype, backend, args.max_len, quantize,
-                           args.allow_long_context)
+                           args.allow_long_context, args.deterministic)
     else:
         model = load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
-                           quantize=quantize, allow_long=args.allow_long_context)
+                           quantize=quantize, allow_long=args.allow_long_context,
+                           batch_invariant=args.deterministic)
     _, stop_ids = generation_defaults(folder, model.config)
     try:
         defaults = SamplingDefaults.of_folder(folder)

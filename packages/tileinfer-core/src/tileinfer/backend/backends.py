@@ -23,6 +23,9 @@ class BackendInfo:
     reason: why not. devices: the torch device types it runs on ("cuda", "cpu").
     graph_safe: whether its ops can be captured in CUDA graphs (allocate nothing, never sync).
     notes: per-op remarks shown by ``tileinfer backends`` (e.g. "prefill GEMM uses cuBLAS").
+    batch_invariant: whether its linear ops keep ``Invariance.BATCH`` and its attention keeps
+    ``AttentionStep.batch_invariant`` (docs/determinism.md): a model can then be loaded with
+    ``batch_invariant=True``.
     """
 
     name: str
@@ -31,6 +34,7 @@ class BackendInfo:
     devices: tuple[str, ...] = ("cuda",)
     graph_safe: bool = True
     notes: dict = field(default_factory=dict)
+    batch_invariant: bool = False
 
 
 @dataclass

@@ -24,6 +24,8 @@ Conventions shared by every op (docs/architecture.md has the reasons):
 
 from __future__ import annotations
 
+import enum
+
 import pluggy
 
 hookspec = pluggy.HookspecMarker("tileinfer")
@@ -34,6 +36,24 @@ MAX_TOP_K = 1024
 # The largest step whose rows ``batch_invariant=True`` keeps bit-identical to 1-row steps: a
 # speculative verify step (the last token and up to 7 drafts).
 INVARIANT_MAX_ROWS = 8
+
+
+class Invariance(enum.IntEnum):
+    """The values of the linear ops' ``batch_invariant`` (``False`` and ``True`` are the first
+    two, so a backend may test it as a bool).
+
+    NONE (False): the step's rows are separate sequences; any kernel for n rows.
+    STEPS (True): up to ``INVARIANT_MAX_ROWS`` rows, each row the same bits as in a step of that
+    row alone (a single sequence's steps: a speculative verify row against a decode step).
+    BATCH: every row the same bits whatever the step holds besides it (any number of rows, its
+    place among them, the other rows' values): the batch-invariant mode of a model loaded with
+    ``batch_invariant=True`` (docs/determinism.md). Only backends whose ``BackendInfo`` says
+    ``batch_invariant=True`` are given it; to any other, it would mean STEPS.
+    """
+
+    NONE = 0
+    STEPS = 1
+    BATCH = 2
 
 
 @hookspec
@@ -84,11 +104,13 @@ def linear(out, x, weight, weight_scale, batch_invariant):
     unrounded float32 sum (the model's lm_head writes its float32 logits this way, on every
     backend, so that near ties between logits are not made exact ties by a bf16 rounding).
 
-    batch_invariant (bool): True asks that, for steps of up to ``INVARIANT_MAX_ROWS`` rows, each
-    row's result be the same bits as in a step of that row alone (a single sequence's steps:
-    greedy speculative decoding compares a verify step's rows with 1-token steps). False (the
-    batched engine's steps, whose rows are separate sequences) lets the backend pick the fastest
-    kernel for n rows, e.g. tensor-core tiles that read the weight once for all of them.
+    batch_invariant (bool or ``Invariance``): True asks that, for steps of up to
+    ``INVARIANT_MAX_ROWS`` rows, each row's result be the same bits as in a step of that row alone
+    (a single sequence's steps: greedy speculative decoding compares a verify step's rows with
+    1-token steps). False (the batched engine's steps, whose rows are separate sequences) lets the
+    backend pick the fastest kernel for n rows, e.g. tensor-core tiles that read the weight once
+    for all of them. ``Invariance.BATCH`` (only for a backend that declares
+    ``BackendInfo.batch_invariant``): each row the same bits in a step of any number of rows.
     """
 
 

@@ -44,6 +44,10 @@ class AttentionStep:
     its pages are padding and must not be read.
     max_query_len, max_context_len: host-side upper bounds (Python ints) of the query and context
     lengths, for choosing launch grids; the true lengths are in the tensors.
+    batch_invariant: each query row's result must be the same bits whatever else the step holds
+    (other rows and sequences, the bounds above) and however its keys were written (one prefill,
+    chunks, decode steps): set for a model loaded with ``batch_invariant=True``, whose backend
+    declares ``BackendInfo.batch_invariant``.
     """
 
     positions: torch.Tensor
@@ -53,6 +57,7 @@ class AttentionStep:
     block_table: torch.Tensor
     max_query_len: int
     max_context_len: int
+    batch_invariant: bool = False
 
     @property
     def batch(self) -> int:

@@ -33,12 +33,13 @@ through ``meta.ids``, ``meta.logit_rows``, ``meta.attention`` and ``cache.layer(
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..backend import OpTable, QKTransform
+from ..backend import Invariance, OpTable, QKTransform
 from .config import ModelConfig
 from .quant import linear_operands
 from .rope import rope_tables
@@ -84,8 +85,10 @@ class Model:
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops: OpTable,
                  dtype: torch.dtype, device, max_len: int, model_dir: Path | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, batch_invariant: bool = False):
         self.config, self.weights, self.ops = config, weights, ops
+        # Every step's rows the same bits whatever else the step holds (docs/determinism.md).
+        self.batch_invariant = batch_invariant
         self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
         self.model_dir, self.quantize = model_dir, quantize
         self.cos, self.sin = rope_tables(config, max_len, dtype, self.device)
@@ -174,6 +177,8 @@ class Model:
         batch_invariant: the linear ops' flag (hookspecs.linear). True for one sequence's steps
         (a verify row must equal the 1-token step's); the batched engine passes False, since its
         rows are separate sequences and the fastest kernel for n rows may sum in another order.
+        A model loaded with ``batch_invariant=True`` ignores it: every step runs
+        ``Invariance.BATCH`` linears and batch-invariant attention.
         Graph-capturable: see the module docstring.
         """
         if (buffers.num_tokens, buffers.num_logits) != (meta.num_tokens, meta.num_logits):
@@ -185,6 +190,8 @@ class Model:
                              f"buffers' {buffers.max_context_len}")
         ops, c, w, b = self.ops, self.config, self.weights, buffers
         n, eps, step, inv = meta.num_tokens, c.rms_norm_eps, meta.attention, batch_invariant
+        if self.batch_invariant:
+            step, inv = dataclasses.replace(step, batch_invariant=True), Invariance.BATCH
         ops.embed(b.hidden, w.embed, meta.ids)
         for i, layer in enumerate(w.layers):
             if i == 0:

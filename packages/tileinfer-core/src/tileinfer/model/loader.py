@@ -80,9 +80,17 @@ def default_device(ops: OpTable) -> torch.device:
                        "and none is present here")
 
 
+def check_batch_invariant(ops, batch_invariant: bool):
+    """A ValueError when batch_invariant is asked of a backend that does not declare it."""
+    if batch_invariant and not ops.backend.info.batch_invariant:
+        raise ValueError(f"backend {ops.name!r} does not declare batch-invariant ops "
+                         "(BackendInfo.batch_invariant); batch_invariant=True needs one that does "
+                         "(tileinfer backends lists them)")
+
+
 def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", device=None,
                max_len: int | None = None, quantize: str | None = None,
-               allow_long: bool = False) -> Model:
+               allow_long: bool = False, batch_invariant: bool = False) -> Model:
     """Load a model (anything ``resolve_model_dir`` takes: a folder, a pulled repo id, an
     imported model's name, a .gguf file, or None for the embedded default model) to run on
     backend.
@@ -91,12 +99,15 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     longest sequence (positions the RoPE tables cover); default 4096, or the model's
     ``max_position_embeddings`` if smaller. A max_len beyond those positions is refused unless
     ``allow_long=True`` (then a ``LongContextWarning``). quantize: None, or "int8" for INT8
-    weight-only linear layers (``tileinfer.model.quant``).
+    weight-only linear layers (``tileinfer.model.quant``). batch_invariant: every step's rows the
+    same bits whatever else the step holds, so an answer does not depend on the load
+    (docs/determinism.md); the backend must declare it (``BackendInfo.batch_invariant``).
     """
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
                                 or max_len < 1):
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
     ops = get_backend(backend)
+    check_batch_invariant(ops, batch_invariant)
     device = torch.device(device) if device is not None else default_device(ops)
     if device.type not in ops.backend.info.devices:
         raise ValueError(f"backend {ops.name!r} runs on {', '.join(ops.backend.info.devices)}, "
@@ -122,4 +133,4 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
         check_fits(3 * rope, "cpu", f"computing the RoPE tables for max_len {max_len}")
     weights = load_weights(config, model_dir, dtype=dtype, device=device, quantize=quantize)
     return Model(config, weights, ops, dtype, device, max_len, model_dir=model_dir,
-                 quantize=quantize)
+                 quantize=quantize, batch_invariant=batch_invariant)

@@ -8,6 +8,7 @@ import torch
 from ..backend import get_backend
 from .config import config_from_dict
 from .decoder import Model
+from .loader import check_batch_invariant
 from .quant import quantize_int8
 from .weights import LayerWeights, ModelWeights
 
@@ -34,8 +35,11 @@ def shape_config(name: str):
 
 
 def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", quantize=None,
-                 max_len: int = 4096, seed: int = 0) -> Model:
-    """A model of ``config`` with random weights (std 0.02), every layer's tensors distinct."""
+                 max_len: int = 4096, seed: int = 0, batch_invariant: bool = False) -> Model:
+    """A model of ``config`` with random weights (std 0.02), every layer's tensors distinct;
+    batch_invariant as ``load_model``'s."""
+    ops = get_backend(backend)
+    check_batch_invariant(ops, batch_invariant)
     gen = torch.Generator(device=device).manual_seed(seed)
     c = config
 
@@ -58,4 +62,5 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
               for _ in range(c.num_layers)]
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
                            norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size))
-    return Model(c, weights, get_backend(backend), dtype, device, max_len, quantize=quantize)
+    return Model(c, weights, ops, dtype, device, max_len, quantize=quantize,
+                 batch_invariant=batch_invariant)

@@ -5,7 +5,8 @@
 collects the test modules of this package, one per op family: ``test_norms`` (embed, rmsnorm,
 add_rmsnorm), ``test_linear`` (linear, linear_swiglu, linear_xielu), ``test_attention``
 (attention_inputs, attention with attention_workspace, the optional attention_with_inputs),
-``test_sampling`` (sample_tokens, accept_tokens) and ``test_scratch`` (reserve_scratch); the
+``test_sampling`` (sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch) and
+``test_batch_invariance`` (for a backend that declares batch-invariant ops); the
 fixtures are in ``conftest``. A test file elsewhere takes every test and fixture in with
 ``from tileinfer.testing.conformance import *``. The shared helpers (``fill_paged_step``,
 ``Cache``, ``assert_close``, ...) are in ``helpers`` and are re-exported here.
@@ -16,6 +17,8 @@ from .helpers import (ATTENTION_CASES, CACHE_KINDS, DTYPES, INT8_POISON, INT_POI
                       TOLERANCE, XIELU, Cache, assert_cache_equal, assert_close, attention_step,
                       decode_step_inputs, fill_paged_step, make_weight, poisoned, qk_transform,
                       quantize_weight, rand, rope_tables, seed_counter, write_pages)
+from .test_batch_invariance import (invariant_ops, test_attention_rows_are_the_same_however_they_come,
+                                    test_linear_rows_are_the_same_in_steps_of_any_size)
 from .test_attention import test_attention, test_attention_inputs, test_attention_with_inputs
 from .test_linear import (test_batch_invariant_rows, test_linear, test_linear_float32_model,
                           test_linear_swiglu, test_linear_xielu)
@@ -26,7 +29,7 @@ from .test_scratch import test_reserve_scratch
 
 __all__ = [
     # fixtures
-    "device", "ops", "ref",
+    "device", "ops", "ref", "invariant_ops",
     # tests, one or more per op of the contract
     "test_embed", "test_rmsnorm", "test_add_rmsnorm",
     "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
@@ -34,6 +37,8 @@ __all__ = [
     "test_attention_inputs", "test_attention", "test_attention_with_inputs",
     "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens", "test_sample_per_row",
     "test_sample_tokens_after_logit_processing",
+    "test_linear_rows_are_the_same_in_steps_of_any_size",
+    "test_attention_rows_are_the_same_however_they_come",
     # helpers
     "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
     "TOLERANCE", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",

@@ -1,0 +1,85 @@
+"""A model loaded with ``batch_invariant=True``: a request's tokens and logprobs are the same bits
+alone and among others (mixed lengths, chunked prefill, a prefix-cache hit, preemption), greedy
+and seeded. On the CPU it runs the Triton kernels under the interpreter (float32), on a GPU in
+bfloat16 with CUDA graphs and pipelining, where without the mode the rows differ."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileinfer import LLMEngine, SamplingParams, load_model
+from tileinfer.backend.registry import get_backend
+from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
+
+MAX_LEN = 96
+ON_GPU = torch.cuda.is_available()
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+
+
+def invariant_model(tiny, backend="triton"):
+    if not get_backend(backend).backend.available:
+        pytest.skip(f"backend {backend!r} is not available here")
+    return load_model(tiny.directory("llama", dtype=DTYPE), dtype=DTYPE, backend=backend,
+                      max_len=MAX_LEN, batch_invariant=True)
+
+
+def outputs(engine, requests):
+    """Each request's (tokens, logprobs) after stepping the engine to the end."""
+    ids = [engine.add_request(**r) for r in requests]
+    got = {rid: ([], []) for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id][0].extend(out.new_tokens)
+            got[out.request_id][1].extend(out.logprobs or [])
+    return [got[rid] for rid in ids]
+
+
+# Fewer and shorter requests on the CPU, where Triton's interpreter runs each program in Python.
+NEW_TOKENS = 12 if ON_GPU else 5
+OTHERS = 9 if ON_GPU else 4
+
+
+def probe(sampling, seed=7, prompt=None):
+    return dict(prompt_ids=prompt or prompt_ids(37, seed=3), max_new_tokens=NEW_TOKENS,
+                stop_ids=[], sampling=sampling, seed=seed, logprobs=2)
+
+
+def others(n=OTHERS):
+    lengths = [1, 33, 16, 47, 5, 20, 64, 70, 3][:n]
+    return [dict(prompt_ids=prompt_ids(m, seed=20 + i), max_new_tokens=2 + i, stop_ids=[],
+                 sampling=SamplingParams(0.9 if i % 2 else 0.0), seed=i, logprobs=2)
+            for i, m in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.8, top_p=0.95)],
+                         ids=["greedy", "seeded"])
+def test_a_request_is_the_same_alone_and_among_others(tiny, sampling):
+    model = invariant_model(tiny)
+    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(sampling)])[0]
+    mix = others()
+    mix.insert(2, probe(sampling))
+    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
+    assert among == alone  # tokens, and each logprob and its top-2, to the bit
+
+
+def test_a_prefix_cache_hit_and_preemption_change_nothing(tiny):
+    model = invariant_model(tiny)
+    shared = prompt_ids(40, seed=5)
+    request = probe(SamplingParams(), prompt=shared + prompt_ids(9, seed=6))
+    cold = outputs(LLMEngine(model, num_pages=60), [request])[0]
+    engine = LLMEngine(model, num_pages=60, max_step_tokens=32)
+    outputs(engine, [dict(probe(SamplingParams(), prompt=shared + [1, 2, 3]), max_new_tokens=2)])
+    assert outputs(engine, [request])[0] == cold  # its first 40 tokens' pages from the cache
+    assert engine.stats()["prefix_hit_tokens"] > 0
+    # A pool so small that requests are preempted and recomputed.
+    tight = LLMEngine(model, num_pages=8, max_step_tokens=32)
+    mix = others()
+    mix.insert(2, request)
+    assert outputs(tight, mix)[2] == cold
+    assert tight.stats()["preemptions"] > 0
+
+
+def test_a_backend_that_does_not_declare_it_is_refused(tiny):
+    with pytest.raises(ValueError, match="does not declare batch-invariant ops"):
+        load_model(tiny.directory("llama"), backend="ref", max_len=MAX_LEN, batch_invariant=True)
