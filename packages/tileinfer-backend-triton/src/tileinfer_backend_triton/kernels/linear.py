@@ -16,9 +16,9 @@ the fused SwiGLU / xIELU activations):
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
 Batch-invariant steps (``Invariance.BATCH``) of any number of rows run ``_gemv_kernel``'s
-tensor-core path on tiles of 16 token rows (one row program per 16 rows), without split-K, in a
-configuration chosen from the weight alone (``invariant_config``): every row is summed by the
-same instructions in the same K order whatever the step's row count.
+tensor-core path on tiles of a fixed number of token rows (one row program per tile), without
+split-K, in a configuration chosen from the weight alone (``invariant_config``): every row is
+summed by the same instructions in the same K order whatever the step's row count.
 
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
@@ -39,12 +39,12 @@ from .activations import silu_mul_math, xielu_math
 from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents, pdl_wait,
                      sm_count)
 # The launch configuration is in linear_config; its names are this module's too.
-from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, INVARIANT_BLOCK_M,
-                            ROW_INVARIANT_MAX_M, SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig,
+from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
+                            SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, reserve_scratch,
                             split_k_for)
 
-__all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "INVARIANT_BLOCK_M",
+__all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
            "gemm_config", "gemv_config", "invariant_config", "launch_linear", "reserve_scratch",
            "split_k_for"]
@@ -314,7 +314,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
                   config=None, invariant=True):
     """out (M, N_OUT) = act(x (M, K) @ weight.T); SwiGLU's weight has 2 * N_OUT rows.
 
-    config: a GemvConfig / GemmConfig to override the defaults (benchmarks and tests).
+    config: a GemvConfig / GemmConfig / InvariantConfig to override the defaults (benchmarks
+    and tests).
     invariant: the linear contract's batch_invariant (False: rows of separate sequences, so
     2..ROW_INVARIANT_MAX_M rows may take the tensor-core tiles; ``Invariance.BATCH``: the
     batch-invariant tiles at any row count)."""
@@ -335,12 +336,12 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
 
     if invariant == Invariance.BATCH:
-        cfg = invariant_config(n_out, k, act)
-        _gemv_kernel[(cdiv(m, INVARIANT_BLOCK_M), cdiv(n_out, cfg.block_n), 1)](
+        cfg = config if isinstance(config, InvariantConfig) else invariant_config(n_out, k, act)
+        _gemv_kernel[(cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n), 1)](
             x, weight, scale, out, x, x,
-            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, INVARIANT_BLOCK_M,
+            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, cfg.block_m,
             alpha_p, alpha_n, beta, eps,
-            BLOCK_M=INVARIANT_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=1,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=1,
             EVEN_K=k % cfg.block_k == 0, UNROLL=1, W_VEC=1, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **common, **pdl_args(),
         )

@@ -111,18 +111,25 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
                       num_stages=3)
 
 
-# Batch-invariant steps: token rows per tensor-core tile (the smallest tl.dot takes).
-INVARIANT_BLOCK_M = 16
+@dataclass(frozen=True)
+class InvariantConfig:
+    """Tiles of batch-invariant steps: block_m token rows (one row program per block_m rows) by
+    block_n weight rows, K in block_k steps, no split-K."""
+
+    block_m: int = 16
+    block_n: int = 32
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
 
 
-def invariant_config(n: int, k: int, act: int) -> GemvConfig:
+def invariant_config(n: int, k: int, act: int) -> InvariantConfig:
     """The tiles of batch-invariant steps, from the weight's shape alone (never the row count):
     narrow weight tiles, so that a 1-row step still has many programs to stream the weight with
     (no split-K, whose partials would need room for every row), K in 128-wide steps (64 where K
     is not a multiple of 128, e.g. SmolLM2's 576)."""
     block_k = 128 if k % 128 == 0 else 64
-    return GemvConfig(block_n=16 if act == ACT_SWIGLU else 32, block_k=block_k, num_warps=4,
-                      num_stages=3)
+    return InvariantConfig(block_n=16 if act == ACT_SWIGLU else 32, block_k=block_k)
 
 
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:
