@@ -40,6 +40,9 @@ def main(argv=None):
     p.add_argument("--shape", default="llama3-8b")
     p.add_argument("--rows", default="1,8,64")
     p.add_argument("--only", help="weights to measure, e.g. qkv,down")
+    p.add_argument("--across", action="store_true",
+                   help="instead of timing: whether the configurations give the same bits as "
+                        "each other (rows of steps of 1, 7, 64 and 128 rows)")
     args = p.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     dev = torch.device("cuda")
@@ -59,6 +62,21 @@ def main(argv=None):
                                     invariant=invariant)
             return out
 
+        if args.across:
+            for m in (1, 7, 64, 128):
+                outs = {}
+                for cfg in grid:
+                    if cfg.block_k > k or (act == tl_linear.ACT_SWIGLU and cfg.block_n > 32):
+                        continue
+                    try:
+                        outs[cfg] = run(m, Invariance.BATCH, cfg)
+                    except Exception:  # shared memory
+                        continue
+                first = next(iter(outs.values()))
+                differ = [c.__dict__ for c, o in outs.items() if not torch.equal(o, first)]
+                print(json.dumps(dict(weight=name, rows=m, configs=len(outs),
+                                      differ_from_first=differ)), flush=True)
+            continue
         for m in rows:
             for label, inv in (("default", False), ("steps", True)):
                 us = timed(lambda: run(m, inv))

@@ -75,8 +75,8 @@ NOTES = {
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
     "sample_per_row": "one program per row, each with its own parameters and stream",
-    "batch_invariant": "linear: 16-row tensor-core tiles from the weight's shape, no split-K; "
-                       "attention: one row per program, 256-position splits",
+    "batch_invariant": "linear: tensor-core tiles without split-K; attention: one row per "
+                       "program, 256-position splits",
 }
 
 

@@ -100,3 +100,16 @@ def test_pool_is_sized_from_free_gpu_memory(tiny, backend):
     assert engine.stats()["pages_total"] == engine.cache.num_pages - 1 > 0
     assert run(engine, requests()[:2])
     engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_engines_of_other_pool_sizes_one_after_another(tiny, backend):
+    """A later engine of another size makes the KV pool anew, which drops every CUDA graph; the
+    next captures take a new graph pool (joining the old one, whose graphs are all gone, made
+    PyTorch's allocator assert)."""
+    model = load(tiny, backend)
+    reqs = requests(sampling=False)[:4]
+    first = run(LLMEngine(model, num_pages=60), reqs)
+    assert run(LLMEngine(model, num_pages=12), reqs) == first
+    assert run(LLMEngine(model, num_pages=60), reqs) == first

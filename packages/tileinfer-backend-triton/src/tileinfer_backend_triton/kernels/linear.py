@@ -16,9 +16,8 @@ the fused SwiGLU / xIELU activations):
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
 Batch-invariant steps (``Invariance.BATCH``) of any number of rows run ``_gemv_kernel``'s
-tensor-core path on tiles of a fixed number of token rows (one row program per tile), without
-split-K, in a configuration chosen from the weight alone (``invariant_config``): every row is
-summed by the same instructions in the same K order whatever the step's row count.
+tensor-core path on tiles of 16 or 64 token rows (one row program per tile), without split-K (``invariant_config``): every row is summed in the same K order, 16-wide tensor-core
+products in sequence, whatever the step's row count and the tiles.
 
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
@@ -336,7 +335,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
 
     if invariant == Invariance.BATCH:
-        cfg = config if isinstance(config, InvariantConfig) else invariant_config(n_out, k, act)
+        cfg = (config if isinstance(config, InvariantConfig)
+               else invariant_config(n_out, k, act, out.dtype == torch.float32, f32, m))
         _gemv_kernel[(cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n), 1)](
             x, weight, scale, out, x, x,
             m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, cfg.block_m,

@@ -123,13 +123,26 @@ class InvariantConfig:
     num_stages: int = 3
 
 
-def invariant_config(n: int, k: int, act: int) -> InvariantConfig:
-    """The tiles of batch-invariant steps, from the weight's shape alone (never the row count):
-    narrow weight tiles, so that a 1-row step still has many programs to stream the weight with
-    (no split-K, whose partials would need room for every row), K in 128-wide steps (64 where K
-    is not a multiple of 128, e.g. SmolLM2's 576)."""
-    block_k = 128 if k % 128 == 0 else 64
-    return InvariantConfig(block_n=16 if act == ACT_SWIGLU else 32, block_k=block_k)
+def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool,
+                     m: int) -> InvariantConfig:
+    """The tiles of a batch-invariant step of m rows. Every tensor-core tiling without split-K
+    sums a row in the same order (K in 16-wide products, in order) and so gives the same bits
+    whatever the tile sizes: benchmarks/invariant_linear.py --across checked it on the H200 for
+    llama3-8b's weights at 1..128 rows, and the conformance suite checks a row against itself
+    alone at 1..256 rows. So the tiles may follow the row count: 16-row tiles (mma) with wide K
+    steps up to 16 rows, 64-row tiles (wgmma on Hopper) above, read the weight once. Chosen from
+    benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on Triton". Float32 activations
+    (f32: their products are not on 16-wide tensor-core steps) and Triton's interpreter (NumPy
+    products, summed in an order of their shape) keep one tiling for every row count."""
+    block_k = next(b for b in (256, 128, 64) if k % b == 0 or b == 64)
+    if f32 or INTERPRET_MODE:
+        return InvariantConfig(16, 32, min(block_k, 128), num_stages=3)
+    if m <= 16:
+        wide = act != ACT_SWIGLU and (n > k or f32_out)
+        return InvariantConfig(16, 64 if wide else 32, block_k, num_stages=4)
+    wide = act != ACT_SWIGLU and (n <= k or f32_out)
+    return InvariantConfig(64, 64 if wide else 32, min(block_k, 128),
+                           num_stages=3 if act == ACT_SWIGLU else 4)
 
 
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:

@@ -107,7 +107,10 @@ class StaticSteps:
         uses = step.uses[variant] = step.uses.get(variant, 0) + 1
         graph = step.graphs.get(variant)
         if graph is None and self.graphs and not eager and uses >= capture_at:
-            if self._pool is None:
+            if self._pool is None or self.num_graphs == 0:
+                # A new pool once every graph of the old one is gone: PyTorch keeps a pool
+                # whose graphs were all destroyed until its memory is freed, and asserts when a
+                # capture joins it then.
                 self._pool = torch.cuda.graph_pool_handle()
             graph = step.graphs[variant] = capture_graph(body, warmup=warmup, pool=self._pool)
             self.captures += 1
