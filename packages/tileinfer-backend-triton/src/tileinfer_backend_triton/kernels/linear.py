@@ -336,7 +336,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
 
     if invariant == Invariance.BATCH:
         cfg = (config if isinstance(config, InvariantConfig)
-               else invariant_config(n_out, k, act, out.dtype == torch.float32, f32, m))
+               else invariant_config(n_out, k, act, out.dtype == torch.float32, f32, int8, m))
         _gemv_kernel[(cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n), 1)](
             x, weight, scale, out, x, x,
             m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, cfg.block_m,

@@ -123,7 +123,7 @@ class InvariantConfig:
     num_stages: int = 3
 
 
-def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool,
+def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: bool,
                      m: int) -> InvariantConfig:
     """The tiles of a batch-invariant step of m rows. Every tensor-core tiling without split-K
     sums a row in the same order (K in 16-wide products, in order) and so gives the same bits
@@ -132,10 +132,11 @@ def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool,
     alone at 1..256 rows. So the tiles may follow the row count: 16-row tiles (mma) with wide K
     steps up to 16 rows, 64-row tiles (wgmma on Hopper) above, read the weight once. Chosen from
     benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on Triton". Float32 activations
-    (f32: their products are not on 16-wide tensor-core steps) and Triton's interpreter (NumPy
+    (f32: their products are not on 16-wide tensor-core steps), INT8 weights (16- and 64-row
+    tiles gave float32 logits of other bits on the H200) and Triton's interpreter (NumPy
     products, summed in an order of their shape) keep one tiling for every row count."""
     block_k = next(b for b in (256, 128, 64) if k % b == 0 or b == 64)
-    if f32 or INTERPRET_MODE:
+    if f32 or int8 or INTERPRET_MODE:
         return InvariantConfig(16, 32, min(block_k, 128), num_stages=3)
     if m <= 16:
         wide = act != ACT_SWIGLU and (n > k or f32_out)
