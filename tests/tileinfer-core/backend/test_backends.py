@@ -199,6 +199,8 @@ def test_hookimpl_with_missing_arguments_is_rejected():
     ("raise RuntimeError('driver exploded')", "raised RuntimeError: driver exploded"),
     ("return BackendInfo(name='bad', available='yes')", "available is 'yes', not a bool"),
     ("return BackendInfo(name='bad', available=True, devices=())", "devices is ()"),
+    ("return BackendInfo(name='bad', available=True, batch_invariant=1)",
+     "batch_invariant is 1, not a bool"),
 ])
 def test_bad_info_hook_marks_only_that_plugin_invalid(tmp_path, monkeypatch, body, expected):
     name = f"bad{abs(hash(body))}"  # a module name of its own per case (sys.modules caches)

@@ -44,8 +44,8 @@ process's start to the loaded model), time_to_first_token (from the prompt's ids
 token), generate (the whole generation), tokens_per_second (decode, after the first token),
 from_start_to_first_token, and startup: the parts of the time to the first token (start: the
 interpreter and the command's own imports; import_torch; import_tileinfer; load_model; warm_up:
-a short generation after a made-up prompt that loads the kernels and captures the decode step,
-as llama.cpp's tools do at load; prompt: template and tokenizer; first_token).
+on a GPU, a short generation after a made-up prompt that loads the kernels and captures the
+decode step, as llama.cpp's tools do at load; prompt: template and tokenizer; first_token).
 """
 
 
@@ -129,7 +129,8 @@ def run(args, out):
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate, warm_up
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+    if model.device.type != "cpu":  # on the CPU there are no kernels to load or graphs to capture
+        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
     clock.mark("warm_up")
 
     template = template_from(args, folder)

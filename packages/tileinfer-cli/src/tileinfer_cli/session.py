@@ -14,7 +14,8 @@ def new_session(args, model, tokenizer, sampling, stop_ids, template=None):
     from tileinfer import ChatSession, warm_up
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+    if model.device.type != "cpu":  # on the CPU there are no kernels to load or graphs to capture
+        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
     return ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                        enable_thinking=args.thinking, max_tokens=args.max_len,
                        kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,

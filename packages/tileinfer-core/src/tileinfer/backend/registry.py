@@ -126,8 +126,9 @@ def _checked_info(info) -> BackendInfo:
     if (not isinstance(devices, (tuple, list)) or not devices
             or not all(isinstance(d, str) and d for d in devices)):
         problems.append(f"devices is {devices!r}, not a non-empty tuple of device types")
-    if not isinstance(info.graph_safe, bool):
-        problems.append(f"graph_safe is {info.graph_safe!r}, not a bool")
+    for flag in ("graph_safe", "batch_invariant"):
+        if not isinstance(getattr(info, flag), bool):
+            problems.append(f"{flag} is {getattr(info, flag)!r}, not a bool")
     if not isinstance(info.notes, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in info.notes.items()):
         problems.append("notes is not a dict of str to str")
