@@ -1,5 +1,6 @@
 """The Triton backend's batch-invariant linear (``Invariance.BATCH``) against its default
-kernels, per weight of a shape and per row count, over a grid of tile configurations; each
+kernels, per weight of a shape and per row count (kernel time: calls replayed from a CUDA
+graph, benchmarks/timing.py), over a grid of tile configurations; each
 configuration is also checked for row invariance (rows of 1..128-row steps against the same
 rows alone). One JSON object per line (progress on stderr).
 
@@ -14,11 +15,11 @@ import json
 import sys
 
 import torch
-import triton.testing
 from tileinfer.backend.hookspecs import Invariance
 from tileinfer.model.random_weights import shape_config
 from tileinfer_backend_triton.kernels import linear as tl_linear
 from tileinfer_backend_triton.kernels.linear_config import InvariantConfig
+from timing import time_op
 
 
 def weights(shape: str):
@@ -31,8 +32,10 @@ def weights(shape: str):
             ("lm_head", c.vocab_size, c.hidden_size, tl_linear.ACT_NONE, torch.float32)]
 
 
-def timed(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3  # us
+def timed(run, m, invariant, config=None) -> float:
+    """Microseconds of one m-row call, replayed from a CUDA graph into a kept output."""
+    out = run(m, invariant, config)
+    return time_op(lambda i: run(m, invariant, config, out)) * 1e6
 
 
 def main(argv=None):
@@ -56,8 +59,9 @@ def main(argv=None):
         x = torch.randn(max(rows + [128]), k, device=dev, dtype=torch.bfloat16)
         nbytes = w.numel() * 2
 
-        def run(m, invariant, config=None):
-            out = torch.empty(m, n_out, device=dev, dtype=out_dtype)
+        def run(m, invariant, config=None, out=None):
+            if out is None:
+                out = torch.empty(m, n_out, device=dev, dtype=out_dtype)
             tl_linear.launch_linear(out, x[:m], w, None, act=act, config=config,
                                     invariant=invariant)
             return out
@@ -79,7 +83,7 @@ def main(argv=None):
             continue
         for m in rows:
             for label, inv in (("default", False), ("steps", True)):
-                us = timed(lambda: run(m, inv))
+                us = timed(run, m, inv)
                 print(json.dumps(dict(weight=name, rows=m, kernel=label, us=round(us, 2),
                                       tb_s=round(nbytes / us / 1e6, 3))), flush=True)
         for cfg in grid:
@@ -90,7 +94,7 @@ def main(argv=None):
                 rows_ok = all(torch.equal(run(m, Invariance.BATCH, cfg)[:1], alone)
                               for m in (7, 64, 128))
                 for m in rows:
-                    us = timed(lambda: run(m, Invariance.BATCH, cfg))
+                    us = timed(run, m, Invariance.BATCH, cfg)
                     print(json.dumps(dict(weight=name, rows=m, kernel="batch", config=cfg.__dict__,
                                           us=round(us, 2), tb_s=round(nbytes / us / 1e6, 3),
                                           invariant=rows_ok)), flush=True)
