@@ -213,6 +213,15 @@ def sampling_from(args, folder, config):
     return params, stop_ids
 
 
+def warm_up_on_gpu(model, sampling, kv_cache, key_smoothing):
+    """``tileinfer.warm_up`` for the answers to come, on a GPU (on the CPU there are no kernels
+    to load or graphs to capture)."""
+    from tileinfer import warm_up
+
+    if model.device.type != "cpu":
+        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+
+
 def kv_cache_from(args, model):
     """(kv_quantize, key_smoothing) of --kv-cache."""
     if args.kv_cache == "bf16":

@@ -11,7 +11,7 @@ from .cuda_start import start_cuda_in_background
 from .errors import UserError
 from .logs import Log, add_log_flag, new_conversation_id, options_of
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
-                      kv_cache_from, load, sampling_from, speculative_from)
+                      kv_cache_from, load, sampling_from, speculative_from, warm_up_on_gpu)
 from .startup import Clock
 from .stops import StopStringFound, StopWriter
 from .structure_options import add_structure_options, with_structure
@@ -126,11 +126,10 @@ def run(args, out):
     loaded = clock.mark("load_model")
     sampling, stop_ids = sampling_from(args, folder, model.config)
     sampling = with_structure(args, sampling, tokenizer)
-    from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate, warm_up
+    from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    if model.device.type != "cpu":  # on the CPU there are no kernels to load or graphs to capture
-        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing)
     clock.mark("warm_up")
 
     template = template_from(args, folder)

@@ -6,16 +6,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .options import kv_cache_from, speculative_from
+from .options import kv_cache_from, speculative_from, warm_up_on_gpu
 from .stops import StopStringFound, StopWriter
 
 
 def new_session(args, model, tokenizer, sampling, stop_ids, template=None):
-    from tileinfer import ChatSession, warm_up
+    from tileinfer import ChatSession
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    if model.device.type != "cpu":  # on the CPU there are no kernels to load or graphs to capture
-        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing)
     return ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                        enable_thinking=args.thinking, max_tokens=args.max_len,
                        kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,

@@ -270,42 +270,50 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1:
         raise ValueError("attention: q, out and the caches need a contiguous head_dim")
 
-    if batch_invariant:
-        return _launch_invariant(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth,
-                                 cu_seqlens_q, context_lens, block_table, max_q, max_ctx, scale,
-                                 causal, f32)
-    # Decode / verify steps: the 1-row tiles, one query row per program (row invariance).
-    row_mode = max_q <= ROW_INVARIANT_MAX_Q
+    # Decode / verify steps, and every step of a batch-invariant one: the 1-row tiles, one query
+    # row per program (row invariance).
+    row_mode = batch_invariant or max_q <= ROW_INVARIANT_MAX_Q
     block_m, block_n, warps, stages = tiles or _tiles(1 if row_mode else max_q, group, hd, int8)
     block_q = 1 if row_mode else block_m // group
     q_blocks = cdiv(max_q, block_q)
 
-    # Split-KV when the step is small (decode, verify) and the workspace can hold it.
-    num_splits = 1
-    fits = (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0]
-            and heads <= ws.shape[1] and ws.shape[3] == hd + 2)
-    if fits:
-        # SPLITS_PER_SM programs per SM from the sequences' heads alone (row mode: never from
-        # the rows).
-        base = batch * kv_heads * (1 if row_mode else q_blocks)
-        target = max(1, min(ws.shape[2], cdiv(SPLITS_PER_SM[int8] * sm_count(q.device), base)))
-        if splits is not None:
-            target = max(1, min(int(splits), ws.shape[2]))
-        num_splits = min(target, cdiv(max_ctx, min_chunk))
-    if row_mode:
-        # The grid covers the longest row's splits; each program derives its row's partition
-        # (kernel's ROW_SPLITS) from the target, so CHUNK carries the target.
-        chunk = target if num_splits > 1 else 1
-    elif num_splits > 1:
-        chunk = cdiv(cdiv(max_ctx, num_splits), block_n) * block_n
-        num_splits = cdiv(max_ctx, chunk)
-    if num_splits <= 1:
-        num_splits, chunk = 1, (1 if row_mode else 1 << 30)
+    if batch_invariant:
+        # Splits of INVARIANT_CHUNK positions from position 0, always combined (over the fixed
+        # INVARIANT_SPLITS_PAD), in a workspace for every row of the step.
+        num_splits, chunk, split = cdiv(max_ctx, INVARIANT_CHUNK), INVARIANT_CHUNK, True
+        if num_splits > INVARIANT_SPLITS_PAD:
+            raise ValueError(f"batch-invariant attention covers contexts of up to "
+                             f"{INVARIANT_CHUNK * INVARIANT_SPLITS_PAD} positions, not {max_ctx}")
+        ws = INVARIANT_WORKSPACE.get(q.device, n, heads, num_splits, hd)
+        splits_pad = INVARIANT_SPLITS_PAD
+    else:
+        # Split-KV when the step is small (decode, verify) and the workspace can hold it.
+        num_splits = 1
+        fits = (ws is not None and max_q <= SPLIT_MAX_Q and n <= ws.shape[0]
+                and heads <= ws.shape[1] and ws.shape[3] == hd + 2)
+        if fits:
+            # SPLITS_PER_SM programs per SM from the sequences' heads alone (row mode: never
+            # from the rows).
+            base = batch * kv_heads * (1 if row_mode else q_blocks)
+            target = max(1, min(ws.shape[2], cdiv(SPLITS_PER_SM[int8] * sm_count(q.device), base)))
+            if splits is not None:
+                target = max(1, min(int(splits), ws.shape[2]))
+            num_splits = min(target, cdiv(max_ctx, min_chunk))
+        if row_mode:
+            # The grid covers the longest row's splits; each program derives its row's partition
+            # (kernel's ROW_SPLITS) from the target, so CHUNK carries the target.
+            chunk = target if num_splits > 1 else 1
+        elif num_splits > 1:
+            chunk = cdiv(cdiv(max_ctx, num_splits), block_n) * block_n
+            num_splits = cdiv(max_ctx, chunk)
+        if num_splits <= 1:
+            num_splits, chunk = 1, (1 if row_mode else 1 << 30)
+        split = num_splits > 1
+        splits_pad = next_pow2(ws.shape[2]) if split else 1
     if int8:
         s_sp, s_ss, s_sh = k_scale.stride()
     else:
         s_sp = s_ss = s_sh = 0
-    split = num_splits > 1
     wsp = ws if split else q
     s_wt, s_wh, s_ws = (ws.stride(0), ws.stride(1), ws.stride(2)) if split else (0, 0, 0)
     grid = (batch * kv_heads, q_blocks, num_splits)
@@ -317,46 +325,12 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
         block_table.stride(0), s_wt, s_wh, s_ws, chunk,
         PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=split,
-        F32=f32, ROW_SPLITS=row_mode, MIN_CHUNK_C=min_chunk, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BLOCK_D=next_pow2(hd), num_warps=warps, num_stages=stages, **pdl_args(),
+        F32=f32, ROW_SPLITS=row_mode and not batch_invariant, MIN_CHUNK_C=min_chunk,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
+        num_warps=warps, num_stages=stages, **pdl_args(),
     )
     if split:
         _combine_kernel[(n, heads)](
             out, ws, num_splits, hd, out.stride(0), out.stride(1), s_wt, s_wh, s_ws,
-            SPLITS_PAD=next_pow2(ws.shape[2]), BLOCK_D=next_pow2(hd), num_warps=4, **pdl_args(),
+            SPLITS_PAD=splits_pad, BLOCK_D=next_pow2(hd), num_warps=4, **pdl_args(),
         )
-
-
-
-def _launch_invariant(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
-                      context_lens, block_table, max_q, max_ctx, scale, causal, f32):
-    """A batch-invariant step: one query row per program (the 1-row tiles), splits of
-    INVARIANT_CHUNK positions from position 0, always combined over INVARIANT_SPLITS_PAD."""
-    n, heads, hd = q.shape
-    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
-    group = heads // kv_heads
-    batch = cu_seqlens_q.shape[0] - 1
-    int8 = k_cache.dtype == torch.int8
-    num_splits = cdiv(max_ctx, INVARIANT_CHUNK)
-    if num_splits > INVARIANT_SPLITS_PAD:
-        raise ValueError(f"batch-invariant attention covers contexts of up to "
-                         f"{INVARIANT_CHUNK * INVARIANT_SPLITS_PAD} positions, not {max_ctx}")
-    block_m, block_n, warps, stages = _tiles(1, group, hd, int8)
-    ws = INVARIANT_WORKSPACE.get(q.device, n, heads, num_splits, hd)
-    s_sp, s_ss, s_sh = k_scale.stride() if int8 else (0, 0, 0)
-    _attention_kernel[(batch * kv_heads, max_q, num_splits)](
-        out, q, k_cache, v_cache, k_scale if int8 else q, v_scale if int8 else q,
-        k_smooth if k_smooth is not None else q, cu_seqlens_q, context_lens, block_table, ws,
-        kv_heads, group, hd, float(scale) * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
-        block_table.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), INVARIANT_CHUNK,
-        PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=True,
-        F32=f32, ROW_SPLITS=False, MIN_CHUNK_C=MIN_CHUNK, BLOCK_M=block_m, BLOCK_Q=1,
-        BLOCK_N=block_n, BLOCK_D=next_pow2(hd), num_warps=warps, num_stages=stages, **pdl_args(),
-    )
-    _combine_kernel[(n, heads)](
-        out, ws, num_splits, hd, out.stride(0), out.stride(1), ws.stride(0), ws.stride(1),
-        ws.stride(2), SPLITS_PAD=INVARIANT_SPLITS_PAD, BLOCK_D=next_pow2(hd), num_warps=4,
-        **pdl_args(),
-    )

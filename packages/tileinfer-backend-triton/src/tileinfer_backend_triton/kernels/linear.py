@@ -16,8 +16,9 @@ the fused SwiGLU / xIELU activations):
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
 Batch-invariant steps (``Invariance.BATCH``) of any number of rows run ``_gemv_kernel``'s
-tensor-core path on tiles of 16 or 64 token rows (one row program per tile), without split-K (``invariant_config``): every row is summed in the same K order, 16-wide tensor-core
-products in sequence, whatever the step's row count and the tiles.
+tensor-core path on tiles of 16 or 64 token rows (one row program per tile), without split-K
+(``invariant_config``): every row is summed in the same K order, 16-wide tensor-core products in
+sequence, whatever the step's row count and the tiles.
 
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an

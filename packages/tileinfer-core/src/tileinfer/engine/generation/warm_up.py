@@ -14,10 +14,11 @@ import dataclasses
 
 from ...backend.sampling import SamplingParams
 from .generate import generate
+from .runner import MIN_PREFILL_BUCKET
 
-# Tokens of the made-up prompt: one prefill bucket (runner.MIN_PREFILL_BUCKET), then two decode
-# steps (the second replays the decode step's graph that the first captured).
-PROMPT_TOKENS = 16
+# Tokens of the made-up prompt: the smallest prefill bucket; then two decode steps (the second
+# replays the decode step's graph that the first captured).
+PROMPT_TOKENS = MIN_PREFILL_BUCKET
 NEW_TOKENS = 3
 
 
