@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
-#              batch batchall mixed sweep sweep32 cublaslt determinism detserve detcost
+#              batch batchall mixed sweep sweep32 cublaslt determinism detserve detcost finite
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -126,23 +126,17 @@ for step in $steps; do
       timeout 500 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 32 \
         > "$out/sweep-8b-32.json" 2> "$out/sweep-8b-32.err"
       tail -n 8 "$out/sweep-8b-32.err" ;;
-    determinism)  # batch-invariant ops: conformance (triton), the engine's tests, SmolLM2's cost
-      timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
-        --tileinfer-backend triton -q -rf -p no:randomly -n 4 -k "same or linear or attention" \
-        > "$out/conformance-invariance.log" 2>&1
-      echo "conformance triton (invariance, linear, attention): $(tail -n 1 "$out/conformance-invariance.log")"
+    determinism)  # batch-invariant ops: conformance (DET_BACKENDS), the engine's tests
+      for b in ${DET_BACKENDS:-ref triton cuda}; do
+        timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
+          --tileinfer-backend $b -q -rf -p no:randomly -n 4 -k "same or linear or attention" \
+          > "$out/conformance-invariance-$b.log" 2>&1
+        echo "conformance $b (invariance, linear, attention): $(tail -n 1 "$out/conformance-invariance-$b.log")"
+      done
       timeout 300 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
         tests/tileinfer-core/engine/serving/test_engine_batch_invariance.py \
         tests/tileinfer-core/engine/generation/test_warm_up.py > "$out/invariance-tests.log" 2>&1
-      echo "engine invariance tests: $(tail -n 1 "$out/invariance-tests.log")"
-      for det in "" --deterministic; do
-        timeout 120 python3 -m tileinfer_cli bench --shape smollm2-135m --backend triton $det \
-          --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 2
-        for b in ${DET_BATCHES:-8 64}; do
-          timeout 120 python3 -m tileinfer_cli bench --shape smollm2-135m --backend triton $det \
-            --batch $b --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 1
-        done
-      done ;;
+      echo "engine invariance tests: $(tail -n 1 "$out/invariance-tests.log")" ;;
     detserve)  # the same answer alone and among 64 concurrent requests (real SmolLM2, serve)
       for b in ${DET_BACKENDS:-triton}; do
         for flags in "--deterministic" "--deterministic --seeded" ""; do
@@ -151,14 +145,24 @@ for step in $steps; do
         done
       done
       cat "$out/detserve.json" ;;
-    detcost)  # what the batch-invariant ops cost on llama3-8b (triton), batch 1 and static batches
-      for det in "" --deterministic; do
-        timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend triton $det \
-          --repeats 2 --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 2
-        for b in ${DET_BATCHES:-8 64}; do
-          timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend triton $det \
-            --batch $b --repeats 2 --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 1
+    detcost)  # what the batch-invariant ops cost on DET_SHAPE (llama3-8b), batch 1 and static
+              # batches, on each of DET_BACKENDS (cuda)
+      for b in ${DET_BACKENDS:-cuda}; do
+        for det in "" --deterministic; do
+          timeout 150 python3 -m tileinfer_cli bench --shape ${DET_SHAPE:-llama3-8b} --backend $b \
+            $det --repeats 2 --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 2
+          for n in ${DET_BATCHES:-8 32 64}; do
+            timeout 150 python3 -m tileinfer_cli bench --shape ${DET_SHAPE:-llama3-8b} --backend $b \
+              $det --batch $n --repeats 2 --json "$out/detcost.json" 2>&1 | grep -v '^{' | tail -n 1
+          done
         done
+      done ;;
+    finite)  # the non-finite logits check's time per step (llama3-8b), beside the steps' own
+      timeout 120 python3 benchmarks/finite_check_cost.py --shape llama3-8b --batches 1,64 \
+        | tee "$out/finite.json"
+      for batch in "" "--batch 64"; do
+        timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $batch \
+          --repeats 2 --json "$out/finite-bench.json" 2>&1 | grep -v '^{' | tail -n 1
       done ;;
     cublaslt)  # batched bf16 products on cuBLASLt (tuning.CUBLASLT_MAX_TOKENS) against PyTorch's
                # default cuBLAS (cublaslt_max_tokens 0), alternated: static batches 32 and 64

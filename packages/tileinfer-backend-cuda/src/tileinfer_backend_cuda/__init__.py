@@ -36,6 +36,9 @@ NOTES = {
                      "fixed-point masses; float32 logits",
     "accept_tokens": "one block per row, the p/q rule with the host's hash",
     "sample_per_row": "one block per row, each with its own parameters and stream",
+    "batch_invariant": "linear: the tensor-core GEMV at every row count (launches of up to 64 "
+                       "rows, the warps that split K fixed per weight); attention: every row "
+                       "on the decode kernel, 256-key splits",
 }
 
 
@@ -69,7 +72,7 @@ _AVAILABLE, _REASON = _availability()
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="cuda", available=_AVAILABLE, reason=_REASON, devices=("cuda",),
-                       graph_safe=True, notes=NOTES)
+                       graph_safe=True, notes=NOTES, batch_invariant=True)
 
 
 # The op implementations live in ops/ (ops.OPS); each is registered here under its hookspec's

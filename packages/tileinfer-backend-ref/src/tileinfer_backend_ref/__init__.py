@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from tileinfer.backend import BackendInfo, hookimpl
+from tileinfer.backend.hookspecs import Invariance
 from tileinfer.backend import sampling as _sampling
 from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
-from .dense import matmul, rms, rows_of
+from .dense import matmul, rms, row_blocks, rows_of
 from .dense import silu_mul as _silu_mul
 from .dense import xielu as _xielu
 from .kv import rope as _rope
@@ -37,6 +38,8 @@ def tileinfer_backend_info():
         # Capturable on a GPU (attention takes its padded, sync-free form there), though its
         # ops allocate temporaries, which a capture takes from the graph's memory pool.
         graph_safe=True,
+        # linear: blocks of dense.ROW_BLOCK rows; attention: a row at a time (paged_attention).
+        batch_invariant=True,
     )
 
 
@@ -46,13 +49,16 @@ def embed(out, table, ids):
 
 
 def _rms_rows(x, weight, eps, out_dtype):
-    return torch.cat([rms(xr, weight, eps, out_dtype) for _, xr in rows_of(x)])
+    return torch.cat([rms(block, weight, eps, out_dtype)[: r.stop - r.start]
+                      for r, block in row_blocks(x)])
 
 
 @hookimpl
 def rmsnorm(out, x, weight, eps):
-    for r, xr in rows_of(x):
-        out[r].copy_(rms(xr, weight, eps, out.dtype))
+    # In blocks of ROW_BLOCK rows at any row count: the op has no batch_invariant flag, and a
+    # reduction over more rows may sum each row in another order (on a GPU).
+    for r, block in row_blocks(x):
+        out[r].copy_(rms(block, weight, eps, out.dtype)[: r.stop - r.start])
 
 
 @hookimpl
@@ -61,25 +67,32 @@ def add_rmsnorm(residual, out, delta, weight, eps):
     rmsnorm(out, residual, weight, eps)
 
 
+def _rows(x, batch_invariant):
+    """rows_of(x) for the linear contract's batch_invariant: up to ROW_INVARIANT_MAX_TOKENS rows
+    one at a time (STEPS, and NONE: invariant either way), blocks at any count for BATCH."""
+    return rows_of(x, invariant=batch_invariant == Invariance.BATCH)
+
+
 @hookimpl
 def linear(out, x, weight, weight_scale, batch_invariant=True):
-    # Every row on its own (rows_of), batched or not: invariant either way.
-    for r, xr in rows_of(x):
-        out[r].copy_(matmul(xr, weight, weight_scale, out.dtype).to(out.dtype))
+    for r, xr in _rows(x, batch_invariant):
+        n = r.stop - r.start
+        out[r].copy_(matmul(xr, weight, weight_scale, out.dtype)[:n].to(out.dtype))
 
 
 @hookimpl
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
-    for r, xr in rows_of(x):
-        gate_up[r].copy_(matmul(xr, weight, weight_scale).to(gate_up.dtype))
+    for r, xr in _rows(x, batch_invariant):
+        n = r.stop - r.start
+        gate_up[r].copy_(matmul(xr, weight, weight_scale)[:n].to(gate_up.dtype))
     inter = out.shape[-1]
     out.copy_(_silu_mul(gate_up[:, :inter], gate_up[:, inter:], out.dtype))
 
 
 @hookimpl
 def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
-    for r, xr in rows_of(x):
-        up = matmul(xr, weight, weight_scale).to(out.dtype)
+    for r, xr in _rows(x, batch_invariant):
+        up = matmul(xr, weight, weight_scale)[: r.stop - r.start].to(out.dtype)
         out[r].copy_(_xielu(up, xielu).to(out.dtype))
 
 

@@ -29,14 +29,37 @@ def row_slices(n: int) -> list[slice]:
     return [slice(0, n)]
 
 
-def rows_of(x):
+def rows_of(x, invariant: bool = False):
     """(row range, input) pairs of x, computed separately: a row is copied to a tensor of its
     own, aligned as a 1-token step's buffer is (GPU kernels may pick another code path, with
-    another summation order, for a pointer into the middle of a tensor)."""
+    another summation order, for a pointer into the middle of a tensor). invariant (the
+    batch-invariant mode): blocks of ROW_BLOCK rows at any row count (``row_blocks``)."""
+    if invariant:
+        return row_blocks(x)
     slices = row_slices(x.shape[0])
     if len(slices) == 1:
         return [(slices[0], x)]
     return [(r, x[r].clone()) for r in slices]
+
+
+# Batch-invariant steps (and every norm) compute their rows in blocks of this many, the last one
+# padded with zeros: every product or reduction then has the same shape whatever the step
+# holds, so the library runs the same kernel, and a row's sum does not depend on the other rows
+# or its place among them (a kernel sums every row of its tile alike).
+ROW_BLOCK = 32
+
+
+def row_blocks(x):
+    """(row range, block) pairs covering x's rows: blocks of exactly ROW_BLOCK rows, the last
+    one a zero-padded copy (its range says which rows are real)."""
+    n = x.shape[0]
+    blocks = []
+    for start in range(0, max(n, 1), ROW_BLOCK):
+        stop = min(n, start + ROW_BLOCK)
+        block = x.new_zeros((ROW_BLOCK,) + tuple(x.shape[1:]))
+        block[: stop - start] = x[start:stop]
+        blocks.append((slice(start, stop), block))
+    return blocks
 
 
 def rms(x, weight, eps, out_dtype):

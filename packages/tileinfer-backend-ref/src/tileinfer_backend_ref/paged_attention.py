@@ -11,7 +11,9 @@ each row on its own, with the tensors a 1-token step of its sequence at that pos
 use (per sequence: the keys up to its position; padded: one row against its sequence's padded
 keys, masked past its position). A speculative verify step's rows then equal decode steps bit
 for bit; summing a softmax or a product over more rows or more (masked) keys could round
-differently.
+differently. Batch-invariant steps (``AttentionStep.batch_invariant``) compute every row that
+way at any row count: per sequence over exactly its keys on the CPU; on a GPU in fixed chunks
+of keys (``_attention_rows_in_chunks``), since the padded width depends on the step.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ def _attend_rows(q_rows, k, v, group, scale):
 
 
 def attention_per_sequence(out, q, kv, step, scale, causal):
-    """Attention one sequence at a time, over exactly its cached positions."""
+    """Attention one sequence at a time, over exactly its cached positions (every row on its
+    own in batch-invariant steps)."""
     heads, kv_heads, page_size = q.shape[1], kv.k_cache.shape[2], kv.k_cache.shape[1]
     group = heads // kv_heads
-    row_by_row = q.shape[0] <= ROW_INVARIANT_MAX_TOKENS
+    row_by_row = q.shape[0] <= ROW_INVARIANT_MAX_TOKENS or step.batch_invariant
     starts, lengths = step.cu_seqlens_q.tolist(), step.context_lens.tolist()
     for b, ctx in enumerate(lengths):
         q_rows = q[starts[b]:starts[b + 1]].float()  # (q_len, heads, hd)
@@ -110,6 +113,59 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
         out[r:r + 1] = torch.einsum("bhqk,bkhd->bqhd", probs, values)[0].to(out.dtype)
 
 
+# Batch-invariant steps on a GPU: every row over its keys in chunks of this many positions from
+# position 0 (the block table's width padded to a multiple), combined in chunk order.
+INVARIANT_CHUNK = 256
+
+
+def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens):
+    """Each query row alone, over fixed chunks of INVARIANT_CHUNK key positions: every product
+    and reduction has the same shape whatever the step holds (the block table's width, the other
+    rows), so a row gets the same bits alone and in any step; with no host synchronization.
+    Chunks past a row's keys leave its running (max, sum, output) exactly as they were."""
+    n, heads, hd = q.shape
+    group = heads // kv.k_cache.shape[2]
+    width = step.block_table.shape[1] * kv.k_cache.shape[1]
+    padded = -(-width // INVARIANT_CHUNK) * INVARIANT_CHUNK
+    key_pos = torch.arange(padded, device=q.device)
+    ctx = step.context_lens.long()[seq_of_row]  # (n,)
+    last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
+    for r in range(n):
+        pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
+        keys = _gather_pages(kv.k_cache, kv.k_scale, pages)[0]  # (width, kv_heads, hd)
+        values = _gather_pages(kv.v_cache, kv.v_scale, pages)[0]
+        if kv.k_smooth is not None:
+            keys = keys * kv.k_smooth
+        keys = torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, padded - width))
+        values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, padded - width))
+        visible = (key_pos <= last[r]) & (key_pos < ctx[r])  # (padded,)
+        seen = visible[:, None, None]
+        keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 1)  # (padded, heads, hd)
+        values = torch.where(seen, values, 0.0).repeat_interleave(group, 1)
+        q_row = q[r].float().clone()  # (heads, hd), a tensor of its own
+        run_max = run_sum = run_out = None
+        for start in range(0, padded, INVARIANT_CHUNK):
+            chunk = slice(start, start + INVARIANT_CHUNK)
+            scores = torch.einsum("hd,khd->hk", q_row, keys[chunk]) * scale
+            scores = scores.masked_fill(~visible[chunk][None, :], float("-inf"))
+            m = scores.amax(-1)  # (heads,): -inf where the chunk holds none of the row's keys
+            has_keys = torch.isfinite(m)
+            p = torch.exp(scores - torch.where(has_keys, m, 0.0)[:, None])  # 0 where masked
+            l, o = p.sum(-1), torch.einsum("hk,khd->hd", p, values[chunk])
+            if run_max is None:
+                run_max, run_sum, run_out = m, l, o
+                continue
+            new_max = torch.maximum(run_max, m)
+            base = torch.where(torch.isfinite(new_max), new_max, 0.0)
+            a, b = torch.exp(run_max - base), torch.exp(m - base)
+            run_sum = torch.where(has_keys, run_sum * a + l * b, run_sum)
+            run_out = torch.where(has_keys[:, None], run_out * a[:, None] + o * b[:, None],
+                                  run_out)
+            run_max = new_max
+        result = torch.where(run_sum[:, None] > 0, run_out / run_sum[:, None], 0.0)
+        out[r:r + 1] = result[None].to(out.dtype)
+
+
 def attention_padded(out, q, kv, step, scale, causal):
     """The same attention with every sequence padded to max_query_len queries and to the block
     table's width of keys, masked: no host synchronization."""
@@ -120,6 +176,9 @@ def attention_padded(out, q, kv, step, scale, causal):
     q_lens = (cu[1:] - cu[:-1]).long()
     seq_of_row = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens, output_size=n)
     q_index = torch.arange(n, device=dev) - cu[seq_of_row].long()
+    if step.batch_invariant:
+        _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens)
+        return
     if n <= ROW_INVARIANT_MAX_TOKENS:
         _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens)
         return

@@ -1,7 +1,8 @@
 """A model loaded with ``batch_invariant=True``: a request's tokens and logprobs are the same bits
 alone and among others (mixed lengths, chunked prefill, a prefix-cache hit, preemption), greedy
-and seeded. On the CPU it runs the Triton kernels under the interpreter (float32), on a GPU in
-bfloat16 with CUDA graphs and pipelining, where without the mode the rows differ."""
+and seeded, on every backend that declares the mode. On the CPU, ref and the Triton kernels
+under the interpreter (float32); on a GPU ref, triton and cuda in bfloat16 with CUDA graphs and
+pipelining, where without the mode the rows differ."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from tileinfer import LLMEngine, SamplingParams, load_model
-from tileinfer.backend.registry import get_backend
+from tileinfer.backend import BackendError, BackendInfo, hookimpl
+from tileinfer.backend.registry import get_backend, registry
 from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 MAX_LEN = 96
@@ -19,9 +21,14 @@ ON_GPU = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 
 
-def invariant_model(tiny, backend="triton"):
-    if not get_backend(backend).backend.available:
-        pytest.skip(f"backend {backend!r} is not available here")
+BACKENDS = ["ref", "triton", "cuda"]
+
+
+def invariant_model(tiny, backend):
+    try:
+        get_backend(backend)
+    except BackendError as exc:
+        pytest.skip(str(exc))
     return load_model(tiny.directory("llama", dtype=DTYPE), dtype=DTYPE, backend=backend,
                       max_len=MAX_LEN, batch_invariant=True)
 
@@ -55,10 +62,11 @@ def others(n=OTHERS):
             for i, m in enumerate(lengths)]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.8, top_p=0.95)],
                          ids=["greedy", "seeded"])
-def test_a_request_is_the_same_alone_and_among_others(tiny, sampling):
-    model = invariant_model(tiny)
+def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
+    model = invariant_model(tiny, backend)
     alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(sampling)])[0]
     mix = others()
     mix.insert(2, probe(sampling))
@@ -66,8 +74,9 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling):
     assert among == alone  # tokens, and each logprob and its top-2, to the bit
 
 
-def test_a_prefix_cache_hit_and_preemption_change_nothing(tiny):
-    model = invariant_model(tiny)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prefix_cache_hit_and_preemption_change_nothing(tiny, backend):
+    model = invariant_model(tiny, backend)
     shared = prompt_ids(40, seed=5)
     request = probe(SamplingParams(), prompt=shared + prompt_ids(9, seed=6))
     cold = outputs(LLMEngine(model, num_pages=60), [request])[0]
@@ -83,6 +92,22 @@ def test_a_prefix_cache_hit_and_preemption_change_nothing(tiny):
     assert tight.stats()["preemptions"] > 0
 
 
-def test_a_backend_that_does_not_declare_it_is_refused(tiny):
+class _Undeclared:
+    """A backend plugin that declares nothing beyond its name (every op falls back to ref)."""
+
+    @hookimpl
+    def tileinfer_backend_info(self):
+        return BackendInfo(name="undeclared-toy", available=True, devices=("cpu", "cuda"))
+
+
+@pytest.fixture
+def undeclared():
+    registry().register(_Undeclared())
+    yield "undeclared-toy"
+    registry().unregister("undeclared-toy")
+
+
+def test_a_backend_that_does_not_declare_it_is_refused(tiny, undeclared):
     with pytest.raises(ValueError, match="does not declare batch-invariant ops"):
-        load_model(tiny.directory("llama"), backend="ref", max_len=MAX_LEN, batch_invariant=True)
+        load_model(tiny.directory("llama"), backend=undeclared, max_len=MAX_LEN,
+                   batch_invariant=True)

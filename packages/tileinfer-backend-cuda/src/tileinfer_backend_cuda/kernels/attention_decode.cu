@@ -47,6 +47,11 @@
 // step size: a step of more rows only has more row tiles); a tile (or a warp's 16 keys of it)
 // masked for a row leaves that row's (m, l, O) exactly unchanged (alpha = 1, p = 0), so the
 // extra tiles change nothing.
+// Batch-invariant steps (SPLIT_KEYS > 0) take C = SPLIT_KEYS for every row instead, the host
+// passing num_splits = grid_splits = ceil(max_context_len / C): a row's splits then depend on
+// its own keys alone, not on the batch. A row tile whose rows span one split and more goes
+// through the combine, which gives a one-split row the same bits as its direct write (the
+// split's weight is exp2(0) = 1, and the empty splits are skipped).
 // Tiles start at multiples of 64 keys, so with pages of 16 a warp's 16 keys are one page.
 //
 // Shapes, arguments, grid and workspace as in attention.cu, with BM = 16 * M_TILES rows per row
@@ -78,7 +83,8 @@
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
 // FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), COMBINE_BATCH
-// (attention_tiles.cuh), NORM_DTYPE (q/k norm weights' type).
+// (attention_tiles.cuh), NORM_DTYPE (q/k norm weights' type), SPLIT_KEYS (0, or a multiple of
+// 64: the batch-invariant partition below).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -104,6 +110,9 @@
 #endif
 #ifndef MIN_SPLIT_TILES
 #define MIN_SPLIT_TILES 1
+#endif
+#ifndef SPLIT_KEYS
+#define SPLIT_KEYS 0
 #endif
 #ifndef NORM_DTYPE
 #define NORM_DTYPE bf16_t
@@ -264,7 +273,11 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     // Keys row rg sees, and the keys per split of a row that sees c keys (see the header).
     auto row_keys = [&](int rg) { return causal ? ctx - q_len + rg / group + 1 : ctx; };
     auto split_keys = [&](int c) {
+#if SPLIT_KEYS
+        return SPLIT_KEYS + 0 * c;  // batch-invariant steps: a fixed size, from position 0
+#else
         return BN * max(MIN_SPLIT_TILES, (c + BN * num_splits - 1) / (BN * num_splits));
+#endif
     };
     const int c_first = row_keys(m0), c_last = row_keys(min(rows, m0 + BM) - 1);
     const int chunk_first = split_keys(c_first), chunk_last = split_keys(c_last);

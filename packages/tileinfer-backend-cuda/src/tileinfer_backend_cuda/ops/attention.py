@@ -33,11 +33,40 @@ ATTN_DECODE_MAX_TOKENS = 16
 _KERNEL_DEFAULTS = {"decode_combine_batch": ("COMBINE_BATCH", 8),
                     "decode_min_split_tiles": ("MIN_SPLIT_TILES", 1)}
 _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
+# Batch-invariant steps (AttentionStep.batch_invariant): every row on attention_decode.cu with
+# splits of this many keys from position 0, whatever the step holds (kernel's SPLIT_KEYS).
+INVARIANT_SPLIT_KEYS = 256
 # No multiply-add contraction: each m-tile's unrolled copy of the per-row arithmetic rounds the
 # same way (row invariance).
 DECODE_OPTIONS = ("-fmad=false",)
 # attention_decode.cu's fused-input arguments when there are none.
 _NO_INPUTS = (None,) * 7 + (0.0,)
+
+
+class _InvariantWorkspace:
+    """The split workspace of batch-invariant steps, per device: every row of any step may
+    split, so it is sized by the step's rows and longest context (the model's workspace holds
+    SPLIT_MAX_TOKENS rows). Zeros when made (the kernel keeps its counters there and re-arms
+    them); it grows outside graph captures (a step always runs eagerly before its capture) and
+    a grown-out buffer is kept, since captured graphs may still use it."""
+
+    def __init__(self):
+        self._buffers: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def get(self, device: int, tokens: int, heads: int, splits: int, head_dim: int) -> torch.Tensor:
+        buffers = self._buffers.setdefault((device, head_dim), [])  # the kernel's WS_ROW
+        need = (tokens, heads, splits, head_dim + 2)
+        if buffers and all(have >= want for have, want in zip(buffers[-1].shape, need)):
+            return buffers[-1]
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the batch-invariant attention workspace must grow, but a CUDA "
+                               "graph is being captured (run the step eagerly first)")
+        grown = tuple(max(a, b) for a, b in zip(buffers[-1].shape, need)) if buffers else need
+        buffers.append(torch.zeros(grown, dtype=torch.float32, device=f"cuda:{device}"))
+        return buffers[-1]
+
+
+INVARIANT_WORKSPACE = _InvariantWorkspace()
 
 
 def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
@@ -174,7 +203,8 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     device = dev(q)
     int8 = kv.k_cache.dtype == torch.int8
     smooth = kv.k_smooth is not None
-    decode = cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS
+    invariant = bool(getattr(step, "batch_invariant", False))
+    decode = invariant or (cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS)
     if decode:  # attention_decode.cu: row tiles of 16 x m_tiles rows
         m_tiles = cfg.get("decode_m_tiles") or attention_decode_m_tiles(head_dim, group)
         row_tiles = cdiv(max_query_len * group, 16 * m_tiles)
@@ -182,7 +212,14 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
         row_tiles = cdiv(max_query_len * group, ATTN_BLOCK_M)
     num_splits = 1
     ws = workspace
-    if (ws is not None and n_tokens <= ws.shape[0] and ws.shape[1] == heads
+    if invariant:
+        num_splits = cdiv(max(1, max_context_len), INVARIANT_SPLIT_KEYS)
+        # rows for the splits' partials, and for the counters of every (sequence, kv head, row
+        # tile) that the kernel keeps in the workspace rows' last slot
+        tokens = max(n_tokens, cdiv(batch * kv_heads * row_tiles, heads * num_splits))
+        ws = (INVARIANT_WORKSPACE.get(device, tokens, heads, num_splits, head_dim)
+              if num_splits > 1 else None)
+    elif (ws is not None and n_tokens <= ws.shape[0] and ws.shape[1] == heads
             and ws.shape[3] == head_dim + 2
             and batch * kv_heads * row_tiles <= ws.shape[0] * heads * ws.shape[2]):
         if decode:
@@ -193,10 +230,12 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
             num_splits = max(1, min(target, ws.shape[2], cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     limit = smem_limit(device) - 1024  # room for the static shared memory
     if decode:
+        split_tiles = (INVARIANT_SPLIT_KEYS // ATTN_BLOCK_N if invariant
+                       else cfg["decode_min_split_tiles"])
         stages = cfg["decode_stages"] or min(
             attention_decode_stages(head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"],
                                     device),
-            attention_decode_tiles(max_context_len, num_splits, cfg["decode_min_split_tiles"]))
+            attention_decode_tiles(max_context_len, num_splits, split_tiles))
         smem_bytes = lambda s: attention_decode_smem_bytes(head_dim, int8, smooth, s, m_tiles)  # noqa: E731
     else:
         stages = cfg["stages"]
@@ -217,9 +256,10 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
         return
     # Blocks only for the splits a row of this cache can have keys in (a split holds at least
     # 64 * decode_min_split_tiles keys); the partition itself is num_splits'.
-    grid_splits = min(num_splits, cdiv(max(1, max_context_len),
-                                       ATTN_BLOCK_N * cfg["decode_min_split_tiles"]))
+    grid_splits = min(num_splits, cdiv(max(1, max_context_len), ATTN_BLOCK_N * split_tiles))
     decode_defines = {**defines, "M_TILES": m_tiles}
+    if invariant:
+        decode_defines["SPLIT_KEYS"] = INVARIANT_SPLIT_KEYS
     trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
     if trigger:
         decode_defines["PDL_TRIGGER"] = trigger

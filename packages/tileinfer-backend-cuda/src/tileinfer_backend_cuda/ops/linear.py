@@ -29,11 +29,14 @@ import sys
 
 import torch
 
+from tileinfer.backend.hookspecs import Invariance
+
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
-                     contig, dev, fallback, fallback_counts, kernel)
+                     contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise
 from .tuning import (gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens,
-                     cublaslt_max_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
+                     cublaslt_max_tokens, mma_token_tiles, pdl, rows_lane_k,
+                     wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
@@ -136,6 +139,15 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
         if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
+    _gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles)
+
+
+def _gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles):
+    """gemv.cu with configuration cfg and token_tiles token tiles of 8 (n <= 8 x token_tiles)."""
+    n, k_dim = x.shape
+    int8 = weight.dtype == torch.int8
+    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
+    device = dev(out)
     pdl_on = pdl(device)
     defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
                            DTYPE_NAMES[out.dtype], pdl_on, token_tiles)
@@ -143,6 +155,45 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
     k.launch((cdiv(o_rows, 16 * defines["TILES"]),), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
              gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles), pdl=pdl_on)
+
+
+def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU):
+    """A batch-invariant step (Invariance.BATCH) of any number of rows: gemv.cu in launches of
+    at most INVARIANT_LAUNCH_ROWS rows, on invariant_gemv_config's builds, whose warps (the
+    only thing that orders a row's sum: each warp sums its K steps on the tensor cores, then
+    the warps' sums are added in warp order) depend on the weight alone."""
+    n, k_dim = x.shape
+    int8 = weight.dtype == torch.int8
+    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
+    device = dev(out)
+    for start in range(0, n, INVARIANT_LAUNCH_ROWS):
+        stop = min(n, start + INVARIANT_LAUNCH_ROWS)
+        token_tiles = mma_token_tiles(stop - start)
+        cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
+        _gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
+                  cfg, token_tiles)
+
+
+# gemv.cu's widest build: 8 token tiles of 8 rows.
+INVARIANT_LAUNCH_ROWS = 64
+
+
+def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
+                          token_tiles: int) -> dict:
+    """gemv.cu's build for token_tiles tiles of a batch-invariant step: the batched table's (or
+    heuristic's) stages and 16-row tiles for that many token tiles, with the warps of the
+    weight's 8-row build at every count; stages, then tiles, come down until the ring fits in
+    a block's shared memory."""
+    warps = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
+    cfg = dict(gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
+                           token_tiles=token_tiles), warps=warps)
+    limit = smem_limit(device) - 1024  # room for the static shared memory
+    while cfg["stages"] > 2 and gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit:
+        cfg["stages"] -= 1
+    while cfg.get("tiles", 1) > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue,
+                                                      token_tiles) > limit:
+        cfg["tiles"] //= 2
+    return cfg
 
 
 def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows):
@@ -253,7 +304,21 @@ def _gemv_takes(n: int, weight) -> bool:
     return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(weight.dtype == torch.int8)
 
 
+def _invariant_ok(out, x, weight, weight_scale, epilogue="none") -> bool:
+    """Whether invariant_gemv runs this batch-invariant step (float32 or float16 models do not:
+    the ref backend's rows do)."""
+    return (x.dim() == 2 and out.dim() == 2 and x.shape[0] == out.shape[0]
+            and (epilogue != "none" or out.shape[1] == weight.shape[0])
+            and (epilogue == "none" or out.dtype == torch.bfloat16)
+            and gemv_ok(out, x, weight, weight_scale))
+
+
 def linear(out, x, weight, weight_scale, batch_invariant=True):
+    if batch_invariant == Invariance.BATCH:
+        if not _invariant_ok(out, x, weight, weight_scale):
+            return fallback("linear", f"batch-invariant {x.dtype} x {weight.dtype} -> {out.dtype}",
+                            out, x, weight, weight_scale, batch_invariant)
+        return invariant_gemv(out, x, weight, weight_scale)
     if not _linear_into(out, x, weight, weight_scale, batch_invariant):
         fallback("linear", f"{x.dtype} x {weight.dtype} -> {out.dtype} layout",
                  out, x, weight, weight_scale, batch_invariant)
@@ -263,6 +328,11 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
     n = x.shape[0]
     if n == 0:
         return
+    if batch_invariant == Invariance.BATCH:
+        if not _invariant_ok(out, x, weight, weight_scale, "swiglu"):
+            return fallback("linear_swiglu", "batch-invariant layout", out, x, weight,
+                            weight_scale, gate_up, batch_invariant)
+        return invariant_gemv(out, x, weight, weight_scale, "swiglu")
     if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "swiglu", invariant=batch_invariant)
@@ -278,6 +348,12 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
     if n == 0:
         return
     s = xielu
+    if batch_invariant == Invariance.BATCH:
+        if not _invariant_ok(out, x, weight, weight_scale, "xielu"):
+            return fallback("linear_xielu", "batch-invariant layout", out, x, weight,
+                            weight_scale, xielu, batch_invariant)
+        return invariant_gemv(out, x, weight, weight_scale, "xielu",
+                              (s.alpha_p, s.alpha_n, s.beta, s.eps))
     if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps),
