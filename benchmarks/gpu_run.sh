@@ -5,7 +5,8 @@
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
-#              batch batchall mixed sweep sweep32 cublaslt determinism detserve detcost finite
+#              batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
+#              finite
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -145,6 +146,12 @@ for step in $steps; do
         done
       done
       cat "$out/detserve.json" ;;
+    detengine)  # 64 requests of llama3-8b random weights alone and together (DET_BACKENDS)
+      for b in ${DET_BACKENDS:-cuda triton}; do
+        timeout ${DET_TIMEOUT:-280} python3 benchmarks/determinism_engine.py --backend $b \
+          >> "$out/detengine.json" 2>> "$out/detengine.err"
+      done
+      cat "$out/detengine.json"; tail -n 3 "$out/detengine.err" ;;
     detcost)  # what the batch-invariant ops cost on DET_SHAPE (llama3-8b), batch 1 and static
               # batches, on each of DET_BACKENDS (cuda)
       for b in ${DET_BACKENDS:-cuda}; do
