@@ -79,20 +79,22 @@ def main(argv=None):
                          max_len=args.max_prompt + args.max_new + 16, batch_invariant=True)
     reqs = requests(args.requests, config.vocab_size, args.max_prompt, args.max_new)
     base = {"shape": args.shape, "backend": args.backend}
+    # one pool for every engine (the model's runtime keeps it): room for all requests at once
+    pages = sum(-(-(len(r["prompt_ids"]) + r["max_new_tokens"]) // 16) for r in reqs) + 64
 
     started = time.perf_counter()
-    single = LLMEngine(model)
+    single = LLMEngine(model, num_pages=pages)
     alone = [run(single, [r])[0] for r in reqs]
     log(f"alone: {len(reqs)} requests in {time.perf_counter() - started:.1f} s")
     del single
     for step_tokens in (min(256, args.max_prompt // 2), max(2048, args.max_prompt)):
         started = time.perf_counter()
-        together = run(LLMEngine(model, max_step_tokens=step_tokens), reqs)
+        together = run(LLMEngine(model, num_pages=pages, max_step_tokens=step_tokens), reqs)
         row = dict(base, case=f"together, max_step_tokens {step_tokens}",
                    seconds=round(time.perf_counter() - started, 1), **mismatches(alone, together))
         print(json.dumps(row), flush=True)
 
-    engine = LLMEngine(model)
+    engine = LLMEngine(model, num_pages=pages)
     run(engine, [reqs[0]])  # its prompt's pages now in the prefix cache
     hit = run(engine, [reqs[0]])
     row = dict(base, case="prefix-cache hit against the miss",
