@@ -7,7 +7,9 @@ sequences of a step in attention (on the CPU). Linear layers call ``F.linear`` o
 weights exactly as transformers does, so its results match transformers' bit for bit where the
 math is the same. Steps of up to ``dense.ROW_INVARIANT_MAX_TOKENS`` rows compute each row on
 its own, as a 1-token step would: a speculative verify step's rows then equal decode steps bit
-for bit (tests/tileinfer-backend-ref checks it).
+for bit (tests/tileinfer-backend-ref checks it). Batch-invariant steps (``Invariance.BATCH``,
+``AttentionStep.batch_invariant``) compute linear rows in blocks of ``dense.ROW_BLOCK`` and
+attention a row at a time at any row count (docs/determinism.md).
 
 The ops are the thin wrappers below; the math is in ``dense`` (norms, products, activations),
 ``kv`` (RoPE, the paged KV store) and ``paged_attention``. It does not implement the optional

@@ -7,7 +7,10 @@ INT8 (``LayerKV``). Both kernels split the context over blocks where a step has 
 (flash-decoding); the workspace holds the splits' partial outputs. The decode kernel's split
 count depends on the batch, the kv heads and the GPU only, and a row's split boundaries on its
 own context only, so a row of a verify step equals the 1-token step at its position bit for bit,
-also on a cache of another size (docs/cuda-kernels.md).
+also on a cache of another size (docs/cuda-kernels.md). Batch-invariant steps
+(``step.batch_invariant``) run every row, prefill rows too, on attention_decode.cu with splits of
+INVARIANT_SPLIT_KEYS keys from position 0, so a row's result depends on its query and its keys
+only (docs/determinism.md).
 """
 
 from __future__ import annotations

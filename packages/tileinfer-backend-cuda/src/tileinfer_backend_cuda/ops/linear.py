@@ -20,6 +20,9 @@ Shapes: x (n, K) bf16 with unit stride along K; weight (O, K) bf16, or int8 with
 per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows).
 Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
 8 tokens.
+
+Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu only
+(``invariant_gemv``), with the warps that split K fixed per weight (docs/determinism.md).
 """
 
 from __future__ import annotations
