@@ -176,9 +176,11 @@ def test_parallel_tool_calls_false_keeps_the_first_call(served):
 
 def test_tool_requests_the_server_cannot_honour_get_400(served):
     name, client, url, engine, folder = served
-    cases = [({"tool_choice": "required"}, "tool_choice", '"required" is not supported'),
-             ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-              "tool_choice", "constrained decoding"),
+    cases = [({"tools": [], "tool_choice": "required"}, "tool_choice", "at least one tool"),
+             ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+              "tool_choice", "not among the tools"),
+             ({"tool_choice": "required", "response_format": {"type": "json_object"}},
+              "tool_choice", "cannot be combined"),
              ({"tool_choice": "sometimes"}, "tool_choice", "tool_choice"),
              ({"tools": [WEATHER, WEATHER]}, "tools", "more than one tool is named"),
              ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name",
@@ -226,5 +228,9 @@ def test_tool_parser_none_leaves_the_answer_as_text(smollm2_dir, shared_dir, tmp
                                                 tools=[WEATHER]).choices[0]
         assert answer.message.content == ANSWERS["qwen3"] and answer.finish_reason == "stop"
         assert "get_weather" in engine.tokenizer.decode(engine.prompts[-1])  # still offered
+        r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                       json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+        assert "reads none" in r.json()["error"]["message"]
     finally:
         stop(server)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .errors import bad_request
 from .schemas import ChatRequest, CompletionRequest
 from .structured import structure_of
+from .tool_grammar import forced_call_grammar
 from .tools import check_tools, offered
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -139,6 +140,14 @@ def _sampling(served, req):
         raise bad_request(f"logit_bias names token {outside[0]}, outside the vocabulary "
                           f"(0..{served.vocab_size - 1})", "logit_bias")
     structure = structure_of(served, req)
+    forced = forced_call_grammar(served, getattr(req, "tools", None) or [],
+                                 getattr(req, "tool_choice", None),
+                                 getattr(req, "parallel_tool_calls", None) is not False)
+    if forced is not None:
+        if structure is not None:
+            raise bad_request("a tool_choice that forces a call cannot be combined with "
+                              "response_format or a guided_* grammar", "tool_choice")
+        structure = forced
     optional = {name: getattr(req, name) for name in PROCESSING
                 if getattr(req, name) is not None}
     try:

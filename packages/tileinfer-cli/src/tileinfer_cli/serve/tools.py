@@ -5,10 +5,9 @@ client's order: templates write them with ``tojson`` or key by key, so the order
 prompt), as transformers' ``apply_chat_template(tools=...)`` passes them.
 
 ``tool_choice`` ``"auto"`` (the default when there are tools) lets the model answer or call;
-``"none"`` renders the prompt without the tools and reads no calls from the answer.
-``"required"`` and a named function would need the sampler to be held to the call's grammar
-(constrained decoding), which the engine does not have: they are refused with a 400 rather than
-answered by a model that may not call.
+``"none"`` renders the prompt without the tools and reads no calls from the answer;
+``"required"`` (one or more calls to any of the tools) and a named function (one call to it)
+hold the sampler to the call's grammar (``tool_grammar.py``), so the answer is a call.
 """
 
 from __future__ import annotations
@@ -18,11 +17,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from .errors import bad_request
-
-UNSUPPORTED_CHOICE = ('tool_choice {!s} is not supported by this server: forcing a call needs '
-                      'constrained decoding, which it does not have; only "none" and "auto" '
-                      'are accepted')
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -65,17 +59,16 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 def check_tools(tools: list[Tool] | None, choice) -> None:
-    """A 400 for a tool_choice the server cannot honour, or two tools of one name."""
-    if choice == "required":
-        raise bad_request(UNSUPPORTED_CHOICE.format('"required"'), "tool_choice")
-    if isinstance(choice, NamedToolChoice):
-        raise bad_request(UNSUPPORTED_CHOICE.format(
-            f'{{"type": "function", "function": {{"name": "{choice.function.name}"}}}}'),
-            "tool_choice")
+    """A 400 for two tools of one name, or a tool_choice that forces a call to no tool."""
     names = [t.function.name for t in tools or ()]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise bad_request(f"more than one tool is named {twice[0]!r}", "tools")
+    if choice == "required" and not names:
+        raise bad_request('tool_choice "required" needs at least one tool', "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise bad_request(f"tool_choice names function {choice.function.name!r}, which is not "
+                          "among the tools", "tool_choice")
 
 
 def offered(tools: list[Tool] | None, choice) -> list[dict] | None:
