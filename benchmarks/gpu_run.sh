@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
 #              batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite
+#              finite structload stall load256
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -152,6 +152,23 @@ for step in $steps; do
           >> "$out/detengine.json" 2>> "$out/detengine.err"
       done
       cat "$out/detengine.json"; tail -n 3 "$out/detengine.err" ;;
+    structload)  # 64 streams with and without a JSON schema on every request (llama3-8b shape
+                 # with the tokenizer of TOK_DIR, its vocabulary cut to it; cuda, dummy weights)
+      for guided in "" "--guided-json open"; do
+        timeout 280 python3 benchmarks/serve_load.py --make-folder /tmp/l8b-tok --shape llama3-8b \
+          --tokenizer-from ${TOK_DIR:-.bench-tok} --backend cuda --clients 64 --prompt-len 512 \
+          --output-len 256 $guided >> "$out/structload.json" 2>> "$out/structload.err"
+      done
+      grep "^serve" "$out/structload.err" ;;
+    stall)  # a 4 MB request beside a stream (llama3-8b, cuda, dummy weights)
+      timeout 200 python3 benchmarks/serve_stall.py --make-folder /tmp/l8b --shape llama3-8b \
+        --backend cuda > "$out/stall.json" 2> "$out/stall.err"
+      tail -n 1 "$out/stall.err" ;;
+    load256)  # 256 clients against the offline engine (llama3-8b, cuda, dummy weights)
+      timeout 400 python3 benchmarks/serve_load.py --make-folder /tmp/l8b --shape llama3-8b \
+        --backend cuda --clients 256 --prompt-len 512 --output-len 256 --offline \
+        > "$out/load256.json" 2> "$out/load256.err"
+      grep "^serve\|^offline" "$out/load256.err" ;;
     detcost)  # what the batch-invariant ops cost on DET_SHAPE (llama3-8b), batch 1 and static
               # batches, on each of DET_BACKENDS (cuda)
       for b in ${DET_BACKENDS:-cuda}; do

@@ -56,6 +56,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# --guided-json open: an answer that can run to any length (a list of strings)
+OPEN_SCHEMA = {"type": "object", "properties": {"notes": {"type": "array",
+                                                          "items": {"type": "string"}}},
+               "required": ["notes"], "additionalProperties": False}
 MAX_CLIENTS = 4096
 
 
@@ -81,8 +85,10 @@ def percentiles(values, scale=1000.0) -> dict:
 
 # -- a dummy model folder ---------------------------------------------------------------------
 
-def make_folder(folder: Path, shape: str):
-    """config.json of the shape, a word-level tokenizer of its vocabulary, a plain template."""
+def make_folder(folder: Path, shape: str, tokenizer_from: Path | None = None):
+    """config.json of the shape, a word-level tokenizer of its vocabulary, a plain template.
+    tokenizer_from: a model folder whose tokenizer files are copied instead, the shape's
+    vocabulary then cut to the tokenizer's (a grammar needs a tokenizer that spells text)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from tileinfer.model.random_weights import SHAPES
@@ -90,8 +96,24 @@ def make_folder(folder: Path, shape: str):
     config = dict(SHAPES[shape], model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0,
                   max_position_embeddings=131072, tie_word_embeddings=False,
                   eos_token_id=128001, bos_token_id=128000)
-    vocab = config["vocab_size"]
     folder.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from is not None:
+        import shutil
+
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (tokenizer_from / name).exists():
+                shutil.copy(tokenizer_from / name, folder / name)
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config["vocab_size"] = tok.get_vocab_size()
+        config["eos_token_id"] = config["bos_token_id"] = tok.token_to_id(
+            json.loads((folder / "tokenizer_config.json").read_text())["eos_token"])
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        (folder / "chat_template.jinja").write_text(
+            "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+        log(f"wrote {folder}: {shape} config, the tokenizer of {tokenizer_from} "
+            f"({config['vocab_size']} tokens)")
+        return
+    vocab = config["vocab_size"]
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -211,7 +233,7 @@ def make_prompts(n, length, vocab_lo, vocab_hi, seed) -> list[list[int]]:
     return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(length)] for _ in range(n)]
 
 
-async def run_clients(url, prompts, clients, output_len, deadline_s, key):
+async def run_clients(url, prompts, clients, output_len, deadline_s, key, extra=None):
     u = urlparse(url)
     host, port = u.hostname, u.port or 80
     queue = list(enumerate(prompts))
@@ -223,7 +245,8 @@ async def run_clients(url, prompts, clients, output_len, deadline_s, key):
             _, prompt = queue.pop(0)
             body = json.dumps({"prompt": prompt, "max_tokens": output_len, "temperature": 0,
                                "ignore_eos": True, "stream": True,
-                               "stream_options": {"include_usage": True}}).encode()
+                               "stream_options": {"include_usage": True},
+                               **(extra or {})}).encode()
             try:
                 remaining = max(1.0, stop_at - time.perf_counter())
                 results.append(await asyncio.wait_for(stream_request(host, port, body, key),
@@ -241,7 +264,8 @@ def _client_process(args):
     return asyncio.run(run_clients(*args))
 
 
-def run_client_processes(url, prompts, clients, output_len, deadline_s, key, processes):
+def run_client_processes(url, prompts, clients, output_len, deadline_s, key, processes,
+                         extra=None):
     """The clients spread over ``processes`` processes (each its own event loop and interpreter,
     so that parsing thousands of chunks a second does not make the load generator the bottleneck),
     clients and prompts dealt out in turn. Returns every result and the wall time from the first
@@ -249,13 +273,13 @@ def run_client_processes(url, prompts, clients, output_len, deadline_s, key, pro
     processes = max(1, min(processes, clients))
     if processes == 1:
         results, t0, t1 = asyncio.run(run_clients(url, prompts, clients, output_len, deadline_s,
-                                                  key))
+                                                  key, extra))
         return results, t1 - t0
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     jobs = [(url, prompts[i::processes], len(range(i, clients, processes)), output_len,
-             deadline_s, key) for i in range(processes)]
+             deadline_s, key, extra) for i in range(processes)]
     # fork: the children only run sockets and json (this process has not touched the GPU yet)
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
         parts = list(pool.map(_client_process, jobs))
@@ -291,6 +315,7 @@ def summarize(results, wall, args) -> dict:
             for r in ok if r["usage"]["completion_tokens"] > 1]
     itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
     return dict(bench="serve", clients=args.clients, requests=len(results),
+                guided_json=bool(args.guided_json),
                 prompt_len=args.prompt_len, output_len=args.output_len,
                 max_running=args.max_running, wall_s=round(wall, 3),
                 requests_per_s=round(len(ok) / wall, 3),
@@ -382,6 +407,12 @@ def main(argv=None):
                    help="stop sending after this long (the run's bound)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--tokenizer-from", type=Path, metavar="DIR",
+                   help="with --make-folder: copy this model folder's tokenizer (and cut the "
+                        "shape's vocabulary to it) instead of a word-level one")
+    p.add_argument("--guided-json", metavar="FILE",
+                   help="every request carries this JSON schema (guided_json: structured "
+                        "output); 'open' for an object holding a list of strings")
     p.add_argument("--offline", action="store_true",
                    help="also run the same requests through the engine in this process")
     args = p.parse_args(argv)
@@ -391,8 +422,13 @@ def main(argv=None):
         p.error("--requests-per-client must be in 1..1000")
     args.max_running = args.max_running or args.clients
     args.client_procs = args.client_procs or min(8, -(-args.clients // 64))
+    extra = None
+    if args.guided_json:
+        schema = OPEN_SCHEMA if args.guided_json == "open" else json.loads(
+            Path(args.guided_json).read_text())
+        extra = {"guided_json": schema}
     if args.make_folder:
-        make_folder(args.make_folder, args.shape)
+        make_folder(args.make_folder, args.shape, args.tokenizer_from)
         args.model, args.load_format = args.make_folder, "dummy"
     if args.url:
         host = urlparse(args.url).hostname
@@ -417,7 +453,8 @@ def main(argv=None):
             f"output {args.output_len}")
         before = engine_counters(url, args.api_key)
         results, wall = run_client_processes(url, prompts, args.clients, args.output_len,
-                                             args.max_seconds, args.api_key, args.client_procs)
+                                             args.max_seconds, args.api_key, args.client_procs,
+                                             extra)
         after = engine_counters(url, args.api_key)
     finally:
         if proc is not None:
