@@ -1,7 +1,8 @@
 """Structured outputs in the serving engine: requests with a JSON schema, mixed in the same
 steps with unconstrained requests, give outputs that validate, and the unconstrained requests'
 tokens equal ``generate`` of each alone, through chunked prefill, static steps and
-pipelining (which a structured request turns off while it runs)."""
+pipelining (a pipelined step of structured rows runs its forward first and is sampled once the
+tokens before it are committed)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,24 @@ def test_mixed_structured_and_plain_requests(smol, kw):
         else:
             assert tokens[rid] == generate(model, r["prompt_ids"], 25, r["sampling"],
                                            stop_ids=[], seed=r["seed"])
+
+
+def test_structured_requests_alone_are_pipelined(smol):
+    model, tok = smol
+    grammar = compile_grammar(tok, json_schema=SCHEMA)
+    reqs = [dict(prompt_ids=[1, 5 + i, 33, 8] * (2 + i),
+                 sampling=SamplingParams(1.0, top_k=40, structure=grammar),
+                 max_new_tokens=120, seed=90 + i, stop_ids=[2]) for i in range(3)]
+    engine = LLMEngine(model, num_pages=64, static_decode=True, pipeline=True)
+    ids = [engine.add_request(**r) for r in reqs]
+    tokens = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None, out.error
+            tokens[out.request_id].extend(out.new_tokens)
+        engine.check_accounting()
+    assert engine.stats()["pipelined_steps"] > 0  # with only grammar rows running
+    for rid, r in zip(ids, reqs):
+        check_schema(tok.decode(tokens[rid]))
+        assert tokens[rid] == generate(model, r["prompt_ids"], 120, r["sampling"], stop_ids=[2],
+                                       seed=r["seed"])

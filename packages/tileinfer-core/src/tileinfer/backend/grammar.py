@@ -196,6 +196,35 @@ class GrammarMatcher:
         return self.matcher.get_error()
 
 
+_executor = None
+
+
+def _parallel():
+    """llguidance's thread pool for the masks of many matchers at once (made on first use)."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = _llguidance().LLExecutor()
+        return _executor
+
+
+def fill_masks(matchers: list[GrammarMatcher], out: torch.Tensor):
+    """Each matcher's ``fill`` into row i of ``out`` (len(matchers), words) int32 CPU
+    (contiguous), computed in parallel on llguidance's threads, outside the GIL."""
+    if not matchers:
+        return
+    words = matchers[0].words
+    if out.shape != (len(matchers), words) or not out.is_contiguous() or out.dtype != torch.int32:
+        raise ValueError(f"fill_masks needs a contiguous ({len(matchers)}, {words}) int32 tensor")
+    _parallel().unsafe_compute_mask_ptr([(m.matcher, i) for i, m in enumerate(matchers)],
+                                        out.data_ptr(), words * 4, len(matchers))
+    for i, m in enumerate(matchers):
+        if m.stop_ids and m.matcher.is_accepting():
+            for t in m.stop_ids:  # the generation's own stop ids end it like EOS
+                if t < 32 * words:
+                    out[i, t // 32] |= _bit(t % 32)
+
+
 def _bit(b: int) -> int:
     """Bit b of an int32 word as a Python int in int32 range (bit 31 is the sign)."""
     return -(1 << 31) if b == 31 else 1 << b

@@ -1,17 +1,19 @@
 """Grammars (structured outputs) for the rows of a batched step: each structured request keeps a
 ``GrammarMatcher`` (``Request.grammar``, made at its first sampled token) that has taken its
-output so far. Before a step's rows are sampled, each structured row's allowed-token bitmask is
-computed on the host (while the device runs the step's forward, launched before) and its
-disallowed logits set to -inf; after the host reads a token, ``advance`` has the matcher take
-it. A request with a grammar is never pipelined (its next mask needs this token on the host),
-and a step without such rows costs nothing.
+output so far. Before a step's rows are sampled, the structured rows' allowed-token bitmasks are
+computed on the host, all at once on llguidance's threads (while the device runs the step's
+forward, launched before), copied to the device together, and the disallowed logits set to -inf
+in one operation; after the host reads a token, ``advance`` has the matcher take it. A
+pipelined step of such rows runs its forward first and is sampled once the tokens before it are
+committed (``LLMEngine``), since each next mask needs the token before it; a step without such
+rows costs nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...backend.grammar import mask_logits
+from ...backend.grammar import fill_masks, mask_logits
 
 
 def _matcher(req, k: int):
@@ -30,13 +32,16 @@ def mask_rows(logits: torch.Tensor, reqs, counters: list[int]) -> torch.Tensor:
     rows = [j for j, req in enumerate(reqs) if req.sampling.structured]
     if not rows:
         return logits
+    matchers = [_matcher(reqs[j], counters[j]) for j in rows]
+    host = torch.empty((len(rows), matchers[0].words), dtype=torch.int32,
+                       pin_memory=logits.is_cuda)
+    fill_masks(matchers, host)
+    words = host.to(logits.device, non_blocking=True)
+    if len(rows) == len(reqs):
+        return mask_logits(logits, words)
     out = logits.clone()
-    for j in rows:
-        m = _matcher(reqs[j], counters[j])
-        host = torch.zeros(1, m.words, dtype=torch.int32)
-        m.fill(host[0])
-        words = host.to(logits.device, non_blocking=True)
-        out[j:j + 1] = mask_logits(logits[j:j + 1], words)
+    index = torch.tensor(rows).to(logits.device, non_blocking=True)
+    out[index] = mask_logits(logits[index], words).to(out.dtype)
     return out
 
 

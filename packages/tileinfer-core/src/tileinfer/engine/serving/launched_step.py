@@ -14,7 +14,9 @@ from .batch_runner import SampledIds
 class LaunchedStep:
     """A launched step: its requests, their sequences' lengths before it, the rows sampled in
     it, their ids (on the device, copied to the host), the sampled rows' logits, whether it was
-    a static decode step, and the step launched after it from its ids (the successor), if any."""
+    a static decode step, and the step launched after it from its ids (the successor), if any.
+    A pipelined step of requests with grammars is launched unsampled: ``logits`` holds its
+    forward's logits until the tokens before it are committed (``LLMEngine._sample_deferred``)."""
 
     reqs: list
     starts: list[int]
@@ -23,3 +25,4 @@ class LaunchedStep:
     rows: torch.Tensor | None
     decode: bool = False
     successor: "LaunchedStep | None" = None
+    logits: torch.Tensor | None = None

@@ -20,7 +20,8 @@ runs). ``EngineThread`` runs the step loop on a background thread.
 
 Pipelining: while the scheduler is sure the next step is the same requests decoding one more
 token (``Scheduler.can_pipeline``), it is launched from the current step's sampled ids still on
-the device, and the host reads and commits the current one while the GPU runs.
+the device, and the host reads and commits the current one while the GPU runs. Requests with
+grammars are sampled after that commit (their masks need the tokens), their forward running.
 
 Faults: a step that raises fails the requests in it (pages given back, finish_reason "error")
 and the engine goes on with the others; ``add_request`` refuses bad requests (``RequestError``).
@@ -41,6 +42,7 @@ from ..runtime.runtime import runtime_of
 from .batch_grammar import advance as advance_grammar
 from .batch_runner import BatchRunner
 from .batch_sampling import sampled_logprobs
+from .engine_stats import engine_stats
 from .launched_step import LaunchedStep
 from .pool import kv_pool_pages
 from .prompt_logprobs import collect, needs_rows, report
@@ -198,8 +200,11 @@ class LLMEngine:
             self._drain()
             for req in list(self._requests.values()):
                 self._finish(req, ERROR, error=str(error))
-            if self._inflight is not None and self._inflight.ids is not None:
-                self._inflight.ids.tolist()  # waits: before its graph or pages can go away
+            flight = self._inflight
+            if flight is not None and flight.ids is not None:
+                flight.ids.tolist()  # waits: before its graph or pages can go away
+            elif flight is not None and flight.logits is not None and flight.logits.is_cuda:
+                torch.cuda.current_stream(flight.logits.device).synchronize()
             self._inflight = None
             return self._take_outputs()
 
@@ -226,6 +231,8 @@ class LLMEngine:
             if self.pipeline:
                 self._inflight = self._launch_next(flight)
             self._complete(flight)
+            if self._inflight is not None and self._inflight.logits is not None:
+                self._sample_deferred(self._inflight)
             return self._take_outputs()
 
     def _launch(self, plan) -> LaunchedStep | None:
@@ -263,7 +270,10 @@ class LLMEngine:
         starts = [len(req.seq) for req in reqs]
         try:
             logits = self.runner.run_device_ids([req.seq for req in reqs], prev.ids.ids)
-            flight = self._sample(reqs, starts, list(range(len(reqs))), logits, ahead=1)
+            if any(req.sampling.structured for req in reqs):  # sampled once prev's are taken
+                flight = LaunchedStep(reqs, starts, [], None, None, logits=logits)
+            else:
+                flight = self._sample(reqs, starts, list(range(len(reqs))), logits, ahead=1)
         except Exception:  # no room, or a fault: give the pages back, the scheduler decides
             for req, start in zip(reqs, starts):
                 self.cache.truncate(req.seq, start)
@@ -282,6 +292,20 @@ class LLMEngine:
             rows = logits if len(sampled) == len(reqs) else logits[sampled]
             ids = self.runner.sample_requests(rows, [reqs[i] for i in sampled], ahead)
         return LaunchedStep(reqs, starts, sampled, ids, rows)
+
+    def _sample_deferred(self, flight: LaunchedStep):
+        """Sample a pipelined step launched before the tokens ahead of it were committed (its
+        grammars' masks need them), for the requests still running: their forward is on the
+        device already, so the masks are computed while it runs."""
+        logits, flight.logits = flight.logits, None
+        running = [i for i, req in enumerate(flight.reqs) if req.state == RUNNING]
+        try:
+            sampled = self._sample(flight.reqs, flight.starts, running, logits)
+        except BaseException as e:
+            self._fail_step(flight.reqs, flight.starts, e)
+            self._inflight = None
+            return
+        flight.sampled, flight.ids, flight.rows = sampled.sampled, sampled.ids, sampled.rows
 
     def _complete(self, flight: LaunchedStep):
         """Read the step's tokens back and have the scheduler commit them. A successor step
@@ -355,26 +379,8 @@ class LLMEngine:
     # -- inspection ----------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Requests and pages now: running, waiting, pages_total / used / cached / free (cached
-        pages are unreferenced prefix pages, reusable or evictable), page_size, preemptions,
-        prefix-cache hit tokens, steps (pipelined_steps of them launched before the previous
-        step's tokens were read), generated tokens, tokens run through the model, graph replays
-        and eager steps."""
-        alloc, s = self.cache.allocator, self.scheduler
-        with self._inbox_lock:
-            queued = sum(kind == "add" for kind, _ in self._inbox)
-        return dict(running=len(s.running), waiting=len(s.waiting) + queued,
-                    pages_total=self.num_pages, pages_used=alloc.held - 1,
-                    pages_cached=alloc.cached, pages_free=alloc.free - alloc.cached,
-                    page_size=self.cache.page_size, pool_bytes=self.cache.nbytes,
-                    preemptions=s.preemptions,
-                    prefix_hit_tokens=0 if self.prefix is None else self.prefix.hit_tokens,
-                    prefix_query_tokens=0 if self.prefix is None else self.prefix.queried_tokens,
-                    steps=self.steps, pipelined_steps=self.pipelined_steps,
-                    generated_tokens=self.generated_tokens,
-                    computed_tokens=self.runner.tokens_run,
-                    graph_replays=self.runner.replays, eager_steps=self.runner.eager_steps,
-                    static_mixed_steps=self.runner.mixed_steps)
+        """Requests, pages and steps now (``engine_stats``)."""
+        return engine_stats(self)
 
     def check_accounting(self) -> dict:
         """AssertionError unless the pool's references match the requests' pages (see

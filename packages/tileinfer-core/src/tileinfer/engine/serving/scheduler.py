@@ -192,13 +192,13 @@ class Scheduler:
         decoding one more token each (so it may be launched before this step's tokens are
         read): nothing is ``queued`` (no request added or aborted), no waiting request could
         join, every running request is in it, and none may stop for its length or wants
-        log-probabilities (read from the step's logits) or has a grammar (its next mask needs
-        this step's token). A request that stops on a stop id
-        wastes its row of the launched step; anything else goes back to ``schedule``."""
+        log-probabilities (read from the step's logits). A request that stops on a stop id (or
+        whose grammar ends) wastes its row of the launched step; anything else goes back to
+        ``schedule``."""
         if queued or len(reqs) != len(self.running):
             return False
         if self.waiting and len(self.running) < self.max_running:
             return False
-        return not any(r.state != RUNNING or r.logprobs is not None or r.sampling.structured
+        return not any(r.state != RUNNING or r.logprobs is not None
                        or len(r.output) + 1 >= r.max_new_tokens
                        or r.num_tokens + 1 > self.max_len for r in reqs)
