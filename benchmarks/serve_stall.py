@@ -21,13 +21,18 @@ from serve_load import (emit, log, make_folder, make_prompts, spawn_server, stop
                         stream_request)
 
 
-async def big_request(host: str, port: int, megabytes: float) -> dict:
-    """One chat request of that many MB of words; its status and how long the answer took."""
+def big_body(megabytes: float) -> bytes:
+    """A chat request of that many MB of words (made before the measurement: building it takes
+    the client's loop a while)."""
     rng = random.Random(1)
     words = ["river", "stone", "field", "song", "valley", "people", "farm", "light"]
     text = " ".join(rng.choice(words) for _ in range(int(megabytes * 1e6 / 6)))
-    body = json.dumps({"messages": [{"role": "user", "content": text}],
+    return json.dumps({"messages": [{"role": "user", "content": text}],
                        "max_tokens": 4}).encode()
+
+
+async def big_request(host: str, port: int, body: bytes) -> dict:
+    """The big request; its status and how long the answer took."""
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port)
     writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -47,17 +52,21 @@ async def measure(url: str, output_len: int, megabytes: float, delay: float) -> 
     body = json.dumps({"prompt": prompt, "max_tokens": output_len, "temperature": 0,
                        "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
+    big_one = big_body(megabytes)
     stream = asyncio.create_task(stream_request(u.hostname, u.port, body, None))
     await asyncio.sleep(delay)
     sent = time.perf_counter()
-    big = await big_request(u.hostname, u.port, megabytes)
+    big = await big_request(u.hostname, u.port, big_one)
     done = time.perf_counter()
     result = await stream
     chunks = result["chunks"]
     gaps = [(b - a, a) for a, b in zip(chunks, chunks[1:])]
     before = [g for g, at in gaps if at < sent]
     during = [g for g, at in gaps if sent - 0.1 <= at <= done]
+    longest = sorted(gaps, reverse=True)[:3]
     return {"bench": "serve_stall", "stream_error": result["error"], "stream_chunks": len(chunks),
+            "longest_gaps": [{"ms": round(g * 1e3, 2), "starts_after_send_ms":
+                              round((at - sent) * 1e3, 1)} for g, at in longest],
             "big_request": big, "gaps_before": len(before),
             "longest_gap_before_ms": round(max(before) * 1e3, 2) if before else None,
             "gaps_during": len(during),
