@@ -271,7 +271,9 @@ def test_gemv_launch_defines():
     precompiles with them too)."""
     src = inspect.getsource(linear._gemv_rows)
     assert "gemv_rows_defines(" in src and "gemv_rows_tokens(n)" in src
-    assert "gemv_defines(" in inspect.getsource(linear.gemv)
+    assert "gemv_defines(" in inspect.getsource(linear._gemv_mma)
+    assert "_gemv_mma(" in inspect.getsource(linear.gemv)
+    assert "_gemv_mma(" in inspect.getsource(linear.invariant_gemv)
     d = linear.gemv_rows_defines({"rows": 2, "unroll": 4, "warps": 2, "split_k": 2}, True,
                                  "swiglu", "bf16_t", 1, True)
     assert d == {"W_INT8": 1, "EPILOGUE": 1, "OUT_DTYPE": "bf16_t", "ROUND_BF16": 0, "ROWS": 2,
@@ -387,3 +389,24 @@ def test_compile_builds_hold_the_default_decode_builds():
         m_tiles = attention.attention_decode_m_tiles(head_dim, group)
         for kv_int8, smooth in ((0, 0), (1, 0), (1, 1)):
             assert (head_dim, kv_int8, smooth, m_tiles) in fused
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("rows,k_dim,epilogue", SHAPES)
+def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, rows, k_dim, epilogue,
+                                                      int8):
+    """Batch-invariant steps: every token-tile count runs gemv.cu with the weight's 8-row
+    build's warps (what orders a row's sum), within a block's shared memory."""
+    monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
+                        SMEM_PER_BLOCK)
+    warps = tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
+    fitting = []
+    for tiles in (1, 2, 4, 8):
+        cfg = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
+        if cfg is None:  # too many token tiles for these warps: the launches take fewer
+            assert tiles > 1
+            continue
+        fitting.append(tiles)
+        assert cfg["warps"] == warps and cfg["kernel"] == "mma"
+        assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
+    assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]

@@ -169,10 +169,13 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_
     int8 = weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
-    for start in range(0, n, INVARIANT_LAUNCH_ROWS):
-        stop = min(n, start + INVARIANT_LAUNCH_ROWS)
-        token_tiles = mma_token_tiles(stop - start)
+    token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+    cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
+    while cfg is None:  # the weight's warps with this many token tiles need too much memory
+        token_tiles //= 2
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
+    for start in range(0, n, 8 * token_tiles):
+        stop = min(n, start + 8 * token_tiles)
         _gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
                   cfg, token_tiles)
 
@@ -182,11 +185,12 @@ INVARIANT_LAUNCH_ROWS = 64
 
 
 def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
-                          token_tiles: int) -> dict:
+                          token_tiles: int) -> dict | None:
     """gemv.cu's build for token_tiles tiles of a batch-invariant step: the batched table's (or
     heuristic's) stages and 16-row tiles for that many token tiles, with the warps of the
     weight's 8-row build at every count; stages, then tiles, come down until the ring fits in
-    a block's shared memory."""
+    a block's shared memory. None when even that does not fit (fewer token tiles then do: one
+    token tile always fits, as the weight's own 8-row build)."""
     warps = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
     cfg = dict(gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
                            token_tiles=token_tiles), warps=warps)
@@ -196,6 +200,8 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     while cfg.get("tiles", 1) > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue,
                                                       token_tiles) > limit:
         cfg["tiles"] //= 2
+    if token_tiles > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit:
+        return None
     return cfg
 
 
