@@ -52,6 +52,27 @@ def test_grammars_compile_once(smol):
         tok, json_schema=json.dumps(SCHEMA))
 
 
+def test_a_schema_asked_by_many_threads_at_once_compiles_once(smol, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tileinfer.backend import grammar as grammar_module
+
+    model, tok = smol
+    calls = []
+    real = grammar_module._compile
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(grammar_module, "_compile", counted)
+    schema = {"type": "object", "properties": {"threads": {"type": "integer"}},
+              "required": ["threads"], "additionalProperties": False}
+    with ThreadPoolExecutor(8) as pool:
+        grammars = list(pool.map(lambda _: compile_grammar(tok, json_schema=schema), range(16)))
+    assert len(calls) == 1 and all(g is grammars[0] for g in grammars)
+
+
 def test_unconstrained_generation_is_unchanged(smol):
     model, tok = smol
     plain = generate(model, [1, 9, 40, 7], 20, SamplingParams(1.0), stop_ids=[], seed=3)

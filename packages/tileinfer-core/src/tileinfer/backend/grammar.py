@@ -60,6 +60,7 @@ class Grammar:
 
 _ll_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _grammars: dict = {}
+_compiling: dict = {}  # key -> the lock its one compiling thread holds
 _lock = threading.Lock()
 
 
@@ -101,13 +102,25 @@ def compile_grammar(tokenizer, *, json_object: bool = False, json_schema=None,
     key = (kind, spec, id(ll_tok))
     with _lock:
         found = _grammars.get(key)
-    if found is not None and found.tokenizer is ll_tok:
-        return found
-    grammar = Grammar(kind, spec, _compile(kind, spec, ll_tok), ll_tok, id(ll_tok))
-    with _lock:
-        if len(_grammars) >= _CACHE_SIZE:
-            _grammars.pop(next(iter(_grammars)))
-        _grammars[key] = grammar
+        if found is not None and found.tokenizer is ll_tok:
+            return found
+        # One compile per key at a time: requests of one schema arriving together wait for
+        # the first one's compile instead of each compiling it.
+        gate = _compiling.setdefault(key, threading.Lock())
+    with gate:
+        with _lock:
+            found = _grammars.get(key)
+        if found is not None and found.tokenizer is ll_tok:
+            return found
+        try:
+            grammar = Grammar(kind, spec, _compile(kind, spec, ll_tok), ll_tok, id(ll_tok))
+            with _lock:
+                if len(_grammars) >= _CACHE_SIZE:
+                    _grammars.pop(next(iter(_grammars)))
+                _grammars[key] = grammar
+        finally:
+            with _lock:
+                _compiling.pop(key, None)
     return grammar
 
 
