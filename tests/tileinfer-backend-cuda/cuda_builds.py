@@ -91,6 +91,12 @@ def builds() -> list[tuple[str, dict, tuple]]:
     decode(HEAD_DIM=128, KV_INT8=1, SMOOTH=0, M_TILES=2, KV_STAGES=2, COMBINE_BATCH=32, MIN_SPLIT_TILES=4)
 
     decode(HEAD_DIM=128, KV_INT8=0, SMOOTH=0, M_TILES=2, KV_STAGES=3, PDL_TRIGGER=1)
+    # batch-invariant steps: fixed 256-key splits, every page kind, fused inputs too
+    for kv_int8, smooth in kinds:
+        decode(HEAD_DIM=128, KV_INT8=kv_int8, SMOOTH=smooth, M_TILES=2, KV_STAGES=6,
+               SPLIT_KEYS=256, PDL_TRIGGER=1)
+    decode(HEAD_DIM=64, KV_INT8=0, SMOOTH=0, M_TILES=1, KV_STAGES=6, SPLIT_KEYS=256,
+           PDL_TRIGGER=1, FUSED_INPUTS=1)
     # with the attention inputs fused (attention_with_inputs), as the ops launch them (the PDL
     # trigger after the loop), also with a one-stage ring
     for head_dim, m_tiles in shapes:
