@@ -1,11 +1,13 @@
 """The ref backend's own checks.
 
 Its two forms of attention (per sequence on the CPU, padded and sync-free on a GPU) agree on
-every case of the conformance suite, so the conformance run of ref on a GPU checks the padded
+every case of the conformance suite, in default and batch-invariant steps, so the conformance run of ref on a GPU checks the padded
 form against the per-sequence reading. Its backend-private helpers (RoPE, the KV store, the MLP
 activations), which other backends' kernel tests compare with, are checked against plain torch
 written out independently here.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -19,10 +21,11 @@ from tileinfer_backend_ref.kv import quantize_vectors, rope, store_kv
 from tileinfer_backend_ref.paged_attention import attention_padded, attention_per_sequence
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "block"])
 @pytest.mark.parametrize("case", ATTENTION_CASES, ids=str)
-def test_padded_attention_equals_per_sequence(kind, causal, case):
+def test_padded_attention_equals_per_sequence(kind, causal, case, invariant):
     q_lens, context_lens, heads, kv_heads, head_dim, page_size = case
     gen = torch.Generator().manual_seed(len(q_lens) + heads)
     q, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
@@ -35,6 +38,8 @@ def test_padded_attention_equals_per_sequence(kind, causal, case):
         cache.k[~used] = float("nan")
         cache.v[~used] = float("nan")
     step = attention_step(cu, ctx, table, max(q_lens), table.shape[1] * page_size)
+    # batch-invariant steps: the GPU form's rows over fixed chunks of keys
+    step = dataclasses.replace(step, batch_invariant=invariant)
     a, b = torch.empty_like(q), torch.empty_like(q)
     attention_per_sequence(a, q, cache.kv, step, head_dim ** -0.5, causal)
     attention_padded(b, q, cache.kv, step, head_dim ** -0.5, causal)

@@ -87,6 +87,15 @@ def _gather_pages(cache, scale_pool, pages):
     return vec
 
 
+def _keys_and_values(kv, pages):
+    """The keys (smoothing applied) and values of each sequence's pages (b, max_pages) laid end
+    to end: two (b, width, kv_heads, hd) float32 tensors."""
+    keys = _gather_pages(kv.k_cache, kv.k_scale, pages)
+    if kv.k_smooth is not None:
+        keys = keys * kv.k_smooth
+    return keys, _gather_pages(kv.v_cache, kv.v_scale, pages)
+
+
 def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens):
     """Each query row alone against its sequence's padded keys (a batch of one), masked past
     its position and zeroed where masked, exactly as a 1-token step at that position."""
@@ -97,11 +106,7 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
     ctx = step.context_lens.long()[seq_of_row]  # (n,)
     last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
     for r in range(n):
-        pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
-        keys = _gather_pages(kv.k_cache, kv.k_scale, pages)  # (1, width, kv_heads, hd)
-        values = _gather_pages(kv.v_cache, kv.v_scale, pages)
-        if kv.k_smooth is not None:
-            keys = keys * kv.k_smooth
+        keys, values = _keys_and_values(kv, step.block_table[seq_of_row[r:r + 1]].long())
         visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (width,)
         seen = visible[None, :, None, None]
         keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 2)
@@ -132,10 +137,7 @@ def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_ind
     last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
     for r in range(n):
         pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
-        keys = _gather_pages(kv.k_cache, kv.k_scale, pages)[0]  # (width, kv_heads, hd)
-        values = _gather_pages(kv.v_cache, kv.v_scale, pages)[0]
-        if kv.k_smooth is not None:
-            keys = keys * kv.k_smooth
+        keys, values = (t[0] for t in _keys_and_values(kv, pages))
         keys = torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, padded - width))
         values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, padded - width))
         visible = (key_pos <= last[r]) & (key_pos < ctx[r])  # (padded,)
@@ -187,10 +189,7 @@ def attention_padded(out, q, kv, step, scale, causal):
 
     pages = step.block_table.long()  # (batch, max_pages); padding entries are masked below
     width = pages.shape[1] * kv.k_cache.shape[1]
-    keys = _gather_pages(kv.k_cache, kv.k_scale, pages)  # (batch, width, kv_heads, hd)
-    values = _gather_pages(kv.v_cache, kv.v_scale, pages)
-    if kv.k_smooth is not None:
-        keys = keys * kv.k_smooth
+    keys, values = _keys_and_values(kv, pages)  # (batch, width, kv_heads, hd)
     key_pos = torch.arange(width, device=dev)
     visible = _visible(step.context_lens.long()[:, None, None], q_lens[:, None, None],
                        torch.arange(max_q, device=dev)[None, :, None],

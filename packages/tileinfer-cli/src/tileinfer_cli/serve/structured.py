@@ -47,11 +47,17 @@ def structure_of(served, req):
     if found is None:
         return None
     name, kwargs = found
+    return compiled(served, name, **kwargs)
+
+
+def compiled(served, param: str, what: str = "", **kwargs):
+    """``compile_grammar(served.tokenizer, **kwargs)``, or a 400 naming ``param`` (its message
+    prefixed by ``what``) when the grammar does not compile or llguidance is missing."""
     try:
         from tileinfer import GrammarError, compile_grammar
     except ImportError as e:  # pragma: no cover - the structured extra is missing
-        raise bad_request(str(e), name) from None
+        raise bad_request(str(e), param) from None
     try:
         return compile_grammar(served.tokenizer, **kwargs)
     except (GrammarError, ImportError) as e:
-        raise bad_request(str(e), name) from None
+        raise bad_request(f"{what}{e}", param) from None

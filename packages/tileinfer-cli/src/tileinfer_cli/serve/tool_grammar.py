@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 
 from .errors import bad_request
+from .structured import compiled
 from .tools import NamedToolChoice
 
 # The JSON of a call: compact (no free white space a sampled model could pad it with).
@@ -76,11 +77,4 @@ def forced_call_grammar(served, tools, choice, parallel: bool):
     if isinstance(choice, NamedToolChoice):
         tools, parallel = [t for t in tools if t.function.name == choice.function.name], False
     lark = call_lark(served.tool_parser.name, tools, served.tokenizer, parallel)
-    try:
-        from tileinfer import GrammarError, compile_grammar
-    except ImportError as e:  # pragma: no cover - the structured extra is missing
-        raise bad_request(str(e), "tool_choice") from None
-    try:
-        return compile_grammar(served.tokenizer, lark=lark)
-    except (GrammarError, ImportError) as e:
-        raise bad_request(f"the tools' call grammar does not compile: {e}", "tools") from None
+    return compiled(served, "tools", "the tools' call grammar does not compile: ", lark=lark)

@@ -185,8 +185,13 @@ class GrammarMatcher:
 
     def fill(self, out: torch.Tensor):
         self.matcher.unsafe_compute_mask_ptr(out.data_ptr(), out.numel() * out.element_size())
+        self.allow_stops(out)
+
+    def allow_stops(self, out: torch.Tensor):
+        """Set the generation's own stop ids in the mask ``out`` (words,) where the grammar
+        accepts: they end it like EOS."""
         if self.stop_ids and self.matcher.is_accepting():
-            for i in self.stop_ids:  # the generation's own stop ids end it like EOS
+            for i in self.stop_ids:
                 if i < 32 * self.words:
                     out[i // 32] |= _bit(i % 32)
 
@@ -232,10 +237,7 @@ def fill_masks(matchers: list[GrammarMatcher], out: torch.Tensor):
     _parallel().unsafe_compute_mask_ptr([(m.matcher, i) for i, m in enumerate(matchers)],
                                         out.data_ptr(), words * 4, len(matchers))
     for i, m in enumerate(matchers):
-        if m.stop_ids and m.matcher.is_accepting():
-            for t in m.stop_ids:  # the generation's own stop ids end it like EOS
-                if t < 32 * words:
-                    out[i, t // 32] |= _bit(t % 32)
+        m.allow_stops(out[i])
 
 
 def _bit(b: int) -> int:
