@@ -24,6 +24,11 @@ one JSON row per matrix with its best configuration and its time against the shi
 ``MMA_GEMV_WIDE_TABLE`` entries.
 
     python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
+
+``--mma-sweep N --invariant``: gemv.cu's batch-invariant builds (``Invariance.BATCH``) at N rows,
+the weight's warps fixed, row groups, stages, tiles and the register stream swept; per matrix the
+batched path's time (cuBLAS), the shipped invariant build's and the best, then
+``INVARIANT_GEMV_TABLE`` entries.
 """
 
 from __future__ import annotations
@@ -74,10 +79,11 @@ def step_calls(model, ops, n: int, invariant: bool | None):
     return calls
 
 
-def matrix_calls(model, ops, n: int) -> dict:
+def matrix_calls(model, ops, n: int, invariant=False) -> dict:
     """Per matrix of the step (qkv, o, gate_up, down, lm_head): callables running that product
-    for every layer at n rows, as the batched engine calls them."""
-    calls = step_calls(model, ops, n, False)
+    for every layer at n rows, as the batched engine calls them (``invariant``: the linear ops'
+    batch_invariant)."""
+    calls = step_calls(model, ops, n, invariant)
     layers = model.config.num_layers
     names = ["qkv", "o", "gate_up", "down"]
     found = {name: calls[i:4 * layers:4] for i, name in enumerate(names)}
@@ -173,6 +179,80 @@ def mma_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
+def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
+    """gemv.cu's batch-invariant builds at one matrix: the weight's warps (fixed: they order the
+    sums) x row groups x (ring stages x 16-row tiles, or the register stream's steps a round x
+    tiles), those that fit in a block."""
+    from tileinfer_backend_cuda.ops import linear
+
+    _, k_dim, int8, epilogue = key
+    configs = []
+    for groups in (1, 2, 4):
+        if groups * warps > 32:
+            continue
+        for stages in (2, 3, 4):
+            for tiles in (1, 2):
+                configs.append({"warps": warps, "groups": groups, "stages": stages,
+                                "tiles": tiles, "l2_256b": True})
+        if linear.gemv_regs({"regs": 1}, int8, linear.int8_load(k_dim)):
+            for regs in (2, 4):
+                for tiles in (1, 2):
+                    configs.append({"warps": warps, "groups": groups, "stages": 2,
+                                    "tiles": tiles, "regs": regs})
+    return [c for c in configs
+            if linear.gemv_smem_bytes(c, k_dim, int8, epilogue, token_tiles) <= SMEM_LIMIT]
+
+
+def invariant_sweep(model, n: int):
+    """--mma-sweep N --invariant: gemv.cu's batch-invariant builds at N rows per matrix, against
+    the batched path (cuBLAS above wide_max_tokens rows) and the shipped invariant build; prints
+    INVARIANT_GEMV_TABLE entries."""
+    from cuda_kernels import precompile
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda.ops import linear, tuning
+
+    ops = get_backend("cuda")
+    device = torch.cuda.current_device()
+    pdl_on = tuning.pdl(device)
+    token_tiles = tuning.mma_token_tiles(n)
+    names = ["qkv", "o", "gate_up", "down", "lm_head"]
+    sweeps, jobs = {}, {}
+    for name in names:
+        _, k_dim, int8, epilogue = key = matrix_key(model, name)
+        warps = tuning.gemv_config(key[0], k_dim, int8, epilogue, device, kernel="mma")["warps"]
+        sweeps[name] = invariant_configs(key, token_tiles, warps)
+        out = "float" if name == "lm_head" else "bf16_t"
+        for cfg in sweeps[name]:
+            defines = linear.gemv_defines(cfg, int8, linear.int8_load(k_dim), epilogue, out,
+                                          pdl_on, token_tiles)
+            jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
+    precompile(list(jobs.values()))
+    batched = matrix_calls(model, ops, n)
+    table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
+    for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
+        key = matrix_key(model, name)
+        base = time_configs(batched[name], [], None)[0][0]
+        timed = time_configs(calls, sweeps[name], lambda cfg: {"gemv": {"kernel": "mma", **cfg}})
+        shipped = timed[0][0]
+        best_s, best = min(timed[1:], key=lambda t: t[0]) if len(timed) > 1 else (shipped, None)
+        if shipped <= best_s:
+            best_s, best = shipped, None
+        for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):
+            totals[label] += seconds
+        row = dict(matrix=name, key=list(key), rows=n, batched_ms=round(base * 1e3, 4),
+                   invariant_ms=round(shipped * 1e3, 4), best_ms=round(best_s * 1e3, 4),
+                   best=best, configs=len(timed) - 1)
+        print(json.dumps(row), flush=True)
+        if best is not None:
+            table[key + (token_tiles,)] = {k: v for k, v in best.items() if k != "warps"}
+    print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
+          flush=True)
+    print("INVARIANT_GEMV_TABLE entries (the shipped build was best for the others):",
+          file=sys.stderr)
+    for key, cfg in table.items():
+        print(f"    {key}: {cfg},", file=sys.stderr)
+
+
 def _swiglu_torch(h, w, gate_up):
     torch.matmul(h, w.t(), out=gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -187,7 +267,8 @@ def main():
     p.add_argument("--int8", action="store_true", help="INT8 weights")
     p.add_argument("--rows", default="1,2,4,8,16,32,64,128")
     p.add_argument("--invariant", action="store_true",
-                   help="also time batch_invariant=True (the single-sequence calls)")
+                   help="also time batch_invariant=True (the single-sequence calls); with "
+                        "--mma-sweep, sweep the batch-invariant builds")
     p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
     p.add_argument("--mma-sweep", type=int, metavar="N",
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
@@ -196,6 +277,8 @@ def main():
     quantize = "int8" if args.int8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
     if args.mma_sweep:
+        if args.invariant:
+            return invariant_sweep(model, args.mma_sweep)
         return mma_sweep(model, args.mma_sweep)
     nbytes = linear_weight_bytes(model)
     variants = []

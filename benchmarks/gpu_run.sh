@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
 #              batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite structload stall load256
+#              finite structload stall load256 invsweep invlinear
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -127,6 +127,17 @@ for step in $steps; do
       timeout 500 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 32 \
         > "$out/sweep-8b-32.json" 2> "$out/sweep-8b-32.err"
       tail -n 8 "$out/sweep-8b-32.err" ;;
+    invsweep)  # gemv.cu's batch-invariant builds (row groups, stages, tiles) at 64 and 32 rows
+      for n in ${INV_ROWS:-64 32}; do
+        timeout 280 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep $n \
+          --invariant > "$out/invsweep-8b-$n.json" 2> "$out/invsweep-8b-$n.err"
+        tail -n 1 "$out/invsweep-8b-$n.json"; tail -n 6 "$out/invsweep-8b-$n.err"
+      done ;;
+    invlinear)  # the CUDA linear GPU tests of batch-invariant steps (row groups among them)
+      timeout 300 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py -k "invariant or wide" \
+        > "$out/invlinear.log" 2>&1
+      echo "cuda invariant linear tests: $(tail -n 1 "$out/invlinear.log")" ;;
     determinism)  # batch-invariant ops: conformance (DET_BACKENDS), the engine's tests
       for b in ${DET_BACKENDS:-ref triton cuda}; do
         timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \

@@ -410,3 +410,24 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
         assert cfg["warps"] == warps and cfg["kernel"] == "mma"
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
+
+
+def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu, monkeypatch):
+    """An INVARIANT_GEMV_TABLE entry gives stages, tiles and row groups, never warps; its groups
+    come down until the block has at most 1,024 threads and fits in shared memory."""
+    monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
+                        SMEM_PER_BLOCK)
+    key = (4096, 14336, False, "none")  # a 16-warp weight
+    warps = tuning.gemv_config(*key, 0, kernel="mma")["warps"]
+    assert warps == 16
+    monkeypatch.setitem(tuning.INVARIANT_GEMV_TABLE, key + (8,),
+                        {"groups": 4, "stages": 2, "tiles": 1, "regs": 2})
+    cfg = linear.invariant_gemv_config(*key, 0, 8)
+    assert cfg["warps"] == warps and cfg["groups"] == 2 and cfg["regs"] == 2
+    monkeypatch.setitem(tuning.INVARIANT_GEMV_TABLE, key + (8,),
+                        {"groups": 2, "stages": 4, "tiles": 2, "l2_256b": True})
+    cfg = linear.invariant_gemv_config(*key, 0, 8)
+    assert cfg["warps"] == warps
+    assert linear.gemv_smem_bytes(cfg, key[1], False, "none", 8) <= SMEM_PER_BLOCK - 1024
+    assert linear.gemv_defines(cfg, False, 16, "none", "bf16_t", False, 8).get(
+        "GROUPS", 1) == cfg["groups"]

@@ -66,6 +66,47 @@ def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
     assert loaded_modules("gemv.cu", NT=tuning.mma_token_tiles(n)), "gemv.cu did not run"
 
 
+# --- batch-invariant steps: row groups change which rows share a block, never a row's bits ---------
+
+
+@pytest.mark.parametrize("cfg", [{"groups": 2, "stages": 3, "tiles": 2, "l2_256b": True},
+                                 {"groups": 4, "stages": 2, "tiles": 1},
+                                 {"groups": 4, "regs": 2, "tiles": 2}],
+                         ids=["g2s3t2", "g4s2t1", "g4t2-regs2"])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_invariant_row_groups_match_one_row_steps(cuda, ref, cfg, int8):
+    """gemv.cu with row groups (GROUPS) at 37 and 64 rows: every row of the linear and the SwiGLU
+    bitwise equal to its 1-row step on a one-group build of the same warps (3000 rows: the last
+    block's groups partly past O), and close to ref."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    batch = Invariance.BATCH
+    g = torch.Generator().manual_seed(5)
+    out_f, in_f = 3000, 4096
+    w, scale = weight(2 * out_f, in_f, g, int8)
+    wo, so = w[:out_f], None if scale is None else scale[:out_f]
+    one_group = {"gemv": {"kernel": "mma", "warps": 8, "stages": 2}}
+    for n in (37, 64):
+        x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+        out, act = (torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
+                    for _ in range(2))
+        scratch = torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV)
+        with _experiment({"gemv": {"kernel": "mma", "warps": 8, **cfg}}):
+            cuda.linear(out, x, wo, so, batch_invariant=batch)
+            cuda.linear_swiglu(act, x, w, scale, scratch, batch_invariant=batch)
+        assert loaded_modules("gemv.cu", GROUPS=cfg["groups"]), "no row-group build ran"
+        with _experiment(one_group):
+            for j in range(n):
+                one = torch.empty(1, out_f, dtype=torch.bfloat16, device=DEV)
+                cuda.linear(one, x[j:j + 1], wo, so, batch_invariant=batch)
+                assert torch.equal(one[0], out[j]), f"linear row {j} of {n} differs"
+                cuda.linear_swiglu(one, x[j:j + 1], w, scale, scratch[:1], batch_invariant=batch)
+                assert torch.equal(one[0], act[j]), f"swiglu row {j} of {n} differs"
+        expected = torch.empty_like(out)
+        ref.linear(expected, x, wo, so)
+        assert_close(out, expected, torch.bfloat16)
+
+
 # --- model-sized shapes --------------------------------------------------------------------------
 
 

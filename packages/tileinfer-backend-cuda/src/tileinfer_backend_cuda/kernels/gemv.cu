@@ -33,12 +33,18 @@
 // loop unrolled by two so that neither is copied); the x chunks of a step are read when its
 // mma's run (__ldg: L1 hits after the first warp). Same fragments, same k order per warp.
 //
+// GROUPS > 1 puts GROUPS groups of WARPS warps in a block, each group on its own 16 * TILES
+// rows: warp w of every group walks the same K steps at the same pace, so each step's x chunks
+// come from L2 once per block and from L1 for the other groups (x's L2 traffic divided by
+// GROUPS, what batched steps of 32-64 rows are short of). A row's sum is the same as with one
+// group: groups change which rows share a block, not the order of any sum.
+//
 // The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
 // reused once every copy has landed (the dynamic size is the larger of the two, gemv_smem_bytes
 // in ops/linear.py; with REGS only the partial sums).
 //
-// Grid: ceil(O / (16 * TILES)) blocks of 16 * TILES output rows (for SwiGLU, gate rows j and up
-// rows O + j in one block); block: WARPS * 32 threads; dynamic shared memory:
+// Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (for SwiGLU,
+// gate rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads; dynamic shared memory:
 // gemv_smem_bytes() in ops/linear.py.
 //
 // Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
@@ -48,7 +54,7 @@
 // so step 0 waits for the whole prologue, issued at once. Every output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
-// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
+// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), GROUPS (row groups of a block), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
 // bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, REGS (0: the ring;
 // else steps per register round, 16-byte weight chunks only), PDL (0/1).
 #include "common.cuh"
@@ -86,11 +92,15 @@
 #ifndef PDL
 #define PDL 0
 #endif
+#ifndef GROUPS
+#define GROUPS 1
+#endif
 typedef OUT_DTYPE out_t;
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int WT = MATS * TILES;             // 16-row weight tiles a warp streams
-constexpr int BLOCK_ROWS = 16 * TILES;       // output rows of a block
+constexpr int GROUP_ROWS = 16 * TILES;       // output rows of a group of WARPS warps
+constexpr int THREADS = GROUPS * WARPS * 32;
 constexpr int TOKENS = 8 * NT;               // token slots
 // k covered by one lane's chunk, and by one warp step (4 lanes side by side).
 constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
@@ -146,14 +156,16 @@ __device__ __forceinline__ void step_mma(float (&acc)[4], const Frag& f, const u
                        px[2 * j + 1]);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(THREADS)
 gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restrict__ w,
      const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
      float alpha_n, float beta, float eps) {
     extern __shared__ uint4 ring[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;  // wid: the warp in the block
+    const int group = wid / WARPS, warp = wid % WARPS;              // warp: its place in K
     const int g = lane >> 2, t = lane & 3;
-    const int row_base = blockIdx.x * BLOCK_ROWS;
+    const int block_base = blockIdx.x * GROUPS * GROUP_ROWS;
+    const int row_base = block_base + group * GROUP_ROWS;
     // Token slots past n read token n - 1 again; their sums are dropped.
     const bf16_t* xrow[NT];
 #pragma unroll
@@ -242,7 +254,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     }
     __syncthreads();  // the ring's shared memory holds the partial sums from here on
 #else
-    uint4* my_ring = ring + (i64)warp * STAGES * PARTS * 32 + lane;
+    uint4* my_ring = ring + (i64)wid * STAGES * PARTS * 32 + lane;
     const u32 my_ring_addr = smem_addr(my_ring);
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
@@ -312,11 +324,12 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
 #endif
 
-    // partial[warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank conflicts).
+    // partial[group][warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank
+    // conflicts).
     constexpr int PAD = TOKENS + 1;
     float* partial = reinterpret_cast<float*>(ring);
-    auto at = [&](int wi, int m, int r, int tok) -> float& {
-        return partial[((wi * WT + m) * 16 + r) * PAD + tok];
+    auto at = [&](int gi, int wi, int m, int r, int tok) -> float& {
+        return partial[(((gi * WARPS + wi) * WT + m) * 16 + r) * PAD + tok];
     };
 
     // Accumulator layout: acc[m][j][0..1] = row g, tokens 8 j + 2t, + 1; acc[m][j][2..3] = row
@@ -326,24 +339,26 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int tok = 8 * j + 2 * t;
-            at(warp, m, g, tok) = acc[m][j][0];
-            at(warp, m, g, tok + 1) = acc[m][j][1];
-            at(warp, m, g + 8, tok) = acc[m][j][2];
-            at(warp, m, g + 8, tok + 1) = acc[m][j][3];
+            at(group, warp, m, g, tok) = acc[m][j][0];
+            at(group, warp, m, g, tok + 1) = acc[m][j][1];
+            at(group, warp, m, g + 8, tok) = acc[m][j][2];
+            at(group, warp, m, g + 8, tok + 1) = acc[m][j][3];
         }
     __syncthreads();
 
-    // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads write
+    // Thread idx -> (token idx / block rows, row idx % block rows): consecutive threads write
     // consecutive rows.
-    for (int idx = threadIdx.x; idx < BLOCK_ROWS * TOKENS; idx += WARPS * 32) {
-        const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS, row = row_base + r;
+    constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * TOKENS; idx += THREADS) {
+        const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
+        const int gi = idx % BLOCK_ROWS / GROUP_ROWS, r = idx % GROUP_ROWS;
         if (tok >= n || row >= O) continue;
         float v[MATS];
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
             float s = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) s += at(wi, m * TILES + r / 16, r % 16, tok);
+            for (int wi = 0; wi < WARPS; ++wi) s += at(gi, wi, m * TILES + r / 16, r % 16, tok);
 #if W_INT8
             s *= w_scale[(i64)m * O + row];
 #endif

@@ -37,7 +37,7 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise
-from .tuning import (gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens,
+from .tuning import (INVARIANT_GEMV_TABLE, experiments, gemv_config, gemv_rows_split, gemv_rows_tile, gemv_rows_tokens,
                      cublaslt_max_tokens, mma_token_tiles, pdl, rows_lane_k,
                      wide_max_tokens)
 
@@ -72,22 +72,24 @@ def gemv_regs(config: dict, int8: bool, load: int) -> int:
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1) -> int:
-    """gemv.cu's ring: WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per 16-row
-    tile (tiles per matrix x matrices) + the x chunks of every token tile; none with REGS."""
+    """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per
+    16-row tile (tiles per matrix x matrices) + the x chunks of every token tile; none with
+    REGS."""
     if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
     lane_k = int8_load(k_dim) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     parts = 2 * tiles + lane_k // 8 * token_tiles
-    return config["warps"] * config["stages"] * parts * 32 * 16
+    return config.get("groups", 1) * config["warps"] * config["stages"] * parts * 32 * 16
 
 
 def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1) -> int:
     """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
-    [WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
+    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    partial = config["warps"] * tiles * 16 * (8 * token_tiles + 1) * 4
+    warps = config.get("groups", 1) * config["warps"]
+    partial = warps * tiles * 16 * (8 * token_tiles + 1) * 4
     return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles))
 
 
@@ -104,6 +106,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
+    if cfg.get("groups", 1) > 1:
+        defines["GROUPS"] = cfg["groups"]
     regs = gemv_regs(cfg, int8, load)
     if regs:
         defines["REGS"] = regs  # the weight through registers, not the ring
@@ -155,7 +159,8 @@ def _gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_t
     defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
                            DTYPE_NAMES[out.dtype], pdl_on, token_tiles)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
-    k.launch((cdiv(o_rows, 16 * defines["TILES"]),), (cfg["warps"] * 32,),
+    groups = cfg.get("groups", 1)
+    k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
              gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles), pdl=pdl_on)
 
@@ -186,15 +191,23 @@ INVARIANT_LAUNCH_ROWS = 64
 
 def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
                           token_tiles: int) -> dict | None:
-    """gemv.cu's build for token_tiles tiles of a batch-invariant step: the batched table's (or
-    heuristic's) stages and 16-row tiles for that many token tiles, with the warps of the
-    weight's 8-row build at every count; stages, then tiles, come down until the ring fits in
-    a block's shared memory. None when even that does not fit (fewer token tiles then do: one
-    token tile always fits, as the weight's own 8-row build)."""
+    """gemv.cu's build for token_tiles tiles of a batch-invariant step: INVARIANT_GEMV_TABLE's
+    (else the batched table's or heuristic's) stages, 16-row tiles and row groups for that many
+    token tiles, with the warps of the weight's 8-row build at every count; row groups, stages,
+    then tiles come down until a block has at most 1,024 threads and fits in shared memory. None
+    when even that does not fit (fewer token tiles then do: one token tile always fits, as the
+    weight's own 8-row build)."""
     warps = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
-    cfg = dict(gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
-                           token_tiles=token_tiles), warps=warps)
+    entry = INVARIANT_GEMV_TABLE.get((o_rows, k_dim, bool(int8), epilogue, token_tiles))
+    if entry is None or experiments["gemv"]:
+        entry = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
+                            token_tiles=token_tiles)
+    cfg = dict(entry, warps=warps)
     limit = smem_limit(device) - 1024  # room for the static shared memory
+    while cfg.get("groups", 1) > 1 and (
+            cfg["groups"] * warps > 32
+            or gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit):
+        cfg["groups"] //= 2
     while cfg["stages"] > 2 and gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit:
         cfg["stages"] -= 1
     while cfg.get("tiles", 1) > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue,

@@ -12,7 +12,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"gemv"``: decode GEMV settings that replace the tables' for every shape: ``"kernel"``
   (``"rows"``, gemv_rows.cu; ``"mma"``, gemv.cu; the default is per weight,
   ``single_sequence_family``) and that family's keys (rows: rows, unroll, warps, split_k; mma:
-  warps, stages, l2_256b, tiles, regs);
+  warps, stages, l2_256b, tiles, regs, groups);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
   ``"decode_m_tiles"`` (1 or 2);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
@@ -36,7 +36,7 @@ from .common import GEMV_MAX_TOKENS, cdiv, num_sms
 
 EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
 _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
-_MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs"})
+_MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
@@ -221,6 +221,15 @@ MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (14336, 4096, True, 'swiglu', 8): {'warps': 4, 'stages': 2, 'tiles': 2, 'l2_256b': True},
     (4096, 14336, True, 'none', 8): {'warps': 4, 'stages': 3, 'tiles': 2, 'l2_256b': True},
     (128256, 4096, True, 'none', 8): {'warps': 4, 'stages': 2, 'tiles': 4, 'l2_256b': True},
+}
+
+
+# gemv.cu's builds for batch-invariant steps of 9..64 rows (token tiles 2, 4, 8) per weight shape
+# and token tiles: stages, tiles, regs and row groups (GROUPS) only, since the warps that split K
+# are the weight's own 8-row build's at every row count (ops/linear.py invariant_gemv_config).
+# The winners of `benchmarks/batched_linear.py --mma-sweep N --invariant`; other shapes get the
+# batched table's or gemv_heuristic's stages and tiles.
+INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 }
 
 
