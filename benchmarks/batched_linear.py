@@ -191,12 +191,12 @@ def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
         if groups * warps > 32:
             continue
         for stages in (2, 3, 4):
-            for tiles in (1, 2):
+            for tiles in (1, 2, 4):
                 configs.append({"warps": warps, "groups": groups, "stages": stages,
                                 "tiles": tiles, "l2_256b": True})
         if linear.gemv_regs({"regs": 1}, int8, linear.int8_load(k_dim)):
-            for regs in (2, 4):
-                for tiles in (1, 2):
+            for regs in (1, 2, 4):
+                for tiles in (1, 2, 4):
                     configs.append({"warps": warps, "groups": groups, "stages": 2,
                                     "tiles": tiles, "regs": regs})
     return [c for c in configs
