@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from tileinfer import load_tokenizer
 from tileinfer.engine.serving.request import RequestOutput
@@ -89,10 +88,10 @@ def scripted_server(folder: Path, tool_parser: str = "auto"):
 
     tokenizer = load_tokenizer(folder)
     template = ServedTemplate(folder)
-    model = SimpleNamespace(max_len=4096, config=SimpleNamespace(vocab_size=tokenizer.vocab_size))
-    served = ServedModel(folder.name, folder, model, tokenizer, SamplingDefaults.of_folder(folder),
+    served = ServedModel(folder.name, folder, tokenizer, SamplingDefaults.of_folder(folder),
                          template, [tokenizer.eos_token_id], False,
-                         served_tool_parser(tool_parser, template, tokenizer))
+                         served_tool_parser(tool_parser, template, tokenizer),
+                         max_len=4096, vocab_size=tokenizer.vocab_size, backend="scripted")
     engine = ScriptedEngine(tokenizer)
     port = free_port()
     config = uvicorn.Config(build_app(Server(served, engine)), host="127.0.0.1", port=port,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,15 @@ def test_models_and_health(server, client, http):
     assert models[0].sampling_defaults == {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
                                            "from_generation_config": []}
     assert "sampling defaults: temperature 1, top_p 1 (OpenAI's" in server.output()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_the_engine_runs_in_a_process_of_its_own(server):
+    pid = server.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    commands = [Path(f"/proc/{child}/cmdline").read_text() for child in children]
+    # the engine (multiprocessing's spawned child), beside multiprocessing's resource tracker
+    assert sum("spawn_main" in c for c in commands) == 1, commands
 
 
 def test_an_omitted_temperature_samples_at_1(folder, client, offline):

@@ -24,7 +24,8 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
                      calibrate_key_smoothing, forward, forward_batch, generate, generate_into,
                      key_smoothing_from_calibration, kv_bytes_per_token, load_dflash,
                      memory_report, new_cache, prepare_step, static_metadata)
-from .engine import (BatchRunner, EngineThread, LLMEngine, ModelRuntime,
+from .engine import (BatchRunner, EngineGone, EngineParts, EngineProcess, EngineThread,
+                     LLMEngine, ModelRuntime,
                      NonFiniteLogitsError, PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
                      runner_for, runtime_of, warm_up)
 

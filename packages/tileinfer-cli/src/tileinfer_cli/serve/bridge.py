@@ -1,6 +1,7 @@
-"""The engine on its own thread, and the asyncio loop's side of it.
+"""The engine's step loop (in its own process, or on a thread), and the asyncio loop's side of it.
 
-The engine steps on the ``EngineThread``; its ``on_output`` callback only timestamps each output
+The engine steps in an ``EngineProcess`` (whose reader thread hands over its outputs) or on an
+``EngineThread``; its ``on_output`` callback only timestamps each output
 and appends it to a deque, and asks the loop (``call_soon_threadsafe``) to flush once for however
 many outputs arrive before the loop gets to it: one wake-up per engine step at most, fewer when
 the loop is busy. The step loop never waits for the HTTP side. On the loop, ``_flush`` gives each
@@ -42,10 +43,13 @@ class EngineBridge:
         self._last_output = self._step_began = 0.0  # the engine thread's, as perf_counter
 
     def start(self, loop: asyncio.AbstractEventLoop):
-        from tileinfer import EngineThread
+        from tileinfer import EngineProcess, EngineThread
 
         self.loop = loop
-        self.thread = EngineThread(self.engine, self._on_output).start()
+        if isinstance(self.engine, EngineProcess):  # it steps in its own process
+            self.thread = self.engine.start_outputs(self._on_output)
+        else:
+            self.thread = EngineThread(self.engine, self._on_output).start()
         self._sweeper = loop.create_task(self._sweep())
 
     def stop(self):
@@ -105,13 +109,19 @@ class EngineBridge:
                            code="queue_full", headers={"Retry-After": "1"})
 
     def submit(self, job):
-        """Add each prompt's first choice (all the choices when n == 1); RequestError -> 400."""
-        from tileinfer import RequestError
+        """Add each prompt's first choice (all the choices when n == 1); RequestError -> 400,
+        an ended engine process -> 503."""
+        from tileinfer import EngineGone, RequestError
 
         added = []
         for leader in job.leaders:
             try:
                 leader.rid = self.thread.add_request(**job.engine_args(leader))
+            except EngineGone as e:
+                for choice in added:
+                    self.forget(choice, abort=True)
+                self.metrics.outcome("error")
+                raise APIError(503, f"the engine is not running: {e}", "server_error") from None
             except RequestError as e:
                 for choice in added:
                     self.forget(choice, abort=True)
@@ -125,13 +135,13 @@ class EngineBridge:
 
     def add_choices(self, job, choices):
         """The other choices of a prompt whose first choice's prompt is now cached."""
-        from tileinfer import RequestError
+        from tileinfer import EngineGone, RequestError
 
         job.deferred -= len(choices)
         for choice in choices:
             try:
                 choice.rid = self.thread.add_request(**job.engine_args(choice))
-            except RequestError as e:  # as the first choice's, so not expected
+            except (RequestError, EngineGone) as e:  # as the first choice's, so not expected
                 job.fail(APIError(500, f"choice {choice.index} was refused: {redact(str(e))}",
                                   "server_error"), "error")
                 return
@@ -143,7 +153,10 @@ class EngineBridge:
             return
         self._choices.pop(choice.rid, None)
         if abort:
-            self.thread.abort(choice.rid)
+            try:
+                self.thread.abort(choice.rid)
+            except Exception:  # noqa: BLE001 - an ended engine process has nothing to abort
+                pass
 
     def job_ended(self, job):
         self.jobs.discard(job)

@@ -11,12 +11,12 @@ import signal
 import sys
 
 from ..errors import UserError
-from ..options import add_model_options, kv_cache_from
+from ..options import add_model_options
 from ..parsing import INT32_MAX, float_range, int_range
 
 EPILOG = """\
-One model per server process (default: the embedded SmolLM2-135M-Instruct), on the batched
-engine. Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed or not),
+One model per server (default: the embedded SmolLM2-135M-Instruct), on the batched engine,
+which runs in a process of its own. Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed or not),
 GET /v1/models, GET /health, GET /metrics (Prometheus).
 
 examples:
@@ -93,6 +93,10 @@ def add_parser(sub, formatter):
                    help="on the CPU: KV positions in the pool (default 32768)")
     e.add_argument("--no-prefix-caching", action="store_true",
                    help="do not share the pages of common prompt prefixes")
+    e.add_argument("--no-engine-process", action="store_true",
+                   help="step the engine on a thread of the server's process instead of a "
+                        "process of its own (less memory and start-up time; slower steps under "
+                        "many streams, which share the interpreter with the HTTP side)")
     p.set_defaults(func=run)
 
 
@@ -161,31 +165,26 @@ def run(args, out):
               "can reach this port can use the model", file=sys.stderr)
     import uvicorn
 
-    from tileinfer import LLMEngine
-
     from .app import Server, build_app
+    from .engine_build import start_engine
     from .loading import load_served
 
     served = load_served(args)
-    kv_quantize, key_smoothing = kv_cache_from(args, served.model)
-    engine = LLMEngine(served.model, max_running=args.max_running,
-                       max_step_tokens=args.max_step_tokens,
-                       prefix_caching=not args.no_prefix_caching, kv_quantize=kv_quantize,
-                       key_smoothing=key_smoothing, memory_fraction=args.memory_fraction,
-                       cpu_tokens=args.kv_tokens)
+    engine = start_engine(args, served)
     check_pool_fits_max_len(engine, served.max_len)
     if args.kv_tokens is not None and args.kv_tokens < served.max_len:
         print(f"tileinfer: note: --kv-tokens {args.kv_tokens} is less than one --max-len "
               f"{served.max_len} sequence; the KV pool holds "
               f"{engine.stats()['pages_total'] * engine.stats()['page_size']} positions",
               file=sys.stderr)
-    engine.warmup()
+    if args.no_engine_process:
+        engine.warmup()  # an engine process captured its graphs before it reported
     server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
                     queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes,
                     allowed_origins=args.allowed_origins, metrics_public=args.metrics_public)
     stats = engine.stats()
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
-          f"backend {served.model.ops.name}, max_len {served.max_len}, "
+          f"backend {served.backend}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
           f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}; "
           f"tool calls: {served.tool_parser.name if served.tool_parser else 'not read'}",

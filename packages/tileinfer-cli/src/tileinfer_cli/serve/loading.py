@@ -21,23 +21,24 @@ from .template import ServedTemplate
 
 @dataclass
 class ServedModel:
+    """What the HTTP side knows of the served model (the weights are the engine's, which may
+    run in a process of its own)."""
+
     name: str  # the id clients name in "model" and /v1/models lists
     folder: Path
-    model: object  # tileinfer.Model
     tokenizer: object  # tileinfer.Tokenizer
     defaults: object  # SamplingDefaults: what requests that leave sampling out get
     template: object  # ServedTemplate: the chat template, read at start-up
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
     tool_parser: object = None  # tool_parsers.ToolParser of its tool-call format, or None
+    max_len: int = 0  # the engine's, set once it is built (with_engine)
+    vocab_size: int = 0
+    backend: str = ""
 
-    @property
-    def max_len(self) -> int:
-        return self.model.max_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
+    def with_engine(self, max_len: int, vocab_size: int, backend: str) -> "ServedModel":
+        self.max_len, self.vocab_size, self.backend = max_len, vocab_size, backend
+        return self
 
 
 def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize, allow_long: bool,
@@ -58,24 +59,14 @@ def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize,
 
 
 def load_served(args) -> ServedModel:
-    from tileinfer import generation_defaults, load_model, load_tokenizer, resolve_model_dir
-    from tileinfer.backend import default_backend_name
+    """Everything of the served model but its weights: the tokenizer, the chat template, the
+    sampling defaults (the engine's limits come with_engine)."""
+    from tileinfer import generation_defaults, load_config, load_tokenizer, resolve_model_dir
 
-    set_threads(args)
     folder = resolve_model_dir(args.model)
-    backend = args.backend or default_backend_name()
-    dtype = resolve_dtype(args.dtype, backend)
-    quantize = "int8" if args.int8 else None
     tokenizer = load_tokenizer(folder)
-    _prepare_grammars(tokenizer)
-    if args.load_format == "dummy":
-        model = load_dummy(folder, dtype, backend, args.max_len, quantize,
-                           args.allow_long_context, args.deterministic)
-    else:
-        model = load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
-                           quantize=quantize, allow_long=args.allow_long_context,
-                           batch_invariant=args.deterministic)
-    _, stop_ids = generation_defaults(folder, model.config)
+    prepare_grammars(tokenizer)
+    _, stop_ids = generation_defaults(folder, load_config(folder))
     try:
         defaults = SamplingDefaults.of_folder(folder)
     except ValueError as e:
@@ -83,12 +74,29 @@ def load_served(args) -> ServedModel:
     name = args.served_model_name or (args.model if args.model and not Path(args.model).exists()
                                       else folder.name)
     template = ServedTemplate(folder)
-    return ServedModel(name, folder, model, tokenizer, defaults, template, list(stop_ids),
+    return ServedModel(name, folder, tokenizer, defaults, template, list(stop_ids),
                        args.load_format == "dummy",
                        served_tool_parser(args.tool_parser, template, tokenizer))
 
 
-def _prepare_grammars(tokenizer):
+def load_weights(args, folder: Path):
+    """The served model (tileinfer.Model): the folder's weights, or random ones (dummy)."""
+    from tileinfer import load_model
+    from tileinfer.backend import default_backend_name
+
+    set_threads(args)
+    backend = args.backend or default_backend_name()
+    dtype = resolve_dtype(args.dtype, backend)
+    quantize = "int8" if args.int8 else None
+    if args.load_format == "dummy":
+        return load_dummy(folder, dtype, backend, args.max_len, quantize,
+                          args.allow_long_context, args.deterministic)
+    return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
+                      quantize=quantize, allow_long=args.allow_long_context,
+                      batch_invariant=args.deterministic)
+
+
+def prepare_grammars(tokenizer):
     """Build llguidance's view of the tokenizer (about 0.2 s for SmolLM2's) on a thread while
     the model loads, so that the first request with a grammar does not wait for it; nothing
     without the structured extra. A tokenizer it cannot take is reported by such a request."""

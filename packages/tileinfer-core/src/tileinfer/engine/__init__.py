@@ -22,6 +22,7 @@ from .runtime.finite import NonFiniteLogitsError
 from .runtime.runtime import ModelRuntime, PoolBusyError, runtime_of
 from .serving.batch import generate_batch
 from .serving.batch_runner import BatchRunner
+from .serving.engine_process import EngineGone, EngineParts, EngineProcess
 from .serving.engine_thread import EngineThread
 from .serving.llm_engine import LLMEngine
 from .serving.pool import kv_pool_pages
