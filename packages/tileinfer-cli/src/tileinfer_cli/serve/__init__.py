@@ -4,7 +4,9 @@ Starlette, uvicorn, pydantic, prometheus-client).
 One concept per module:
 
     command.py    the subcommand's options and its run(): load, build the engine, serve
-    loading.py    the served model: a folder's weights, or random weights of its shape (dummy)
+    loading.py    the served model: its tokenizer, template and defaults; its weights (a folder's,
+                  or random ones of its shape: dummy)
+    engine_build.py  the engine: in a process of its own (EngineProcess) or on a thread
     schemas.py    pydantic models of the requests and responses
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input
@@ -14,7 +16,7 @@ One concept per module:
     validation.py a request body -> its pydantic model, or one 400 naming the parameter
     prepare.py    a validated request -> prompt ids and engine arguments (checks, 400s)
     tokenizing.py /tokenize and /detokenize
-    bridge.py     the engine on its thread, handing each step's outputs to the asyncio loop
+    bridge.py     the engine's step loop handing each step's outputs to the asyncio loop
     jobs.py       one HTTP request's choices: detokenizing, stop strings, events to await
     text.py       a choice's incremental text (no split UTF-8 characters, stop strings)
     chunks.py     SSE chunks and final responses as JSON
