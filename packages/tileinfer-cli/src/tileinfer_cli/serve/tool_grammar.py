@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 
+from tileinfer.backend.schema_numbers import bounded_numbers
+
 from .errors import bad_request
 from .structured import compiled
 from .tools import NamedToolChoice
@@ -49,7 +51,7 @@ def _literal(tokenizer, text: str) -> str:
 def call_lark(format_name: str, tools, tokenizer, parallel: bool) -> str:
     """The Lark grammar of an answer of calls to ``tools`` (at least one) in a format."""
     key = _ARGUMENT_KEY[format_name]
-    schemas = [_call_schema(t, key) for t in tools]
+    schemas = [bounded_numbers(_call_schema(t, key)) for t in tools]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     rules = [f"call: %json {json.dumps({**schema, 'x-guidance': _COMPACT})}"]
     if format_name == "llama3":

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .schema_numbers import bounded_numbers
+
 KINDS = ("json_object", "json_schema", "regex", "lark")
 _CACHE_SIZE = 256
 # Compact JSON, no free whitespace: a sampled model cannot pad its output with blanks.
@@ -142,8 +144,9 @@ def _compile(kind: str, spec: str, ll_tok) -> str:
     try:
         if kind == "json_object":
             grammar = M.grammar_from_json_schema('{"type":"object"}', defaults=_JSON_OPTIONS)
-        elif kind == "json_schema":
-            grammar = M.grammar_from_json_schema(spec, defaults=_JSON_OPTIONS)
+        elif kind == "json_schema":  # numbers with at most 6 fraction digits: schema_numbers
+            schema = json.dumps(bounded_numbers(json.loads(spec)))
+            grammar = M.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
         elif kind == "regex":
             grammar = M.grammar_from_regex(spec)
         else:
