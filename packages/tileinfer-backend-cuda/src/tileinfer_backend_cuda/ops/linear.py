@@ -202,7 +202,7 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     if entry is None or experiments["gemv"]:
         entry = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
                             token_tiles=token_tiles)
-    cfg = dict(entry, warps=warps)
+    cfg = dict(entry, warps=warps, kernel="mma")
     limit = smem_limit(device) - 1024  # room for the static shared memory
     while cfg.get("groups", 1) > 1 and (
             cfg["groups"] * warps > 32
