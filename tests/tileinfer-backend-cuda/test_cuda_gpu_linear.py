@@ -69,15 +69,16 @@ def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
 # --- batch-invariant steps: row groups change which rows share a block, never a row's bits ---------
 
 
-@pytest.mark.parametrize("cfg", [{"groups": 2, "stages": 3, "tiles": 2, "l2_256b": True},
-                                 {"groups": 4, "stages": 2, "tiles": 1},
-                                 {"groups": 4, "regs": 2, "tiles": 2}],
-                         ids=["g2s3t2", "g4s2t1", "g4t2-regs2"])
+@pytest.mark.parametrize("cfg", [{"groups": 2, "stages": 2, "tiles": 1, "l2_256b": True},
+                                 {"groups": 2, "regs": 2, "tiles": 1},
+                                 {"groups": 4, "regs": 1, "tiles": 1}],
+                         ids=["g2s2t1", "g2t1-regs2", "g4t1-regs1"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_invariant_row_groups_match_one_row_steps(cuda, ref, cfg, int8):
     """gemv.cu with row groups (GROUPS) at 37 and 64 rows: every row of the linear and the SwiGLU
     bitwise equal to its 1-row step on a one-group build of the same warps (3000 rows: the last
-    block's groups partly past O), and close to ref."""
+    block's groups partly past O), and close to ref. (Builds that would not fit in a block get
+    fewer groups, the SwiGLU's 4-group one among them.)"""
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
