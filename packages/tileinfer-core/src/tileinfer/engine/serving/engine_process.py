@@ -23,7 +23,8 @@ the engine stops) and ends when told to or when the pipe closes (the parent is g
 
 The parent checks each request as ``LLMEngine.add_request`` does (``check_request``, with the
 limits the child reported), so a RequestError is raised at once in the caller's thread; then it
-numbers the request and sends it. A reader thread receives the child's messages and hands each
+numbers the request and queues it for a sender thread (the caller, a server's event loop, never
+waits for the child to read a long prompt). A reader thread receives the child's messages and hands each
 output to ``on_output``. ``stats()["waiting"]`` counts the requests sent that the child has not
 taken yet. If the child dies, every unfinished request is failed (finish reason "error") and
 further requests are refused with ``EngineGone``.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -70,7 +72,9 @@ class EngineProcess:
         self.on_output: Callable[[RequestOutput], None] | None = None
         self._conn = self._process = self._reader = None
         self._ids = itertools.count()
-        self._send_lock = threading.Lock()
+        self._id_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # commands for the sender thread
+        self._sender = None
         self._live: set[int] = set()  # sent and not finished
         self._sent = 0  # add commands sent
         self._report: dict = {}  # the child's last stats
@@ -103,6 +107,9 @@ class EngineProcess:
             self._kill()
             raise RuntimeError(message[1])
         _, self.limits, self.info, self._report = message
+        self._sender = threading.Thread(target=self._send_all, name="tileinfer-engine-sender",
+                                        daemon=True)
+        self._sender.start()
         return self
 
     def start_outputs(self, on_output: Callable[[RequestOutput], None]) -> "EngineProcess":
@@ -116,10 +123,9 @@ class EngineProcess:
     def stop(self, timeout: float | None = None):
         """End the child (its engine fails what is left) and wait for it."""
         self._stopping = True
-        try:
-            self._send(("stop",))
-        except EngineGone:
-            pass
+        self._outbox.put(("stop",))  # wakes the sender even when the child is gone
+        if self._sender is not None:
+            self._sender.join(timeout)
         if self._process is not None:
             self._process.join(timeout)
             if self._process.is_alive():
@@ -150,11 +156,11 @@ class EngineProcess:
         if structure is not None:  # llguidance's tokenizer stays here; the child has its own
             args["sampling"] = dataclasses.replace(
                 args["sampling"], structure=dataclasses.replace(structure, tokenizer=None))
-        with self._send_lock:
+        with self._id_lock:
             rid = next(self._ids)
             self._live.add(rid)
             self._sent += 1
-            self._send(("add", rid, args), locked=True)
+        self._send(("add", rid, args))
         return rid
 
     def abort(self, request_id: int) -> bool:
@@ -163,17 +169,22 @@ class EngineProcess:
         self._send(("abort", request_id))
         return True
 
-    def _send(self, message, locked: bool = False):
+    def _send(self, message):
+        """Queue a command for the sender thread (a large prompt's bytes never wait in the
+        caller's thread, the server's event loop, for the child to read them)."""
         if self._gone is not None:
             raise EngineGone(self._gone)
-        try:
-            if locked:
+        self._outbox.put(message)
+
+    def _send_all(self):
+        while True:
+            message = self._outbox.get()
+            try:
                 self._conn.send(message)
-            else:
-                with self._send_lock:
-                    self._conn.send(message)
-        except (OSError, EOFError) as e:
-            raise EngineGone(f"the engine process has ended: {e}") from None
+            except (OSError, EOFError):  # the child is gone: the reader fails what is left
+                return
+            if message[0] == "stop":
+                return
 
     # -- inspection -----------------------------------------------------------------------------
 
