@@ -80,6 +80,7 @@ def test_invariant_row_groups_match_one_row_steps(cuda, ref, cfg, int8):
     block's groups partly past O), and close to ref. (Builds that would not fit in a block get
     fewer groups, the SwiGLU's 4-group one among them.)"""
     from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda.ops import linear
 
     batch = Invariance.BATCH
     g = torch.Generator().manual_seed(5)
@@ -95,7 +96,12 @@ def test_invariant_row_groups_match_one_row_steps(cuda, ref, cfg, int8):
         with _experiment({"gemv": {"kernel": "mma", "warps": 8, **cfg}}):
             cuda.linear(out, x, wo, so, batch_invariant=batch)
             cuda.linear_swiglu(act, x, w, scale, scratch, batch_invariant=batch)
-        assert loaded_modules("gemv.cu", GROUPS=cfg["groups"]), "no row-group build ran"
+            used = linear.invariant_gemv_config(out_f, in_f, int8, "none",
+                                                torch.cuda.current_device(), 8)
+        if not int8:  # every bf16 case fits a block with its groups
+            assert used["groups"] == cfg["groups"]
+        if used["groups"] > 1:
+            assert loaded_modules("gemv.cu", GROUPS=used["groups"]), "no row-group build ran"
         with _experiment(one_group):
             for j in range(n):
                 one = torch.empty(1, out_f, dtype=torch.bfloat16, device=DEV)

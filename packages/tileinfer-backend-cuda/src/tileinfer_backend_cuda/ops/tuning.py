@@ -236,9 +236,10 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (14336, 4096, False, 'swiglu', 4): {'groups': 2, 'stages': 2, 'tiles': 2, 'l2_256b': True},
     (4096, 14336, False, 'none', 4): {'groups': 1, 'stages': 2, 'tiles': 2, 'l2_256b': True},
     (128256, 4096, False, 'none', 4): {'groups': 2, 'stages': 3, 'tiles': 2, 'l2_256b': True},
-    (6144, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (6144, 4096, False, 'none', 8): {'groups': 1, 'stages': 2, 'tiles': 4, 'l2_256b': True},
     (4096, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 2, 'l2_256b': True},
-    (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (4096, 14336, False, 'none', 8): {'groups': 1, 'stages': 2, 'tiles': 2, 'regs': 1},
+    (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 4, 'l2_256b': True},
 }
 
 
