@@ -58,6 +58,18 @@ def test_added_tokens_in_text_become_their_ids(tok):
     assert tok.decode(ids, skip_special_tokens=True) == "user\nHi"
 
 
+def test_a_long_text_encodes_as_a_short_one_does(tok):
+    """Texts over LONG_TEXT characters take the library's batch form (without the GIL, without
+    offsets): the same ids as its plain encode, added tokens and multi-byte characters included."""
+    from tileinfer.io.tokenizer import LONG_TEXT
+
+    text = ("Olá, <|im_end|> naïve café 東京 🙂 " * (LONG_TEXT // 20))[:LONG_TEXT + 999]
+    assert len(text) > LONG_TEXT
+    for special in (True, False):
+        assert tok.encode(text, add_special_tokens=special) == \
+            tok.backend.encode(text, add_special_tokens=special).ids
+
+
 def test_bos_and_eos(tok):
     assert (tok.bos_token, tok.eos_token, tok.bos_token_id, tok.eos_token_id) == ("<|im_start|>", "<|im_end|>", 1, 2)
 

@@ -106,8 +106,11 @@ class Tokenizer:
         check_unicode(text)
         if len(text) > LONG_TEXT:
             # tokenizers' encode holds the GIL throughout (0.4 s for 900 KB), encode_batch lets
-            # it go: a server's other threads keep running while a long prompt is encoded.
-            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            # it go: a server's other threads keep running while a long prompt is encoded. The
+            # _fast form tracks no offsets, so it encodes about twice as fast and its result is
+            # freed in milliseconds (encode_batch's for 4 MB: about 80 ms, under the GIL).
+            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            return encode([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
