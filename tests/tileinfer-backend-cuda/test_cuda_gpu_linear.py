@@ -66,7 +66,7 @@ def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
     assert loaded_modules("gemv.cu", NT=tuning.mma_token_tiles(n)), "gemv.cu did not run"
 
 
-# --- batch-invariant steps: row groups change which rows share a block, never a row's bits ---------
+# --- batch-invariant steps: row groups change which rows share a block, never a row's bits -------
 
 
 @pytest.mark.parametrize("cfg", [{"groups": 2, "stages": 2, "tiles": 1, "l2_256b": True},

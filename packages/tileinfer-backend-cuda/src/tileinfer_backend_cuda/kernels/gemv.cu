@@ -36,7 +36,7 @@
 // GROUPS > 1 puts GROUPS groups of WARPS warps in a block, each group on its own 16 * TILES
 // rows: warp w of every group walks the same K steps at the same pace, so each step's x chunks
 // come from L2 once per block and from L1 for the other groups (x's L2 traffic divided by
-// GROUPS, what batched steps of 32-64 rows are short of). A row's sum is the same as with one
+// GROUPS; the ring's shared-memory traffic stays per warp). A row's sum is the same as with one
 // group: groups change which rows share a block, not the order of any sum.
 //
 // The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
@@ -44,8 +44,8 @@
 // in ops/linear.py; with REGS only the partial sums).
 //
 // Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (for SwiGLU,
-// gate rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads; dynamic shared memory:
-// gemv_smem_bytes() in ops/linear.py.
+// gate rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads; dynamic
+// shared memory: gemv_smem_bytes() in ops/linear.py.
 //
 // Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
 // the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
@@ -54,9 +54,10 @@
 // so step 0 waits for the whole prologue, issued at once. Every output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
-// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), GROUPS (row groups of a block), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
+// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
 // bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, REGS (0: the ring;
-// else steps per register round, 16-byte weight chunks only), PDL (0/1).
+// else steps per register round, 16-byte weight chunks only), GROUPS (row groups of a block),
+// PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8

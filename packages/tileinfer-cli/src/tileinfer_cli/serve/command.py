@@ -16,8 +16,8 @@ from ..parsing import INT32_MAX, float_range, int_range
 
 EPILOG = """\
 One model per server (default: the embedded SmolLM2-135M-Instruct), on the batched engine,
-which runs in a process of its own. Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed or not),
-GET /v1/models, GET /health, GET /metrics (Prometheus).
+which runs in a process of its own. Endpoints: POST /v1/chat/completions, POST /v1/completions
+(streamed or not), GET /v1/models, GET /health, GET /metrics (Prometheus).
 
 examples:
   tileinfer serve                                   http://127.0.0.1:8000/v1

@@ -24,10 +24,10 @@ the engine stops) and ends when told to or when the pipe closes (the parent is g
 The parent checks each request as ``LLMEngine.add_request`` does (``check_request``, with the
 limits the child reported), so a RequestError is raised at once in the caller's thread; then it
 numbers the request and queues it for a sender thread (the caller, a server's event loop, never
-waits for the child to read a long prompt). A reader thread receives the child's messages and hands each
-output to ``on_output``. ``stats()["waiting"]`` counts the requests sent that the child has not
-taken yet. If the child dies, every unfinished request is failed (finish reason "error") and
-further requests are refused with ``EngineGone``.
+waits for the child to read a long prompt). A reader thread receives the child's messages and
+hands each output to ``on_output``. ``stats()["waiting"]`` counts the requests sent that the
+child has not taken yet. If the child dies, every unfinished request is failed (finish reason
+"error") and further requests are refused with ``EngineGone``.
 
 A grammar (``SamplingParams.structure``) travels as its compiled text; the child binds it to
 llguidance's view of its own tokenizer (``EngineParts.tokenizer``).
@@ -228,7 +228,7 @@ class EngineProcess:
                                              error="the engine process ended"))
 
 
-# -- the child --------------------------------------------------------------------------------------
+# -- the child ------------------------------------------------------------------------------------
 
 
 def _serve(conn, build, args):
