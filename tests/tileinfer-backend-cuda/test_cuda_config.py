@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tileinfer_backend_cuda import ops
-from tileinfer_backend_cuda.ops import attention, common, linear, tuning
+from tileinfer_backend_cuda.ops import attention, common, invariant_tuning, linear, tuning
 
 SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block may have
 
@@ -420,11 +420,11 @@ def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu
     key = (4096, 14336, False, "none")  # a 16-warp weight
     warps = tuning.gemv_config(*key, 0, kernel="mma")["warps"]
     assert warps == 16
-    monkeypatch.setitem(tuning.INVARIANT_GEMV_TABLE, key + (8,),
+    monkeypatch.setitem(invariant_tuning.INVARIANT_GEMV_TABLE, key + (8,),
                         {"groups": 4, "stages": 2, "tiles": 1, "regs": 2})
     cfg = linear.invariant_gemv_config(*key, 0, 8)
     assert cfg["warps"] == warps and cfg["groups"] == 2 and cfg["regs"] == 2
-    monkeypatch.setitem(tuning.INVARIANT_GEMV_TABLE, key + (8,),
+    monkeypatch.setitem(invariant_tuning.INVARIANT_GEMV_TABLE, key + (8,),
                         {"groups": 2, "stages": 4, "tiles": 2, "l2_256b": True})
     cfg = linear.invariant_gemv_config(*key, 0, 8)
     assert cfg["warps"] == warps

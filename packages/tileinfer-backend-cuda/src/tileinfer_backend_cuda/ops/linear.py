@@ -37,9 +37,10 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise
-from .tuning import (INVARIANT_GEMV_TABLE, cublaslt_max_tokens, experiments, gemv_config,
-                     gemv_rows_split, gemv_rows_tile, gemv_rows_tokens, mma_token_tiles, pdl,
-                     rows_lane_k, wide_max_tokens)
+from .invariant_tuning import INVARIANT_GEMV_TABLE
+from .tuning import (cublaslt_max_tokens, experiments, gemv_config, gemv_rows_split,
+                     gemv_rows_tile, gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k,
+                     wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of

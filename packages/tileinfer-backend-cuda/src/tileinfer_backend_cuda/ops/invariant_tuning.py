@@ -1,0 +1,21 @@
+"""gemv.cu's builds for batch-invariant steps (``Invariance.BATCH``) of 9..64 rows (token tiles
+2, 4, 8), per weight shape and token tiles: stages, tiles, regs and row groups (GROUPS) only,
+since the warps that split K are the weight's own 8-row build's at every row count
+(ops/linear.py invariant_gemv_config reads them)."""
+
+from __future__ import annotations
+
+# The winners of `benchmarks/batched_linear.py --mma-sweep N --invariant` (llama3-8b bf16,
+# benchmarks/RESULTS.md, 2026-12-03, "Row groups in gemv.cu for batch-invariant steps"); other
+# shapes get the batched table's or gemv_heuristic's stages and tiles.
+INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
+    (6144, 4096, False, 'none', 4): {'groups': 1, 'stages': 2, 'tiles': 1, 'l2_256b': True},
+    (4096, 4096, False, 'none', 4): {'groups': 1, 'stages': 4, 'tiles': 2, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu', 4): {'groups': 2, 'stages': 2, 'tiles': 2, 'l2_256b': True},
+    (4096, 14336, False, 'none', 4): {'groups': 1, 'stages': 2, 'tiles': 2, 'l2_256b': True},
+    (128256, 4096, False, 'none', 4): {'groups': 2, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (6144, 4096, False, 'none', 8): {'groups': 1, 'stages': 2, 'tiles': 4, 'l2_256b': True},
+    (4096, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 2, 'l2_256b': True},
+    (4096, 14336, False, 'none', 8): {'groups': 1, 'stages': 2, 'tiles': 2, 'regs': 1},
+    (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 4, 'l2_256b': True},
+}
