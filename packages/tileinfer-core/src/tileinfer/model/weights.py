@@ -19,6 +19,10 @@ one ``aminmax`` pass, about 9 GB/s on one CPU core, against about 1.2 GB/s for t
 makes anyway), so that a corrupt file is refused with the tensor's name instead of generating
 garbage.
 
+A checkpoint whose linear weights are stored in FP8 (compressed-tensors or vLLM's "fp8", with a
+``weight_scale`` beside each) is read as the dequantized values (``fp8_checkpoint.py``); other
+quantized checkpoints are refused.
+
 Tensor names per architecture (``model.layers.{i}.`` prefix):
 
 =====================  ============================  ======================================
@@ -47,6 +51,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..backend.types import XIELUScalars
 from .config import ModelConfig
+from .fp8_checkpoint import FP8_DTYPES, QuantizationError, check_quantization, dequantized
 from .quant import Int8Weight, quantize_int8
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -157,9 +162,19 @@ class Checkpoint:
         if got != tuple(shape):
             raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         try:
-            return self._handle(self._file(name)).get_tensor(name)
+            t = self._handle(self._file(name)).get_tensor(name)
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
+        if t.dtype in FP8_DTYPES:  # an FP8 checkpoint's weight: its values (fp8_checkpoint.py)
+            scale = name + "_scale"
+            if not self.has(scale):
+                raise WeightsError(f"tensor {name!r} is stored in {t.dtype} without a "
+                                   f"{scale!r}")
+            try:
+                return dequantized(t, self.get(scale, self.shape(scale)), name)
+            except QuantizationError as exc:
+                raise WeightsError(str(exc)) from None
+        return t
 
 
 def check_finite(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -291,6 +306,10 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     c = config
+    try:
+        check_quantization(model_dir)  # FP8 checkpoints load dequantized; others are refused
+    except QuantizationError as exc:
+        raise WeightsError(str(exc)) from None
     with Checkpoint(model_dir) as ckpt:
         check_checkpoint(c, ckpt)
         shapes = checkpoint_shapes(c)

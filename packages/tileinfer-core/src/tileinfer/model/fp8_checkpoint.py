@@ -1,0 +1,80 @@
+"""Checkpoints whose linear weights are stored in FP8: read as their dequantized values.
+
+Two formats, told apart by config.json's ``quantization_config``:
+
+- compressed-tensors (llm-compressor's, ``quant_method: "compressed-tensors"``, ``format:
+  "float-quantized"``): each quantized layer's ``weight`` is float8_e4m3fn and its
+  ``weight_scale`` is one value per output row (``strategy: "channel"``, shape (out, 1)) or one
+  for the tensor (``"tensor"``, shape (1,) or ()); ``input_scale`` (static activation scales)
+  may be present; ``ignore`` lists the layers kept unquantized (usually ``lm_head``);
+- ``quant_method: "fp8"`` (vLLM's and AutoFP8's): the same tensors, a per-tensor weight scale.
+
+``W[j, :] = weight[j, :] * weight_scale[j]`` (or the one scale). This module gives each weight's
+values in float32, which the loader converts to the model's dtype (and INT8 with
+``quantize="int8"``): the weights are not kept in FP8, and activations stay in the model's dtype
+(input scales are not used). Block-wise scales and other quantization methods are refused with
+one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class QuantizationError(ValueError):
+    """A checkpoint quantized in a way the loader does not read."""
+
+
+def check_quantization(model_dir) -> str | None:
+    """The FP8 format of model_dir's config.json ("compressed-tensors" or "fp8"), None for an
+    unquantized checkpoint; QuantizationError for any other quantization."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # the config loader reports a missing or bad config.json
+    q = config.get("quantization_config") if isinstance(config, dict) else None
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method == "fp8":
+        if q.get("weight_block_size"):
+            raise QuantizationError("FP8 checkpoints with block-wise weight scales "
+                                    "(weight_block_size) are not supported")
+        return "fp8"
+    if method == "compressed-tensors":
+        if q.get("format") != "float-quantized":
+            raise QuantizationError(f"compressed-tensors format {q.get('format')!r} is not "
+                                    "supported (only 'float-quantized', FP8 weights)")
+        for name, group in (q.get("config_groups") or {}).items():
+            w = group.get("weights") or {}
+            if w.get("type") != "float" or w.get("num_bits") != 8:
+                raise QuantizationError(f"compressed-tensors group {name!r}: only 8-bit float "
+                                        "weights are supported")
+            if w.get("strategy") not in ("channel", "tensor"):
+                raise QuantizationError(f"compressed-tensors group {name!r}: weight strategy "
+                                        f"{w.get('strategy')!r} is not supported (channel or "
+                                        "tensor)")
+        return "compressed-tensors"
+    raise QuantizationError(f"quantization method {method!r} is not supported (FP8 checkpoints: "
+                            "compressed-tensors float-quantized, or 'fp8')")
+
+
+def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
+    """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or () -> float32 (out, in)."""
+    rows = weight.shape[0]
+    if scale.numel() == rows and scale.dim() >= 1 and (scale.dim() == 1 or scale.shape[1:] == (1,)):
+        s = scale.float().reshape(rows, 1)
+    elif scale.numel() == 1:
+        s = scale.float().reshape(1, 1)
+    else:
+        raise QuantizationError(f"{name}_scale has shape {list(scale.shape)}: expected one scale "
+                                f"per output row ({rows}) or one for the tensor")
+    if not bool(torch.isfinite(s).all()):
+        raise QuantizationError(f"{name}_scale holds NaN or infinite values")
+    return weight.float() * s

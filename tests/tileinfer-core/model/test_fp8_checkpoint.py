@@ -1,0 +1,114 @@
+"""FP8 checkpoints (compressed-tensors float-quantized, per-channel or per-tensor scales, with or
+without static input scales; vLLM's quant_method "fp8") load as their dequantized weights:
+tileinfer's fused weights equal weight * weight_scale converted to the model's dtype, and the
+model's logits equal transformers' on those dequantized weights. Block scales, other methods and
+an FP8 tensor without its scale are refused with one clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tileinfer import WeightsError, forward, load_model, new_cache
+from tiny_models import build_tiny, save_tiny
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_scale=False):
+    """Rewrite a saved float32 checkpoint's linear weights as FP8 (e4m3) with scales; returns
+    the dequantized float32 weights by name (what the checkpoint means)."""
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    meant = {}
+    for name in list(tensors):
+        if not name.endswith(".weight") or name.split(".")[-2] not in LINEARS:
+            continue
+        w = tensors[name]
+        amax = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax()
+        scale = (amax / 448.0).reshape(-1, 1) if strategy == "channel" else (amax / 448.0).reshape(1)
+        q = (w / scale).to(torch.float8_e4m3fn)
+        tensors[name] = q
+        tensors[name + "_scale"] = scale.to(torch.bfloat16).float()
+        if input_scale:
+            tensors[name[:-len("weight")] + "input_scale"] = torch.ones(1)
+        meant[name] = q.float() * tensors[name + "_scale"]
+    save_file(tensors, path)
+    config = json.loads((folder / "config.json").read_text())
+    if method == "fp8":
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    else:
+        weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True,
+                   "dynamic": False}
+        acts = {"num_bits": 8, "type": "float", "strategy": "tensor" if input_scale else "token",
+                "dynamic": not input_scale, "symmetric": True}
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": acts}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return meant
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return build_tiny("llama")
+
+
+@pytest.mark.parametrize("strategy, method, input_scale",
+                         [("channel", "compressed-tensors", False),
+                          ("tensor", "compressed-tensors", True), ("tensor", "fp8", True)])
+def test_fp8_checkpoint_loads_its_dequantized_weights(hf, tmp_path, strategy, method, input_scale):
+    folder = save_tiny(hf, tmp_path / "m")
+    meant = write_fp8(folder, strategy, method, input_scale)
+    model = load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
+    layer = model.weights.layers[0]
+    p = "model.layers.0."
+    q, k, v = (meant[p + f"self_attn.{n}.weight"] for n in ("q_proj", "k_proj", "v_proj"))
+    assert torch.equal(layer.qkv, torch.cat([q, k, v]))
+    assert torch.equal(layer.down, meant[p + "mlp.down_proj.weight"])
+    gate, up = meant[p + "mlp.gate_proj.weight"], meant[p + "mlp.up_proj.weight"]
+    assert torch.equal(layer.up, torch.cat([gate, up]))
+    # transformers on the same dequantized weights gives the same logits
+    reference = build_tiny("llama")
+    state = reference.state_dict()
+    for name, w in meant.items():
+        state[name] = w
+    reference.load_state_dict(state)
+    ids = torch.tensor([[1, 17, 42, 99, 5]])
+    with torch.no_grad():
+        want = reference(ids).logits[0, -1]
+    cache = new_cache(model, 64)
+    got = forward(model, cache, cache.new_sequence(), ids[0].tolist())[-1]
+    torch.testing.assert_close(got.float(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("quantization, message", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
+    ({"quant_method": "gptq", "bits": 4}, "quantization method 'gptq' is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "pack-quantized"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
+     "strategy 'block'"),
+])
+def test_other_quantizations_are_refused_clearly(hf, tmp_path, quantization, message):
+    folder = save_tiny(hf, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = quantization
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match=message):
+        load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
+
+
+def test_an_fp8_tensor_without_its_scale_is_refused(hf, tmp_path):
+    folder = save_tiny(hf, tmp_path / "m")
+    write_fp8(folder, "channel")
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight_scale"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(WeightsError, match="down_proj.weight.*without a .*weight_scale"):
+        load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
