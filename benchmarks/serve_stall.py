@@ -53,6 +53,11 @@ async def measure(url: str, output_len: int, megabytes: float, delay: float) -> 
                        "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     big_one = big_body(megabytes)
+    # A short request first: on a fresh machine the first prefill compiles kernels, which could
+    # hold the measured stream's first token until after the big request is answered.
+    warm = json.loads(body)
+    warm["max_tokens"] = 8
+    await stream_request(u.hostname, u.port, json.dumps(warm).encode(), None)
     stream = asyncio.create_task(stream_request(u.hostname, u.port, body, None))
     await asyncio.sleep(delay)
     sent = time.perf_counter()
