@@ -153,9 +153,11 @@ class EngineBridge:
             return
         self._choices.pop(choice.rid, None)
         if abort:
+            from tileinfer import EngineGone
+
             try:
                 self.thread.abort(choice.rid)
-            except Exception:  # noqa: BLE001 - an ended engine process has nothing to abort
+            except EngineGone:  # an ended engine process has nothing left to abort
                 pass
 
     def job_ended(self, job):

@@ -44,7 +44,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .request import RequestError, RequestOutput, check_request
+from .engine_thread import step_or_fail
+from .request import RequestError, RequestOutput, check_request, request_limits
 
 START_TIMEOUT_S = 900.0  # loading a large model from a slow disk, compiling kernels
 
@@ -198,9 +199,6 @@ class EngineProcess:
     def running_ids(self) -> frozenset:
         return self._running
 
-    def has_unfinished(self) -> bool:
-        return bool(self._live)
-
     # -- the reader thread ----------------------------------------------------------------------
 
     def _read(self):
@@ -239,11 +237,8 @@ def _serve(conn, build, args):
         conn.send(("failed", f"the engine could not be built: {type(e).__name__}: {e}"))
         return
     engine = parts.engine
-    limits = dict(vocab_size=engine.model.config.vocab_size, max_len=engine.model.max_len,
-                  page_size=engine.cache.page_size, pool_pages=engine.num_pages,
-                  default_stop=tuple(engine.model.config.eos_token_ids))
     child = _Child(conn, parts)
-    conn.send(("ready", limits, parts.info, child.report()))
+    conn.send(("ready", request_limits(engine), parts.info, child.report()))
     try:
         child.loop()
     finally:
@@ -280,13 +275,7 @@ class _Child:
                     failed += self.take(message)
             except (EOFError, OSError):  # the parent is gone
                 return
-            stepped = []
-            if engine.has_unfinished():
-                try:
-                    stepped = engine.step()
-                except Exception as e:  # a bug, not a failing forward (the engine handles those)
-                    stepped = engine.fail_all(f"the engine's step failed: {type(e).__name__}: "
-                                              f"{e}")
+            stepped = step_or_fail(engine, []) if engine.has_unfinished() else []
             for out in stepped:
                 rid = self.parent_id[out.request_id]
                 if out.finished:

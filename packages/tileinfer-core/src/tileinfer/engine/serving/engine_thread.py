@@ -64,13 +64,19 @@ class EngineThread:
             if not self.engine.has_unfinished():
                 self._wake.wait(self.idle_wait)
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # a bug, not a failing forward (the engine handles those)
-                self.loop_errors.append(e)
-                outputs = self.engine.fail_all(f"the engine's step failed: {type(e).__name__}: {e}")
-            for out in outputs:
+            for out in step_or_fail(self.engine, self.loop_errors):
                 try:
                     self.on_output(out)
                 except Exception as e:  # the callback's fault: keep serving the others
                     self.loop_errors.append(e)
+
+
+def step_or_fail(engine, errors: list) -> list[RequestOutput]:
+    """``engine.step()``; if it raises an unexpected error (the engine already turns errors of
+    the forward pass into failed requests), the error goes to errors and every unfinished
+    request is failed with it."""
+    try:
+        return engine.step()
+    except Exception as e:  # a bug, not a failing forward
+        errors.append(e)
+        return engine.fail_all(f"the engine's step failed: {type(e).__name__}: {e}")

@@ -47,7 +47,7 @@ from .launched_step import LaunchedStep
 from .pool import kv_pool_pages
 from .prompt_logprobs import collect, needs_rows, report
 from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestOutput,
-                      check_request)
+                      check_request, request_limits)
 from .scheduler import Scheduler
 
 
@@ -127,11 +127,8 @@ class LLMEngine:
         prompt_logprobs: the same for each prompt token given the ones before it, on the first
         output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
         """
-        c = self.model.config
         args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
-                             vocab_size=c.vocab_size, max_len=self.model.max_len,
-                             page_size=self.cache.page_size, pool_pages=self.num_pages,
-                             default_stop=c.eos_token_ids, logprobs=logprobs,
+                             **request_limits(self), logprobs=logprobs,
                              prompt_logprobs=prompt_logprobs)
         with self._inbox_lock:
             rid = next(self._ids)

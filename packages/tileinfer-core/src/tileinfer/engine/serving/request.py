@@ -106,6 +106,14 @@ def check_top(name: str, value):
         raise RequestError(f"{name} must be None or an integer in 0..20, got {value!r}")
 
 
+def request_limits(engine) -> dict:
+    """The keyword arguments of check_request that an LLMEngine's model and pool set."""
+    c = engine.model.config
+    return dict(vocab_size=c.vocab_size, max_len=engine.model.max_len,
+                page_size=engine.cache.page_size, pool_pages=engine.num_pages,
+                default_stop=tuple(c.eos_token_ids))
+
+
 def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_size: int,
                   max_len: int, page_size: int, pool_pages: int, default_stop,
                   logprobs=None, prompt_logprobs=None) -> dict:
