@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .engine_thread import step_or_fail
-from .request import RequestError, RequestOutput, check_request, request_limits
+from .request import RequestOutput, check_request, request_limits
 
 START_TIMEOUT_S = 900.0  # loading a large model from a slow disk, compiling kernels
 
@@ -302,12 +302,8 @@ class _Child:
             if sampling.structure is not None:
                 args["sampling"] = dataclasses.replace(
                     sampling, structure=self._local(sampling.structure))
-            eid = self.engine.add_request(args["prompt"], args["sampling"],
-                                          max_new_tokens=args["max_new_tokens"],
-                                          stop_ids=args["stop_ids"], seed=args["seed"],
-                                          logprobs=args["logprobs"],
-                                          prompt_logprobs=args["prompt_logprobs"])
-        except (RequestError, ValueError, ImportError) as e:
+            eid = self.engine.add_checked(args)  # the parent checked it with this engine's limits
+        except (ValueError, ImportError) as e:  # the grammar could not be bound here
             return [RequestOutput(rid, [], finished=True, finish_reason="error", error=str(e))]
         self.engine_id[rid], self.parent_id[eid] = eid, rid
         return []

@@ -127,9 +127,12 @@ class LLMEngine:
         prompt_logprobs: the same for each prompt token given the ones before it, on the first
         output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
         """
-        args = check_request(prompt_ids, sampling, max_new_tokens, stop_ids, seed,
-                             **request_limits(self), logprobs=logprobs,
-                             prompt_logprobs=prompt_logprobs)
+        return self.add_checked(check_request(prompt_ids, sampling, max_new_tokens, stop_ids,
+                                              seed, **request_limits(self), logprobs=logprobs,
+                                              prompt_logprobs=prompt_logprobs))
+
+    def add_checked(self, args: dict) -> int:
+        """Queue a request whose arguments check_request gave (with request_limits(self))."""
         with self._inbox_lock:
             rid = next(self._ids)
             self._inbox.append(("add", Request(rid, arrival=rid, **args)))
