@@ -23,9 +23,9 @@ the engine stops) and ends when told to or when the pipe closes (the parent is g
 
 The parent checks each request as ``LLMEngine.add_request`` does (``check_request``, with the
 child engine's ``request_limits``; the child queues it with ``add_checked``), so a RequestError
-is raised at once in the caller's thread; then it
-numbers the request and queues it for a sender thread (the caller, a server's event loop, never
-waits for the child to read a long prompt). A reader thread receives the child's messages and
+is raised at once in the caller's thread; then it numbers the request and queues it for a
+sender thread (the caller, a server's event loop, never waits for the child to read a long
+prompt). A reader thread receives the child's messages and
 hands each output to ``on_output``. ``stats()["waiting"]`` counts the requests sent that the
 child has not taken yet. If the child dies, every unfinished request is failed (finish reason
 "error") and further requests are refused with ``EngineGone``.
