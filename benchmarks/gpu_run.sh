@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
 #              batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite structload stall load256 invsweep invlinear
+#              finite structload stall load256 invsweep invlinear fp8
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -89,6 +89,20 @@ for step in $steps; do
           --kv-cache int8 --json "$out/bench.json" 2>&1 | grep -v '^{' >> "$out/bench.log"
       done
       cat "$out/bench.log" ;;
+    fp8)  # FP8 weights: the cuda conformance of the linear ops, then llama3-8b decode at batch 1
+          # and static batches (FP8_BATCHES) beside bf16 and INT8 (cuda)
+      timeout 300 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
+        --tileinfer-backend cuda -q -rf --maxfail=30 -p no:randomly -n 4 -k "linear or scratch" \
+        > "$out/conformance-fp8.log" 2>&1
+      echo "conformance cuda linear: $(tail -n 1 "$out/conformance-fp8.log")"
+      for q in --fp8 "" --int8; do
+        timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $q \
+          --repeats 2 --json "$out/fp8.json" 2>&1 | grep -v '^{' | tail -n 1
+        for n in ${FP8_BATCHES:-8 64}; do
+          timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $q \
+            --batch $n --repeats 2 --json "$out/fp8.json" 2>&1 | grep -v '^{' | tail -n 1
+        done
+      done ;;
     spec)
       timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
       tail -n 5 "$out/spec.json" ;;

@@ -1,4 +1,4 @@
-"""Perplexity of a model over public-domain text with bf16 / INT8 weights and bf16 / INT8 KV.
+"""Perplexity of a model over public-domain text with bf16 / INT8 / FP8 weights and bf16 / INT8 KV.
 
 Text: benchmarks/data/kjv-genesis.txt (King James Version, Genesis 1-16, public domain; see
 data/README.md). Evaluated on chapters 1-10; key smoothing is calibrated on chapters 11-16, a
@@ -21,12 +21,15 @@ Configurations (all computed on the same windows, so they are compared token for
 - ``int8-kv-smooth``: INT8 KV pages with per-channel key smoothing calibrated on the
   calibration chapters (``calibrate_key_smoothing``);
 - ``int8-all``: INT8 weights and INT8 KV with smoothing;
+- ``fp8-weights``: e4m3 linear layers and per-token e4m3 activations
+  (``load_model(..., quantize="fp8")``; the backend must declare FP8 ops);
 - ``fp32`` (not run unless asked): the same weights, activations and KV cache in float32, to
   show how far bf16 itself is from full precision (the floor the INT8 errors compare with).
 
 Besides perplexity, each configuration reports its mean KL divergence from the bf16 model's
 next-token distribution and how often its top-1 token agrees with bf16's: more sensitive than
-perplexity, which lets errors of opposite sign cancel.
+perplexity, which lets errors of opposite sign cancel. With ``fp32`` among the configurations,
+each also reports its KL divergence from the fp32 model's distribution (``kl_from_fp32``).
 
 Prints one JSON object per configuration, then (with --markdown) a table.
 
@@ -62,8 +65,9 @@ from tileinfer.engine.kv.cache import new_cache
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE / "data" / "kjv-genesis.txt"
-CONFIGS = ("bf16", "int8-weights", "int8-kv", "int8-kv-smooth", "int8-all", "fp32")
-DEFAULT_CONFIGS = CONFIGS[:-1]
+CONFIGS = ("bf16", "int8-weights", "int8-kv", "int8-kv-smooth", "int8-all", "fp8-weights",
+           "fp32")
+DEFAULT_CONFIGS = CONFIGS[:5]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -260,6 +264,8 @@ def main(argv=None) -> int:
     base = load_model(model_dir, **load)
     int8 = load_model(model_dir, quantize="int8", **load) if {"int8-weights", "int8-all"} & set(
         configs) else None
+    fp8 = (load_model(model_dir, quantize="fp8", **load) if "fp8-weights" in configs
+           else None)
     fp32 = (load_model(model_dir, **dict(load, dtype=torch.float32)) if "fp32" in configs
             else None)
     smooth_kw = {} if args.alpha is None else dict(alpha=args.alpha)
@@ -268,27 +274,29 @@ def main(argv=None) -> int:
     ps = args.page_size
     setups = {}  # name -> (model, cache), in CONFIGS order
     for name in (n for n in CONFIGS if n in configs):
-        model = {"int8-weights": int8, "int8-all": int8, "fp32": fp32}.get(name, base)
-        if name in ("bf16", "int8-weights", "fp32"):
+        model = {"int8-weights": int8, "int8-all": int8, "fp8-weights": fp8,
+                 "fp32": fp32}.get(name, base)
+        if name in ("bf16", "int8-weights", "fp8-weights", "fp32"):
             cache = new_cache(model, max_len, page_size=ps)
         else:
             cache = new_cache(model, max_len, page_size=ps, quantize="int8",
                                     key_smoothing=None if name == "int8-kv" else smoothing)
         setups[name] = (model, cache)
 
-    totals = {name: dict(nll=0.0, kl=0.0, agree=0) for name in setups}
+    totals = {name: dict(nll=0.0, kl=0.0, kl32=0.0, agree=0) for name in setups}
     scored = 0
     with torch.no_grad():
         for begin, end, first in windows(len(ids), args.window, stride):
             targets = torch.tensor(ids[first:end])
-            base_lp = None
-            for name, (model, cache) in setups.items():
-                lp = window_log_probs(model, cache, ids, begin, end, first)
+            lps = {name: window_log_probs(model, cache, ids, begin, end, first)
+                   for name, (model, cache) in setups.items()}
+            base_lp, fp32_lp = lps["bf16"], lps.get("fp32")
+            for name, lp in lps.items():
                 t = totals[name]
                 t["nll"] -= lp.gather(1, targets[:, None]).sum().item()
-                if base_lp is None:
-                    base_lp = lp
                 t["kl"] += (base_lp.exp() * (base_lp - lp)).sum().item()
+                if fp32_lp is not None:
+                    t["kl32"] += (fp32_lp.exp() * (fp32_lp - lp)).sum().item()
                 t["agree"] += (lp.argmax(-1) == base_lp.argmax(-1)).sum().item()
             scored += end - first
             print(f"window {begin}-{end}: {scored}/{len(ids) - 1} tokens scored, "
@@ -309,6 +317,8 @@ def main(argv=None) -> int:
         row = dict(config=name, perplexity=round(ppl, 4),
                    vs_bf16_pct=round(100 * (ppl / base_ppl - 1), 3),
                    kl_from_bf16=round(t["kl"] / scored, 6),
+                   **({"kl_from_fp32": round(t["kl32"] / scored, 6)} if "fp32" in setups
+                      else {}),
                    top1_agreement=round(t["agree"] / scored, 5),
                    weights=mem["weights"], kv_cache=mem["kv_cache"],
                    decode_weight_bytes=mem["decode_weight_bytes"],
@@ -316,14 +326,17 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row))
     if args.markdown:
+        kl32 = "fp32" in setups
         print("\n| configuration | weights | KV cache | perplexity | vs bf16 | KL from bf16 "
-              "| top-1 = bf16 | weight bytes read / token | KV bytes / token |")
-        print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+              + ("| KL from fp32 " if kl32 else "")
+              + "| top-1 = bf16 | weight bytes read / token | KV bytes / token |")
+        print("|---|---|---|---:|---:|---:|" + ("---:|" if kl32 else "") + "---:|---:|---:|")
         for r in rows:
             print(f"| {r['config']} | {r['weights']} | {r['kv_cache']} | {r['perplexity']:.3f} "
                   f"| {r['vs_bf16_pct']:+.2f}% | {r['kl_from_bf16']:.5f} "
-                  f"| {100 * r['top1_agreement']:.2f}% | {r['decode_weight_bytes'] / 1e6:.1f} MB "
-                  f"| {r['kv_bytes_per_token']:,} |")
+                  + (f"| {r['kl_from_fp32']:.5f} " if kl32 else "")
+                  + f"| {100 * r['top1_agreement']:.2f}% "
+                  f"| {r['decode_weight_bytes'] / 1e6:.1f} MB | {r['kv_bytes_per_token']:,} |")
     return 0
 
 

@@ -52,6 +52,18 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, NT=4, GROUPS=4)
     add("gemv.cu", WARPS=8, STAGES=2, REGS=2, NT=8, GROUPS=4, OUT_DTYPE="float", ROUND_BF16=0)
 
+    # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
+    # tiles, row groups, PDL; and the input's quantization
+    for epilogue in (0, 1, 2):
+        for out_dtype in ("bf16_t", "float"):
+            add("gemv.cu", W_FP8=1, INT8_LOAD=16, EPILOGUE=epilogue, OUT_DTYPE=out_dtype,
+                ROUND_BF16=0, WARPS=8, STAGES=4)
+    add("gemv.cu", W_FP8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=8, STAGES=2, REGS=2, NT=8, TILES=2,
+        PDL=1)
+    add("gemv.cu", W_FP8=1, ROUND_BF16=0, WARPS=4, STAGES=3, NT=4, GROUPS=2, PDL=1)
+    add("fp8_quant.cu", THREADS=256)
+    add("fp8_quant.cu", THREADS=1024)
+
     # gemv_rows.cu: every dtype / epilogue / output, then the tiles, warps, token slots and PDL.
     for w_int8 in (0, 1):
         for epilogue in (0, 1, 2):

@@ -271,9 +271,9 @@ def test_gemv_launch_defines():
     precompiles with them too)."""
     src = inspect.getsource(linear._gemv_rows)
     assert "gemv_rows_defines(" in src and "gemv_rows_tokens(n)" in src
-    assert "gemv_defines(" in inspect.getsource(linear._gemv_mma)
-    assert "_gemv_mma(" in inspect.getsource(linear.gemv)
-    assert "_gemv_mma(" in inspect.getsource(linear.invariant_gemv)
+    assert "gemv_defines(" in inspect.getsource(linear.gemv_mma)
+    assert "gemv_mma(" in inspect.getsource(linear.gemv)
+    assert "gemv_mma(" in inspect.getsource(linear.invariant_gemv)
     d = linear.gemv_rows_defines({"rows": 2, "unroll": 4, "warps": 2, "split_k": 2}, True,
                                  "swiglu", "bf16_t", 1, True)
     assert d == {"W_INT8": 1, "EPILOGUE": 1, "OUT_DTYPE": "bf16_t", "ROUND_BF16": 0, "ROWS": 2,

@@ -24,6 +24,9 @@ NOTES = {
               "cp.async ring (9..64 rows too, each weight read once); prefill: cuBLAS through "
               "torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; "
               "float32/float16 models: torch.matmul",
+    "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
+           "then the tensor-core GEMV's FP8 build up to 64 rows (and at any count when "
+           "batch-invariant), torch._scaled_mm (cuBLASLt FP8) above",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
@@ -66,13 +69,23 @@ def _availability() -> tuple[bool, str]:
     return True, ""
 
 
+def _fp8() -> bool:
+    """Whether the GPU has e4m3 conversions and FP8 tensor cores (ops/linear_fp8.py)."""
+    import torch
+
+    from .ops.common import FP8_CAPABILITY
+
+    return torch.cuda.get_device_capability() >= FP8_CAPABILITY
+
+
 _AVAILABLE, _REASON = _availability()
+_FP8 = _AVAILABLE and _fp8()
 
 
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="cuda", available=_AVAILABLE, reason=_REASON, devices=("cuda",),
-                       graph_safe=True, notes=NOTES, batch_invariant=True)
+                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8)
 
 
 # The op implementations live in ops/ (ops.OPS); each is registered here under its hookspec's

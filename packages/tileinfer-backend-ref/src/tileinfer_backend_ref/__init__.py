@@ -42,6 +42,7 @@ def tileinfer_backend_info():
         graph_safe=True,
         # linear: blocks of dense.ROW_BLOCK rows; attention: a row at a time (paged_attention).
         batch_invariant=True,
+        fp8=True,
     )
 
 

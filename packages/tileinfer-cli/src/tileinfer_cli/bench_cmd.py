@@ -16,6 +16,7 @@ SHAPES = ("llama3-8b", "llama3.2-3b", "llama3.2-1b", "smollm2-135m")  # random_w
 EPILOG = """\
 examples:
   tileinfer bench --shape llama3-8b --int8
+  tileinfer bench --shape llama3-8b --fp8 --batch 64
   tileinfer bench -m Qwen/Qwen3-0.6B --kv-cache int8 --new-tokens 512
   tileinfer bench --shape llama3.2-1b --backend ref --dtype fp32 --graphs off --pipeline off
   tileinfer bench --shape llama3-8b --batch 64
@@ -33,7 +34,10 @@ def add_parser(sub, formatter):
     p.add_argument("--backend", "-b", help="op backend (default: the fastest that runs here)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                    help="weights and activations")
-    p.add_argument("--int8", action="store_true", help="INT8 weights")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--int8", action="store_true", help="INT8 weights")
+    q.add_argument("--fp8", action="store_true",
+                   help="FP8 weights and per-token FP8 activations (compute capability 8.9+)")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops (what --deterministic of run, chat and serve costs)")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16",
@@ -73,13 +77,13 @@ def run(args, out):
 
     torch.set_num_threads(args.threads or default_threads())
     backend = args.backend or default_backend_name()
-    quantize = "int8" if args.int8 else None
+    quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     kv = None if args.kv_cache == "bf16" else "int8"
     max_len = args.prompt_len + args.new_tokens + 64
     device = "cuda" if torch.cuda.is_available() else "cpu"
     what = f"loading {args.model}" if args.model else f"making random weights of {args.shape}"
-    _progress(f"{what} ({args.dtype}{', int8' if args.int8 else ''}) for backend {backend} on "
-              f"{device}" + ("; on the CPU each run takes a while" if device == "cpu" else ""))
+    _progress(f"{what} ({args.dtype}{', ' + quantize if quantize else ''}) for backend {backend} "
+              f"on {device}" + ("; on the CPU each run takes a while" if device == "cpu" else ""))
     if args.model:
         model = load_model(args.model, dtype=torch_dtype(args.dtype), backend=backend,
                            max_len=max_len, quantize=quantize,

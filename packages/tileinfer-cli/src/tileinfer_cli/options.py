@@ -58,7 +58,13 @@ def add_model_options(p: argparse.ArgumentParser):
     g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
                    help="weights and activations (auto: bf16 on a GPU, fp32 on the CPU, where "
                         "PyTorch's bf16 matrix products are slow)")
-    g.add_argument("--int8", action="store_true", help="INT8 weights (per-channel scales)")
+    q = g.add_mutually_exclusive_group()
+    q.add_argument("--int8", action="store_true", help="INT8 weights (per-channel scales)")
+    q.add_argument("--fp8", action="store_true",
+                   help="FP8 (e4m3) weights with per-channel scales and per-token FP8 "
+                        "activations (GPUs of compute capability 8.9 and newer)")
+    q.add_argument("--quantization", choices=["int8", "fp8"],
+                   help="the same as --int8 or --fp8 (vLLM's name)")
     g.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops: an answer's tokens and logprobs do not depend on "
                         "what else runs beside it (docs/determinism.md has the cost)")
@@ -179,6 +185,13 @@ def set_threads(args):
     torch.set_num_threads(args.threads or default_threads())
 
 
+def quantize_of(args) -> str | None:
+    """load_model's quantize from --int8 / --fp8 / --quantization."""
+    if args.quantization:
+        return args.quantization
+    return "int8" if args.int8 else "fp8" if args.fp8 else None
+
+
 def load(args):
     """(model, tokenizer, folder) from the model options."""
     from tileinfer import load_model, load_tokenizer, resolve_model_dir
@@ -189,7 +202,7 @@ def load(args):
     backend = args.backend or default_backend_name()
     model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
                        max_len=args.max_len,
-                       quantize="int8" if args.int8 else None,
+                       quantize=quantize_of(args),
                        allow_long=args.allow_long_context, batch_invariant=args.deterministic)
     return model, load_tokenizer(folder), folder
 

@@ -15,9 +15,9 @@ from .backend.sampling import accept_host, sample_host
 from .io import (ChatMessage, ChatTemplateError, DefaultModelUnavailable, GGUFImportError,
                  TextStream, Tokenizer, chat_prompt, default_model_dir, generation_defaults,
                  load_tokenizer, resolve_model_dir)
-from .model import (ConfigError, Int8Weight, Model, StepBuffers, WeightsError, config_from_dict,
-                    load_config, load_model, load_weights, max_length, quantize_int8, rope_tables,
-                    weight_bytes)
+from .model import (ConfigError, Fp8Weight, Int8Weight, Model, QuantizedWeight, StepBuffers,
+                    WeightsError, config_from_dict, load_config, load_model, load_weights,
+                    max_length, quantize_fp8, quantize_int8, rope_tables, weight_bytes)
 from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashProposer, Draft,
                      DraftProposer, ModelRunner, NgramProposer, OutOfPagesError, PagedKVCache,
                      PromptTooLongError, Proposer, Sequence, SpecStats, StepMetadata, TurnStats,

@@ -1,5 +1,7 @@
 // Decode GEMV: out (n, O) = x (n, K) @ W.T for n <= 8 * NT tokens, W (O, K) bf16 or int8 with
-// a float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue.
+// a float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue;
+// or (W_FP8) the FP8 product of tileinfer/backend/fp8.py: W e4m3 with row scales, x the e4m3
+// values of the input (fp8_quant.cu) with one float32 scale per token row (x_scale).
 //
 // At decode the weight is read once per token and nothing else matters: the kernel is a stream
 // over W that must keep enough bytes in flight to reach the memory bandwidth (Little's law:
@@ -21,7 +23,9 @@
 // weight pairs of each row are the A fragment of one mma and the x pairs at the same k its B
 // fragment, the next four pairs the second mma (layouts: mma_bf16_16816 in common.cuh). With
 // INT8 weights a lane takes 16 int8 per row (64 k per warp step), converted exactly to bf16 in
-// registers; the per-row scale multiplies the float32 sum.
+// registers; the per-row scale multiplies the float32 sum. With FP8 a lane takes 16 e4m3 of each
+// weight row and 16 e4m3 of x, both converted exactly to f16 (cvt, two values an instruction)
+// for f16 mma's; the sum is scaled by x_scale[token], then by the row's scale.
 //
 // TILES tiles of 16 output rows per warp share each step's x chunks: the x a warp step reads
 // (8 token rows) is half the weight bytes of one tile, and x comes from L2 for every block, so
@@ -53,7 +57,7 @@
 // is one commit group (padded with empty groups, so the steady state's counting is unchanged),
 // so step 0 waits for the whole prologue, issued at once. Every output write follows pdl_wait.
 //
-// Defines: W_INT8 (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
+// Defines: W_INT8 (0/1), W_FP8 (0/1; sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to
 // bf16 before writing: what a bf16 F.linear does), WARPS, STAGES, TILES, NT, REGS (0: the ring;
 // else steps per register round, 16-byte weight chunks only), GROUPS (row groups of a block),
@@ -62,6 +66,9 @@
 
 #ifndef W_INT8
 #define W_INT8 0
+#endif
+#ifndef W_FP8
+#define W_FP8 0
 #endif
 #ifndef INT8_LOAD
 #define INT8_LOAD 16
@@ -104,10 +111,10 @@ constexpr int GROUP_ROWS = 16 * TILES;       // output rows of a group of WARPS 
 constexpr int THREADS = GROUPS * WARPS * 32;
 constexpr int TOKENS = 8 * NT;               // token slots
 // k covered by one lane's chunk, and by one warp step (4 lanes side by side).
-constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
+constexpr int LANE_K = W_FP8 ? 16 : W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
-constexpr int XVECS = LANE_K / 8;                 // 16-byte chunks of x per lane and step
+constexpr int XVECS = W_FP8 ? 1 : LANE_K / 8;     // 16-byte chunks of x per lane and step
 // Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
 // (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
 // of each token tile (tokens 8 j + g).
@@ -116,10 +123,16 @@ constexpr int PARTS = 2 * WT + XVECS * NT;
 #endif
 static_assert(REGS == 0 || W_BYTES == 16, "REGS: 16-byte weight chunks only");
 
-#if W_INT8
+#if W_FP8
+#include "fp8.cuh"
+typedef unsigned char w_t;
+typedef unsigned char x_t;  // e4m3
+#elif W_INT8
 typedef signed char w_t;
+typedef bf16_t x_t;
 #else
 typedef bf16_t w_t;
+typedef bf16_t x_t;
 #endif
 
 __device__ __forceinline__ void copy_w(u32 dst, const w_t* src, bool valid) {
@@ -128,7 +141,7 @@ __device__ __forceinline__ void copy_w(u32 dst, const w_t* src, bool valid) {
 }
 
 // One step's A fragments of a tile: bf16 pairs (k + 2i, k + 2i + 1) of rows g (a) and g + 8 (b),
-// from the weight chunks wa and wb (INT8: converted exactly).
+// from the weight chunks wa and wb (INT8: converted exactly; FP8: f16 pairs).
 struct Frag {
     u32 a[LANE_K / 2], b[LANE_K / 2];
 };
@@ -136,7 +149,13 @@ struct Frag {
 __device__ __forceinline__ void to_frag(Frag& f, const uint4& wa, const uint4& wb) {
     const u32* pa = reinterpret_cast<const u32*>(&wa);
     const u32* pb = reinterpret_cast<const u32*>(&wb);
-#if !W_INT8
+#if W_FP8
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        e4m3x4_to_f16x2(pa[i], f.a[2 * i], f.a[2 * i + 1]);
+        e4m3x4_to_f16x2(pb[i], f.b[2 * i], f.b[2 * i + 1]);
+    }
+#elif !W_INT8
 #pragma unroll
     for (int i = 0; i < 4; ++i) f.a[i] = pa[i], f.b[i] = pb[i];
 #else
@@ -150,17 +169,28 @@ __device__ __forceinline__ void to_frag(Frag& f, const uint4& wa, const uint4& w
 
 // acc += one step of a tile (f) against one token tile's x chunks (xv).
 __device__ __forceinline__ void step_mma(float (&acc)[4], const Frag& f, const uint4 (&xv)[XVECS]) {
+#if W_FP8
+    const u32* p8 = reinterpret_cast<const u32*>(&xv[0]);
+    u32 px[8];  // the 16 e4m3 of x as f16 pairs, in the weight fragments' k order
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2(p8[i], px[2 * i], px[2 * i + 1]);
+#pragma unroll
+    for (int j = 0; j < LANE_K / 4; ++j)
+        mma_f16_16816(acc, f.a[2 * j], f.b[2 * j], f.a[2 * j + 1], f.b[2 * j + 1], px[2 * j],
+                      px[2 * j + 1]);
+#else
     const u32* px = reinterpret_cast<const u32*>(&xv[0]);
 #pragma unroll
     for (int j = 0; j < LANE_K / 4; ++j)
         mma_bf16_16816(acc, f.a[2 * j], f.b[2 * j], f.a[2 * j + 1], f.b[2 * j + 1], px[2 * j],
                        px[2 * j + 1]);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restrict__ w,
+gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
      const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
-     float alpha_n, float beta, float eps) {
+     float alpha_n, float beta, float eps, const float* __restrict__ x_scale) {
     extern __shared__ uint4 ring[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;  // wid: the warp in the block
     const int group = wid / WARPS, warp = wid % WARPS;              // warp: its place in K
@@ -168,7 +198,7 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
     const int block_base = blockIdx.x * GROUPS * GROUP_ROWS;
     const int row_base = block_base + group * GROUP_ROWS;
     // Token slots past n read token n - 1 again; their sums are dropped.
-    const bf16_t* xrow[NT];
+    const x_t* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = x + (i64)min(8 * j + g, n - 1) * x_stride + t * LANE_K;
     const w_t* wrow[WT][2];
@@ -360,7 +390,10 @@ gemv(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __restric
             float s = 0.0f;
 #pragma unroll
             for (int wi = 0; wi < WARPS; ++wi) s += at(gi, wi, m * TILES + r / 16, r % 16, tok);
-#if W_INT8
+#if W_FP8
+            s *= x_scale[tok];
+#endif
+#if W_INT8 || W_FP8
             s *= w_scale[(i64)m * O + row];
 #endif
             v[m] = s;

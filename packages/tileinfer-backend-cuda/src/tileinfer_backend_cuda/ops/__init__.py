@@ -3,19 +3,21 @@ layouts, pick a build and a grid, and launch on PyTorch's current stream (``comp
 
 common.py: dtypes, layout checks, device properties, per-device scratch, the fallback to ref;
 tuning.py: launch configurations and the benchmark-only switch (TILEINFER_CUDA_EXPERIMENTS);
-elementwise.py, norm.py, linear.py, kv.py, attention.py, sampling.py: the ops.
+elementwise.py, norm.py, linear.py (linear_fp8.py for e4m3 weights; linear_ops.py picks), kv.py,
+attention.py, sampling.py: the ops.
 """
 
-from . import attention, common, elementwise, kv, linear, norm, sampling, tuning  # noqa: F401
+from . import (attention, common, elementwise, kv, linear, linear_fp8, linear_ops,  # noqa: F401
+               norm, sampling, tuning)
 
 # The ops of the contract (tileinfer.backend.hookspecs) that this backend implements.
 OPS = {
     "embed": elementwise.embed,
     "rmsnorm": norm.rmsnorm,
     "add_rmsnorm": norm.add_rmsnorm,
-    "linear": linear.linear,
-    "linear_swiglu": linear.linear_swiglu,
-    "linear_xielu": linear.linear_xielu,
+    "linear": linear_ops.linear,
+    "linear_swiglu": linear_ops.linear_swiglu,
+    "linear_xielu": linear_ops.linear_xielu,
     "attention_inputs": kv.attention_inputs,
     "attention_workspace": attention.attention_workspace,
     "attention": attention.attention,

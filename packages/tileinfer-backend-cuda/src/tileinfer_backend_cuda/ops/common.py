@@ -170,11 +170,27 @@ class ArgmaxScratch(DeviceScratch):
                                     torch.zeros(self.ROWS, dtype=torch.int32, device=d)))
 
 
+class Fp8Scratch(DeviceScratch):
+    """linear_fp8.py's quantized input of one product: e4m3 values (BYTES) and one float32
+    scale per row. Reserved on GPUs with FP8 (compute capability 8.9 and newer)."""
+
+    BYTES = 1 << 24  # 16 MiB: 1,170 rows of K = 14,336
+    ROWS = 1 << 14
+
+    def __init__(self):
+        super().__init__(lambda d: (torch.empty(self.BYTES, dtype=torch.uint8, device=d),
+                                    torch.empty(self.ROWS, dtype=torch.float32, device=d)))
+
+
+FP8_CAPABILITY = (8, 9)
 GEMV_SCRATCH = GemvScratch()
 ARGMAX_SCRATCH = ArgmaxScratch()
+FP8_SCRATCH = Fp8Scratch()
 
 
 def reserve_scratch(device):
     """Every scratch the ops keep, allocated on ``device`` now (outside any graph capture)."""
     GEMV_SCRATCH.reserve(device)
     ARGMAX_SCRATCH.reserve(device)
+    if torch.cuda.get_device_capability(device) >= FP8_CAPABILITY:
+        FP8_SCRATCH.reserve(device)

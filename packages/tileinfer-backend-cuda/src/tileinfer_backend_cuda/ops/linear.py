@@ -46,7 +46,7 @@ EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
 # steps of more than GEMV_MAX_TOKENS rows; else gemm.cu.
 _MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
-_NO_XIELU = (0.0, 0.0, 0.0, 0.0)
+NO_XIELU = (0.0, 0.0, 0.0, 0.0)
 
 
 def gemv_ok(out, x, weight, weight_scale) -> bool:
@@ -72,26 +72,27 @@ def gemv_regs(config: dict, int8: bool, load: int) -> int:
 
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
-                    token_tiles: int = 1) -> int:
+                    token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per
-    16-row tile (tiles per matrix x matrices) + the x chunks of every token tile; none with
-    REGS."""
+    16-row tile (tiles per matrix x matrices) + the x chunks of every token tile (one 16-byte
+    chunk of e4m3 with FP8, 16 int8 weights' worth of bf16 with INT8); none with REGS. An FP8
+    weight is laid out as INT8's (int8 true, 16-byte loads)."""
     if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
     lane_k = int8_load(k_dim) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    parts = 2 * tiles + lane_k // 8 * token_tiles
+    parts = 2 * tiles + (1 if fp8 else lane_k // 8) * token_tiles
     return config.get("groups", 1) * config["warps"] * config["stages"] * parts * 32 * 16
 
 
 def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
-                    token_tiles: int = 1) -> int:
+                    token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
     [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     warps = config.get("groups", 1) * config["warps"]
     partial = warps * tiles * 16 * (8 * token_tiles + 1) * 4
-    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles))
+    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8))
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -101,12 +102,14 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 
 
 def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
-                 pdl_on: bool, token_tiles: int = 1) -> dict:
-    """The defines of a gemv.cu build (load: its INT8_LOAD)."""
-    defines = {"W_INT8": int(int8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
+                 pdl_on: bool, token_tiles: int = 1, fp8: bool = False) -> dict:
+    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x)."""
+    defines = {"W_INT8": int(int8 and not fp8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
+    if fp8:
+        defines["W_FP8"] = 1
     if cfg.get("groups", 1) > 1:
         defines["GROUPS"] = cfg["groups"]
     regs = gemv_regs(cfg, int8, load)
@@ -131,7 +134,7 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
     return defines
 
 
-def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
+def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
          invariant=True):
     """The GEMV of a gemv_ok call: up to GEMV_MAX_TOKENS rows (gemv_rows.cu, or gemv.cu when
     batched: not invariant), or up to wide_max_tokens rows (gemv.cu with 2, 4 or 8 token tiles)."""
@@ -147,26 +150,30 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU,
         if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
-    _gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles)
+    gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles)
 
 
-def _gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles):
-    """gemv.cu with configuration cfg and token_tiles token tiles of 8 (n <= 8 x token_tiles)."""
+def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles,
+              x_scale=None):
+    """gemv.cu with configuration cfg and token_tiles token tiles of 8 (n <= 8 x token_tiles);
+    x_scale: the FP8 build's (x e4m3, weight e4m3)."""
     n, k_dim = x.shape
-    int8 = weight.dtype == torch.int8
+    fp8 = x_scale is not None
+    int8 = fp8 or weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     pdl_on = pdl(device)
     defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
-                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles)
-    k = kernel("gemv.cu", "gemv", "ppppiiiqffff", device, defines)
+                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles, fp8)
+    k = kernel("gemv.cu", "gemv", "ppppiiiqffffp", device, defines)
     groups = cfg.get("groups", 1)
     k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
-             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
-             gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles), pdl=pdl_on)
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
+              x_scale),
+             gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8), pdl=pdl_on)
 
 
-def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_NO_XIELU):
+def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU):
     """A batch-invariant step (Invariance.BATCH) of any number of rows: gemv.cu in launches of
     at most INVARIANT_LAUNCH_ROWS rows, on invariant_gemv_config's builds, whose warps (the
     only thing that orders a row's sum: each warp sums its K steps on the tensor cores, then
@@ -182,7 +189,7 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=_
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
     for start in range(0, n, 8 * token_tiles):
         stop = min(n, start + 8 * token_tiles)
-        _gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
+        gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
                   cfg, token_tiles)
 
 
@@ -191,7 +198,7 @@ INVARIANT_LAUNCH_ROWS = 64
 
 
 def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
-                          token_tiles: int) -> dict | None:
+                          token_tiles: int, fp8: bool = False) -> dict | None:
     """gemv.cu's build for token_tiles tiles of a batch-invariant step: INVARIANT_GEMV_TABLE's
     (else the batched table's or heuristic's) stages, 16-row tiles and row groups for that many
     token tiles, with the warps of the weight's 8-row build at every count; row groups, stages,
@@ -205,16 +212,17 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
                             token_tiles=token_tiles)
     cfg = dict(entry, warps=warps, kernel="mma")
     limit = smem_limit(device) - 1024  # room for the static shared memory
-    while cfg.get("groups", 1) > 1 and (
-            cfg["groups"] * warps > 32
-            or gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit):
+
+    def smem():
+        return gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8)
+
+    while cfg.get("groups", 1) > 1 and (cfg["groups"] * warps > 32 or smem() > limit):
         cfg["groups"] //= 2
-    while cfg["stages"] > 2 and gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit:
+    while cfg["stages"] > 2 and smem() > limit:
         cfg["stages"] -= 1
-    while cfg.get("tiles", 1) > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue,
-                                                      token_tiles) > limit:
+    while cfg.get("tiles", 1) > 1 and smem() > limit:
         cfg["tiles"] //= 2
-    if token_tiles > 1 and gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles) > limit:
+    if token_tiles > 1 and smem() > limit:
         return None
     return cfg
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import DEFAULT_MAX_LEN, resolve_dtype, set_threads
+from ..options import DEFAULT_MAX_LEN, quantize_of, resolve_dtype, set_threads
 from .defaults import SamplingDefaults
 from .template import ServedTemplate
 
@@ -87,7 +87,7 @@ def load_weights(args, folder: Path):
     set_threads(args)
     backend = args.backend or default_backend_name()
     dtype = resolve_dtype(args.dtype, backend)
-    quantize = "int8" if args.int8 else None
+    quantize = quantize_of(args)
     if args.load_format == "dummy":
         return load_dummy(folder, dtype, backend, args.max_len, quantize,
                           args.allow_long_context, args.deterministic)

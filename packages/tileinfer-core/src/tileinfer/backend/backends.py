@@ -26,6 +26,8 @@ class BackendInfo:
     batch_invariant: whether its linear ops keep ``Invariance.BATCH`` and its attention keeps
     ``AttentionStep.batch_invariant`` (docs/determinism.md): a model can then be loaded with
     ``batch_invariant=True``.
+    fp8: whether its linear ops take e4m3 weights with per-token e4m3 activations
+    (``tileinfer.backend.fp8``): a model can then be loaded with ``quantize="fp8"``.
     """
 
     name: str
@@ -35,6 +37,7 @@ class BackendInfo:
     graph_safe: bool = True
     notes: dict = field(default_factory=dict)
     batch_invariant: bool = False
+    fp8: bool = False
 
 
 @dataclass

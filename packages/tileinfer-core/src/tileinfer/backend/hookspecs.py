@@ -98,9 +98,11 @@ def linear(out, x, weight, weight_scale, batch_invariant):
 
     x: (n, in); weight: (out_features, in), same dtype as x, or int8 with weight_scale
     (out_features,) float32 meaning ``W[j, :] = weight_scale[j] * weight[j, :]`` (weight_scale is
-    None for a float weight). out: (n, out_features), in x's dtype or float32; accumulation in
-    float32. The float32 sum (for an INT8 weight, times weight_scale[j]) is rounded once, to out's
-    dtype: out in x's dtype is F.linear's output (transformers' rounding), a float32 out holds the
+    None for a float weight), or float8_e4m3fn with weight_scale likewise (only for a backend that
+    declares ``BackendInfo.fp8``): then x is quantized per row to e4m3 as well and the product is
+    ``tileinfer.backend.fp8``'s. out: (n, out_features), in x's dtype or float32 (e4m3 weights: x's
+    dtype); accumulation in float32. The float32 sum (for an INT8 or e4m3 weight, scaled) is
+    rounded once, to out's dtype: out in x's dtype is F.linear's output (transformers' rounding), a float32 out holds the
     unrounded float32 sum (the model's lm_head writes its float32 logits this way, on every
     backend, so that near ties between logits are not made exact ties by a bf16 rounding).
 
@@ -118,7 +120,8 @@ def linear(out, x, weight, weight_scale, batch_invariant):
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
     """SwiGLU MLP input: ``gate, up = split(x @ weight.T); out = silu(gate) * up``.
 
-    weight: (2 * inter, in), gate rows stacked over up rows (int8 with weight_scale as in linear);
+    weight: (2 * inter, in), gate rows stacked over up rows (int8 or e4m3 with weight_scale as
+    in linear);
     out: (n, inter). gate_up: (n, 2 * inter) scratch in x's dtype that a backend which does not
     fuse may use. Rounding as transformers: gate and up rounded to x's dtype, ``silu(gate)`` rounded,
     the product rounded. batch_invariant: as in ``linear``.
@@ -129,7 +132,7 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
 def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     """Ungated MLP input of Apertus: ``out = xielu(x @ weight.T)``.
 
-    weight: (inter, in) (int8 with weight_scale as in linear); out: (n, inter); xielu: the
+    weight: (inter, in) (int8 or e4m3 with weight_scale as in linear); out: (n, inter); xielu: the
     layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation is computed
     in float32 and rounded once to out's dtype. batch_invariant: as in ``linear``.
     """

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model.quant import Int8Weight
+from ..model.quant import QuantizedWeight
 from ..model.weights import weight_bytes
 from .kv.cache import PagedKVCache
 from .runtime.runtime import existing_runtime
@@ -51,12 +51,12 @@ def decode_weight_bytes(model) -> int:
 
 
 def linear_weight_bytes(model) -> int:
-    """Bytes of the linear layers (qkv, o, gate/up, down, LM head), INT8 scales included: the
-    weights that ``quantize="int8"`` stores as int8."""
+    """Bytes of the linear layers (qkv, o, gate/up, down, LM head), INT8 / FP8 scales included:
+    the weights that ``quantize="int8"`` stores as int8."""
     w = model.weights
     items = [w.lm_head] + [x for layer in w.layers for x in (layer.qkv, layer.o, layer.up,
                                                                layer.down)]
-    return sum(_nbytes(x.q) + _nbytes(x.scale) if isinstance(x, Int8Weight) else _nbytes(x)
+    return sum(_nbytes(x.q) + _nbytes(x.scale) if isinstance(x, QuantizedWeight) else _nbytes(x)
                for x in items)
 
 

@@ -14,6 +14,7 @@ from ..backend import BackendError, OpTable, get_backend
 from ..io.model_dir import resolve_model_dir
 from .config import check_max_len, load_config
 from .decoder import Model
+from .quant import check_quantize
 from .weights import Checkpoint, check_checkpoint, expected_weight_bytes, load_weights
 
 DEFAULT_MAX_LEN = 4096
@@ -88,6 +89,13 @@ def check_batch_invariant(ops, batch_invariant: bool):
                          "(tileinfer backends lists them)")
 
 
+def check_fp8(ops, quantize) -> None:
+    """quantize="fp8" needs a backend whose linear ops take e4m3 weights (BackendInfo.fp8)."""
+    if quantize == "fp8" and not ops.backend.info.fp8:
+        raise ValueError(f"backend {ops.name!r} does not declare FP8 linear ops (BackendInfo.fp8)"
+                         "; quantize='fp8' needs one that does (tileinfer backends lists them)")
+
+
 def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", device=None,
                max_len: int | None = None, quantize: str | None = None,
                allow_long: bool = False, batch_invariant: bool = False) -> Model:
@@ -98,16 +106,19 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     dtype: the activation and weight dtype. device: default ``default_device``. max_len: the
     longest sequence (positions the RoPE tables cover); default 4096, or the model's
     ``max_position_embeddings`` if smaller. A max_len beyond those positions is refused unless
-    ``allow_long=True`` (then a ``LongContextWarning``). quantize: None, or "int8" for INT8
-    weight-only linear layers (``tileinfer.model.quant``). batch_invariant: every step's rows the
+    ``allow_long=True`` (then a ``LongContextWarning``). quantize: None, "int8" for INT8
+    weight-only linear layers, or "fp8" for e4m3 weights and per-token e4m3 activations
+    (``tileinfer.model.quant``; the backend must declare ``BackendInfo.fp8``). batch_invariant: every step's rows the
     same bits whatever else the step holds, so an answer does not depend on the load
     (docs/determinism.md); the backend must declare it (``BackendInfo.batch_invariant``).
     """
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
                                 or max_len < 1):
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+    check_quantize(quantize)
     ops = get_backend(backend)
     check_batch_invariant(ops, batch_invariant)
+    check_fp8(ops, quantize)
     device = torch.device(device) if device is not None else default_device(ops)
     if device.type not in ops.backend.info.devices:
         raise ValueError(f"backend {ops.name!r} runs on {', '.join(ops.backend.info.devices)}, "

@@ -1,11 +1,17 @@
-"""INT8 weight-only quantization of linear layers.
+"""Quantized linear weights: INT8 and FP8 (e4m3), per output channel.
 
-Symmetric, per output channel, round to nearest: row j of a weight W (out, in) is stored as int8
-values ``q[j] = clamp(round(W[j] / scale[j]), -127, 127)`` with ``scale[j] = max|W[j]| / 127``
-(1 for an all-zero row), so ``W[j] ~= scale[j] * q[j]`` with an error of at most scale[j] / 2 per
-element. The ``linear`` ops take ``(q, scale)`` in place of a float weight and accumulate in
-float32. Activations stay in the model dtype (weight-only quantization halves the bytes a decode
-step reads, which is what bounds its speed).
+INT8, weight-only: row j of a weight W (out, in) is stored as int8 values
+``q[j] = clamp(round(W[j] / scale[j]), -127, 127)`` with ``scale[j] = max|W[j]| / 127`` (1 for an
+all-zero row), so ``W[j] ~= scale[j] * q[j]`` with an error of at most scale[j] / 2 per element.
+Activations stay in the model dtype (weight-only quantization halves the bytes a decode step
+reads, which is what bounds its speed).
+
+FP8: ``q[j] = e4m3(W[j] / scale[j])`` with ``scale[j] = max|W[j]| / 448``; the linear ops quantize
+the activations per token as well (``tileinfer.backend.fp8``), so batched steps can run on FP8
+tensor cores. The LM head stays in the model dtype (as FP8 checkpoints leave it): it is one
+layer, and the logits are what sampling reads.
+
+The ``linear`` ops take ``(q, scale)`` in place of a float weight and accumulate in float32.
 """
 
 from __future__ import annotations
@@ -14,10 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backend.fp8 import E4M3, E4M3_MAX, quantize_rows
+
+QUANTIZE_CHOICES = (None, "int8", "fp8")
+
 
 @dataclass(frozen=True)
-class Int8Weight:
-    """A linear weight as int8 values q (out, in) and one float32 scale (out,) per output row."""
+class QuantizedWeight:
+    """A linear weight as quantized values q (out, in) and one float32 scale (out,) per row."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -30,6 +40,14 @@ class Int8Weight:
         return (self.q.float() * self.scale[:, None]).to(dtype)
 
 
+class Int8Weight(QuantizedWeight):
+    """INT8 values (out, in) and their row scales."""
+
+
+class Fp8Weight(QuantizedWeight):
+    """e4m3 values (out, in) and their row scales."""
+
+
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     """Round-to-nearest symmetric INT8 quantization of each row (output channel) of weight."""
     w = weight.float()
@@ -39,8 +57,30 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     return Int8Weight(q.contiguous(), scale.contiguous())
 
 
+def quantize_fp8(weight: torch.Tensor) -> Fp8Weight:
+    """e4m3 quantization of each row (output channel) of weight, scale max|W[j]| / 448."""
+    q, scale = quantize_rows(weight)
+    return Fp8Weight(q.contiguous(), scale.contiguous())
+
+
+def check_quantize(quantize) -> None:
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be None, 'int8' or 'fp8', got {quantize!r}")
+
+
+def quantize_linear(weight: torch.Tensor, quantize: str | None, head: bool = False):
+    """weight as the linear layers store it for ``quantize``; head: the LM head (kept in its
+    dtype with FP8)."""
+    if quantize == "int8":
+        return quantize_int8(weight)
+    if quantize == "fp8" and not head:
+        return quantize_fp8(weight)
+    return weight
+
+
 def linear_operands(weight) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, weight_scale) as the ``linear`` ops take them, for a float or an INT8 weight."""
-    if isinstance(weight, Int8Weight):
+    """(weight, weight_scale) as the ``linear`` ops take them, for a float or a quantized weight."""
+    if isinstance(weight, QuantizedWeight):
         return weight.q, weight.scale
     return weight, None
+

@@ -8,8 +8,8 @@ import torch
 from ..backend import get_backend
 from .config import config_from_dict
 from .decoder import Model
-from .loader import check_batch_invariant
-from .quant import quantize_int8
+from .loader import check_batch_invariant, check_fp8
+from .quant import check_quantize, quantize_linear
 from .weights import LayerWeights, ModelWeights
 
 SHAPES = {
@@ -40,14 +40,16 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
     batch_invariant as ``load_model``'s."""
     ops = get_backend(backend)
     check_batch_invariant(ops, batch_invariant)
+    check_quantize(quantize)
+    check_fp8(ops, quantize)
     gen = torch.Generator(device=device).manual_seed(seed)
     c = config
 
     def w(*shape):
         return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
 
-    def linear(*shape):
-        return quantize_int8(w(*shape)) if quantize == "int8" else w(*shape)
+    def linear(*shape, head=False):
+        return quantize_linear(w(*shape), quantize, head)
 
     def ones(n):
         return torch.ones(n, dtype=dtype, device=device)
@@ -61,6 +63,6 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
                            down=linear(c.hidden_size, c.intermediate_size))
               for _ in range(c.num_layers)]
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
-                           norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size))
+                           norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size, head=True))
     return Model(c, weights, ops, dtype, device, max_len, quantize=quantize,
                  batch_invariant=batch_invariant)

@@ -52,7 +52,7 @@ from safetensors import SafetensorError, safe_open
 from ..backend.types import XIELUScalars
 from .config import ModelConfig
 from .fp8_checkpoint import FP8_DTYPES, QuantizationError, check_quantization, dequantized
-from .quant import Int8Weight, quantize_int8
+from .quant import QuantizedWeight, check_quantize, quantize_linear
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -63,17 +63,17 @@ class WeightsError(ValueError):
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Linear weights are tensors (out, in) or ``Int8Weight``s."""
+    """One decoder layer. Linear weights are tensors (out, in) or ``QuantizedWeight``s."""
 
     attn_norm: torch.Tensor  # (hidden,)
-    qkv: torch.Tensor | Int8Weight  # (qkv_size, hidden)
+    qkv: torch.Tensor | QuantizedWeight  # (qkv_size, hidden)
     q_norm: torch.Tensor | None  # (head_dim,) or None
     k_norm: torch.Tensor | None
-    o: torch.Tensor | Int8Weight  # (hidden, heads * head_dim)
+    o: torch.Tensor | QuantizedWeight  # (hidden, heads * head_dim)
     mlp_norm: torch.Tensor  # (hidden,)
     # SwiGLU: gate_up (2 * inter, hidden), gate rows over up rows; xIELU: up (inter, hidden)
-    up: torch.Tensor | Int8Weight
-    down: torch.Tensor | Int8Weight  # (hidden, inter)
+    up: torch.Tensor | QuantizedWeight
+    down: torch.Tensor | QuantizedWeight  # (hidden, inter)
     xielu: XIELUScalars | None = None
 
 
@@ -82,7 +82,7 @@ class ModelWeights:
     embed: torch.Tensor  # (vocab, hidden), always in the model dtype
     layers: list[LayerWeights]
     norm: torch.Tensor  # (hidden,)
-    lm_head: torch.Tensor | Int8Weight  # (vocab, hidden); the embed tensor itself when tied
+    lm_head: torch.Tensor | QuantizedWeight  # (vocab, hidden); the embed tensor itself when tied
 
     def tensors(self):
         """Every distinct weight tensor (a tied lm_head is counted once)."""
@@ -92,7 +92,7 @@ class ModelWeights:
             items += [layer.attn_norm, layer.qkv, layer.q_norm, layer.k_norm, layer.o,
                       layer.mlp_norm, layer.up, layer.down]
         for item in items:
-            parts = (item.q, item.scale) if isinstance(item, Int8Weight) else (item,)
+            parts = (item.q, item.scale) if isinstance(item, QuantizedWeight) else (item,)
             for t in parts:
                 if t is not None:
                     seen[id(t)] = t
@@ -299,12 +299,11 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
                  quantize: str | None = None) -> ModelWeights:
     """Read, check, fuse and convert the weights of ``model_dir`` for ``config``.
 
-    quantize: None, or "int8" to store every linear weight (qkv, o, gate_up/up, down, lm_head) as
-    an ``Int8Weight``. The embedding table stays in ``dtype``, so a tied lm_head gets its own INT8
-    copy.
+    quantize: None, "int8" to store every linear weight (qkv, o, gate_up/up, down, lm_head) as
+    an ``Int8Weight``, or "fp8" to store them as ``Fp8Weight``s but the lm_head (model/quant.py).
+    The embedding table stays in ``dtype``, so a tied lm_head gets its own INT8 copy.
     """
-    if quantize not in (None, "int8"):
-        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    check_quantize(quantize)
     c = config
     try:
         check_quantization(model_dir)  # FP8 checkpoints load dequantized; others are refused
@@ -322,8 +321,8 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
             return stacked_tensor(ckpt, [(n, shapes[n][0]) for n in names_], c.hidden_size, dtype,
                             device)
 
-        def linear(weight):
-            return quantize_int8(weight) if quantize == "int8" else weight
+        def linear(weight, head=False):
+            return quantize_linear(weight, quantize, head)
 
         embed = load("model.embed_tokens.weight")
         layers = []
@@ -350,7 +349,7 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
         else:
             lm_head = load("lm_head.weight")
         # The embedding table stays in dtype: a tied lm_head gets its own INT8 copy.
-        lm_head = linear(lm_head)
+        lm_head = linear(lm_head, head=True)
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
@@ -362,19 +361,21 @@ def weight_bytes(model) -> int:
 
 def expected_weight_bytes(config: ModelConfig, dtype=torch.bfloat16,
                           quantize: str | None = None) -> int:
-    """Bytes ``load_weights`` will allocate for config, computed from the sizes alone (INT8: one
-    byte per linear weight plus a float32 scale per output row; the embedding table stays in
-    dtype and a tied lm_head gets its own INT8 copy)."""
+    """Bytes ``load_weights`` will allocate for config, computed from the sizes alone (INT8 or
+    FP8: one byte per linear weight plus a float32 scale per output row; the embedding table
+    stays in dtype, a tied lm_head gets its own INT8 copy, FP8 leaves the lm_head in dtype)."""
     c = config
     size = torch.empty((), dtype=dtype).element_size()
     hidden, inter = c.hidden_size, c.intermediate_size
     up_rows = 2 * inter if c.mlp == "swiglu" else inter
 
-    def linear(rows, cols):
-        return rows * cols + 4 * rows if quantize == "int8" else rows * cols * size
+    def linear(rows, cols, head=False):
+        one_byte = quantize == "int8" or (quantize == "fp8" and not head)
+        return rows * cols + 4 * rows if one_byte else rows * cols * size
 
     per_layer = (2 * hidden * size + (2 * c.head_dim * size if c.qk_norm else 0)
                  + linear(c.qkv_size, hidden) + linear(hidden, c.q_size)
                  + linear(up_rows, hidden) + linear(hidden, inter))
-    head = 0 if c.tie_word_embeddings and quantize is None else linear(c.vocab_size, hidden)
+    head = (0 if c.tie_word_embeddings and quantize != "int8"
+            else linear(c.vocab_size, hidden, head=True))
     return c.vocab_size * hidden * size + c.num_layers * per_layer + hidden * size + head

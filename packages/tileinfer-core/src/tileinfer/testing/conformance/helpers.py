@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from tileinfer.backend.fp8 import quantize_rows
 from tileinfer.backend.sampling import SamplingParams
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
@@ -100,6 +101,12 @@ def make_weight(out_f, in_f, device, int8):
         q, scale = quantize_weight(w)
         return q.to(device), scale.to(device)
     return w, None
+
+
+def make_fp8_weight(out_f, in_f, device, gen=None):
+    """An e4m3 weight with per-row scales (the rule of tileinfer.model.quant.quantize_fp8)."""
+    q, scale = quantize_rows(rand((out_f, in_f), torch.bfloat16, "cpu", 0.05, gen))
+    return q.to(device), scale.to(device)
 
 
 # Apertus-like effective xIELU scalars.

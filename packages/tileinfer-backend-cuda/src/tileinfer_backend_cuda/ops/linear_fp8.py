@@ -1,0 +1,134 @@
+"""FP8 linear products (the product of tileinfer/backend/fp8.py): an e4m3 weight with one scale
+per output row, the input quantized per token row by fp8_quant.cu into per-device scratch, then
+
+* steps of up to INVARIANT_LAUNCH_ROWS rows, and every step of a batch-invariant model (in
+  launches of that many rows): gemv.cu's FP8 build, which reads the weight once for all rows,
+  on the weight's batch-invariant configuration (its warps fixed per weight), so a row's sum
+  is the same bits at any row count;
+* larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
+  (bf16 output), then silu_mul / xielu for the MLP ops.
+
+Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
+its own). Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.backend.fp8 import E4M3
+from tileinfer.backend.hookspecs import Invariance
+
+from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
+from . import elementwise
+from .linear import INVARIANT_LAUNCH_ROWS, NO_XIELU, gemv_mma, invariant_gemv_config
+from .tuning import mma_token_tiles
+
+
+QUANT_THREADS = 256
+
+
+def fp8_ok(out, x, weight, weight_scale) -> bool:
+    """Layouts the FP8 kernels take: bf16 x with 16-byte aligned rows, K % 16 == 0, contiguous
+    e4m3 weight, float32 scales, a bf16 or float32 out."""
+    return (x.dim() == 2 and out.dim() == 2 and x.dtype == torch.bfloat16
+            and weight.dtype == E4M3 and weight_scale is not None
+            and weight_scale.dtype == torch.float32 and out.dtype in (torch.bfloat16, torch.float32)
+            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.shape[1] % 16 == 0
+            and contig(weight, out, weight_scale) and aligned(x, weight))
+
+
+def quantize_rows(x, xq, x_scale):
+    """fp8_quant.cu: x (n, K) bf16 -> xq (n, K) e4m3 bytes, x_scale (n,) float32."""
+    n, k_dim = x.shape
+    k = kernel("fp8_quant.cu", "quantize_rows", "pppiq", dev(x), {"THREADS": QUANT_THREADS})
+    k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)))
+
+
+def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
+    """gemv.cu's FP8 build over xq's rows, in launches of at most INVARIANT_LAUNCH_ROWS."""
+    n, k_dim = xq.shape
+    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
+    device = dev(out)
+    token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+    cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, token_tiles, fp8=True)
+    while cfg is None:  # too much shared memory for this many token tiles
+        token_tiles //= 2
+        cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, token_tiles, fp8=True)
+    for start in range(0, n, 8 * token_tiles):
+        stop = min(n, start + 8 * token_tiles)
+        gemv_mma(out[start:stop], xq[start:stop], weight, weight_scale, epilogue, xielu_params,
+                  cfg, token_tiles, x_scale[start:stop])
+
+
+def _scaled_mm(out, xq, x_scale, weight, weight_scale):
+    """out (bf16) = the FP8 product on cuBLASLt's tensor cores."""
+    torch._scaled_mm(xq.view(E4M3), weight.t(), scale_a=x_scale[:, None],
+                     scale_b=weight_scale[None, :], out_dtype=out.dtype, out=out)
+
+
+def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
+    """out = epilogue(FP8 product of x and the weight), in chunks of rows that fit the scratch;
+    False where the scratch is missing (first needed inside a graph capture). Plain products of
+    more than INVARIANT_LAUNCH_ROWS rows of a model that is not batch-invariant go to
+    _scaled_mm (the MLP ops then run their activation on its output)."""
+    n, k_dim = x.shape
+    buffers = FP8_SCRATCH.get(dev(x))
+    if buffers is None:
+        return False
+    scratch, scales = buffers
+    chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
+    gemm = (n > INVARIANT_LAUNCH_ROWS and not invariant and epilogue == "none"
+            and out.dtype == torch.bfloat16 and weight.shape[0] % 16 == 0)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        xq = scratch[: (stop - start) * k_dim].view(stop - start, k_dim)
+        x_scale = scales[: stop - start]
+        quantize_rows(x[start:stop], xq, x_scale)
+        if gemm:
+            _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
+        else:
+            _gemv(out[start:stop], xq, x_scale, weight, weight_scale, epilogue, xielu_params)
+    return True
+
+
+def linear(out, x, weight, weight_scale, batch_invariant):
+    if not (fp8_ok(out, x, weight, weight_scale)
+            and _product(out, x, weight, weight_scale, "none", NO_XIELU,
+                         _invariant(x, batch_invariant))):
+        fallback("linear", "FP8 layout", out, x, weight, weight_scale, batch_invariant)
+
+
+def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
+    invariant = _invariant(x, batch_invariant)
+    if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
+        if x.shape[0] <= INVARIANT_LAUNCH_ROWS or invariant:
+            if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, True):
+                return
+        elif (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
+              and elementwise.silu_mul_ok(out, gate_up)
+              and _product(gate_up, x, weight, weight_scale, "none", NO_XIELU, False)):
+            return elementwise.silu_mul(out, gate_up)
+    fallback("linear_swiglu", "FP8 layout", out, x, weight, weight_scale, gate_up,
+             batch_invariant)
+
+
+def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
+    invariant = _invariant(x, batch_invariant)
+    s = xielu
+    params = (s.alpha_p, s.alpha_n, s.beta, s.eps)
+    if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
+        if x.shape[0] <= INVARIANT_LAUNCH_ROWS or invariant:
+            if _product(out, x, weight, weight_scale, "xielu", params, True):
+                return
+        elif (elementwise.xielu_ok(out, out)
+              and _product(out, x, weight, weight_scale, "none", NO_XIELU, False)):
+            return elementwise.xielu(out, out, s)
+    fallback("linear_xielu", "FP8 layout", out, x, weight, weight_scale, xielu, batch_invariant)
+
+
+def _invariant(x, batch_invariant) -> bool:
+    """Whether every row must be the same bits at any row count: a batch-invariant step. (A
+    single sequence's steps, batch_invariant True, have at most INVARIANT_LAUNCH_ROWS rows
+    where it matters, and those always take gemv.cu's fixed configuration.)"""
+    return batch_invariant == Invariance.BATCH
