@@ -8,7 +8,7 @@ decode step depend on each other, so the attributed times add up to the step's G
 include each kernel's launch latency and its wait for the one before (with programmatic
 dependent launch a kernel starts early, so its own duration overstates its share).
 
-    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8] [--kv-cache int8]
+    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8 | --fp8] [--kv-cache int8]
 
 ``--rows 1,2,8`` profiles, per count n, a single sequence's captured step of n rows with every
 row's logits and greedy token (a speculative verify step: the last token and n - 1 drafts).
@@ -97,6 +97,7 @@ def main():
     p.add_argument("--shape", default="llama3.2-1b")
     p.add_argument("--backend", default="cuda")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--fp8", action="store_true", help="FP8 weights and activations")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
     p.add_argument("--context", type=int, default=144, help="cached positions before the step")
     p.add_argument("--replays", type=int, default=20)
@@ -107,16 +108,17 @@ def main():
     p.add_argument("--rows", default="", help="comma list of row counts: profile verify steps")
     p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
     args = p.parse_args()
+    quant = "int8" if args.int8 else "fp8" if args.fp8 else None
 
     max_len = args.context + (512 if args.batch else 64)
     model = random_model(shape_config(args.shape), backend=args.backend,
-                         quantize="int8" if args.int8 else None, max_len=max_len)
+                         quantize=quant, max_len=max_len)
     kv = None if args.kv_cache == "bf16" else "int8"
     cache = None if args.batch else new_cache(model, args.context + 64, quantize=kv)
     for attention in args.cuda_attention:
         for gemv in args.cuda_gemv:
             what = dict(shape=args.shape, backend=args.backend,
-                        weights="int8" if args.int8 else "bf16", kv_cache=args.kv_cache,
+                        weights=quant or "bf16", kv_cache=args.kv_cache,
                         context=args.context)
             if attention is not None or gemv is not None:
                 from tileinfer_backend_cuda.ops import tuning

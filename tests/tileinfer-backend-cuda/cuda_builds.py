@@ -61,8 +61,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_FP8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=8, STAGES=2, REGS=2, NT=8, TILES=2,
         PDL=1)
     add("gemv.cu", W_FP8=1, ROUND_BF16=0, WARPS=4, STAGES=3, NT=4, GROUPS=2, PDL=1)
-    add("fp8_quant.cu", THREADS=256)
-    add("fp8_quant.cu", THREADS=1024)
+    add("fp8_quant.cu", THREADS=256, PDL=1)
+    add("fp8_quant.cu", THREADS=1024, PDL=0)
 
     # gemv_rows.cu: every dtype / epilogue / output, then the tiles, warps, token slots and PDL.
     for w_int8 in (0, 1):

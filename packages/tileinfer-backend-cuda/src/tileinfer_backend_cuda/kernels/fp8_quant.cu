@@ -1,15 +1,23 @@
 // Per-token e4m3 quantization of a linear layer's input (tileinfer/backend/fp8.py defines it):
 //   x_scale[i] = max|x[i]| / 448 (1 for an all-zero row)
 //   xq[i][k]   = e4m3(clamp(x[i][k] / x_scale[i], -448, 448)), rounded to nearest even
-// with IEEE float32 divisions (no fast math), so the values are those of the ref backend.
+// with IEEE float32 divisions (NVRTC's default -prec-div=true), so the values are the ref
+// backend's bit for bit.
 //
 // Grid: one block per row; block: THREADS threads, each taking 8 elements (16 bytes of x) at a
 // time. x (n, K) bf16 with row stride x_stride (elements), K % 8 == 0, rows 16-byte aligned;
 // xq (n, K) e4m3, contiguous; x_scale (n,) float32.
+//
+// PDL = 1 (launched with programmatic dependent launch): the next kernel (the GEMV, whose
+// prologue prefetches its weight) may start at once; this one waits for the previous kernel
+// before it reads x or writes xq (which that kernel, the previous GEMV, may still be reading).
 #include "fp8.cuh"
 
 #ifndef THREADS
 #define THREADS 256
+#endif
+#ifndef PDL
+#define PDL 0
 #endif
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
@@ -25,6 +33,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 quantize_rows(unsigned char* __restrict__ xq, float* __restrict__ x_scale,
               const bf16_t* __restrict__ x, int K, i64 x_stride) {
     __shared__ float scratch[32];
+#if PDL
+    pdl_launch_dependents();
+    pdl_wait();
+#endif
     const bf16_t* row = x + blockIdx.x * x_stride;
     unsigned char* out = xq + (i64)blockIdx.x * K;
     float amax = 0.0f;

@@ -1,12 +1,15 @@
 """FP8 linear products (the product of tileinfer/backend/fp8.py): an e4m3 weight with one scale
 per output row, the input quantized per token row by fp8_quant.cu into per-device scratch, then
 
-* steps of up to INVARIANT_LAUNCH_ROWS rows, and every step of a batch-invariant model (in
-  launches of that many rows): gemv.cu's FP8 build, which reads the weight once for all rows,
-  on the weight's batch-invariant configuration (its warps fixed per weight), so a row's sum
-  is the same bits at any row count;
+* steps of up to tuning.wide_max_tokens(fp8=True) rows, and every step of a batch-invariant
+  model (in launches of up to INVARIANT_LAUNCH_ROWS rows): gemv.cu's FP8 build, which reads the
+  weight once for all rows, on the weight's batch-invariant configuration (its warps fixed per
+  weight), so a row's sum is the same bits at any row count;
 * larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
-  (bf16 output), then silu_mul / xielu for the MLP ops.
+  (bf16 output), then silu_mul / xielu for the MLP ops. Up to tuning.fp8_swap_max_rows() rows
+  the product runs swapped, ``(W x^T)^T``: the weight's rows fill the GEMM's 128-row tiles,
+  which a step's few token rows would leave mostly empty; the (O, n) result is transposed into
+  out by one copy.
 
 Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
 its own). Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
@@ -22,7 +25,7 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise
 from .linear import INVARIANT_LAUNCH_ROWS, NO_XIELU, gemv_mma, invariant_gemv_config
-from .tuning import mma_token_tiles
+from .tuning import fp8_swap_max_rows, mma_token_tiles, pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
@@ -41,8 +44,11 @@ def fp8_ok(out, x, weight, weight_scale) -> bool:
 def quantize_rows(x, xq, x_scale):
     """fp8_quant.cu: x (n, K) bf16 -> xq (n, K) e4m3 bytes, x_scale (n,) float32."""
     n, k_dim = x.shape
-    k = kernel("fp8_quant.cu", "quantize_rows", "pppiq", dev(x), {"THREADS": QUANT_THREADS})
-    k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)))
+    device = dev(x)
+    pdl_on = pdl(device)
+    k = kernel("fp8_quant.cu", "quantize_rows", "pppiq", device,
+               {"THREADS": QUANT_THREADS, "PDL": int(pdl_on)})
+    k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)), pdl=pdl_on)
 
 
 def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
@@ -61,24 +67,39 @@ def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
                   cfg, token_tiles, x_scale[start:stop])
 
 
-def _scaled_mm(out, xq, x_scale, weight, weight_scale):
-    """out (bf16) = the FP8 product on cuBLASLt's tensor cores."""
-    torch._scaled_mm(xq.view(E4M3), weight.t(), scale_a=x_scale[:, None],
+def _scaled_mm(out, buffers, weight, weight_scale):
+    """out (n, O) bf16 = the FP8 product on cuBLASLt's tensor cores, of the n rows quantized
+    into the scratch buffers (xq, x_scale, swapped)."""
+    n, o = out.shape
+    k_dim = weight.shape[1]
+    scratch, scales, swapped = buffers
+    # The swapped form's n is the GEMM's N, which must be a multiple of 16: rows past n are
+    # whatever the scratch holds, and only their own columns of the result, dropped, see them.
+    n_pad = -(-n // 16) * 16
+    if n <= fp8_swap_max_rows() and o * n_pad <= swapped.numel():
+        xq = scratch[: n_pad * k_dim].view(E4M3).view(n_pad, k_dim)
+        result = swapped[: o * n_pad].view(o, n_pad)
+        torch._scaled_mm(weight, xq.t(), scale_a=weight_scale[:, None],
+                         scale_b=scales[None, :n_pad], out_dtype=out.dtype, out=result)
+        out.copy_(result[:, :n].t())
+        return
+    xq = scratch[: n * k_dim].view(E4M3).view(n, k_dim)
+    torch._scaled_mm(xq, weight.t(), scale_a=scales[:n, None],
                      scale_b=weight_scale[None, :], out_dtype=out.dtype, out=out)
 
 
 def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
     """out = epilogue(FP8 product of x and the weight), in chunks of rows that fit the scratch;
     False where the scratch is missing (first needed inside a graph capture). Plain products of
-    more than INVARIANT_LAUNCH_ROWS rows of a model that is not batch-invariant go to
+    more than wide_max_tokens(fp8=True) rows of a model that is not batch-invariant go to
     _scaled_mm (the MLP ops then run their activation on its output)."""
     n, k_dim = x.shape
     buffers = FP8_SCRATCH.get(dev(x))
     if buffers is None:
         return False
-    scratch, scales = buffers
+    scratch, scales, _ = buffers
     chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
-    gemm = (n > INVARIANT_LAUNCH_ROWS and not invariant and epilogue == "none"
+    gemm = (n > wide_max_tokens(True, fp8=True) and not invariant and epilogue == "none"
             and out.dtype == torch.bfloat16 and weight.shape[0] % 16 == 0)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -86,7 +107,7 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
         x_scale = scales[: stop - start]
         quantize_rows(x[start:stop], xq, x_scale)
         if gemm:
-            _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
+            _scaled_mm(out[start:stop], buffers, weight, weight_scale)
         else:
             _gemv(out[start:stop], xq, x_scale, weight, weight_scale, epilogue, xielu_params)
     return True
@@ -102,7 +123,7 @@ def linear(out, x, weight, weight_scale, batch_invariant):
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
     invariant = _invariant(x, batch_invariant)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
-        if x.shape[0] <= INVARIANT_LAUNCH_ROWS or invariant:
+        if x.shape[0] <= wide_max_tokens(True, fp8=True) or invariant:
             if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, True):
                 return
         elif (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
@@ -118,7 +139,7 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     s = xielu
     params = (s.alpha_p, s.alpha_n, s.beta, s.eps)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
-        if x.shape[0] <= INVARIANT_LAUNCH_ROWS or invariant:
+        if x.shape[0] <= wide_max_tokens(True, fp8=True) or invariant:
             if _product(out, x, weight, weight_scale, "xielu", params, True):
                 return
         elif (elementwise.xielu_ok(out, out)
@@ -129,6 +150,6 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
 
 def _invariant(x, batch_invariant) -> bool:
     """Whether every row must be the same bits at any row count: a batch-invariant step. (A
-    single sequence's steps, batch_invariant True, have at most INVARIANT_LAUNCH_ROWS rows
-    where it matters, and those always take gemv.cu's fixed configuration.)"""
+    single sequence's steps, batch_invariant True, have at most INVARIANT_MAX_ROWS rows where it
+    matters, and those always take gemv.cu's fixed configuration.)"""
     return batch_invariant == Invariance.BATCH

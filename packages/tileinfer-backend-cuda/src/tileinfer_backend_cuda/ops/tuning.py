@@ -20,7 +20,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
-  PyTorch's default library).
+  PyTorch's default library);
+- ``"fp8_swap_max_rows"``: replaces ``FP8_SWAP_MAX_ROWS`` (0: no swapped FP8 product).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _checked(settings) -> dict:
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
     unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "cublaslt_max_tokens"}
+                               "cublaslt_max_tokens", "fp8_swap_max_rows"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
@@ -74,7 +75,8 @@ def _checked(settings) -> dict:
             "pdl": bool(settings.get("pdl", True)),
             "gemv_wide": dict(settings.get("gemv_wide", {})),
             "small_weight_bytes": settings.get("small_weight_bytes"),
-            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
+            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens"),
+            "fp8_swap_max_rows": settings.get("fp8_swap_max_rows")}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
@@ -83,13 +85,15 @@ def _checked(settings) -> dict:
 # builds at 32 rows only tie it, at 16 they beat it). INT8: one read of the weight for all 64 rows
 # beats gemv.cu on 8-row pieces (a read per piece) and gemm.cu (prefill tiles) several times over.
 # Figures: benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost in gemv.cu".
-WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64}
+# FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above (when
+# the step need not be batch-invariant).
+WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64, "fp8": 16}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
 
 
-def wide_max_tokens(int8: bool) -> int:
-    key = "int8" if int8 else "bf16"
+def wide_max_tokens(int8: bool, fp8: bool = False) -> int:
+    key = "fp8" if fp8 else "int8" if int8 else "bf16"
     return experiments["gemv_wide"].get(key, WIDE_MAX_TOKENS[key])
 
 
@@ -104,6 +108,17 @@ CUBLASLT_MAX_TOKENS = 256
 def cublaslt_max_tokens() -> int:
     asked = experiments["cublaslt_max_tokens"]
     return CUBLASLT_MAX_TOKENS if asked is None else int(asked)
+
+
+# FP8 products of up to this many rows on torch._scaled_mm run swapped (linear_fp8.py): the
+# weight as the left operand, so that cuBLASLt's tiles of 128 rows cover outputs, not the few
+# token rows.
+FP8_SWAP_MAX_ROWS = 128
+
+
+def fp8_swap_max_rows() -> int:
+    asked = experiments["fp8_swap_max_rows"]
+    return FP8_SWAP_MAX_ROWS if asked is None else int(asked)
 
 
 def set_experiments(settings=None):

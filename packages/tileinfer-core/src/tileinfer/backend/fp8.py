@@ -6,8 +6,15 @@ quantized the same way, per token row, when the product runs (dynamic per-token 
 llm-compressor's FP8_DYNAMIC scheme and vLLM's fp8 method do):
 
     x_scale[i] = max|x[i]| / 448            (1 for an all-zero row)
-    xq[i]      = e4m3(clamp(x[i] / x_scale[i], -448, 448))   (float32 division, round to nearest even)
+    xq[i]      = e4m3(clamp(x[i] / x_scale[i], -448, 448))   (round to nearest even)
     out[i, j]  = (sum_k xq[i, k] * q[j, k]) * x_scale[i] * w_scale[j]
+
+Both divisions are IEEE float32 divisions (correctly rounded): an element near a boundary of
+e4m3's rounding lands on the same side in every backend only if its quotient has the same last
+bit. (PyTorch divides a GPU tensor by a Python number as a multiplication by its reciprocal,
+which can differ in that bit, hence the tensor divisor below. A power-of-two scale would make
+the division exact, but pushes the small elements of rows with outliers, common in activations,
+into e4m3's subnormals: measurably more KL divergence on SmolLM2-135M, benchmarks/RESULTS.md.)
 
 A product of two e4m3 values is exact in float32 (4 + 4 significant bits), so backends differ
 only in the order of the float32 sum; the result is rounded once, to out's dtype. Both operands
@@ -26,7 +33,7 @@ E4M3_MAX = 448.0  # the largest finite e4m3 value
 def row_scales(x: torch.Tensor) -> torch.Tensor:
     """Per-row scales (n,) float32 of x (n, k): max|x[i]| / 448, or 1 for an all-zero row."""
     amax = x.float().abs().amax(dim=-1)
-    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
 
 
 def quantize_rows(x: torch.Tensor, scale: torch.Tensor | None = None):
