@@ -88,13 +88,14 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 
 def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
-                                     "small_weight_bytes": None, "cublaslt_max_tokens": None}
+                                     "small_weight_bytes": None, "cublaslt_max_tokens": None,
+                                     "fp8_swap_max_rows": None}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
 def test_experiments_reject_unknown_settings():
     for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
-                {"gemv_wide": {"fp8": 16}}, {"skinny": {"max_tokens": 64}}):
+                {"gemv_wide": {"fp4": 16}}, {"skinny": {"max_tokens": 64}}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))
