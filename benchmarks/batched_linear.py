@@ -25,6 +25,11 @@ one JSON row per matrix with its best configuration and its time against the shi
 
     python benchmarks/batched_linear.py --shape llama3-8b --mma-sweep 8
 
+With ``--fp8`` the sweep times gemv.cu's FP8 build (the input's quantization included) with the
+warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 and is left out).
+
+    python benchmarks/batched_linear.py --shape llama3-8b --fp8 --mma-sweep 1
+
 ``--mma-sweep N --invariant``: gemv.cu's batch-invariant builds (``Invariance.BATCH``) at N rows,
 the weight's warps fixed, row groups, stages, tiles and the register stream swept; per matrix the
 batched path's time (cuBLAS), the shipped invariant build's and the best, then
@@ -93,19 +98,19 @@ def matrix_calls(model, ops, n: int, invariant=False) -> dict:
 
 def matrix_key(model, name: str) -> tuple:
     """The tuning table's key of a matrix: (output rows, K, int8, epilogue)."""
-    c, int8 = model.config, model.quantize == "int8"
+    c, int8 = model.config, model.quantize in ("int8", "fp8")  # FP8: INT8's byte layout
     return {"qkv": (c.qkv_size, c.hidden_size, int8, "none"),
             "o": (c.hidden_size, c.q_size, int8, "none"),
             "gate_up": (c.intermediate_size, c.hidden_size, int8, "swiglu"),
             "down": (c.hidden_size, c.intermediate_size, int8, "none"),
-            "lm_head": (c.vocab_size, c.hidden_size, int8, "none")}[name]
+            "lm_head": (c.vocab_size, c.hidden_size, model.quantize == "int8", "none")}[name]
 
 
 # Shared memory a gemv.cu block may take (dynamic; the kernel has no static buffer).
 SMEM_LIMIT = 227 * 1024
 
 
-def mma_configs(key, token_tiles: int) -> list[dict]:
+def mma_configs(key, token_tiles: int, fp8: bool = False) -> list[dict]:
     """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
     L2 prefetch hint, those that fit in shared memory; and the register stream (REGS steps a
     round instead of the ring) x warps x tiles."""
@@ -118,7 +123,7 @@ def mma_configs(key, token_tiles: int) -> list[dict]:
             for tiles in (1, 2, 4):
                 for l2 in (False, True):
                     cfg = {"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
-                    smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles)
+                    smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8)
                     if smem <= SMEM_LIMIT:
                         configs.append(cfg)
         if linear.gemv_regs({"regs": 1}, int8, linear.int8_load(k_dim)):
@@ -147,7 +152,8 @@ def mma_sweep(model, n: int):
     from tileinfer_backend_cuda.ops import linear, tuning
 
     ops = get_backend("cuda")
-    names = ["qkv", "o", "gate_up", "down", "lm_head"]
+    fp8 = model.quantize == "fp8"
+    names = ["qkv", "o", "gate_up", "down"] + ([] if fp8 else ["lm_head"])
     pdl_on = tuning.pdl(torch.cuda.current_device())
     token_tiles = tuning.mma_token_tiles(n)
     wide = {"bf16": 64, "int8": 64}  # every candidate runs gemv.cu
@@ -155,14 +161,16 @@ def mma_sweep(model, n: int):
     for name in names:
         _, k_dim, int8, epilogue = key = matrix_key(model, name)
         out = "float" if name == "lm_head" else "bf16_t"
-        for cfg in mma_configs(key, token_tiles):
-            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on, token_tiles)
+        for cfg in mma_configs(key, token_tiles, fp8):
+            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on, token_tiles, fp8)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
     precompile(list(jobs.values()))
     table = {}
     for name, calls in matrix_calls(model, ops, n).items():
+        if name not in names:
+            continue
         key = matrix_key(model, name)
-        timed = time_configs(calls, mma_configs(key, token_tiles),
+        timed = time_configs(calls, mma_configs(key, token_tiles, fp8),
                              lambda cfg: {"gemv": {"kernel": "mma", **cfg}, "gemv_wide": wide})
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0])
@@ -171,9 +179,12 @@ def mma_sweep(model, n: int):
         row = dict(matrix=name, key=list(key), rows=n, shipped_ms=round(shipped * 1e3, 4),
                    best_ms=round(best_s * 1e3, 4), best=best, configs=len(timed) - 1)
         print(json.dumps(row), flush=True)
-        if best is not None:
+        if best is not None and fp8:
+            table[key[0], key[1], key[3]] = best
+        elif best is not None:
             table[key if token_tiles == 1 else key + (token_tiles,)] = best
-    which = "MMA_GEMV_TABLE" if token_tiles == 1 else "MMA_GEMV_WIDE_TABLE"
+    which = ("FP8_GEMV_TABLE" if fp8 else "MMA_GEMV_TABLE" if token_tiles == 1
+             else "MMA_GEMV_WIDE_TABLE")
     print(f"{which} entries (the shipped path was best for the others):", file=sys.stderr)
     for key, cfg in table.items():
         print(f"    {key}: {cfg},", file=sys.stderr)
@@ -265,6 +276,7 @@ def main():
     p.add_argument("--shape", default="llama3-8b")
     p.add_argument("--backends", default="cuda,triton")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
+    p.add_argument("--fp8", action="store_true", help="FP8 weights")
     p.add_argument("--rows", default="1,2,4,8,16,32,64,128")
     p.add_argument("--invariant", action="store_true",
                    help="also time batch_invariant=True (the single-sequence calls); with "
@@ -274,7 +286,7 @@ def main():
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    quantize = "int8" if args.int8 else None
+    quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
     if args.mma_sweep:
         if args.invariant:
@@ -287,7 +299,7 @@ def main():
         variants.append((name, ops, False))
         if args.invariant:
             variants.append((f"{name}-invariant", ops, True))
-    if args.cublas and not args.int8:
+    if args.cublas and quantize is None:
         variants.append(("cublas", None, None))
     table = {}
     for label, ops, invariant in variants:

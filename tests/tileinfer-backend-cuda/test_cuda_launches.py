@@ -11,8 +11,8 @@ import pytest
 import torch
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
-from tileinfer_backend_cuda.ops import (OPS, attention, common, elementwise, kv, linear, norm,
-                                        sampling, tuning)
+from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise, kv, linear,
+                                        norm, sampling, tuning)
 
 BF = torch.bfloat16
 
@@ -179,14 +179,14 @@ def test_the_cublaslt_notice_stays_off_the_user_s_stderr(launches, monkeypatch, 
         return blas(backend)
 
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", noisy)
-    monkeypatch.setattr(linear, "_cublaslt_noted", False)
+    monkeypatch.setattr(cublas, "_cublaslt_noted", False)
     monkeypatch.setattr(linear.torch, "mm", blas.mm)
     OPS["linear"](torch.empty(32, 6144, dtype=BF), torch.randn(32, 4096).to(BF),
                   torch.randn(6144, 4096).to(BF), None, False)
     os.write(2, b"the user's own line\n")
     err = capfd.readouterr().err
     assert "experimental" not in err and "the user's own line" in err
-    assert linear._cublaslt_noted and blas.at_mm == [("cublaslt", None)] and blas.now == "default"
+    assert cublas._cublaslt_noted and blas.at_mm == [("cublaslt", None)] and blas.now == "default"
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])

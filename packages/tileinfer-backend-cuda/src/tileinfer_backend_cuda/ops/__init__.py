@@ -3,12 +3,12 @@ layouts, pick a build and a grid, and launch on PyTorch's current stream (``comp
 
 common.py: dtypes, layout checks, device properties, per-device scratch, the fallback to ref;
 tuning.py: launch configurations and the benchmark-only switch (TILEINFER_CUDA_EXPERIMENTS);
-elementwise.py, norm.py, linear.py (linear_fp8.py for e4m3 weights; linear_ops.py picks), kv.py,
-attention.py, sampling.py: the ops.
+elementwise.py, norm.py, linear.py (cublas.py for bf16 products past the GEMVs, linear_fp8.py for
+e4m3 weights; linear_ops.py picks), kv.py, attention.py, sampling.py: the ops.
 """
 
-from . import (attention, common, elementwise, kv, linear, linear_fp8, linear_ops,  # noqa: F401
-               norm, sampling, tuning)
+from . import (attention, common, cublas, elementwise, kv, linear, linear_fp8,  # noqa: F401
+               linear_ops, norm, sampling, tuning)
 
 # The ops of the contract (tileinfer.backend.hookspecs) that this backend implements.
 OPS = {

@@ -1,7 +1,8 @@
 """gemv.cu's builds for batch-invariant steps (``Invariance.BATCH``) of 9..64 rows (token tiles
 2, 4, 8), per weight shape and token tiles: stages, tiles, regs and row groups (GROUPS) only,
 since the warps that split K are the weight's own 8-row build's at every row count
-(ops/linear.py invariant_gemv_config reads them)."""
+(ops/linear.py invariant_gemv_config reads them). And the builds of FP8 weights, whose every
+step runs gemv.cu's FP8 build on one configuration per weight, warps included."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (4096, 14336, False, 'none', 8): {'groups': 1, 'stages': 2, 'tiles': 2, 'regs': 1},
     (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 4, 'l2_256b': True},
 }
+
+
+# FP8 weights (ops/linear_fp8.py), per (output rows, K, epilogue): the winners of
+# `benchmarks/batched_linear.py --fp8 --mma-sweep 1`; at more token tiles invariant_gemv_config
+# lowers row groups, stages and tiles until a block fits. Other shapes get the INT8 entries'.
+FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {}

@@ -27,9 +27,6 @@ Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
 from tileinfer.backend.hookspecs import Invariance
@@ -37,10 +34,10 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise
-from .invariant_tuning import INVARIANT_GEMV_TABLE
-from .tuning import (cublaslt_max_tokens, experiments, gemv_config, gemv_rows_split,
-                     gemv_rows_tile, gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k,
-                     wide_max_tokens)
+from .cublas import cublas
+from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE
+from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
+                     gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
@@ -204,10 +201,13 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     token tiles, with the warps of the weight's 8-row build at every count; row groups, stages,
     then tiles come down until a block has at most 1,024 threads and fits in shared memory. None
     when even that does not fit (fewer token tiles then do: one token tile always fits, as the
-    weight's own 8-row build)."""
+    weight's own 8-row build). fp8: FP8_GEMV_TABLE's build, warps included, where it has one."""
     warps = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
     entry = INVARIANT_GEMV_TABLE.get((o_rows, k_dim, bool(int8), epilogue, token_tiles))
-    if entry is None or experiments["gemv"]:
+    if fp8 and (o_rows, k_dim, epilogue) in FP8_GEMV_TABLE and not experiments["gemv"]:
+        entry = FP8_GEMV_TABLE[o_rows, k_dim, epilogue]
+        warps = entry["warps"]
+    elif entry is None or experiments["gemv"]:
         entry = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
                             token_tiles=token_tiles)
     cfg = dict(entry, warps=warps, kernel="mma")
@@ -249,45 +249,6 @@ def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows
     k.launch((cdiv(o_rows, defines["ROWS"]), splits), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params, k_split,
               scratch, counters), pdl=pdl_on)
-
-
-def _prefer_cublaslt():
-    """Make cuBLASLt PyTorch's preferred BLAS library. PyTorch's C++ side prints, once a process,
-    that the setting is experimental (a note for programs that set it for good) straight to file
-    descriptor 2; here it lasts one product, so the first setting runs with that descriptor on
-    os.devnull and the user's output stays clean."""
-    global _cublaslt_noted
-    if _cublaslt_noted:
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        _cublaslt_noted = True
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-_cublaslt_noted = False
-
-
-def cublas(out, x, weight, **mm_options):
-    """out = x @ W.T by torch.mm; products of up to tuning.cublaslt_max_tokens() rows on
-    cuBLASLt (PyTorch's preferred BLAS library, set for the call and restored: a process-wide
-    setting, read when the product launches or is captured)."""
-    if x.shape[0] > cublaslt_max_tokens():
-        torch.mm(x, weight.t(), out=out, **mm_options)
-        return
-    before = torch.backends.cuda.preferred_blas_library()
-    _prefer_cublaslt()
-    try:
-        torch.mm(x, weight.t(), out=out, **mm_options)
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
 
 
 def gemm(out, x, weight, weight_scale):
