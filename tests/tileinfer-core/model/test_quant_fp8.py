@@ -132,3 +132,4 @@ def test_fp8_needs_a_backend_that_declares_it(tiny):
         load_model(directory, max_len=32, quantize="fp4")
     with pytest.raises(ValueError, match="does not declare FP8 linear ops"):
         load_model(directory, max_len=32, quantize="fp8", backend="triton", device="cpu")
+
