@@ -6,7 +6,7 @@ per output row, the input quantized per token row by fp8_quant.cu into per-devic
   weight once for all rows, on the weight's batch-invariant configuration (its warps fixed per
   weight), so a row's sum is the same bits at any row count;
 * larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
-  (bf16 output), then silu_mul / xielu for the MLP ops. Up to tuning.fp8_swap_max_rows() rows
+  (bf16 output), then silu_mul / xielu for the MLP ops. Up to FP8_SWAP_MAX_ROWS rows
   the product runs swapped, ``(W x^T)^T``: the weight's rows fill the GEMM's 128-row tiles,
   which a step's few token rows would leave mostly empty; the (O, n) result is transposed into
   out by one copy.
@@ -25,10 +25,18 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise
 from .linear import INVARIANT_LAUNCH_ROWS, NO_XIELU, gemv_mma, invariant_gemv_config
-from .tuning import fp8_swap_max_rows, mma_token_tiles, pdl, wide_max_tokens
+from .tuning import experiments, mma_token_tiles, pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
+# Products of up to this many rows on torch._scaled_mm run swapped: the weight as the left
+# operand, so that cuBLASLt's tiles of 128 rows cover outputs, not the few token rows.
+FP8_SWAP_MAX_ROWS = 128
+
+
+def fp8_swap_max_rows() -> int:
+    asked = experiments["fp8_swap_max_rows"]
+    return FP8_SWAP_MAX_ROWS if asked is None else int(asked)
 
 
 def fp8_ok(out, x, weight, weight_scale) -> bool:

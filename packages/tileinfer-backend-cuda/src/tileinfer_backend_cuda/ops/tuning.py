@@ -21,7 +21,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
-- ``"fp8_swap_max_rows"``: replaces ``FP8_SWAP_MAX_ROWS`` (0: no swapped FP8 product).
+- ``"fp8_swap_max_rows"``: replaces linear_fp8.py's ``FP8_SWAP_MAX_ROWS`` (0: none swapped).
 """
 
 from __future__ import annotations
@@ -108,17 +108,6 @@ CUBLASLT_MAX_TOKENS = 256
 def cublaslt_max_tokens() -> int:
     asked = experiments["cublaslt_max_tokens"]
     return CUBLASLT_MAX_TOKENS if asked is None else int(asked)
-
-
-# FP8 products of up to this many rows on torch._scaled_mm run swapped (linear_fp8.py): the
-# weight as the left operand, so that cuBLASLt's tiles of 128 rows cover outputs, not the few
-# token rows.
-FP8_SWAP_MAX_ROWS = 128
-
-
-def fp8_swap_max_rows() -> int:
-    asked = experiments["fp8_swap_max_rows"]
-    return FP8_SWAP_MAX_ROWS if asked is None else int(asked)
 
 
 def set_experiments(settings=None):
