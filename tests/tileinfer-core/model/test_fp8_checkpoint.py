@@ -112,3 +112,35 @@ def test_an_fp8_tensor_without_its_scale_is_refused(hf, tmp_path):
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(WeightsError, match="down_proj.weight.*without a .*weight_scale"):
         load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_fp8_checkpoint_with_quantize_fp8_keeps_the_stored_values(tmp_path, hf, strategy):
+    """quantize="fp8": the checkpoint's e4m3 values and scales as stored (stacked for the fused
+    qkv and gate_up, a tensor scale repeated per row), not rounded a second time."""
+    folder = save_tiny(hf, tmp_path / strategy, torch.float32)
+    write_fp8(folder, strategy)
+    stored = load_file(folder / "model.safetensors")
+    model = load_model(folder, dtype=torch.bfloat16, max_len=64, quantize="fp8")
+    layer = model.weights.layers[0]
+    prefix = "model.layers.0."
+    for fused, parts in ((layer.qkv, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                         (layer.o, ("self_attn.o_proj",)),
+                         (layer.up, ("mlp.gate_proj", "mlp.up_proj")),
+                         (layer.down, ("mlp.down_proj",))):
+        q = torch.cat([stored[prefix + p + ".weight"] for p in parts])
+        scale = torch.cat([stored[prefix + p + ".weight_scale"].float().reshape(-1).expand(
+            stored[prefix + p + ".weight"].shape[0]) for p in parts])
+        assert fused.q.dtype == torch.float8_e4m3fn
+        assert torch.equal(fused.q.view(torch.uint8), q.view(torch.uint8))
+        assert torch.equal(fused.scale, scale)
+    # the model runs, near the dequantized checkpoint's logits (activations quantized too)
+    ref = load_model(folder, dtype=torch.bfloat16, max_len=64)
+    prompt = list(range(3, 19))
+    logits = []
+    for m in (model, ref):
+        cache = new_cache(m)
+        logits.append(forward(m, cache, cache.new_sequence(), prompt))
+    a, b = logits
+    assert a.shape == b.shape and bool(torch.isfinite(a).all())
+    assert 0 < (a - b).abs().max() < 0.2 * b.abs().max()

@@ -11,9 +11,11 @@ Two formats, told apart by config.json's ``quantization_config``:
 
 ``W[j, :] = weight[j, :] * weight_scale[j]`` (or the one scale). This module gives each weight's
 values in float32, which the loader converts to the model's dtype (and INT8 with
-``quantize="int8"``): the weights are not kept in FP8, and activations stay in the model's dtype
-(input scales are not used). Block-wise scales and other quantization methods are refused with
-one clear error.
+``quantize="int8"``), and activations stay in the model's dtype (input scales are not used).
+With ``quantize="fp8"`` the loader keeps e4m3 weights as stored instead (``stored_e4m3``: the
+values and one scale per row, the layout of ``tileinfer.backend.fp8``), so they are not rounded
+a second time; the activations are then quantized per token as that product does. Block-wise
+scales and other quantization methods are refused with one clear error.
 """
 
 from __future__ import annotations
@@ -65,16 +67,40 @@ def check_quantization(model_dir) -> str | None:
                             "compressed-tensors float-quantized, or 'fp8')")
 
 
-def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
-    """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or () -> float32 (out, in)."""
-    rows = weight.shape[0]
+def row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    """A weight's scale, (rows, 1), (rows,), (1,) or (), as float32 (rows,)."""
     if scale.numel() == rows and scale.dim() >= 1 and (scale.dim() == 1 or scale.shape[1:] == (1,)):
-        s = scale.float().reshape(rows, 1)
+        s = scale.float().reshape(rows)
     elif scale.numel() == 1:
-        s = scale.float().reshape(1, 1)
+        s = scale.float().reshape(1).expand(rows)
     else:
         raise QuantizationError(f"{name}_scale has shape {list(scale.shape)}: expected one scale "
                                 f"per output row ({rows}) or one for the tensor")
     if not bool(torch.isfinite(s).all()):
         raise QuantizationError(f"{name}_scale holds NaN or infinite values")
-    return weight.float() * s
+    return s
+
+
+def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
+    """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or () -> float32 (out, in)."""
+    return weight.float() * row_scales(scale, weight.shape[0], name)[:, None]
+
+
+def stored_e4m3(ckpt, parts, cols: int):
+    """(values, scales): the e4m3 weights of parts (name, rows), stacked along rows as stored,
+    (sum rows, cols), and their float32 scales, one per row; None unless every part is stored in
+    float8_e4m3fn with a scale (the loader then dequantizes, and quantizes again). ckpt: the
+    loader's ``Checkpoint``."""
+    values, scales = [], []
+    for name, rows in parts:
+        if not ckpt.has(name + "_scale"):
+            return None
+        q = ckpt.get(name, (rows, cols), dequantize=False)
+        if q.dtype != torch.float8_e4m3fn:
+            return None
+        if bool(((q.view(torch.uint8) & 0x7F) == 0x7F).any()):  # e4m3fn's NaN codes
+            raise QuantizationError(f"tensor {name!r} holds NaN values")
+        scale = ckpt.get(name + "_scale", ckpt.shape(name + "_scale"))
+        values.append(q)
+        scales.append(row_scales(scale, rows, name))
+    return torch.cat(values), torch.cat(scales).contiguous()

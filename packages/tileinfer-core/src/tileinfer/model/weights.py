@@ -51,8 +51,9 @@ from safetensors import SafetensorError, safe_open
 
 from ..backend.types import XIELUScalars
 from .config import ModelConfig
-from .fp8_checkpoint import FP8_DTYPES, QuantizationError, check_quantization, dequantized
-from .quant import QuantizedWeight, check_quantize, quantize_linear
+from .fp8_checkpoint import (FP8_DTYPES, QuantizationError, check_quantization, dequantized,
+                             stored_e4m3)
+from .quant import Fp8Weight, QuantizedWeight, check_quantize, quantize_linear
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -156,8 +157,9 @@ class Checkpoint:
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor ``name`` (on the CPU, memory-mapped), checked to have ``shape``."""
+    def get(self, name: str, shape: tuple[int, ...], dequantize: bool = True) -> torch.Tensor:
+        """The tensor ``name`` (on the CPU, memory-mapped), checked to have ``shape``; an FP8
+        weight as its dequantized values unless dequantize is False."""
         got = self.shape(name)
         if got != tuple(shape):
             raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
@@ -165,7 +167,7 @@ class Checkpoint:
             t = self._handle(self._file(name)).get_tensor(name)
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
-        if t.dtype in FP8_DTYPES:  # an FP8 checkpoint's weight: its values (fp8_checkpoint.py)
+        if t.dtype in FP8_DTYPES and dequantize:  # its values (fp8_checkpoint.py)
             scale = name + "_scale"
             if not self.has(scale):
                 raise WeightsError(f"tensor {name!r} is stored in {t.dtype} without a "
@@ -324,20 +326,32 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
         def linear(weight, head=False):
             return quantize_linear(weight, quantize, head)
 
+        def linear_of(*names_):
+            """The parts stacked: e4m3 as stored with quantize="fp8", else linear(...)."""
+            if quantize == "fp8":
+                try:
+                    stored = stored_e4m3(ckpt, [(n, shapes[n][0]) for n in names_],
+                                         shapes[names_[0]][1])
+                except QuantizationError as exc:
+                    raise WeightsError(str(exc)) from None
+                if stored is not None:
+                    return Fp8Weight(stored[0].to(device), stored[1].to(device))
+            return linear(stacked(*names_) if len(names_) > 1 else load(names_[0]))
+
         embed = load("model.embed_tokens.weight")
         layers = []
         for i in range(c.num_layers):
             n = {role: f"model.layers.{i}.{suffix}" for role, suffix in names.items()}
-            up = stacked(n["gate"], n["up"]) if c.mlp == "swiglu" else load(n["up"])
+            up = (n["gate"], n["up"]) if c.mlp == "swiglu" else (n["up"],)
             layers.append(LayerWeights(
                 attn_norm=load(n["attn_norm"]),
-                qkv=linear(stacked(n["q"], n["k"], n["v"])),
+                qkv=linear_of(n["q"], n["k"], n["v"]),
                 q_norm=load(n["q_norm"]) if c.qk_norm else None,
                 k_norm=load(n["k_norm"]) if c.qk_norm else None,
-                o=linear(load(n["o"])),
+                o=linear_of(n["o"]),
                 mlp_norm=load(n["mlp_norm"]),
-                up=linear(up),
-                down=linear(load(n["down"])),
+                up=linear_of(*up),
+                down=linear_of(n["down"]),
                 xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
                        if c.mlp == "xielu" else None),
             ))
