@@ -72,7 +72,7 @@ def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
     for start in range(0, n, 8 * token_tiles):
         stop = min(n, start + 8 * token_tiles)
         gemv_mma(out[start:stop], xq[start:stop], weight, weight_scale, epilogue, xielu_params,
-                  cfg, token_tiles, x_scale[start:stop])
+                 cfg, token_tiles, x_scale[start:stop])
 
 
 def _scaled_mm(out, buffers, weight, weight_scale):
@@ -124,12 +124,12 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
 def linear(out, x, weight, weight_scale, batch_invariant):
     if not (fp8_ok(out, x, weight, weight_scale)
             and _product(out, x, weight, weight_scale, "none", NO_XIELU,
-                         _invariant(x, batch_invariant))):
+                         _invariant(batch_invariant))):
         fallback("linear", "FP8 layout", out, x, weight, weight_scale, batch_invariant)
 
 
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
-    invariant = _invariant(x, batch_invariant)
+    invariant = _invariant(batch_invariant)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
         if x.shape[0] <= wide_max_tokens(True, fp8=True) or invariant:
             if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, True):
@@ -143,7 +143,7 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
 
 
 def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
-    invariant = _invariant(x, batch_invariant)
+    invariant = _invariant(batch_invariant)
     s = xielu
     params = (s.alpha_p, s.alpha_n, s.beta, s.eps)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
@@ -156,7 +156,7 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     fallback("linear_xielu", "FP8 layout", out, x, weight, weight_scale, xielu, batch_invariant)
 
 
-def _invariant(x, batch_invariant) -> bool:
+def _invariant(batch_invariant) -> bool:
     """Whether every row must be the same bits at any row count: a batch-invariant step. (A
     single sequence's steps, batch_invariant True, have at most INVARIANT_MAX_ROWS rows where it
     matters, and those always take gemv.cu's fixed configuration.)"""
