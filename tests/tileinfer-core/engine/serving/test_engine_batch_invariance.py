@@ -24,13 +24,15 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 BACKENDS = ["ref", "triton", "cuda"]
 
 
-def invariant_model(tiny, backend):
+def invariant_model(tiny, backend, quantize=None):
     try:
-        get_backend(backend)
+        ops = get_backend(backend)
     except BackendError as exc:
         pytest.skip(str(exc))
+    if quantize == "fp8" and not ops.backend.info.fp8:
+        pytest.skip(f"backend {backend!r} does not declare FP8 linear ops")
     return load_model(tiny.directory("llama", dtype=DTYPE), dtype=DTYPE, backend=backend,
-                      max_len=MAX_LEN, batch_invariant=True)
+                      max_len=MAX_LEN, batch_invariant=True, quantize=quantize)
 
 
 def outputs(engine, requests):
@@ -72,6 +74,17 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
     mix.insert(2, probe(sampling))
     among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
     assert among == alone  # tokens, and each logprob and its top-2, to the bit
+
+
+@pytest.mark.parametrize("backend", ["ref", "cuda"])
+def test_fp8_weights_keep_a_request_the_same_alone_and_among_others(tiny, backend):
+    """FP8 weights: each row's activations quantized on their own, the same bits in any step."""
+    model = invariant_model(tiny, backend, quantize="fp8")
+    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(SamplingParams())])
+    mix = others()
+    mix.insert(2, probe(SamplingParams()))
+    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
+    assert among == alone[0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
