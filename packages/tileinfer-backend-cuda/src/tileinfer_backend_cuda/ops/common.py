@@ -172,17 +172,14 @@ class ArgmaxScratch(DeviceScratch):
 
 class Fp8Scratch(DeviceScratch):
     """linear_fp8.py's quantized input of one product: e4m3 values (BYTES) and one float32
-    scale per row; and the transposed output of a swapped product (SWAPPED bf16 elements).
-    Reserved on GPUs with FP8 (compute capability 8.9 and newer)."""
+    scale per row. Reserved on GPUs with FP8 (compute capability 8.9 and newer)."""
 
     BYTES = 1 << 24  # 16 MiB: 1,170 rows of K = 14,336
     ROWS = 1 << 14
-    SWAPPED = 1 << 22  # 8 MiB: 128 rows of 32,768 outputs
 
     def __init__(self):
         super().__init__(lambda d: (torch.empty(self.BYTES, dtype=torch.uint8, device=d),
-                                    torch.empty(self.ROWS, dtype=torch.float32, device=d),
-                                    torch.empty(self.SWAPPED, dtype=torch.bfloat16, device=d)))
+                                    torch.empty(self.ROWS, dtype=torch.float32, device=d)))
 
 
 FP8_CAPABILITY = (8, 9)

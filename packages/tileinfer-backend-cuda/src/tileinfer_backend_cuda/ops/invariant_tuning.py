@@ -23,6 +23,12 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 
 
 # FP8 weights (ops/linear_fp8.py), per (output rows, K, epilogue): the winners of
-# `benchmarks/batched_linear.py --fp8 --mma-sweep 1`; at more token tiles invariant_gemv_config
-# lowers row groups, stages and tiles until a block fits. Other shapes get the INT8 entries'.
-FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {}
+# `benchmarks/batched_linear.py --fp8 --mma-sweep 1` (llama3-8b, benchmarks/RESULTS.md,
+# 2026-12-03, "FP8 weights on cuda"); at more token tiles invariant_gemv_config lowers row
+# groups, stages and tiles until a block fits. Other shapes get the INT8 entries'.
+FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {
+    (6144, 4096, 'none'): {'warps': 16, 'stages': 3, 'tiles': 4, 'l2_256b': True},
+    (4096, 4096, 'none'): {'warps': 16, 'stages': 2, 'tiles': 1, 'l2_256b': True},
+    (14336, 4096, 'swiglu'): {'warps': 4, 'stages': 3, 'tiles': 1, 'l2_256b': True},
+    (4096, 14336, 'none'): {'warps': 16, 'stages': 4, 'tiles': 1, 'l2_256b': True},
+}

@@ -6,10 +6,7 @@ per output row, the input quantized per token row by fp8_quant.cu into per-devic
   weight once for all rows, on the weight's batch-invariant configuration (its warps fixed per
   weight), so a row's sum is the same bits at any row count;
 * larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
-  (bf16 output), then silu_mul / xielu for the MLP ops. Up to FP8_SWAP_MAX_ROWS rows
-  the product runs swapped, ``(W x^T)^T``: the weight's rows fill the GEMM's 128-row tiles,
-  which a step's few token rows would leave mostly empty; the (O, n) result is transposed into
-  out by one copy.
+  (bf16 output), then silu_mul / xielu for the MLP ops.
 
 Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
 its own). Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
@@ -25,18 +22,10 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise
 from .linear import INVARIANT_LAUNCH_ROWS, NO_XIELU, gemv_mma, invariant_gemv_config
-from .tuning import experiments, mma_token_tiles, pdl, wide_max_tokens
+from .tuning import mma_token_tiles, pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
-# Products of up to this many rows on torch._scaled_mm run swapped: the weight as the left
-# operand, so that cuBLASLt's tiles of 128 rows cover outputs, not the few token rows.
-FP8_SWAP_MAX_ROWS = 128
-
-
-def fp8_swap_max_rows() -> int:
-    asked = experiments["fp8_swap_max_rows"]
-    return FP8_SWAP_MAX_ROWS if asked is None else int(asked)
 
 
 def fp8_ok(out, x, weight, weight_scale) -> bool:
@@ -75,24 +64,9 @@ def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
                  cfg, token_tiles, x_scale[start:stop])
 
 
-def _scaled_mm(out, buffers, weight, weight_scale):
-    """out (n, O) bf16 = the FP8 product on cuBLASLt's tensor cores, of the n rows quantized
-    into the scratch buffers (xq, x_scale, swapped)."""
-    n, o = out.shape
-    k_dim = weight.shape[1]
-    scratch, scales, swapped = buffers
-    # The swapped form's n is the GEMM's N, which must be a multiple of 16: rows past n are
-    # whatever the scratch holds, and only their own columns of the result, dropped, see them.
-    n_pad = -(-n // 16) * 16
-    if n <= fp8_swap_max_rows() and o * n_pad <= swapped.numel():
-        xq = scratch[: n_pad * k_dim].view(E4M3).view(n_pad, k_dim)
-        result = swapped[: o * n_pad].view(o, n_pad)
-        torch._scaled_mm(weight, xq.t(), scale_a=weight_scale[:, None],
-                         scale_b=scales[None, :n_pad], out_dtype=out.dtype, out=result)
-        out.copy_(result[:, :n].t())
-        return
-    xq = scratch[: n * k_dim].view(E4M3).view(n, k_dim)
-    torch._scaled_mm(xq, weight.t(), scale_a=scales[:n, None],
+def _scaled_mm(out, xq, x_scale, weight, weight_scale):
+    """out (n, O) bf16 = the FP8 product on cuBLASLt's tensor cores."""
+    torch._scaled_mm(xq.view(E4M3), weight.t(), scale_a=x_scale[:, None],
                      scale_b=weight_scale[None, :], out_dtype=out.dtype, out=out)
 
 
@@ -105,7 +79,7 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
     buffers = FP8_SCRATCH.get(dev(x))
     if buffers is None:
         return False
-    scratch, scales, _ = buffers
+    scratch, scales = buffers
     chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
     gemm = (n > wide_max_tokens(True, fp8=True) and not invariant and epilogue == "none"
             and out.dtype == torch.bfloat16 and weight.shape[0] % 16 == 0)
@@ -115,7 +89,7 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
         x_scale = scales[: stop - start]
         quantize_rows(x[start:stop], xq, x_scale)
         if gemm:
-            _scaled_mm(out[start:stop], buffers, weight, weight_scale)
+            _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
         else:
             _gemv(out[start:stop], xq, x_scale, weight, weight_scale, epilogue, xielu_params)
     return True

@@ -20,8 +20,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
-  PyTorch's default library);
-- ``"fp8_swap_max_rows"``: replaces linear_fp8.py's ``FP8_SWAP_MAX_ROWS`` (0: none swapped).
+  PyTorch's default library).
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ def _checked(settings) -> dict:
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
     unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "cublaslt_max_tokens", "fp8_swap_max_rows"}
+                               "cublaslt_max_tokens"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
@@ -75,8 +74,7 @@ def _checked(settings) -> dict:
             "pdl": bool(settings.get("pdl", True)),
             "gemv_wide": dict(settings.get("gemv_wide", {})),
             "small_weight_bytes": settings.get("small_weight_bytes"),
-            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens"),
-            "fp8_swap_max_rows": settings.get("fp8_swap_max_rows")}
+            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
