@@ -8,7 +8,8 @@ decode step depend on each other, so the attributed times add up to the step's G
 include each kernel's launch latency and its wait for the one before (with programmatic
 dependent launch a kernel starts early, so its own duration overstates its share).
 
-    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8 | --fp8] [--kv-cache int8]
+    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8 | --fp8] \
+        [--kv-cache int8]
 
 ``--rows 1,2,8`` profiles, per count n, a single sequence's captured step of n rows with every
 row's logits and greedy token (a speculative verify step: the last token and n - 1 drafts).

@@ -52,7 +52,7 @@ def decode_weight_bytes(model) -> int:
 
 def linear_weight_bytes(model) -> int:
     """Bytes of the linear layers (qkv, o, gate/up, down, LM head), INT8 / FP8 scales included:
-    the weights that ``quantize="int8"`` stores as int8."""
+    the weights that ``quantize`` stores in one byte an element."""
     w = model.weights
     items = [w.lm_head] + [x for layer in w.layers for x in (layer.qkv, layer.o, layer.up,
                                                                layer.down)]

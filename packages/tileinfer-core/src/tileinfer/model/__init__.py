@@ -1,5 +1,5 @@
-"""The model layer: config, weights (and INT8 / FP8 quantization), RoPE tables, the decoder and its
-loader. It imports the backend and io layers, never the engine."""
+"""The model layer: config, weights (and INT8 / FP8 quantization), RoPE tables, the decoder and
+its loader. It imports the backend and io layers, never the engine."""
 
 from .config import ConfigError, ModelConfig, config_from_dict, load_config
 from .decoder import Model, StepBuffers, max_length

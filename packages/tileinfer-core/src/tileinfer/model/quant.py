@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend.fp8 import E4M3, E4M3_MAX, quantize_rows
+from ..backend.fp8 import quantize_rows
 
 QUANTIZE_CHOICES = (None, "int8", "fp8")
 
@@ -83,4 +83,3 @@ def linear_operands(weight) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(weight, QuantizedWeight):
         return weight.q, weight.scale
     return weight, None
-

@@ -63,6 +63,7 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
                            down=linear(c.hidden_size, c.intermediate_size))
               for _ in range(c.num_layers)]
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
-                           norm=ones(c.hidden_size), lm_head=linear(c.vocab_size, c.hidden_size, head=True))
+                           norm=ones(c.hidden_size),
+                           lm_head=linear(c.vocab_size, c.hidden_size, head=True))
     return Model(c, weights, ops, dtype, device, max_len, quantize=quantize,
                  batch_invariant=batch_invariant)

@@ -50,6 +50,7 @@ __all__ = [
     # helpers
     "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
     "TOLERANCE", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",
-    "decode_step_inputs", "fill_paged_step", "make_fp8_weight", "make_weight", "poisoned", "qk_transform",
+    "decode_step_inputs", "fill_paged_step", "make_fp8_weight", "make_weight", "poisoned",
+    "qk_transform",
     "quantize_weight", "rand", "rope_tables", "seed_counter", "write_pages",
 ]
