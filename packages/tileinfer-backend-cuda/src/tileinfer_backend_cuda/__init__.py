@@ -25,7 +25,7 @@ NOTES = {
               "torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; "
               "float32/float16 models: torch.matmul",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
-           "then the tensor-core GEMV's FP8 build up to 64 rows (and at any count when "
+           "then the tensor-core GEMV's FP8 build up to 16 rows (and at any count when "
            "batch-invariant), torch._scaled_mm (cuBLASLt FP8) above",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
