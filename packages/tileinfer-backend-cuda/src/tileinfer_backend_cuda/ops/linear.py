@@ -170,24 +170,27 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
              gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8), pdl=pdl_on)
 
 
-def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU):
+def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
+                   x_scale=None):
     """A batch-invariant step (Invariance.BATCH) of any number of rows: gemv.cu in launches of
     at most INVARIANT_LAUNCH_ROWS rows, on invariant_gemv_config's builds, whose warps (the
     only thing that orders a row's sum: each warp sums its K steps on the tensor cores, then
-    the warps' sums are added in warp order) depend on the weight alone."""
+    the warps' sums are added in warp order) depend on the weight alone. x_scale: the FP8
+    build's (x the quantized rows, linear_fp8.py)."""
     n, k_dim = x.shape
-    int8 = weight.dtype == torch.int8
+    fp8 = x_scale is not None
+    int8 = fp8 or weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
-    cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
+    cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
     while cfg is None:  # the weight's warps with this many token tiles need too much memory
         token_tiles //= 2
-        cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles)
+        cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
     for start in range(0, n, 8 * token_tiles):
         stop = min(n, start + 8 * token_tiles)
         gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
-                  cfg, token_tiles)
+                 cfg, token_tiles, None if x_scale is None else x_scale[start:stop])
 
 
 # gemv.cu's widest build: 8 token tiles of 8 rows.

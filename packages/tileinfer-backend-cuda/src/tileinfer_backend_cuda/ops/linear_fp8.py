@@ -2,9 +2,9 @@
 per output row, the input quantized per token row by fp8_quant.cu into per-device scratch, then
 
 * steps of up to tuning.wide_max_tokens(fp8=True) rows, and every step of a batch-invariant
-  model (in launches of up to INVARIANT_LAUNCH_ROWS rows): gemv.cu's FP8 build, which reads the
-  weight once for all rows, on the weight's batch-invariant configuration (its warps fixed per
-  weight), so a row's sum is the same bits at any row count;
+  model: gemv.cu's FP8 build through linear.invariant_gemv (launches of up to 64 rows), which
+  reads the weight once for all rows, on the weight's batch-invariant configuration (its warps
+  fixed per weight), so a row's sum is the same bits at any row count;
 * larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
   (bf16 output), then silu_mul / xielu for the MLP ops.
 
@@ -21,8 +21,8 @@ from tileinfer.backend.hookspecs import Invariance
 
 from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise
-from .linear import INVARIANT_LAUNCH_ROWS, NO_XIELU, gemv_mma, invariant_gemv_config
-from .tuning import mma_token_tiles, pdl, wide_max_tokens
+from .linear import NO_XIELU, invariant_gemv
+from .tuning import pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
@@ -46,22 +46,6 @@ def quantize_rows(x, xq, x_scale):
     k = kernel("fp8_quant.cu", "quantize_rows", "pppiq", device,
                {"THREADS": QUANT_THREADS, "PDL": int(pdl_on)})
     k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)), pdl=pdl_on)
-
-
-def _gemv(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params):
-    """gemv.cu's FP8 build over xq's rows, in launches of at most INVARIANT_LAUNCH_ROWS."""
-    n, k_dim = xq.shape
-    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
-    device = dev(out)
-    token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
-    cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, token_tiles, fp8=True)
-    while cfg is None:  # too much shared memory for this many token tiles
-        token_tiles //= 2
-        cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, token_tiles, fp8=True)
-    for start in range(0, n, 8 * token_tiles):
-        stop = min(n, start + 8 * token_tiles)
-        gemv_mma(out[start:stop], xq[start:stop], weight, weight_scale, epilogue, xielu_params,
-                 cfg, token_tiles, x_scale[start:stop])
 
 
 def _scaled_mm(out, xq, x_scale, weight, weight_scale):
@@ -91,7 +75,8 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
         if gemm:
             _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
         else:
-            _gemv(out[start:stop], xq, x_scale, weight, weight_scale, epilogue, xielu_params)
+            invariant_gemv(out[start:stop], xq, weight, weight_scale, epilogue, xielu_params,
+                           x_scale)
     return True
 
 
