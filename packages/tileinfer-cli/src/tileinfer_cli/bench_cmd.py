@@ -8,7 +8,7 @@ import json
 import sys
 
 from .errors import UserError
-from .options import DTYPES, default_threads, torch_dtype
+from .options import DTYPES, default_threads, quantize_of, torch_dtype
 from .parsing import int_range
 
 SHAPES = ("llama3-8b", "llama3.2-3b", "llama3.2-1b", "smollm2-135m")  # random_weights.SHAPES
@@ -77,7 +77,7 @@ def run(args, out):
 
     torch.set_num_threads(args.threads or default_threads())
     backend = args.backend or default_backend_name()
-    quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
+    quantize = quantize_of(args)
     kv = None if args.kv_cache == "bf16" else "int8"
     max_len = args.prompt_len + args.new_tokens + 64
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -186,8 +186,8 @@ def set_threads(args):
 
 
 def quantize_of(args) -> str | None:
-    """load_model's quantize from --int8 / --fp8 / --quantization."""
-    if args.quantization:
+    """load_model's quantize from --int8 / --fp8 / --quantization (bench has no --quantization)."""
+    if getattr(args, "quantization", None):
         return args.quantization
     return "int8" if args.int8 else "fp8" if args.fp8 else None
 
