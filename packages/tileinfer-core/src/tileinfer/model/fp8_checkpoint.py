@@ -67,8 +67,8 @@ def check_quantization(model_dir) -> str | None:
                             "compressed-tensors float-quantized, or 'fp8')")
 
 
-def row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
-    """A weight's scale, (rows, 1), (rows,), (1,) or (), as float32 (rows,)."""
+def stored_row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    """A stored weight scale, (rows, 1), (rows,), (1,) or (), as float32 (rows,)."""
     if scale.numel() == rows and scale.dim() >= 1 and (scale.dim() == 1 or scale.shape[1:] == (1,)):
         s = scale.float().reshape(rows)
     elif scale.numel() == 1:
@@ -83,7 +83,7 @@ def row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
 
 def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
     """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or () -> float32 (out, in)."""
-    return weight.float() * row_scales(scale, weight.shape[0], name)[:, None]
+    return weight.float() * stored_row_scales(scale, weight.shape[0], name)[:, None]
 
 
 def stored_e4m3(ckpt, parts, cols: int):
@@ -102,5 +102,5 @@ def stored_e4m3(ckpt, parts, cols: int):
             raise QuantizationError(f"tensor {name!r} holds NaN values")
         scale = ckpt.get(name + "_scale", ckpt.shape(name + "_scale"))
         values.append(q)
-        scales.append(row_scales(scale, rows, name))
+        scales.append(stored_row_scales(scale, rows, name))
     return torch.cat(values), torch.cat(scales).contiguous()
