@@ -1,7 +1,7 @@
 """Where a new process's first calls spend their time: the warm-up and the first speculative call.
 
 In a new process (the embedded SmolLM2, greedy, the run's defaults), per backend: ``warm_up`` as
-``tileinfer run`` calls it, then ``generate`` of one prompt plainly, then with
+``tileinfer run`` calls it (``--warm-up-ngram``: as with ``--speculative ngram``), then ``generate`` of one prompt plainly, then with
 ``speculative=NgramProposer()`` three times. Each call's wall time, the static steps built and
 the graphs captured in it, and a cProfile of the warm-up and of the first speculative call (the
 functions with the most cumulative time) go to standard error; JSON rows to standard output.
@@ -32,9 +32,10 @@ def profiled(fn, top: int, label: str):
     prof.disable()
     seconds = time.perf_counter() - start
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    for order in ("cumulative", "tottime"):
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(top)
     log(f"--- profile of {label}: {seconds:.3f} s")
-    log("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:12000])
+    log("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:20000])
     return result, seconds
 
 
@@ -47,6 +48,8 @@ def main():
                    "to light the lamp.")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=35)
+    p.add_argument("--warm-up-ngram", action="store_true",
+                   help="warm up for n-gram speculation (as tileinfer run --speculative ngram)")
     args = p.parse_args()
 
     import torch
@@ -90,7 +93,8 @@ def main():
             f"captures, {row['eager_runs']} eager runs")
         return out
 
-    timed("warm_up", lambda: ti.warm_up(model), profile=True)
+    proposer = ti.NgramProposer() if args.warm_up_ngram else None
+    timed("warm_up", lambda: ti.warm_up(model, speculative=proposer), profile=True)
     plain = None
     for i in range(2):
         plain = timed(f"plain {i + 1}",

@@ -226,13 +226,14 @@ def sampling_from(args, folder, config):
     return params, stop_ids
 
 
-def warm_up_on_gpu(model, sampling, kv_cache, key_smoothing):
-    """``tileinfer.warm_up`` for the answers to come, on a GPU (on the CPU there are no kernels
-    to load or graphs to capture)."""
+def warm_up_on_gpu(model, sampling, kv_cache, key_smoothing, speculative=None):
+    """``tileinfer.warm_up`` for the answers to come (with ``speculative``, their proposer), on
+    a GPU (on the CPU there are no kernels to load or graphs to capture)."""
     from tileinfer import warm_up
 
     if model.device.type != "cpu":
-        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing)
+        warm_up(model, sampling, kv_quantize=kv_cache, key_smoothing=key_smoothing,
+                speculative=speculative)
 
 
 def kv_cache_from(args, model):

@@ -129,7 +129,8 @@ def run(args, out):
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing)
+    speculative = speculative_from(args, model, sampling)
+    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing, speculative)
     clock.mark("warm_up")
 
     template = template_from(args, folder)
@@ -146,7 +147,6 @@ def run(args, out):
         raise UserError(f"the prompt is {len(ids)} tokens; --max-len {model.max_len} leaves no "
                         "room for an answer")
     limit = min(args.max_new_tokens, room)
-    speculative = speculative_from(args, model, sampling)
     spec = SpecStats() if speculative is not None else None
     sink = io.StringIO() if args.json else out
     writer = StopWriter(stops, sink)

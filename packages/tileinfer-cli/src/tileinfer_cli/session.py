@@ -14,12 +14,13 @@ def new_session(args, model, tokenizer, sampling, stop_ids, template=None):
     from tileinfer import ChatSession
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
-    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing)
+    speculative = speculative_from(args, model, sampling)
+    warm_up_on_gpu(model, sampling, kv_cache, key_smoothing, speculative)
     return ChatSession(model, tokenizer, sampling=sampling, stop_ids=stop_ids,
                        enable_thinking=args.thinking, max_tokens=args.max_len,
                        kv_cache=kv_cache, key_smoothing=key_smoothing, seed=args.seed,
                        system=getattr(args, "system", None), template=template,
-                       speculative=speculative_from(args, model, sampling))
+                       speculative=speculative)
 
 
 class ContextFull(Exception):

@@ -11,6 +11,16 @@ of the step in flight's drafts when they all hold with probability >= ``trust_th
 
 from __future__ import annotations
 
+KEPT = 5  # the latest measurements kept of each row count
+
+
+def record_step_seconds(step_seconds: dict, n: int, seconds: float):
+    """Add a measured cost of an n-row step to ``step_seconds`` (row count -> the latest
+    ``KEPT`` seconds)."""
+    recent = step_seconds.setdefault(n, [])
+    recent.append(seconds)
+    del recent[:-KEPT]
+
 
 class DraftPolicy:
     """The drafting decisions of one pipelined speculative generation (see the module
@@ -35,9 +45,7 @@ class DraftPolicy:
     PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
 
     def observe(self, n: int, seconds: float):
-        recent = self.step_seconds.setdefault(n, [])
-        recent.append(seconds)
-        del recent[:-5]
+        record_step_seconds(self.step_seconds, n, seconds)
 
     def _seconds(self, n: int) -> float | None:
         """The measured cost of an n-row step: the median of the last 5 (the smallest of fewer
