@@ -72,7 +72,8 @@ def launches(monkeypatch):
     rows = common.ArgmaxScratch.ROWS * common.ArgmaxScratch.CHUNKS
     monkeypatch.setitem(common.ARGMAX_SCRATCH._by_device, 0,
                         (torch.empty(rows), torch.empty(rows, dtype=torch.int32),
-                         torch.zeros(common.ArgmaxScratch.ROWS, dtype=torch.int32)))
+                         torch.zeros(common.ArgmaxScratch.ROWS, dtype=torch.int32),
+                         torch.empty(rows)))
     common.fallback_counts.clear()
     with tuning.experiment({}):
         yield log
@@ -285,7 +286,13 @@ def test_sampling(launches):
                          seed, counter)
     OPS["sample_per_row"](out, logits, torch.tensor([0.0, 1.25]), torch.tensor([0, 40], dtype=torch.int32),
                           torch.tensor([1.0, 0.9]), torch.tensor([7, 8]), torch.tensor([0, 3]))
-    assert [(k.name, k.grid) for k in launches] == [("argmax_split", (32, 2)), ("sample", (2,)),
-                                                    ("accept", (2,)), ("sample_per_row", (2,))]
+    sums = torch.empty(2)
+    OPS["sample_tokens_with_sums"](out, sums, logits, 0.0, 0, 1.0, seed, counter)
+    assert [(k.name, k.grid) for k in launches] == [
+        ("argmax_split", (32, 2)), ("sample", (2,)), ("accept", (2,)), ("sample_per_row", (2,)),
+        ("argmax_split", (32, 2))]
     assert all(k.extra == sampling.SAMPLING_OPTIONS for k in launches)
-    assert launches[-1].args[2] == 128256  # the vocabulary; the per-row tensors after it
+    assert launches[3].args[2] == 128256  # the vocabulary; the per-row tensors after it
+    # The plain greedy call adds up nothing; the one with sums hands the kernel its buffers.
+    assert launches[0].args[-2:] == (None, None)
+    assert launches[4].args[-2] is sums and launches[4].args[-1] is not None

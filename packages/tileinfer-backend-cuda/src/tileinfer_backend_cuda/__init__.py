@@ -39,6 +39,7 @@ NOTES = {
                      "fixed-point masses; float32 logits",
     "accept_tokens": "one block per row, the p/q rule with the host's hash",
     "sample_per_row": "one block per row, each with its own parameters and stream",
+    "sample_tokens_with_sums": "greedy: the split argmax adds up each row as it reads it",
     "batch_invariant": "linear: the tensor-core GEMV at every row count (launches of up to 64 "
                        "rows, the warps that split K fixed per weight); attention: every row "
                        "on the decode kernel, 256-key splits",

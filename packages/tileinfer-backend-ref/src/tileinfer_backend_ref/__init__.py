@@ -139,6 +139,12 @@ def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_o
 
 
 @hookimpl
+def sample_tokens_with_sums(out, sums, logits, temperature, top_k, top_p, seed, counter):
+    sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, None)
+    torch.sum(logits, dim=1, out=sums)
+
+
+@hookimpl
 def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
     out.copy_(_sampling.sample_per_row(logits, inv_temperature, top_k, top_p, seed, counter))
 

@@ -74,6 +74,7 @@ NOTES = {
     "attention_inputs": "one kernel: q/k RMSNorm, RoPE and the k/v store (bf16 or INT8) per token",
     "sample_tokens": "greedy / temperature: argmax split over the vocabulary; top-k/top-p: one "
                      "program per row, thresholds by 32-step bisection",
+    "sample_tokens_with_sums": "greedy: the split argmax adds up each row as it reads it",
     "sample_per_row": "one program per row, each with its own parameters and stream",
     "batch_invariant": "linear: tensor-core tiles without split-K; attention: one row per "
                        "program, 256-position splits",
@@ -149,6 +150,12 @@ if _AVAILABLE:
     @hookimpl
     def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
         _sampling.launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out)
+
+    @hookimpl
+    def sample_tokens_with_sums(out, sums, logits, temperature, top_k, top_p, seed, counter):
+        if not _sampling.launch_sample(out, logits, temperature, top_k, top_p, seed, counter,
+                                       None, sums):
+            torch.sum(logits, dim=1, out=sums)
 
     @hookimpl
     def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):

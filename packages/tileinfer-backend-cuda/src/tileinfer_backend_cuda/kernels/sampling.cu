@@ -325,32 +325,45 @@ sample_per_row(int* __restrict__ out, const float* __restrict__ logits, int voca
 // c * CHUNK, writes its maximum and that maximum's first index to part_v / part_i[j][c], and the
 // last block of the row to arrive (counter[j], zero between launches, re-armed by that block)
 // picks among the chunks in chunk order: the same first index of the maximum as sample's greedy
-// branch (NaNs never win; an all-NaN row gives 0x7FFFFFFF, as there). Launched with PDL: the
-// logits are read after pdl_wait.
+// branch (NaNs never win; an all-NaN row gives 0x7FFFFFFF, as there). With sums (else null),
+// each block also adds up its chunk into part_s[j][c] and the last block writes the row's sum
+// (the engine's check for NaN or infinity, tileinfer/engine/runtime/finite.py). Launched with
+// PDL: the logits are read after pdl_wait.
 constexpr int SPLIT_THREADS = 256;
 
 extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
 argmax_split(int* __restrict__ out, const float* __restrict__ logits, int vocab, int chunk,
-             float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ counter) {
+             float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ counter,
+             float* __restrict__ sums, float* __restrict__ part_s) {
     __shared__ float red_v[SPLIT_THREADS / 32];
     __shared__ int red_i[SPLIT_THREADS / 32];
+    __shared__ float red_s[SPLIT_THREADS / 32];
     __shared__ int is_last;
     const int j = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int chunks = gridDim.x;
     pdl_launch_dependents();
     pdl_wait();
     const float* row = logits + (i64)j * vocab;
-    float best = neg_inf();
+    float best = neg_inf(), total = 0.0f;
     int best_i = 0x7FFFFFFF;
     const int end = min(vocab, (c + 1) * chunk);
-    for (int i = c * chunk + tid; i < end; i += SPLIT_THREADS) better(best, best_i, row[i], i);
+    for (int i = c * chunk + tid; i < end; i += SPLIT_THREADS) {
+        const float v = row[i];
+        better(best, best_i, v, i);
+        total += v;
+    }
     warp_argmax(best, best_i);
-    if (lane == 0) { red_v[warp] = best; red_i[warp] = best_i; }
+    if (sums) total = warp_sum(total);
+    if (lane == 0) { red_v[warp] = best; red_i[warp] = best_i; red_s[warp] = total; }
     __syncthreads();
     if (tid == 0) {
-        for (int w = 1; w < SPLIT_THREADS / 32; ++w) better(best, best_i, red_v[w], red_i[w]);
+        for (int w = 1; w < SPLIT_THREADS / 32; ++w) {
+            better(best, best_i, red_v[w], red_i[w]);
+            total += red_s[w];
+        }
         part_v[(i64)j * chunks + c] = best;
         part_i[(i64)j * chunks + c] = best_i;
+        if (sums) part_s[(i64)j * chunks + c] = total;
         __threadfence();  // the chunk's result is visible before it is counted
         is_last = atomicAdd(counter + j, 1) == chunks - 1;
     }
@@ -361,11 +374,16 @@ argmax_split(int* __restrict__ out, const float* __restrict__ logits, int vocab,
     // (better() keeps the lower index on ties, so the order of merging does not matter).
     best = neg_inf();
     best_i = 0x7FFFFFFF;
-    for (int k = lane; k < chunks; k += 32)
+    total = 0.0f;
+    for (int k = lane; k < chunks; k += 32) {
         better(best, best_i, __ldcg(part_v + (i64)j * chunks + k), __ldcg(part_i + (i64)j * chunks + k));
+        if (sums) total += __ldcg(part_s + (i64)j * chunks + k);
+    }
     warp_argmax(best, best_i);
+    if (sums) total = warp_sum(total);
     if (lane == 0) {
         out[j] = best_i;
+        if (sums) sums[j] = total;
         counter[j] = 0;  // ready for the next launch (and the next graph replay)
     }
 }

@@ -25,6 +25,7 @@ OPS = {
     "reserve_scratch": common.reserve_scratch,
     "sample_tokens": sampling.sample_tokens,
     "sample_per_row": sampling.sample_per_row,
+    "sample_tokens_with_sums": sampling.sample_tokens_with_sums,
     "accept_tokens": sampling.accept_tokens,
 }
 

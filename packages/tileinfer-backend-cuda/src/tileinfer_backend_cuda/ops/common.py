@@ -156,8 +156,8 @@ class GemvScratch(DeviceScratch):
 
 
 class ArgmaxScratch(DeviceScratch):
-    """sampling.cu's argmax_split: each chunk's maximum and its index, [row][chunk], and one
-    arrival counter per row (zero between launches)."""
+    """sampling.cu's argmax_split: each chunk's maximum, its index and its sum, [row][chunk],
+    and one arrival counter per row (zero between launches)."""
 
     ROWS = 64
     CHUNKS = 256  # of ARGMAX_CHUNK logits: vocabularies up to 1M
@@ -167,7 +167,8 @@ class ArgmaxScratch(DeviceScratch):
         n = self.ROWS * self.CHUNKS
         super().__init__(lambda d: (torch.empty(n, dtype=torch.float32, device=d),
                                     torch.empty(n, dtype=torch.int32, device=d),
-                                    torch.zeros(self.ROWS, dtype=torch.int32, device=d)))
+                                    torch.zeros(self.ROWS, dtype=torch.int32, device=d),
+                                    torch.empty(n, dtype=torch.float32, device=d)))
 
 
 class Fp8Scratch(DeviceScratch):

@@ -20,28 +20,48 @@ def _ok(logits, *others) -> bool:
 
 
 def sample_tokens(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+    _sample(out, None, logits, temperature, top_k, top_p, seed, counter, probs_out)
+
+
+def sample_tokens_with_sums(out, sums, logits, temperature, top_k, top_p, seed, counter):
+    """Greedy rows: the split argmax adds up each row as it reads it; other rows: sample_tokens
+    and a torch reduction."""
+    if not (sums.dtype == torch.float32 and sums.dim() == 1 and contig(sums)
+            and sums.device == logits.device and sums.shape[0] == logits.shape[0]):
+        raise ValueError("sample_tokens_with_sums: sums must be (n,) float32 on the logits' "
+                         "device")
+    if not _sample(out, sums, logits, temperature, top_k, top_p, seed, counter, None):
+        torch.sum(logits, dim=1, out=sums)
+
+
+def _sample(out, sums, logits, temperature, top_k, top_p, seed, counter, probs_out) -> bool:
+    """sample_tokens; with sums, also the rows' sums where the split argmax runs. Whether it
+    wrote the sums."""
     params = SamplingParams(temperature, top_k, top_p)  # validates, as the host does
     if not (_ok(logits, out, seed, counter, probs_out) and out.dtype == torch.int32
             and (probs_out is None or probs_out.dtype == torch.float32)):
-        return fallback("sample_tokens", "layout", out, logits, temperature, top_k, top_p, seed,
-                        counter, probs_out)
+        fallback("sample_tokens", "layout", out, logits, temperature, top_k, top_p, seed,
+                 counter, probs_out)
+        return False
     n, vocab = logits.shape
     if n == 0:
-        return
+        return True
     device = dev(logits)
     chunks = cdiv(vocab, ArgmaxScratch.ARGMAX_CHUNK)
     scratch = ARGMAX_SCRATCH.get(device)
     if (params.greedy and probs_out is None and scratch is not None and n <= ArgmaxScratch.ROWS
             and chunks <= ArgmaxScratch.CHUNKS):
-        part_v, part_i, counters = scratch
-        k = kernel("sampling.cu", "argmax_split", "ppiippp", device, None, SAMPLING_OPTIONS)
+        part_v, part_i, counters, part_s = scratch
+        k = kernel("sampling.cu", "argmax_split", "ppiippppp", device, None, SAMPLING_OPTIONS)
         k.launch((chunks, n), (256,), (out, logits, vocab, ArgmaxScratch.ARGMAX_CHUNK, part_v,
-                                       part_i, counters), pdl=pdl(device))
-        return
+                                       part_i, counters, sums, part_s if sums is not None
+                                       else None), pdl=pdl(device))
+        return True
     inv_t = 1.0 if params.greedy else params.inv_temperature
     k = kernel("sampling.cu", "sample", "ppiififppp", device, None, SAMPLING_OPTIONS)
     k.launch((n,), (1024,), (out, logits, vocab, int(params.greedy), inv_t, int(top_k),
                              float(top_p), seed, counter, probs_out))
+    return False
 
 
 def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):

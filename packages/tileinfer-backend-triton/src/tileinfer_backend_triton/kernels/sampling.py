@@ -97,13 +97,15 @@ def _sample_per_row_kernel(out_ptr, logits_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
 
 @triton.jit
 def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, part_i, lock_ptr,
-                         V, s_l, inv_t, CHUNK,
-                         GREEDY: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr,
-                         PDL: tl.constexpr):
+                         sums_ptr, part_s, V, s_l, inv_t, CHUNK,
+                         GREEDY: tl.constexpr, SUMS: tl.constexpr, BLOCK: tl.constexpr,
+                         CHUNKS_PAD: tl.constexpr, PDL: tl.constexpr):
     """Grid: (rows, chunks). The token of greedy / plain temperature sampling of one row, split
     over CHUNK-wide pieces of the vocabulary. Scores are exactly _sample_kernel's (greedy: the
     logits; else s + Gumbel noise). part_v / part_i: (rows, CHUNKS_PAD) chunk maxima and their
-    first indices; lock_ptr: one arrival counter per row (zero between launches)."""
+    first indices; lock_ptr: one arrival counter per row (zero between launches). SUMS (greedy
+    only): also each chunk's sum into part_s and the row's into sums_ptr (the engine's check
+    for NaN or infinity, tileinfer/engine/runtime/finite.py)."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0)
@@ -113,6 +115,7 @@ def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, par
     row_ptrs = logits_ptr + rows.to(tl.int64) * s_l
     best_v = tl.full([1], float("-inf"), tl.float32)
     best_i = tl.zeros([1], tl.int32)
+    total = tl.zeros([1], tl.float32)
     lo = chunk * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     if GREEDY:
@@ -121,6 +124,8 @@ def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, par
             x = tl.load(row_ptrs[:, None] + offs[None, :], mask=(offs < hi)[None, :],
                         other=float("-inf"))
             best_v, best_i = _argmax_update(best_v, best_i, x, start)
+            if SUMS:
+                total += tl.sum(tl.where((offs < hi)[None, :], x, 0.0), axis=1)
     else:
         keys = _stream_key(seed_ptr, counter_ptr, rows)
         for start in range(lo, hi, BLOCK):
@@ -131,6 +136,8 @@ def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, par
     slot = row * CHUNKS_PAD + chunk
     tl.store(part_v + slot + tl.arange(0, 1), best_v)
     tl.store(part_i + slot + tl.arange(0, 1), best_i)
+    if SUMS:
+        tl.store(part_s + slot + tl.arange(0, 1), total)
     tl.debug_barrier()  # the chunk's result is written before the release below
     chunks = tl.num_programs(1)
     arrived = tl.atomic_add(lock_ptr + row, 1, sem="acq_rel")
@@ -143,6 +150,10 @@ def _argmax_split_kernel(out_ptr, logits_ptr, seed_ptr, counter_ptr, part_v, par
         first = tl.min(tl.where(cmask & (v == tl.max(v, axis=0)), c, CHUNKS_PAD), axis=0)
         tok = tl.sum(tl.where(c == first, i, 0), axis=0)
         tl.store(out_ptr + row, tok.to(out_ptr.dtype.element_ty))
+        if SUMS:
+            parts = tl.load(part_s + row * CHUNKS_PAD + c, mask=cmask, other=0.0,
+                            cache_modifier=".cg")
+            tl.store(sums_ptr + row, tl.sum(parts, axis=0))
         tl.atomic_xchg(lock_ptr + row, 0)  # re-arm for the next launch / graph replay
 
 
@@ -171,7 +182,8 @@ class _SplitScratch:
                 size = SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS
                 buffers = (torch.empty(size, dtype=torch.float32, device=device),
                            torch.empty(size, dtype=torch.int32, device=device),
-                           torch.zeros(SPLIT_MAX_ROWS, dtype=torch.int32, device=device))
+                           torch.zeros(SPLIT_MAX_ROWS, dtype=torch.int32, device=device),
+                           torch.empty(size, dtype=torch.float32, device=device))
                 self._by_device[key] = buffers
         return buffers
 
@@ -191,21 +203,25 @@ def _split_chunk(vocab: int) -> int:
     return chunk
 
 
-def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out):
+def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_out, sums=None):
+    """sample_tokens; with sums (greedy rows in the split argmax only), also each row's sum.
+    Whether it wrote the sums."""
     n, vocab = logits.shape
     if n == 0:
-        return
+        return True
     greedy, has_topk, has_topp, inv_t = _flags(vocab, temperature, top_k, top_p)
     if probs_out is None and not has_topk and not has_topp and n <= SPLIT_MAX_ROWS:
         chunk = _split_chunk(vocab)
         chunks = triton.cdiv(vocab, chunk)
-        part_v, part_i, locks = SCRATCH.get(logits.device)
+        part_v, part_i, locks, part_s = SCRATCH.get(logits.device)
+        with_sums = sums is not None and greedy
         _argmax_split_kernel[(n, chunks)](
-            out, logits, seed, counter, part_v, part_i, locks, vocab, logits.stride(0), inv_t,
-            chunk, GREEDY=greedy, BLOCK=chunk, CHUNKS_PAD=SPLIT_MAX_CHUNKS,
+            out, logits, seed, counter, part_v, part_i, locks, sums if with_sums else part_s,
+            part_s, vocab, logits.stride(0), inv_t, chunk, GREEDY=greedy, SUMS=with_sums,
+            BLOCK=chunk, CHUNKS_PAD=SPLIT_MAX_CHUNKS,
             num_warps=8 if chunk >= 2048 else 4, **pdl_args(),
         )
-        return
+        return with_sums
     probs = probs_out if probs_out is not None else logits
     rows, block, warps = _tiles(n, vocab)
     _sample_kernel[(triton.cdiv(n, rows),)](
@@ -214,6 +230,7 @@ def launch_sample(out, logits, temperature, top_k, top_p, seed, counter, probs_o
         GREEDY=greedy, HAS_TOPK=has_topk, HAS_TOPP=has_topp, PROBS=probs_out is not None,
         ROWS=rows, BLOCK=block, num_warps=warps, **pdl_args(),
     )
+    return False
 
 
 def launch_sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):

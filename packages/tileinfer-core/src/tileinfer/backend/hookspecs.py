@@ -3,8 +3,8 @@
 A backend is a plugin (a module or an object) registered under the entry-point group ``tileinfer``.
 It implements ``tileinfer_backend_info`` and any subset of the ops below with ``@hookimpl``
 functions of the same names and argument names. Ops it lacks fall back to the ``ref`` backend,
-except ``attention_with_inputs`` and ``sample_per_row``, which are optional
-(docs/writing-a-backend.md).
+except ``attention_with_inputs``, ``sample_per_row`` and ``sample_tokens_with_sums``, which are
+optional (docs/writing-a-backend.md).
 
 Conventions shared by every op (docs/architecture.md has the reasons):
 
@@ -221,6 +221,17 @@ def sample_per_row(out, logits, inv_temperature, top_k, top_p, seed, counter):
     reads them on the host). Row j is the token
     ``sample_tokens`` gives a one-row call with that row's parameters and the stream
     (seed[j], counter[j]): ``tileinfer.backend.sampling.sample_per_row`` defines it.
+    """
+
+
+@hookspec
+def sample_tokens_with_sums(out, sums, logits, temperature, top_k, top_p, seed, counter):
+    """Optional: ``sample_tokens`` (without probs_out) that also writes into sums (n,) float32
+    the sum of each logit row, in any order of addition. The engine reads the sums only to see
+    whether a row held NaN or infinity (``tileinfer.engine.runtime.finite``): a sampler that
+    reads every logit anyway adds them for nearly nothing, where a separate reduction is one
+    more kernel per step. Without it the engine calls ``sample_tokens`` and sums the rows with
+    torch.
     """
 
 

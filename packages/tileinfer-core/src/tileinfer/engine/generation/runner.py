@@ -37,7 +37,7 @@ import torch
 
 from ...backend.sampling import SamplingParams
 from ..kv.step import prepare_step, static_metadata
-from ..runtime.finite import check_finite
+from ..runtime.finite import check_finite, sample_with_sums
 from ..runtime.graphs import use_graphs
 from ..runtime.runtime import runtime_of
 from ..runtime.static_steps import StaticStep, StaticSteps
@@ -188,9 +188,8 @@ class ModelRunner:
             return
         logits = slot.extra["logits"]
         if rows:  # greedy: the argmax of every row (it does not advance the counter)
-            self.model.ops.sample_tokens(slot.extra["tokens"], logits, 0.0, 0, 1.0, self.seed,
-                                         self.counter, None)
-            torch.sum(logits, dim=1, out=slot.extra["sums"])  # (engine/runtime/finite.py)
+            sample_with_sums(self.model.ops, slot.extra["tokens"], slot.extra["sums"], logits,
+                             0.0, 0, 1.0, self.seed, self.counter)
         else:
             self._sample_into(logits, sampling, out)
 
@@ -207,16 +206,21 @@ class ModelRunner:
         return self._slot(n).graphs.get(self._graph_key(sampling))
 
     def _sample_into(self, logits, sampling, out):
-        row = logits[-1:]
+        # The sampled row's sum (of the model's logits, before any processing) is read with the
+        # token: NaN or inf shows (engine/runtime/finite.py).
+        raw = row = logits[-1:]
         if sampling.processes_logits:
             row = self.processing.process(row, sampling)
         if sampling.structured:  # the bitmask load_mask sent for this token
             row = mask_logits(row, self.grammar.words)
-        self.model.ops.sample_tokens(out, row, sampling.temperature, sampling.top_k,
-                                     sampling.top_p, self.seed, self.counter, None)
+        t, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
+        if row is raw:
+            sample_with_sums(self.model.ops, out, self.logit_sum, row, t, top_k, top_p,
+                             self.seed, self.counter)
+        else:
+            self.model.ops.sample_tokens(out, row, t, top_k, top_p, self.seed, self.counter, None)
+            torch.sum(raw, dim=1, out=self.logit_sum)
         self.counter.add_(1)
-        # The sampled row's sum, read with the token: NaN or inf shows (engine/runtime/finite.py).
-        torch.sum(logits[-1:], dim=1, out=self.logit_sum)
         if sampling.processes_logits:
             self.processing.count(out, sampling)
 

@@ -196,8 +196,12 @@ class BatchRunner:
         (seeds[r], counters[r])) and the sum of its ``raw`` logits (default ``logits``: the
         model's, before any processing, whose -inf are no fault), their copy to the host
         started."""
-        ids = sample_batch(self.model.ops, logits, params, seeds, counters)
-        sums = (logits if raw is None else raw).sum(dim=1)
+        if raw is None or raw is logits:  # the sums come from the sampling call
+            sums = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+            ids = sample_batch(self.model.ops, logits, params, seeds, counters, sums=sums)
+        else:
+            ids = sample_batch(self.model.ops, logits, params, seeds, counters)
+            sums = raw.sum(dim=1)
         if not ids.is_cuda:
             return SampledIds(ids, ids, sums)
         host = ids.to("cpu", non_blocking=True)  # pinned, filled in stream order

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ...backend.sampling import SamplingParams, row_parameters
+from ..runtime.finite import sample_with_sums
 
 
 def _runs(rows, counters):
@@ -45,9 +46,10 @@ def _no_stream(dev) -> torch.Tensor:
 
 
 def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
-                 counters: list[int]) -> torch.Tensor:
+                 counters: list[int], sums: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids (m,) int32 on logits' device for logits (m, vocab) float32: row r sampled with
-    params[r] from the stream (seeds[r], counters[r]), as ``sample_host`` would."""
+    params[r] from the stream (seeds[r], counters[r]), as ``sample_host`` would. sums: (m,)
+    float32 to receive each row's logit sum (engine/runtime/finite.py), or None."""
     m = logits.shape[0]
     if not len(params) == len(seeds) == len(counters) == m:
         raise ValueError(f"sample_batch: {m} logit rows, {len(params)} params, {len(seeds)} "
@@ -59,9 +61,14 @@ def sample_batch(ops, logits: torch.Tensor, params: list[SamplingParams], seeds:
         key = ("greedy",) if p.greedy else (p.temperature, p.top_k, p.top_p, seeds[r])
         groups.setdefault(key, []).append(r)
     if list(groups) == [("greedy",)]:  # greedy rows read no stream: one call, no upload
-        ops.sample_tokens(out, logits, params[0].temperature, params[0].top_k, params[0].top_p,
-                          _no_stream(dev), _no_stream(dev), None)
+        p, none = params[0], _no_stream(dev)
+        if sums is not None:
+            sample_with_sums(ops, out, sums, logits, p.temperature, p.top_k, p.top_p, none, none)
+        else:
+            ops.sample_tokens(out, logits, p.temperature, p.top_k, p.top_p, none, none, None)
         return out
+    if sums is not None:
+        torch.sum(logits, dim=1, out=sums)
     # Seeds and counters of every row in one host-to-device copy; calls take 1-element views.
     streams = torch.tensor([seeds, counters], dtype=torch.int64).to(dev, non_blocking=True)
     if ops.sample_per_row is not None:  # every row in one call

@@ -30,7 +30,8 @@ from .test_linear_fp8 import (fp8_ops, test_fp8_linear, test_fp8_mlp,
                               test_fp8_step_rows_are_the_same_as_alone)
 from .test_norms import test_add_rmsnorm, test_embed, test_rmsnorm
 from .test_sampling import (test_accept_tokens, test_sample_per_row, test_sample_tokens,
-                            test_sample_tokens_after_logit_processing)
+                            test_sample_tokens_after_logit_processing,
+                            test_sample_tokens_with_sums)
 from .test_scratch import test_reserve_scratch
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "test_batch_invariant_rows",
     "test_attention_inputs", "test_attention", "test_attention_with_inputs",
     "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens", "test_sample_per_row",
+    "test_sample_tokens_with_sums",
     "test_sample_tokens_after_logit_processing",
     "test_linear_rows_are_the_same_in_steps_of_any_size",
     "test_attention_rows_are_the_same_however_they_come",

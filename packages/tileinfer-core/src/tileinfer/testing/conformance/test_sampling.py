@@ -1,5 +1,5 @@
-"""Conformance: sample_tokens, accept_tokens and the optional sample_per_row, token for token as
-the ref backend and the host definition."""
+"""Conformance: sample_tokens, accept_tokens and the optional sample_per_row and
+sample_tokens_with_sums, token for token as the ref backend and the host definition."""
 
 from __future__ import annotations
 
@@ -84,6 +84,34 @@ def test_sample_per_row(ops, device, vocab):
         ops.sample_tokens(one, logits[j:j + 1].to(device), p.temperature, p.top_k, p.top_p,
                           *seed_counter(device, seeds[j], counters[j]), None)
         assert one.cpu().tolist() == [expected[j]]
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=str)
+@pytest.mark.parametrize("n,vocab", [(1, 1000), (3, 50000), (2, 128256)])
+def test_sample_tokens_with_sums(ops, ref, device, params, n, vocab):
+    """Optional op: the tokens of sample_tokens, and each row's sum (any order of addition); a
+    row with NaN or infinity sums to a non-finite value."""
+    if ops.sample_tokens_with_sums is None:
+        pytest.skip("sample_tokens_with_sums is optional and this backend does not implement it")
+    gen = torch.Generator().manual_seed(n * vocab)
+    logits = torch.randn(n, vocab, generator=gen) * 3
+    logits[0, 7] = logits[0, 8] = logits[0].max() + 1  # a greedy tie: the lower index wins
+    seed, counter = seed_counter(device)
+    t, k, p = params.temperature, params.top_k, params.top_p
+    out, expected = poisoned((n,), torch.int32, device), poisoned((n,), torch.int32, device)
+    sums = poisoned((n,), torch.float32, device)
+    ops.sample_tokens_with_sums(out, sums, logits.to(device), t, k, p, seed, counter)
+    ref.sample_tokens(expected, logits.to(device), t, k, p, seed, counter, None)
+    assert out.cpu().tolist() == expected.cpu().tolist()
+    exact = logits.double().sum(dim=1)
+    bound = 1e-5 * logits.double().abs().sum(dim=1)  # float32 sums in any order
+    assert ((sums.cpu().double() - exact).abs() <= bound).all(), (sums.cpu(), exact)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        broken = logits.clone()
+        broken[n - 1, vocab // 2] = bad
+        ops.sample_tokens_with_sums(out, sums, broken.to(device), t, k, p, seed, counter)
+        finite = torch.isfinite(sums.cpu()).tolist()
+        assert finite == [True] * (n - 1) + [False], (bad, finite)
 
 
 # Logit processing (tileinfer.backend.logit_processing) runs before the sampling ops: min_p
