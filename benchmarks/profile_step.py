@@ -159,7 +159,7 @@ def profile_rows(model, cache, context: int, n: int, replays: int):
     runner.forward(seq, list(range(1, context + 1)))
     runner.forward(seq, list(range(1, n + 1)), greedy, all_logits=True, sample_rows=True)
     torch.cuda.synchronize()
-    graph = runner._all_logits_slots[n].graphs[runner._graph_key(greedy, rows=True)]
+    graph = runner.static_step(n, all_logits=True).graphs[runner._graph_key(greedy, rows=True)]
     result = summarize(profile_step(runner, replays, graph), replays)
     cache.release(seq)
     return result

@@ -11,14 +11,17 @@ of at least ``--repeats`` runs each, more for short answers until each kind has 
 ``--min-seconds``, the two kinds of run alternating, each after a garbage collection, after a
 warm-up run of each that captures the graphs), the speed-up (plain seconds /
 speculative seconds), the acceptance and steps (``SpecStats``), and whether the output equals
-plain greedy token for token. Where it does not: ``first_divergence`` (the index of the first
+plain greedy token for token, and ``copy_fraction``: the share of the plain answer's tokens that
+prompt lookup predicts from the tokens before each (how much the answer really copies: a small
+model asked to rewrite may write something else). Where the output differs: ``first_divergence`` (the index of the first
 different token) and ``top2_gap``, how far apart plain decoding's two best logits were there
 (float32 logits; also in bf16 ulps of the larger one).
 
 (b) ``step_cost`` rows per backend: what a step of 1..k + 1 rows costs on this model, as a graph
 replay and as the speculative loop measured it in the runs (its cost model: it drafts only where
 the extra rows pay), and a ``summary`` row: the geometric mean of the speed-ups over all
-prompts, over the copy-heavy and over the open ones, the smallest speed-up, and whether every
+prompts, over the copy-heavy and over the open ones, the smallest speed-up, the prompts whose
+answers copy at least ``COPYING`` of their tokens and their smallest speed-up, and whether every
 output was identical.
 
 (c) With ``--verify-cost``: ``verify_cost`` rows: a random-weight llama3-8b-shaped model, a
@@ -125,6 +128,26 @@ def top2_gap(model, prompt, tokens, index) -> tuple[float, float]:
     return float(top[0] - top[1]), float((top[0] - top[1]) / ulp)
 
 
+# Answers that copy at least this share of their tokens from their context (``copy_fraction``):
+# where a 2x speed-up is within reach. With every lookup right, a verify step of 8 rows giving 8
+# tokens for about 1.3 steps' time, the speed-up on a share f of copied tokens is about
+# 1 / ((1 - f) + f * 1.3 / 8), 2x at f = 0.6.
+COPYING = 0.6
+
+
+def copy_fraction(prompt, answer) -> float:
+    """The share of the answer's tokens that prompt lookup predicts from every token before it
+    (``NgramProposer.prediction``): how much of the answer copies its context, whatever the
+    prompt asked for."""
+    from tileinfer import NgramProposer
+
+    lookup, known, hits = NgramProposer(), list(prompt), 0
+    for token in answer:
+        hits += lookup.prediction(known) == token
+        known.append(token)
+    return hits / len(answer) if answer else 0.0
+
+
 def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
     from tileinfer import NgramProposer, SamplingParams, SpecStats, generate_into
 
@@ -166,7 +189,7 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
                speedup=round(plain_s / spec_s, 4), acceptance=stats.acceptance_rate,
                drafted=stats.drafted, accepted=stats.accepted, verify_steps=stats.verify_steps,
                plain_steps=stats.plain_steps, wasted_steps=stats.wasted_steps,
-               runs=len(plain_runs),
+               runs=len(plain_runs), copy_fraction=round(copy_fraction(prompt, plain), 3),
                identical=out == plain)
     if out != plain:
         i = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
@@ -195,7 +218,7 @@ def step_costs(model, runner, backend, prompt, args):
         runner.forward(seq, list(range(1, n + 1)), all_logits=True)  # captures its graph
         sync()
         rounds = []
-        graph = runner._all_logits_slots[n].graphs.get(None) if runner.graphs else None
+        graph = runner.static_step(n, all_logits=True).graphs.get(None) if runner.graphs else None
         for _ in range(5):
             if graph is not None:
                 begin = torch.cuda.Event(enable_timing=True)
@@ -259,6 +282,7 @@ def bench_backend(backend, args):
             f"{r['plain_tok_s']:7.1f} tok/s  spec {r['spec_tok_s']:7.1f} tok/s  "
             f"{r['speedup']:5.2f}x  acc "
             f"{'  -' if r['acceptance'] is None else format(100 * r['acceptance'], '3.0f')}%  "
+            f"copies {r['copy_fraction']:.2f}  "
             f"steps {r['verify_steps']}v+{r['plain_steps']}p+{r['wasted_steps']}w  "
             f"{'identical' if r['identical'] else 'DIFFERS at ' + str(r['first_divergence'])}")
     step_costs(model, runner, backend, encoded[0][2], args)
@@ -268,6 +292,9 @@ def bench_backend(backend, args):
                    geomean_speedup=geomean(speedups),
                    geomean_copy=geomean([r["speedup"] for r in rows if r["prompt_kind"] == "copy"]),
                    geomean_open=geomean([r["speedup"] for r in rows if r["prompt_kind"] == "open"]),
+                   copying=[r["prompt"] for r in rows if r["copy_fraction"] >= COPYING],
+                   min_copying=min([r["speedup"] for r in rows if r["copy_fraction"] >= COPYING],
+                                   default=None),
                    min_speedup=min(speedups), all_identical=all(r["identical"] for r in rows),
                    seconds=round(time.perf_counter() - t0, 1))
     emit(summary)
@@ -304,7 +331,7 @@ def bench_verify_cost(backend, args):
         rounds = []
         for _ in range(5):
             if runner.graphs:
-                graph = runner._all_logits_slots[n].graphs[None]
+                graph = runner.static_step(n, all_logits=True).graphs[None]
                 begin = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 begin.record()

@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from speculative import PROMPTS  # noqa: E402
+from speculative import PROMPTS, copy_fraction  # noqa: E402
 
 STORY = "Write a long story about a dragon."
 
@@ -117,6 +117,7 @@ def section_oneshot(args):
             row = {"kind": "oneshot", "backend": backend, "prompt": name,
                    "tokens": len(outs["plain"]),
                    "identical": outs["plain"] == outs["ngram"] == outs["kept"],
+                   "copy_fraction": round(copy_fraction(ids, outs["plain"]), 3),
                    "seconds": {k: [round(x, 5) for x in v] for k, v in times.items()},
                    "oneshot_over_kept": round(later["plain"] / later["kept"], 3),
                    "speedup_later": round(later["plain"] / later["ngram"], 3)}
@@ -125,7 +126,8 @@ def section_oneshot(args):
                 f"{[round(x * 1e3, 1) for x in times['kept']]} ms, plain "
                 f"{[round(x * 1e3, 1) for x in times['plain']]} ms (x{row['oneshot_over_kept']} "
                 f"of kept), ngram {[round(x * 1e3, 1) for x in times['ngram']]} ms, "
-                f"speed-up x{row['speedup_later']}, identical {row['identical']}")
+                f"speed-up x{row['speedup_later']}, copies {row['copy_fraction']}, identical "
+                f"{row['identical']}")
         del model
 
 
