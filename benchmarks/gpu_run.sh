@@ -4,8 +4,8 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests enginetests userpaths batchtwice startup ops bench pdl int8 spec
-#              batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
+#       steps: conformance tests enginetests userpaths firstcalls batchtwice startup ops bench pdl
+#              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear fp8
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -52,6 +52,15 @@ for step in $steps; do
       timeout 280 python3 benchmarks/user_paths.py --sections cli --backends cuda,triton \
         --cli-prompts ${CLI_PROMPTS:-2} > "$out/cli.json" 2> "$out/cli.err"
       grep "^cli\|^import" "$out/cli.err" ;;
+    firstcalls)  # a new process's warm-up and first speculative calls, profiled (real SmolLM2);
+                 # each backend twice: the second finds the kernels on disk
+      for b in ${FIRST_BACKENDS:-cuda triton}; do
+        for i in 1 2; do
+          timeout 150 python3 benchmarks/first_calls.py --backend $b --warm-up-ngram --top 40 \
+            > "$out/first-$b-$i.json" 2> "$out/first-$b-$i.err"
+          grep "^first_calls\|speculative\|step seconds" "$out/first-$b-$i.err"
+        done
+      done ;;
     batchtwice)  # generate_batch called twice in one process, the second call timed (8B, cuda)
       timeout 300 python3 benchmarks/user_paths.py --sections batch --backends cuda \
         --batches ${BATCHES:-8,32,64} > "$out/batchtwice.json" 2> "$out/batchtwice.err"

@@ -38,19 +38,32 @@ def _availability():
 _AVAILABLE, _REASON, _DEVICES = _availability()
 
 
+_KEY_THREAD = None  # the thread that makes Triton's cache key, while it may still run
+
+
 def _hash_triton_in_background():
     """Triton keys its on-disk kernel cache with a hash of its own installation (its compiler's
     sources and libtriton.so, a few tenths of a second), made once per process at the first
     kernel launch, where a new process's first answer would wait for it. hashlib lets go of the
     interpreter's lock while it hashes, so a thread started when the backend loads makes it
-    while the model's weights load."""
+    while the model's weights load. ``_await_triton_key`` waits for that thread before the first
+    launch: the key is cached only once made, so a launch before then would hash it again."""
+    global _KEY_THREAD
     import threading
 
     try:
         from triton.runtime.cache import triton_key
     except ImportError:  # another Triton layout: the first launch makes it, as before
         return
-    threading.Thread(target=triton_key, name="tileinfer-triton-key", daemon=True).start()
+    _KEY_THREAD = threading.Thread(target=triton_key, name="tileinfer-triton-key", daemon=True)
+    _KEY_THREAD.start()
+
+
+def _await_triton_key():
+    global _KEY_THREAD
+    if _KEY_THREAD is not None:
+        _KEY_THREAD.join()
+        _KEY_THREAD = None
 
 
 if _AVAILABLE and "cuda" in _DEVICES:
@@ -138,6 +151,7 @@ if _AVAILABLE:
 
     @hookimpl
     def reserve_scratch(device):
+        _await_triton_key()  # called before a model's first step, so before its first launch
         # Once per device (later calls find it): the linear kernels' split-K partials and
         # counters, and the split argmax's partials and counters of the sampler. The scratch is
         # keyed by the device of the launches' tensors, which always has an index ("cuda:0").
