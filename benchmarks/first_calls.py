@@ -39,6 +39,36 @@ def profiled(fn, top: int, label: str):
     return result, seconds
 
 
+def time_triton_phases() -> dict:
+    """Wrap the parts of a Triton kernel's first launch in a process with timers: every
+    launch's whole time in Triton's launcher (its first one makes the argument binder too),
+    finding the kernel in the on-disk cache (``_do_compile``: the cache key, the
+    metadata and binary files), loading it (``_init_handles``: the module and the launcher's
+    shared library). Returns the totals (seconds, calls), filled as kernels launch."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+
+    totals: dict = {}
+
+    def timed(owner, name, label):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds, calls = totals.get(label, (0.0, 0))
+                totals[label] = (seconds + time.perf_counter() - start, calls + 1)
+
+        setattr(owner, name, wrapper)
+
+    timed(JITFunction, "run", "every_launch")  # all of it: binder, cache, load, launch
+    timed(JITFunction, "_do_compile", "disk_cache")
+    timed(CompiledKernel, "_init_handles", "load")
+    return totals
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", default="cuda")
@@ -93,8 +123,13 @@ def main():
             f"captures, {row['eager_runs']} eager runs")
         return out
 
+    phases = time_triton_phases() if args.backend == "triton" else None
     proposer = ti.NgramProposer() if args.warm_up_ngram else None
     timed("warm_up", lambda: ti.warm_up(model, speculative=proposer), profile=True)
+    if phases is not None:
+        log("triton first launches in the warm-up: " + ", ".join(
+            f"{k} {v[0] * 1e3:.1f} ms / {v[1]} calls" for k, v in phases.items()))
+        phases.clear()
     plain = None
     for i in range(2):
         plain = timed(f"plain {i + 1}",
