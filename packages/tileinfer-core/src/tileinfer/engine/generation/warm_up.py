@@ -98,4 +98,3 @@ def _warm_verify_steps(model, prompt, sampling, k: int, kv_quantize, key_smoothi
                                         before.elapsed_time(after) / 1e3)
         finally:
             cache.release(seq)
-
