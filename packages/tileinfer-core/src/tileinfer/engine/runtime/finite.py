@@ -6,9 +6,10 @@ Each step also sums the logits of its sampled rows on the device, inside its CUD
 sampling kernel itself where the backend has the optional ``sample_tokens_with_sums`` op (the
 sampler reads every logit anyway), else one small reduction beside the step's kernels. NaN or
 infinity in any logit makes the sum non-finite (the logits of a sane model are a few tens in
-size, far from float32's range, so the sum of a vocabulary of them never overflows). The sum travels to the host with the sampled token, in the
-same asynchronous copy, so checking it costs no extra synchronization; the host raises (or
-fails the request) when it reads a token whose sum is not finite.
+size, far from float32's range, so the sum of a vocabulary of them never overflows). The sum
+travels to the host with the sampled token, in the same asynchronous copy, so checking it costs
+no extra synchronization; the host raises (or fails the request) when it reads a token whose sum
+is not finite.
 """
 
 from __future__ import annotations
