@@ -87,7 +87,7 @@ def test_a_speculative_warm_up_captures_every_verify_step_and_times_it(tiny, bac
     assert all(len(v) == 3 and all(s > 0 for s in v) for v in runtime.step_seconds.values())
     for n in range(2, k + 2):
         assert runtime.steps.find(("seq", n, True, ())).graphs
-    prompt = prompt_ids(20, seed=2) * 3
+    prompt = prompt_ids(20, seed=2) * 2  # 40 tokens, + 40 new within MAX_LEN
     captures = runtime.steps.captures
     out = generate(model, prompt, 40, sampling, stop_ids=[], seed=3,
                    speculative=NgramProposer(k=k))
