@@ -127,10 +127,10 @@ def add_speculative_options(p: argparse.ArgumentParser):
                    help="check drafted tokens several per step: ngram (prompt lookup: it drafts "
                         "only while its guesses keep coming true), draft:MODEL (a smaller model "
                         "of the same vocabulary), dflash:MODEL (a DFlash drafter made for this "
-                        "model), or none (plain decoding). Default: none (in a new process the "
-                        "first verify steps of each size cost more than n-gram drafts save on "
-                        "one answer; benchmarks/RESULTS.md, 2026-12-01), ngram when --draft-k "
-                        "is given")
+                        "model), or none (plain decoding). With ngram the start-up also captures "
+                        "its verify steps, so the answer runs at full speed from its first "
+                        "token. Default: none (that capture lengthens every start, and answers "
+                        "that copy nothing gain nothing), ngram when --draft-k is given")
     g.add_argument("--draft-k", type=int_range(1, 64), metavar="K",
                    help="drafts per step (default: 7 for ngram, 4 for draft:MODEL; a DFlash "
                         "drafter's block size - 1)")
