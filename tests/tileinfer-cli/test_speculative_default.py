@@ -1,6 +1,6 @@
-"""`tileinfer run` and `tileinfer chat` decode plainly by default (a new process pays for the
-first verify step of each size, which one answer does not win back: benchmarks/RESULTS.md);
---speculative ngram or --draft-k asks for n-gram drafts."""
+"""`tileinfer run` and `tileinfer chat` decode plainly by default (capturing the verify steps
+lengthens a new process's start: benchmarks/RESULTS.md); --speculative ngram or --draft-k asks
+for n-gram drafts, and the warm-up on a GPU then gets the proposer."""
 
 import argparse
 
@@ -8,7 +8,7 @@ import pytest
 
 from tileinfer import NgramProposer, SamplingParams
 from tileinfer_cli.errors import UserError
-from tileinfer_cli.options import add_speculative_options, speculative_from
+from tileinfer_cli.options import add_speculative_options, speculative_from, warm_up_on_gpu
 
 GREEDY, SAMPLED = SamplingParams(0.0), SamplingParams(0.8, top_p=0.9)
 
@@ -43,3 +43,17 @@ def test_draft_k_with_speculation_off_is_a_mistake():
 
 def test_a_command_without_the_options_does_not_speculate():
     assert speculative_from(argparse.Namespace(), None, GREEDY) is None
+
+
+def test_the_warm_up_on_a_gpu_gets_the_proposer(monkeypatch):
+    import tileinfer
+
+    calls = []
+    monkeypatch.setattr(tileinfer, "warm_up", lambda model, sampling, **kw: calls.append(kw))
+    proposer = NgramProposer(k=3)
+    on_gpu = argparse.Namespace(device=argparse.Namespace(type="cuda"))
+    warm_up_on_gpu(on_gpu, GREEDY, None, None, proposer)
+    assert calls == [dict(kv_quantize=None, key_smoothing=None, speculative=proposer)]
+    warm_up_on_gpu(argparse.Namespace(device=argparse.Namespace(type="cpu")), GREEDY, None, None,
+                   proposer)
+    assert len(calls) == 1  # nothing to load or capture on the CPU
