@@ -53,7 +53,7 @@ def main():
 
     def init(self, *a, **kw):
         loop_init(self, *a, **kw)
-        self.hit_rate = start[0]
+        self.policy.hit_rate = start[0]
 
     def launch(self, step):
         launched.append(step.n)
