@@ -1,5 +1,7 @@
 """What the check for non-finite logits (engine/runtime/finite.py) adds to a decode step, in the
-form each path issues it, against the step it rides on:
+form a path issues it on a backend without the optional ``sample_tokens_with_sums`` op (cuda,
+triton and ref have it and add the sums up inside their sampling kernel instead), against the
+step it rides on:
 
 - a single sequence (ModelRunner): ``torch.sum`` of the sampled row's logits into a kept
   float32, inside the step's CUDA graph (its kernel time, from graph replays);
