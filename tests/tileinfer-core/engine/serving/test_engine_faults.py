@@ -169,7 +169,9 @@ def test_a_failing_sampler_fails_the_step_too(model, monkeypatch):
     def broken(*args):
         raise RuntimeError("sampler fault")
 
+    # Whichever sampling op the step calls (greedy rows: the one that also adds up the rows).
     monkeypatch.setattr(model.ops, "sample_tokens", broken)
+    monkeypatch.setattr(model.ops, "sample_tokens_with_sums", broken)
     outputs = engine.step()
     assert finish_of(outputs, rid).error.endswith("RuntimeError: sampler fault")
     assert engine.check_accounting()["pages_used"] == 0
