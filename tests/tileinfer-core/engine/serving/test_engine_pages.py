@@ -155,6 +155,43 @@ def test_sample_batch_gives_each_row_its_own_stream():
         sample_batch(ops, logits, params[:6], seeds, counters)
 
 
+def test_sample_batch_writes_the_rows_sums():
+    """With sums: each row's logit sum (the finite check's), from the sampling call itself when
+    every row is greedy and the backend has sample_tokens_with_sums, else from torch."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 64, generator=gen) * 3
+    logits[3, 9] = float("nan")
+    ops = get_backend("ref")
+    calls = []
+
+    class Fused:  # a backend with the optional op
+        sample_per_row = None
+
+        def sample_tokens_with_sums(self, out, sums, rows, *args):
+            calls.append("with sums")
+            ops.sample_tokens_with_sums(out, sums, rows, *args)
+
+        def sample_tokens(self, out, rows, *args):
+            calls.append("plain")
+            ops.sample_tokens(out, rows, *args)
+
+    class Plain(Fused):  # and one without it
+        sample_tokens_with_sums = None
+
+    greedy = [SamplingParams()] * 5
+    mixed = greedy[:4] + [SamplingParams(0.8)]
+    for backend, params, expected_calls in ((Fused(), greedy, ["with sums"]),
+                                            (Plain(), greedy, ["plain"]),
+                                            (Fused(), mixed, ["plain", "plain"])):
+        calls.clear()
+        sums = torch.full((5,), 7.0)
+        out = sample_batch(backend, logits, params, [3] * 5, list(range(5)), sums=sums)
+        assert calls == expected_calls
+        assert out.tolist() == [sample_host(logits[r], params[r], 3, r) for r in range(5)]
+        assert torch.isfinite(sums).tolist() == [True, True, True, False, True]
+        assert torch.allclose(sums[[0, 1, 2, 4]], logits[[0, 1, 2, 4]].sum(dim=1))
+
+
 def test_bucket_sizes():
     assert bucket_sizes(1) == [1]
     assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
