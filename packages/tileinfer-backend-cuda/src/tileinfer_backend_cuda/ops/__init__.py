@@ -10,6 +10,14 @@ e4m3 weights; linear_ops.py picks), kv.py, attention.py, sampling.py: the ops.
 from . import (attention, common, cublas, elementwise, kv, linear, linear_fp8,  # noqa: F401
                linear_ops, norm, sampling, tuning)
 
+
+def reserve_scratch(device):
+    """Every scratch the ops keep (``common.reserve_scratch``), and cuBLAS's handles
+    (``cublas.make_handles``): before a model's first step and any capture."""
+    common.reserve_scratch(device)
+    cublas.make_handles(device)
+
+
 # The ops of the contract (tileinfer.backend.hookspecs) that this backend implements.
 OPS = {
     "embed": elementwise.embed,
@@ -22,7 +30,7 @@ OPS = {
     "attention_workspace": attention.attention_workspace,
     "attention": attention.attention,
     "attention_with_inputs": attention.attention_with_inputs,
-    "reserve_scratch": common.reserve_scratch,
+    "reserve_scratch": reserve_scratch,
     "sample_tokens": sampling.sample_tokens,
     "sample_per_row": sampling.sample_per_row,
     "sample_tokens_with_sums": sampling.sample_tokens_with_sums,

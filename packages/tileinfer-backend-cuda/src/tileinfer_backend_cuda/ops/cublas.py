@@ -48,3 +48,25 @@ def cublas(out, x, weight, **mm_options):
         torch.mm(x, weight.t(), out=out, **mm_options)
     finally:
         torch.backends.cuda.preferred_blas_library(before)
+
+
+_READY: set[int] = set()  # devices whose cuBLAS and cuBLASLt handles are made
+
+
+def make_handles(device):
+    """Make cuBLAS's and cuBLASLt's handles and workspaces on ``device`` now, with one tiny
+    product on each library. cuBLAS makes them, and loads its libraries, at a process's first
+    product (about a tenth of a second), which would otherwise fall in a model's first prefill
+    past the GEMVs' rows: the first answer's time to its first token. Skipped inside a graph
+    capture (it allocates)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _READY or torch.cuda.is_current_stream_capturing():
+        return
+    cuda = torch.device("cuda", index)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16, device=cuda)
+    w = torch.zeros(64, 64, dtype=torch.bfloat16, device=cuda)
+    out = torch.empty(2, 64, dtype=torch.bfloat16, device=cuda)
+    cublas(out, x, w)  # cuBLASLt: rows up to tuning.cublaslt_max_tokens()
+    torch.mm(x, w.t(), out=out)  # the default library: longer prefills
+    _READY.add(index)
