@@ -1,12 +1,13 @@
 """Where a new process's first calls spend their time: the warm-up and the first speculative call.
 
-In a new process (the embedded SmolLM2, greedy, the run's defaults), per backend: ``warm_up`` as
-``tileinfer run`` calls it (``--warm-up-ngram``: as with ``--speculative ngram``), then ``generate`` of one prompt plainly, then with
-``speculative=NgramProposer()`` three times. Each call's wall time, the static steps built and
-the graphs captured in it, and a cProfile of the warm-up and of the first speculative call (the
-functions with the most cumulative time) go to standard error; JSON rows to standard output.
+In a new process (the embedded SmolLM2, greedy, the run's defaults): ``warm_up`` as ``tileinfer
+run`` calls it (``--warm-up-ngram``: as with ``--speculative ngram``), then ``generate`` of one
+prompt plainly twice, then with ``speculative=NgramProposer()`` three times. Each call's wall
+time, the static steps built and the graphs captured in it, and a cProfile of the warm-up and of
+the first speculative call go to standard error; JSON rows to standard output. On triton, also
+the time of Triton's launcher in the warm-up, and of its on-disk cache lookups and module loads.
 
-    python benchmarks/first_calls.py --backends cuda,triton [--top 30]
+    python benchmarks/first_calls.py --backend triton --warm-up-ngram [--top 30]
 """
 
 from __future__ import annotations
