@@ -82,10 +82,10 @@ def _warm_verify_steps(model, prompt, sampling, k: int, kv_quantize, key_smoothi
                     runner.forward(seq, ids, sampling if greedy else None, all_logits=True,
                                    sample_rows=greedy)
 
-            for n in range(2, k + 2):
-                step(n)  # captured here
             for n in range(1, k + 2):
-                # Each timed step is launched while the one before runs, as in the loop.
+                # The first step of a size captures its graph (the 1-token step's was captured
+                # by the generation above); each timed one is launched while the one before
+                # runs, as in the loop.
                 step(n)
                 events = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS + 1)]
                 events[0].record()
