@@ -7,6 +7,10 @@ time, the static steps built and the graphs captured in it, and a cProfile of th
 the first speculative call go to standard error; JSON rows to standard output. On triton, also
 the time of Triton's launcher in the warm-up, and of its on-disk cache lookups and module loads.
 
+``--no-profile`` times the same calls without cProfile (its overhead is large on the launches
+of Triton kernels); ``--model`` takes another model folder (e.g. one of
+``random_checkpoint.py``'s, the answer then runs to its length).
+
     python benchmarks/first_calls.py --backend triton --warm-up-ngram [--top 30]
 """
 
@@ -79,6 +83,8 @@ def main():
                    "to light the lamp.")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=35)
+    p.add_argument("--model", default=None, help="a model folder (default: the embedded one)")
+    p.add_argument("--no-profile", action="store_true", help="no cProfile of any call")
     p.add_argument("--warm-up-ngram", action="store_true",
                    help="warm up for n-gram speculation (as tileinfer run --speculative ngram)")
     args = p.parse_args()
@@ -87,7 +93,7 @@ def main():
     import tileinfer as ti
     from tileinfer.engine.runtime.runtime import runtime_of
 
-    folder = ti.default_model_dir()
+    folder = ti.resolve_model_dir(args.model)
     model = ti.load_model(folder, backend=args.backend)
     tok = ti.load_tokenizer(folder)
     ids = tok.encode(ti.chat_prompt(folder, [ti.ChatMessage("user", args.prompt)]),
@@ -105,7 +111,7 @@ def main():
     def timed(label, fn, profile=False):
         before = counts()
         sync()
-        if profile:
+        if profile and not args.no_profile:
             out, seconds = profiled(fn, args.top, label)
         else:
             start = time.perf_counter()

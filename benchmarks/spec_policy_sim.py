@@ -9,9 +9,7 @@ SmolLM2 runs on the ref backend in float32. The estimate: ``--prefill-ms`` plus 
 launched step (``--step-ms``: ms by row count, 1..8) for speculation, against the prefill plus one
 1-token step per generated token for plain decoding. It ignores the host's time, which both pay.
 
-``--hit-rate-start`` lists starting values of the loop's hit rate to compare (it starts at 0).
-
-    python benchmarks/spec_policy_sim.py --prompts quote_answer,rewrite --hit-rate-start 0,0.55
+    python benchmarks/spec_policy_sim.py --prompts quote_answer,rewrite
 """
 
 from __future__ import annotations
@@ -37,29 +35,22 @@ CUDA_STEP_MS = "0.656,0.697,0.733,0.742,0.779,0.830,0.864,0.884"
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", default="", help="comma list of speculative.py's prompt names")
-    p.add_argument("--hit-rate-start", default="0")
     p.add_argument("--row-cost", type=float, default=0.05)
     p.add_argument("--step-ms", default=CUDA_STEP_MS)
     p.add_argument("--prefill-ms", type=float, default=2.0)
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args()
     step_ms = [float(x) for x in args.step_ms.split(",")]
-    starts = [float(x) for x in args.hit_rate_start.split(",")]
     torch.set_num_threads(1)
 
-    # Every launched step's row count, and the hit rate the loop starts from.
-    launched, start = [], [0.0]
-    loop_init, loop_launch = pipelined._Loop.__init__, pipelined._Loop._launch_step
-
-    def init(self, *a, **kw):
-        loop_init(self, *a, **kw)
-        self.policy.hit_rate = start[0]
+    launched = []  # every launched step's row count
+    loop_launch = pipelined._Loop._launch_step
 
     def launch(self, step):
         launched.append(step.n)
         return loop_launch(self, step)
 
-    pipelined._Loop.__init__, pipelined._Loop._launch_step = init, launch
+    pipelined._Loop._launch_step = launch
 
     folder = default_model_dir()
     model = load_model(folder, dtype=torch.float32, backend="ref", max_len=2048)
@@ -73,24 +64,20 @@ def main():
                                add_special_tokens=False)
         cache = new_cache(model, len(ids) + args.new_tokens + 64)
         runner = ModelRunner(model, cache)
-        for value in starts:
-            start[0] = value
-            launched.clear()
-            stats, proposer = SpecStats(), NgramProposer(k=7)
-            proposer.row_cost = args.row_cost
-            seq = cache.new_sequence()
-            out = generate_into(runner, seq, ids, args.new_tokens, SamplingParams(),
-                                stop_ids=eos, seed=0, speculative=proposer, spec_stats=stats)
-            cache.release(seq)
-            spec = args.prefill_ms + sum(step_ms[min(n, len(step_ms)) - 1] for n in launched)
-            plain = args.prefill_ms + len(out) * step_ms[0]
-            print(json.dumps(dict(prompt=name, kind=kind, hit_rate_start=value,
-                                  generated=len(out), verify_steps=stats.verify_steps,
-                                  plain_steps=stats.plain_steps,
-                                  wasted_steps=stats.wasted_steps, drafted=stats.drafted,
-                                  accepted=stats.accepted,
-                                  estimated_speedup=round(plain / spec, 3))), flush=True)
-
+        launched.clear()
+        stats, proposer = SpecStats(), NgramProposer(k=7)
+        proposer.row_cost = args.row_cost
+        seq = cache.new_sequence()
+        out = generate_into(runner, seq, ids, args.new_tokens, SamplingParams(), stop_ids=eos,
+                            seed=0, speculative=proposer, spec_stats=stats)
+        cache.release(seq)
+        spec = args.prefill_ms + sum(step_ms[min(n, len(step_ms)) - 1] for n in launched)
+        plain = args.prefill_ms + len(out) * step_ms[0]
+        print(json.dumps(dict(prompt=name, kind=kind, generated=len(out),
+                              verify_steps=stats.verify_steps, plain_steps=stats.plain_steps,
+                              wasted_steps=stats.wasted_steps, drafted=stats.drafted,
+                              accepted=stats.accepted,
+                              estimated_speedup=round(plain / spec, 3))), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -193,18 +193,23 @@ def quantize_of(args) -> str | None:
 
 
 def load(args):
-    """(model, tokenizer, folder) from the model options."""
+    """(model, tokenizer, folder) from the model options. The tokenizer loads in a thread while
+    the weights load (the tokenizers library parses its file without holding the interpreter's
+    lock, and copying weights holds it little)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tileinfer import load_model, load_tokenizer, resolve_model_dir
     from tileinfer.backend import default_backend_name
 
     set_threads(args)
     folder = resolve_model_dir(args.model)
     backend = args.backend or default_backend_name()
-    model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
-                       max_len=args.max_len,
-                       quantize=quantize_of(args),
-                       allow_long=args.allow_long_context, batch_invariant=args.deterministic)
-    return model, load_tokenizer(folder), folder
+    with ThreadPoolExecutor(1, thread_name_prefix="tileinfer-tokenizer") as pool:
+        tokenizer = pool.submit(load_tokenizer, folder)
+        model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
+                           max_len=args.max_len, quantize=quantize_of(args),
+                           allow_long=args.allow_long_context, batch_invariant=args.deterministic)
+        return model, tokenizer.result(), folder
 
 
 def sampling_from(args, folder, config):

@@ -351,6 +351,24 @@ def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
     assert budget(0.97, {1: 1e-3}) == 7  # the prior: 10% of a step per row
 
 
+def test_the_hit_rate_is_the_weighted_average_of_the_guesses_seen():
+    """Bias-corrected: one right guess reads as 1, not as the smoothing weight; later guesses
+    weigh as an exponential moving average does."""
+    from tileinfer.engine.generation.speculative.step_costs import DraftPolicy
+
+    policy = DraftPolicy(NgramProposer(k=7), {})
+    a = policy.smoothing
+    assert policy.hit_rate == 0.0 and policy.budget() == 0
+    policy.record_guess(True)
+    assert policy.hit_rate == 1.0 and policy.budget() == 7
+    policy.record_guess(False)
+    assert policy.hit_rate == pytest.approx((1 - a) * a / ((1 - a) * a + a))
+    for _ in range(3):
+        policy.record_guess(True)
+    # Five guesses, the miss three back: its weight a (1 - a)**3 of all weights 1 - (1 - a)**5.
+    assert policy.hit_rate == pytest.approx(1 - a * (1 - a) ** 3 / (1 - (1 - a) ** 5))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", gpu_backends())
 @pytest.mark.parametrize("pattern", ["all-right", "every-3rd-wrong", "random"])

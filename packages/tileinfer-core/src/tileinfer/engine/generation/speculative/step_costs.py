@@ -1,6 +1,8 @@
 """How much the pipelined speculative loop drafts: a cost model of steps and a hit rate.
 
-The loop keeps a moving average p of how often its guesses came true, and knows what a step of
+The loop keeps a moving average p of how often its guesses came true (bias-corrected, as
+Adam's moments are: an average started at 0 would read low for its first few tokens, and an
+answer that copies from its first token would spend them on plain steps), and knows what a step of
 n rows costs on the device against a 1-token step: measured between consecutive steps (CUDA
 events, host delays included) and kept in the runner's ``step_seconds`` across generations
 (the model runtime's: every generation of the process shares them). It drafts the count m that
@@ -36,11 +38,16 @@ class DraftPolicy:
         self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
         self.step_seconds = step_seconds
         self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
+        # The average of hits, and of ones, with the same weights: their ratio is the average
+        # over the guesses seen so far, without the pull towards the starting 0.
+        self._hits = self._weights = 0.0
 
     def record_guess(self, hit: bool):
         """A new token came: whether the loop's guess of it (if any) was right."""
         a = self.smoothing
-        self.hit_rate = (1 - a) * self.hit_rate + a * hit
+        self._hits = (1 - a) * self._hits + a * hit
+        self._weights = (1 - a) * self._weights + a
+        self.hit_rate = self._hits / self._weights
 
     PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
 
