@@ -17,7 +17,8 @@ from tileinfer import ConfigError, WeightsError, load_model
 from tileinfer.model import loader
 from tileinfer.model.config import LongContextWarning
 from tileinfer.model.loader import MemoryLimitError
-from tileinfer.model.weights import check_finite, expected_weight_bytes, load_weights
+from tileinfer.model.finite_weights import FiniteCheck, check_finite
+from tileinfer.model.weights import expected_weight_bytes, load_weights
 from tiny_models import tiny  # noqa: F401
 
 
@@ -73,6 +74,24 @@ def test_finite_check_sees_nan_and_inf_anywhere():
     check_finite(torch.randn(5), "ok")
     check_finite(torch.zeros(0), "empty")
     check_finite(torch.ones(3, dtype=torch.int8), "ints")
+
+
+def test_the_deferred_finite_check_names_the_first_bad_tensor_at_its_flush():
+    check = FiniteCheck()
+    good = [torch.randn(40, 7, dtype=torch.bfloat16) for _ in range(3)]
+    bad = torch.randn(9, 5)
+    bad[2, 3], bad[8, 0] = float("nan"), -float("inf")
+    for i, t in enumerate(good[:2]):
+        assert check.add(t, f"good{i}") is t
+    check.add(bad, "bad")
+    check.add(torch.full((4,), float("inf"), dtype=torch.float16), "worse")  # also bad, later
+    check.add(torch.ones(3, dtype=torch.int8), "ints")
+    with pytest.raises(WeightsError, match=r"'bad' holds 2 NaN or infinite values \(of 45\) "
+                                           "in float32"):
+        check.flush()
+    check.add(good[2], "good2")  # a flush forgets what it read
+    check.flush()
+    check.flush()  # nothing pending
 
 
 def _edit_config(model_dir, **changes):

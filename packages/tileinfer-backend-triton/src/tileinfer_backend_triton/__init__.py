@@ -42,20 +42,23 @@ _KEY_THREAD = None  # the thread that makes Triton's cache key, while it may sti
 
 
 def _hash_triton_in_background():
-    """Triton keys its on-disk kernel cache with a hash of its own installation (its compiler's
-    sources and libtriton.so, a few tenths of a second), made once per process at the first
-    kernel launch, where a new process's first answer would wait for it. hashlib lets go of the
-    interpreter's lock while it hashes, so a thread started when the backend loads makes it
+    """Triton keys its on-disk kernel cache with a hash of its own installation, made once per
+    process at the first kernel launch, where a new process's first answer would wait for it.
+    A thread started when the backend loads takes the key remembered from an earlier process
+    (``triton_key.py``), or makes it (hashlib lets go of the interpreter's lock while it hashes)
     while the model's weights load. ``_await_triton_key`` waits for that thread before the first
-    launch: the key is cached only once made, so a launch before then would hash it again."""
+    launch: a launch before then would hash the installation again."""
     global _KEY_THREAD
     import threading
 
     try:
-        from triton.runtime.cache import triton_key
+        from triton.runtime import cache  # noqa: F401
     except ImportError:  # another Triton layout: the first launch makes it, as before
         return
-    _KEY_THREAD = threading.Thread(target=triton_key, name="tileinfer-triton-key", daemon=True)
+    from .triton_key import install_remembered_key
+
+    _KEY_THREAD = threading.Thread(target=install_remembered_key, name="tileinfer-triton-key",
+                                   daemon=True)
     _KEY_THREAD.start()
 
 

@@ -1,0 +1,85 @@
+"""Triton's cache key, remembered between processes.
+
+Triton keys its on-disk kernel cache with ``triton.runtime.cache.triton_key()``: a hash of its own
+installation (its compiler's and language's sources and the whole libtriton.so, about 400 MB),
+made once per process before the first kernel is found on disk. That is a few tenths of a second
+of every new process's start. Here the key is kept in TileInfer's home under a fingerprint of the
+same files (each one's path, size and modification time, read with ``stat``; a reinstall or an
+edit changes it), and a process whose fingerprint matches takes the stored key instead of hashing
+the installation again. Where anything fails (another Triton layout, a home that cannot be
+written), Triton makes its key as it would have.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+STORE = "triton-key.json"  # in TileInfer's home: {"fingerprint": ..., "key": ...}
+
+
+def _hashed_files(root: Path) -> list[Path]:
+    """The files ``triton_key`` reads, and a few more beside them (any file under the folders it
+    walks: more only makes the fingerprint change more often)."""
+    files = [root / "runtime" / "cache.py", *sorted((root / "_C").glob("libtriton.*"))]
+    for folder in ("compiler", "backends", "language"):
+        files += sorted(p for p in (root / folder).rglob("*") if p.is_file())
+    return files
+
+
+def fingerprint(root: Path, version: str) -> str:
+    """A hash of Triton's version and each hashed file's path, size and modification time."""
+    h = hashlib.sha256(version.encode())
+    for path in _hashed_files(root):
+        st = path.stat()
+        h.update(f"\n{path.relative_to(root)} {st.st_size} {st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def remembered_key(make_key, root: Path, version: str, store: Path) -> str:
+    """The key stored under the installation's fingerprint, else ``make_key()`` (stored for the
+    next process)."""
+    print_ = fingerprint(root, version)
+    try:
+        stored = json.loads(store.read_text())
+        if stored.get("fingerprint") == print_ and isinstance(stored.get("key"), str):
+            return stored["key"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    key = make_key()
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        partial = store.with_name(f"{store.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"fingerprint": print_, "key": key}))
+        os.replace(partial, store)  # whole, or not at all, for a process reading it meanwhile
+    except OSError:
+        pass
+    return key
+
+
+def install_remembered_key() -> None:
+    """Make Triton's ``triton_key`` the remembered one for this process (and the key itself
+    now, so that the first kernel launch finds it made)."""
+    import triton
+    from triton.runtime import cache
+
+    from tileinfer.io.paths import tileinfer_home
+
+    original = getattr(cache, "triton_key", None)
+    if original is None:  # another Triton layout: its first launch makes its key
+        return
+    root = Path(triton.__file__).parent
+    try:
+        key = remembered_key(original, root, triton.__version__, tileinfer_home() / STORE)
+    except (OSError, ValueError):  # a file vanished while read, a home that is a file
+        original()
+        return
+
+    @functools.lru_cache
+    def triton_key():
+        return key
+
+    cache.triton_key = triton_key  # get_cache_key reads the module's name at each call
