@@ -113,3 +113,22 @@ def test_engines_of_other_pool_sizes_one_after_another(tiny, backend):
     first = run(LLMEngine(model, num_pages=60), reqs)
     assert run(LLMEngine(model, num_pages=12), reqs) == first
     assert run(LLMEngine(model, num_pages=60), reqs) == first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_a_second_generate_batch_call_captures_nothing(tiny, backend):
+    """generate_batch of one wave runs its prefill eagerly: the second call of the same batch
+    replays the decode steps the first captured and captures nothing (a prefill captured on
+    its shape's second use would cost the second call more than it saves)."""
+    from tileinfer import generate_batch
+    from tileinfer.engine.runtime.runtime import runtime_of
+
+    model = load(tiny, backend)
+    prompts = [prompt_ids(16, seed=60 + i) for i in range(8)]
+    first = generate_batch(model, prompts, max_new_tokens=24, stop_ids=[])
+    steps = runtime_of(model).steps
+    captures, replays = steps.captures, steps.replays
+    assert captures > 0  # the decode steps
+    assert generate_batch(model, prompts, max_new_tokens=24, stop_ids=[]) == first
+    assert steps.captures == captures and steps.replays > replays

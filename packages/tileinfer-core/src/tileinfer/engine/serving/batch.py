@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...backend.sampling import SamplingParams
-from .llm_engine import LLMEngine
+from .llm_engine import DEFAULT_MAX_RUNNING, LLMEngine
 from .request import ERROR
 
 
@@ -35,6 +35,12 @@ def generate_batch(model, prompts, sampling: SamplingParams | list = SamplingPar
     seed_list = per_prompt(seeds, "seeds")
     if not n:
         return []
+    if n <= engine_kwargs.get("max_running", DEFAULT_MAX_RUNNING):
+        # One wave: every prompt is admitted at the first steps, so no later step mixes
+        # prefill chunks with decode rows. A static mixed step would only serve those first
+        # steps, once per call, and capturing one (at its shape's second use) costs more than
+        # it saves: they run eagerly on their own shapes.
+        engine_kwargs.setdefault("static_mixed", False)
     if model.device.type != "cuda" and "num_pages" not in engine_kwargs:
         engine_kwargs.setdefault("cpu_tokens", sum(len(p) + m for p, m in zip(prompts, max_news)
                                                    if isinstance(m, int)) or 1)

@@ -50,6 +50,8 @@ from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, Re
                       check_request, request_limits)
 from .scheduler import Scheduler
 
+DEFAULT_MAX_RUNNING = 64
+
 
 class LLMEngine:
     """Serves many requests on ``model`` from its runtime's paged KV pool.
@@ -66,7 +68,7 @@ class LLMEngine:
     """
 
     def __init__(self, model, num_pages: int | None = None, page_size: int = 16,
-                 max_running: int = 64, max_step_tokens: int = 2048,
+                 max_running: int = DEFAULT_MAX_RUNNING, max_step_tokens: int = 2048,
                  prefix_caching: bool = True, graphs: bool | None = None,
                  kv_quantize: str | None = None, key_smoothing=None,
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
