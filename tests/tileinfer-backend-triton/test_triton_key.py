@@ -37,6 +37,10 @@ def test_the_key_is_made_once_and_again_after_a_file_changes(tmp_path):
     os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
     assert remembered_key(make_key, root, "3.7.0", store) == "key4"
     assert remembered_key(make_key, root, "3.7.0", store) == "key4" and len(made) == 4
+    # Bytecode caches written by imports are not part of the installation.
+    (root / "compiler/__pycache__").mkdir()
+    (root / "compiler/__pycache__/compiler.cpython-312.pyc").write_bytes(b"\0")
+    assert remembered_key(make_key, root, "3.7.0", store) == "key4" and len(made) == 4
 
 
 def test_a_broken_or_unwritable_store_falls_back_to_making_the_key(tmp_path):

@@ -23,10 +23,12 @@ STORE = "triton-key.json"  # in TileInfer's home: {"fingerprint": ..., "key": ..
 
 def _hashed_files(root: Path) -> list[Path]:
     """The files ``triton_key`` reads, and a few more beside them (any file under the folders it
-    walks: more only makes the fingerprint change more often)."""
+    walks, but the bytecode caches that imports write: more only makes the fingerprint change
+    more often)."""
     files = [root / "runtime" / "cache.py", *sorted((root / "_C").glob("libtriton.*"))]
     for folder in ("compiler", "backends", "language"):
-        files += sorted(p for p in (root / folder).rglob("*") if p.is_file())
+        files += sorted(p for p in (root / folder).rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts)
     return files
 
 
