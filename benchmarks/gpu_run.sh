@@ -4,7 +4,7 @@
 # development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
-#       steps: conformance tests enginetests userpaths firstcalls batchtwice startup ops bench pdl
+#       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear fp8
 #
@@ -49,9 +49,16 @@ for step in $steps; do
       [ -z "${CLI_ONLY:-}" ] && timeout 300 python3 benchmarks/user_paths.py --sections oneshot \
         --backends cuda,triton > "$out/oneshot.json" 2> "$out/oneshot.err"
       [ -z "${CLI_ONLY:-}" ] && grep "^oneshot" "$out/oneshot.err"
-      timeout 280 python3 benchmarks/user_paths.py --sections cli --backends cuda,triton \
-        --cli-prompts ${CLI_PROMPTS:-2} > "$out/cli.json" 2> "$out/cli.err"
-      grep "^cli\|^import" "$out/cli.err" ;;
+      timeout ${CLI_TIMEOUT:-280} python3 benchmarks/user_paths.py --sections cli \
+        --backends ${CLI_BACKENDS:-cuda,triton} --cli-prompts ${CLI_PROMPTS:-2} \
+        --cli-repeats ${CLI_REPEATS:-1} > "$out/cli.json" 2> "$out/cli.err"
+      grep "^cli_prompt\|^import" "$out/cli.err" ;;
+    bytecode)  # the bytecode caches a user's pip install writes, which the image lacks (it runs
+               # Python with PYTHONDONTWRITEBYTECODE=1): later processes import from them
+      python3 -m compileall -q -j 16 "$site" $(python3 -c "import importlib, os; print(' '.join(
+        os.path.dirname(importlib.import_module(m).__file__) for m in ('torch', 'triton',
+        'numpy', 'jinja2', 'markupsafe', 'tokenizers', 'safetensors', 'pluggy')))") > /dev/null 2>&1
+      echo "bytecode caches written" ;;
     firstcalls)  # a new process's warm-up and first speculative calls, profiled (real SmolLM2);
                  # each backend twice: the second finds the kernels on disk
       for b in ${FIRST_BACKENDS:-cuda triton}; do

@@ -3,7 +3,9 @@
 (a) ``cli`` rows: ``tileinfer run --json -n N PROMPT`` as a new process per run, with the default
 options and with ``--speculative ngram``, per backend: wall time of the process, the timings its
 ``--json`` reports (load, time to the first token, decode tok/s, the start-up's parts) and, once
-per backend, the time of ``import torch`` alone in a new process.
+per backend, the time of ``import torch`` alone in a new process; ``cli_prompt`` rows: per
+prompt, the median decode tok/s of each option over ``--cli-repeats`` processes, their ratio and
+whether every process gave the same tokens.
 
 (b) ``oneshot`` rows: ``tileinfer.generate`` called several times in one process for each prompt
 (plain, and with ``speculative=NgramProposer()``): the wall time of every call, so that the first
@@ -53,7 +55,7 @@ def cli_run(backend: str, prompt: str, new_tokens: int, extra=()) -> dict:
     out["wall"] = round(wall, 4)
     out["stats_line"] = done.stderr.strip().splitlines()[-2:]
     out.pop("text", None)
-    out["n_tokens"] = len(out.pop("tokens"))
+    out["n_tokens"] = len(out["tokens"])
     return out
 
 
@@ -70,16 +72,33 @@ def section_cli(args):
         emit({"kind": "import_torch", "backend": backend, "seconds": seconds})
         log(f"import torch alone: {seconds} s")
         for name, text in prompts:
+            rates, tokens = {}, {}
             for label, extra in (("default", ()), ("ngram", ("--speculative", "ngram"))):
-                row = cli_run(backend, text, args.new_tokens, extra)
-                row.update(kind="cli", backend=backend, prompt=name, options=label)
-                emit(row)
-                t = row.get("timings", {})
-                log(f"cli {backend} {name} {label}: wall {row['wall']:.2f}s load "
-                    f"{t.get('load')} ttft {t.get('time_to_first_token')} start->first "
-                    f"{t.get('from_start_to_first_token')} {t.get('tokens_per_second')} tok/s "
-                    f"{row.get('n_tokens')} tokens {row.get('error', '')[-300:]}")
-                log(f"    startup {t.get('startup')}")
+                for repeat in range(args.cli_repeats):
+                    row = cli_run(backend, text, args.new_tokens, extra)
+                    tokens.setdefault(label, []).append(row.pop("tokens", None))
+                    row.update(kind="cli", backend=backend, prompt=name, options=label,
+                               repeat=repeat)
+                    emit(row)
+                    t = row.get("timings", {})
+                    if t.get("tokens_per_second"):
+                        rates.setdefault(label, []).append(t["tokens_per_second"])
+                    log(f"cli {backend} {name} {label}: wall {row['wall']:.2f}s load "
+                        f"{t.get('load')} ttft {t.get('time_to_first_token')} start->first "
+                        f"{t.get('from_start_to_first_token')} {t.get('tokens_per_second')} tok/s "
+                        f"{row.get('n_tokens')} tokens {row.get('error', '')[-300:]}")
+                    log(f"    startup {t.get('startup')}")
+            if len(rates) == 2:
+                medians = {k: statistics.median(v) for k, v in rates.items()}
+                reference = tokens["default"][0]
+                summary = {"kind": "cli_prompt", "backend": backend, "prompt": name,
+                           "runs": args.cli_repeats,
+                           "median_tok_s": {k: round(v, 1) for k, v in medians.items()},
+                           "ngram_over_default": round(medians["ngram"] / medians["default"], 3),
+                           "identical": all(t == reference for ts in tokens.values() for t in ts)}
+                emit(summary)
+                log(f"cli_prompt {backend} {name}: medians {summary['median_tok_s']} tok/s, "
+                    f"n-gram x{summary['ngram_over_default']}, identical {summary['identical']}")
 
 
 def section_oneshot(args):
@@ -173,6 +192,8 @@ def main():
     p.add_argument("--batches", default="8,32,64")
     p.add_argument("--cli-prompts", type=int, default=0,
                    help="also run the first N prompts of benchmarks/speculative.py in the CLI")
+    p.add_argument("--cli-repeats", type=int, default=1,
+                   help="new processes per prompt and option (the rows give their medians)")
     args = p.parse_args()
     args.backends = args.backends.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
