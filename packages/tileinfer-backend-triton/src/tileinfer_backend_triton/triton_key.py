@@ -44,10 +44,10 @@ def fingerprint(root: Path, version: str) -> str:
 def remembered_key(make_key, root: Path, version: str, store: Path) -> str:
     """The key stored under the installation's fingerprint, else ``make_key()`` (stored for the
     next process)."""
-    print_ = fingerprint(root, version)
+    current = fingerprint(root, version)
     try:
         stored = json.loads(store.read_text())
-        if stored.get("fingerprint") == print_ and isinstance(stored.get("key"), str):
+        if stored.get("fingerprint") == current and isinstance(stored.get("key"), str):
             return stored["key"]
     except (OSError, ValueError, AttributeError):
         pass
@@ -55,7 +55,7 @@ def remembered_key(make_key, root: Path, version: str, store: Path) -> str:
     try:
         store.parent.mkdir(parents=True, exist_ok=True)
         partial = store.with_name(f"{store.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"fingerprint": print_, "key": key}))
+        partial.write_text(json.dumps({"fingerprint": current, "key": key}))
         os.replace(partial, store)  # whole, or not at all, for a process reading it meanwhile
     except OSError:
         pass
