@@ -188,7 +188,9 @@ def main():
     p.add_argument("--sections", default="cli,oneshot")
     p.add_argument("--backends", default="cuda,triton")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--calls", type=int, default=8,
+                   help="generate calls per prompt and kind in the oneshot section (the first "
+                        "is timed apart; the rest give medians)")
     p.add_argument("--batches", default="8,32,64")
     p.add_argument("--cli-prompts", type=int, default=0,
                    help="also run the first N prompts of benchmarks/speculative.py in the CLI")
