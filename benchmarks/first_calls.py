@@ -24,6 +24,8 @@ import pstats
 import sys
 import time
 
+from timing import time_methods
+
 
 def log(*args):
     print(*args, file=sys.stderr, flush=True)
@@ -54,23 +56,9 @@ def time_triton_phases() -> dict:
     from triton.runtime.jit import JITFunction
 
     totals: dict = {}
-
-    def timed(owner, name, label):
-        original = getattr(owner, name)
-
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                seconds, calls = totals.get(label, (0.0, 0))
-                totals[label] = (seconds + time.perf_counter() - start, calls + 1)
-
-        setattr(owner, name, wrapper)
-
-    timed(JITFunction, "run", "every_launch")  # all of it: binder, cache, load, launch
-    timed(JITFunction, "_do_compile", "disk_cache")
-    timed(CompiledKernel, "_init_handles", "load")
+    # every_launch: all of it (binder, cache, load, launch)
+    time_methods(JITFunction, ["run", "_do_compile"], totals, ["every_launch", "disk_cache"])
+    time_methods(CompiledKernel, ["_init_handles"], totals, ["load"])
     return totals
 
 

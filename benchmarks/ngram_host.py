@@ -23,33 +23,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speculative import PROMPTS  # noqa: E402
+from timing import time_methods  # noqa: E402
 
 import tileinfer as ti  # noqa: E402
 from tileinfer.engine.generation.speculative import pipelined  # noqa: E402
 
 PHASES = ("_plan", "_launch", "_read", "_emit", "_finish", "run")
-
-
-def time_phases() -> dict:
-    """Wrap the loop's methods with timers; returns {name: (seconds, calls)}, filled as it runs."""
-    totals: dict = {}
-
-    def timed(name):
-        original = getattr(pipelined._Loop, name)
-
-        def wrapper(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                seconds, calls = totals.get(name, (0.0, 0))
-                totals[name] = (seconds + time.perf_counter() - start, calls + 1)
-
-        setattr(pipelined._Loop, name, wrapper)
-
-    for name in PHASES:
-        timed(name)
-    return totals
 
 
 def main():
@@ -58,7 +37,7 @@ def main():
     model = ti.load_model(folder, backend=backend)
     tokenizer = ti.load_tokenizer(folder)
     ti.warm_up(model, speculative=ti.NgramProposer())
-    phases = time_phases()
+    phases = time_methods(pipelined._Loop, PHASES, {})
     texts = {name: text for name, _, text in PROMPTS}
 
     def call(ids, ngram: bool):

@@ -1,8 +1,10 @@
-"""The one timing helper of the benchmarks: GPU time of calls replayed from a CUDA graph."""
+"""The timing helpers of the benchmarks: GPU time of calls replayed from a CUDA graph, and the
+host's time in chosen methods."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -34,3 +36,22 @@ def time_op(fn, reps: int = 20, replays: int = 7) -> float:
     sits in L2), after one warm-up call."""
     fn(0)
     return time_graph([lambda i=i: fn(i) for i in range(reps)], replays)
+
+
+def time_methods(owner, names, totals: dict, labels=None) -> dict:
+    """Wrap the methods ``names`` of class ``owner`` with host timers adding into ``totals``
+    ({label: (seconds, calls)}, filled as they run; the label of a method is its name unless
+    ``labels`` gives another). Returns totals."""
+    for name, label in zip(names, labels or names):
+        original = getattr(owner, name)
+
+        def wrapper(*args, _original=original, _label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                seconds, calls = totals.get(_label, (0.0, 0))
+                totals[_label] = (seconds + time.perf_counter() - start, calls + 1)
+
+        setattr(owner, name, wrapper)
+    return totals
