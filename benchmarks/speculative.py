@@ -13,9 +13,10 @@ warm-up run of each that captures the graphs), the speed-up (plain seconds /
 speculative seconds), the acceptance and steps (``SpecStats``), and whether the output equals
 plain greedy token for token, and ``copy_fraction``: the share of the plain answer's tokens that
 prompt lookup predicts from the tokens before each (how much the answer really copies: a small
-model asked to rewrite may write something else). Where the output differs: ``first_divergence`` (the index of the first
-different token) and ``top2_gap``, how far apart plain decoding's two best logits were there
-(float32 logits; also in bf16 ulps of the larger one).
+model asked to rewrite may write something else). Where the output differs:
+``first_divergence`` (the index of the first different token) and ``top2_gap``, how far apart
+plain decoding's two best logits were there (float32 logits; also in bf16 ulps of the larger
+one).
 
 (b) ``step_cost`` rows per backend: what a step of 1..k + 1 rows costs on this model, as a graph
 replay and as the speculative loop measured it in the runs (its cost model: it drafts only where

@@ -95,7 +95,8 @@ def section_cli(args):
                            "runs": args.cli_repeats,
                            "median_tok_s": {k: round(v, 1) for k, v in medians.items()},
                            "ngram_over_default": round(medians["ngram"] / medians["default"], 3),
-                           "identical": all(t == reference for ts in tokens.values() for t in ts)}
+                           "identical": all(ids == reference for runs in tokens.values()
+                                                 for ids in runs)}
                 emit(summary)
                 log(f"cli_prompt {backend} {name}: medians {summary['median_tok_s']} tok/s, "
                     f"n-gram x{summary['ngram_over_default']}, identical {summary['identical']}")
