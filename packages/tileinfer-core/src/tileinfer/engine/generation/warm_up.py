@@ -12,6 +12,13 @@ steps of 2..k + 1 rows: warm_up captures each of them too and times each size ag
 1-token step, seeding the speculative loop's cost model, which otherwise learns a size's cost
 only from its first uses. Without that, one answer pays a capture for every size it happens to
 use (tens of milliseconds each on a GPU), more than its drafts save on a short answer.
+
+The sizes are timed as the loop pays for them. 1-token steps run back to back, as plain
+stretches of the loop do. A verify step usually follows a step whose tokens the host had to read
+first (its drafts come from them), so the device idles while the host reads and launches: each
+timed verify step here is launched only after the one before it is read back. Timed back to back
+instead, verify steps looked almost as cheap as 1-token steps, and a new process's first answer
+drafted on text where later answers, with the loop's own measurements, did not.
 """
 
 from __future__ import annotations
@@ -84,12 +91,14 @@ def _warm_verify_steps(model, prompt, sampling, k: int, kv_quantize, key_smoothi
 
             for n in range(1, k + 2):
                 # The first step of a size captures its graph (the 1-token step's was captured
-                # by the generation above); each timed one is launched while the one before
-                # runs, as in the loop.
+                # by the generation above). A timed 1-token step is launched while the one
+                # before runs; a timed verify step once the one before is read (see above).
                 step(n)
                 events = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS + 1)]
                 events[0].record()
-                for event in events[1:]:
+                for before, event in zip(events, events[1:]):
+                    if n > 1:
+                        before.synchronize()  # the host waits for the step before
                     step(n)
                     event.record()
                 events[-1].synchronize()
