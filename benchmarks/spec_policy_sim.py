@@ -24,6 +24,7 @@ from tileinfer import (ChatMessage, ModelRunner, NgramProposer, SamplingParams, 
                        chat_prompt, generate_into, load_model, load_tokenizer)
 from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.speculative import pipelined
+from tileinfer.engine.generation.speculative.step_costs import DraftPolicy
 from tileinfer.io.default_model import default_model_dir
 from tileinfer.io.generation_config import generation_defaults
 
@@ -38,6 +39,10 @@ def main():
     p.add_argument("--row-cost", type=float, default=0.05)
     p.add_argument("--step-ms", default=CUDA_STEP_MS)
     p.add_argument("--prefill-ms", type=float, default=2.0)
+    p.add_argument("--policy-ms", default="",
+                   help="ms by row count, 1..8, that the loop's cost model sees instead of "
+                        "--row-cost (e.g. a warm-up's measurements); the estimate still uses "
+                        "--step-ms")
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args()
     step_ms = [float(x) for x in args.step_ms.split(",")]
@@ -51,6 +56,9 @@ def main():
         return loop_launch(self, step)
 
     pipelined._Loop._launch_step = launch
+    if args.policy_ms:
+        policy_ms = [float(x) for x in args.policy_ms.split(",")]
+        DraftPolicy._ratio = lambda self, n: policy_ms[min(n, len(policy_ms)) - 1] / policy_ms[0]
 
     folder = default_model_dir()
     model = load_model(folder, dtype=torch.float32, backend="ref", max_len=2048)
@@ -66,7 +74,7 @@ def main():
         runner = ModelRunner(model, cache)
         launched.clear()
         stats, proposer = SpecStats(), NgramProposer(k=7)
-        proposer.row_cost = args.row_cost
+        proposer.row_cost = None if args.policy_ms else args.row_cost
         seq = cache.new_sequence()
         out = generate_into(runner, seq, ids, args.new_tokens, SamplingParams(), stop_ids=eos,
                             seed=0, speculative=proposer, spec_stats=stats)
