@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from tileinfer.backend.fp8 import E4M3, E4M3_MAX, fp8_matmul, quantize_rows, row_scales
-from tileinfer.backend.registry import get_backend
+from tileinfer.backend import BackendInfo, hookimpl
+from tileinfer.backend.registry import get_backend, registry
 from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.memory import memory_report
 from tileinfer.model import load_model
@@ -126,10 +127,26 @@ def test_fp8_weights_stay_close_to_bf16(tiny, arch):
     assert agree >= 0.6, f"greedy picks agree at {agree:.0%} of the steps"
 
 
-def test_fp8_needs_a_backend_that_declares_it(tiny):
+class _NoFp8Backend:
+    """A backend whose info does not declare FP8 linear ops (every op falls back to ref)."""
+
+    @hookimpl
+    def tileinfer_backend_info(self):
+        return BackendInfo(name="no-fp8", available=True, devices=("cpu",))
+
+
+@pytest.fixture
+def no_fp8_backend():
+    reg = registry()
+    reg.register(_NoFp8Backend())
+    yield "no-fp8"
+    reg.unregister("no-fp8")
+
+
+def test_fp8_needs_a_backend_that_declares_it(tiny, no_fp8_backend):
     directory = tiny.directory("llama", False, torch.bfloat16)
     with pytest.raises(ValueError, match="quantize must be None, 'int8' or 'fp8'"):
         load_model(directory, max_len=32, quantize="fp4")
     with pytest.raises(ValueError, match="does not declare FP8 linear ops"):
-        load_model(directory, max_len=32, quantize="fp8", backend="triton", device="cpu")
+        load_model(directory, max_len=32, quantize="fp8", backend=no_fp8_backend, device="cpu")
 

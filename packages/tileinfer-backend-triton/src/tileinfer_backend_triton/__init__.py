@@ -5,8 +5,9 @@ thin wrapper here around a launcher in ``kernels/`` (one op family per module, t
 its launcher; the launchers take plain tensors, the wrappers unpack the grouped arguments). All
 ops write into the given outputs, allocate nothing on the hot path and never synchronize with the
 host, so a step can be captured in a CUDA graph. The device memory the backend owns: the split-K
-scratch of the linear kernels and the split argmax's scratch of the sampler (each allocated once
-per device, by ``reserve_scratch`` or on first use) and the attention workspace that
+scratch of the linear kernels, the quantized input of the FP8 products and the split argmax's
+scratch of the sampler (each allocated once per device, by ``reserve_scratch`` or on first use)
+and the attention workspace that
 ``attention_workspace`` returns. On Hopper the decode-path kernels use programmatic dependent
 launch (kernels/common.py; ``TILEINFER_TRITON_PDL=0`` turns it off). docs/triton-kernels.md
 describes the kernels' design.
@@ -36,6 +37,16 @@ def _availability():
 
 
 _AVAILABLE, _REASON, _DEVICES = _availability()
+
+
+def _fp8() -> bool:
+    """Whether the FP8 linear kernels run here (kernels/linear_fp8.py): on a GPU with e4m3
+    conversions and FP8 tensor cores, or under the interpreter."""
+    import torch
+
+    from .kernels.linear_fp8 import FP8_CAPABILITY
+
+    return "cpu" in _DEVICES or torch.cuda.get_device_capability() >= FP8_CAPABILITY
 
 
 _KEY_THREAD = None  # the thread that makes Triton's cache key, while it may still run
@@ -79,9 +90,12 @@ if _AVAILABLE:
     from .kernels import attention as _attention
     from .kernels import embed as _embed
     from .kernels import linear as _linear
+    from .kernels import linear_fp8 as _linear_fp8
     from .kernels import norms as _norms
     from .kernels import rope_kv as _rope_kv
     from .kernels import sampling as _sampling
+
+_FP8 = _AVAILABLE and _fp8()
 
 NOTES = {
     "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
@@ -94,13 +108,16 @@ NOTES = {
     "sample_per_row": "one program per row, each with its own parameters and stream",
     "batch_invariant": "linear: tensor-core tiles without split-K; attention: one row per "
                        "program, 256-position splits",
+    "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
+           "then tl.dot on FP8 tensor cores in 16-token tiles (64 for batched steps past 16)",
 }
 
 
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="triton", available=_AVAILABLE, reason=_REASON, devices=_DEVICES,
-                       graph_safe=True, notes=NOTES, batch_invariant=True)
+                       graph_safe=True, notes=NOTES, batch_invariant=True,
+                       fp8=_FP8)
 
 
 if _AVAILABLE:
@@ -119,20 +136,26 @@ if _AVAILABLE:
 
     @hookimpl
     def linear(out, x, weight, weight_scale, batch_invariant=True):
+        if weight.dtype == _linear_fp8.E4M3:
+            return _linear_fp8.launch_fp8(out, x, weight, weight_scale,
+                                          invariant=batch_invariant)
         _linear.launch_linear(out, x, weight, weight_scale, invariant=batch_invariant)
 
     @hookimpl
     def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
         # Fused: gate and up rows in the same program, the activation in the epilogue; the
         # gate_up scratch is not needed.
-        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU,
-                              invariant=batch_invariant)
+        launch = _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \
+            _linear.launch_linear
+        launch(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU, invariant=batch_invariant)
 
     @hookimpl
     def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
-        _linear.launch_linear(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
-                              act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps),
-                              invariant=batch_invariant)
+        launch = _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \
+            _linear.launch_linear
+        launch(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
+               act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps),
+               invariant=batch_invariant)
 
     @hookimpl
     def attention_inputs(q_out, kv, qkv, qk, step):
@@ -162,6 +185,7 @@ if _AVAILABLE:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         _linear.reserve_scratch(device)
+        _linear_fp8.reserve_scratch(device)
         _sampling.reserve_scratch(device)
 
     @hookimpl

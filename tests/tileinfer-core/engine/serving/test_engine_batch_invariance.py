@@ -76,7 +76,7 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
     assert among == alone  # tokens, and each logprob and its top-2, to the bit
 
 
-@pytest.mark.parametrize("backend", ["ref", "cuda"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_weights_keep_a_request_the_same_alone_and_among_others(tiny, backend):
     """FP8 weights: each row's activations quantized on their own, the same bits in any step."""
     model = invariant_model(tiny, backend, quantize="fp8")
