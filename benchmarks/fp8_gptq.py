@@ -1,0 +1,128 @@
+"""An experiment for FP8 quality: SmolLM2's linear weights rounded to e4m3 with GPTQ's error
+compensation instead of to the nearest value, per-row scales kept.
+
+GPTQ (Frantar et al., 2022): the columns of a weight are rounded in order, and each column's
+error is spread over the columns not rounded yet through the inverse of the layer's input
+Hessian ``H = X^T X`` (damped by 1% of its mean diagonal; blocks of 128 columns), so that the
+layer's outputs on inputs like X move as little as possible. Here X is each decoder linear's
+input over 2,048 tokens of Genesis 11-16 (``perplexity.py``'s calibration chapters) in the bf16
+model on the ref backend; with ``--hessian-inputs fp8`` each input is rounded to e4m3 per token
+for its Hessian (what the FP8 product sees; the model itself runs on the unrounded inputs).
+The rounded weights go back to bf16 (``fp8_error_sources.py``'s fake quantization), and the
+perplexity over the first ``--tokens`` tokens of Genesis 1-10 is printed with the linear inputs
+in bf16, rounded per token, or per token and 64 channels.
+
+    python benchmarks/fp8_gptq.py --hessian-inputs fp8 --activations bf16,token
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_error_sources import LINEARS, fake_e4m3, with_layers  # noqa: E402
+from perplexity import DEFAULT_TEXT, chapter_range, chapters, window_log_probs, windows  # noqa: E402
+
+import tileinfer_backend_ref  # noqa: E402
+from tileinfer import load_model, load_tokenizer  # noqa: E402
+from tileinfer.engine.kv.cache import new_cache  # noqa: E402
+from tileinfer.io.default_model import default_model_dir  # noqa: E402
+
+ACTIVATION_GROUPS = {"bf16": None, "token": 0, "group64": 64}
+
+
+def gptq_e4m3(w: torch.Tensor, h: torch.Tensor, damp: float = 0.01, block: int = 128):
+    """w (rows, k) rounded to e4m3 values times its rows' scales (max|w[r]| / 448), columns in
+    order with GPTQ's error compensation under the input Hessian h (k, k); float32."""
+    w = w.float().clone()
+    k = w.shape[1]
+    scale = (w.abs().amax(1, keepdim=True) / 448).clamp_min(1e-30)
+    h = h.clone()
+    dead = torch.diag(h) == 0  # channels no input reached: any value will do
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    h += damp * torch.mean(torch.diag(h)) * torch.eye(k)
+    # The upper Cholesky factor of H^-1: row i holds how column i's error moves columns > i.
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.zeros_like(w)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        part, errors = w[:, i1:i2].clone(), torch.zeros(w.shape[0], i2 - i1)
+        for i in range(i2 - i1):
+            col = part[:, i]
+            rounded = (col[:, None] / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+            q[:, i1 + i] = rounded[:, 0]
+            errors[:, i] = (col - rounded[:, 0]) / u[i1 + i, i1 + i]
+            part[:, i:] -= errors[:, i:i + 1] * u[i1 + i, i1 + i:i2][None, :]
+        w[:, i2:] -= errors @ u[i1:i2, i2:]
+    return q
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--hessian-inputs", choices=["bf16", "fp8"], default="fp8")
+    p.add_argument("--activations", default="bf16,token", help="comma list of bf16, token, group64")
+    args = p.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    folder = default_model_dir()
+    tokenizer = load_tokenizer(folder)
+    book = chapters(DEFAULT_TEXT.read_text())
+
+    def text(spec, n):
+        return tokenizer.encode("".join(book[c] + "\n" for c in chapter_range(spec)),
+                                add_special_tokens=False)[:n]
+
+    ids, calib = text("1-10", args.tokens), text("11-16", 2048)
+    base = load_model(folder, dtype=torch.bfloat16, backend="ref", device="cpu", max_len=512)
+    vocab = base.config.vocab_size
+    matmul = tileinfer_backend_ref.matmul
+
+    def run(model, tokens, linear_input=None, hessians=None, hessian_input=None):
+        """Perplexity of model over tokens; linear_input: how each decoder linear's input is
+        rounded (None: not); hessians: a dict to add each decoder linear's X^T X to, with X its
+        input rounded as hessian_input says (the model itself runs on the unrounded input)."""
+        def product(x, weight, weight_scale, out_dtype=None):
+            if weight.shape[0] != vocab:
+                if hessians is not None:
+                    xf = (x if hessian_input is None else fake_e4m3(x, hessian_input)).float()
+                    hessians[id(weight)] = hessians.get(id(weight), 0) + xf.T @ xf
+                if linear_input is not None:
+                    x = fake_e4m3(x, linear_input)
+            return matmul(x, weight, weight_scale, out_dtype)
+
+        tileinfer_backend_ref.matmul = product
+        try:
+            cache = new_cache(model, 512, page_size=16)
+            nll, n = 0.0, 0
+            with torch.no_grad():
+                for begin, end, first in windows(len(tokens), 512, 512):
+                    lp = window_log_probs(model, cache, tokens, begin, end, first)
+                    nll -= lp.gather(1, torch.tensor(tokens[first:end])[:, None]).sum().item()
+                    n += end - first
+            return math.exp(nll / n)
+        finally:
+            tileinfer_backend_ref.matmul = matmul
+
+    hessians = {}
+    run(base, calib, hessians=hessians, hessian_input=0 if args.hessian_inputs == "fp8" else None)
+    model = with_layers(base, base, [])
+    for layer in model.weights.layers:
+        for name in LINEARS:
+            w = getattr(layer, name)
+            setattr(layer, name, gptq_e4m3(w, hessians[id(w)]).to(w.dtype))
+    bf16 = run(base, ids)
+    print(f"bf16: {bf16:.4f} ({len(ids)} tokens)", flush=True)
+    for name in args.activations.split(","):
+        value = run(model, ids, ACTIVATION_GROUPS[name])
+        print(f"weights GPTQ e4m3 per row (Hessian of {args.hessian_inputs} inputs), activations "
+              f"{name}: {value:.4f} ({100 * (value / bf16 - 1):+.2f}%)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
