@@ -1,5 +1,6 @@
 """An experiment for FP8 quality: SmolLM2's linear weights rounded to e4m3 with GPTQ's error
-compensation instead of to the nearest value, per-row scales kept.
+compensation instead of to the nearest value, per-row scales kept
+(``tileinfer.engine.generation.gptq.gptq_e4m3``; ``write_gptq_fp8`` writes such a checkpoint).
 
 GPTQ (Frantar et al., 2022): the columns of a weight are rounded in order, and each column's
 error is spread over the columns not rounded yet through the inverse of the layer's input
@@ -30,37 +31,11 @@ from perplexity import DEFAULT_TEXT, chapter_range, chapters, window_log_probs, 
 
 import tileinfer_backend_ref  # noqa: E402
 from tileinfer import load_model, load_tokenizer  # noqa: E402
+from tileinfer.engine.generation.gptq import gptq_e4m3  # noqa: E402
 from tileinfer.engine.kv.cache import new_cache  # noqa: E402
 from tileinfer.io.default_model import default_model_dir  # noqa: E402
 
 ACTIVATION_GROUPS = {"bf16": None, "token": 0, "group64": 64}
-
-
-def gptq_e4m3(w: torch.Tensor, h: torch.Tensor, damp: float = 0.01, block: int = 128):
-    """w (rows, k) rounded to e4m3 values times its rows' scales (max|w[r]| / 448), columns in
-    order with GPTQ's error compensation under the input Hessian h (k, k); float32."""
-    w = w.float().clone()
-    k = w.shape[1]
-    scale = (w.abs().amax(1, keepdim=True) / 448).clamp_min(1e-30)
-    h = h.clone()
-    dead = torch.diag(h) == 0  # channels no input reached: any value will do
-    h[dead, dead] = 1
-    w[:, dead] = 0
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(k)
-    # The upper Cholesky factor of H^-1: row i holds how column i's error moves columns > i.
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    q = torch.zeros_like(w)
-    for i1 in range(0, k, block):
-        i2 = min(i1 + block, k)
-        part, errors = w[:, i1:i2].clone(), torch.zeros(w.shape[0], i2 - i1)
-        for i in range(i2 - i1):
-            col = part[:, i]
-            rounded = (col[:, None] / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
-            q[:, i1 + i] = rounded[:, 0]
-            errors[:, i] = (col - rounded[:, 0]) / u[i1 + i, i1 + i]
-            part[:, i:] -= errors[:, i:i + 1] * u[i1 + i, i1 + i:i2][None, :]
-        w[:, i2:] -= errors @ u[i1:i2, i2:]
-    return q
 
 
 def main():
@@ -115,7 +90,8 @@ def main():
     for layer in model.weights.layers:
         for name in LINEARS:
             w = getattr(layer, name)
-            setattr(layer, name, gptq_e4m3(w, hessians[id(w)]).to(w.dtype))
+            q, scale = gptq_e4m3(w, hessians[id(w)])
+            setattr(layer, name, (q.float() * scale[:, None]).to(w.dtype))
     bf16 = run(base, ids)
     print(f"bf16: {bf16:.4f} ({len(ids)} tokens)", flush=True)
     for name in args.activations.split(","):

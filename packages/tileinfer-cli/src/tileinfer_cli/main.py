@@ -14,7 +14,8 @@ import sys
 import threading
 import warnings
 
-from . import backends_cmd, bench_cmd, chat_cmd, logs_cmd, models_cmd, run_cmd, show_cmd
+from . import (backends_cmd, bench_cmd, chat_cmd, logs_cmd, models_cmd, quantize_cmd, run_cmd,
+               show_cmd)
 from .cli_words import in_cli_words
 from .errors import UserError, user_errors
 from .parsing import HelpFormatter, Parser
@@ -22,7 +23,7 @@ from .plugin_errors import failing_op
 from .serve import command as serve_cmd  # the server's modules are imported when it runs
 
 COMMANDS = [run_cmd, chat_cmd, models_cmd, show_cmd, logs_cmd, backends_cmd, bench_cmd,
-            serve_cmd]
+            quantize_cmd, serve_cmd]
 
 EPILOG = """\
 examples:
@@ -35,6 +36,7 @@ examples:
   tileinfer logs -q Paris                             logged answers and chat turns
   tileinfer backends
   tileinfer bench --shape llama3-8b
+  tileinfer quantize --fp8 --calibration t.txt out   GPTQ-rounded FP8 weights
   tileinfer serve                                     an OpenAI-compatible server on :8000
 
 `tileinfer COMMAND --help` shows a command's options and examples.

@@ -1,0 +1,44 @@
+"""``tileinfer quantize --fp8``: a GPTQ-rounded FP8 checkpoint of an imported model, which
+``tileinfer run --fp8`` then answers from, and its clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from cli_helpers import assert_one_line_error, tileinfer
+
+
+def test_quantize_writes_a_checkpoint_that_runs_in_fp8(tiny_home, tmp_path):
+    text = tmp_path / "calibration.txt"
+    text.write_text("In the beginning the model read some text, and the text was good. " * 40)
+    out = tmp_path / "tiny-fp8"
+    done = tileinfer("quantize", "-m", "tiny", "--fp8", "--calibration", str(text), str(out),
+                     env=tiny_home)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] \
+        == "channel"
+    from tileinfer import load_model
+
+    model = load_model(out, dtype=torch.float32, quantize="fp8")
+    assert model.weights.layers[0].down.q.dtype == torch.float8_e4m3fn
+    answer = tileinfer("run", "-m", str(out), "--fp8", "-n", "3", "--json", "hi", env=tiny_home)
+    assert answer.returncode == 0, answer.stderr
+    assert len(json.loads(answer.stdout)["tokens"]) == 3
+
+
+def test_quantize_refuses_a_missing_text_and_an_existing_folder(tiny_home, tmp_path):
+    assert_one_line_error(
+        tileinfer("quantize", "-m", "tiny", "--fp8", "--calibration", str(tmp_path / "none.txt"),
+                  str(tmp_path / "out"), env=tiny_home),
+        r"^tileinfer: error: cannot read the calibration text .*none\.txt")
+    (tmp_path / "taken").mkdir()
+    text = tmp_path / "t.txt"
+    text.write_text("some text")
+    assert_one_line_error(
+        tileinfer("quantize", "-m", "tiny", "--fp8", "--calibration", str(text),
+                  str(tmp_path / "taken"), env=tiny_home),
+        r"^tileinfer: error: .*taken exists; give a new folder$")
