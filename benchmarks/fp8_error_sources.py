@@ -27,7 +27,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perplexity import DEFAULT_TEXT, chapter_range, chapters, window_log_probs, windows  # noqa: E402
+from perplexity import (DEFAULT_TEXT, chapter_range, chapters,  # noqa: E402
+                        window_log_probs, windows)
 
 import tileinfer_backend_ref  # noqa: E402
 from tileinfer import load_model, load_tokenizer  # noqa: E402
@@ -118,9 +119,9 @@ def main():
         for a_group in (None, 0, 64):
             if w_group is None and a_group is None:
                 continue
-            show(f"weights {'bf16' if w_group is None else 'per row' if not w_group else 'group 64'}"
-                 f", activations {'bf16' if a_group is None else 'per token' if not a_group else 'group 64'}",
-                 perplexity(model, a_group))
+            weights = {None: "bf16", 0: "per row", 64: "group 64"}[w_group]
+            activations = {None: "bf16", 0: "per token", 64: "group 64"}[a_group]
+            show(f"weights {weights}, activations {activations}", perplexity(model, a_group))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_error_sources import LINEARS, fake_e4m3, with_layers  # noqa: E402
-from perplexity import DEFAULT_TEXT, chapter_range, chapters, window_log_probs, windows  # noqa: E402
+from perplexity import (DEFAULT_TEXT, chapter_range, chapters,  # noqa: E402
+                        window_log_probs, windows)
 
 import tileinfer_backend_ref  # noqa: E402
 from tileinfer import load_model, load_tokenizer  # noqa: E402
