@@ -54,8 +54,8 @@ def run(args, out):
     ids = load_tokenizer(folder).encode(text, add_special_tokens=False)[:args.tokens]
     if not ids:
         raise UserError(f"the calibration text {args.calibration} holds no tokens")
-    model = load_model(folder, dtype=torch.float32 if args.backend == "ref" else torch.bfloat16,
-                       backend=args.backend)
+    # bf16, the dtype the FP8 model's activations come in: its inputs are the ones to fit.
+    model = load_model(folder, dtype=torch.bfloat16, backend=args.backend)
     print(f"rounding {folder.name}'s linear weights on {len(ids)} calibration tokens ...",
           file=out)
     write_gptq_fp8(model, target, ids)
