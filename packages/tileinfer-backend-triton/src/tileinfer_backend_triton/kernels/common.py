@@ -10,6 +10,8 @@ the precise libdevice versions are used where a result must match PyTorch's to t
 
 from __future__ import annotations
 
+import threading
+
 import functools
 import os
 
@@ -197,3 +199,23 @@ def set_pdl(enabled: bool) -> bool:
 def pdl_args() -> dict:
     """Launch arguments of every kernel: the kernel's PDL switch and Triton's launch option."""
     return {"PDL": _pdl_enabled, "launch_pdl": _pdl_enabled}
+
+
+class DeviceScratch:
+    """Buffers the kernels keep per device, made by ``make(device)`` (a tuple of tensors) once:
+    by the backend's ``reserve_scratch`` (called before graph capture) or on first use."""
+
+    def __init__(self, make):
+        self._make = make
+        self._by_device = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device):
+        key = (device.type, device.index)
+        buffers = self._by_device.get(key)
+        if buffers is None:
+            with self._lock:
+                buffers = self._by_device.get(key)
+                if buffers is None:
+                    buffers = self._by_device[key] = self._make(device)
+        return buffers

@@ -3,13 +3,12 @@ per-shape GEMV table, the split-K choice and the split-K scratch. Host code only
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS
 
-from .common import INTERPRET_MODE
+from .common import INTERPRET_MODE, DeviceScratch
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 64  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
@@ -165,33 +164,12 @@ def split_k_for(tiles: int, k: int, block_k: int, sms: int) -> int:
     return split
 
 
-class _SplitKScratch:
-    """Per-device split-K scratch: float32 partial sums and per-tile arrival counters (zero
-    between launches: the last program of each tile re-arms its counter). Allocated once per
-    device, by ``reserve_scratch`` (the backend's hook of that name, called before graph
-    capture) or on first use; never grown: a launch that needs more runs without split-K."""
-
-    PARTIALS = 1 << 21  # floats (8 MiB)
-    COUNTERS = 1 << 15
-
-    def __init__(self):
-        self._by_device = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: torch.device):
-        key = (device.type, device.index)
-        buffers = self._by_device.get(key)
-        if buffers is None:
-            with self._lock:
-                buffers = self._by_device.get(key)
-                if buffers is None:
-                    buffers = (torch.empty(self.PARTIALS, dtype=torch.float32, device=device),
-                               torch.zeros(self.COUNTERS, dtype=torch.int32, device=device))
-                    self._by_device[key] = buffers
-        return buffers
-
-
-SCRATCH = _SplitKScratch()
+# Per-device split-K scratch: float32 partial sums (8 MiB) and per-tile arrival counters (zero
+# between launches: the last program of each tile re-arms its counter); never grown: a launch
+# that needs more runs without split-K.
+SCRATCH = DeviceScratch(lambda device: (
+    torch.empty(1 << 21, dtype=torch.float32, device=device),
+    torch.zeros(1 << 15, dtype=torch.int32, device=device)))
 
 
 def reserve_scratch(device: torch.device):

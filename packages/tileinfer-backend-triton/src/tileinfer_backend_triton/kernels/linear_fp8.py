@@ -21,14 +21,12 @@ such promise) take 64-row tiles, which read each weight tile for four times the 
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import triton
 import triton.language as tl
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import cdiv, mma, round_half_even, sm_count
+from .common import DeviceScratch, cdiv, mma, round_half_even, sm_count
 from .linear import _epilogue_store
 
 E4M3 = torch.float8_e4m3fn
@@ -114,32 +112,13 @@ def _fp8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, x_ptr, M, N_OUT, K, s_om
                     alpha_p, alpha_n, beta, eps, ACT=ACT, INT8=True, ROUND_X=False, x_ty=x_ty)
 
 
-class _Fp8Scratch:
-    """Per-device scratch of the quantized input: e4m3 values (BYTES) and one float32 scale per
-    row (ROWS). Allocated once per device, by ``reserve_scratch`` (before graph capture) or on
-    first use; a product with more rows than it holds runs in chunks of rows."""
-
-    BYTES = 1 << 24  # 16 MiB: 1,170 rows of K = 14,336
-    ROWS = 1 << 14
-
-    def __init__(self):
-        self._by_device = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: torch.device):
-        key = (device.type, device.index)
-        buffers = self._by_device.get(key)
-        if buffers is None:
-            with self._lock:
-                buffers = self._by_device.get(key)
-                if buffers is None:
-                    buffers = (torch.empty(self.BYTES, dtype=E4M3, device=device),
-                               torch.empty(self.ROWS, dtype=torch.float32, device=device))
-                    self._by_device[key] = buffers
-        return buffers
-
-
-SCRATCH = _Fp8Scratch()
+# Per-device scratch of the quantized input: e4m3 values and one float32 scale per row; a
+# product with more rows than it holds runs in chunks of rows.
+SCRATCH_BYTES = 1 << 24  # 16 MiB: 1,170 rows of K = 14,336
+SCRATCH_ROWS = 1 << 14
+SCRATCH = DeviceScratch(lambda device: (
+    torch.empty(SCRATCH_BYTES, dtype=E4M3, device=device),
+    torch.empty(SCRATCH_ROWS, dtype=torch.float32, device=device)))
 
 
 def fp8_supported(device: torch.device) -> bool:
@@ -178,7 +157,7 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
     xq_all, scales = SCRATCH.get(x.device)
     block_n, block_k = tiles(n_out, k, x.device)
     block_m = 16 if invariant == Invariance.BATCH or m <= 16 else 64
-    chunk = min(_Fp8Scratch.ROWS, _Fp8Scratch.BYTES // k) // 64 * 64
+    chunk = min(SCRATCH_ROWS, SCRATCH_BYTES // k) // 64 * 64
     alpha_p, alpha_n, beta, eps = (float(a) for a in act_args)
     for start in range(0, m, chunk):
         rows = min(chunk, m - start)

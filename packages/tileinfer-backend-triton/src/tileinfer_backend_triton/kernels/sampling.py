@@ -10,13 +10,13 @@ of speculative decoding is accept.py's.
 
 from __future__ import annotations
 
-import threading
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET_MODE, exact_exp, pdl_args, pdl_launch_dependents, pdl_wait
+from .common import (INTERPRET_MODE, DeviceScratch, exact_exp, pdl_args, pdl_launch_dependents,
+                     pdl_wait)
 from .rng import gumbel as _gumbel
 from .rng import stream_key as _stream_key
 from .sampling_common import (_argmax_update, _filter, _flags, _greedy, _row_stream_keys, _scores,
@@ -169,26 +169,11 @@ SPLIT_MAX_ROWS = 64
 SPLIT_MAX_CHUNKS = 64
 
 
-class _SplitScratch:
-    def __init__(self):
-        self._by_device = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: torch.device):
-        key = (device.type, device.index)
-        with self._lock:
-            buffers = self._by_device.get(key)
-            if buffers is None:
-                size = SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS
-                buffers = (torch.empty(size, dtype=torch.float32, device=device),
-                           torch.empty(size, dtype=torch.int32, device=device),
-                           torch.zeros(SPLIT_MAX_ROWS, dtype=torch.int32, device=device),
-                           torch.empty(size, dtype=torch.float32, device=device))
-                self._by_device[key] = buffers
-        return buffers
-
-
-SCRATCH = _SplitScratch()
+SCRATCH = DeviceScratch(lambda device: (
+    torch.empty(SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS, dtype=torch.float32, device=device),
+    torch.empty(SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS, dtype=torch.int32, device=device),
+    torch.zeros(SPLIT_MAX_ROWS, dtype=torch.int32, device=device),
+    torch.empty(SPLIT_MAX_ROWS * SPLIT_MAX_CHUNKS, dtype=torch.float32, device=device)))
 
 
 def reserve_scratch(device):
