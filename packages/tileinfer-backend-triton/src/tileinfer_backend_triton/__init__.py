@@ -39,16 +39,6 @@ def _availability():
 _AVAILABLE, _REASON, _DEVICES = _availability()
 
 
-def _fp8() -> bool:
-    """Whether the FP8 linear kernels run here (kernels/linear_fp8.py): on a GPU with e4m3
-    conversions and FP8 tensor cores, or under the interpreter."""
-    import torch
-
-    from .kernels.linear_fp8 import FP8_CAPABILITY
-
-    return "cpu" in _DEVICES or torch.cuda.get_device_capability() >= FP8_CAPABILITY
-
-
 _KEY_THREAD = None  # the thread that makes Triton's cache key, while it may still run
 
 
@@ -95,7 +85,8 @@ if _AVAILABLE:
     from .kernels import rope_kv as _rope_kv
     from .kernels import sampling as _sampling
 
-_FP8 = _AVAILABLE and _fp8()
+# FP8 linear ops on a GPU with e4m3 conversions and FP8 tensor cores, or under the interpreter.
+_FP8 = _AVAILABLE and _linear_fp8.fp8_supported(torch.device(_DEVICES[0]))
 
 NOTES = {
     "linear": "decode (<= 16 tokens): weight-streaming GEMV with split-K; prefill: tiled tl.dot GEMM",
@@ -116,8 +107,7 @@ NOTES = {
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="triton", available=_AVAILABLE, reason=_REASON, devices=_DEVICES,
-                       graph_safe=True, notes=NOTES, batch_invariant=True,
-                       fp8=_FP8)
+                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8)
 
 
 if _AVAILABLE:
@@ -134,28 +124,27 @@ if _AVAILABLE:
     def add_rmsnorm(residual, out, delta, weight, eps):
         _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta)
 
+    def _launcher(weight):
+        """The linear ops' launcher for weight: the FP8 product for e4m3, else linear.py's."""
+        return _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \
+            _linear.launch_linear
+
     @hookimpl
     def linear(out, x, weight, weight_scale, batch_invariant=True):
-        if weight.dtype == _linear_fp8.E4M3:
-            return _linear_fp8.launch_fp8(out, x, weight, weight_scale,
-                                          invariant=batch_invariant)
-        _linear.launch_linear(out, x, weight, weight_scale, invariant=batch_invariant)
+        _launcher(weight)(out, x, weight, weight_scale, invariant=batch_invariant)
 
     @hookimpl
     def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
         # Fused: gate and up rows in the same program, the activation in the epilogue; the
         # gate_up scratch is not needed.
-        launch = _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \
-            _linear.launch_linear
-        launch(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU, invariant=batch_invariant)
+        _launcher(weight)(out, x, weight, weight_scale, act=_linear.ACT_SWIGLU,
+                          invariant=batch_invariant)
 
     @hookimpl
     def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
-        launch = _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \
-            _linear.launch_linear
-        launch(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
-               act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps),
-               invariant=batch_invariant)
+        _launcher(weight)(out, x, weight, weight_scale, act=_linear.ACT_XIELU,
+                          act_args=(xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps),
+                          invariant=batch_invariant)
 
     @hookimpl
     def attention_inputs(q_out, kv, qkv, qk, step):

@@ -10,10 +10,9 @@ the precise libdevice versions are used where a result must match PyTorch's to t
 
 from __future__ import annotations
 
-import threading
-
 import functools
 import os
+import threading
 
 import torch
 import triton

@@ -7,9 +7,9 @@ float32 scale per output row, the input quantized per token row.
   in float32 arithmetic (``_e4m3_round``) and the exact result converted, so that the
   interpreter, whose float32 -> e4m3 cast rounds ties away and flushes subnormals, gives the
   GPU's bits.
-* ``_fp8_kernel``: tiles of BLOCK_M token rows against BLOCK_N weight rows, ``tl.dot`` on the
-  e4m3 values (FP8 tensor cores: exact products, float32 sums), the K tiles in order, no
-  split-K; the float32 sum times x_scale[i], then the INT8 epilogue of linear.py (times
+* ``_fp8_kernel``: tiles of BLOCK_M token rows against BLOCK_N weight rows, linear.py's
+  tensor-core K loop on the e4m3 values (FP8 tensor cores: exact products, float32 sums), the K
+  tiles in order, no split-K; the float32 sum times x_scale[i], then the INT8 epilogue of linear.py (times
   w_scale[j], rounded once to out's dtype; SwiGLU and xIELU as for INT8 weights).
 
 BLOCK_M is 16 for every step a row must keep its bits in (a single sequence's steps, whose
@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import DeviceScratch, cdiv, mma, round_half_even, sm_count
-from .linear import _epilogue_store
+from .common import DeviceScratch, cdiv, round_half_even, sm_count
+from .linear import _dot_k_loop, _epilogue_store
 
 E4M3 = torch.float8_e4m3fn
 FP8_CAPABILITY = (8, 9)  # e4m3 conversions and FP8 tensor cores
@@ -90,23 +90,9 @@ def _fp8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, x_ptr, M, N_OUT, K, s_om
     x_rows = xq_ptr + rm_safe.to(tl.int64)[:, None] * K + rk[None, :]
     w_a = w_ptr + rn_safe.to(tl.int64)[:, None] * K + rk[None, :]
     w_b = w_ptr + (rn_safe + N_OUT).to(tl.int64)[:, None] * K + rk[None, :]  # SwiGLU's up rows
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            xv = tl.load(x_rows + k0)
-            wa = tl.load(w_a + k0)
-            if ACT == 1:
-                wb = tl.load(w_b + k0)
-        else:
-            kmask = ((k0 + rk) < K)[None, :]
-            xv = tl.load(x_rows + k0, mask=kmask, other=0.0)
-            wa = tl.load(w_a + k0, mask=kmask, other=0.0)
-            if ACT == 1:
-                wb = tl.load(w_b + k0, mask=kmask, other=0.0)
-        acc_a = mma(xv, tl.trans(wa), acc_a, False)
-        if ACT == 1:
-            acc_b = mma(xv, tl.trans(wb), acc_b, False)
+    # linear.py's tensor-core K loop: the whole K in order, no int8 conversion, e4m3 operands
+    acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, 0, K, rk, ACT, False, False, EVEN_K, BLOCK_M,
+                               BLOCK_N, BLOCK_K)
     x_scale = tl.load(xs_ptr + rm_safe)[:, None]
     _epilogue_store(acc_a * x_scale, acc_b * x_scale, rm, rn, M, N_OUT, out_ptr, s_om, ws_ptr,
                     alpha_p, alpha_n, beta, eps, ACT=ACT, INT8=True, ROUND_X=False, x_ty=x_ty)

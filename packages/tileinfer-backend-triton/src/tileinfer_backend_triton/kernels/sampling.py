@@ -10,7 +10,6 @@ of speculative decoding is accept.py's.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

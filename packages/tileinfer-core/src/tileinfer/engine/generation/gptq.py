@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ...backend.fp8 import E4M3, E4M3_MAX, quantize_rows
+from ...backend.fp8 import E4M3, E4M3_MAX, quantize_rows, row_scales
 from ...model.weights import layer_tensor_names
 from ..kv.cache import new_cache
 from .forward import forward
@@ -42,7 +42,7 @@ def gptq_e4m3(weight: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01,
     compensation under hessian (in, in), so that ``weight ~= values * scales[:, None]``."""
     w = weight.float().clone()
     k = w.shape[1]
-    scale = torch.where(w.abs().amax(1) > 0, w.abs().amax(1) / E4M3_MAX, torch.ones(w.shape[0]))
+    scale = row_scales(w)  # nearest rounding's: max|W[r]| / 448
     h = hessian.float().clone()
     dead = torch.diag(h) == 0  # inputs that never reached the layer: any value will do
     h[dead, dead] = 1
