@@ -66,6 +66,35 @@ def with_rounded_weights(model, group):
     return m
 
 
+def perplexity(model, ids, act_group=None, before=None) -> float:
+    """model's perplexity over ids (windows of 512) on the ref backend. act_group: each decoder
+    linear's input rounded to e4m3 and back first (0: per token, n: per token and n channels;
+    None: not). before(x, weight): called with each decoder linear's input, unrounded."""
+    vocab = model.config.vocab_size
+    matmul = tileinfer_backend_ref.matmul
+
+    def product(x, weight, weight_scale, out_dtype=None):
+        if weight.shape[0] != vocab:  # not the LM head
+            if before is not None:
+                before(x, weight)
+            if act_group is not None:
+                x = fake_e4m3(x, act_group)
+        return matmul(x, weight, weight_scale, out_dtype)
+
+    tileinfer_backend_ref.matmul = product
+    try:
+        cache = new_cache(model, 512, page_size=16)
+        nll, n = 0.0, 0
+        with torch.no_grad():
+            for begin, end, first in windows(len(ids), 512, 512):
+                lp = window_log_probs(model, cache, ids, begin, end, first)
+                nll -= lp.gather(1, torch.tensor(ids[first:end])[:, None]).sum().item()
+                n += end - first
+        return math.exp(nll / n)
+    finally:
+        tileinfer_backend_ref.matmul = matmul
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096)
@@ -79,41 +108,20 @@ def main():
     load = dict(dtype=torch.bfloat16, backend="ref", device="cpu", max_len=512)
     base = load_model(folder, **load)
     fp8 = load_model(folder, quantize="fp8", **load)
-    vocab = base.config.vocab_size
-
-    def perplexity(model, act_group=None):
-        matmul = tileinfer_backend_ref.matmul
-        if act_group is not None:  # each decoder linear's input rounded per token (row)
-            def rounded(x, weight, weight_scale, out_dtype=None):
-                if weight.shape[0] != vocab:
-                    x = fake_e4m3(x, act_group)
-                return matmul(x, weight, weight_scale, out_dtype)
-            tileinfer_backend_ref.matmul = rounded
-        try:
-            cache = new_cache(model, 512, page_size=16)
-            nll, n = 0.0, 0
-            with torch.no_grad():
-                for begin, end, first in windows(len(ids), 512, 512):
-                    lp = window_log_probs(model, cache, ids, begin, end, first)
-                    nll -= lp.gather(1, torch.tensor(ids[first:end])[:, None]).sum().item()
-                    n += end - first
-            return math.exp(nll / n)
-        finally:
-            tileinfer_backend_ref.matmul = matmul
-
-    bf16 = perplexity(base)
+    bf16 = perplexity(base, ids)
     print(f"bf16: {bf16:.4f} ({len(ids)} tokens)", flush=True)
 
     def show(name, value):
         print(f"{name}: {value:.4f} ({100 * (value / bf16 - 1):+.2f}%)", flush=True)
 
-    show("fp8", perplexity(fp8))
+    show("fp8", perplexity(fp8, ids))
     layers = len(base.weights.layers)
     for name in LINEARS:
         show(f"fp8 except {name}", perplexity(with_layers(fp8, base, [(i, name) for i in
-                                                                      range(layers)])))
+                                                                      range(layers)]), ids))
     for i in (0, 1, layers - 2, layers - 1):
-        show(f"fp8 except layer {i}", perplexity(with_layers(fp8, base, [(i, n) for n in LINEARS])))
+        show(f"fp8 except layer {i}",
+             perplexity(with_layers(fp8, base, [(i, n) for n in LINEARS]), ids))
     for w_group in (None, 0, 64):
         model = base if w_group is None else with_rounded_weights(base, w_group)
         for a_group in (None, 0, 64):
@@ -121,7 +129,7 @@ def main():
                 continue
             weights = {None: "bf16", 0: "per row", 64: "group 64"}[w_group]
             activations = {None: "bf16", 0: "per token", 64: "group 64"}[a_group]
-            show(f"weights {weights}, activations {activations}", perplexity(model, a_group))
+            show(f"weights {weights}, activations {activations}", perplexity(model, ids, a_group))
 
 
 if __name__ == "__main__":

@@ -19,21 +19,17 @@ in bf16, rounded per token, or per token and 64 channels.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_error_sources import LINEARS, fake_e4m3, with_layers  # noqa: E402
-from perplexity import (DEFAULT_TEXT, chapter_range, chapters,  # noqa: E402
-                        window_log_probs, windows)
+from fp8_error_sources import LINEARS, fake_e4m3, perplexity, with_layers  # noqa: E402
+from perplexity import DEFAULT_TEXT, chapter_range, chapters  # noqa: E402
 
-import tileinfer_backend_ref  # noqa: E402
 from tileinfer import load_model, load_tokenizer  # noqa: E402
 from tileinfer.engine.generation.gptq import gptq_e4m3  # noqa: E402
-from tileinfer.engine.kv.cache import new_cache  # noqa: E402
 from tileinfer.io.default_model import default_model_dir  # noqa: E402
 
 ACTIVATION_GROUPS = {"bf16": None, "token": 0, "group64": 64}
@@ -56,47 +52,24 @@ def main():
 
     ids, calib = text("1-10", args.tokens), text("11-16", 2048)
     base = load_model(folder, dtype=torch.bfloat16, backend="ref", device="cpu", max_len=512)
-    vocab = base.config.vocab_size
-    matmul = tileinfer_backend_ref.matmul
-
-    def run(model, tokens, linear_input=None, hessians=None, hessian_input=None):
-        """Perplexity of model over tokens; linear_input: how each decoder linear's input is
-        rounded (None: not); hessians: a dict to add each decoder linear's X^T X to, with X its
-        input rounded as hessian_input says (the model itself runs on the unrounded input)."""
-        def product(x, weight, weight_scale, out_dtype=None):
-            if weight.shape[0] != vocab:
-                if hessians is not None:
-                    xf = (x if hessian_input is None else fake_e4m3(x, hessian_input)).float()
-                    hessians[id(weight)] = hessians.get(id(weight), 0) + xf.T @ xf
-                if linear_input is not None:
-                    x = fake_e4m3(x, linear_input)
-            return matmul(x, weight, weight_scale, out_dtype)
-
-        tileinfer_backend_ref.matmul = product
-        try:
-            cache = new_cache(model, 512, page_size=16)
-            nll, n = 0.0, 0
-            with torch.no_grad():
-                for begin, end, first in windows(len(tokens), 512, 512):
-                    lp = window_log_probs(model, cache, tokens, begin, end, first)
-                    nll -= lp.gather(1, torch.tensor(tokens[first:end])[:, None]).sum().item()
-                    n += end - first
-            return math.exp(nll / n)
-        finally:
-            tileinfer_backend_ref.matmul = matmul
-
     hessians = {}
-    run(base, calib, hessians=hessians, hessian_input=0 if args.hessian_inputs == "fp8" else None)
+    rounding = 0 if args.hessian_inputs == "fp8" else None
+
+    def record(x, weight):  # X^T X of each decoder linear's input (rounded as asked)
+        xf = (x if rounding is None else fake_e4m3(x, rounding)).float()
+        hessians[id(weight)] = hessians.get(id(weight), 0) + xf.T @ xf
+
+    perplexity(base, calib, before=record)
     model = with_layers(base, base, [])
     for layer in model.weights.layers:
         for name in LINEARS:
             w = getattr(layer, name)
             q, scale = gptq_e4m3(w, hessians[id(w)])
             setattr(layer, name, (q.float() * scale[:, None]).to(w.dtype))
-    bf16 = run(base, ids)
+    bf16 = perplexity(base, ids)
     print(f"bf16: {bf16:.4f} ({len(ids)} tokens)", flush=True)
     for name in args.activations.split(","):
-        value = run(model, ids, ACTIVATION_GROUPS[name])
+        value = perplexity(model, ids, ACTIVATION_GROUPS[name])
         print(f"weights GPTQ e4m3 per row (Hessian of {args.hessian_inputs} inputs), activations "
               f"{name}: {value:.4f} ({100 * (value / bf16 - 1):+.2f}%)", flush=True)
 
