@@ -64,6 +64,9 @@ LINEAR_CONFIGS = {  # None: the launcher's defaults; others force split-K / unro
     "split4-unroll": dict(block_n=16, block_k=32, split_k=4, unroll=2),
     "split3": dict(block_n=32, block_k=64, split_k=3),
     "narrow-2warps": dict(block_n=4, block_k=256, num_warps=2, unroll=2),  # SmolLM2's qkv entry
+    # a verify step's rows 2 or 4 to a row program (narrow-2warps takes 4 too)
+    "rows2-split2": dict(block_n=8, block_k=64, split_k=2, rows_per_program=2),
+    "rows4-unroll": dict(block_n=4, block_k=64, unroll=2, rows_per_program=4),
     # the tensor-core tiles for a single sequence's rows (padded to 16), as GEMV_TABLE may ask
     "dot": dict(block_n=32, block_k=64, num_stages=1, dot=True),
     "dot-split2": dict(block_n=16, block_k=64, split_k=2, dot=True),
@@ -71,16 +74,22 @@ LINEAR_CONFIGS = {  # None: the launcher's defaults; others force split-K / unro
 
 
 @pytest.mark.parametrize("cfg", list(LINEAR_CONFIGS))
-@pytest.mark.parametrize("act", [0, 1, 2], ids=["linear", "swiglu", "xielu"])
+@pytest.mark.parametrize("act", [0, 1, 2, "logits"], ids=["linear", "swiglu", "xielu", "logits"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("m", [5, 8])
 def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, cfg):
+    """logits: a bf16 model's lm_head, whose float32 sums are stored unrounded."""
     from tileinfer_backend_triton.kernels import linear
 
     if cfg.startswith("dot") and dtype == torch.float32:
         pytest.skip("float32 models never take the dot tiles for a sequence's rows (GEMV_TABLE "
                     "is for bf16 and INT8 weights)")
+    out_dtype = torch.float32 if act == "logits" else dtype
+    if act == "logits":
+        if dtype == torch.float32:
+            pytest.skip("a float32 model's logits are its linear case")
+        act = linear.ACT_NONE
     k, n = 200, 72  # K not a multiple of the tiles, N not a multiple of BLOCK_N
     config = None if LINEAR_CONFIGS[cfg] is None else linear.GemvConfig(**LINEAR_CONFIGS[cfg])
     torch.manual_seed(m + 10 * act + int8)
@@ -89,10 +98,10 @@ def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, c
     if not int8:
         w = w.to(dtype)
     args = astuple(XIELU) if act == linear.ACT_XIELU else (0.0, 0.0, 0.0, 0.0)
-    step = poisoned((m, n), dtype, device)
+    step = poisoned((m, n), out_dtype, device)
     linear.launch_linear(step, x, w, scale, act=act, act_args=args, config=config)
     for i in range(m):
-        alone = poisoned((1, n), dtype, device)
+        alone = poisoned((1, n), out_dtype, device)
         linear.launch_linear(alone, x[i:i + 1], w, scale, act=act, act_args=args, config=config)
         assert_rows_equal(step[i:i + 1], alone, i, "linear")
 

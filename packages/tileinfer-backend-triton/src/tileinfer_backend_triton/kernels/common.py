@@ -105,9 +105,15 @@ def mma(a, b, acc, F32: tl.constexpr):
     """``acc + a @ b`` with float32 accumulation on the tensor cores.
 
     bf16/fp16 operands go to the tensor cores as they are (exact products); F32 (a float32 model)
-    asks for IEEE float32 products instead of TF32. The interpreter gets float32 operands.
+    asks for IEEE float32 products instead of TF32. The interpreter multiplies in float64 and
+    rounds each product tile to float32: NumPy's float32 matmul (OpenBLAS) sums a row in an
+    order that depends on the row's place in the tile on some CPUs, so a row would differ from
+    itself alone; in float64 the sums of bf16 products are exact, and of float32 ones nearly so,
+    whatever the order.
     """
-    if INTERPRET or F32:
+    if INTERPRET:
+        return acc + tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+    elif F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, out_dtype=tl.float32)
