@@ -7,8 +7,7 @@ the fused SwiGLU / xIELU activations):
   read: each program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N
   clamped, not masked) and accumulates ``w * x`` in a float32 register tile, reduced once at
   the end. Up to ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every
-  row runs the 1-token code on its own programs (grid axis 0), or on programs of a few rows
-  that load each weight tile once for them (``row_group``), so a verify step's rows equal
+  row runs the 1-token code on its own programs (grid axis 0), so a verify step's rows equal
   decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on
   rows padded to 16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the
   last program to arrive at a tile (an arrival counter) sums the partials in split order, runs
@@ -43,7 +42,7 @@ from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependent
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, reserve_scratch,
-                            row_group, split_k_for)
+                            split_k_for)
 
 __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
@@ -107,54 +106,11 @@ def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr,
 
 @triton.jit
 def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
-    """x rows of one K tile, as float32: [1, BLOCK_K] (rk: [BLOCK_K]) or [BLOCK_M, 1, BLOCK_K]
-    (rk: [1, 1, BLOCK_K])."""
+    """x [1, BLOCK_K] of one K tile, as float32."""
     if EVEN_K:
         return tl.load(x_rows + k0).to(tl.float32)
-    elif len(rk.shape) == 1:
-        return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
     else:
-        return tl.load(x_rows + k0, mask=(k0 + rk) < k_hi, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _row_group_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-                      UNROLL: tl.constexpr, W_VEC: tl.constexpr, PDL: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The 1-token row program's K loop (below, in _gemv_kernel) for BLOCK_M token rows at once,
-    float weights: each weight tile is loaded once for the rows. x_rows: [BLOCK_M, 1, BLOCK_K]
-    pointers. Every row gets the 1-token program's arithmetic, element for element: the same
-    multiply-adds into a [BLOCK_N, BLOCK_K] tile per row (here the rows of a [BLOCK_M, BLOCK_N,
-    BLOCK_K] one), in the same K order, reduced over K once at the end; K is the innermost
-    dimension of both tiles, so Triton lays it out over the same threads and warps and sums it
-    in the same order. Returns the [BLOCK_M, BLOCK_N] float32 sums (and SwiGLU's up rows')."""
-    STEP: tl.constexpr = BLOCK_K * UNROLL
-    rk3 = rk[None, None, :]
-    part_a = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    part_b = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-    wa2, wb2 = wa, wb
-    if UNROLL == 2:
-        wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-    pdl_launch_dependents(PDL)
-    pdl_wait(PDL)
-    for k0 in range(k_lo, k_hi, STEP):
-        more = k0 + STEP < k_hi
-        na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
-        na2, nb2 = na, nb
-        if UNROLL == 2:
-            na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K, W_VEC)
-        xv = _gemv_x(x_rows, k0, k_hi, rk3, EVEN_K)
-        part_a += wa.to(tl.float32)[None, :, :] * xv
-        if ACT == 1:
-            part_b += wb.to(tl.float32)[None, :, :] * xv
-        if UNROLL == 2:
-            xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk3, EVEN_K)
-            part_a += wa2.to(tl.float32)[None, :, :] * xv2
-            if ACT == 1:
-                part_b += wb2.to(tl.float32)[None, :, :] * xv2
-        wa, wb, wa2, wb2 = na, nb, na2, nb2
-    return tl.sum(part_a, axis=2), tl.sum(part_b, axis=2)
+        return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -202,12 +158,11 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Grid: (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
+    """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
     2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
-    program_id(0)); 2, 4 or 8: row programs of that many token rows (float weights), each row
-    computed as the 1-token program computes it; BLOCK_M = 16, 32 or 64: up to that many tokens
-    on the tensor cores (weights staged through shared memory by cp.async, software-pipelined
-    num_stages deep). P_ROWS: rows of the split-K partial buffer (the programs' rows)."""
+    program_id(0)); BLOCK_M = 16, 32 or 64: up to that many tokens on the tensor cores (weights
+    staged through shared memory by cp.async, software-pipelined num_stages deep). P_ROWS: rows
+    of the split-K partial buffer (M or BLOCK_M)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -279,11 +234,6 @@ def _gemv_kernel(
                 wa, wb, wa2, wb2 = na, nb, na2, nb2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
-    elif BLOCK_M < 16:
-        # A group of BLOCK_M token rows, each on the 1-token program's arithmetic.
-        x_rows3 = x_ptr + rm_safe.to(tl.int64)[:, None, None] * s_xm + rk[None, None, :]
-        acc_a, acc_b = _row_group_k_loop(x_rows3, w_a, w_b, k_lo, k_hi, rk, ACT, EVEN_K, UNROLL,
-                                         W_VEC, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         # Tensor-core dot with the token rows padded to BLOCK_M.
         pdl_launch_dependents(PDL)
@@ -402,21 +352,17 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)
         cfg = config or gemv_config(rows, n_out, k, int8, act, f32)
         # Row programs (CUDA cores) for one token and a single sequence's steps of up to
-        # ROW_INVARIANT_MAX_M tokens (one row each, or row_group's rows), else dot tiles of
-        # 16, 32 or 64 token rows.
-        if rows and not cfg.dot:
-            block_m = row_group(cfg, m, int8, weight.element_size())
-        else:
-            block_m = max(16, triton.next_power_of_2(m))
-        unroll = cfg.unroll if block_m < 16 else 1
+        # ROW_INVARIANT_MAX_M tokens, else dot tiles of 16, 32 or 64 token rows.
+        block_m = 1 if (rows and not cfg.dot) else max(16, triton.next_power_of_2(m))
+        unroll = cfg.unroll if block_m == 1 else 1
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
         # The split depends on the tiles of one row only, never on m (row invariance).
         split = cfg.split_k or split_k_for(tiles, k, step, sm_count(x.device))
         k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
-        row_programs = cdiv(m, block_m)
-        p_rows = row_programs * block_m
+        row_programs = m if block_m == 1 else 1
+        p_rows = m if block_m == 1 else block_m
         part, locks = x, x  # dummies when not split
         if split > 1:
             part, locks = SCRATCH.get(x.device)

@@ -26,9 +26,6 @@ class GemvConfig:
     num_stages: int = 3
     unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
     dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
-    # Float weights: a verify step's rows ride up to this many to a row program (1, 2, 4 or 8),
-    # each loaded weight tile used for all of them (see row_group).
-    rows_per_program: int = 4
 
 
 @dataclass(frozen=True)
@@ -111,20 +108,6 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
         return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
     return GemvConfig(block_n=32 if act == ACT_SWIGLU else 64, block_k=128, num_warps=4,
                       num_stages=3)
-
-
-def row_group(cfg: GemvConfig, m: int, int8: bool, weight_bytes: int) -> int:
-    """Token rows per row program in a single sequence's step of m rows (linear.py's
-    _row_group_k_loop): cfg.rows_per_program when m exceeds it, else one (these steps are
-    latency-bound: up to that many rows, a program per row keeps more in flight; above it,
-    shared weight loads pay). Only where a row's sum comes out the same bits as the 1-token
-    program's: where one warp's 16-byte loads span the K tile, so that a row is summed over K
-    inside one warp, in the same order in both programs (on the H200 a K tile spread over
-    warps, the default's 512, gave float32 sums of other bits). INT8 weights keep one row per
-    program."""
-    if int8 or m <= cfg.rows_per_program or cfg.block_k * weight_bytes > 32 * 16:
-        return 1
-    return cfg.rows_per_program
 
 
 @dataclass(frozen=True)
