@@ -112,7 +112,10 @@ def mma(a, b, acc, F32: tl.constexpr):
     whatever the order.
     """
     if INTERPRET:
-        return acc + tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+        # (through float32: the interpreter converts e4m3 to float32, not to float64)
+        a64 = a.to(tl.float32).to(tl.float64)
+        b64 = b.to(tl.float32).to(tl.float64)
+        return acc + tl.dot(a64, b64, input_precision="ieee").to(tl.float32)
     elif F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
