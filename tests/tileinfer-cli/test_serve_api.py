@@ -6,6 +6,7 @@ offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, r
 from __future__ import annotations
 
 import io
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -393,7 +394,10 @@ def test_long_prompts_are_prepared_off_the_event_loop(http):
             f.result()
     took = time.monotonic() - started
     assert done == [400] * 3 and len(waits) >= 5, (done, waits)
-    assert max(waits) < took / 4, (max(waits), took)
+    # Prepared on the loop, most checks would wait for an encoding (~0.4 s each). On a loaded
+    # machine one check may still wait for the CPU (0.7 s of 1.55 once, beside the Triton
+    # interpreter's tests on a 2-core machine): the bound is on the median.
+    assert statistics.median(waits) < took / 20, (waits, took)
 
 
 def test_bad_requests_get_400_with_the_reason(http, client):
