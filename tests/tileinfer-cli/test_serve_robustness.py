@@ -57,8 +57,9 @@ def test_a_pool_smaller_than_one_sequence_holds_one_with_a_note(server):
     request that leaves max_tokens out may fill the context), and the start says so once."""
     notes = [line for line in server.output().splitlines() if "--kv-tokens 256" in line]
     assert len(notes) == 1 and "one --max-len 512 sequence" in notes[0], server.output()
+    # 500 tokens on the CPU: seconds on a loaded machine (httpx's own timeout is 5 s)
     r = httpx.post(server.url + "/v1/completions",
-                   json={"prompt": "hi", "max_tokens": 500, "stop": []})
+                   json={"prompt": "hi", "max_tokens": 500, "stop": []}, timeout=120)
     assert r.status_code == 200, r.text
 
 
@@ -69,7 +70,8 @@ def test_no_chat_template_is_a_400_without_the_folders_path(server, folder):
     message = r.json()["error"]["message"]
     assert "no chat template" in message and str(folder.parent) not in message
     assert "/" not in message.replace("/v1/completions", "")
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                   timeout=120)
     assert r.status_code == 200, r.text
 
 
