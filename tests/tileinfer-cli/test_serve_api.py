@@ -396,8 +396,10 @@ def test_long_prompts_are_prepared_off_the_event_loop(http):
     assert done == [400] * 3 and len(waits) >= 5, (done, waits)
     # Prepared on the loop, most checks would wait for an encoding (~0.4 s each). On a loaded
     # machine one check may still wait for the CPU (0.7 s of 1.55 once, beside the Triton
-    # interpreter's tests on a 2-core machine): the bound is on the median.
+    # interpreter's tests on a 2-core machine): the median is held tight, the longest wait to
+    # half the run.
     assert statistics.median(waits) < took / 20, (waits, took)
+    assert max(waits) < took / 2, (max(waits), took)
 
 
 def test_bad_requests_get_400_with_the_reason(http, client):

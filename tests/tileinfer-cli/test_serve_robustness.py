@@ -17,6 +17,7 @@ for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
     pytest.importorskip(_module)
 httpx = pytest.importorskip("httpx")
 
+from serve_fixtures import TIMEOUT
 from test_serve_helpers import ServerProcess, tiny_folder, wait_for
 from tileinfer_cli.serve.errors import redact
 
@@ -59,7 +60,7 @@ def test_a_pool_smaller_than_one_sequence_holds_one_with_a_note(server):
     assert len(notes) == 1 and "one --max-len 512 sequence" in notes[0], server.output()
     # 500 tokens on the CPU: seconds on a loaded machine (httpx's own timeout is 5 s)
     r = httpx.post(server.url + "/v1/completions",
-                   json={"prompt": "hi", "max_tokens": 500, "stop": []}, timeout=120)
+                   json={"prompt": "hi", "max_tokens": 500, "stop": []}, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
 
 
@@ -71,7 +72,7 @@ def test_no_chat_template_is_a_400_without_the_folders_path(server, folder):
     assert "no chat template" in message and str(folder.parent) not in message
     assert "/" not in message.replace("/v1/completions", "")
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                   timeout=120)
+                   timeout=TIMEOUT)
     assert r.status_code == 200, r.text
 
 
