@@ -192,8 +192,8 @@ def mma_sweep(model, n: int):
 
 def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
     """gemv.cu's batch-invariant builds at one matrix: the weight's warps (fixed: they order the
-    sums) x row groups x (ring stages x 16-row tiles, or the register stream's steps a round x
-    tiles), those that fit in a block."""
+    sums) x row groups x (ring stages x 16-row tiles, with and without x reuse, or the register
+    stream's steps a round x tiles), those that fit in a block."""
     from tileinfer_backend_cuda.ops import linear
 
     _, k_dim, int8, epilogue = key
@@ -205,6 +205,9 @@ def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
             for tiles in (1, 2, 4):
                 configs.append({"warps": warps, "groups": groups, "stages": stages,
                                 "tiles": tiles, "l2_256b": True})
+                if tiles > 1 or epilogue == "swiglu":  # x read once for a warp's tiles
+                    configs.append({"warps": warps, "groups": groups, "stages": stages,
+                                    "tiles": tiles, "l2_256b": True, "xreuse": True})
         if linear.gemv_regs({"regs": 1}, int8, linear.int8_load(k_dim)):
             for regs in (1, 2, 4):
                 for tiles in (1, 2, 4):

@@ -47,8 +47,10 @@ def builds() -> list[tuple[str, dict, tuple]]:
         add("gemv.cu", W_INT8=w_int8, EPILOGUE=epilogue, ROUND_BF16=1 - w_int8, WARPS=8,
             STAGES=2, REGS=regs, NT=nt, TILES=tiles, PDL=1)
     add("gemv.cu", REGS=1, WARPS=16, OUT_DTYPE="float", ROUND_BF16=0)
-    # row groups (batch-invariant steps of 9..64 rows): the ring and the register stream
+    # row groups and x reuse (batch-invariant steps of 9..64 rows): the ring, the register stream
     add("gemv.cu", WARPS=8, STAGES=3, TILES=2, NT=8, GROUPS=2, PDL=1)
+    add("gemv.cu", WARPS=8, STAGES=2, TILES=4, NT=8, X_REUSE=1, PDL=1)
+    add("gemv.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, TILES=2, NT=8, X_REUSE=1)
     add("gemv.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, NT=4, GROUPS=4)
     add("gemv.cu", WARPS=8, STAGES=2, REGS=2, NT=8, GROUPS=4, OUT_DTYPE="float", ROUND_BF16=0)
 

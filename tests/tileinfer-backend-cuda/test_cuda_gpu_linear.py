@@ -71,8 +71,11 @@ def test_wide_gemv_matches_ref(cuda, ref, n, cfg, int8):
 
 @pytest.mark.parametrize("cfg", [{"groups": 2, "stages": 2, "tiles": 1, "l2_256b": True},
                                  {"groups": 2, "regs": 2, "tiles": 1},
-                                 {"groups": 4, "regs": 1, "tiles": 1}],
-                         ids=["g2s2t1", "g2t1-regs2", "g4t1-regs1"])
+                                 {"groups": 4, "regs": 1, "tiles": 1},
+                                 {"groups": 1, "stages": 2, "tiles": 4, "xreuse": True},
+                                 {"groups": 2, "stages": 2, "tiles": 2, "xreuse": True}],
+                         ids=["g2s2t1", "g2t1-regs2", "g4t1-regs1", "g1s2t4-xreuse",
+                              "g2s2t2-xreuse"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_invariant_row_groups_match_one_row_steps(cuda, ref, cfg, int8):
     """gemv.cu with row groups (GROUPS) at 37 and 64 rows: every row of the linear and the SwiGLU

@@ -37,6 +37,10 @@
 // loop unrolled by two so that neither is copied); the x chunks of a step are read when its
 // mma's run (__ldg: L1 hits after the first warp). Same fragments, same k order per warp.
 //
+// X_REUSE = 1 (the ring only) reads a step's x chunks from the ring once for all of the warp's
+// tiles, holding the tiles' fragments meanwhile: at 64 token rows x is four times a tile's
+// weight bytes, and the default order reads it once per tile.
+//
 // GROUPS > 1 puts GROUPS groups of WARPS warps in a block, each group on its own 16 * TILES
 // rows: warp w of every group walks the same K steps at the same pace, so each step's x chunks
 // come from L2 once per block and from L1 for the other groups (x's L2 traffic divided by
@@ -61,7 +65,7 @@
 // 8 when K % 16 != 0), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
-// GROUPS (row groups of a block), PDL (0/1).
+// GROUPS (row groups of a block), X_REUSE (0/1), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -102,6 +106,9 @@
 #endif
 #ifndef GROUPS
 #define GROUPS 1
+#endif
+#ifndef X_REUSE
+#define X_REUSE 0
 #endif
 typedef OUT_DTYPE out_t;
 
@@ -338,6 +345,22 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
         cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)
         const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
+#if X_REUSE
+        // Every tile's fragments first, then each token tile's x chunks read once for all of
+        // them (the other order reads x from the ring once per tile). The same mma's on every
+        // accumulator, in the same k order: only the order across accumulators changes.
+        Frag f[WT];
+#pragma unroll
+        for (int m = 0; m < WT; ++m) to_frag(f[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            uint4 xv[XVECS];
+#pragma unroll
+            for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
+#pragma unroll
+            for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
+        }
+#else
 #pragma unroll
         for (int m = 0; m < WT; ++m) {
             Frag f;
@@ -350,6 +373,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
                 step_mma(acc[m][j], f, xv);
             }
         }
+#endif
     }
     cp_async_wait<0>();
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on

@@ -114,6 +114,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["REGS"] = regs  # the weight through registers, not the ring
     if cfg.get("l2_256b") and "REGS" not in defines:
         defines["STREAM_L2_256B"] = None  # cp.async with a 256-byte L2 prefetch hint
+    if cfg.get("xreuse") and "REGS" not in defines:
+        defines["X_REUSE"] = 1  # a step's x chunks read from the ring once for all tiles
     if pdl_on:
         defines["PDL"] = 1
     return defines

@@ -12,7 +12,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"gemv"``: decode GEMV settings that replace the tables' for every shape: ``"kernel"``
   (``"rows"``, gemv_rows.cu; ``"mma"``, gemv.cu; the default is per weight,
   ``single_sequence_family``) and that family's keys (rows: rows, unroll, warps, split_k; mma:
-  warps, stages, l2_256b, tiles, regs, groups);
+  warps, stages, l2_256b, tiles, regs, groups, xreuse);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count) and
   ``"decode_m_tiles"`` (1 or 2);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
@@ -36,7 +36,7 @@ from .common import GEMV_MAX_TOKENS, cdiv, num_sms
 
 EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
 _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
-_MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups"})
+_MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this

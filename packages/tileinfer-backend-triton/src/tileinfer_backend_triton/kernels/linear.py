@@ -7,8 +7,9 @@ the fused SwiGLU / xIELU activations):
   read: each program streams [BLOCK_N, BLOCK_K] weight tiles with 16-byte loads (rows past N
   clamped, not masked) and accumulates ``w * x`` in a float32 register tile, reduced once at
   the end. Up to ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every
-  row runs the 1-token code on its own programs (grid axis 0), so a verify step's rows equal
-  decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on
+  row runs the 1-token code on its own programs (grid axis 0), or, where the config asks
+  (``row_group``), on programs of 2 or 4 rows that load each weight tile once for them and keep
+  the 1-token program's 2-D tile per row, so a verify step's rows equal decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on
   rows padded to 16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the
   last program to arrive at a tile (an arrival counter) sums the partials in split order, runs
   the epilogue and re-arms the counter. SwiGLU takes gate rows ``n`` and up rows ``inter + n``
@@ -42,7 +43,7 @@ from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependent
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, reserve_scratch,
-                            split_k_for)
+                            row_group, split_k_for)
 
 __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
@@ -114,6 +115,76 @@ def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _row_fma(part_a, part_b, wa, wb, x_row, k0, k_hi, rk, ACT: tl.constexpr,
+             EVEN_K: tl.constexpr):
+    """One K tile of one token row, as the 1-token program adds it: part += w * x."""
+    xv = _gemv_x(x_row, k0, k_hi, rk, EVEN_K)
+    part_a += wa.to(tl.float32) * xv
+    if ACT == 1:
+        part_b += wb.to(tl.float32) * xv
+    return part_a, part_b
+
+
+@triton.jit
+def _row_group_k_loop(x_ptr, s_xm, row0, M, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr,
+                      EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
+                      PDL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """The 1-token program's K loop (float weights, in _gemv_kernel) for ROWS (2 or 4) token
+    rows row0.. at once: each weight tile is loaded once for them. Every row keeps its own
+    [BLOCK_N, BLOCK_K] float32 tile, the 1-token program's, with the same multiply-adds in the
+    same K order and one reduction over K at the end: the same ops on the same 2-D shapes, so
+    each row's sums are the 1-token program's bits. Returns [ROWS, BLOCK_N] sums of both."""
+    STEP: tl.constexpr = BLOCK_K * UNROLL
+    x0 = x_ptr + tl.minimum(row0, M - 1).to(tl.int64) * s_xm + rk[None, :]
+    x1 = x_ptr + tl.minimum(row0 + 1, M - 1).to(tl.int64) * s_xm + rk[None, :]
+    x2 = x_ptr + tl.minimum(row0 + 2, M - 1).to(tl.int64) * s_xm + rk[None, :]
+    x3 = x_ptr + tl.minimum(row0 + 3, M - 1).to(tl.int64) * s_xm + rk[None, :]
+    a0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+    wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
+    wa2, wb2 = wa, wb
+    if UNROLL == 2:
+        wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
+    for k0 in range(k_lo, k_hi, STEP):
+        more = k0 + STEP < k_hi
+        na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
+        na2, nb2 = na, nb
+        if UNROLL == 2:
+            na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K,
+                               W_VEC)
+        a0, b0 = _row_fma(a0, b0, wa, wb, x0, k0, k_hi, rk, ACT, EVEN_K)
+        a1, b1 = _row_fma(a1, b1, wa, wb, x1, k0, k_hi, rk, ACT, EVEN_K)
+        if ROWS == 4:
+            a2, b2 = _row_fma(a2, b2, wa, wb, x2, k0, k_hi, rk, ACT, EVEN_K)
+            a3, b3 = _row_fma(a3, b3, wa, wb, x3, k0, k_hi, rk, ACT, EVEN_K)
+        if UNROLL == 2:
+            a0, b0 = _row_fma(a0, b0, wa2, wb2, x0, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
+            a1, b1 = _row_fma(a1, b1, wa2, wb2, x1, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
+            if ROWS == 4:
+                a2, b2 = _row_fma(a2, b2, wa2, wb2, x2, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
+                a3, b3 = _row_fma(a3, b3, wa2, wb2, x3, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
+        wa, wb, wa2, wb2 = na, nb, na2, nb2
+    # Each row's [BLOCK_N] sums placed in its row of the result (a select: the bits stay).
+    row = tl.arange(0, ROWS)[:, None]
+    acc_a = tl.where(row == 0, tl.sum(a0, axis=1)[None, :], 0.0)
+    acc_a = tl.where(row == 1, tl.sum(a1, axis=1)[None, :], acc_a)
+    acc_b = acc_a
+    if ACT == 1:
+        acc_b = tl.where(row == 0, tl.sum(b0, axis=1)[None, :], 0.0)
+        acc_b = tl.where(row == 1, tl.sum(b1, axis=1)[None, :], acc_b)
+    if ROWS == 4:
+        acc_a = tl.where(row == 2, tl.sum(a2, axis=1)[None, :], acc_a)
+        acc_a = tl.where(row == 3, tl.sum(a3, axis=1)[None, :], acc_a)
+        if ACT == 1:
+            acc_b = tl.where(row == 2, tl.sum(b2, axis=1)[None, :], acc_b)
+            acc_b = tl.where(row == 3, tl.sum(b3, axis=1)[None, :], acc_b)
+    return acc_a, acc_b
+
+
+@triton.jit
 def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.constexpr,
                 F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -158,11 +229,12 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Grid: (M if BLOCK_M == 1 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K); W: (N_OUT or
-    2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row is
-    program_id(0)); BLOCK_M = 16, 32 or 64: up to that many tokens on the tensor cores (weights
-    staged through shared memory by cp.async, software-pipelined num_stages deep). P_ROWS: rows
-    of the split-K partial buffer (M or BLOCK_M)."""
+    """Grid: (cdiv(M, BLOCK_M) if BLOCK_M < 16 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K);
+    W: (N_OUT or 2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row
+    is program_id(0)); 2 or 4: row programs of that many token rows (float weights), each row
+    computed as the 1-token program computes it; BLOCK_M = 16, 32 or 64: up to that many tokens
+    on the tensor cores (weights staged through shared memory by cp.async, software-pipelined
+    num_stages deep). P_ROWS: rows of the split-K partial buffer (the programs' rows)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -234,6 +306,11 @@ def _gemv_kernel(
                 wa, wb, wa2, wb2 = na, nb, na2, nb2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]
+    elif BLOCK_M < 16:
+        # BLOCK_M (2 or 4) token rows, each on the 1-token program's arithmetic.
+        acc_a, acc_b = _row_group_k_loop(x_ptr, s_xm, pid_m * BLOCK_M, M, w_a, w_b, k_lo, k_hi,
+                                         rk, ACT, EVEN_K, UNROLL, W_VEC, PDL, BLOCK_M, BLOCK_N,
+                                         BLOCK_K)
     else:
         # Tensor-core dot with the token rows padded to BLOCK_M.
         pdl_launch_dependents(PDL)
@@ -352,17 +429,21 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         rows = m == 1 or (m <= ROW_INVARIANT_MAX_M and invariant)
         cfg = config or gemv_config(rows, n_out, k, int8, act, f32)
         # Row programs (CUDA cores) for one token and a single sequence's steps of up to
-        # ROW_INVARIANT_MAX_M tokens, else dot tiles of 16, 32 or 64 token rows.
-        block_m = 1 if (rows and not cfg.dot) else max(16, triton.next_power_of_2(m))
-        unroll = cfg.unroll if block_m == 1 else 1
+        # ROW_INVARIANT_MAX_M tokens (one row each, or row_group's rows), else dot tiles of 16,
+        # 32 or 64 token rows.
+        if rows and not cfg.dot:
+            block_m = row_group(cfg, m, int8)
+        else:
+            block_m = max(16, triton.next_power_of_2(m))
+        unroll = cfg.unroll if block_m < 16 else 1
         step = cfg.block_k * unroll
         tiles = cdiv(n_out, cfg.block_n)
         # The split depends on the tiles of one row only, never on m (row invariance).
         split = cfg.split_k or split_k_for(tiles, k, step, sm_count(x.device))
         k_split = cdiv(cdiv(k, split), step) * step
         split = cdiv(k, k_split)
-        row_programs = m if block_m == 1 else 1
-        p_rows = m if block_m == 1 else block_m
+        row_programs = cdiv(m, block_m) if block_m < 16 else 1
+        p_rows = row_programs * block_m
         part, locks = x, x  # dummies when not split
         if split > 1:
             part, locks = SCRATCH.get(x.device)

@@ -26,6 +26,10 @@ class GemvConfig:
     num_stages: int = 3
     unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
     dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
+    # Float weights: a single sequence's step of more than this many rows runs them this many
+    # to a row program (1, 2 or 4), each loaded weight tile used for all of them (row_group).
+    # 1 (off) until the GPU shows the grouped rows' bits equal the 1-token program's there.
+    rows_per_program: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,16 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
         return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
     return GemvConfig(block_n=32 if act == ACT_SWIGLU else 64, block_k=128, num_warps=4,
                       num_stages=3)
+
+
+def row_group(cfg: GemvConfig, m: int, int8: bool) -> int:
+    """Token rows per row program in a single sequence's step of m rows (linear.py's
+    _row_group_k_loop): cfg.rows_per_program when m exceeds it, else one. Up to that many rows
+    the step is latency-bound and a program per row keeps more loads in flight; above it, a
+    weight tile loaded once for several rows pays. INT8 weights keep one row per program."""
+    if int8 or m <= cfg.rows_per_program:
+        return 1
+    return cfg.rows_per_program
 
 
 @dataclass(frozen=True)
