@@ -86,6 +86,9 @@ def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, c
     if cfg.startswith("dot") and dtype == torch.float32:
         pytest.skip("float32 models never take the dot tiles for a sequence's rows (GEMV_TABLE "
                     "is for bf16 and INT8 weights)")
+    if device.type == "cpu" and cfg != "default" and (m != 8 or dtype != torch.bfloat16):
+        pytest.skip("on the CPU the forced configs run 8 bf16 rows (the GPU, where the order of "
+                    "a sum depends on the compiled layout, runs every case)")
     out_dtype = torch.float32 if act == "logits" else dtype
     if act == "logits":
         if dtype == torch.float32:

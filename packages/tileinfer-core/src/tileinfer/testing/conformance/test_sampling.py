@@ -93,6 +93,9 @@ def test_sample_tokens_with_sums(ops, ref, device, params, n, vocab):
     row with NaN or infinity sums to a non-finite value."""
     if ops.sample_tokens_with_sums is None:
         pytest.skip("sample_tokens_with_sums is optional and this backend does not implement it")
+    if vocab > 50000 and torch.device(device).type == "cpu":
+        pytest.skip("llama3's vocabulary runs on GPUs; on the CPU (Triton's interpreter runs "
+                    "each program in Python) 50000 entries span as many chunks")
     gen = torch.Generator().manual_seed(n * vocab)
     logits = torch.randn(n, vocab, generator=gen) * 3
     logits[0, 7] = logits[0, 8] = logits[0].max() + 1  # a greedy tie: the lower index wins
