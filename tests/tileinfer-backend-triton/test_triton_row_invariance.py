@@ -68,6 +68,7 @@ LINEAR_CONFIGS = {  # None: the launcher's defaults; others force split-K / unro
     "rows2-split2": dict(block_n=8, block_k=64, split_k=2, rows_per_program=2),
     "rows4-unroll": dict(block_n=4, block_k=64, unroll=2, rows_per_program=4),
     "rows4-wide": dict(block_n=8, block_k=512, num_warps=4, unroll=2, rows_per_program=4),
+    "rows4-swiglu": dict(block_n=8, block_k=256, num_warps=4, unroll=2, rows_per_program=4),
     # the tensor-core tiles for a single sequence's rows (padded to 16), as GEMV_TABLE may ask
     "dot": dict(block_n=32, block_k=64, num_stages=1, dot=True),
     "dot-split2": dict(block_n=16, block_k=64, split_k=2, dot=True),
