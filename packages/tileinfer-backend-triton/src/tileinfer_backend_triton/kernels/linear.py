@@ -9,8 +9,9 @@ the fused SwiGLU / xIELU activations):
   the end. Up to ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every
   row runs the 1-token code on its own programs (grid axis 0), or, where the config asks
   (``row_group``), on programs of 2 or 4 rows that load each weight tile once for them and keep
-  the 1-token program's 2-D tile per row, so a verify step's rows equal decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on
-  rows padded to 16, 32 or 64 (the weight read once for all rows). Narrow outputs split K; the
+  the 1-token program's 2-D tile per row, so a verify step's rows equal decode steps bit for
+  bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on rows padded to 16,
+  32 or 64 (the weight read once for all rows). Narrow outputs split K; the
   last program to arrive at a tile (an arrival counter) sums the partials in split order, runs
   the epilogue and re-arms the counter. SwiGLU takes gate rows ``n`` and up rows ``inter + n``
   in the same program.
@@ -25,8 +26,8 @@ Roundings (as the ref backend): a float weight's product is rounded to x's dtype
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
 INT8 weight's float32 product is scaled and rounded once, to out's dtype. SwiGLU rounds gate and up to x's dtype,
 silu(gate) to out's dtype, then the product. The launch configuration (tiles, the per-shape
-GEMV table, split-K and its scratch) is in linear_config.py; docs/triton-kernels.md has the
-design.
+GEMV table, split-K and its scratch) is in linear_config.py, the epilogue and the K loops in
+linear_loops.py; docs/triton-kernels.md has the design.
 """
 
 from __future__ import annotations
@@ -36,184 +37,19 @@ import triton
 import triton.language as tl
 from tileinfer.backend.hookspecs import Invariance
 
-from .activations import silu_mul_math, xielu_math
-from .common import (cast_to, cdiv, int8_to, mma, pdl_args, pdl_launch_dependents, pdl_wait,
-                     sm_count)
+from .common import cdiv, pdl_args, pdl_launch_dependents, pdl_wait, sm_count
 # The launch configuration is in linear_config; its names are this module's too.
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, reserve_scratch,
                             row_group, split_k_for)
+from .linear_loops import _dot_k_loop, _epilogue_store, _gemv_w, _gemv_x, _row_group_k_loop
 
 __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
            "gemm_config", "gemv_config", "invariant_config", "launch_linear", "reserve_scratch",
            "split_k_for"]
 
-
-
-@triton.jit
-def _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
-                    alpha_p, alpha_n, beta, eps,
-                    ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr,
-                    x_ty: tl.constexpr):
-    """acc_a (and acc_b, the up half of SwiGLU): [BLOCK_M, BLOCK_N] float32 sums of x . w."""
-    n_mask = rn < N_OUT
-    mask = (rm < M)[:, None] & n_mask[None, :]
-    out_ty: tl.constexpr = out_ptr.dtype.element_ty
-    if INT8:  # W[j, :] = scale[j] * Wq[j, :]
-        acc_a = acc_a * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)[None, :]
-        if ACT == 1:
-            acc_b = acc_b * tl.load(scale_ptr + N_OUT + rn, mask=n_mask, other=0.0)[None, :]
-    if ACT == 1:  # SwiGLU: gate and up rounded to x's dtype, then silu(gate) * up
-        gate = cast_to(acc_a, x_ty).to(tl.float32)
-        up = cast_to(acc_b, x_ty).to(tl.float32)
-        y = silu_mul_math(gate, up, out_ty)
-    else:
-        y = acc_a
-        if ROUND_X:
-            y = cast_to(y, x_ty).to(tl.float32)
-        if ACT == 2:
-            y = xielu_math(cast_to(y, out_ty).to(tl.float32), alpha_p, alpha_n, beta, eps)
-        y = cast_to(y, out_ty)
-    offs = rm.to(tl.int64)[:, None] * s_om + rn[None, :]
-    tl.store(out_ptr + offs, y, mask=mask)
-
-
-@triton.jit
-def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-            W_VEC: tl.constexpr):
-    """Weight rows [BLOCK_N, BLOCK_K] of one K tile (and SwiGLU's up rows); ok: a scalar, False
-    loads nothing (zeros). The weights depend on no earlier kernel (see _gemv_kernel's PDL).
-
-    INT8 rows are loaded W_VEC values per thread and load, the float32 sums' layout (x's: BLOCK_K
-    over the block's threads): with Triton's own choice (16 int8, one 16-byte load) the products
-    were moved to the sums' layout through shared memory, with barriers, at every K tile."""
-    if EVEN_K:
-        wmask = ok
-    else:
-        wmask = ((k0 + rk) < k_hi)[None, :] & ok
-    pa = w_a + k0
-    pb = w_b + k0
-    if w_a.dtype.element_ty == tl.int8:
-        pa = tl.max_contiguous(pa, [1, W_VEC])
-        pb = tl.max_contiguous(pb, [1, W_VEC])
-    wa = tl.load(pa, mask=wmask, other=0.0)
-    wb = wa
-    if ACT == 1:
-        wb = tl.load(pb, mask=wmask, other=0.0)
-    return wa, wb
-
-
-@triton.jit
-def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
-    """x [1, BLOCK_K] of one K tile, as float32."""
-    if EVEN_K:
-        return tl.load(x_rows + k0).to(tl.float32)
-    else:
-        return tl.load(x_rows + k0, mask=((k0 + rk) < k_hi)[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _row_fma(part_a, part_b, wa, wb, x_row, k0, k_hi, rk, ACT: tl.constexpr,
-             EVEN_K: tl.constexpr):
-    """One K tile of one token row, as the 1-token program adds it: part += w * x."""
-    xv = _gemv_x(x_row, k0, k_hi, rk, EVEN_K)
-    part_a += wa.to(tl.float32) * xv
-    if ACT == 1:
-        part_b += wb.to(tl.float32) * xv
-    return part_a, part_b
-
-
-@triton.jit
-def _row_group_k_loop(x_ptr, s_xm, row0, M, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr,
-                      EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
-                      PDL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    """The 1-token program's K loop (float weights, in _gemv_kernel) for ROWS (2 or 4) token
-    rows row0.. at once: each weight tile is loaded once for them. Every row keeps its own
-    [BLOCK_N, BLOCK_K] float32 tile, the 1-token program's, with the same multiply-adds in the
-    same K order and one reduction over K at the end: the same ops on the same 2-D shapes, so
-    each row's sums are the 1-token program's bits. Returns [ROWS, BLOCK_N] sums of both."""
-    STEP: tl.constexpr = BLOCK_K * UNROLL
-    x0 = x_ptr + tl.minimum(row0, M - 1).to(tl.int64) * s_xm + rk[None, :]
-    x1 = x_ptr + tl.minimum(row0 + 1, M - 1).to(tl.int64) * s_xm + rk[None, :]
-    x2 = x_ptr + tl.minimum(row0 + 2, M - 1).to(tl.int64) * s_xm + rk[None, :]
-    x3 = x_ptr + tl.minimum(row0 + 3, M - 1).to(tl.int64) * s_xm + rk[None, :]
-    a0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-    wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-    wa2, wb2 = wa, wb
-    if UNROLL == 2:
-        wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-    pdl_launch_dependents(PDL)
-    pdl_wait(PDL)
-    for k0 in range(k_lo, k_hi, STEP):
-        more = k0 + STEP < k_hi
-        na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
-        na2, nb2 = na, nb
-        if UNROLL == 2:
-            na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K,
-                               W_VEC)
-        a0, b0 = _row_fma(a0, b0, wa, wb, x0, k0, k_hi, rk, ACT, EVEN_K)
-        a1, b1 = _row_fma(a1, b1, wa, wb, x1, k0, k_hi, rk, ACT, EVEN_K)
-        if ROWS == 4:
-            a2, b2 = _row_fma(a2, b2, wa, wb, x2, k0, k_hi, rk, ACT, EVEN_K)
-            a3, b3 = _row_fma(a3, b3, wa, wb, x3, k0, k_hi, rk, ACT, EVEN_K)
-        if UNROLL == 2:
-            a0, b0 = _row_fma(a0, b0, wa2, wb2, x0, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
-            a1, b1 = _row_fma(a1, b1, wa2, wb2, x1, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
-            if ROWS == 4:
-                a2, b2 = _row_fma(a2, b2, wa2, wb2, x2, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
-                a3, b3 = _row_fma(a3, b3, wa2, wb2, x3, k0 + BLOCK_K, k_hi, rk, ACT, EVEN_K)
-        wa, wb, wa2, wb2 = na, nb, na2, nb2
-    # Each row's [BLOCK_N] sums placed in its row of the result (a select: the bits stay).
-    row = tl.arange(0, ROWS)[:, None]
-    acc_a = tl.where(row == 0, tl.sum(a0, axis=1)[None, :], 0.0)
-    acc_a = tl.where(row == 1, tl.sum(a1, axis=1)[None, :], acc_a)
-    acc_b = acc_a
-    if ACT == 1:
-        acc_b = tl.where(row == 0, tl.sum(b0, axis=1)[None, :], 0.0)
-        acc_b = tl.where(row == 1, tl.sum(b1, axis=1)[None, :], acc_b)
-    if ROWS == 4:
-        acc_a = tl.where(row == 2, tl.sum(a2, axis=1)[None, :], acc_a)
-        acc_a = tl.where(row == 3, tl.sum(a3, axis=1)[None, :], acc_a)
-        if ACT == 1:
-            acc_b = tl.where(row == 2, tl.sum(b2, axis=1)[None, :], acc_b)
-            acc_b = tl.where(row == 3, tl.sum(b3, axis=1)[None, :], acc_b)
-    return acc_a, acc_b
-
-
-@triton.jit
-def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.constexpr,
-                F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Tensor-core K loop over [k_lo, k_hi) (the 9..64-token GEMV and the prefill GEMM): x rows
-    [BLOCK_M, BLOCK_K] against weight rows [BLOCK_N, BLOCK_K] (and SwiGLU's up rows); returns
-    the float32 sums [BLOCK_M, BLOCK_N] of both. Software-pipelined num_stages deep by Triton."""
-    x_ty: tl.constexpr = x_rows.dtype.element_ty
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            xv = tl.load(x_rows + k0)
-            wa = tl.load(w_a + k0)
-            if ACT == 1:
-                wb = tl.load(w_b + k0)
-        else:
-            kmask = (k0 + rk) < k_hi
-            xv = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
-            wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
-            if ACT == 1:
-                wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
-        if INT8:  # int8 values are exact in bf16/fp16
-            wa = int8_to(wa, x_ty)
-        acc_a = mma(xv, tl.trans(wa), acc_a, F32)
-        if ACT == 1:
-            if INT8:
-                wb = int8_to(wb, x_ty)
-            acc_b = mma(xv, tl.trans(wb), acc_b, F32)
-    return acc_a, acc_b
 
 
 # M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,

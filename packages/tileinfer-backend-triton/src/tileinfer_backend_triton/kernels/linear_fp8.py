@@ -27,7 +27,7 @@ import triton.language as tl
 from tileinfer.backend.hookspecs import Invariance
 
 from .common import DeviceScratch, cdiv, round_half_even, sm_count
-from .linear import _dot_k_loop, _epilogue_store
+from .linear_loops import _dot_k_loop, _epilogue_store
 
 E4M3 = torch.float8_e4m3fn
 FP8_CAPABILITY = (8, 9)  # e4m3 conversions and FP8 tensor cores
