@@ -1,90 +1,28 @@
 // Paged grouped-query attention for decode and speculative verify steps (at most
 // ATTN_DECODE_MAX_TOKENS = 16 query tokens per sequence: a DFlash block of 16 included), bf16
-// or INT8 pages, causal or not: the four warps of a block split the keys.
+// or INT8 pages, causal or not: the four warps of a block split the keys. The design (why a
+// second kernel, the split-KV partition and why a verify row gets a decode row's bits, INT8
+// pages on int8 tensor cores, PDL, the fused attention inputs) is in docs/cuda-kernels.md,
+// "attention_decode.cu".
 //
-// Why a second kernel: attention.cu packs BM = 64 query rows over 4 warps x 16 rows, but a decode
-// step has few packed rows per kv head (llama3-8b: 32 query heads / 8 kv heads = 4), so there
-// warp 0 does all the math and warps 1-3 compute on padding. Here (FlashAttention-2's tiling,
-// Dao, arXiv:2307.08691, with the keys of a tile split over the warps as in flash-decoding,
-// Dao et al. 2023, which also gives the split-KV combine):
-//   * A block owns one sequence b, one kv head, one split of the context and a row tile of up to
-//     BM = 16 * M_TILES packed query rows r = i * group + h (query position i, head h of the kv
-//     head's group, as in attention.cu). Every warp holds the whole row tile: m-tiles of 16 rows.
-//   * Warp w takes keys [16w, 16w + 16) of every 64-key tile: S = Q K^T for its 16 keys (two
-//     mma.m16n8k16 n-tiles per m-tile), its own online softmax state (m, l) per row and its own O
-//     accumulator over P V for those keys (one k-step of 16). Each m-tile is computed the same
-//     way, so a row's arithmetic does not depend on which m-tile holds it.
-//   * The K/V cp.async ring (KV_STAGES stages of 64 keys) is shared by the warps, each copying
-//     and reading only its own 16-key slice of a stage (page-table lookups included): inside
-//     the loop warps never wait for each other, only __syncwarp.
-//   * INT8 pages are read from the ring as copied, with no conversion pass through shared
-//     memory: S = Q K^T runs on int8 tensor cores (mma.m16n8k32) with the query quantized to
-//     two int8 parts per element (store_query_row_int8: within 2^-16 of the row's largest
-//     element) and int32 sums, scaled by the query's and each key's scale; for O += P V a
-//     transposing ldmatrix of the int8 values gives each lane bytes that convert to bf16 B
-//     fragments exactly in registers (common.cuh's int8_even_to_bf16x2), and P carries the
-//     value scales. A conversion pass through shared memory had made INT8 pages slower than
-//     bf16 (its instructions and bank conflicts, not the bytes, bounded it); this way INT8 pages
-//     are faster than bf16 at long context, with about two thirds of the instructions per warp
-//     and tile (benchmarks/RESULTS.md, 2026-11-30, "the CUDA INT8 decode attention on int8
-//     tensor cores").
-//   * After the last tile the warps' (m, l, O) go through shared memory (where the ring was) and
-//     are merged in the fixed order 0, 1, 2, 3: M = max m_w, O = sum_w 2^(m_w - M) O_w,
-//     l = sum_w 2^(m_w - M) l_w; then O / l is written, or with split-KV the split's normalized
-//     partial and its log-sum-exp M + log2(l), which the last block of the row tile to finish
-//     combines in split order exactly as attention.cu does.
-// Split-KV partition, per row: a row that sees c keys (causal: its position + 1, else the
-// context) takes keys [s * C, min(c, (s + 1) * C)) in split s,
-// C = 64 * max(MIN_SPLIT_TILES, ceil(c / (64 * num_splits))): a short context takes fewer splits
-// (one up to 64 * MIN_SPLIT_TILES keys, which then writes its output directly, with no combine).
-// C depends only on c and num_splits (chosen on the host from the batch, the kv heads and the
-// GPU, never from the step's token count or the cache's size), so the same model on two caches
-// (a draft model that is the target itself) gives the same bits, and a row of a verify step sees the same tiles, masks
-// and order of work as the 1-token step at its position, and gives the same bits (greedy
-// speculative decoding relies on this). A block loads the union of its rows' ranges: C changes
-// every 64 * num_splits >= 64 positions, so over the <= 32 positions of a row tile it takes at
-// most two values, and the union is at most two runs of tiles [a0, a1) and [b0, b1) (for any
-// step size: a step of more rows only has more row tiles); a tile (or a warp's 16 keys of it)
-// masked for a row leaves that row's (m, l, O) exactly unchanged (alpha = 1, p = 0), so the
-// extra tiles change nothing.
-// Batch-invariant steps (SPLIT_KEYS > 0) take C = SPLIT_KEYS for every row instead, the host
-// passing num_splits = grid_splits = ceil(max_context_len / C): a row's splits then depend on
-// its own keys alone, not on the batch. A row tile whose rows span one split and more goes
-// through the combine, which gives a one-split row the same bits as its direct write (the
-// split's weight is exp2(0) = 1, and the empty splits are skipped).
-// Tiles start at multiples of 64 keys, so with pages of 16 a warp's 16 keys are one page.
+// A block owns one sequence b, one kv head, one split of the context and a row tile of up to
+// BM = 16 * M_TILES packed query rows r = i * group + h (query position i, head h of the kv
+// head's group); warp w takes keys [16w, 16w + 16) of every 64-key tile, with its own online
+// softmax state, and the warps' states are merged in the fixed order 0..3. Split s of a row that
+// sees c keys takes keys [s * C, min(c, (s + 1) * C)), C = 64 * max(MIN_SPLIT_TILES,
+// ceil(c / (64 * num_splits))), or C = SPLIT_KEYS (batch-invariant steps).
 //
-// Shapes, arguments, grid and workspace as in attention.cu, with BM = 16 * M_TILES rows per row
-// tile: grid (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), where
-// grid_splits = min(num_splits, ceil(max_context_len / (64 * MIN_SPLIT_TILES))): C >= 64 *
-// MIN_SPLIT_TILES, so a row has keys in at most that many splits, and the others would only exit.
-// Dynamic shared memory: sizeof(SharedTiles) below (ops/attention.py mirrors it).
-// Compiled with -fmad=false (ops): no multiply-add contraction, so every unrolled copy of the
-// per-row arithmetic (one per m-tile) rounds the same way.
-//
-// Programmatic dependent launch: the next kernel (the o projection's GEMV) may launch, and
-// start prefetching its weight, once every block has passed pdl_launch_dependents: at the
-// kernel's start (PDL_TRIGGER 0), or after its key loop (PDL_TRIGGER 1, ops/tuning.py's
-// default "decode_pdl_trigger"), so that the weight prefetch does not compete with this
-// kernel's K/V loads: the later trigger made llama3.2-1b and llama3-8b INT8-weight steps slightly
-// faster (benchmarks/profile_step.py; benchmarks/RESULTS.md, 2026-11-30, "Where the decode
-// attention lets the o projection launch").
-//
-// Fused attention inputs (FUSED_INPUTS = 1; attention_with_inputs, for steps of one query
-// token per sequence): the kernel also does attention_inputs' work, reading the qkv projection
-// instead of q, so that no kernel runs between the projection and attention. Every block of
-// (sequence, kv head) computes its group's queries from qkv (RMSNorm with q_norm if any, RoPE,
-// rounded to bf16: kv.cu's arithmetic, shared through head_vector.cuh, so the bits are those
-// of the two ops) straight into its query tile. The block of the last split, which holds the new
-// position, first stores the new key and value of its kv head into the cache, then starts its
-// copies (the barrier between orders the two). Scratch: the warp's slice of the last ring stage,
-// which no copy targets before the loop. q_out is not written.
+// Shapes, arguments, grid and workspace as in attention.cu, with BM rows per row tile: grid
+// (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), grid_splits =
+// min(num_splits, ceil(max_context_len / (64 * MIN_SPLIT_TILES))). Dynamic shared memory:
+// sizeof(SharedTiles) (attention_decode_smem.cuh; ops/attention.py mirrors it). Compiled with
+// -fmad=false (ops): every unrolled copy of the per-row arithmetic (one per m-tile) rounds the
+// same way.
 //
 // Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
 // (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1, see the partition), COMBINE_BATCH
-// (attention_tiles.cuh), NORM_DTYPE (q/k norm weights' type), SPLIT_KEYS (0, or a multiple of
-// 64: the batch-invariant partition below).
+// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1), COMBINE_BATCH (attention_tiles.cuh), NORM_DTYPE
+// (q/k norm weights' type), SPLIT_KEYS (0, or a multiple of 64: the batch-invariant partition).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -133,105 +71,8 @@ typedef bf16_t CACHE_T;
 typedef NORM_DTYPE NORM_T;
 #include "head_vector.cuh"  // load_head, norm_rope, store_vector
 
-// LOAD_CHUNKS (a key row's 16-byte chunks) is 4..32, so they divide a warp.
-constexpr int KEY_STEP = 32 / LOAD_CHUNKS;  // keys the warp's lanes copy at once
-constexpr int LOADS = KEYS / KEY_STEP;      // copies per lane per tile, for K and for V
-
-#if KV_INT8
-// Rows of HEAD_DIM int8 (cached keys and values, the quantized query) are RAW_CHUNKS 16-byte
-// chunks; chunk c of row r lives at chunk c ^ f(r) of the row, so that the 8 rows an ldmatrix
-// reads hit 8 different bank groups: f(r) = r % 8 where a row is a multiple of 128 bytes, else
-// (a row of 64 or 192 bytes, two rows per 128) (r / 2) % 4.
-constexpr int RAW_CHUNKS = HEAD_DIM / 16;
-__device__ __forceinline__ int raw_chunk(int row, int chunk) {
-    return row * RAW_CHUNKS + (chunk ^ (RAW_CHUNKS % 8 == 0 ? (row & 7) : ((row >> 1) & 3)));
-}
-// The quantized query (see store_query_row_int8): |256 hi + lo| <= Q_INT_MAX = 127 * 256.
-constexpr float Q_INT_MAX = 32512.0f;
-#endif
-
-struct WarpSlice {  // one warp's 16 keys of one ring stage
-#if KV_INT8
-    uint4 k_raw[KEYS * RAW_CHUNKS];  // int8 rows as copied, key-major (swizzled: raw_chunk)
-    uint4 v_raw[KEYS * RAW_CHUNKS];
-    float k_scale[KEYS];
-    float v_scale[KEYS];
-#else
-    uint4 k[KEYS * CHUNKS];  // bf16 rows, copied in place (swizzled)
-    uint4 v[KEYS * CHUNKS];
-#endif
-};
-
-struct Ring {
-    WarpSlice stage[KV_STAGES][WARPS];
-};
-
-struct SharedTiles {
-#if KV_INT8
-    uint4 q8[2][BM * RAW_CHUNKS];  // the query tile as int8 hi and lo parts (swizzled: raw_chunk)
-    float q_scale[BM];             // ... and each row's scale
-#else
-    uint4 q[Q_PARTS][BM * CHUNKS];
-#endif
-    float row_max[WARPS][BM];  // each warp's softmax state at the end
-    float row_sum[WARPS][BM];
-    union {
-        Ring ring;
-        float o[WARPS][BM * HEAD_DIM];  // each warp's O after the loop (8-float groups swizzled)
-    };
-};
-
-#ifdef SMEM_BYTES  // test_cuda_compile.py: ops/attention.py's attention_decode_smem_bytes
-static_assert(sizeof(SharedTiles) == SMEM_BYTES, "ops.attention_decode_smem_bytes != sizeof(SharedTiles)");
-#endif
-
-// Float index of (row, col) in a warp's O: 8-float groups XOR (row % 4), so that the float2
-// stores of rows g = 0..7 spread over all banks.
-__device__ __forceinline__ int o_index(int row, int col) {
-    return row * HEAD_DIM + (col ^ ((row & 3) << 3));
-}
-
-#if KV_INT8
-// Row r of the query tile for INT8 pages, by one warp, from the row's bf16 values at src (lane l
-// reads elements 8l .. 8l + 7; nullptr: a row of zeros): x = q * smooth (float32; smooth: the
-// kv head's key smoothing factors, or none) is quantized so that Q K^T runs on int8 tensor cores
-// with the cached int8 keys, exactly: x ~ scale * (256 * hi + lo), integers hi in [-127, 127] and
-// lo in [-128, 127], scale = max |x| / Q_INT_MAX. Each element is within scale / 2 = 2^-16 max |x|
-// of x (the bf16 query itself carries 2^-9 of each element).
-__device__ __forceinline__ void store_query_row_int8(SharedTiles& sm, const bf16_t* src,
-                                                     const float* k_smooth, int kvh, int r,
-                                                     int lane) {
-    float x[8];
-    const bool mine = lane < CHUNKS;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (mine && src != nullptr) raw = *reinterpret_cast<const uint4*>(src + lane * 8);
-    const u32* w = reinterpret_cast<const u32*>(&raw);
-    float largest = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        x[e] = e % 2 ? bf16_hi(w[e / 2]) : bf16_lo(w[e / 2]);
-#if SMOOTH
-        if (mine) x[e] *= k_smooth[kvh * HEAD_DIM + lane * 8 + e];
-#endif
-        largest = fmaxf(largest, fabsf(x[e]));
-    }
-    largest = warp_max(largest);
-    const float inv = largest > 0.0f ? Q_INT_MAX / largest : 0.0f;
-    u32 hi[2] = {0, 0}, lo[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const int v = __float2int_rn(x[e] * inv);  // |v| <= Q_INT_MAX
-        const int h = (v + 128) >> 8;              // floor: v - 256 h in [-128, 127]
-        hi[e / 4] |= (u32)(h & 0xff) << (8 * (e % 4));
-        lo[e / 4] |= (u32)((v - 256 * h) & 0xff) << (8 * (e % 4));
-    }
-    if (mine) {
-        reinterpret_cast<uint2*>(&sm.q8[0][raw_chunk(r, lane >> 1)])[lane & 1] = make_uint2(hi[0], hi[1]);
-        reinterpret_cast<uint2*>(&sm.q8[1][raw_chunk(r, lane >> 1)])[lane & 1] = make_uint2(lo[0], lo[1]);
-    }
-    if (lane == 0) sm.q_scale[r] = largest / Q_INT_MAX;
-}
-#endif
+#include "attention_decode_smem.cuh"  // KEY_STEP, LOADS, WarpSlice, SharedTiles, ...
+#include "attention_decode_mma.cuh"   // scores_int8, scores_bf16, pv_bf16
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
@@ -463,70 +304,19 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         // --- S = Q K^T: per m-tile 16 rows x the warp's 16 keys (2 n-tiles of 8) ---
         float s[M_TILES][2][4];
 #if KV_INT8
-        // On int8 tensor cores, straight from the copied pages: the hi and lo query parts times
-        // the keys (32 dims a k-step), then s = (256 hi + lo) * the row's coefficient; the key
-        // scales come with the masking below.
-        {
-            int s_int[2][M_TILES][2][4];  // [part][m-tile][n-tile][element]
-#pragma unroll
-            for (int part = 0; part < 2; ++part)
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j)
-                        s_int[part][mt][j][0] = s_int[part][mt][j][1] = s_int[part][mt][j][2] = s_int[part][mt][j][3] = 0;
-#pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 32; ++kk) {
-                u32 kf[2][2];  // B fragments of keys 0-7 and 8-15, dims 32 kk .. + 31
-                const int key = (lane & 7) + ((lane >> 4) << 3), c = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(kf[0][0], kf[0][1], kf[1][0], kf[1][1], smem_addr(&in.k_raw[raw_chunk(key, c)]));
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    if (mt >= m_tiles) break;
-#pragma unroll
-                    for (int part = 0; part < 2; ++part) {
-                        u32 a0, a1, a2, a3;
-                        const int r = mt * 16 + (lane & 15), cq = kk * 2 + (lane >> 4);
-                        ldmatrix_x4(a0, a1, a2, a3, smem_addr(&sm.q8[part][raw_chunk(r, cq)]));
-                        mma_s8_16832(s_int[part][mt][0], a0, a1, a2, a3, kf[0][0], kf[0][1]);
-                        mma_s8_16832(s_int[part][mt][1], a0, a1, a2, a3, kf[1][0], kf[1][1]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)  // |256 hi + lo| < 2^31 (HEAD_DIM <= 256)
-                        s[mt][j][e] = (float)(s_int[0][mt][j][e] * 256 + s_int[1][mt][j][e]) *
-                                      row_coef[mt][e >> 1];
-        }
-#else
-        const uint4* k_tile = in.k;
-        const uint4* v_tile = in.v;
+        // s = (256 hi + lo) * the row's coefficient; the key scales come with the masking.
+        int s_int[2][M_TILES][2][4];  // [part][m-tile][n-tile][element]
+        scores_int8(s_int, sm, in, m_tiles, lane);
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+            for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-            u32 kf[2][2];  // B fragments of keys 0-7 and 8-15, dims kk * 16 .. + 15
-            const int key = (lane & 7) + ((lane >> 4) << 3), c = kk * 2 + ((lane >> 3) & 1);
-            ldmatrix_x4(kf[0][0], kf[0][1], kf[1][0], kf[1][1], smem_addr(&k_tile[tile_chunk(key, c)]));
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                if (mt >= m_tiles) break;
-#pragma unroll
-                for (int part = 0; part < Q_PARTS; ++part) {
-                    u32 a0, a1, a2, a3;
-                    const int r = mt * 16 + (lane & 15), cq = kk * 2 + (lane >> 4);
-                    ldmatrix_x4(a0, a1, a2, a3, smem_addr(&sm.q[part][tile_chunk(r, cq)]));
-                    mma_bf16_16816(s[mt][0], a0, a1, a2, a3, kf[0][0], kf[0][1]);
-                    mma_bf16_16816(s[mt][1], a0, a1, a2, a3, kf[1][0], kf[1][1]);
-                }
-            }
-        }
+                for (int e = 0; e < 4; ++e)  // |256 hi + lo| < 2^31 (HEAD_DIM <= 256)
+                    s[mt][j][e] = (float)(s_int[0][mt][j][e] * 256 + s_int[1][mt][j][e]) *
+                                  row_coef[mt][e >> 1];
+#else
+        scores_bf16(s, sm, in.k, m_tiles, lane);
 #endif
 
         // --- scale, mask, online softmax; P as the A fragment of one m16n8k16 k-step ---
@@ -614,19 +404,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
             }
         }
 #else
-#pragma unroll
-        for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
-            u32 b0, b1, b2, b3;
-            const int key = (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
-            ldmatrix_x4_trans(b0, b1, b2, b3, smem_addr(&v_tile[tile_chunk(key, c)]));
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                if (mt >= m_tiles) break;
-                const u32* a = p_frag[mt];
-                mma_bf16_16816(o_acc[mt][2 * dp], a[0], a[1], a[2], a[3], b0, b1);
-                mma_bf16_16816(o_acc[mt][2 * dp + 1], a[0], a[1], a[2], a[3], b2, b3);
-            }
-        }
+        pv_bf16(o_acc, p_frag, in.v, m_tiles, lane);
 #endif
     }
 
