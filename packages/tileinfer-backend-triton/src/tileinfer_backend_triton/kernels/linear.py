@@ -51,7 +51,6 @@ __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig
            "split_k_for"]
 
 
-
 # M and P_ROWS are not specialized: Triton would compile M = 1 (a decode step) as a constant,
 # a separate binary from the one of M = 2..8; one binary for every row count keeps a verify
 # step's rows on exactly the decode step's instructions.

@@ -115,7 +115,7 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
 
 
 def row_group(cfg: GemvConfig, m: int, int8: bool) -> int:
-    """Token rows per row program in a single sequence's step of m rows (linear.py's
+    """Token rows per row program in a single sequence's step of m rows (linear_loops.py's
     _row_group_k_loop): cfg.rows_per_program when m exceeds it, else one. Up to that many rows
     the step is latency-bound and a program per row keeps more loads in flight; above it, a
     weight tile loaded once for several rows pays. INT8 weights keep one row per program."""
