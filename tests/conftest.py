@@ -1,5 +1,6 @@
 """Shared fixtures: the fixtures folder beside the checkout, GPU skipping."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,11 @@ REPO = Path(__file__).resolve().parents[1]
 # The tests' tensors are small: one thread avoids worker threads spinning against each other
 # (seen to make tiny-model decoding 50x slower on a busy 2-core machine).
 torch.set_num_threads(1)
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import triton_interpreter
+
+    triton_interpreter.install()
 
 
 @pytest.fixture(scope="session")
