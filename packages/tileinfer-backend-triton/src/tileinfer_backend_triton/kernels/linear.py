@@ -43,7 +43,8 @@ from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INV
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, reserve_scratch,
                             row_group, split_k_for)
-from .linear_loops import _dot_k_loop, _epilogue_store, _gemv_w, _gemv_x, _row_group_k_loop
+from .linear_loops import (_dot_k_loop, _epilogue_store, _gemv_w, _gemv_w_step, _gemv_x,
+                           _row_fma, _row_group_k_loop)
 
 __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
@@ -116,28 +117,18 @@ def _gemv_kernel(
             # weights depend on no earlier kernel: with PDL they are requested before pdl_wait,
             # while the previous kernel still runs (attention before the o projection, a norm
             # before qkv / gate_up).
-            wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-            wa2, wb2 = wa, wb
-            if UNROLL == 2:
-                wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
+            wa, wb, wa2, wb2 = _gemv_w_step(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K,
+                                            UNROLL, W_VEC, BLOCK_K)
             pdl_launch_dependents(PDL)
             pdl_wait(PDL)
             for k0 in range(k_lo, k_hi, STEP):
-                more = k0 + STEP < k_hi
-                na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
-                na2, nb2 = na, nb
+                na, nb, na2, nb2 = _gemv_w_step(w_a, w_b, k0 + STEP, k_hi, rk, k0 + STEP < k_hi,
+                                                ACT, EVEN_K, UNROLL, W_VEC, BLOCK_K)
+                part_a, part_b = _row_fma(part_a, part_b, wa, wb, x_rows, k0, k_hi, rk, ACT,
+                                          EVEN_K)
                 if UNROLL == 2:
-                    na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K,
-                                       W_VEC)
-                xv = _gemv_x(x_rows, k0, k_hi, rk, EVEN_K)
-                part_a += wa.to(tl.float32) * xv
-                if ACT == 1:
-                    part_b += wb.to(tl.float32) * xv
-                if UNROLL == 2:
-                    xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk, EVEN_K)
-                    part_a += wa2.to(tl.float32) * xv2
-                    if ACT == 1:
-                        part_b += wb2.to(tl.float32) * xv2
+                    part_a, part_b = _row_fma(part_a, part_b, wa2, wb2, x_rows, k0 + BLOCK_K,
+                                              k_hi, rk, ACT, EVEN_K)
                 wa, wb, wa2, wb2 = na, nb, na2, nb2
         acc_a = tl.sum(part_a, axis=1)[None, :]
         acc_b = tl.sum(part_b, axis=1)[None, :]

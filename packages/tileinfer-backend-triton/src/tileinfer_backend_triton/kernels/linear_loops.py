@@ -74,9 +74,22 @@ def _gemv_x(x_rows, k0, k_hi, rk, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _gemv_w_step(w_a, w_b, k, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+                 UNROLL: tl.constexpr, W_VEC: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tiles of one step of the row programs' K loop: UNROLL K tiles from k (the
+    second pair is the first again when UNROLL is 1)."""
+    wa, wb = _gemv_w(w_a, w_b, k, k_hi, rk, ok, ACT, EVEN_K, W_VEC)
+    wa2, wb2 = wa, wb
+    if UNROLL == 2:
+        wa2, wb2 = _gemv_w(w_a, w_b, k + BLOCK_K, k_hi, rk, ok, ACT, EVEN_K, W_VEC)
+    return wa, wb, wa2, wb2
+
+
+@triton.jit
 def _row_fma(part_a, part_b, wa, wb, x_row, k0, k_hi, rk, ACT: tl.constexpr,
              EVEN_K: tl.constexpr):
-    """One K tile of one token row, as the 1-token program adds it: part += w * x."""
+    """One K tile of one token row: part += w * x (the 1-token program and the grouped rows both
+    add through it)."""
     xv = _gemv_x(x_row, k0, k_hi, rk, EVEN_K)
     part_a += wa.to(tl.float32) * xv
     if ACT == 1:
@@ -101,19 +114,13 @@ def _row_group_k_loop(x_ptr, s_xm, row0, M, w_a, w_b, k_lo, k_hi, rk, ACT: tl.co
     x3 = x_ptr + tl.minimum(row0 + 3, M - 1).to(tl.int64) * s_xm + rk[None, :]
     a0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-    wa, wb = _gemv_w(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
-    wa2, wb2 = wa, wb
-    if UNROLL == 2:
-        wa2, wb2 = _gemv_w(w_a, w_b, k_lo + BLOCK_K, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, W_VEC)
+    wa, wb, wa2, wb2 = _gemv_w_step(w_a, w_b, k_lo, k_hi, rk, k_lo < k_hi, ACT, EVEN_K, UNROLL,
+                                    W_VEC, BLOCK_K)
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     for k0 in range(k_lo, k_hi, STEP):
-        more = k0 + STEP < k_hi
-        na, nb = _gemv_w(w_a, w_b, k0 + STEP, k_hi, rk, more, ACT, EVEN_K, W_VEC)
-        na2, nb2 = na, nb
-        if UNROLL == 2:
-            na2, nb2 = _gemv_w(w_a, w_b, k0 + STEP + BLOCK_K, k_hi, rk, more, ACT, EVEN_K,
-                               W_VEC)
+        na, nb, na2, nb2 = _gemv_w_step(w_a, w_b, k0 + STEP, k_hi, rk, k0 + STEP < k_hi, ACT,
+                                        EVEN_K, UNROLL, W_VEC, BLOCK_K)
         a0, b0 = _row_fma(a0, b0, wa, wb, x0, k0, k_hi, rk, ACT, EVEN_K)
         a1, b1 = _row_fma(a1, b1, wa, wb, x1, k0, k_hi, rk, ACT, EVEN_K)
         if ROWS == 4:
