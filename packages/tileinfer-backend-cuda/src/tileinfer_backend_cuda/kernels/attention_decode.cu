@@ -1,16 +1,14 @@
 // Paged grouped-query attention for decode and speculative verify steps (at most
 // ATTN_DECODE_MAX_TOKENS = 16 query tokens per sequence: a DFlash block of 16 included), bf16
-// or INT8 pages, causal or not: the four warps of a block split the keys. The design (why a
-// second kernel, the split-KV partition and why a verify row gets a decode row's bits, INT8
-// pages on int8 tensor cores, PDL, the fused attention inputs) is in docs/cuda-kernels.md,
-// "attention_decode.cu".
-//
-// A block owns one sequence b, one kv head, one split of the context and a row tile of up to
-// BM = 16 * M_TILES packed query rows r = i * group + h (query position i, head h of the kv
-// head's group); warp w takes keys [16w, 16w + 16) of every 64-key tile, with its own online
-// softmax state, and the warps' states are merged in the fixed order 0..3. Split s of a row that
-// sees c keys takes keys [s * C, min(c, (s + 1) * C)), C = 64 * max(MIN_SPLIT_TILES,
-// ceil(c / (64 * num_splits))), or C = SPLIT_KEYS (batch-invariant steps).
+// or INT8 pages, causal or not. A block owns one sequence b, one kv head, one split of the
+// context and a row tile of up to BM = 16 * M_TILES packed query rows r = i * group + h (query
+// position i, head h of the kv head's group); warp w takes keys [16w, 16w + 16) of every 64-key
+// tile, with its own online softmax state, and the warps' states are merged in the fixed order
+// 0..3. Split s of a row that sees c keys takes keys [s * C, min(c, (s + 1) * C)), C = 64 *
+// max(MIN_SPLIT_TILES, ceil(c / (64 * num_splits))), or C = SPLIT_KEYS (batch-invariant steps).
+// The design (why a second kernel, the partition and why a verify row gets a decode row's bits,
+// INT8 pages on int8 tensor cores, PDL, the fused inputs): docs/cuda-kernels.md,
+// "attention_decode.cu in detail".
 //
 // Shapes, arguments, grid and workspace as in attention.cu, with BM rows per row tile: grid
 // (row_tiles * grid_splits, kv_heads, batch), block 128 threads (4 warps), grid_splits =
@@ -18,50 +16,9 @@
 // sizeof(SharedTiles) (attention_decode_smem.cuh; ops/attention.py mirrors it). Compiled with
 // -fmad=false (ops): every unrolled copy of the per-row arithmetic (one per m-tile) rounds the
 // same way.
-//
-// Defines: HEAD_DIM (a multiple of 64, at most 256), KV_INT8 (0/1), SMOOTH (0/1), KV_STAGES
-// (ring depth >= 1), M_TILES (16-row m-tiles per warp: 1 or 2), PDL_TRIGGER (0/1),
-// FUSED_INPUTS (0/1), MIN_SPLIT_TILES (>= 1), COMBINE_BATCH (attention_tiles.cuh), NORM_DTYPE
-// (q/k norm weights' type), SPLIT_KEYS (0, or a multiple of 64: the batch-invariant partition).
+
 #include "common.cuh"
-
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef KV_INT8
-#define KV_INT8 0
-#endif
-#ifndef SMOOTH
-#define SMOOTH 0
-#endif
-#ifndef KV_STAGES
-#define KV_STAGES 3
-#endif
-#ifndef M_TILES
-#define M_TILES 2
-#endif
-#ifndef PDL_TRIGGER
-#define PDL_TRIGGER 0
-#endif
-#ifndef FUSED_INPUTS
-#define FUSED_INPUTS 0
-#endif
-#ifndef MIN_SPLIT_TILES
-#define MIN_SPLIT_TILES 1
-#endif
-#ifndef SPLIT_KEYS
-#define SPLIT_KEYS 0
-#endif
-#ifndef NORM_DTYPE
-#define NORM_DTYPE bf16_t
-#endif
-
-constexpr int BN = 64, WARPS = 4, THREADS = WARPS * 32;
-constexpr int KEYS = BN / WARPS;  // keys of each tile per warp
-constexpr int BM = 16 * M_TILES;  // packed query rows per block
-constexpr u32 FULL = 0xffffffffu;
-static_assert(KV_STAGES >= 1 && (M_TILES == 1 || M_TILES == 2), "defines");
-static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim");
+#include "attention_decode_defines.cuh"  // the defines' defaults, BN, WARPS, KEYS, BM, ...
 
 #include "attention_tiles.cuh"  // CHUNKS, WS_ROW, kv_t, LOAD_CHUNKS, tile_chunk, ...
 // head_vector.cuh's parameters: the fused inputs read bf16 activations into a bf16 or INT8 cache.
@@ -73,6 +30,7 @@ typedef NORM_DTYPE NORM_T;
 
 #include "attention_decode_smem.cuh"  // KEY_STEP, LOADS, WarpSlice, SharedTiles, ...
 #include "attention_decode_mma.cuh"   // scores_int8, scores_bf16, pv_bf16
+#include "attention_decode_merge.cuh" // store_warp_state, merge_warp_states
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
@@ -414,76 +372,14 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     cp_async_wait<0>();  // no copy may still target the ring, whose memory is reused below
     __syncthreads();     // every warp is done with the ring
 
-    // --- the warps' states to shared memory ---
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
-        if (mt >= m_tiles) break;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = mt * 16 + g + 8 * h;
-            float l = row_sum[mt][h];  // over the quad's columns
-            l += __shfl_xor_sync(FULL, l, 1);
-            l += __shfl_xor_sync(FULL, l, 2);
-            if (t == 0) {
-                sm.row_max[warp][r] = row_max[mt][h];
-                sm.row_sum[warp][r] = l;
-            }
-#if KV_INT8
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 16; ++c)  // dims 16c + 4t .. + 3 (see O += P V)
-                *reinterpret_cast<float4*>(&sm.o[warp][o_index(r, c * 16 + 4 * t)]) =
-                    make_float4(o_acc[mt][2 * c][2 * h], o_acc[mt][2 * c + 1][2 * h],
-                                o_acc[mt][2 * c][2 * h + 1], o_acc[mt][2 * c + 1][2 * h + 1]);
-#else
-#pragma unroll
-            for (int d = 0; d < HEAD_DIM / 8; ++d)
-                *reinterpret_cast<float2*>(&sm.o[warp][o_index(r, d * 8 + 2 * t)]) =
-                    make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
-#endif
-        }
-    }
+    store_warp_state(sm, row_max, row_sum, o_acc, m_tiles, warp, g, t);
     __syncthreads();
 
-    // --- merge in warp order, normalize, write the output or this split's partial ---
-    // A thread per (row, 8 dims).
     // One active split holds every key of the tile's rows: its normalized output is what the
     // combine of that one split would write (weight exp2(0) = 1), so it is written directly.
     const bool split_mode = active_splits > 1;
-    for (int id = tid; id < m_tiles * 16 * CHUNKS; id += THREADS) {
-        const int r = id / CHUNKS, c = id % CHUNKS, rg = m0 + r;
-        if (rg >= rows) break;  // later ids only have later rows
-        float m = neg_inf();
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sm.row_max[w][r]);
-        const float base = m == neg_inf() ? 0.0f : m;
-        float l = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            const float f = exp2f(sm.row_max[w][r] - base);  // 0 for a warp that saw no key
-            l += f * sm.row_sum[w][r];
-            const float4* src = reinterpret_cast<const float4*>(&sm.o[w][o_index(r, c * 8)]);
-            const float4 x0 = src[0], x1 = src[1];
-            acc[0] += f * x0.x; acc[1] += f * x0.y; acc[2] += f * x0.z; acc[3] += f * x0.w;
-            acc[4] += f * x1.x; acc[5] += f * x1.y; acc[6] += f * x1.z; acc[7] += f * x1.w;
-        }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const i64 token = q_start + rg / group, head = kvh * group + rg % group;
-        if (!split_mode) {
-            uint4 v;
-            v.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
-            v.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
-            v.z = pack_bf16x2(acc[4] * inv, acc[5] * inv);
-            v.w = pack_bf16x2(acc[6] * inv, acc[7] * inv);
-            *reinterpret_cast<uint4*>(out + (token * heads + head) * HEAD_DIM + c * 8) = v;
-        } else {
-            float* dst = ws + ((token * heads + head) * ws_splits + split) * WS_ROW;
-#pragma unroll
-            for (int e = 0; e < 4; ++e)  // float2: a workspace row is 8- but not 16-byte aligned
-                *reinterpret_cast<float2*>(dst + c * 8 + 2 * e) =
-                    make_float2(acc[2 * e] * inv, acc[2 * e + 1] * inv);
-            if (c == 0) dst[HEAD_DIM] = l > 0.0f ? m + log2f(l) : neg_inf();
-        }
-    }
+    merge_warp_states(sm, out, ws, split_mode, split, ws_splits, m_tiles, m0, rows, q_start, group,
+                      kvh, heads, tid);
     if (!split_mode) return;
 
     // --- split-KV: the last block of this row tile combines the splits (as attention.cu) ---
