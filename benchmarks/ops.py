@@ -15,8 +15,8 @@ per call.
 
     python benchmarks/ops.py                    # everything (about 2-3 minutes on an H200)
     python benchmarks/ops.py --only gemv,attn   # op groups: copy gemv verify sweep gemm attn misc
-                                                #   and cuda-sweep, cuda-attn-sweep (not in the
-                                                #   default run)
+                                                #   and cuda-sweep, cuda-attn-sweep, fp8-sweep
+                                                #   (not in the default run)
 
 The group "verify" times the triton GEMVs at 4, 8 and 16 tokens (the verify steps of speculative
 decoding: up to 8 tokens every row runs the 1-token programs, bit-identical to a decode step;
@@ -287,6 +287,60 @@ def bench_gemv_sweep(summary):
             torch.cuda.empty_cache()
     print("GEMV_TABLE = {  # tileinfer_backend_triton.kernels.linear\n" + "\n".join(table) + "\n}",
           file=sys.stderr)
+
+
+def fp8_sweep_configs():
+    from tileinfer_backend_triton.kernels.linear_fp8 import Fp8Config as C
+
+    # fp8_config's rule first (block_n 16 or 32 at these shapes, K tiles of 128, 4 warps, 3
+    # stages); then wider K tiles and deeper pipelines (more of the weight in flight a program).
+    return [C(n, k, w, st) for n in (16, 32) for k in (128, 256, 512) for w in (4,)
+            for st in (3, 4, 6)] + [C(16, 512, 8, 4), C(32, 512, 8, 4), C(64, 256, 8, 4)]
+
+
+def bench_fp8_sweep(summary):
+    """Triton's FP8 product (e4m3 weights, inputs quantized per token) at one token row, every
+    decode shape but the LM head (FP8 models keep it in their dtype), for each configuration of
+    fp8_sweep_configs; prints the winners as linear_fp8.FP8_TABLE entries."""
+    from tileinfer_backend_triton.kernels import linear, linear_fp8
+
+    from tileinfer.backend.fp8 import quantize_rows
+
+    table = []
+    for model, cfg in MODELS.items():
+        for name, (n, k, kind) in decode_shapes(cfg).items():
+            if name == "lm_head":
+                continue
+            act = linear.ACT_SWIGLU if kind == "swiglu" else linear.ACT_NONE
+            n_out = n // 2 if kind == "swiglu" else n
+            weights = [quantize_rows(torch.randn(n, k, device=DEV))
+                       for _ in range(copies_for(n * k))]
+            x = torch.randn(1, k, device=DEV).to(torch.bfloat16)
+            out = torch.empty(1, n_out, dtype=torch.bfloat16, device=DEV)
+            best = None
+            for c in fp8_sweep_configs():
+                calls = [lambda w=w, s=s, c=c: linear_fp8.launch_fp8(out, x, w, s, act=act,
+                                                                     config=c)
+                         for w, s in weights]
+                try:
+                    us, how = time_calls(calls)
+                except Exception as exc:
+                    emit(op=f"fp8-sweep:{name}", model=model, config=str(c), error=repr(exc)[:200])
+                    continue
+                bw = n * k / (us * 1e-6)
+                emit(op=f"fp8-sweep:{name}", model=model, shape=f"1x{n}x{k}", weights="fp8",
+                     backend="triton", config=str(c), median_us=round(us, 2),
+                     GBps=round(bw / 1e9, 1), frac_of_ceiling=round(bw / COPY_CEILING, 3))
+                if best is None or us < best[0]:
+                    best = (us, c, bw)
+            if best:
+                summary.append((f"fp8 sweep best {model} {name}", "fp8", "triton", best[0],
+                                f"{best[2] / COPY_CEILING:.2f} of copy; {best[1]}"))
+                table.append(f"    ({n_out}, {k}, {act}): {best[1]},")
+            del weights
+            torch.cuda.empty_cache()
+    print("FP8_TABLE = {  # tileinfer_backend_triton.kernels.linear_fp8\n" + "\n".join(table)
+          + "\n}", file=sys.stderr)
 
 
 def bench_cuda_rows_sweep(table, summary):
@@ -661,6 +715,8 @@ def main():
             bench_gemv({"triton": tables["triton"]}, summary, m=m)
     if "sweep" in only and "triton" in tables:
         bench_gemv_sweep(summary)
+    if "fp8-sweep" in only and "triton" in tables:
+        bench_fp8_sweep(summary)
     if "cuda-sweep" in only and "cuda" in tables:
         bench_cuda_rows_sweep(tables["cuda"], summary)
     if "cuda-attn-sweep" in only and "cuda" in tables:

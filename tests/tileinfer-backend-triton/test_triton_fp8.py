@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tileinfer.backend.fp8 import E4M3, quantize_rows
+from tileinfer.backend.hookspecs import Invariance
 from tileinfer.backend.registry import BackendError, get_backend
 from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.forward import forward
@@ -85,3 +86,28 @@ def test_a_fp8_model_decodes_as_on_ref(triton_fp8, tiny):
     assert tokens == want_tokens
     # The same e4m3 operands on both; only the order of the float32 sums differs.
     assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("config", [(16, 256, 4, 4), (32, 64, 8, 2)], ids=str)
+def test_a_forced_tile_config_keeps_each_rows_bits(triton_fp8, config):
+    # FP8_TABLE's entries (a benchmark's winners) change the K tiles: a row's sums must still be
+    # the same bits alone and among 16 or 40 rows, and the product the ref backend's.
+    from tileinfer_backend_triton.kernels.linear_fp8 import Fp8Config, launch_fp8
+
+    gen = torch.Generator().manual_seed(1)
+    w, scale = quantize_rows(torch.randn(48, 320, generator=gen).to(DEVICE))  # e4m3, row scales
+    x = torch.randn(40, 320, generator=gen).to(torch.bfloat16).to(DEVICE)
+    cfg = Fp8Config(*config)
+
+    def product(rows, invariant):
+        out = torch.empty(rows.shape[0], 48, dtype=torch.bfloat16, device=DEVICE)
+        launch_fp8(out, rows, w, scale, invariant=invariant, config=cfg)
+        return out
+
+    alone = torch.cat([product(x[i:i + 1], True) for i in range(40)])
+    assert torch.equal(product(x[:16], True), alone[:16])
+    assert torch.equal(product(x, Invariance.BATCH), alone)
+    want = torch.empty(40, 48, dtype=torch.bfloat16, device=DEVICE)
+    get_backend("ref").linear(want, x, w, scale)
+    error = (alone.float() - want.float()).abs().max().item()
+    assert error <= 2e-2 * want.float().abs().max().item()

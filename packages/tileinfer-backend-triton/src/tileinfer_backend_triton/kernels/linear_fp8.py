@@ -7,19 +7,22 @@ float32 scale per output row, the input quantized per token row.
   in float32 arithmetic (``_e4m3_round``) and the exact result converted, so that the
   interpreter, whose float32 -> e4m3 cast rounds ties away and flushes subnormals, gives the
   GPU's bits.
-* ``_fp8_kernel``: tiles of BLOCK_M token rows against BLOCK_N weight rows, linear.py's
+* ``_fp8_kernel``: tiles of BLOCK_M token rows against BLOCK_N weight rows, the linear kernels'
   tensor-core K loop on the e4m3 values (FP8 tensor cores: exact products, float32 sums), the K
-  tiles in order, no split-K; the float32 sum times x_scale[i], then the INT8 epilogue of linear.py (times
-  w_scale[j], rounded once to out's dtype; SwiGLU and xIELU as for INT8 weights).
+  tiles in order, no split-K; the float32 sum times x_scale[i], then the shared epilogue's INT8
+  path (times w_scale[j], rounded once to out's dtype; SwiGLU and xIELU as for INT8 weights).
 
 BLOCK_M is 16 for every step a row must keep its bits in (a single sequence's steps, whose
-verify rows equal decode rows, and every step of a batch-invariant model), and BLOCK_N and
-BLOCK_K depend on the weight's shape only: a row's sum is the same instructions in the same order
-at any row count. Other steps of more than 16 rows (a batch's or a prefill's rows, which need no
-such promise) take 64-row tiles, which read each weight tile for four times the rows.
+verify rows equal decode rows, and every step of a batch-invariant model), and BLOCK_N, BLOCK_K
+and the launch settings depend on the weight only (``fp8_config``: ``FP8_TABLE``, else a
+rule): a row's sum is the same instructions in the same order at any row count. Other steps
+of more than 16 rows (a batch's or a prefill's rows, which need no such promise) take 64-row
+tiles, which read each weight tile for four times the rows.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -118,20 +121,38 @@ def reserve_scratch(device: torch.device):
         SCRATCH.get(device)
 
 
-def tiles(n_out: int, k: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) of a weight: the widest BLOCK_N of 64, 32, 16 that still gives a
-    1-row step about two programs per SM (a step's weight read spread over the whole GPU)."""
+@dataclass(frozen=True)
+class Fp8Config:
+    """``_fp8_kernel``'s tiles and launch settings for one weight (any row count: a row's sums
+    must not depend on it)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# Per weight shape (n_out, k, act): the configurations measured best
+# (`benchmarks/ops.py --only fp8-sweep`); other shapes take fp8_config's default.
+FP8_TABLE: dict[tuple[int, int, int], Fp8Config] = {}
+
+
+def fp8_config(n_out: int, k: int, act: int, device: torch.device) -> Fp8Config:
+    """FP8_TABLE's entry, else the widest BLOCK_N of 64, 32, 16 that still gives a 1-row step
+    about two programs per SM (a step's weight read spread over the whole GPU), K tiles of 128."""
+    if (n_out, k, act) in FP8_TABLE:
+        return FP8_TABLE[(n_out, k, act)]
     block_n = 64
     while block_n > 16 and cdiv(n_out, block_n) < 2 * sm_count(device):
         block_n //= 2
-    return block_n, 128 if k >= 128 else max(32, triton.next_power_of_2(k))
+    return Fp8Config(block_n, 128 if k >= 128 else max(32, triton.next_power_of_2(k)))
 
 
 def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0.0, 0.0),
-               invariant=True):
+               invariant=True, config: Fp8Config | None = None):
     """out (M, N_OUT) = act(FP8 product of x (M, K) and the e4m3 weight); SwiGLU's weight has
     2 * N_OUT rows. invariant: the linear contract's batch_invariant (see the module
-    docstring)."""
+    docstring). config: overrides fp8_config (benchmarks and tests)."""
     m, k = x.shape
     n_out = out.shape[1]
     if m == 0 or n_out == 0:
@@ -141,7 +162,8 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
     if weight_scale is None or weight_scale.dtype != torch.float32:
         raise ValueError("linear (FP8): an e4m3 weight needs its float32 row scales")
     xq_all, scales = SCRATCH.get(x.device)
-    block_n, block_k = tiles(n_out, k, x.device)
+    cfg = config or fp8_config(n_out, k, act, x.device)
+    block_n, block_k = cfg.block_n, min(cfg.block_k, max(32, triton.next_power_of_2(k)))
     block_m = 16 if invariant == Invariance.BATCH or m <= 16 else 64
     chunk = min(SCRATCH_ROWS, SCRATCH_BYTES // k) // 64 * 64
     alpha_p, alpha_n, beta, eps = (float(a) for a in act_args)
@@ -155,4 +177,5 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
             xq, x_scale, weight, weight_scale, out[start:start + rows], part, rows, n_out, k,
             out.stride(0), alpha_p, alpha_n, beta, eps,
             ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            EVEN_K=k % block_k == 0, num_warps=4, num_stages=3)
+            EVEN_K=k % block_k == 0, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
