@@ -65,6 +65,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_FP8=1, ROUND_BF16=0, WARPS=4, STAGES=3, NT=4, GROUPS=2, PDL=1)
     add("fp8_quant.cu", THREADS=256, PDL=1)
     add("fp8_quant.cu", THREADS=1024, PDL=0)
+    for items in (1, 2, 7, 8):  # x kept in registers (llama3-8b: K 4096 -> 2, 14336 -> 7)
+        add("fp8_quant.cu", THREADS=256, PDL=1, ITEMS=items)
 
     # gemv_rows.cu: every dtype / epilogue / output, then the tiles, warps, token slots and PDL.
     for w_int8 in (0, 1):

@@ -8,6 +8,11 @@
 // time. x (n, K) bf16 with row stride x_stride (elements), K % 8 == 0, rows 16-byte aligned;
 // xq (n, K) e4m3, contiguous; x_scale (n,) float32.
 //
+// ITEMS > 0 (K <= ITEMS * THREADS * 8): each thread keeps its ITEMS chunks of x in registers
+// between the maximum and the quantization, so x is read once (a decode step waits for this
+// kernel: its latency is the step's). ITEMS = 0 reads x twice, for any K. The same chunks per
+// thread and the same arithmetic either way, so the same bits.
+//
 // PDL = 1 (launched with programmatic dependent launch): the next kernel (the GEMV, whose
 // prologue prefetches its weight) may start at once; this one waits for the previous kernel
 // before it reads x or writes xq (which that kernel, the previous GEMV, may still be reading).
@@ -19,6 +24,9 @@
 #ifndef PDL
 #define PDL 0
 #endif
+#ifndef ITEMS
+#define ITEMS 0
+#endif
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -27,6 +35,30 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     __syncthreads();
     v = lane < THREADS / 32 ? scratch[lane] : 0.0f;
     return warp_max(v);
+}
+
+// The largest |value| of a 16-byte chunk of 8 bf16.
+__device__ __forceinline__ float chunk_amax(const uint4& v) {
+    const u32* p = reinterpret_cast<const u32*>(&v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(p[i])), fabsf(bf16_hi(p[i]))));
+    return amax;
+}
+
+// A chunk of 8 bf16 divided by scale and rounded to 8 e4m3 bytes (element 0 in the low byte).
+__device__ __forceinline__ uint2 chunk_e4m3(const uint4& v, float scale) {
+    const u32* p = reinterpret_cast<const u32*>(&v);
+    u32 packed[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 b0 = float2_to_e4m3x2(bf16_lo(p[2 * i]) / scale, bf16_hi(p[2 * i]) / scale);
+        const u32 b1 =
+            float2_to_e4m3x2(bf16_lo(p[2 * i + 1]) / scale, bf16_hi(p[2 * i + 1]) / scale);
+        packed[i] = b0 | (b1 << 16);
+    }
+    return make_uint2(packed[0], packed[1]);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -40,27 +72,33 @@ quantize_rows(unsigned char* __restrict__ xq, float* __restrict__ x_scale,
     const bf16_t* row = x + blockIdx.x * x_stride;
     unsigned char* out = xq + (i64)blockIdx.x * K;
     float amax = 0.0f;
-    for (int k = threadIdx.x * 8; k < K; k += THREADS * 8) {
-        const uint4 v = *reinterpret_cast<const uint4*>(row + k);
-        const u32* p = reinterpret_cast<const u32*>(&v);
+#if ITEMS
+    uint4 v[ITEMS];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(p[i])), fabsf(bf16_hi(p[i]))));
+    for (int i = 0; i < ITEMS; ++i) {
+        const int k = (i * THREADS + threadIdx.x) * 8;
+        v[i] = k < K ? *reinterpret_cast<const uint4*>(row + k) : make_uint4(0, 0, 0, 0);
+        amax = fmaxf(amax, chunk_amax(v[i]));
     }
+#else
+    for (int k = threadIdx.x * 8; k < K; k += THREADS * 8) {
+        const uint4 v = *reinterpret_cast<const uint4*>(row + k);  // one 16-byte load
+        amax = fmaxf(amax, chunk_amax(v));
+    }
+#endif
     amax = block_max(amax, scratch);
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
     if (threadIdx.x == 0) x_scale[blockIdx.x] = scale;
+#if ITEMS
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int k = (i * THREADS + threadIdx.x) * 8;
+        if (k < K) *reinterpret_cast<uint2*>(out + k) = chunk_e4m3(v[i], scale);
+    }
+#else
     for (int k = threadIdx.x * 8; k < K; k += THREADS * 8) {
         const uint4 v = *reinterpret_cast<const uint4*>(row + k);
-        const u32* p = reinterpret_cast<const u32*>(&v);
-        u32 packed[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 b0 = float2_to_e4m3x2(bf16_lo(p[2 * i]) / scale, bf16_hi(p[2 * i]) / scale);
-            const u32 b1 = float2_to_e4m3x2(bf16_lo(p[2 * i + 1]) / scale,
-                                            bf16_hi(p[2 * i + 1]) / scale);
-            packed[i] = b0 | (b1 << 16);
-        }
-        *reinterpret_cast<uint2*>(out + k) = make_uint2(packed[0], packed[1]);
+        *reinterpret_cast<uint2*>(out + k) = chunk_e4m3(v, scale);
     }
+#endif
 }

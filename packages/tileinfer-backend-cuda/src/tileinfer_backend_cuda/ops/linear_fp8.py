@@ -26,6 +26,9 @@ from .tuning import pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
+# fp8_quant.cu keeps a row's x in registers (read once) up to this many 16-byte chunks a thread
+# (K <= 16,384 with 256 threads), else reads it twice.
+QUANT_MAX_ITEMS = 8
 
 
 def fp8_ok(out, x, weight, weight_scale) -> bool:
@@ -43,8 +46,10 @@ def quantize_rows(x, xq, x_scale):
     n, k_dim = x.shape
     device = dev(x)
     pdl_on = pdl(device)
+    items = -(-k_dim // (8 * QUANT_THREADS))
     k = kernel("fp8_quant.cu", "quantize_rows", "pppiq", device,
-               {"THREADS": QUANT_THREADS, "PDL": int(pdl_on)})
+               {"THREADS": QUANT_THREADS, "PDL": int(pdl_on),
+                "ITEMS": items if items <= QUANT_MAX_ITEMS else 0})
     k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)), pdl=pdl_on)
 
 
