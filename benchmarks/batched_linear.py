@@ -112,8 +112,9 @@ SMEM_LIMIT = 227 * 1024
 
 def mma_configs(key, token_tiles: int, fp8: bool = False) -> list[dict]:
     """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
-    L2 prefetch hint, those that fit in shared memory; and the register stream (REGS steps a
-    round instead of the ring) x warps x tiles."""
+    L2 prefetch hint, those that fit in shared memory (with several token tiles and weight
+    tiles, also with x read once for a warp's tiles: X_REUSE); and the register stream (REGS
+    steps a round instead of the ring) x warps x tiles."""
     from tileinfer_backend_cuda.ops import linear
 
     _, k_dim, int8, epilogue = key
@@ -121,8 +122,12 @@ def mma_configs(key, token_tiles: int, fp8: bool = False) -> list[dict]:
     for warps in (4, 8, 16):
         for stages in (2, 3, 4, 6):
             for tiles in (1, 2, 4):
-                for l2 in (False, True):
-                    cfg = {"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
+                candidates = [{"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
+                              for l2 in (False, True)]
+                if token_tiles > 1 and (tiles > 1 or epilogue == "swiglu"):
+                    candidates.append({"warps": warps, "stages": stages, "tiles": tiles,
+                                       "l2_256b": True, "xreuse": True})
+                for cfg in candidates:
                     smem = linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8)
                     if smem <= SMEM_LIMIT:
                         configs.append(cfg)
