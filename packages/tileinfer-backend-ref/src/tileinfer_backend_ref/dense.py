@@ -72,8 +72,8 @@ def rms(x, weight, eps, out_dtype):
 
 
 # Float32 copies of float weights that a float32 product reads (the lm_head of a bf16 model),
-# made once per weight (and again if it is modified in place): converting a 49152 x 576 weight
-# costs ten times the product itself on a CPU.
+# made once per weight (and again if it is modified in place): on a CPU converting a large
+# lm_head costs more than the product itself.
 # id(weight) -> (weak reference to weight, its version, the float32 copy); an entry goes with
 # its weight (tensors hash by identity but compare elementwise, so no WeakKeyDictionary).
 _FLOAT32_COPIES: dict[int, tuple] = {}

@@ -1,13 +1,13 @@
 """Triton's cache key, remembered between processes.
 
 Triton keys its on-disk kernel cache with ``triton.runtime.cache.triton_key()``: a hash of its own
-installation (its compiler's and language's sources and the whole libtriton.so, about 400 MB),
-made once per process before the first kernel is found on disk. That is a few tenths of a second
-of every new process's start. Here the key is kept in TileInfer's home under a fingerprint of the
-same files (each one's path, size and modification time, read with ``stat``; a reinstall or an
-edit changes it), and a process whose fingerprint matches takes the stored key instead of hashing
-the installation again. Where anything fails (another Triton layout, a home that cannot be
-written), Triton makes its key as it would have.
+installation (its compiler's and language's sources and the whole libtriton.so), made once per
+process before the first kernel is found on disk: a visible part of every new process's start
+(benchmarks/RESULTS.md, 2026-12-03, "where a new process's start-up goes"). Here the key is kept in
+TileInfer's home under a fingerprint of the same files (each one's path, size and modification
+time, read with ``stat``; a reinstall or an edit changes it), and a process whose fingerprint
+matches takes the stored key instead of hashing the installation again. Where anything fails
+(another Triton layout, a home that cannot be written), Triton makes its key as it would have.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Start the CUDA driver and the GPU's primary context in a thread while torch is imported.
 
-A new process on a GPU spends a few tenths of a second in ``cuInit`` and in making the device's
-primary context; torch does both at its first CUDA call, after its own import. Both are plain
-driver calls, and ctypes lets go of the interpreter's lock during a foreign call, so a thread
-can make them while the main thread imports torch (seconds). torch's runtime then finds the
+A new process on a GPU spends a visible part of its start in ``cuInit`` and in making the
+device's primary context (benchmarks/RESULTS.md, 2026-12-03, "where a new process's start-up
+goes"); torch does both at its first CUDA call, after its own import. Both are plain driver
+calls, and ctypes lets go of the interpreter's lock during a foreign call, so a thread can make
+them while the main thread imports torch, which takes longer. torch's runtime then finds the
 primary context made and uses it (the runtime API always runs on the primary context).
 """
 

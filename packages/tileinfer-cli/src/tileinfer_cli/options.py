@@ -37,13 +37,12 @@ def cpu_count() -> int:
 def default_threads() -> int:
     """Threads for PyTorch's CPU ops when --threads is not given: half the CPUs, at most 8.
 
-    Measured on a 2-core machine (SmolLM2-135M-Instruct, fp32, ref backend, 45-token prompt, 48
-    greedy tokens, the best of 3 per run, 4 runs of each setting alternating, the machine busy
-    with other work: load average about 4): 1 thread decoded 5.5-9.2 tokens/s, 2 threads
-    (PyTorch's default there: every core) 0.9-3.7 tokens/s. PyTorch's OpenMP workers spin for
-    every op and each op waits for its slowest worker, so a worker that loses its core to
-    another process stalls every op. Leaving half the CPUs free avoids that; on more cores the
-    cap of 8 is a guess, not a measurement: set --threads to tune it.
+    PyTorch's OpenMP workers spin for every op and each op waits for its slowest worker, so a
+    worker that loses its core to another process stalls every op: on a busy 2-core machine
+    PyTorch's default (every core) decoded several times slower than one thread
+    (benchmarks/RESULTS.md, 2026-12-04, "Figures that stood in code comments"). Leaving half the
+    CPUs free avoids that; on more cores the cap of 8 is a guess, not a measurement: set
+    --threads to tune it.
     """
     return max(1, min(8, cpu_count() // 2))
 

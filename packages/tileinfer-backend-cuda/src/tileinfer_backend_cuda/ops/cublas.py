@@ -56,7 +56,8 @@ _READY: set[int] = set()  # devices whose cuBLAS and cuBLASLt handles are made
 def make_handles(device):
     """Make cuBLAS's and cuBLASLt's handles and workspaces on ``device`` now, with one tiny
     product on each library. cuBLAS makes them, and loads its libraries, at a process's first
-    product (about a tenth of a second), which would otherwise fall in a model's first prefill
+    product (benchmarks/RESULTS.md, 2026-12-03, "where a new process's start-up goes"), which
+    would otherwise fall in a model's first prefill
     past the GEMVs' rows: the first answer's time to its first token. Skipped inside a graph
     capture (it allocates)."""
     device = torch.device(device)

@@ -8,9 +8,9 @@ take one kernel and configuration per weight at every token count, so that a spe
 row equals the 1-token step's bit for bit: gemv_rows.cu for large weights (the fastest stream at
 one token) and gemv.cu for small ones (tuning.single_sequence_family), where its tensor cores
 make the extra rows of a verify step almost free. Batched steps of 2..8 rows take gemv.cu, which
-reads each weight once for all 8 token slots (gemv_rows.cu, on the CUDA cores, spends about
-three times as long at 8 tokens as at 1). gemv.cu also runs where gemv_rows.cu cannot (INT8
-weights with K % 16 != 0).
+reads each weight once for all 8 token slots (gemv_rows.cu's CUDA-core work grows with every
+token row: benchmarks/RESULTS.md, 2026-12-01, "the batched engine, pipelined"). gemv.cu also
+runs where gemv_rows.cu cannot (INT8 weights with K % 16 != 0).
 
 Rounding (the linear contract): a bf16 weight's sum is rounded to bf16 (ROUND_BF16) except when
 the output is float32 (the logits), which gets the float32 sum itself; an INT8 weight's scaled

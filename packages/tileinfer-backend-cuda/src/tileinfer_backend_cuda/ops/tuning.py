@@ -79,9 +79,9 @@ def _checked(settings) -> dict:
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
 # once, per weight dtype; above, cuBLAS (bf16) or gemm.cu (INT8). (Steps of 2..8 rows of a single
-# sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows (the best gemv.cu
-# builds at 32 rows only tie it, at 16 they beat it). INT8: one read of the weight for all 64 rows
-# beats gemv.cu on 8-row pieces (a read per piece) and gemm.cu (prefill tiles) several times over.
+# sequence stay on gemv_rows.cu: batch_invariant.) bf16: cuBLAS from 17 rows, where gemv.cu's
+# builds stop beating it. INT8: one read of the weight for all 64 rows beats gemv.cu on 8-row
+# pieces (a read per piece) and gemm.cu (prefill tiles).
 # Figures: benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost in gemv.cu".
 # FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above (when
 # the step need not be batch-invariant).
@@ -291,11 +291,10 @@ def gemv_heuristic(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: i
 # A single sequence's steps (1..8 rows, the same kernel and configuration at every count) run
 # weights of at most this size on gemv.cu unless GEMV_ROWS_TABLE names them: its tensor cores
 # take the 8 token columns of a speculative verify step for about the price of one, where
-# gemv_rows.cu's CUDA-core work grows with every row: on SmolLM2-135M (layers of 0.7-3.5 MB) a
-# step of 8 rows takes about half the time, a 1-token step a few percent more. Larger weights
-# stream faster on gemv_rows.cu at one token (llama3.2-3b's 19-50 MB weights decoded slower on
-# gemv.cu). Figures: benchmarks/RESULTS.md, 2026-12-01, "Which GEMV runs a single sequence's
-# steps on cuda".
+# gemv_rows.cu's CUDA-core work grows with every row: on small layers (SmolLM2-135M's) an 8-row
+# step is much cheaper on gemv.cu and a 1-token step slightly dearer; larger weights (those of
+# llama3.2-3b) stream faster on gemv_rows.cu at one token. Figures: benchmarks/RESULTS.md,
+# 2026-12-01, "Which GEMV runs a single sequence's steps on cuda".
 SMALL_WEIGHT_BYTES = 4 << 20
 
 
@@ -355,8 +354,8 @@ def gemv_config(n_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
 
 def gemv_rows_tokens(n: int) -> int:
     """The token slots of the gemv_rows.cu build that runs an n-token step: n rounded up to 1, 2,
-    4 or GEMV_MAX_TOKENS (each slot holds registers: a 2-token verify step on an 8-slot build
-    cost about twice the 1-token step on SmolLM2, far more than on a 2-slot build;
+    4 or GEMV_MAX_TOKENS (each slot holds registers: a short verify step on a build of many slots
+    costs far more than on one sized to it;
     benchmarks/RESULTS.md, 2026-12-01, "the batched engine, pipelined", "Speculative decoding,
     real SmolLM2"); a row's sum is the same in every build."""
     slots = 1

@@ -138,16 +138,15 @@ class InvariantConfig:
 
 def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: bool,
                      m: int) -> InvariantConfig:
-    """The tiles of a batch-invariant step of m rows. Every tensor-core tiling without split-K
-    sums a row in the same order (K in 16-wide products, in order) and so gives the same bits
-    whatever the tile sizes: benchmarks/invariant_linear.py --across checked it on the H200 for
-    llama3-8b's weights at 1..128 rows, and the conformance suite checks a row against itself
-    alone at 1..256 rows. So the tiles may follow the row count: 16-row tiles (mma) with wide K
-    steps up to 16 rows, 64-row tiles (wgmma on Hopper) above, read the weight once. Chosen from
-    benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on Triton". Float32 activations
-    (f32: their products are not on 16-wide tensor-core steps), INT8 weights (16- and 64-row
-    tiles gave float32 logits of other bits on the H200) and Triton's interpreter (NumPy
-    products, summed in an order of their shape) keep one tiling for every row count."""
+    """The tiles of a batch-invariant step of m rows. Every tensor-core tiling without split-K sums
+    a row in the same order (K in 16-wide products, in order) and so gives the same bits whatever
+    the tile sizes (benchmarks/invariant_linear.py --across at llama3-8b's weights; the conformance
+    suite checks a row against itself alone at 1..256 rows). So the tiles may follow the row count:
+    16-row tiles (mma) with wide K steps up to 16 rows, 64-row tiles (wgmma on Hopper) above, read
+    the weight once. Chosen from benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on
+    Triton". Float32 activations (f32: their products are not on 16-wide tensor-core steps), INT8
+    weights (whose 16- and 64-row tiles do not give the same float32 bits) and Triton's interpreter
+    (NumPy products, summed in an order of their shape) keep one tiling for every row count."""
     block_k = next(b for b in (256, 128, 64) if k % b == 0 or b == 64)
     if f32 or int8 or INTERPRET_MODE:
         return InvariantConfig(16, 32, min(block_k, 128), num_stages=3)

@@ -119,8 +119,8 @@ def _ignore(signum, frame):
 # The interpreter's thread switch interval while serving (Python's default: 5 ms). Every PyTorch
 # op releases the GIL, so the engine's thread gives it up hundreds of times in an eager step
 # (prefill), and each time the event loop's thread is busy (HTTP, detokenizing) the engine waits
-# up to the whole interval to take it back. At 0.05 ms an eager step beside a busy thread comes
-# close to its time alone; at 0.5 ms it took several times that (benchmarks/gil_contention.py;
+# up to the whole interval to take it back. So the interval is kept short, which keeps an eager
+# step beside a busy thread close to its time alone (benchmarks/gil_contention.py;
 # benchmarks/RESULTS.md, 2026-12-01, "gemv.cu's 8- and 16-row tables, the server's load
 # generator", "The server under load").
 SWITCH_INTERVAL_S = 0.00005

@@ -97,7 +97,7 @@ def load_weights(args, folder: Path):
 
 
 def prepare_grammars(tokenizer):
-    """Build llguidance's view of the tokenizer (about 0.2 s for SmolLM2's) on a thread while
+    """Build llguidance's view of the tokenizer (costly for a large vocabulary) on a thread while
     the model loads, so that the first request with a grammar does not wait for it; nothing
     without the structured extra. A tokenizer it cannot take is reported by such a request."""
     try:

@@ -67,8 +67,8 @@ _lock = threading.Lock()
 
 
 def ll_tokenizer(tokenizer):
-    """llguidance's tokenizer for a ``tileinfer.Tokenizer`` (made once per tokenizer, ~0.2 s for
-    a 49k vocabulary)."""
+    """llguidance's tokenizer for a ``tileinfer.Tokenizer`` (made once per tokenizer: costly for
+    a large vocabulary)."""
     ll = _llguidance()
     with _lock:
         found = _ll_tokenizers.get(tokenizer)

@@ -105,10 +105,11 @@ class Tokenizer:
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
         check_unicode(text)
         if len(text) > LONG_TEXT:
-            # tokenizers' encode holds the GIL throughout (0.4 s for 900 KB), encode_batch lets
-            # it go: a server's other threads keep running while a long prompt is encoded. The
-            # _fast form tracks no offsets, so it encodes about twice as fast and its result is
-            # freed in milliseconds (encode_batch's for 4 MB: about 80 ms, under the GIL).
+            # tokenizers' encode holds the GIL throughout, encode_batch lets it go: a server's
+            # other threads keep running while a long prompt is encoded. The _fast form tracks
+            # no offsets, so it encodes faster and its result is freed without a long pause
+            # under the GIL (benchmarks/RESULTS.md, 2026-12-03, "a 4 MB request beside a
+            # stream").
             encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
             return encode([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

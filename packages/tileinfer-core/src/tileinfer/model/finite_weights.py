@@ -1,12 +1,11 @@
 """The NaN and infinity check of the weights as they load.
 
 ``check_finite`` checks one tensor at once: one ``aminmax`` pass (it propagates NaN and shows an
-infinity in its min or max; no tensor-sized temporary, where ``isfinite(t).all()`` is several
-times slower). On a GPU, reading each tensor's answer back is a wait for the device per tensor
-(a few hundred in a small model); ``FiniteCheck`` instead launches each tensor's ``aminmax`` as
-it loads and reads them all back at once in ``flush``, which ``load_weights`` calls after each
-layer (so that a layer's tensors are held no longer than the layer's loading, where quantizing
-would free them).
+infinity in its min or max; no tensor-sized temporary, which ``isfinite(t).all()`` makes). On a
+GPU, reading each tensor's answer back is a wait for the device per tensor (a few hundred in a
+small model); ``FiniteCheck`` instead launches each tensor's ``aminmax`` as it loads and reads them
+all back at once in ``flush``, which ``load_weights`` calls after each layer (so that a layer's
+tensors are held no longer than the layer's loading, where quantizing would free them).
 """
 
 from __future__ import annotations

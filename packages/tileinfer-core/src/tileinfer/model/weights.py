@@ -15,8 +15,8 @@ Before anything is allocated, ``check_checkpoint`` compares the config with the 
 count, then every tensor's shape from the safetensors headers), so that a config whose sizes do
 not match its weights (``num_hidden_layers: 100000000``) is refused at once, naming the field or
 the tensor. Every tensor is checked for NaN and infinite values as it is loaded (``check_finite``:
-one ``aminmax`` pass, about 9 GB/s on one CPU core, against about 1.2 GB/s for the copy the load
-makes anyway; on a GPU read back once per layer, ``finite_weights.py``), so that a corrupt file is
+one ``aminmax`` pass, far cheaper than the copy the load makes anyway; on a GPU read back once
+per layer, ``finite_weights.py``), so that a corrupt file is
 refused with the tensor's name instead of generating garbage.
 
 A checkpoint whose linear weights are stored in FP8 (compressed-tensors or vLLM's "fp8", with a

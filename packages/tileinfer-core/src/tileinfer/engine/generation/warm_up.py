@@ -11,14 +11,14 @@ With a host proposer (``speculative=NgramProposer()``), the answers to come also
 steps of 2..k + 1 rows: warm_up captures each of them too and times each size against the
 1-token step, seeding the speculative loop's cost model, which otherwise learns a size's cost
 only from its first uses. Without that, one answer pays a capture for every size it happens to
-use (tens of milliseconds each on a GPU), more than its drafts save on a short answer.
+use, more than its drafts save on a short answer.
 
 The sizes are timed as the loop pays for them. 1-token steps run back to back, as plain
 stretches of the loop do. A verify step usually follows a step whose tokens the host had to read
 first (its drafts come from them), so the device idles while the host reads and launches: each
-timed verify step here is launched only after the one before it is read back. Timed back to back
-instead, verify steps looked almost as cheap as 1-token steps, and a new process's first answer
-drafted on text where later answers, with the loop's own measurements, did not.
+timed verify step here is launched only after the one before it is read back. Timed back to
+back, a verify step would look almost as cheap as a 1-token step, which is not what the loop
+pays, and a first answer would draft where later answers do not.
 """
 
 from __future__ import annotations
