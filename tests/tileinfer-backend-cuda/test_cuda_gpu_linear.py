@@ -2,7 +2,7 @@
 gemv.cu) at model shapes and in several launch configurations, split-K on and off, for every
 dtype / epilogue / output at 1..8 tokens, with every row of a k-token step equal to its 1-token
 step bit for bit (greedy speculative decoding relies on it); the prefill GEMM; a split-K GEMV
-replayed from a CUDA graph."""
+replayed from a CUDA graph; FP8's input quantization against the reference's bits."""
 
 from __future__ import annotations
 
@@ -434,3 +434,31 @@ def test_cublaslt_product_graph_replay(cuda):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+# --- FP8: the input's quantization ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [64, 4096, 14336, 16384, 20480])
+def test_fp8_quantization_gives_the_reference_bits(cuda, k):
+    """fp8_quant.cu (a row kept in registers up to K = 16,384, read twice above) against
+    tileinfer.backend.fp8.quantize_rows: the same e4m3 bytes and scales for rows of several
+    magnitudes, a row with an outlier and an all-zero row."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    from tileinfer.backend.fp8 import quantize_rows as reference
+    from tileinfer_backend_cuda.ops.linear_fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(5, k, generator=g)
+    x[1] *= 1e-3
+    x[2] *= 30.0
+    x[3, 7] = 500.0
+    x[4] = 0.0
+    x = x.to(torch.bfloat16).to(DEV)
+    xq = torch.empty(5, k, dtype=torch.uint8, device=DEV)
+    scale = torch.empty(5, dtype=torch.float32, device=DEV)
+    quantize_rows(x, xq, scale)
+    want_q, want_scale = reference(x)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(xq, want_q.view(torch.uint8))
