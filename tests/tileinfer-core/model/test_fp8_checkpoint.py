@@ -1,8 +1,9 @@
 """FP8 checkpoints (compressed-tensors float-quantized, per-channel or per-tensor scales, with or
-without static input scales; vLLM's quant_method "fp8") load as their dequantized weights:
-tileinfer's fused weights equal weight * weight_scale converted to the model's dtype, and the
-model's logits equal transformers' on those dequantized weights. Block scales, other methods and
-an FP8 tensor without its scale are refused with one clear error."""
+without static input scales; vLLM's quant_method "fp8", per tensor or with DeepSeek-V3's block
+scales) load as their dequantized weights: tileinfer's fused weights equal weight * weight_scale
+converted to the model's dtype, and the model's logits equal transformers' on those dequantized
+weights. Other methods, a malformed block size and an FP8 tensor without its scale are refused
+with one clear error."""
 
 from __future__ import annotations
 
@@ -18,9 +19,25 @@ from tiny_models import build_tiny, save_tiny
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+BLOCK = (16, 24)  # block scales' (rows, cols): the tiny model's sizes are not all multiples
+
+
+def block_quantized(w: torch.Tensor):
+    """(e4m3 values, scale_inv (ceil(out / 16), ceil(in / 24)), the dequantized weight): one scale
+    per BLOCK of w, as DeepSeek-V3's FP8 checkpoints store it."""
+    (rows, cols), (bn, bk) = w.shape, BLOCK
+    blocks = torch.nn.functional.pad(w, (0, -cols % bk, 0, -rows % bn))
+    blocks = blocks.reshape(blocks.shape[0] // bn, bn, blocks.shape[1] // bk, bk)
+    scale = (blocks.abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12)
+    spread = scale.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
+    q = (w / spread).to(torch.float8_e4m3fn)
+    return q, scale, q.float() * spread
+
+
 def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_scale=False):
-    """Rewrite a saved float32 checkpoint's linear weights as FP8 (e4m3) with scales; returns
-    the dequantized float32 weights by name (what the checkpoint means)."""
+    """Rewrite a saved float32 checkpoint's linear weights as FP8 (e4m3) with scales (strategy
+    "block": quant_method "fp8" with weight_block_size); returns the dequantized float32 weights
+    by name (what the checkpoint means)."""
     path = folder / "model.safetensors"
     tensors = load_file(path)
     meant = {}
@@ -28,6 +45,9 @@ def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_s
         if not name.endswith(".weight") or name.split(".")[-2] not in LINEARS:
             continue
         w = tensors[name]
+        if strategy == "block":
+            tensors[name], tensors[name + "_scale_inv"], meant[name] = block_quantized(w)
+            continue
         amax = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax()
         scale = (amax / 448.0).reshape(-1, 1) if strategy == "channel" else (amax / 448.0).reshape(1)
         q = (w / scale).to(torch.float8_e4m3fn)
@@ -40,6 +60,8 @@ def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_s
     config = json.loads((folder / "config.json").read_text())
     if method == "fp8":
         config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        if strategy == "block":
+            config["quantization_config"]["weight_block_size"] = list(BLOCK)
     else:
         weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True,
                    "dynamic": False}
@@ -61,7 +83,8 @@ def hf():
 
 @pytest.mark.parametrize("strategy, method, input_scale",
                          [("channel", "compressed-tensors", False),
-                          ("tensor", "compressed-tensors", True), ("tensor", "fp8", True)])
+                          ("tensor", "compressed-tensors", True), ("tensor", "fp8", True),
+                          ("block", "fp8", False)])
 def test_fp8_checkpoint_loads_its_dequantized_weights(hf, tmp_path, strategy, method, input_scale):
     folder = save_tiny(hf, tmp_path / "m")
     meant = write_fp8(folder, strategy, method, input_scale)
@@ -88,7 +111,7 @@ def test_fp8_checkpoint_loads_its_dequantized_weights(hf, tmp_path, strategy, me
 
 
 @pytest.mark.parametrize("quantization, message", [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size .* two positive"),
     ({"quant_method": "gptq", "bits": 4}, "quantization method 'gptq' is not supported"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "pack-quantized"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized",
@@ -144,3 +167,24 @@ def test_fp8_checkpoint_with_quantize_fp8_keeps_the_stored_values(tmp_path, hf, 
     a, b = logits
     assert a.shape == b.shape and bool(torch.isfinite(a).all())
     assert 0 < (a - b).abs().max() < 0.2 * b.abs().max()
+
+
+def test_block_scaled_checkpoint_with_quantize_fp8_is_quantized_again_per_row(tmp_path, hf):
+    """Block scales have no per-row form: quantize="fp8" takes the dequantized weights in the
+    model's dtype (stacked for the fused qkv and gate_up) and quantizes each row again."""
+    from tileinfer.model.quant import quantize_fp8
+
+    folder = save_tiny(hf, tmp_path / "block", torch.float32)
+    meant = write_fp8(folder, "block", "fp8")
+    model = load_model(folder, dtype=torch.bfloat16, max_len=64, quantize="fp8")
+    layer = model.weights.layers[0]
+    prefix = "model.layers.0."
+    for fused, parts in ((layer.qkv, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                         (layer.down, ("mlp.down_proj",))):
+        want = quantize_fp8(torch.cat([meant[prefix + p + ".weight"] for p in parts])
+                            .to(torch.bfloat16))
+        assert torch.equal(fused.q.view(torch.uint8), want.q.view(torch.uint8))
+        assert torch.equal(fused.scale, want.scale)
+    cache = new_cache(model)
+    logits = forward(model, cache, cache.new_sequence(), list(range(3, 19)))
+    assert bool(torch.isfinite(logits).all())

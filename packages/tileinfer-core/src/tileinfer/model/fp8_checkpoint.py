@@ -7,15 +7,20 @@ Two formats, told apart by config.json's ``quantization_config``:
   ``weight_scale`` is one value per output row (``strategy: "channel"``, shape (out, 1)) or one
   for the tensor (``"tensor"``, shape (1,) or ()); ``input_scale`` (static activation scales)
   may be present; ``ignore`` lists the layers kept unquantized (usually ``lm_head``);
-- ``quant_method: "fp8"`` (vLLM's and AutoFP8's): the same tensors, a per-tensor weight scale.
+- ``quant_method: "fp8"`` (vLLM's and AutoFP8's): the same tensors, a per-tensor weight scale;
+  or, with ``weight_block_size: [bn, bk]`` (DeepSeek-V3's and Qwen3's FP8 checkpoints), one
+  scale per block of bn rows and bk columns, ``weight_scale_inv`` of shape
+  (ceil(out / bn), ceil(in / bk)) (a multiplier despite its name).
 
-``W[j, :] = weight[j, :] * weight_scale[j]`` (or the one scale). This module gives each weight's
+``W[j, :] = weight[j, :] * weight_scale[j]`` (or the one scale; with blocks, each element times
+its block's scale). This module gives each weight's
 values in float32, which the loader converts to the model's dtype (and INT8 with
 ``quantize="int8"``), and activations stay in the model's dtype (input scales are not used).
 With ``quantize="fp8"`` the loader keeps e4m3 weights as stored instead (``stored_e4m3``: the
 values and one scale per row, the layout of ``tileinfer.backend.fp8``), so they are not rounded
-a second time; the activations are then quantized per token as that product does. Block-wise
-scales and other quantization methods are refused with one clear error.
+a second time; the activations are then quantized per token as that product does. Block-scaled
+weights have no per-row form: with ``quantize="fp8"`` they are dequantized and quantized again
+per row. Other quantization methods are refused with one clear error.
 """
 
 from __future__ import annotations
@@ -32,22 +37,38 @@ class QuantizationError(ValueError):
     """A checkpoint quantized in a way the loader does not read."""
 
 
-def check_quantization(model_dir) -> str | None:
-    """The FP8 format of model_dir's config.json ("compressed-tensors" or "fp8"), None for an
-    unquantized checkpoint; QuantizationError for any other quantization."""
+def _quantization_config(model_dir) -> dict | None:
     path = Path(model_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # the config loader reports a missing or bad config.json
     q = config.get("quantization_config") if isinstance(config, dict) else None
+    return q if isinstance(q, dict) and q else None
+
+
+def weight_block_size(model_dir) -> tuple[int, int] | None:
+    """quant_method "fp8"'s weight_block_size (rows, cols) of model_dir's config.json, else None;
+    QuantizationError unless it is two positive integers."""
+    q = _quantization_config(model_dir)
+    block = q.get("weight_block_size") if q and q.get("quant_method") == "fp8" else None
+    if block is None:
+        return None
+    if not (isinstance(block, list) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise QuantizationError(f"weight_block_size {block!r} is not two positive integers")
+    return block[0], block[1]
+
+
+def check_quantization(model_dir) -> str | None:
+    """The FP8 format of model_dir's config.json ("compressed-tensors" or "fp8"), None for an
+    unquantized checkpoint; QuantizationError for any other quantization."""
+    q = _quantization_config(model_dir)
     if not q:
         return None
     method = q.get("quant_method")
     if method == "fp8":
-        if q.get("weight_block_size"):
-            raise QuantizationError("FP8 checkpoints with block-wise weight scales "
-                                    "(weight_block_size) are not supported")
+        weight_block_size(model_dir)  # well formed, if given
         return "fp8"
     if method == "compressed-tensors":
         if q.get("format") != "float-quantized":
@@ -81,8 +102,26 @@ def stored_row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor
     return s
 
 
-def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
-    """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or () -> float32 (out, in)."""
+def block_scales(scale: torch.Tensor, shape, block: tuple[int, int], name: str) -> torch.Tensor:
+    """A weight's block scales (ceil(out / bn), ceil(in / bk)) spread over its elements: float32
+    (out, in)."""
+    (rows, cols), (bn, bk) = shape, block
+    want = (-(-rows // bn), -(-cols // bk))
+    if tuple(scale.shape) != want:
+        raise QuantizationError(f"{name}_scale_inv has shape {list(scale.shape)}: expected "
+                                f"{list(want)}, one scale per {bn} x {bk} block")
+    s = scale.float()
+    if not bool(torch.isfinite(s).all()):
+        raise QuantizationError(f"{name}_scale_inv holds NaN or infinite values")
+    return s.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
+
+
+def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str,
+                block: tuple[int, int] | None = None) -> torch.Tensor:
+    """weight (out, in) FP8 times its scale: (out, 1), (out,), (1,) or (), or with ``block`` one
+    per block (block_scales) -> float32 (out, in)."""
+    if block is not None:
+        return weight.float() * block_scales(scale, weight.shape, block, name)
     return weight.float() * stored_row_scales(scale, weight.shape[0], name)[:, None]
 
 

@@ -54,7 +54,7 @@ from .config import ModelConfig
 from .errors import WeightsError
 from .finite_weights import FiniteCheck, check_finite
 from .fp8_checkpoint import (FP8_DTYPES, QuantizationError, check_quantization, dequantized,
-                             stored_e4m3)
+                             stored_e4m3, weight_block_size)
 from .quant import Fp8Weight, QuantizedWeight, check_quantize, quantize_linear
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -103,6 +103,10 @@ class Checkpoint:
 
     def __init__(self, model_dir):
         self.model_dir = Path(model_dir)
+        try:
+            self.fp8_block = weight_block_size(model_dir)  # block-scaled FP8 weights (rows, cols)
+        except QuantizationError as exc:
+            raise WeightsError(str(exc)) from None
         self._stack = contextlib.ExitStack()
         self._handles = {}  # file name -> open safe_open handle
         index = self.model_dir / INDEX_FILE
@@ -166,12 +170,12 @@ class Checkpoint:
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
         if t.dtype in FP8_DTYPES and dequantize:  # its values (fp8_checkpoint.py)
-            scale = name + "_scale"
+            scale = name + ("_scale_inv" if self.fp8_block else "_scale")
             if not self.has(scale):
                 raise WeightsError(f"tensor {name!r} is stored in {t.dtype} without a "
                                    f"{scale!r}")
             try:
-                return dequantized(t, self.get(scale, self.shape(scale)), name)
+                return dequantized(t, self.get(scale, self.shape(scale)), name, self.fp8_block)
             except QuantizationError as exc:
                 raise WeightsError(str(exc)) from None
         return t
