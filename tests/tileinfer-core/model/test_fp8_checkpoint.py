@@ -1,9 +1,9 @@
 """FP8 checkpoints (compressed-tensors float-quantized, per-channel or per-tensor scales, with or
-without static input scales; vLLM's quant_method "fp8", per tensor or with DeepSeek-V3's block
-scales) load as their dequantized weights: tileinfer's fused weights equal weight * weight_scale
-converted to the model's dtype, and the model's logits equal transformers' on those dequantized
-weights. Other methods, a malformed block size and an FP8 tensor without its scale are refused
-with one clear error."""
+without static input scales, or block scales; vLLM's quant_method "fp8", per tensor or with
+DeepSeek-V3's block scales) load as their dequantized weights: tileinfer's fused weights equal
+weight * weight_scale converted to the model's dtype, and the model's logits equal
+transformers' on those dequantized weights. Other methods, a malformed block size and an FP8
+tensor without its scale are refused with one clear error."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_s
         if not name.endswith(".weight") or name.split(".")[-2] not in LINEARS:
             continue
         w = tensors[name]
-        if strategy == "block":
-            tensors[name], tensors[name + "_scale_inv"], meant[name] = block_quantized(w)
+        if strategy == "block":  # vLLM's "fp8" names the block scales weight_scale_inv
+            suffix = "_scale_inv" if method == "fp8" else "_scale"
+            tensors[name], tensors[name + suffix], meant[name] = block_quantized(w)
             continue
         amax = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax()
         scale = (amax / 448.0).reshape(-1, 1) if strategy == "channel" else (amax / 448.0).reshape(1)
@@ -65,6 +66,8 @@ def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_s
     else:
         weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True,
                    "dynamic": False}
+        if strategy == "block":
+            weights["block_structure"] = list(BLOCK)
         acts = {"num_bits": 8, "type": "float", "strategy": "tensor" if input_scale else "token",
                 "dynamic": not input_scale, "symmetric": True}
         config["quantization_config"] = {
@@ -84,7 +87,7 @@ def hf():
 @pytest.mark.parametrize("strategy, method, input_scale",
                          [("channel", "compressed-tensors", False),
                           ("tensor", "compressed-tensors", True), ("tensor", "fp8", True),
-                          ("block", "fp8", False)])
+                          ("block", "fp8", False), ("block", "compressed-tensors", False)])
 def test_fp8_checkpoint_loads_its_dequantized_weights(hf, tmp_path, strategy, method, input_scale):
     folder = save_tiny(hf, tmp_path / "m")
     meant = write_fp8(folder, strategy, method, input_scale)
@@ -111,12 +114,16 @@ def test_fp8_checkpoint_loads_its_dequantized_weights(hf, tmp_path, strategy, me
 
 
 @pytest.mark.parametrize("quantization, message", [
-    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size .* two positive"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "block size .* two positive"),
     ({"quant_method": "gptq", "bits": 4}, "quantization method 'gptq' is not supported"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "pack-quantized"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized",
-      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
-     "strategy 'block'"),
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "group"}}}},
+     "strategy 'group'"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                                          "block_structure": [128, 0]}}}},
+     "block size .* two positive"),
 ])
 def test_other_quantizations_are_refused_clearly(hf, tmp_path, quantization, message):
     folder = save_tiny(hf, tmp_path / "m")
@@ -169,13 +176,15 @@ def test_fp8_checkpoint_with_quantize_fp8_keeps_the_stored_values(tmp_path, hf, 
     assert 0 < (a - b).abs().max() < 0.2 * b.abs().max()
 
 
-def test_block_scaled_checkpoint_with_quantize_fp8_is_quantized_again_per_row(tmp_path, hf):
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors"])
+def test_block_scaled_checkpoint_with_quantize_fp8_is_quantized_again_per_row(tmp_path, hf,
+                                                                              method):
     """Block scales have no per-row form: quantize="fp8" takes the dequantized weights in the
     model's dtype (stacked for the fused qkv and gate_up) and quantizes each row again."""
     from tileinfer.model.quant import quantize_fp8
 
     folder = save_tiny(hf, tmp_path / "block", torch.float32)
-    meant = write_fp8(folder, "block", "fp8")
+    meant = write_fp8(folder, "block", method)
     model = load_model(folder, dtype=torch.bfloat16, max_len=64, quantize="fp8")
     layer = model.weights.layers[0]
     prefix = "model.layers.0."

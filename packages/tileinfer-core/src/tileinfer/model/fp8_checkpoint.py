@@ -4,9 +4,11 @@ Two formats, told apart by config.json's ``quantization_config``:
 
 - compressed-tensors (llm-compressor's, ``quant_method: "compressed-tensors"``, ``format:
   "float-quantized"``): each quantized layer's ``weight`` is float8_e4m3fn and its
-  ``weight_scale`` is one value per output row (``strategy: "channel"``, shape (out, 1)) or one
-  for the tensor (``"tensor"``, shape (1,) or ()); ``input_scale`` (static activation scales)
-  may be present; ``ignore`` lists the layers kept unquantized (usually ``lm_head``);
+  ``weight_scale`` is one value per output row (``strategy: "channel"``, shape (out, 1)), one
+  for the tensor (``"tensor"``, shape (1,) or ()) or one per block (``"block"``, of the group's
+  ``block_structure`` [bn, bk]: shape (ceil(out / bn), ceil(in / bk))); ``input_scale``
+  (static activation scales) may be present; ``ignore`` lists the layers kept unquantized
+  (usually ``lm_head``);
 - ``quant_method: "fp8"`` (vLLM's and AutoFP8's): the same tensors, a per-tensor weight scale;
   or, with ``weight_block_size: [bn, bk]`` (DeepSeek-V3's and Qwen3's FP8 checkpoints), one
   scale per block of bn rows and bk columns, ``weight_scale_inv`` of shape
@@ -47,17 +49,31 @@ def _quantization_config(model_dir) -> dict | None:
     return q if isinstance(q, dict) and q else None
 
 
-def weight_block_size(model_dir) -> tuple[int, int] | None:
-    """quant_method "fp8"'s weight_block_size (rows, cols) of model_dir's config.json, else None;
-    QuantizationError unless it is two positive integers."""
+def block_scaling(model_dir) -> tuple[tuple[int, int], str] | None:
+    """((rows, cols) of a block, the scale tensors' suffix) of a checkpoint whose FP8 weights have
+    one scale per block: quant_method "fp8" with weight_block_size ("_scale_inv"), or
+    compressed-tensors groups of strategy "block" with their block_structure ("_scale"); else
+    None. QuantizationError for a block size that is not two positive integers, or groups that
+    do not all have the same blocks."""
     q = _quantization_config(model_dir)
-    block = q.get("weight_block_size") if q and q.get("quant_method") == "fp8" else None
-    if block is None:
+    method = q.get("quant_method") if q else None
+    if method == "fp8":
+        blocks, suffix = [q["weight_block_size"]] if "weight_block_size" in q else [], "_scale_inv"
+    elif method == "compressed-tensors":
+        groups = [group.get("weights") or {} for group in (q.get("config_groups") or {}).values()]
+        blocks = [w.get("block_structure") for w in groups if w.get("strategy") == "block"]
+        suffix = "_scale"
+        if blocks and len(blocks) != len(groups):
+            raise QuantizationError("compressed-tensors groups mix block scales with others")
+    else:
         return None
-    if not (isinstance(block, list) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        raise QuantizationError(f"weight_block_size {block!r} is not two positive integers")
-    return block[0], block[1]
+    for block in blocks:
+        if not (isinstance(block, list) and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise QuantizationError(f"weight block size {block!r} is not two positive integers")
+    if any(block != blocks[0] for block in blocks):
+        raise QuantizationError(f"compressed-tensors groups have different blocks: {blocks}")
+    return ((blocks[0][0], blocks[0][1]), suffix) if blocks else None
 
 
 def check_quantization(model_dir) -> str | None:
@@ -68,7 +84,7 @@ def check_quantization(model_dir) -> str | None:
         return None
     method = q.get("quant_method")
     if method == "fp8":
-        weight_block_size(model_dir)  # well formed, if given
+        block_scaling(model_dir)  # well formed, if given
         return "fp8"
     if method == "compressed-tensors":
         if q.get("format") != "float-quantized":
@@ -79,10 +95,11 @@ def check_quantization(model_dir) -> str | None:
             if w.get("type") != "float" or w.get("num_bits") != 8:
                 raise QuantizationError(f"compressed-tensors group {name!r}: only 8-bit float "
                                         "weights are supported")
-            if w.get("strategy") not in ("channel", "tensor"):
+            if w.get("strategy") not in ("channel", "tensor", "block"):
                 raise QuantizationError(f"compressed-tensors group {name!r}: weight strategy "
-                                        f"{w.get('strategy')!r} is not supported (channel or "
-                                        "tensor)")
+                                        f"{w.get('strategy')!r} is not supported (channel, "
+                                        "tensor or block)")
+        block_scaling(model_dir)  # well formed, if any
         return "compressed-tensors"
     raise QuantizationError(f"quantization method {method!r} is not supported (FP8 checkpoints: "
                             "compressed-tensors float-quantized, or 'fp8')")
@@ -108,11 +125,11 @@ def block_scales(scale: torch.Tensor, shape, block: tuple[int, int], name: str) 
     (rows, cols), (bn, bk) = shape, block
     want = (-(-rows // bn), -(-cols // bk))
     if tuple(scale.shape) != want:
-        raise QuantizationError(f"{name}_scale_inv has shape {list(scale.shape)}: expected "
-                                f"{list(want)}, one scale per {bn} x {bk} block")
+        raise QuantizationError(f"{name}'s block scales have shape {list(scale.shape)}: "
+                                f"expected {list(want)}, one per {bn} x {bk} block")
     s = scale.float()
     if not bool(torch.isfinite(s).all()):
-        raise QuantizationError(f"{name}_scale_inv holds NaN or infinite values")
+        raise QuantizationError(f"{name}'s block scales hold NaN or infinite values")
     return s.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
 
 
@@ -128,8 +145,10 @@ def dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str,
 def stored_e4m3(ckpt, parts, cols: int):
     """(values, scales): the e4m3 weights of parts (name, rows), stacked along rows as stored,
     (sum rows, cols), and their float32 scales, one per row; None unless every part is stored in
-    float8_e4m3fn with a scale (the loader then dequantizes, and quantizes again). ckpt: the
-    loader's ``Checkpoint``."""
+    float8_e4m3fn with a scale per row or tensor (the loader then dequantizes, and quantizes
+    again). ckpt: the loader's ``Checkpoint``."""
+    if ckpt.fp8_blocks:  # block scales have no per-row form
+        return None
     values, scales = [], []
     for name, rows in parts:
         if not ckpt.has(name + "_scale"):

@@ -54,7 +54,7 @@ from .config import ModelConfig
 from .errors import WeightsError
 from .finite_weights import FiniteCheck, check_finite
 from .fp8_checkpoint import (FP8_DTYPES, QuantizationError, check_quantization, dequantized,
-                             stored_e4m3, weight_block_size)
+                             stored_e4m3, block_scaling)
 from .quant import Fp8Weight, QuantizedWeight, check_quantize, quantize_linear
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -104,7 +104,7 @@ class Checkpoint:
     def __init__(self, model_dir):
         self.model_dir = Path(model_dir)
         try:
-            self.fp8_block = weight_block_size(model_dir)  # block-scaled FP8 weights (rows, cols)
+            self.fp8_blocks = block_scaling(model_dir)  # FP8 block scales: (block, suffix)
         except QuantizationError as exc:
             raise WeightsError(str(exc)) from None
         self._stack = contextlib.ExitStack()
@@ -170,12 +170,13 @@ class Checkpoint:
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
         if t.dtype in FP8_DTYPES and dequantize:  # its values (fp8_checkpoint.py)
-            scale = name + ("_scale_inv" if self.fp8_block else "_scale")
+            block, suffix = self.fp8_blocks or (None, "_scale")
+            scale = name + suffix
             if not self.has(scale):
                 raise WeightsError(f"tensor {name!r} is stored in {t.dtype} without a "
                                    f"{scale!r}")
             try:
-                return dequantized(t, self.get(scale, self.shape(scale)), name, self.fp8_block)
+                return dequantized(t, self.get(scale, self.shape(scale)), name, block)
             except QuantizationError as exc:
                 raise WeightsError(str(exc)) from None
         return t
