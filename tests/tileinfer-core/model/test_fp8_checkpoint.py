@@ -60,7 +60,8 @@ def write_fp8(folder, strategy: str, method: str = "compressed-tensors", input_s
     save_file(tensors, path)
     config = json.loads((folder / "config.json").read_text())
     if method == "fp8":
-        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                         "weight_block_size": None}  # as some configs write it
         if strategy == "block":
             config["quantization_config"]["weight_block_size"] = list(BLOCK)
     else:

@@ -15,9 +15,9 @@ Two formats, told apart by config.json's ``quantization_config``:
   (ceil(out / bn), ceil(in / bk)) (a multiplier despite its name).
 
 ``W[j, :] = weight[j, :] * weight_scale[j]`` (or the one scale; with blocks, each element times
-its block's scale). This module gives each weight's
-values in float32, which the loader converts to the model's dtype (and INT8 with
-``quantize="int8"``), and activations stay in the model's dtype (input scales are not used).
+its block's scale). This module gives each weight's values in float32, which the loader
+converts to the model's dtype (and INT8 with ``quantize="int8"``), and activations stay in the
+model's dtype (input scales are not used).
 With ``quantize="fp8"`` the loader keeps e4m3 weights as stored instead (``stored_e4m3``: the
 values and one scale per row, the layout of ``tileinfer.backend.fp8``), so they are not rounded
 a second time; the activations are then quantized per token as that product does. Block-scaled
@@ -58,7 +58,8 @@ def block_scaling(model_dir) -> tuple[tuple[int, int], str] | None:
     q = _quantization_config(model_dir)
     method = q.get("quant_method") if q else None
     if method == "fp8":
-        blocks, suffix = [q["weight_block_size"]] if "weight_block_size" in q else [], "_scale_inv"
+        block = q.get("weight_block_size")  # absent or null: per-tensor scales
+        blocks, suffix = ([] if block is None else [block]), "_scale_inv"
     elif method == "compressed-tensors":
         groups = [group.get("weights") or {} for group in (q.get("config_groups") or {}).values()]
         blocks = [w.get("block_structure") for w in groups if w.get("strategy") == "block"]
