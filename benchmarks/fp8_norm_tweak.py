@@ -62,7 +62,6 @@ class TorchLlama:
         self.gains = [f(t) for layer in w.layers for t in (layer.attn_norm, layer.mlp_norm)]
         self.gains.append(f(w.norm))
         self.changes = [torch.nn.Parameter(torch.zeros_like(g)) for g in self.gains]
-        self.norms = [g * (1 + d) for g, d in zip(self.gains, self.changes)]
         self.fp8_inputs = fp8_inputs
         cos, sin = rope_tables(c, 4096, torch.float32)
         self.cos, self.sin = cos, sin
@@ -79,12 +78,12 @@ class TorchLlama:
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        self.norms = [g * (1 + d) for g, d in zip(self.gains, self.changes)]
+        norms = [g * (1 + d) for g, d in zip(self.gains, self.changes)]
         c = self.config
         n = ids.shape[0]
         h = self.embed[ids]
         for i, layer in enumerate(self.layers):
-            x = self._norm(h, self.norms[2 * i])
+            x = self._norm(h, norms[2 * i])
             q, k, v = self._linear(x, layer["qkv"]).split([c.q_size, c.kv_size, c.kv_size], -1)
             q = self._rope(q.view(n, c.num_heads, c.head_dim), n)
             k = self._rope(k.view(n, c.num_kv_heads, c.head_dim), n)
@@ -94,10 +93,10 @@ class TorchLlama:
             att = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
                                                  v.transpose(0, 1), is_causal=True)
             h = h + self._linear(att.transpose(0, 1).reshape(n, -1), layer["o"])
-            x = self._norm(h, self.norms[2 * i + 1])
+            x = self._norm(h, norms[2 * i + 1])
             gate, up = self._linear(x, layer["up"]).chunk(2, -1)
             h = h + self._linear(F.silu(gate) * up, layer["down"])
-        return self._norm(h, self.norms[-1]) @ self.lm_head.T
+        return self._norm(h, norms[-1]) @ self.lm_head.T
 
 
 def main():
