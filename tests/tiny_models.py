@@ -1,4 +1,4 @@
-"""Random-weight tiny models of the four architectures, built and saved with transformers.
+"""Random-weight tiny models of the five architectures, built and saved with transformers.
 
 The weights are drawn again after construction (seeded), norm weights and the xIELU parameters
 included, so that a loader which ignored a norm weight or swapped two tensors would show in the
@@ -21,7 +21,7 @@ import transformers
 
 transformers.logging.set_verbosity_error()
 
-ARCHS = ("llama", "mistral", "qwen3", "apertus")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "apertus")
 
 COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
@@ -34,11 +34,12 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "original_max_position_embeddings": 32}
 
 PROMPT_LEN = 20  # crosses a page boundary with page_size 16
-SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3}
+SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3, "qwen2": 4}
 
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
 }
@@ -70,6 +71,8 @@ def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None,
             param.copy_(1.0 + 0.2 * noise)
         elif ".act_fn." in name:  # xIELU alpha_p / alpha_n (before softplus)
             param.copy_(param + 0.3 * noise)
+        elif name.endswith(".bias"):  # Qwen2's q/k/v biases: as large as the products they shift
+            param.copy_(0.5 * noise)
         else:
             param.copy_(std * noise)
     _fixed_length_generation(model)

@@ -76,6 +76,30 @@ def test_real_configs_load_like_transformers(shared_dir):
             _meta_model_shapes(hf), path.name
 
 
+# Qwen/Qwen2.5-0.5B's config.json as published (no Qwen2 folder among the shared fixtures).
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+    "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+    "use_mrope": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_qwen2_config_loads_like_transformers(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
+    config, hf = load_config(tmp_path), transformers_config(tmp_path)
+    _check_against_transformers(config, hf)
+    assert config.qkv_bias and not config.qk_norm and config.sliding_window is None
+    # The q/k/v biases are among the tensors read, as in transformers' model.
+    shapes = checkpoint_shapes(config, lm_head=False)
+    assert shapes == _meta_model_shapes(hf)
+    assert shapes["model.layers.3.self_attn.k_proj.bias"] == (128,)
+
+
 def test_real_configs_rope_like_transformers(shared_dir):
     for path in fixture_dirs(shared_dir):
         config = load_config(path)
@@ -96,10 +120,12 @@ def test_real_configs_rope_like_transformers(shared_dir):
 
 def _rotary_class(hf):
     module = {"llama": transformers.models.llama.modeling_llama,
+              "qwen2": transformers.models.qwen2.modeling_qwen2,
               "qwen3": transformers.models.qwen3.modeling_qwen3,
               "mistral": transformers.models.mistral.modeling_mistral,
               "apertus": transformers.models.apertus.modeling_apertus}[hf.model_type]
-    name = {"llama": "Llama", "qwen3": "Qwen3", "mistral": "Mistral", "apertus": "Apertus"}
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+            "apertus": "Apertus"}
     return getattr(module, name[hf.model_type] + "RotaryEmbedding")
 
 
@@ -126,12 +152,13 @@ def test_transformers5_form_reads_like_transformers4_form(shared_dir, tmp_path):
 
 def test_tiny_configs_saved_by_transformers5_load(tiny):
     """transformers 5.17 writes rope_parameters; Apertus' default RoPE is llama3."""
-    for arch in ("llama", "mistral", "qwen3", "apertus"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus"):
         path = tiny.directory(arch)
         assert "rope_parameters" in json.loads((path / "config.json").read_text())
         config = load_config(path)
         _check_against_transformers(config, transformers_config(path))
         assert config.qk_norm == (arch in ("qwen3", "apertus"))
+        assert config.qkv_bias == (arch == "qwen2")
         assert config.mlp == ("xielu" if arch == "apertus" else "swiglu")
     assert load_config(tiny.directory("apertus")).rope_scaling["rope_type"] == "llama3"
 
@@ -222,10 +249,11 @@ def test_mistral_sliding_window_shorter_than_max_len_is_refused(tmp_path):
                             {"sliding_window": None}).sliding_window is None
 
 
-def test_qwen3_sliding_window_only_counts_when_enabled():
-    off = config_from_dict(_tiny_dict(model_type="qwen3", sliding_window=32))
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_sliding_window_only_counts_when_enabled(model_type):
+    off = config_from_dict(_tiny_dict(model_type=model_type, sliding_window=32))
     assert off.sliding_window is None
-    on = config_from_dict(_tiny_dict(model_type="qwen3", sliding_window=32,
+    on = config_from_dict(_tiny_dict(model_type=model_type, sliding_window=32,
                                      use_sliding_window=True))
     with pytest.raises(ConfigError, match="'sliding_window' is 32"):
         check_max_len(on, 64)

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from tileinfer.model import load_model
 from tileinfer.model.config import load_config
-from tileinfer.model.weights import INDEX_FILE, WeightsError, load_weights, weight_bytes
+from tileinfer.model.weights import (INDEX_FILE, WeightsError, expected_weight_bytes,
+                                     load_weights, weight_bytes)
 from tiny_models import load_reference, save_tiny, single_torch_thread, tiny  # noqa: F401
 
 
@@ -20,7 +21,7 @@ def _state(tiny, arch, tie=False):
     return {k: v.detach() for k, v in tiny.model(arch, tie).state_dict().items()}
 
 
-@pytest.mark.parametrize("arch", ["llama", "apertus"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "apertus"])
 def test_fused_weights_stack_transformers_tensors(tiny, arch):
     state = _state(tiny, arch)
     path = tiny.directory(arch, False, torch.float32)
@@ -38,6 +39,11 @@ def test_fused_weights_stack_transformers_tensors(tiny, arch):
                                                 state[p + "mlp.up_proj.weight"]]))
         assert torch.equal(layer.attn_norm, state[p + "input_layernorm.weight"])
         assert layer.q_norm is None and layer.xielu is None
+    if arch == "qwen2":
+        assert torch.equal(layer.qkv_bias, torch.cat([state[p + f"self_attn.{x}_proj.bias"]
+                                                      for x in "qkv"]))
+    else:
+        assert layer.qkv_bias is None
     assert torch.equal(layer.down, state[p + "mlp.down_proj.weight"])
     assert torch.equal(weights.lm_head, state["lm_head.weight"])
 
@@ -75,12 +81,15 @@ def test_xielu_scalars_are_transformers_effective_values(tiny, dtype):
         assert layer.xielu.beta == float(act.beta) and layer.xielu.eps == float(act.eps)
 
 
-def test_weight_bytes_counts_transformers_parameters_once(tiny):
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_weight_bytes_counts_transformers_parameters_once(tiny, arch):
     for tie in (False, True):
-        model = load_model(tiny.directory("llama", tie, torch.bfloat16), max_len=32)
+        path = tiny.directory(arch, tie, torch.bfloat16)
+        model = load_model(path, max_len=32)
         # transformers' parameters() lists a tied weight once, as weight_bytes counts it.
-        n_params = sum(p.numel() for p in tiny.model("llama", tie).parameters())
+        n_params = sum(p.numel() for p in tiny.model(arch, tie).parameters())
         assert weight_bytes(model) == 2 * n_params
+        assert expected_weight_bytes(load_config(path)) == 2 * n_params
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(tiny, tmp_path):
@@ -118,6 +127,13 @@ def test_missing_tensor_is_named(tiny, tmp_path):
     path = _copy_model(tiny, tmp_path)
     _rewrite(path, lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
     with pytest.raises(WeightsError, match="'model.layers.1.mlp.down_proj.weight' is missing"):
+        load_model(path, dtype=torch.float32, max_len=32)
+
+
+def test_missing_qkv_bias_is_named(tiny, tmp_path):
+    path = _copy_model(tiny, tmp_path, "qwen2")
+    _rewrite(path, lambda t: t.pop("model.layers.1.self_attn.v_proj.bias"))
+    with pytest.raises(WeightsError, match="'model.layers.1.self_attn.v_proj.bias' is missing"):
         load_model(path, dtype=torch.float32, max_len=32)
 
 

@@ -53,7 +53,7 @@ def mixed_requests(lengths=(1, 5, 16, 20, 33, 47), news=(12, 20, 7, 16, 9, 14), 
             for i, (n, m) in enumerate(zip(lengths, news))]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_greedy_batch_equals_each_request_alone(tiny, arch):
     """Mixed prompt lengths, prefill chunks of at most 24 tokens mixed with decode rows."""
     model = load(tiny, arch)

@@ -1,7 +1,7 @@
 """ModelConfig: the hyperparameters of a Llama-style decoder, read from a model's config.json.
 
-Supported ``model_type``s: ``llama``, ``mistral``, ``qwen3``, ``apertus``. Both config.json forms
-are read:
+Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
+``apertus``. Both config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "apertus")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 # config.json fields every model must state (no default would be meaningful).
@@ -37,6 +37,9 @@ _DEFAULTS = {
     "mistral": dict(num_key_value_heads=8, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
                     max_position_embeddings=4096 * 32, bos_token_id=1, eos_token_id=2,
                     hidden_act="silu", sliding_window=4096),
+    "qwen2": dict(num_key_value_heads=32, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
+                  hidden_act="silu"),
     "qwen3": dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, rope_theta=10000.0,
                   max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
                   hidden_act="silu"),
@@ -68,9 +71,10 @@ class ModelConfig:
     rope_scaling: None for plain RoPE, else a normalized dict; for ``llama3`` it has the keys
     ``rope_type``, ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
     ``original_max_position_embeddings``. qk_norm: per-head RMSNorm of queries and keys before RoPE
-    (Qwen3, Apertus). mlp: ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated
-    up/down with the xIELU activation). sliding_window: the attention window of Mistral (or of a
-    Qwen3 with use_sliding_window), None when attention is global.
+    (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
+    ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
+    activation). sliding_window: the attention window of Mistral (or of a Qwen2 or Qwen3 with
+    use_sliding_window), None when attention is global.
     """
 
     model_type: str
@@ -87,6 +91,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qk_norm: bool
+    qkv_bias: bool
     mlp: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -191,8 +196,9 @@ def config_from_dict(d: dict) -> ModelConfig:
             return defaults.get(name)
         return value
 
+    # Qwen2's q/k/v projections always have biases, and transformers' Qwen2 reads neither field.
     for name in ("attention_bias", "mlp_bias"):
-        if d.get(name):
+        if d.get(name) and model_type != "qwen2":
             raise ConfigError(f"config field {name!r} is true: linear layers with biases are "
                               "not supported")
     act = get("hidden_act")
@@ -228,7 +234,7 @@ def config_from_dict(d: dict) -> ModelConfig:
     sliding_window = None
     if model_type == "mistral":
         sliding_window = get("sliding_window")
-    elif model_type == "qwen3" and d.get("use_sliding_window"):
+    elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         sliding_window = d.get("sliding_window", 4096)
     if sliding_window is not None:
         sliding_window = _int(d, "sliding_window", sliding_window)
@@ -248,6 +254,7 @@ def config_from_dict(d: dict) -> ModelConfig:
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         qk_norm=model_type in ("qwen3", "apertus"),
+        qkv_bias=model_type == "qwen2",
         mlp="xielu" if model_type == "apertus" else "swiglu",
         bos_token_id=bos,
         eos_token_ids=eos_ids,

@@ -4,6 +4,7 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
 
     h = rmsnorm(x)                     (layer 0)  or  x += delta; h = rmsnorm(x)  (add_rmsnorm)
     qkv = h @ W_qkv.T                   (n, (heads + 2 kv_heads) head_dim)
+    qkv += b_qkv                        (Qwen2 only: in the model dtype, in place)
     q = rope(qnorm(q)); cache <- rope(knorm(k)), v          (attention_inputs)
     a = attention(q, cache)             causal, grouped-query, over the paged cache
                                         (both in one op, attention_with_inputs, where the
@@ -21,10 +22,10 @@ rounding turns near ties into exact ties, which backends that sum in different o
 differently, so TileInfer keeps the unrounded sums.
 
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
-no ``.tolist()``): only op-table calls, views, and torch's out= forms of a row gather
-(``index_select``) and copies (``hidden_out``), so a runner can capture it in
-a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether the ops
-themselves are capturable is the backend's ``graph_safe``).
+no ``.tolist()``): only op-table calls, views, torch's out= forms of a row gather
+(``index_select``) and copies (``hidden_out``), and Qwen2's in-place bias add, so a runner can
+capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether
+the ops themselves are capturable is the backend's ``graph_safe``).
 
 The model layer knows nothing of the engine: a step (``tileinfer.engine.kv.step.StepMetadata``) and
 the KV cache (``tileinfer.engine.kv.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
@@ -202,6 +203,8 @@ class Model:
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
             ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv), inv)
+            if layer.qkv_bias is not None:
+                b.qkv.add_(layer.qkv_bias)
             if self.fused_attention:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
                                           c.attention_scale, causal, b.workspace)

@@ -60,7 +60,8 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
                            k_norm=ones(c.head_dim) if c.qk_norm else None,
                            o=linear(c.hidden_size, c.q_size), mlp_norm=ones(c.hidden_size),
                            up=linear(up_rows, c.hidden_size),
-                           down=linear(c.hidden_size, c.intermediate_size))
+                           down=linear(c.hidden_size, c.intermediate_size),
+                           qkv_bias=w(c.qkv_size) if c.qkv_bias else None)
               for _ in range(c.num_layers)]
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
                            norm=ones(c.hidden_size),

@@ -9,7 +9,8 @@ op computes them together:
 
 - ``qkv`` ((heads + 2 * kv_heads) * head_dim, hidden): q_proj rows, then k_proj, then v_proj;
 - ``gate_up`` (2 * intermediate, hidden): gate_proj rows over up_proj rows (SwiGLU models), or
-  ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP.
+  ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP;
+- ``qkv_bias`` (Qwen2's q/k/v biases, (heads + 2 * kv_heads) * head_dim): the same order.
 
 Before anything is allocated, ``check_checkpoint`` compares the config with the files (the layer
 count, then every tensor's shape from the safetensors headers), so that a config whose sizes do
@@ -26,11 +27,13 @@ quantized checkpoints are refused.
 Tensor names per architecture (``model.layers.{i}.`` prefix):
 
 =====================  ============================  ======================================
-                       Llama / Mistral / Qwen3       Apertus
+                       Llama / Mistral / Qwen2 / 3   Apertus
 =====================  ============================  ======================================
 norm before attention  input_layernorm               attention_layernorm
 norm before the MLP    post_attention_layernorm      feedforward_layernorm
 attention              self_attn.{q,k,v,o}_proj      self_attn.{q,k,v,o}_proj
+q/k/v biases           self_attn.{q,k,v}_proj.bias
+                       (Qwen2)
 per-head q/k norm      self_attn.{q,k}_norm (Qwen3)  self_attn.{q,k}_norm
 MLP                    mlp.{gate,up,down}_proj       mlp.{up,down}_proj,
                                                      mlp.act_fn.{alpha_p,alpha_n,beta,eps}
@@ -74,6 +77,7 @@ class LayerWeights:
     up: torch.Tensor | QuantizedWeight
     down: torch.Tensor | QuantizedWeight  # (hidden, inter)
     xielu: XIELUScalars | None = None
+    qkv_bias: torch.Tensor | None = None  # (qkv_size,) in the model dtype, or None
 
 
 @dataclass
@@ -88,8 +92,8 @@ class ModelWeights:
         seen = {}
         items = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
-            items += [layer.attn_norm, layer.qkv, layer.q_norm, layer.k_norm, layer.o,
-                      layer.mlp_norm, layer.up, layer.down]
+            items += [layer.attn_norm, layer.qkv, layer.qkv_bias, layer.q_norm, layer.k_norm,
+                      layer.o, layer.mlp_norm, layer.up, layer.down]
         for item in items:
             parts = (item.q, item.scale) if isinstance(item, QuantizedWeight) else (item,)
             for t in parts:
@@ -236,6 +240,9 @@ def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
     }
     if config.qk_norm:
         names.update(q_norm="self_attn.q_norm.weight", k_norm="self_attn.k_norm.weight")
+    if config.qkv_bias:
+        names.update(q_bias="self_attn.q_proj.bias", k_bias="self_attn.k_proj.bias",
+                     v_bias="self_attn.v_proj.bias")
     if config.mlp == "swiglu":
         names["gate"] = "mlp.gate_proj.weight"
     else:
@@ -252,7 +259,8 @@ def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tu
     roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "q": (c.q_size, hidden),
              "k": (c.kv_size, hidden), "v": (c.kv_size, hidden), "o": (hidden, c.q_size),
              "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
-             "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "alpha_p": (1,), "alpha_n": (1,),
+             "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "q_bias": (c.q_size,),
+             "k_bias": (c.kv_size,), "v_bias": (c.kv_size,), "alpha_p": (1,), "alpha_n": (1,),
              "beta": (), "eps": ()}
     shapes = {"model.embed_tokens.weight": (c.vocab_size, hidden)}
     layer_names = layer_tensor_names(c)
@@ -346,6 +354,8 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
                 down=linear_of(n["down"]),
                 xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
                        if c.mlp == "xielu" else None),
+                qkv_bias=(torch.cat([load(n["q_bias"]), load(n["k_bias"]), load(n["v_bias"])])
+                          if c.qkv_bias else None),
             ))
             finite.flush()
         norm = load("model.norm.weight")
@@ -382,6 +392,7 @@ def expected_weight_bytes(config: ModelConfig, dtype=torch.bfloat16,
         return rows * cols + 4 * rows if one_byte else rows * cols * size
 
     per_layer = (2 * hidden * size + (2 * c.head_dim * size if c.qk_norm else 0)
+                 + (c.qkv_size * size if c.qkv_bias else 0)
                  + linear(c.qkv_size, hidden) + linear(hidden, c.q_size)
                  + linear(up_rows, hidden) + linear(hidden, inter))
     head = (0 if c.tie_word_embeddings and quantize != "int8"
