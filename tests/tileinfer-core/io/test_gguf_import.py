@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -217,6 +217,25 @@ def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0):
     return model
 
 
+def tiny_qwen2(tied=True, seed=0):
+    """A Qwen2 model of tiny_llama's sizes, its q/k/v biases drawn (transformers zeroes them)."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        tie_word_embeddings=tied, bos_token_id=1 + 256 + len(MERGES),
+        eos_token_id=2 + 256 + len(MERGES))
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order for its RoPE (convert_hf_to_gguf.py, LlamaModel.permute)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -230,6 +249,9 @@ GGUF_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -248,8 +270,9 @@ def gguf_name(hf_name):
 def write_gguf(
     path, model, tensor_type="F32", arch="llama", tokenizer_model="gpt2", skip_keys=(), override=None, pre="smollm", add_bos=None
 ):
-    """Write ``model`` the way llama.cpp's converter does: q/k permuted, norms in F32, matrices in
-    ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array written instead."""
+    """Write ``model`` the way llama.cpp's converter does: q/k permuted (llama), norms and biases
+    in F32, matrices in ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array
+    written instead."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     keys = {
@@ -282,9 +305,9 @@ def write_gguf(
             continue
         target = gguf_name(name)
         array = value.float().numpy()
-        if "q_proj" in name:
+        if arch == "llama" and "q_proj" in name:
             array = llama_cpp_permute(array, c.num_attention_heads)
-        elif "k_proj" in name:
+        elif arch == "llama" and "k_proj" in name:
             array = llama_cpp_permute(array, c.num_key_value_heads)
         if override and target in override:
             w.add_tensor(target, override[target])
@@ -363,6 +386,32 @@ def test_imported_model_computes_the_original_logits(tmp_path, tied, rope_scalin
         torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tied, tensor_type", [(True, "F32"), (False, "Q8_0")])
+def test_qwen2_imports_as_transformers_reads_it(tmp_path, tied, tensor_type):
+    """A qwen2 GGUF (q/k/v biases, no q/k permutation): the folder's weights are the file's, as
+    transformers' own GGUF loading reads them, and compute the original model's logits."""
+    model = tiny_qwen2(tied=tied)
+    path = write_gguf(tmp_path / "tiny-qwen2.gguf", model, tensor_type, arch="qwen2", pre="qwen2")
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("qwen2", ["Qwen2ForCausalLM"])
+    assert config["tie_word_embeddings"] is tied and config["rope_theta"] == 1000000.0
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    theirs = transformers_gguf_model(path).state_dict()
+    expected = expected_weights(model, tensor_type)
+    assert "model.layers.1.self_attn.k_proj.bias" in expected
+    for name, value in imported.state_dict().items():
+        if name == "lm_head.weight" and tied:
+            continue
+        assert torch.equal(value, expected[name]), name
+        assert torch.equal(value, theirs[name]), name
+    ids = torch.tensor([[5, 70, 100, 261, 262, 3, 200, 255, 17, 9, 40, 41]])
+    with torch.no_grad():
+        tolerance = 1e-5 if tensor_type == "F32" else 0.05
+        torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=tolerance,
+                                   rtol=tolerance)
+
+
 def test_default_dtype_is_bf16_and_folder_goes_under_the_models_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
     folder = import_gguf(write_gguf(tmp_path / "tiny-model.gguf", tiny_llama()))
@@ -391,6 +440,7 @@ def test_synthetic_tokenizer_and_template(tmp_path):
         ("smollm", ["a", "Ġ", "1", "2", "3", "4", "5", "Ġthe", "Ġ", "Ġx"]),  # digits one by one
         ("gpt-2", ["a", "Ġ12345", "Ġthe", "Ġ", "Ġx"]),
         ("llama-bpe", ["a", "Ġ", "123", "45", "Ġthe", "Ġ", "Ġx"]),  # digits in threes
+        ("qwen2", ["a", "Ġ", "1", "2", "3", "4", "5", "Ġthe", "Ġ", "Ġx"]),  # llama3's, digit by digit
     ],
 )
 def test_pre_tokenizer_follows_the_gguf_pre_type(tmp_path, pre, pieces):

@@ -1,7 +1,9 @@
 """Import a llama.cpp GGUF file as an HF-style model folder that the rest of TileInfer loads.
 
-The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. The
-folder gets config.json (model_type llama, from the GGUF metadata), model.safetensors (bf16 by
+The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Two of
+llama.cpp's architectures are read: ``llama`` and ``qwen2`` (Qwen2, Qwen2.5: the same tensors plus
+the q/k/v biases). The folder gets config.json (model_type llama or qwen2, from the GGUF metadata),
+model.safetensors (bf16 by
 default), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, merges and token
 types), tokenizer_config.json (chat template, BOS/EOS), generation_config.json and import.json
 (where it came from, its license, name and tensor types, and the importer version, so a stale
@@ -14,9 +16,10 @@ staging folder whose process is gone (``clean_interrupted_imports``). A progress
 error (tqdm; shown when it is a terminal, or with ``progress=True``) follows the import: reading
 the metadata, converting the tensors, writing the folder.
 
-llama.cpp stores the q and k projections with the rows of each head reordered for its RoPE
-(``permute`` in llama.cpp's convert_hf_to_gguf.py: ``(heads, 2, head_dim/2, in)`` swapped to
-``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k.
+llama.cpp stores a llama model's q and k projections with the rows of each head reordered for its
+RoPE (``permute`` in llama.cpp's convert_hf_to_gguf.py: ``(heads, 2, head_dim/2, in)`` swapped to
+``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k. A qwen2
+model's are stored as in transformers (its RoPE pairs the halves of a head, as transformers does).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from .paths import models_home
 # Bump when the importer's output changes, so cached imports are redone.
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# general.architecture -> (config.json's model_type, its architectures entry)
+ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
 
 
 class GGUFImportWarning(UserWarning):
@@ -59,6 +64,9 @@ _LAYER_TENSORS = {
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",  # qwen2
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -128,9 +136,10 @@ def _config(meta: GGUFMetadata, arch: str, vocab_size: int, tied: bool, rope_fre
     if rotary_dim != head_dim:
         raise GGUFImportError(f"{meta.path}: partial RoPE ({rotary_dim} of {head_dim} dims) is not supported")
     theta = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    model_type, architecture = ARCHITECTURES[arch]
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
@@ -143,8 +152,9 @@ def _config(meta: GGUFMetadata, arch: str, vocab_size: int, tied: bool, rope_fre
         "rms_norm_eps": float(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": theta,
         "rope_scaling": _rope_scaling(meta, arch, head_dim, theta, rope_freqs),
-        "attention_bias": False,
-        "mlp_bias": False,
+        # Qwen2's projections always have q/k/v biases; transformers' Qwen2 reads no bias field.
+        **({"use_sliding_window": False} if arch == "qwen2"
+           else {"attention_bias": False, "mlp_bias": False}),
         "tie_word_embeddings": tied,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
@@ -201,11 +211,12 @@ def _weights(reader, path: Path, config: dict, dtype: torch.dtype, bar=None) -> 
             continue  # folded into config.rope_scaling
         name = _hf_name(t.name)
         if name is None:
-            raise GGUFImportError(f"{path}: unexpected tensor {t.name} for a llama model")
+            raise GGUFImportError(f"{path}: unexpected tensor {t.name} for a "
+                                  f"{config['model_type']} model")
         w = _dequantized(t, path)
-        if name.endswith("q_proj.weight"):
+        if config["model_type"] == "llama" and name.endswith("q_proj.weight"):
             w = unpermute_qk(w, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif config["model_type"] == "llama" and name.endswith("k_proj.weight"):
             w = unpermute_qk(w, config["num_key_value_heads"])
         if not w.flags.writeable:  # F32 tensors are read-only views of the memory-mapped file
             w = w.copy()
@@ -238,12 +249,16 @@ def _check_shapes(tensors: dict, config: dict, path: Path) -> None:
             p + "mlp.up_proj.weight": (ffn, hidden),
             p + "mlp.down_proj.weight": (hidden, ffn),
         }
+        if config["model_type"] == "qwen2":
+            expected |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
+                         p + "self_attn.v_proj.bias": (kv_out,)}
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise GGUFImportError(f"{path}: tensors missing for the model the metadata describes: {missing[:4]}")
     extra = sorted(set(tensors) - set(expected))
     if extra:
-        raise GGUFImportError(f"{path}: tensors beyond the {layers} layers the metadata describes: {extra[:4]}")
+        raise GGUFImportError(f"{path}: tensors that the {config['model_type']} model of {layers} layers the "
+                              f"metadata describes does not have: {extra[:4]}")
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise GGUFImportError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
@@ -322,14 +337,15 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     bar.set_description(f"importing {path.name}: converting tensors")
     meta = GGUFMetadata(reader, path)
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise GGUFImportError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    if arch not in ARCHITECTURES:
+        raise GGUFImportError(f"{path}: architecture {arch!r} is not supported (supported: "
+                              f"{', '.join(ARCHITECTURES)})")
 
     tokenizer, token_strings = build_tokenizer(meta)
     rope = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     rope_freqs = _dequantized(rope, path).astype(np.float64) if rope is not None else None
     tied = not any(t.name == "output.weight" for t in reader.tensors)
-    vocab_size = int(meta.get("llama.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
+    vocab_size = int(meta.get(f"{arch}.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
     config = _config(meta, arch, vocab_size, tied, rope_freqs, dtype)
     out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
     clean_interrupted_imports(out_dir.parent)

@@ -21,6 +21,14 @@ _LLAMA3 = pre_tokenizers.Sequence(
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ]
 )
+# Qwen2 and Qwen2.5: Llama 3's split, but every digit on its own.
+_QWEN2_PATTERN = _LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN2 = pre_tokenizers.Sequence(
+    [
+        pre_tokenizers.Split(Regex(_QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ]
+)
 # name -> (pre-tokenizer, BPE ignore_merges as llama.cpp sets it for that name)
 _PRE_TOKENIZERS = {
     "gpt-2": (_GPT2, False),
@@ -29,6 +37,7 @@ _PRE_TOKENIZERS = {
     "starcoder": (_DIGITS_THEN_GPT2, False),
     "llama-bpe": (_LLAMA3, True),
     "llama3": (_LLAMA3, True),
+    "qwen2": (_QWEN2, False),
 }
 
 # GGUF token types (llama.cpp's llama_token_type).
