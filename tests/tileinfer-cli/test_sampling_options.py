@@ -90,4 +90,26 @@ def test_logit_processing_options_reach_the_sampler(tiny_home):
     assert_one_line_error(result, "logit_bias: token 99999999 is outside the vocabulary")
     result = tileinfer("run", "-m", "tiny", "--speculative", "ngram", "-o", "min_p", "0.1",
                        "-o", "temperature", "1", "hi", env=tiny_home)
-    assert_one_line_error(result, "speculative decoding does not take")
+    assert_one_line_error(result, "speculative decoding does not take min_p 0.1 .*"
+                                  "-o min_p 0 turn them off")
+
+
+def test_generation_config_penalty_is_the_default_and_an_option_overrides_it(tmp_path):
+    """generation_config.json's repetition_penalty (Qwen2.5's Instruct models set one) applies
+    to run and chat as transformers applies it; -o repetition_penalty 1 turns it off."""
+    from types import SimpleNamespace
+
+    from tileinfer import SamplingParams
+    from tileinfer_cli.options import sampling_from
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+         "repetition_penalty": 1.1, "eos_token_id": [5, 6]}))
+    config = SimpleNamespace(vocab_size=100, eos_token_ids=(5,))
+    parse = build_parser().parse_args
+    params, stops = sampling_from(parse(["run", "hi"]), tmp_path, config)
+    assert params == SamplingParams(0.7, top_k=20, top_p=0.8, repetition_penalty=1.1)
+    assert stops == [5, 6]
+    params, _ = sampling_from(parse(["run", "hi", "-o", "repetition_penalty", "1", "-t", "0",
+                                     "--min-p", "0.1"]), tmp_path, config)
+    assert params == SamplingParams(0.0, top_k=20, top_p=0.8, min_p=0.1)

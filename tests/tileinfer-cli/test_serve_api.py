@@ -79,6 +79,7 @@ def test_models_and_health(server, client, http):
     assert [m.id for m in models] == ["tiny-smollm2-shape"]
     # SmolLM2's generation_config.json sets no sampling values: OpenAI's defaults.
     assert models[0].sampling_defaults == {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                           "min_p": 0.0, "repetition_penalty": 1.0,
                                            "from_generation_config": []}
     assert "sampling defaults: temperature 1, top_p 1 (OpenAI's" in server.output()
 

@@ -61,10 +61,10 @@ def offline_text(offline, ids, sampling, max_new, seed):
 
 def test_omitted_sampling_parameters_take_generation_config(server, folder, client, offline):
     card = client.models.list().data[0]
-    assert card.sampling_defaults == {**GENERATION,
+    assert card.sampling_defaults == {**GENERATION, "min_p": 0.0, "repetition_penalty": 1.0,
                                       "from_generation_config": ["temperature", "top_p", "top_k"]}
-    assert "sampling defaults: temperature 0.6, top_p 0.9, top_k 20 (generation_config.json)" \
-        in server.output()
+    assert ("sampling defaults: temperature 0.6, top_p 0.9, top_k 20 (temperature, top_p, top_k "
+            "from generation_config.json)") in server.output()
     prompt = "Tell me a story"
     ids = offline[1].encode(prompt)
     text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,

@@ -11,7 +11,8 @@ from tileinfer.io.generation_config import generation_defaults
 
 
 def transformers_reading(folder):
-    """What transformers' generate would use: its GenerationConfig with its defaults filled in."""
+    """What transformers' generate would use: its GenerationConfig with its defaults filled in.
+    Its repetition penalty applies whether it samples or not; min_p only when it samples."""
     config = GenerationConfig.from_pretrained(folder)
     defaults = GenerationConfig._get_default_generation_params()
 
@@ -23,9 +24,11 @@ def transformers_reading(folder):
     if eos is None:  # no EOS in generation_config.json: the model config's (ours by design)
         eos = json.loads((folder / "config.json").read_text()).get("eos_token_id")
     stop = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    penalty = config.repetition_penalty if config.repetition_penalty is not None else 1.0
     if not value("do_sample"):
-        return SamplingParams(), stop
-    return SamplingParams(temperature=value("temperature"), top_k=value("top_k"), top_p=value("top_p")), stop
+        return SamplingParams(repetition_penalty=penalty), stop
+    return SamplingParams(temperature=value("temperature"), top_k=value("top_k"), top_p=value("top_p"),
+                          min_p=config.min_p or 0.0, repetition_penalty=penalty), stop
 
 
 def make_folder(tmp_path, generation, config=None):
@@ -54,6 +57,11 @@ def test_llama32_authors_settings(shared_dir, tmp_path):
         {"do_sample": False, "temperature": 0.6, "top_p": 0.9, "eos_token_id": 3},  # greedy despite the values
         {"temperature": 0.6, "eos_token_id": 3},  # do_sample unset: greedy
         {"bos_token_id": 1},  # no eos here: config.json's
+        # Qwen2.5-0.5B-Instruct's
+        {"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+         "repetition_penalty": 1.1, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+        {"repetition_penalty": 1.05, "min_p": 0.1, "eos_token_id": 3},  # greedy: the penalty, not min_p
+        {"do_sample": True, "min_p": 0.05, "repetition_penalty": None},
     ],
 )
 def test_matches_transformers(tmp_path, generation):

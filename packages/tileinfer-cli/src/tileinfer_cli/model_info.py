@@ -122,7 +122,9 @@ def model_info(name: str, folder: Path, kind: str) -> dict:
                         if imported.get("source") else None),
         "chat_template": chat_template_text(folder),
         "generation_defaults": {"temperature": sampling.temperature, "top_p": sampling.top_p,
-                                "top_k": sampling.top_k, "stop_ids": stop_ids,
+                                "top_k": sampling.top_k, "min_p": sampling.min_p,
+                                "repetition_penalty": sampling.repetition_penalty,
+                                "stop_ids": stop_ids,
                                 **({"max_new_tokens": gen["max_new_tokens"]}
                                    if "max_new_tokens" in gen else {})},
         "license": license_of(folder, imported),

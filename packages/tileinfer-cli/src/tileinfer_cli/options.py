@@ -13,7 +13,8 @@ from .errors import UserError
 from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, logit_bias
 from .sampling_options import add_option_flag
 
-# Sampling options without a default in generation_config.json: off unless given.
+# Logit processing options: off unless given (repetition_penalty and min_p: unless
+# generation_config.json sets them, see generation_defaults).
 PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
               "logit_bias")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -148,8 +149,15 @@ def speculative_from(args, model, sampling):
             raise UserError("--draft-k needs speculative decoding (not --speculative none)")
         return None
     if sampling.processes_logits:
-        raise UserError("speculative decoding does not take presence_penalty, "
-                        "frequency_penalty, repetition_penalty, min_p or logit_bias")
+        s = sampling
+        active = [f"{name} {value:g}" for name, value, off in (
+            ("presence_penalty", s.presence_penalty, 0.0),
+            ("frequency_penalty", s.frequency_penalty, 0.0),
+            ("repetition_penalty", s.repetition_penalty, 1.0), ("min_p", s.min_p, 0.0))
+            if value != off] + (["logit_bias"] if s.logit_bias else [])
+        raise UserError(f"speculative decoding does not take {', '.join(active)} (the "
+                        "model's generation_config.json may set repetition_penalty and min_p; "
+                        "-o repetition_penalty 1 and -o min_p 0 turn them off)")
     from tileinfer import (DFlashProposer, DraftProposer, NgramProposer, load_dflash, load_model,
                            resolve_model_dir)
 
@@ -213,16 +221,15 @@ def load(args):
 
 def sampling_from(args, folder, config):
     """SamplingParams and stop ids: the authors' defaults, overridden by the options."""
-    from tileinfer import SamplingParams, generation_defaults
+    import dataclasses
+
+    from tileinfer import generation_defaults
 
     defaults, stop_ids = generation_defaults(folder, config)
-    given = {name: getattr(args, name, None) for name in PROCESSING}
-    params = SamplingParams(
-        temperature=defaults.temperature if args.temperature is None else args.temperature,
-        top_k=defaults.top_k if args.top_k is None else args.top_k,
-        top_p=defaults.top_p if args.top_p is None else args.top_p,
-        **{name: value for name, value in given.items() if value is not None},
-    )
+    given = {name: getattr(args, name, None) for name in ("temperature", "top_k", "top_p")
+             + PROCESSING}
+    params = dataclasses.replace(defaults, **{name: value for name, value in given.items()
+                                              if value is not None})
     bad = [i for i, _ in params.logit_bias if i >= config.vocab_size]
     if bad:
         raise UserError(f"logit_bias: token {bad[0]} is outside the vocabulary "

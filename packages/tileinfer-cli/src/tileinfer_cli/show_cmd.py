@@ -78,8 +78,11 @@ def rows(info: dict):
     yield "quantization", quant
     yield "license", info["license"] or "not stated in the model's files"
     g = info["generation_defaults"]
+    penalties = "".join(f", {name} {g[name]}" for name, off in (("min_p", 0.0),
+                                                                ("repetition_penalty", 1.0))
+                        if g[name] != off)
     yield "generation", (f"temperature {g['temperature']}, top_p {g['top_p']}, top_k "
-                         f"{g['top_k']}; ends at token ids {g['stop_ids']}"
+                         f"{g['top_k']}{penalties}; ends at token ids {g['stop_ids']}"
                          + (f"; max_new_tokens {g['max_new_tokens']}" if "max_new_tokens" in g
                             else ""))
     template = info["chat_template"]

@@ -26,8 +26,10 @@ from .tools import check_tools, offered
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_CHOICES = 256  # prompts x n in one request
 INT64 = 2**63
-# Logit processing parameters a request may give (SamplingParams' names); left out: off.
+# Logit processing parameters a request may give (SamplingParams' names); left out: off, or for
+# those of DEFAULTED the server's default.
 PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+DEFAULTED = ("repetition_penalty", "min_p")
 
 
 @dataclass
@@ -150,6 +152,8 @@ def _sampling(served, req):
         structure = forced
     optional = {name: getattr(req, name) for name in PROCESSING
                 if getattr(req, name) is not None}
+    for name in DEFAULTED:
+        optional.setdefault(name, getattr(d, name))
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,

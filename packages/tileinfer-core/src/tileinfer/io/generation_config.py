@@ -1,8 +1,10 @@
 """The model authors' generation settings: generation_config.json, read as transformers reads it.
 
 transformers samples only when ``do_sample`` is true (its default is false: greedy), and then fills
-unset values with its own defaults: temperature 1.0, top_k 50, top_p 1.0. ``eos_token_id`` (an int
-or a list) says which tokens end a reply; without it, config.json's eos_token_id does.
+unset values with its own defaults: temperature 1.0, top_k 50, top_p 1.0, and applies ``min_p``
+where set. ``repetition_penalty`` applies whether it samples or not (Qwen2.5's Instruct models set
+1.05-1.1). ``eos_token_id`` (an int or a list) says which tokens end a reply; without it,
+config.json's eos_token_id does.
 
 ``sampling_settings`` reads the sampling values the file sets, whatever its ``do_sample``: what an
 OpenAI-compatible server takes for the parameters a request leaves out (as vLLM does).
@@ -55,31 +57,35 @@ def generation_defaults(model_dir: str | Path, config=None) -> tuple[SamplingPar
     stop_ids = _token_ids(settings.get("eos_token_id"), str(path))
     if not stop_ids:
         stop_ids = _config_eos(model_dir, config)
-    if not settings.get("do_sample"):
-        return SamplingParams(), stop_ids
 
     def value(name, default):
         v = settings.get(name)
         return default if v is None else v
 
     try:
+        penalty = float(value("repetition_penalty", 1.0))
+        if not settings.get("do_sample"):
+            return SamplingParams(repetition_penalty=penalty), stop_ids
         sampling = SamplingParams(
             temperature=float(value("temperature", HF_DEFAULT_TEMPERATURE)),
             top_k=int(value("top_k", HF_DEFAULT_TOP_K)),
             top_p=float(value("top_p", HF_DEFAULT_TOP_P)),
+            min_p=float(value("min_p", 0.0)),
+            repetition_penalty=penalty,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: unusable sampling settings: {e}") from e
     return sampling, stop_ids
 
 
-SAMPLING_SETTINGS = (("temperature", float), ("top_p", float), ("top_k", int))
+SAMPLING_SETTINGS = (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
+                     ("repetition_penalty", float))
 
 
 def sampling_settings(model_dir: str | Path) -> dict:
-    """``{"temperature": 0.6, "top_p": 0.95, "top_k": 20}``: those of the three that the folder's
-    generation_config.json sets (not null), whatever its do_sample; {} without the file. A value
-    that is not a number is a ValueError naming the file."""
+    """``{"temperature": 0.6, "top_p": 0.95, "top_k": 20}``: those of SAMPLING_SETTINGS that the
+    folder's generation_config.json sets (not null), whatever its do_sample; {} without the file.
+    A value that is not a number is a ValueError naming the file."""
     path = Path(model_dir) / "generation_config.json"
     settings = read_json(path)
     found = {}
