@@ -78,8 +78,8 @@ def add_model_options(p: argparse.ArgumentParser):
                         "warning: the model was not trained for such positions)")
     g.add_argument("--threads", type=int_range(1, 1024), metavar="N",
                    help="CPU threads for PyTorch's ops (default: half the CPUs, at most 8: "
-                        f"{default_threads()} here; measured on a busy 2-core machine, 1 thread "
-                        "decoded 5.5-9.2 tokens/s, PyTorch's default of 2 threads 0.9-3.7)")
+                        f"{default_threads()} here: PyTorch's default of every CPU decodes "
+                        "several times slower when other work shares the cores)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser):

@@ -3,8 +3,9 @@
 
 Each comes from the model's generation_config.json where the file sets it (whatever its
 ``do_sample``, as vLLM does), else from OpenAI's API: temperature 1.0, top_p 1.0, and top_k,
-min_p and the repetition penalty off (OpenAI has none of them). So a model without sampling settings samples, as OpenAI's endpoints do, where
-``tileinfer run`` (which follows transformers' ``do_sample``) decodes greedily. ``/v1/models``
+min_p and the repetition penalty off (OpenAI has none of them). So a model without sampling
+settings samples, as OpenAI's endpoints do, where ``tileinfer run`` (which follows transformers'
+``do_sample``) decodes greedily. ``/v1/models``
 shows them (``sampling_defaults``), and so does the start-up line.
 """
 

@@ -2,12 +2,11 @@
 
 The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Two of
 llama.cpp's architectures are read: ``llama`` and ``qwen2`` (Qwen2, Qwen2.5: the same tensors plus
-the q/k/v biases). The folder gets config.json (model_type llama or qwen2, from the GGUF metadata),
-model.safetensors (bf16 by
-default), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, merges and token
-types), tokenizer_config.json (chat template, BOS/EOS), generation_config.json and import.json
-(where it came from, its license, name and tensor types, and the importer version, so a stale
-import can be redone).
+the q/k/v biases). The folder gets config.json (model_type llama or qwen2, from the GGUF
+metadata), model.safetensors (bf16 by default), tokenizer.json (built with ``tokenizers`` from
+the GGUF vocabulary, merges and token types), tokenizer_config.json (chat template, BOS/EOS),
+generation_config.json and import.json (where it came from, its license, name and tensor types,
+and the importer version, so a stale import can be redone).
 
 An import writes into a hidden staging folder ``.NAME.importing-PID`` beside the target and
 renames it into place when complete. One that was killed (SIGKILL, a power cut) leaves that
