@@ -100,6 +100,29 @@ def test_qwen2_config_loads_like_transformers(tmp_path):
     assert shapes["model.layers.3.self_attn.k_proj.bias"] == (128,)
 
 
+# SmolLM3-3B's sizes (36 layers, every fourth without RoPE by the default interval); optional
+# fields left to their defaults, which transformers fills in too.
+SMOLLM3 = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "hidden_size": 2048,
+           "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+           "num_key_value_heads": 4, "vocab_size": 128256, "max_position_embeddings": 65536,
+           "rope_theta": 5000000.0, "rope_scaling": None, "eos_token_id": 128012,
+           "pad_token_id": 128004, "use_sliding_window": False}
+
+
+def test_smollm3_config_loads_like_transformers(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM3))
+    config, hf = load_config(tmp_path), transformers_config(tmp_path)
+    _check_against_transformers(config, hf)
+    assert config.tie_word_embeddings  # SmolLM3's default
+    assert config.rope_layers == tuple(bool(x) for x in hf.no_rope_layers)
+    assert config.rope_layers[:8] == (True, True, True, False) * 2
+    assert checkpoint_shapes(config, lm_head=False) == _meta_model_shapes(hf)
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM3, "no_rope_layers": [1, 0] * 18}))
+    assert load_config(tmp_path).rope_layers == (True, False) * 18
+    with pytest.raises(ConfigError, match="'no_rope_layers' must list 0 or 1 for each of the 36"):
+        config_from_dict({**SMOLLM3, "no_rope_layers": [1, 0]})
+
+
 def test_real_configs_rope_like_transformers(shared_dir):
     for path in fixture_dirs(shared_dir):
         config = load_config(path)
@@ -121,11 +144,12 @@ def test_real_configs_rope_like_transformers(shared_dir):
 def _rotary_class(hf):
     module = {"llama": transformers.models.llama.modeling_llama,
               "qwen2": transformers.models.qwen2.modeling_qwen2,
+              "smollm3": transformers.models.smollm3.modeling_smollm3,
               "qwen3": transformers.models.qwen3.modeling_qwen3,
               "mistral": transformers.models.mistral.modeling_mistral,
               "apertus": transformers.models.apertus.modeling_apertus}[hf.model_type]
     name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
-            "apertus": "Apertus"}
+            "apertus": "Apertus", "smollm3": "SmolLM3"}
     return getattr(module, name[hf.model_type] + "RotaryEmbedding")
 
 
@@ -152,13 +176,14 @@ def test_transformers5_form_reads_like_transformers4_form(shared_dir, tmp_path):
 
 def test_tiny_configs_saved_by_transformers5_load(tiny):
     """transformers 5.17 writes rope_parameters; Apertus' default RoPE is llama3."""
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3"):
         path = tiny.directory(arch)
         assert "rope_parameters" in json.loads((path / "config.json").read_text())
         config = load_config(path)
         _check_against_transformers(config, transformers_config(path))
         assert config.qk_norm == (arch in ("qwen3", "apertus"))
         assert config.qkv_bias == (arch == "qwen2")
+        assert config.rope_layers == ((True, False) if arch == "smollm3" else None)
         assert config.mlp == ("xielu" if arch == "apertus" else "swiglu")
     assert load_config(tiny.directory("apertus")).rope_scaling["rope_type"] == "llama3"
 

@@ -1,7 +1,7 @@
 """ModelConfig: the hyperparameters of a Llama-style decoder, read from a model's config.json.
 
 Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
-``apertus``. Both config.json forms are read:
+``apertus``, ``smollm3``. Both config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 # config.json fields every model must state (no default would be meaningful).
@@ -46,6 +46,9 @@ _DEFAULTS = {
     "apertus": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-5,
                     rope_theta=12000000.0, max_position_embeddings=65536, bos_token_id=1,
                     eos_token_id=2, hidden_act="xielu"),
+    "smollm3": dict(num_key_value_heads=4, head_dim=None, rms_norm_eps=1e-6, rope_theta=2000000.0,
+                    max_position_embeddings=32768, bos_token_id=128000, eos_token_id=128001,
+                    hidden_act="silu", tie_word_embeddings=True),
 }
 
 # Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
@@ -74,7 +77,8 @@ class ModelConfig:
     (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
     ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
     activation). sliding_window: the attention window of Mistral (or of a Qwen2 or Qwen3 with
-    use_sliding_window), None when attention is global.
+    use_sliding_window), None when attention is global. rope_layers: per layer, whether its
+    queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all are.
     """
 
     model_type: str
@@ -93,6 +97,7 @@ class ModelConfig:
     qk_norm: bool
     qkv_bias: bool
     mlp: str
+    rope_layers: tuple[bool, ...] | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
@@ -236,15 +241,18 @@ def config_from_dict(d: dict) -> ModelConfig:
         sliding_window = get("sliding_window")
     elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         sliding_window = d.get("sliding_window", 4096)
+    elif model_type == "smollm3" and d.get("use_sliding_window"):
+        sliding_window = d.get("sliding_window")
     if sliding_window is not None:
         sliding_window = _int(d, "sliding_window", sliding_window)
 
+    num_layers = _int(d, "num_hidden_layers")
     return ModelConfig(
         model_type=model_type,
         vocab_size=_int(d, "vocab_size"),
         hidden_size=hidden,
         intermediate_size=_int(d, "intermediate_size"),
-        num_layers=_int(d, "num_hidden_layers"),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -252,14 +260,29 @@ def config_from_dict(d: dict) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(get("tie_word_embeddings")),
         qk_norm=model_type in ("qwen3", "apertus"),
         qkv_bias=model_type == "qwen2",
         mlp="xielu" if model_type == "apertus" else "swiglu",
+        rope_layers=_rope_layers(d, num_layers) if model_type == "smollm3" else None,
         bos_token_id=bos,
         eos_token_ids=eos_ids,
         sliding_window=sliding_window,
     )
+
+
+def _rope_layers(d: dict, num_layers: int) -> tuple[bool, ...]:
+    """SmolLM3's ``no_rope_layers`` (per layer 1: RoPE, 0: none), or as transformers makes it
+    from ``no_rope_layer_interval`` (default 4: every fourth layer without RoPE)."""
+    flags = d.get("no_rope_layers")
+    if flags is None:
+        interval = _int(d, "no_rope_layer_interval", d.get("no_rope_layer_interval", 4))
+        return tuple((i + 1) % interval != 0 for i in range(num_layers))
+    if (not isinstance(flags, list) or len(flags) != num_layers
+            or any(f not in (0, 1) for f in flags)):
+        raise ConfigError(f"config field 'no_rope_layers' must list 0 or 1 for each of the "
+                          f"{num_layers} layers, got {flags!r}")
+    return tuple(bool(f) for f in flags)
 
 
 def load_config(model_dir) -> ModelConfig:

@@ -93,9 +93,14 @@ class Model:
         self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
         self.model_dir, self.quantize = model_dir, quantize
         self.cos, self.sin = rope_tables(config, max_len, dtype, self.device)
-        # Per layer: the q/k norms and RoPE tables between the qkv projection and attention.
-        self.qk = [QKTransform(self.cos, self.sin, layer.q_norm, layer.k_norm, config.rms_norm_eps)
-                   for layer in weights.layers]
+        # Per layer: the q/k norms and RoPE tables between the qkv projection and attention. A
+        # layer without RoPE (SmolLM3) gets the tables of no rotation (cos 1, sin 0: x c - y s
+        # is x exactly), so every backend's op runs it unchanged.
+        rotated = config.rope_layers or (True,) * config.num_layers
+        still = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) if not all(rotated) else None
+        self.qk = [QKTransform(*((self.cos, self.sin) if rope else still), layer.q_norm,
+                               layer.k_norm, config.rms_norm_eps)
+                   for layer, rope in zip(weights.layers, rotated)]
         # What the layers above keep for this model while it is loaded (the engine's runtime:
         # KV pool, static steps, CUDA graphs), each with a close() that ``close`` calls.
         self.attachments: dict = {}

@@ -27,7 +27,7 @@ quantized checkpoints are refused.
 Tensor names per architecture (``model.layers.{i}.`` prefix):
 
 =====================  ============================  ======================================
-                       Llama / Mistral / Qwen2 / 3   Apertus
+                       Llama/Mistral/Qwen/SmolLM3    Apertus
 =====================  ============================  ======================================
 norm before attention  input_layernorm               attention_layernorm
 norm before the MLP    post_attention_layernorm      feedforward_layernorm
