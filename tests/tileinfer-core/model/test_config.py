@@ -123,6 +123,25 @@ def test_smollm3_config_loads_like_transformers(tmp_path):
         config_from_dict({**SMOLLM3, "no_rope_layers": [1, 0]})
 
 
+def test_granite_multipliers_read_like_transformers(tmp_path):
+    """Granite 3's four scalings as transformers reads them; absent ones are 1."""
+    given = dict(COMMON, model_type="granite", embedding_multiplier=12.0,
+                 residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
+    (tmp_path / "config.json").write_text(json.dumps(given))
+    config, hf = load_config(tmp_path), transformers_config(tmp_path)
+    _check_against_transformers(config, hf)
+    m = config.multipliers
+    assert (m.embedding, m.residual, m.attention, m.logits) == (
+        hf.embedding_multiplier, hf.residual_multiplier, hf.attention_multiplier,
+        hf.logits_scaling)
+    assert config.attention_scale == 0.0078125
+    plain = config_from_dict(dict(COMMON, model_type="granite")).multipliers
+    assert (plain.embedding, plain.residual, plain.attention, plain.logits) == (1, 1, 1, 1)
+    assert config_from_dict(dict(COMMON, model_type="llama")).multipliers is None
+    with pytest.raises(ConfigError, match="'logits_scaling' must be > 0"):
+        config_from_dict({**given, "logits_scaling": 0})
+
+
 def test_real_configs_rope_like_transformers(shared_dir):
     for path in fixture_dirs(shared_dir):
         config = load_config(path)
@@ -145,11 +164,12 @@ def _rotary_class(hf):
     module = {"llama": transformers.models.llama.modeling_llama,
               "qwen2": transformers.models.qwen2.modeling_qwen2,
               "smollm3": transformers.models.smollm3.modeling_smollm3,
+              "granite": transformers.models.granite.modeling_granite,
               "qwen3": transformers.models.qwen3.modeling_qwen3,
               "mistral": transformers.models.mistral.modeling_mistral,
               "apertus": transformers.models.apertus.modeling_apertus}[hf.model_type]
     name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
-            "apertus": "Apertus", "smollm3": "SmolLM3"}
+            "apertus": "Apertus", "smollm3": "SmolLM3", "granite": "Granite"}
     return getattr(module, name[hf.model_type] + "RotaryEmbedding")
 
 
@@ -176,7 +196,7 @@ def test_transformers5_form_reads_like_transformers4_form(shared_dir, tmp_path):
 
 def test_tiny_configs_saved_by_transformers5_load(tiny):
     """transformers 5.17 writes rope_parameters; Apertus' default RoPE is llama3."""
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite"):
         path = tiny.directory(arch)
         assert "rope_parameters" in json.loads((path / "config.json").read_text())
         config = load_config(path)
@@ -184,6 +204,7 @@ def test_tiny_configs_saved_by_transformers5_load(tiny):
         assert config.qk_norm == (arch in ("qwen3", "apertus"))
         assert config.qkv_bias == (arch == "qwen2")
         assert config.rope_layers == ((True, False) if arch == "smollm3" else None)
+        assert (config.multipliers is not None) == (arch == "granite")
         assert config.mlp == ("xielu" if arch == "apertus" else "swiglu")
     assert load_config(tiny.directory("apertus")).rope_scaling["rope_type"] == "llama3"
 

@@ -1,7 +1,7 @@
 """ModelConfig: the hyperparameters of a Llama-style decoder, read from a model's config.json.
 
 Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
-``apertus``, ``smollm3``. Both config.json forms are read:
+``apertus``, ``smollm3``, ``granite`` (IBM Granite 3). Both config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 # config.json fields every model must state (no default would be meaningful).
@@ -49,6 +49,9 @@ _DEFAULTS = {
     "smollm3": dict(num_key_value_heads=4, head_dim=None, rms_norm_eps=1e-6, rope_theta=2000000.0,
                     max_position_embeddings=32768, bos_token_id=128000, eos_token_id=128001,
                     hidden_act="silu", tie_word_embeddings=True),
+    "granite": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                    hidden_act="silu"),
 }
 
 # Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
@@ -61,6 +64,18 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
 _NULLABLE = ("bos_token_id", "eos_token_id", "sliding_window")
 
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor")
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Granite's scalings: the embeddings times ``embedding``, each layer's attention and MLP
+    outputs times ``residual`` before they join the residual stream, attention scores times
+    ``attention`` (instead of head_dim ** -0.5), the logits divided by ``logits``."""
+
+    embedding: float
+    residual: float
+    attention: float
+    logits: float
 
 
 class ConfigError(ValueError):
@@ -79,6 +94,7 @@ class ModelConfig:
     activation). sliding_window: the attention window of Mistral (or of a Qwen2 or Qwen3 with
     use_sliding_window), None when attention is global. rope_layers: per layer, whether its
     queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all are.
+    multipliers: Granite's scalings (``Multipliers``), None for the other architectures.
     """
 
     model_type: str
@@ -98,6 +114,7 @@ class ModelConfig:
     qkv_bias: bool
     mlp: str
     rope_layers: tuple[bool, ...] | None
+    multipliers: Multipliers | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
@@ -117,6 +134,8 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
+        if self.multipliers is not None:
+            return self.multipliers.attention
         return self.head_dim ** -0.5
 
 
@@ -265,6 +284,7 @@ def config_from_dict(d: dict) -> ModelConfig:
         qkv_bias=model_type == "qwen2",
         mlp="xielu" if model_type == "apertus" else "swiglu",
         rope_layers=_rope_layers(d, num_layers) if model_type == "smollm3" else None,
+        multipliers=_multipliers(d) if model_type == "granite" else None,
         bos_token_id=bos,
         eos_token_ids=eos_ids,
         sliding_window=sliding_window,
@@ -283,6 +303,13 @@ def _rope_layers(d: dict, num_layers: int) -> tuple[bool, ...]:
         raise ConfigError(f"config field 'no_rope_layers' must list 0 or 1 for each of the "
                           f"{num_layers} layers, got {flags!r}")
     return tuple(bool(f) for f in flags)
+
+
+def _multipliers(d: dict) -> Multipliers:
+    """Granite's four scalings (transformers' default for each: 1)."""
+    names = {"embedding": "embedding_multiplier", "residual": "residual_multiplier",
+             "attention": "attention_multiplier", "logits": "logits_scaling"}
+    return Multipliers(**{key: _float(name, d.get(name, 1.0)) for key, name in names.items()})
 
 
 def load_config(model_dir) -> ModelConfig:

@@ -14,7 +14,11 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
     m = silu(h @ W_gate.T) * (h @ W_up.T)      (linear_swiglu; Apertus: xielu(h @ W_up.T))
     delta = m @ W_down.T
 
-then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
+Granite scales the embeddings and every delta before it joins x, and divides the logits
+(``ModelConfig.multipliers``: in-place torch ops, the same on every backend, rounded where
+transformers rounds them).
+
+Then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
 and ``logits = h @ W_lm_head.T`` is written as float32 straight from the product's float32
 accumulation (the ``linear`` contract with a float32 out), on every backend. transformers rounds
 a bf16 model's logits to bf16 before ``.float()``; at the logits' scale (e.g. 0.125 near 25) that
@@ -23,8 +27,8 @@ differently, so TileInfer keeps the unrounded sums.
 
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
 no ``.tolist()``): only op-table calls, views, torch's out= forms of a row gather
-(``index_select``) and copies (``hidden_out``), and Qwen2's in-place bias add, so a runner can
-capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether
+(``index_select``) and copies (``hidden_out``), and Qwen2's and Granite's in-place adds and
+scalings, so a runner can capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether
 the ops themselves are capturable is the backend's ``graph_safe``).
 
 The model layer knows nothing of the engine: a step (``tileinfer.engine.kv.step.StepMetadata``) and
@@ -198,7 +202,10 @@ class Model:
         n, eps, step, inv = meta.num_tokens, c.rms_norm_eps, meta.attention, batch_invariant
         if self.batch_invariant:
             step, inv = dataclasses.replace(step, batch_invariant=True), Invariance.BATCH
+        scales = c.multipliers
         ops.embed(b.hidden, w.embed, meta.ids)
+        if scales is not None:
+            b.hidden.mul_(scales.embedding)
         for i, layer in enumerate(w.layers):
             if i == 0:
                 ops.rmsnorm(b.normed, b.hidden, layer.attn_norm, eps)
@@ -217,12 +224,16 @@ class Model:
                 ops.attention_inputs(b.q, kv, b.qkv, self.qk[i], step)
                 ops.attention(b.attn, b.q, kv, step, c.attention_scale, causal, b.workspace)
             ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o), inv)
+            if scales is not None:
+                b.delta.mul_(scales.residual)
             ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
             if layer.xielu is not None:
                 ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu, inv)
             else:
                 ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up, inv)
             ops.linear(b.delta, b.act, *linear_operands(layer.down), inv)
+            if scales is not None:
+                b.delta.mul_(scales.residual)
         last = c.num_layers - 1
         if last in b.hidden_out:
             torch.add(b.hidden, b.delta, out=b.hidden_out[last])
@@ -241,6 +252,8 @@ class Model:
         self.ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
         # float32 out: the float32 sums, unrounded (float and INT8 heads alike).
         self.ops.linear(b.logits, b.logit_normed, *linear_operands(w.lm_head), batch_invariant)
+        if self.config.multipliers is not None:
+            b.logits.div_(self.config.multipliers.logits)
         return b.logits
 
 
