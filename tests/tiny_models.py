@@ -1,4 +1,4 @@
-"""Random-weight tiny models of the seven architectures, built and saved with transformers.
+"""Random-weight tiny models of the eight architectures, built and saved with transformers.
 
 The weights are drawn again after construction (seeded), norm weights and the xIELU parameters
 included, so that a loader which ignored a norm weight or swapped two tensors would show in the
@@ -21,7 +21,7 @@ import transformers
 
 transformers.logging.set_verbosity_error()
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite", "phi3")
 
 COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
@@ -35,7 +35,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
 
 PROMPT_LEN = 20  # crosses a page boundary with page_size 16
 SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3, "qwen2": 4, "smollm3": 5,
-                "granite": 6}
+                "granite": 6, "phi3": 7}
 
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -43,6 +43,7 @@ _CLASSES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
 }
@@ -58,6 +59,8 @@ def tiny_config(arch: str, tie: bool = False, rope=None):
         kwargs["sliding_window"] = 4096
     if arch == "smollm3":
         kwargs["no_rope_layers"] = [1, 0]  # the second layer without RoPE
+        kwargs.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # in the tiny vocabulary
+    if arch == "phi3":
         kwargs.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # in the tiny vocabulary
     if arch == "granite":  # none of them 1, and the attention's not head_dim ** -0.5
         kwargs.update(embedding_multiplier=3.0, residual_multiplier=0.5,

@@ -1,4 +1,4 @@
-"""Parity with transformers: random-weight tiny models of the seven architectures.
+"""Parity with transformers: random-weight tiny models of the eight architectures.
 
 For each model (tied and untied embeddings, float32 and bfloat16, Llama also with llama3 RoPE
 scaling) and every available backend: prefill logits against transformers' forward, then 40

@@ -142,6 +142,26 @@ def test_granite_multipliers_read_like_transformers(tmp_path):
         config_from_dict({**given, "logits_scaling": 0})
 
 
+def test_phi3_reads_like_transformers_and_refuses_what_it_cannot_run(tmp_path):
+    """Phi-3-mini-4k's window (2047) bounds max_len; LongRoPE (Phi-3.5, the 128k models) and
+    partial RoPE (Phi-4-mini) are refused, naming the field."""
+    given = dict(COMMON, model_type="phi3", sliding_window=2047, rope_theta=10000.0,
+                 pad_token_id=0, eos_token_id=2, max_position_embeddings=4096)
+    (tmp_path / "config.json").write_text(json.dumps(given))
+    config, hf = load_config(tmp_path), transformers_config(tmp_path)
+    _check_against_transformers(config, hf)
+    assert checkpoint_shapes(config) == _meta_model_shapes(hf)
+    assert config.sliding_window == 2047
+    check_max_len(config, 2047)
+    with pytest.raises(ConfigError, match="'sliding_window' is 2047, smaller than max_len 2048"):
+        check_max_len(config, 2048)
+    longrope = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}
+    with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'longrope'"):
+        config_from_dict({**given, "rope_scaling": longrope})
+    with pytest.raises(ConfigError, match="'partial_rotary_factor' is 0.75"):
+        config_from_dict({**given, "partial_rotary_factor": 0.75})
+
+
 def test_real_configs_rope_like_transformers(shared_dir):
     for path in fixture_dirs(shared_dir):
         config = load_config(path)
@@ -165,11 +185,12 @@ def _rotary_class(hf):
               "qwen2": transformers.models.qwen2.modeling_qwen2,
               "smollm3": transformers.models.smollm3.modeling_smollm3,
               "granite": transformers.models.granite.modeling_granite,
+              "phi3": transformers.models.phi3.modeling_phi3,
               "qwen3": transformers.models.qwen3.modeling_qwen3,
               "mistral": transformers.models.mistral.modeling_mistral,
               "apertus": transformers.models.apertus.modeling_apertus}[hf.model_type]
     name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
-            "apertus": "Apertus", "smollm3": "SmolLM3", "granite": "Granite"}
+            "apertus": "Apertus", "smollm3": "SmolLM3", "granite": "Granite", "phi3": "Phi3"}
     return getattr(module, name[hf.model_type] + "RotaryEmbedding")
 
 
@@ -196,7 +217,7 @@ def test_transformers5_form_reads_like_transformers4_form(shared_dir, tmp_path):
 
 def test_tiny_configs_saved_by_transformers5_load(tiny):
     """transformers 5.17 writes rope_parameters; Apertus' default RoPE is llama3."""
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite", "phi3"):
         path = tiny.directory(arch)
         assert "rope_parameters" in json.loads((path / "config.json").read_text())
         config = load_config(path)

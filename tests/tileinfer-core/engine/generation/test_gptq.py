@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from safetensors import safe_open
 
 from tileinfer import forward, load_model, new_cache
 from tileinfer.backend.fp8 import E4M3, quantize_rows
@@ -30,8 +32,9 @@ def test_gptq_moves_the_outputs_less_than_nearest_rounding():
     assert gptq_error < 0.5 * nearest_error
 
 
-def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path):
-    folder = save_tiny(build_tiny("llama"), tmp_path / "m")
+@pytest.mark.parametrize("arch", ["llama", "phi3"])  # phi3: q/k/v and gate/up stored fused
+def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path, arch):
+    folder = save_tiny(build_tiny(arch), tmp_path / "m")
     model = load_model(folder, dtype=torch.float32, backend="ref", max_len=128)
     # More calibration tokens than the widest layer's inputs (512): with fewer, the Hessian is
     # singular and the rounding fits the calibration text alone.
@@ -39,6 +42,10 @@ def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path):
     out = write_gptq_fp8(model, tmp_path / "gptq", calibration)
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["format"] == "float-quantized"
+    with safe_open(out / "model.safetensors", "pt") as f:
+        fused = "self_attn.qkv_proj" if arch == "phi3" else "self_attn.k_proj"
+        assert f.get_tensor(f"model.layers.1.{fused}.weight").dtype == E4M3
+        assert f"model.layers.1.{fused}.weight_scale" in f.keys()
     gptq = load_model(out, dtype=torch.float32, backend="ref", max_len=128, quantize="fp8")
     nearest = load_model(folder, dtype=torch.float32, backend="ref", max_len=128,
                          quantize="fp8")

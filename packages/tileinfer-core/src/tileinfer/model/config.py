@@ -1,7 +1,8 @@
 """ModelConfig: the hyperparameters of a Llama-style decoder, read from a model's config.json.
 
 Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
-``apertus``, ``smollm3``, ``granite`` (IBM Granite 3). Both config.json forms are read:
+``apertus``, ``smollm3``, ``granite`` (IBM Granite 3), ``phi3`` (Phi-3 and Phi-4 without
+LongRoPE or partial RoPE). Both config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -21,7 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
+                         "phi3")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 # config.json fields every model must state (no default would be meaningful).
@@ -52,6 +54,9 @@ _DEFAULTS = {
     "granite": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6, rope_theta=10000.0,
                     max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
                     hidden_act="silu"),
+    "phi3": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 max_position_embeddings=4096, bos_token_id=1, eos_token_id=32000,
+                 hidden_act="silu", sliding_window=None),
 }
 
 # Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
@@ -91,8 +96,8 @@ class ModelConfig:
     ``original_max_position_embeddings``. qk_norm: per-head RMSNorm of queries and keys before RoPE
     (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
     ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
-    activation). sliding_window: the attention window of Mistral (or of a Qwen2 or Qwen3 with
-    use_sliding_window), None when attention is global. rope_layers: per layer, whether its
+    activation). sliding_window: the attention window of Mistral or Phi-3 (or of a Qwen2, Qwen3
+    or SmolLM3 with use_sliding_window), None when attention is global. rope_layers: per layer, whether its
     queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all are.
     multipliers: Granite's scalings (``Multipliers``), None for the other architectures.
     """
@@ -256,7 +261,7 @@ def config_from_dict(d: dict) -> ModelConfig:
     bos = None if bos is None else _int({}, "bos_token_id", bos, minimum=0)
 
     sliding_window = None
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
         sliding_window = get("sliding_window")
     elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         sliding_window = d.get("sliding_window", 4096)

@@ -12,6 +12,9 @@ op computes them together:
   ``up`` (intermediate, hidden) for Apertus' ungated xIELU MLP;
 - ``qkv_bias`` (Qwen2's q/k/v biases, (heads + 2 * kv_heads) * head_dim): the same order.
 
+Phi-3 checkpoints hold both already fused in this order (``self_attn.qkv_proj``,
+``mlp.gate_up_proj``); ``fused_parts`` says which tensors make each.
+
 Before anything is allocated, ``check_checkpoint`` compares the config with the files (the layer
 count, then every tensor's shape from the safetensors headers), so that a config whose sizes do
 not match its weights (``num_hidden_layers: 100000000``) is refused at once, naming the field or
@@ -37,6 +40,8 @@ q/k/v biases           self_attn.{q,k,v}_proj.bias
 per-head q/k norm      self_attn.{q,k}_norm (Qwen3)  self_attn.{q,k}_norm
 MLP                    mlp.{gate,up,down}_proj       mlp.{up,down}_proj,
                                                      mlp.act_fn.{alpha_p,alpha_n,beta,eps}
+Phi-3                  self_attn.qkv_proj,
+                       mlp.gate_up_proj
 =====================  ============================  ======================================
 """
 
@@ -247,7 +252,22 @@ def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
         names["gate"] = "mlp.gate_proj.weight"
     else:
         names.update({n: f"mlp.act_fn.{n}" for n in ("alpha_p", "alpha_n", "beta", "eps")})
+    if config.model_type == "phi3":  # stored fused, in the order this engine fuses them
+        for role in ("q", "k", "v", "gate", "up"):
+            del names[role]
+        names.update(qkv="self_attn.qkv_proj.weight", gate_up="mlp.gate_up_proj.weight")
     return names
+
+
+def fused_parts(config: ModelConfig) -> dict[str, list[tuple[str, int]]]:
+    """For the fused linears ``qkv`` and ``up``: the roles of ``layer_tensor_names`` stacked
+    into each, in order, with their rows."""
+    c = config
+    if c.model_type == "phi3":
+        return {"qkv": [("qkv", c.qkv_size)], "up": [("gate_up", 2 * c.intermediate_size)]}
+    gate = [("gate", c.intermediate_size)] if c.mlp == "swiglu" else []
+    return {"qkv": [("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)],
+            "up": gate + [("up", c.intermediate_size)]}
 
 
 def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tuple[int, ...]]:
@@ -260,7 +280,8 @@ def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tu
              "k": (c.kv_size, hidden), "v": (c.kv_size, hidden), "o": (hidden, c.q_size),
              "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
              "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "q_bias": (c.q_size,),
-             "k_bias": (c.kv_size,), "v_bias": (c.kv_size,), "alpha_p": (1,), "alpha_n": (1,),
+             "k_bias": (c.kv_size,), "v_bias": (c.kv_size,), "qkv": (c.qkv_size, hidden),
+             "gate_up": (2 * inter, hidden), "alpha_p": (1,), "alpha_n": (1,),
              "beta": (), "eps": ()}
     shapes = {"model.embed_tokens.weight": (c.vocab_size, hidden)}
     layer_names = layer_tensor_names(c)
@@ -339,18 +360,18 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
             return linear(stacked(*names_) if len(names_) > 1 else load(names_[0]))
 
         embed = load("model.embed_tokens.weight")
+        parts = fused_parts(c)
         layers = []
         for i in range(c.num_layers):
             n = {role: f"model.layers.{i}.{suffix}" for role, suffix in names.items()}
-            up = (n["gate"], n["up"]) if c.mlp == "swiglu" else (n["up"],)
             layers.append(LayerWeights(
                 attn_norm=load(n["attn_norm"]),
-                qkv=linear_of(n["q"], n["k"], n["v"]),
+                qkv=linear_of(*(n[role] for role, _ in parts["qkv"])),
                 q_norm=load(n["q_norm"]) if c.qk_norm else None,
                 k_norm=load(n["k_norm"]) if c.qk_norm else None,
                 o=linear_of(n["o"]),
                 mlp_norm=load(n["mlp_norm"]),
-                up=linear_of(*up),
+                up=linear_of(*(n[role] for role, _ in parts["up"])),
                 down=linear_of(n["down"]),
                 xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
                        if c.mlp == "xielu" else None),

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ...backend.fp8 import E4M3, E4M3_MAX, quantize_rows, row_scales
-from ...model.weights import layer_tensor_names
+from ...model.weights import fused_parts, layer_tensor_names
 from ..kv.cache import new_cache
 from .forward import forward
 
@@ -130,9 +130,7 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
         raise FileExistsError(f"{out} is not empty")
     c = model.config
     names = layer_tensor_names(c)
-    parts = {"qkv": [("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)], "o": [("o", None)],
-             "up": ([("gate", c.intermediate_size)] if "gate" in names else [])
-             + [("up", c.intermediate_size)], "down": [("down", None)]}
+    parts = {**fused_parts(c), "o": [("o", c.hidden_size)], "down": [("down", c.hidden_size)]}
     tensors = {}
     for path in sorted(src.glob("*.safetensors")):
         tensors.update(load_file(path))
@@ -142,7 +140,6 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
             q, scale = gptq_e4m3(getattr(layer, role).cpu(), hessians[role], damp)
             row = 0
             for part, rows in parts[role]:
-                rows = rows or q.shape[0]
                 name = f"model.layers.{i}.{names[part]}"
                 tensors[name] = q[row:row + rows].contiguous()
                 tensors[name + "_scale"] = scale[row:row + rows, None].contiguous()
