@@ -12,7 +12,8 @@ import transformers
 from tileinfer.model import load_model
 from tileinfer.model.config import ConfigError, check_max_len, config_from_dict, load_config
 from tileinfer.model.rope import inverse_frequencies, rope_tables
-from tileinfer.model.weights import WeightsError, checkpoint_shapes
+from tileinfer.model.tensor_names import checkpoint_shapes
+from tileinfer.model.weights import WeightsError
 from tiny_models import COMMON, single_torch_thread, tiny  # noqa: F401
 
 transformers.logging.set_verbosity_error()

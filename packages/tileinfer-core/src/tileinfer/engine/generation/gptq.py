@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ...backend.fp8 import E4M3, E4M3_MAX, quantize_rows, row_scales
-from ...model.weights import fused_parts, layer_tensor_names
+from ...model.tensor_names import fused_parts, layer_tensor_names
 from ..kv.cache import new_cache
 from .forward import forward
 

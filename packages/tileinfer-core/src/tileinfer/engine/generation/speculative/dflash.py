@@ -38,8 +38,8 @@ from ....io.model_dir import resolve_model_dir
 from ....model.config import ConfigError, ModelConfig, check_max_len, config_from_dict
 from ....model.decoder import Model
 from ....model.quant import linear_operands
-from ....model.weights import (Checkpoint, LayerWeights, ModelWeights, layer_tensor_names,
-                              stacked_tensor)
+from ....model.tensor_names import layer_tensor_names
+from ....model.weights import Checkpoint, LayerWeights, ModelWeights, stacked_tensor
 from ...kv.cache import ContextLengthError, OutOfPagesError, common_prefix_len, new_cache
 from ...runtime.graphs import capture_graph
 from ...kv.step import prepare_step, static_metadata
