@@ -10,7 +10,8 @@ import torch
 import transformers
 
 from tileinfer.model import load_model
-from tileinfer.model.config import ConfigError, check_max_len, config_from_dict, load_config
+from tileinfer.model.config import (ConfigError, check_max_len, config_from_dict,
+                                    default_max_len, load_config)
 from tileinfer.model.rope import inverse_frequencies, rope_tables
 from tileinfer.model.tensor_names import checkpoint_shapes
 from tileinfer.model.weights import WeightsError
@@ -153,6 +154,7 @@ def test_phi3_reads_like_transformers_and_refuses_what_it_cannot_run(tmp_path):
     _check_against_transformers(config, hf)
     assert checkpoint_shapes(config) == _meta_model_shapes(hf)
     assert config.sliding_window == 2047
+    assert default_max_len(config) == 2047  # what load_model takes when not told: exact
     check_max_len(config, 2047)
     with pytest.raises(ConfigError, match="'sliding_window' is 2047, smaller than max_len 2048"):
         check_max_len(config, 2048)

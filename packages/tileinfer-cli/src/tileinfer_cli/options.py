@@ -18,7 +18,9 @@ from .sampling_options import add_option_flag
 PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
               "logit_bias")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-DEFAULT_MAX_LEN = 4096  # load_model's default max_len (capped by the model's positions)
+# load_model's default max_len (tileinfer.model.config's, not imported here: that would import
+# torch before the command line is parsed); capped by the model's positions and window.
+DEFAULT_MAX_LEN = 4096
 
 
 def torch_dtype(name: str):
@@ -72,7 +74,7 @@ def add_model_options(p: argparse.ArgumentParser):
                    help="KV cache precision (int8-smooth: INT8 with calibrated key smoothing)")
     g.add_argument("--max-len", type=int_range(1, INT32_MAX), metavar="N",
                    help=f"longest sequence, prompt and answer (default: {DEFAULT_MAX_LEN}, or "
-                        "the model's max_position_embeddings if smaller)")
+                        "the model's max_position_embeddings or sliding_window if smaller)")
     g.add_argument("--allow-long-context", action="store_true",
                    help="accept a --max-len beyond the model's max_position_embeddings (with a "
                         "warning: the model was not trained for such positions)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import DEFAULT_MAX_LEN, quantize_of, resolve_dtype, set_threads
+from ..options import quantize_of, resolve_dtype, set_threads
 from .defaults import SamplingDefaults
 from .template import ServedTemplate
 
@@ -45,13 +45,13 @@ def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize,
                batch_invariant: bool = False):
     """A model of folder's config shape with random weights (seed 0)."""
     from tileinfer import get_backend, load_config
-    from tileinfer.model.config import check_max_len
+    from tileinfer.model.config import check_max_len, default_max_len
     from tileinfer.model.loader import default_device
     from tileinfer.model.random_weights import random_model
 
     config = load_config(folder)
     if max_len is None:
-        max_len = min(DEFAULT_MAX_LEN, config.max_position_embeddings)
+        max_len = default_max_len(config)
     check_max_len(config, max_len, allow_long)
     device = default_device(get_backend(backend))
     return random_model(config, dtype=dtype, backend=backend, device=device, quantize=quantize,

@@ -335,6 +335,17 @@ class LongContextWarning(UserWarning):
     """A max_len beyond the model's max_position_embeddings, accepted with allow_long=True."""
 
 
+# The longest sequence a model is loaded for when the caller does not say.
+DEFAULT_MAX_LEN = 4096
+
+
+def default_max_len(config: ModelConfig) -> int:
+    """DEFAULT_MAX_LEN, or fewer: the model's positions, or its attention window (every position
+    within the window is exact without sliding-window attention; see ``check_max_len``)."""
+    return min(DEFAULT_MAX_LEN, config.max_position_embeddings,
+               config.sliding_window or DEFAULT_MAX_LEN)
+
+
 def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     """Refuse settings this engine would run wrongly.
 

@@ -12,12 +12,10 @@ import torch
 
 from ..backend import BackendError, OpTable, get_backend
 from ..io.model_dir import resolve_model_dir
-from .config import check_max_len, load_config
+from .config import check_max_len, default_max_len, load_config
 from .decoder import Model
 from .quant import check_quantize
 from .weights import Checkpoint, check_checkpoint, expected_weight_bytes, load_weights
-
-DEFAULT_MAX_LEN = 4096
 
 
 class MemoryLimitError(RuntimeError):
@@ -105,7 +103,7 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
 
     dtype: the activation and weight dtype. device: default ``default_device``. max_len: the
     longest sequence (positions the RoPE tables cover); default 4096, or the model's
-    ``max_position_embeddings`` if smaller. A max_len beyond those positions is refused unless
+    ``max_position_embeddings`` or attention window if smaller. A max_len beyond those positions is refused unless
     ``allow_long=True`` (then a ``LongContextWarning``). quantize: None, "int8" for INT8
     weight-only linear layers, or "fp8" for e4m3 weights and per-token e4m3 activations
     (``tileinfer.model.quant``; the backend must declare ``BackendInfo.fp8``). batch_invariant:
@@ -129,7 +127,7 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     model_dir = resolve_model_dir(model)
     config = load_config(model_dir)
     if max_len is None:
-        max_len = min(DEFAULT_MAX_LEN, config.max_position_embeddings)
+        max_len = default_max_len(config)
     check_max_len(config, max_len, allow_long)
     with Checkpoint(model_dir) as ckpt:
         check_checkpoint(config, ckpt)
