@@ -3,8 +3,9 @@
 Per layer (hidden states x of the step's n tokens, (n, hidden)):
 
     h = rmsnorm(x)                     (layer 0)  or  x += delta; h = rmsnorm(x)  (add_rmsnorm)
-    qkv = h @ W_qkv.T                   (n, (heads + 2 kv_heads) head_dim)
-    qkv += b_qkv                        (Qwen2 only: in the model dtype, in place)
+    qkv = h @ W_qkv.T                   (n, (heads + 2 kv_heads) head_dim); Qwen2: + b_qkv,
+                                        added to the float32 sums and rounded once, as a
+                                        biased product rounds in transformers
     q = rope(qnorm(q)); cache <- rope(knorm(k)), v          (attention_inputs)
     a = attention(q, cache)             causal, grouped-query, over the paged cache
                                         (both in one op, attention_with_inputs, where the
@@ -27,7 +28,7 @@ differently, so TileInfer keeps the unrounded sums.
 
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
 no ``.tolist()``): only op-table calls, views, torch's out= forms of a row gather
-(``index_select``) and copies (``hidden_out``), and Qwen2's and Granite's in-place adds and
+(``index_select``) and copies (``hidden_out``), and Qwen2's bias add and Granite's in-place
 scalings, so a runner can capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether
 the ops themselves are capturable is the backend's ``graph_safe``).
 
@@ -75,6 +76,7 @@ class StepBuffers:
     workspace: object  # the attention op's scratch, or None
     max_context_len: int  # the longest context the workspace is sized for
     hidden_out: dict[int, torch.Tensor] = field(default_factory=dict)
+    qkv_sums: torch.Tensor | None = None  # (n, qkv_size) float32, models with a qkv bias
 
     @property
     def num_tokens(self) -> int:
@@ -175,6 +177,8 @@ class Model:
                                                    max_context_len, dev),
             max_context_len=max_context_len,
             hidden_out={layer: unwritten(n_tokens, c.hidden_size) for layer in hidden_layers},
+            qkv_sums=(unwritten(n_tokens, c.qkv_size, dtype=torch.float32) if c.qkv_bias
+                      else None),
         )
 
     def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True,
@@ -214,9 +218,11 @@ class Model:
                 if i - 1 in b.hidden_out:  # b.hidden is now layer i - 1's output
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
-            ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv), inv)
-            if layer.qkv_bias is not None:
-                b.qkv.add_(layer.qkv_bias)
+            if layer.qkv_bias is None:
+                ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv), inv)
+            else:  # the float32 sums (linear's float32 out), plus the bias, rounded once
+                ops.linear(b.qkv_sums, b.normed, *linear_operands(layer.qkv), inv)
+                torch.add(b.qkv_sums, layer.qkv_bias, out=b.qkv)
             if self.fused_attention:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
                                           c.attention_scale, causal, b.workspace)
