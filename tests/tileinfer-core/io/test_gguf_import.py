@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
-                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -217,16 +218,19 @@ def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0):
     return model
 
 
-def tiny_qwen2(tied=True, seed=0):
-    """A Qwen2 model of tiny_llama's sizes, its q/k/v biases drawn (transformers zeroes them)."""
+def tiny_qwen(arch="qwen2", tied=True, seed=0):
+    """A Qwen2 (q/k/v biases, drawn: transformers zeroes them) or Qwen3 (per-head q/k norms)
+    model of tiny_llama's sizes; Qwen3's heads of 128 (every Qwen3's, which transformers' GGUF
+    loading assumes: it does not read attention.key_length)."""
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = (Qwen2Config if arch == "qwen2" else Qwen3Config)(
         vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16 if arch == "qwen2" else 128,
+        max_position_embeddings=256,
         rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
         tie_word_embeddings=tied, bos_token_id=1 + 256 + len(MERGES),
         eos_token_id=2 + 256 + len(MERGES))
-    model = Qwen2ForCausalLM(config).eval()
+    model = (Qwen2ForCausalLM if arch == "qwen2" else Qwen3ForCausalLM)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -252,6 +256,8 @@ GGUF_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -286,6 +292,8 @@ def write_gguf(
         "rope_freq_base": lambda: w.add_rope_freq_base(c.rope_parameters["rope_theta"]),
         "rope_dims": lambda: w.add_rope_dimension_count(c.head_dim),
     }
+    if c.head_dim != c.hidden_size // c.num_attention_heads:  # as llama.cpp's converter
+        keys["head_dim"] = lambda: (w.add_key_length(c.head_dim), w.add_value_length(c.head_dim))
     for key, add in keys.items():
         if key not in skip_keys:
             add()
@@ -386,20 +394,24 @@ def test_imported_model_computes_the_original_logits(tmp_path, tied, rope_scalin
         torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tied, tensor_type", [(True, "F32"), (False, "Q8_0")])
-def test_qwen2_imports_as_transformers_reads_it(tmp_path, tied, tensor_type):
-    """A qwen2 GGUF (q/k/v biases, no q/k permutation): the folder's weights are the file's, as
-    transformers' own GGUF loading reads them, and compute the original model's logits."""
-    model = tiny_qwen2(tied=tied)
-    path = write_gguf(tmp_path / "tiny-qwen2.gguf", model, tensor_type, arch="qwen2", pre="qwen2")
+@pytest.mark.parametrize("arch, tied, tensor_type", [("qwen2", True, "F32"), ("qwen2", False, "Q8_0"),
+                                                     ("qwen3", False, "F32")])
+def test_qwen_imports_as_transformers_reads_it(tmp_path, arch, tied, tensor_type):
+    """A qwen2 (q/k/v biases) or qwen3 (q/k norms) GGUF, q/k not permuted: the folder's weights
+    are the file's, as transformers' own GGUF loading reads them, and compute the original
+    model's logits."""
+    model = tiny_qwen(arch, tied=tied)
+    path = write_gguf(tmp_path / f"tiny-{arch}.gguf", model, tensor_type, arch=arch, pre="qwen2")
     folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
     config = json.loads((folder / "config.json").read_text())
-    assert (config["model_type"], config["architectures"]) == ("qwen2", ["Qwen2ForCausalLM"])
+    assert config["model_type"] == arch
+    assert config["architectures"] == [("Qwen2" if arch == "qwen2" else "Qwen3") + "ForCausalLM"]
     assert config["tie_word_embeddings"] is tied and config["rope_theta"] == 1000000.0
     imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     theirs = transformers_gguf_model(path).state_dict()
     expected = expected_weights(model, tensor_type)
-    assert "model.layers.1.self_attn.k_proj.bias" in expected
+    assert ("model.layers.1.self_attn." + ("k_proj.bias" if arch == "qwen2" else "k_norm.weight")
+            in expected)
     for name, value in imported.state_dict().items():
         if name == "lm_head.weight" and tied:
             continue

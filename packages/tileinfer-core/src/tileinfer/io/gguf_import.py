@@ -1,9 +1,9 @@
 """Import a llama.cpp GGUF file as an HF-style model folder that the rest of TileInfer loads.
 
-The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Two of
-llama.cpp's architectures are read: ``llama`` and ``qwen2`` (Qwen2, Qwen2.5: the same tensors plus
-the q/k/v biases). The folder gets config.json (model_type llama or qwen2, from the GGUF
-metadata), model.safetensors (bf16 by default), tokenizer.json (built with ``tokenizers`` from
+The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Three
+of llama.cpp's architectures are read: ``llama``, ``qwen2`` (Qwen2, Qwen2.5: the same tensors
+plus the q/k/v biases) and ``qwen3`` (plus the per-head q/k norms). The folder gets config.json
+(the model_type of the same name, from the GGUF metadata), model.safetensors (bf16 by default), tokenizer.json (built with ``tokenizers`` from
 the GGUF vocabulary, merges and token types), tokenizer_config.json (chat template, BOS/EOS),
 generation_config.json and import.json (where it came from, its license, name and tensor types,
 and the importer version, so a stale import can be redone).
@@ -17,8 +17,9 @@ the metadata, converting the tensors, writing the folder.
 
 llama.cpp stores a llama model's q and k projections with the rows of each head reordered for its
 RoPE (``permute`` in llama.cpp's convert_hf_to_gguf.py: ``(heads, 2, head_dim/2, in)`` swapped to
-``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k. A qwen2
-model's are stored as in transformers (its RoPE pairs the halves of a head, as transformers does).
+``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k. Qwen
+models' are stored as in transformers (their RoPE pairs the halves of a head, as transformers
+does).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from .paths import models_home
 
 TESTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # general.architecture -> (config.json's model_type, its architectures entry)
-ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
+ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+                 "qwen3": ("qwen3", "Qwen3ForCausalLM")}
 
 
 class GGUFImportWarning(UserWarning):
@@ -66,6 +68,8 @@ _LAYER_TENSORS = {
     "attn_q.bias": "self_attn.q_proj.bias",  # qwen2
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -251,6 +255,9 @@ def _check_shapes(tensors: dict, config: dict, path: Path) -> None:
         if config["model_type"] == "qwen2":
             expected |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                          p + "self_attn.v_proj.bias": (kv_out,)}
+        elif config["model_type"] == "qwen3":
+            expected |= {p + "self_attn.q_norm.weight": (config["head_dim"],),
+                         p + "self_attn.k_norm.weight": (config["head_dim"],)}
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise GGUFImportError(f"{path}: tensors missing for the model the metadata describes: {missing[:4]}")
