@@ -82,3 +82,35 @@ def test_integer_tensor_cast_is_warned(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "tileinfer: warning: ints.gguf: tensor output_norm.weight holds int32 integers, not "
         "weights of a float or quantized type; cast to bfloat16"]
+
+
+def test_pull_of_a_gguf_tag_imports_the_downloaded_file(tmp_path, tiny_gguf_file, monkeypatch,
+                                                           capsys):
+    """``tileinfer pull OWNER/NAME:TAG``: the repo and the tag go to ``pull_gguf`` (which
+    tests/tileinfer-core/io/test_hub.py checks against a fake hub; here it hands back a file as
+    the hub cache would hold it), the file is imported under its name, and the line says how
+    to run it; a second pull imports nothing again."""
+    from tileinfer.io import hub
+    from tileinfer_cli.main import main
+
+    cached = tmp_path / "hub" / "snapshots" / ("3" * 40) / "tiny-Q8_0.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(tiny_gguf_file.read_bytes())
+    asked = []
+
+    def fake_pull_gguf(repo_id, tag, revision="main", token=None, progress=True):
+        asked.append((repo_id, tag, revision))
+        return cached
+
+    monkeypatch.setattr(hub, "pull_gguf", fake_pull_gguf)
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    assert main(["pull", "acme/tiny-GGUF:Q8_0"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [("acme/tiny-GGUF", "Q8_0", "main")]
+    assert out == ("pulled tiny-Q8_0.gguf of acme/tiny-GGUF (main) and imported it as tiny-Q8_0: "
+                   "tileinfer run -m tiny-Q8_0\n")
+    weights = tmp_path / "home" / "models" / "tiny-Q8_0" / "model.safetensors"
+    before = os.stat(weights).st_ino
+    assert main(["pull", "acme/tiny-GGUF:Q8_0", "--revision", "v2"]) == 0
+    assert asked[-1] == ("acme/tiny-GGUF", "Q8_0", "v2")
+    assert os.stat(weights).st_ino == before  # the same file: not imported again

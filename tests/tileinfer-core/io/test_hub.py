@@ -22,7 +22,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from huggingface_hub import constants
 
-from tileinfer.io.hub import CachedModel, HubError, list_models, model_dir, pull, remove_model
+from tileinfer.io.hub import (CachedModel, HubError, gguf_tag, list_models, model_dir, pull,
+                              pull_gguf, remove_model)
 
 REPO = "acme/tiny-llm"
 COMMIT = "1" * 40
@@ -379,3 +380,54 @@ def test_bad_repo_id_and_unreachable_hub(hub, monkeypatch):
 def test_progress_bars_are_shown(hub, capsys):
     pull(REPO)  # progress=True: huggingface_hub's bars on stderr
     assert "Fetching" in capsys.readouterr().err
+
+
+# --- GGUF repos: one quantization pulled (``pull_gguf``), then imported ------------------------
+
+GGUF_REPO = "acme/tiny-GGUF"
+
+
+def test_gguf_tags_of_file_names():
+    assert gguf_tag("Qwen2.5-0.5B-Instruct-Q8_0.gguf") == "q8_0"
+    assert gguf_tag("sub/llama-2-7b.Q4_K_M.gguf") == "q4_k_m"
+    assert gguf_tag("Phi-3-mini-4k-instruct-fp16.gguf") == "fp16"
+    assert gguf_tag("big-F16-00001-of-00002.gguf") is None  # a part of a split file
+    assert gguf_tag("README.md") is None
+
+
+def test_pull_gguf_downloads_the_one_file_of_the_tag_and_it_imports(hub, monkeypatch, tmp_path):
+    from cli_helpers import gguf_helpers
+    from tileinfer.io import resolve_model_dir
+    from tileinfer.model.config import load_config
+
+    helpers = gguf_helpers()
+    tiny = helpers.write_gguf(tmp_path / "tiny.gguf", helpers.tiny_llama()).read_bytes()
+    hub.repos[GGUF_REPO] = {"commit": "3" * 40, "files": {
+        "tiny-Q8_0.gguf": tiny, "tiny-Q4_K_M.gguf": b"another quantization",
+        "tiny-F16-00001-of-00002.gguf": b"part 1", "tiny-F16-00002-of-00002.gguf": b"part 2",
+        "README.md": b"# tiny"}}
+    path = pull_gguf(GGUF_REPO, "q8_0", progress=False)  # the tag in any case
+    assert path.name == "tiny-Q8_0.gguf" and path.read_bytes() == tiny
+    gets = [p for m, p, _, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    assert gets == [f"/{GGUF_REPO}/resolve/main/tiny-Q8_0.gguf"]
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    folder = resolve_model_dir(path)  # what `tileinfer pull REPO:TAG` does next
+    assert folder == tmp_path / "home" / "models" / "tiny-Q8_0"
+    assert load_config(folder).model_type == "llama"
+    assert resolve_model_dir("tiny-Q8_0") == folder
+
+
+def test_pull_gguf_errors_list_the_repos_tags(hub):
+    hub.repos[GGUF_REPO] = {"commit": "3" * 40, "files": {
+        "a-Q8_0.gguf": b"x", "b-Q8_0.gguf": b"y", "c-Q4_0.gguf": b"z",
+        "c-F16-00001-of-00002.gguf": b"1", "c-F16-00002-of-00002.gguf": b"2"}}
+    with pytest.raises(HubError, match=r"no .gguf file of it has the tag 'Q5_K_M'; its tags: "
+                                       r"q4_0, q8_0"):
+        pull_gguf(GGUF_REPO, "Q5_K_M", progress=False)
+    with pytest.raises(HubError, match="2 files have it: a-Q8_0.gguf, b-Q8_0.gguf"):
+        pull_gguf(GGUF_REPO, "Q8_0", progress=False)
+    with pytest.raises(HubError, match=r"its F16 is split in parts \(c-F16-00001-of-00002.gguf"):
+        pull_gguf(GGUF_REPO, "F16", progress=False)
+    with pytest.raises(HubError, match=r"its tags: none \(no .gguf files\)"):
+        pull_gguf(REPO, "Q8_0", progress=False)
+    assert not [p for m, p, _, _ in hub.requests if m == "GET" and "/resolve/" in p]

@@ -2,7 +2,8 @@
 
 Two places hold them: the Hugging Face cache (``pull``: repo ids such as Qwen/Qwen3-0.6B) and
 TileInfer's models home (``import``: GGUF files, and the embedded default model), whose models go
-by their folder's name. ``list`` shows both, ``rm`` removes either and the leftovers of killed
+by their folder's name. ``pull OWNER/NAME:TAG`` downloads one quantization of a GGUF repo into
+the cache and imports it into the models home. ``list`` shows both, ``rm`` removes either and the leftovers of killed
 imports.
 """
 
@@ -16,6 +17,7 @@ PULL_EPILOG = """\
 examples:
   tileinfer pull Qwen/Qwen3-0.6B
   HF_TOKEN=hf_... tileinfer pull meta-llama/Llama-3.2-1B-Instruct
+  tileinfer pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0    one GGUF file, imported (dequantized)
 """
 RM_EPILOG = """\
 examples:
@@ -34,7 +36,8 @@ examples:
 def add_parser(sub, formatter):
     p = sub.add_parser("pull", help="download a model's inference files from the Hugging Face hub",
                        epilog=PULL_EPILOG, formatter_class=formatter)
-    p.add_argument("repo_id", help="OWNER/NAME on the hub")
+    p.add_argument("repo_id", help="OWNER/NAME on the hub, or OWNER/NAME:TAG for the GGUF file "
+                                   "of that quantization in a GGUF repo")
     p.add_argument("--revision", default="main", help="branch, tag or commit")
     p.set_defaults(func=pull)
 
@@ -60,10 +63,19 @@ def add_parser(sub, formatter):
 
 
 def pull(args, out):
-    from tileinfer.io.hub import pull
+    from tileinfer.io.hub import pull, pull_gguf
 
-    path = pull(args.repo_id, revision=args.revision)
-    print(f"pulled {args.repo_id} ({args.revision}) into {path}", file=out)
+    repo, _, tag = args.repo_id.partition(":")
+    if not tag:
+        path = pull(args.repo_id, revision=args.revision)
+        print(f"pulled {args.repo_id} ({args.revision}) into {path}", file=out)
+        return 0
+    from tileinfer import resolve_model_dir
+
+    path = pull_gguf(repo, tag, revision=args.revision)
+    folder = resolve_model_dir(path)  # imported into the models home once, as `import` would
+    print(f"pulled {path.name} of {repo} ({args.revision}) and imported it as {folder.name}: "
+          f"tileinfer run -m {folder.name}", file=out)
     return 0
 
 

@@ -15,7 +15,8 @@ from .tokenizer import TextStream, Tokenizer, load_tokenizer
 # Imported on first use: huggingface_hub (the hub) and the GGUF reader with numpy (importing)
 # take longer to import than everything else here, and most runs need neither.
 LAZY = {"import_gguf": "gguf_import", "CachedModel": "hub", "HubError": "hub",
-        "list_models": "hub", "model_dir": "hub", "pull": "hub", "remove_model": "hub"}
+        "list_models": "hub", "model_dir": "hub", "pull": "hub", "pull_gguf": "hub",
+        "remove_model": "hub"}
 
 
 def __getattr__(name):

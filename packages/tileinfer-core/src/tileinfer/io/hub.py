@@ -1,7 +1,9 @@
 """Models from the Hugging Face hub, through huggingface_hub and its cache.
 
 ``pull`` downloads only what inference needs, with config.json last: a snapshot counts as pulled
-once its config.json is there, so an interrupted pull never looks complete. huggingface_hub does
+once its config.json is there, so an interrupted pull never looks complete. ``pull_gguf``
+downloads one quantization of a GGUF repo (ollama's ``hf.co/OWNER/NAME:TAG``), which the caller
+then imports (``gguf_import``). huggingface_hub does
 the rest: resuming a dropped connection, skipping files already cached, the token (``token=``,
 else $HF_TOKEN, else the one stored by ``hf auth login``), progress bars, HF_ENDPOINT, HF_HOME /
 HF_HUB_CACHE and HF_HUB_OFFLINE.
@@ -10,11 +12,12 @@ HF_HUB_CACHE and HF_HUB_OFFLINE.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from huggingface_hub import (constants, hf_hub_download, scan_cache_dir, snapshot_download,
+from huggingface_hub import (HfApi, constants, hf_hub_download, scan_cache_dir, snapshot_download,
                              try_to_load_from_cache)
 from huggingface_hub.errors import (CacheNotFound, EntryNotFoundError, GatedRepoError,
                                     HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
@@ -140,6 +143,44 @@ def pull(repo_id: str, revision: str = "main", token: str | None = None, progres
             repo_id, CONFIG_FILE, revision=folder.name, token=token, cache_dir=_cache_dir(), tqdm_class=tqdm_class
         )
     return folder
+
+
+# One part of a GGUF file split in several (llama.cpp's gguf-split): NAME-00001-of-00003.gguf.
+_SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+
+
+def gguf_tag(file_name: str) -> str | None:
+    """The quantization tag of a GGUF file's name, lower case: what follows its last '-' or '.'
+    (Qwen2.5-0.5B-Instruct-Q8_0.gguf: q8_0; llama-2-7b.Q4_K_M.gguf: q4_k_m); None for a part of
+    a split file."""
+    name = file_name.rsplit("/", 1)[-1]
+    if not name.lower().endswith(".gguf") or _SPLIT_PART.search(name):
+        return None
+    return re.split(r"[-.]", name[: -len(".gguf")])[-1].lower()
+
+
+def pull_gguf(repo_id: str, tag: str, revision: str = "main", token: str | None = None,
+              progress: bool = True) -> Path:
+    """Download the .gguf file of ``repo_id`` whose quantization tag (``gguf_tag``) is ``tag``,
+    in any case, into the hub cache; return its path. A tag no file has, or several have, is a
+    HubError that lists the repo's tags; split files are refused."""
+    _check_repo_id(repo_id)
+    with _hub_errors(repo_id, revision):
+        # A client made now, not huggingface_hub's module-level one: it reads the endpoint then.
+        files = [f for f in HfApi().list_repo_files(repo_id, revision=revision, token=token)
+                 if f.lower().endswith(".gguf")]
+        found = [f for f in files if gguf_tag(f) == tag.lower()]
+        if len(found) != 1:
+            tags = sorted({t for f in files if (t := gguf_tag(f))})
+            split = [f for f in files if _SPLIT_PART.search(f) and tag.lower() in f.lower()]
+            why = (f"{len(found)} files have it: {', '.join(found)}" if found
+                   else f"its {tag} is split in parts ({split[0]}, ...), which TileInfer does "
+                        "not join" if split else f"no .gguf file of it has the tag {tag!r}")
+            raise HubError(f"{repo_id} (revision {revision}): {why}; its tags: "
+                           f"{', '.join(tags) or 'none (no .gguf files)'}")
+        return Path(hf_hub_download(repo_id, found[0], revision=revision, token=token,
+                                    cache_dir=_cache_dir(),
+                                    tqdm_class=None if progress else _NoProgress))
 
 
 def _check_repo_id(repo_id: str) -> None:
