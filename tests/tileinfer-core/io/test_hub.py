@@ -406,15 +406,21 @@ def test_pull_gguf_downloads_the_one_file_of_the_tag_and_it_imports(hub, monkeyp
         "tiny-Q8_0.gguf": tiny, "tiny-Q4_K_M.gguf": b"another quantization",
         "tiny-F16-00001-of-00002.gguf": b"part 1", "tiny-F16-00002-of-00002.gguf": b"part 2",
         "README.md": b"# tiny"}}
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    with pytest.raises(HubError, match=r"acme/tiny-GGUF:Q8_0 has not been pulled: run `tileinfer "
+                                       r"pull acme/tiny-GGUF:Q8_0` first"):
+        resolve_model_dir(f"{GGUF_REPO}:Q8_0")
     path = pull_gguf(GGUF_REPO, "q8_0", progress=False)  # the tag in any case
     assert path.name == "tiny-Q8_0.gguf" and path.read_bytes() == tiny
     gets = [p for m, p, _, _ in hub.requests if m == "GET" and "/resolve/" in p]
     assert gets == [f"/{GGUF_REPO}/resolve/main/tiny-Q8_0.gguf"]
-    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
     folder = resolve_model_dir(path)  # what `tileinfer pull REPO:TAG` does next
     assert folder == tmp_path / "home" / "models" / "tiny-Q8_0"
     assert load_config(folder).model_type == "llama"
     assert resolve_model_dir("tiny-Q8_0") == folder
+    before = len(hub.requests)
+    assert resolve_model_dir(f"{GGUF_REPO}:q8_0") == folder  # from the cache, no network
+    assert len(hub.requests) == before
 
 
 def test_pull_gguf_errors_list_the_repos_tags(hub):

@@ -52,8 +52,9 @@ def default_threads() -> int:
 
 def add_model_options(p: argparse.ArgumentParser):
     g = p.add_argument_group("model")
-    g.add_argument("--model", "-m", help="model: a folder, a pulled repo id (owner/name), an "
-                   "imported name (tileinfer list), or a .gguf file (default: the embedded "
+    g.add_argument("--model", "-m", help="model: a folder, a pulled repo id (owner/name, or "
+                   "owner/name:TAG for a pulled GGUF quantization), an imported name "
+                   "(tileinfer list), or a .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct)")
     g.add_argument("--backend", "-b", help="op backend: ref, triton, cuda, ... (default: the "
                    "fastest that runs here; tileinfer backends lists them)")

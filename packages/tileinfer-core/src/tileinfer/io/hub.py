@@ -183,6 +183,14 @@ def pull_gguf(repo_id: str, tag: str, revision: str = "main", token: str | None 
                                     tqdm_class=None if progress else _NoProgress))
 
 
+def pulled_gguf(repo_id: str, tag: str) -> Path | None:
+    """The .gguf file of ``repo_id`` with that tag that ``pull_gguf`` put in the hub cache (the
+    newest, if several snapshots hold one), or None. Never touches the network."""
+    snapshots = Path(_cache_dir()) / ("models--" + repo_id.replace("/", "--")) / "snapshots"
+    found = [p for p in snapshots.glob("*/**/*.gguf") if gguf_tag(p.name) == tag.lower()]
+    return max(found, key=lambda p: p.lstat().st_mtime) if found else None
+
+
 def _check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)

@@ -14,7 +14,8 @@ def resolve_model_dir(model=None) -> Path:
     """The folder of ``model``: the embedded default model for None (or its name,
     ``SmolLM2-135M-Instruct``); a folder as it is; a ``.gguf`` file imported once into the models
     home (re-imported when the file or the importer changed); the name of an imported model
-    (``tileinfer list``); else the snapshot of a pulled repo id. Never touches the network."""
+    (``tileinfer list``); the import of ``OWNER/NAME:TAG``'s GGUF file (``tileinfer pull``);
+    else the snapshot of a pulled repo id. Never touches the network."""
     if model is None:
         return default_model_dir()
     path = Path(model).expanduser()
@@ -27,6 +28,14 @@ def resolve_model_dir(model=None) -> Path:
         from .gguf_import import import_gguf
 
         return import_gguf(path, folder)
+    repo, _, tag = model.partition(":") if isinstance(model, str) else ("", "", "")
+    if tag and repo.count("/") == 1 and "\\" not in model:
+        from .hub import HubError, pulled_gguf
+
+        gguf = pulled_gguf(repo, tag)
+        if gguf is None:
+            raise HubError(f"{model} has not been pulled: run `tileinfer pull {model}` first")
+        return resolve_model_dir(gguf)
     if isinstance(model, str) and not path.is_dir() and is_plain_name(model):
         if model == DEFAULT_MODEL_NAME:
             return default_model_dir()
