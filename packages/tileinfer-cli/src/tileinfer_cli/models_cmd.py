@@ -3,8 +3,8 @@
 Two places hold them: the Hugging Face cache (``pull``: repo ids such as Qwen/Qwen3-0.6B) and
 TileInfer's models home (``import``: GGUF files, and the embedded default model), whose models go
 by their folder's name. ``pull OWNER/NAME:TAG`` downloads one quantization of a GGUF repo into
-the cache and imports it into the models home. ``list`` shows both, ``rm`` removes either and the leftovers of killed
-imports.
+the cache and imports it into the models home. ``list`` shows both, ``rm`` removes either and
+the leftovers of killed imports.
 """
 
 from __future__ import annotations

@@ -97,9 +97,9 @@ class ModelConfig:
     (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
     ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
     activation). sliding_window: the attention window of Mistral or Phi-3 (or of a Qwen2, Qwen3
-    or SmolLM3 with use_sliding_window), None when attention is global. rope_layers: per layer, whether its
-    queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all are.
-    multipliers: Granite's scalings (``Multipliers``), None for the other architectures.
+    or SmolLM3 with use_sliding_window), None when attention is global. rope_layers: per layer,
+    whether its queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE);
+    None: all are. multipliers: Granite's scalings (``Multipliers``), None for the others.
     """
 
     model_type: str

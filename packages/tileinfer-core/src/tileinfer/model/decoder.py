@@ -29,8 +29,9 @@ differently, so TileInfer keeps the unrounded sums.
 ``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
 no ``.tolist()``): only op-table calls, views, torch's out= forms of a row gather
 (``index_select``) and copies (``hidden_out``), and Qwen2's bias add and Granite's in-place
-scalings, so a runner can capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay it (whether
-the ops themselves are capturable is the backend's ``graph_safe``).
+scalings, so a runner can capture it in a CUDA graph with static step metadata and
+``StepBuffers`` and replay it (whether the ops themselves are capturable is the backend's
+``graph_safe``).
 
 The model layer knows nothing of the engine: a step (``tileinfer.engine.kv.step.StepMetadata``) and
 the KV cache (``tileinfer.engine.kv.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
@@ -103,7 +104,9 @@ class Model:
         # layer without RoPE (SmolLM3) gets the tables of no rotation (cos 1, sin 0: x c - y s
         # is x exactly), so every backend's op runs it unchanged.
         rotated = config.rope_layers or (True,) * config.num_layers
-        still = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) if not all(rotated) else None
+        still = None
+        if not all(rotated):
+            still = (torch.ones_like(self.cos), torch.zeros_like(self.sin))
         self.qk = [QKTransform(*((self.cos, self.sin) if rope else still), layer.q_norm,
                                layer.k_norm, config.rms_norm_eps)
                    for layer, rope in zip(weights.layers, rotated)]

@@ -103,12 +103,12 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
 
     dtype: the activation and weight dtype. device: default ``default_device``. max_len: the
     longest sequence (positions the RoPE tables cover); default 4096, or the model's
-    ``max_position_embeddings`` or attention window if smaller. A max_len beyond those positions is refused unless
-    ``allow_long=True`` (then a ``LongContextWarning``). quantize: None, "int8" for INT8
-    weight-only linear layers, or "fp8" for e4m3 weights and per-token e4m3 activations
-    (``tileinfer.model.quant``; the backend must declare ``BackendInfo.fp8``). batch_invariant:
-    every step's rows the same bits whatever else the step holds, so an answer does not depend
-    on the load (docs/determinism.md); the backend must declare it
+    ``max_position_embeddings`` or attention window if smaller. A max_len beyond those positions
+    is refused unless ``allow_long=True`` (then a ``LongContextWarning``). quantize: None,
+    "int8" for INT8 weight-only linear layers, or "fp8" for e4m3 weights and per-token e4m3
+    activations (``tileinfer.model.quant``; the backend must declare ``BackendInfo.fp8``).
+    batch_invariant: every step's rows the same bits whatever else the step holds, so an answer
+    does not depend on the load (docs/determinism.md); the backend must declare it
     (``BackendInfo.batch_invariant``).
     """
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
