@@ -172,15 +172,21 @@ def pull_gguf(repo_id: str, tag: str, revision: str = "main", token: str | None 
         found = [f for f in files if gguf_tag(f) == tag.lower()]
         if len(found) != 1:
             tags = sorted({t for f in files if (t := gguf_tag(f))})
-            split = [f for f in files if _SPLIT_PART.search(f) and tag.lower() in f.lower()]
-            why = (f"{len(found)} files have it: {', '.join(found)}" if found
-                   else f"its {tag} is split in parts ({split[0]}, ...), which TileInfer does "
-                        "not join" if split else f"no .gguf file of it has the tag {tag!r}")
-            raise HubError(f"{repo_id} (revision {revision}): {why}; its tags: "
-                           f"{', '.join(tags) or 'none (no .gguf files)'}")
+            raise HubError(f"{repo_id} (revision {revision}): {_not_one(tag, files, found)}; "
+                           f"its tags: {', '.join(tags) or 'none (no .gguf files)'}")
         return Path(hf_hub_download(repo_id, found[0], revision=revision, token=token,
                                     cache_dir=_cache_dir(),
                                     tqdm_class=None if progress else _NoProgress))
+
+
+def _not_one(tag: str, files: list[str], found: list[str]) -> str:
+    """Why no single .gguf file of files has the tag (found: those that have it)."""
+    if found:
+        return f"{len(found)} files have it: {', '.join(found)}"
+    split = [f for f in files if _SPLIT_PART.search(f) and tag.lower() in f.lower()]
+    if split:
+        return f"its {tag} is split in parts ({split[0]}, ...), which TileInfer does not join"
+    return f"no .gguf file of it has the tag {tag!r}"
 
 
 def pulled_gguf(repo_id: str, tag: str) -> Path | None:
