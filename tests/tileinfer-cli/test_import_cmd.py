@@ -114,3 +114,27 @@ def test_pull_of_a_gguf_tag_imports_the_downloaded_file(tmp_path, tiny_gguf_file
     assert main(["pull", "acme/tiny-GGUF:Q8_0", "--revision", "v2"]) == 0
     assert asked[-1] == ("acme/tiny-GGUF", "Q8_0", "v2")
     assert os.stat(weights).st_ino == before  # the same file: not imported again
+
+
+def test_rm_of_a_gguf_tag_removes_its_import(tmp_path, tiny_gguf_file, monkeypatch, capsys):
+    """``tileinfer rm OWNER/NAME:TAG`` finds the pulled file in the hub cache (as
+    ``-m OWNER/NAME:TAG`` does) and removes the model imported from it; the download stays.
+    Not pulled: one line saying so."""
+    from huggingface_hub import constants
+
+    from tileinfer.io import resolve_model_dir
+    from tileinfer_cli.main import main
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    cached = cache / "models--acme--tiny-GGUF" / "snapshots" / ("3" * 40) / "tiny-Q8_0.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(tiny_gguf_file.read_bytes())
+    folder = resolve_model_dir("acme/tiny-GGUF:q8_0")
+    assert folder == tmp_path / "home" / "models" / "tiny-Q8_0"
+    assert main(["rm", "acme/tiny-GGUF:Q8_0"]) == 0
+    assert capsys.readouterr().out.startswith("removed tiny-Q8_0, the import of acme/tiny-GGUF:Q8_0")
+    assert not folder.exists() and cached.is_file()
+    assert main(["rm", "acme/tiny-GGUF:Q8_0"]) == 2
+    assert "acme/tiny-GGUF:Q8_0 is not pulled here" in capsys.readouterr().err

@@ -24,6 +24,7 @@ examples:
   tileinfer rm Qwen/Qwen3-0.6B                 a pulled model (every revision)
   tileinfer rm Qwen/Qwen3-0.6B --revision main
   tileinfer rm my-model                        an imported model (tileinfer list shows names)
+  tileinfer rm OWNER/NAME-GGUF:Q8_0            the import of a pulled GGUF quantization
 """
 IMPORT_EPILOG = """\
 examples:
@@ -128,6 +129,9 @@ def rm(args, out):
     for folder, size in cleaned:
         print(f"removed the leftovers of an interrupted import: {folder.name} ({_size(size)})",
               file=out)
+    repo, _, tag = args.name.partition(":")
+    if tag and repo.count("/") == 1:
+        return _rm_pulled_gguf(args.name, repo, tag, out)
     if is_plain_name(args.name) and local_model_dir(args.name) is not None:
         if args.revision:
             raise UserError(f"{args.name} is an imported model: it has no revisions")
@@ -147,6 +151,22 @@ def rm(args, out):
                         "(tileinfer list shows the models here)") from None
     print(f"removed {args.name}" + (f" ({args.revision})" if args.revision else "")
           + f", {_size(freed)} freed", file=out)
+    return 0
+
+
+def _rm_pulled_gguf(name, repo, tag, out):
+    """``rm OWNER/NAME:TAG``: the import of that pulled GGUF file; its download stays in the hub
+    cache, with the repo's other files."""
+    from tileinfer.io.hub import pulled_gguf
+    from tileinfer.io.local_models import local_model_dir, remove_local_model
+
+    gguf = pulled_gguf(repo, tag)
+    imported = gguf.name[: -len(".gguf")] if gguf is not None else None
+    if imported is None or local_model_dir(imported) is None:
+        raise UserError(f"{name} is not pulled here (tileinfer list shows the models here)")
+    freed = remove_local_model(imported)
+    print(f"removed {imported}, the import of {name} ({_size(freed)}); the GGUF file stays in "
+          f"the Hugging Face cache: tileinfer rm {repo} removes the repo's downloads", file=out)
     return 0
 
 
