@@ -65,14 +65,16 @@ def add_parser(sub, formatter):
 
 def pull(args, out):
     from tileinfer.io.hub import pull, pull_gguf
+    from tileinfer.io.model_dir import gguf_reference
 
-    repo, _, tag = args.repo_id.partition(":")
-    if not tag:
+    reference = gguf_reference(args.repo_id)
+    if reference is None:
         path = pull(args.repo_id, revision=args.revision)
         print(f"pulled {args.repo_id} ({args.revision}) into {path}", file=out)
         return 0
     from tileinfer import resolve_model_dir
 
+    repo, tag = reference
     path = pull_gguf(repo, tag, revision=args.revision)
     folder = resolve_model_dir(path)  # imported into the models home once, as `import` would
     print(f"pulled {path.name} of {repo} ({args.revision}) and imported it as {folder.name}: "
@@ -129,9 +131,10 @@ def rm(args, out):
     for folder, size in cleaned:
         print(f"removed the leftovers of an interrupted import: {folder.name} ({_size(size)})",
               file=out)
-    repo, _, tag = args.name.partition(":")
-    if tag and repo.count("/") == 1:
-        return _rm_pulled_gguf(args.name, repo, tag, out)
+    from tileinfer.io.model_dir import gguf_reference
+
+    if (reference := gguf_reference(args.name)) is not None:
+        return _rm_pulled_gguf(args.name, *reference, out)
     if is_plain_name(args.name) and local_model_dir(args.name) is not None:
         if args.revision:
             raise UserError(f"{args.name} is an imported model: it has no revisions")
@@ -161,7 +164,7 @@ def _rm_pulled_gguf(name, repo, tag, out):
     from tileinfer.io.local_models import local_model_dir, remove_local_model
 
     gguf = pulled_gguf(repo, tag)
-    imported = gguf.name[: -len(".gguf")] if gguf is not None else None
+    imported = gguf.stem if gguf is not None else None  # resolve_model_dir's name for its import
     if imported is None or local_model_dir(imported) is None:
         raise UserError(f"{name} is not pulled here (tileinfer list shows the models here)")
     freed = remove_local_model(imported)

@@ -10,6 +10,15 @@ from .local_models import is_plain_name, local_model_dir
 from .paths import models_home
 
 
+def gguf_reference(model) -> tuple[str, str] | None:
+    """(repo id, tag) of ``OWNER/NAME:TAG``, a GGUF quantization that ``tileinfer pull`` takes
+    from the hub; None for any other model."""
+    if not isinstance(model, str) or "\\" in model:
+        return None
+    repo, _, tag = model.partition(":")
+    return (repo, tag) if tag and repo.count("/") == 1 else None
+
+
 def resolve_model_dir(model=None) -> Path:
     """The folder of ``model``: the embedded default model for None (or its name,
     ``SmolLM2-135M-Instruct``); a folder as it is; a ``.gguf`` file imported once into the models
@@ -28,11 +37,10 @@ def resolve_model_dir(model=None) -> Path:
         from .gguf_import import import_gguf
 
         return import_gguf(path, folder)
-    repo, _, tag = model.partition(":") if isinstance(model, str) else ("", "", "")
-    if tag and repo.count("/") == 1 and "\\" not in model:
+    if (reference := gguf_reference(model)) is not None:
         from .hub import HubError, pulled_gguf
 
-        gguf = pulled_gguf(repo, tag)
+        gguf = pulled_gguf(*reference)
         if gguf is None:
             raise HubError(f"{model} has not been pulled: run `tileinfer pull {model}` first")
         return resolve_model_dir(gguf)
