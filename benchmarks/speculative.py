@@ -5,7 +5,9 @@ backend. Prints one JSON object per line on stdout and a short table on stderr.
 greedy, CUDA graphs on, over PROMPTS: copy-heavy ones (repeat, rewrite with changed names, code
 edit, quote and answer, spelling fixes), whose answers mostly copy the prompt, and open ones
 (story, explanation, short answers), whose answers do not. For each prompt and backend: plain
-decoding (pipelined) and ``generate(..., speculative=NgramProposer(k))`` with the same
+decoding (pipelined) and ``generate(..., speculative=NgramProposer(k))`` on the model
+runtime's runner (the one ``generate`` and the CLI use; ``--own-runner``: a runner and cache of
+the benchmark's own) with the same
 max_new_tokens and stop tokens; wall time of the whole generation (prefill included; the median
 of at least ``--repeats`` runs each, more for short answers until each kind has run for
 ``--min-seconds``, the two kinds of run alternating, each after a garbage collection, after a
@@ -253,7 +255,8 @@ def step_costs(model, runner, backend, prompt, args):
 
 
 def bench_backend(backend, args):
-    from tileinfer import ChatMessage, ModelRunner, chat_prompt, load_model, load_tokenizer
+    from tileinfer import (ChatMessage, ModelRunner, chat_prompt, load_model, load_tokenizer,
+                           runner_for)
     from tileinfer.io.default_model import default_model_dir
     from tileinfer.io.generation_config import generation_defaults
 
@@ -273,8 +276,10 @@ def bench_backend(backend, args):
                                              add_special_tokens=False))
                for name, kind, text in prompts]
     longest = max(len(ids) for _, _, ids in encoded)
-    cache = new_cache(model, longest + args.new_tokens + 64)
-    runner = ModelRunner(model, cache)
+    if args.own_runner:
+        runner = ModelRunner(model, new_cache(model, longest + args.new_tokens + 64))
+    else:  # the model runtime's runner, which generate, ChatSession and the CLI run on
+        runner = runner_for(model)
     rows = []
     for name, kind, ids in encoded:
         rows.append(bench_prompt(model, runner, name, kind, ids, stop_ids, args))
@@ -304,9 +309,8 @@ def bench_backend(backend, args):
         f"{fmt(summary['geomean_copy'])}, open {fmt(summary['geomean_open'])}), min "
         f"{summary['min_speedup']:.3f}x, all identical: {summary['all_identical']}, "
         f"{summary['seconds']:.0f} s")
-    del runner, cache, model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    del runner
+    model.close()  # the runtime's pool, steps and graphs
     return summary
 
 
@@ -367,6 +371,9 @@ def main():
     p.add_argument("--repeats", type=int, default=5, help="runs of each kind at least")
     p.add_argument("--min-seconds", type=float, default=0.5,
                    help="runs of each kind until their time adds up to this (short answers)")
+    p.add_argument("--own-runner", action="store_true",
+                   help="run on a ModelRunner and cache of the benchmark's own instead of the "
+                   "model runtime's runner (the one generate and the CLI use)")
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")
