@@ -2,6 +2,7 @@
 GGUF files (one per tensor type, written with gguf.GGUFWriter) against the model they came from."""
 
 import importlib.util
+import io
 import json
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import sentencepiece
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
                           LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
@@ -193,10 +195,11 @@ TOKEN_TYPES = [1] * (len(TOKENS) - len(SPECIALS)) + [3] * len(SPECIALS)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0):
+def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0, vocab_size=len(TOKENS), bos_eos=None):
     torch.manual_seed(seed)
+    bos, eos = bos_eos or (1 + 256 + len(MERGES), 2 + 256 + len(MERGES))
     config = LlamaConfig(
-        vocab_size=len(TOKENS),
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -207,8 +210,8 @@ def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0):
         rms_norm_eps=1e-5,
         rope_parameters={"rope_theta": rope_theta, **(rope_scaling or {"rope_type": "default"})},
         tie_word_embeddings=tied,
-        bos_token_id=1 + 256 + len(MERGES),
-        eos_token_id=2 + 256 + len(MERGES),
+        bos_token_id=bos,
+        eos_token_id=eos,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms away from 1, so a misplaced norm shows
@@ -274,11 +277,22 @@ def gguf_name(hf_name):
 
 
 def write_gguf(
-    path, model, tensor_type="F32", arch="llama", tokenizer_model="gpt2", skip_keys=(), override=None, pre="smollm", add_bos=None
+    path,
+    model,
+    tensor_type="F32",
+    arch="llama",
+    tokenizer_model="gpt2",
+    skip_keys=(),
+    override=None,
+    pre="smollm",
+    add_bos=None,
+    sentencepiece=None,
+    add_space_prefix=None,
 ):
     """Write ``model`` the way llama.cpp's converter does: q/k permuted (llama), norms and biases
     in F32, matrices in ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array
-    written instead."""
+    written instead. ``sentencepiece``: a SentencePieceProcessor whose vocabulary the file holds
+    (tokenizer model "llama", as llama.cpp's converter writes it) instead of TOKENS and MERGES."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     keys = {
@@ -297,13 +311,24 @@ def write_gguf(
     for key, add in keys.items():
         if key not in skip_keys:
             add()
-    w.add_tokenizer_model(tokenizer_model)
-    w.add_tokenizer_pre(pre)
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
-    w.add_token_list(TOKENS)
-    w.add_token_merges([" ".join(m) for m in MERGES])
-    w.add_token_types(TOKEN_TYPES)
+    if sentencepiece is None:
+        w.add_tokenizer_model(tokenizer_model)
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(TOKENS)
+        w.add_token_merges([" ".join(m) for m in MERGES])
+        w.add_token_types(TOKEN_TYPES)
+    else:
+        sp = sentencepiece
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list([sp.id_to_piece(i) for i in range(sp.vocab_size())])
+        w.add_token_scores([sp.get_score(i) for i in range(sp.vocab_size())])
+        w.add_token_types([sentencepiece_token_type(sp, i) for i in range(sp.vocab_size())])
+        w.add_unk_token_id(sp.unk_id())
+        if add_space_prefix is not None:
+            w.add_add_space_prefix(add_space_prefix)
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
@@ -476,6 +501,111 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
     assert_import_fails(path, tmp_path, "pre-tokenizer 'tekken' is not supported")
 
 
+
+# --- SentencePiece vocabularies (tokenizer model "llama": Llama 2, Mistral 7B, TinyLlama) ---------
+
+# Text the test vocabularies are trained on: English prose and code, so that merges of several
+# lengths exist, while the other scripts of TEXTS fall back to bytes.
+SP_CORPUS = [t for t in TEXTS if t.isascii()] + (Path(__file__).read_text().splitlines() * 2)
+
+
+def sentencepiece_token_type(sp, i):
+    """The GGUF token type llama.cpp's converter gives piece i."""
+    if sp.is_unknown(i):
+        return 2
+    if sp.is_control(i):
+        return 3
+    if sp.is_unused(i):
+        return 5
+    if sp.is_byte(i):
+        return 6
+    return 1
+
+
+def trained_sentencepiece(add_dummy_prefix=True, vocab_size=700):
+    """A SentencePiece BPE model trained as Llama 2's was (identity normalization, byte fallback,
+    digits split), on SP_CORPUS."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for line in SP_CORPUS if line.strip()]),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=add_dummy_prefix,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
+    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def sentencepiece_import(tmp_path, sp, **kwargs):
+    model = tiny_llama(vocab_size=sp.vocab_size(), bos_eos=(sp.bos_id(), sp.eos_id()))
+    return import_gguf(write_gguf(tmp_path / "sp.gguf", model, sentencepiece=sp, **kwargs), tmp_path / "out")
+
+
+def plain_texts(seed=0, count=300):
+    """TEXTS without special-token strings, and random stretches of this file and the README
+    (the special-token strings taken out: they would match whole)."""
+    source = Path(__file__).read_text() + (Path(__file__).parents[3] / "README.md").read_text()
+    for special in ("<unk>", "<s>", "</s>"):
+        source = source.replace(special, "")
+    rng = np.random.default_rng(seed)
+    starts, lengths = rng.integers(0, len(source) - 200, count), rng.integers(1, 200, count)
+    return [t for t in TEXTS if "<" not in t] + [source[a : a + n] for a, n in zip(starts, lengths)]
+
+
+@pytest.mark.parametrize("add_dummy_prefix", [True, False])
+def test_sentencepiece_vocabulary_splits_text_as_sentencepiece(tmp_path, add_dummy_prefix):
+    sp = trained_sentencepiece(add_dummy_prefix)
+    folder = sentencepiece_import(tmp_path, sp, add_space_prefix=add_dummy_prefix)
+    tok = load_tokenizer(folder)
+    for text in plain_texts():
+        ids = sp.encode(text)
+        assert tok.encode(text, add_special_tokens=False) == ids, text
+        assert tok.decode(ids) == sp.decode(ids), text
+    # llama.cpp adds BOS to a SentencePiece vocabulary's text unless the file says not to
+    assert tok.encode("Hello world") == [sp.bos_id()] + sp.encode("Hello world")
+
+
+def test_sentencepiece_special_tokens_match_whole_and_text_after_them_starts_a_word(tmp_path):
+    sp = trained_sentencepiece()
+    folder = sentencepiece_import(tmp_path, sp, add_bos=False)
+    tok = load_tokenizer(folder)
+    # As llama.cpp with special tokens parsed: "</s>" is one token, and the text after a special
+    # token gets the space prefix as the text's start does.
+    assert tok.encode("the end</s>the start") == sp.encode("the end") + [sp.eos_id()] + sp.encode("the start")
+    assert (tok.bos_token, tok.eos_token) == ("<s>", "</s>")
+    assert tok.decode(tok.encode("the end</s>"), skip_special_tokens=True) == "the end"
+    # transformers reads the folder's tokenizer the same way
+    hf = AutoTokenizer.from_pretrained(folder)
+    for text in plain_texts(count=20) + ["the end</s>the start"]:
+        assert hf.encode(text) == tok.encode(text), text
+
+
+def test_sentencepiece_vocabulary_without_scores_is_refused(tmp_path):
+    sp = trained_sentencepiece()
+    path = write_gguf(tmp_path / "sp.gguf", tiny_llama(vocab_size=sp.vocab_size(), bos_eos=(1, 2)), sentencepiece=sp)
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(tmp_path / "no-scores.gguf"), "llama")
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name == "tokenizer.ggml.scores":
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), value_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert_import_fails(tmp_path / "no-scores.gguf", tmp_path, "tokenizer.ggml.scores is missing")
+
 # --- bad files ---------------------------------------------------------------------------------
 
 
@@ -522,9 +652,9 @@ def test_missing_metadata_key(tmp_path):
     assert_import_fails(path, tmp_path, "llama.feed_forward_length is missing")
 
 
-def test_sentencepiece_vocabulary_is_refused(tmp_path):
-    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), tokenizer_model="llama")
-    assert_import_fails(path, tmp_path, "tokenizer model 'llama' is not supported")
+def test_unknown_tokenizer_model_is_refused(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_llama(), tokenizer_model="bert")
+    assert_import_fails(path, tmp_path, "tokenizer model 'bert' is not supported")
 
 
 def test_wrong_tensor_shape(tmp_path):

@@ -1,11 +1,13 @@
 """tokenizer.json and generation_config.json contents from a GGUF file's metadata: the byte-level
-BPE vocabulary, merges and token types rebuilt with ``tokenizers``."""
+BPE vocabulary and merges, or the SentencePiece vocabulary (``gguf_sentencepiece``), and the token
+types, rebuilt with ``tokenizers``."""
 
 from __future__ import annotations
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from .gguf_reader import GGUFImportError, GGUFMetadata
+from .gguf_sentencepiece import sentencepiece_tokenizer
 
 # Pre-tokenizers of byte-level BPE vocabularies, by tokenizer.ggml.pre (the names llama.cpp gives
 # them in llama-vocab.cpp), written the way those models' own tokenizer.json files write them.
@@ -41,30 +43,38 @@ _PRE_TOKENIZERS = {
 }
 
 # GGUF token types (llama.cpp's llama_token_type).
-_CONTROL, _USER_DEFINED = 3, 4
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
 
 
-def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
-    """tokenizer.json content from the GGUF vocabulary, and the special token strings."""
-    kind = meta.require("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise GGUFImportError(
-            f"{meta.path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'; "
-            "SentencePiece vocabularies are not)"
-        )
+def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict, unk: str | None) -> Tokenizer:
+    """The byte-level BPE tokenizer of a "gpt2" vocabulary, split by tokenizer.ggml.pre's rules."""
     pre = meta.get("tokenizer.ggml.pre", "gpt-2")
     if pre not in _PRE_TOKENIZERS:
         raise GGUFImportError(
             f"{meta.path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE_TOKENIZERS))})"
         )
     pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
-    tokens = list(meta.require("tokenizer.ggml.tokens"))
     merges = []
     for merge in meta.require("tokenizer.ggml.merges"):
         pair = merge.split(" ")
         if len(pair) != 2:
             raise GGUFImportError(f"{meta.path}: malformed merge {merge!r}")
         merges.append(tuple(pair))
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
+    """tokenizer.json content from the GGUF vocabulary, and the special token strings."""
+    kind = meta.require("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise GGUFImportError(
+            f"{meta.path}: tokenizer model {kind!r} is not supported (byte-level BPE, 'gpt2', and "
+            "SentencePiece, 'llama', are)"
+        )
+    tokens = list(meta.require("tokenizer.ggml.tokens"))
     types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     if len(types) != len(tokens):
         raise GGUFImportError(f"{meta.path}: {len(tokens)} tokens but {len(types)} token types")
@@ -81,15 +91,21 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise GGUFImportError(f"{meta.path}: the vocabulary repeats tokens")
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token=named["unk_token"], ignore_merges=ignore_merges))
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    # Control tokens are special (skipped by skip_special_tokens); user-defined ones are plain
-    # added tokens. Both match whole in the text before BPE runs.
+    if kind == "llama":
+        tok = sentencepiece_tokenizer(meta, tokens, types, named["unk_token"])
+    else:
+        tok = _byte_level_tokenizer(meta, vocab, named["unk_token"])
+    # Control and unknown tokens are special (skipped by skip_special_tokens); user-defined ones
+    # are plain added tokens. All match whole in the text before BPE runs, as in llama.cpp.
     tok.add_tokens(
-        [AddedToken(t, special=ty == _CONTROL, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
+        [
+            AddedToken(t, special=ty != _USER_DEFINED, normalized=False)
+            for t, ty in zip(tokens, types)
+            if ty in (_UNKNOWN, _CONTROL, _USER_DEFINED)
+        ]
     )
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    # llama.cpp adds BOS to a SentencePiece vocabulary's text unless the file says not to.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
     for flag, key in ((add_bos, "bos_token"), (add_eos, "eos_token")):
         if flag and named[key] is None:
@@ -100,7 +116,7 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
         pair = single + ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else [])
         specials = {t: vocab[t] for t, on in ((bos, add_bos), (eos, add_eos)) if on}
         tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(specials.items()))
-    else:
+    elif kind == "gpt2":
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     flags = {"add_bos_token": add_bos, "add_eos_token": add_eos}
     return tok, {**{k: v for k, v in named.items() if v is not None}, **flags}
