@@ -22,7 +22,7 @@ from tileinfer.io import default_model, gguf_import
 from tileinfer.io.chat_template import ChatMessage, chat_prompt
 from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_path, default_model_dir
 from tileinfer.io.gguf_import import GGUFImportError, import_gguf
-from tileinfer.io.tokenizer import byte_to_unicode, load_tokenizer
+from tileinfer.io.tokenizer import TextStream, byte_to_unicode, load_tokenizer
 
 TEXTS = [
     "Hello world",
@@ -570,6 +570,14 @@ def test_sentencepiece_vocabulary_splits_text_as_sentencepiece(tmp_path, add_dum
         assert tok.decode(ids) == sp.decode(ids), text
     # llama.cpp adds BOS to a SentencePiece vocabulary's text unless the file says not to
     assert tok.encode("Hello world") == [sp.bos_id()] + sp.encode("Hello world")
+    # streamed token by token (characters that fell back to bytes held until complete)
+    for text in TEXTS[:10]:
+        ids, out = sp.encode(text), io.StringIO()
+        stream = TextStream(tok, out)
+        for i in ids:
+            stream.put(i)
+        stream.end()
+        assert out.getvalue() == sp.decode(ids), text
 
 
 def test_sentencepiece_special_tokens_match_whole_and_text_after_them_starts_a_word(tmp_path):
