@@ -41,7 +41,7 @@ def converting_fails(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("the conversion started")
 
-    monkeypatch.setattr(g, "_weights", never)
+    monkeypatch.setattr(g, "read_weights", never)
 
 
 def run_main(capsys, *args):

@@ -56,14 +56,15 @@ def test_integer_tensor_cast_is_warned(tmp_path, monkeypatch, capsys):
     import gguf
 
     import tileinfer.io.gguf_import as g
+    import tileinfer.io.gguf_tensors as tensors
     from tileinfer_cli.main import main
 
-    real = g.dequantize
+    real = tensors.dequantize
 
     def integers_as_they_are(data, qtype):
         return data if qtype == gguf.GGMLQuantizationType.I32 else real(data, qtype)
 
-    monkeypatch.setattr(g, "dequantize", integers_as_they_are)
+    monkeypatch.setattr(tensors, "dequantize", integers_as_they_are)
     helpers = gguf_helpers()
     model = helpers.tiny_llama()
     path = helpers.write_gguf(tmp_path / "ints.gguf", model, override={

@@ -13,7 +13,8 @@ import pytest
 import sentencepiece
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
-                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -243,6 +244,23 @@ def tiny_qwen(arch="qwen2", tied=True, seed=0):
     return model
 
 
+def tiny_phi3(tied=False, sliding_window=None, seed=0):
+    """A Phi-3 model (q/k/v and gate/up fused) of tiny_llama's sizes, untied as Phi-3's are."""
+    torch.manual_seed(seed)
+    config = Phi3Config(
+        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+        sliding_window=sliding_window, tie_word_embeddings=tied, pad_token_id=0,
+        bos_token_id=1 + 256 + len(MERGES), eos_token_id=2 + 256 + len(MERGES))
+    model = Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order for its RoPE (convert_hf_to_gguf.py, LlamaModel.permute)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -266,6 +284,8 @@ GGUF_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # phi3
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 
 
@@ -288,12 +308,14 @@ def write_gguf(
     add_bos=None,
     sentencepiece=None,
     add_space_prefix=None,
+    extra_tensors=None,
 ):
     """Write ``model`` the way llama.cpp's converter does: q/k permuted (llama), norms and biases
     in F32, matrices in ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array
     written instead. ``sentencepiece``: a SentencePieceProcessor whose vocabulary the file holds
     (tokenizer model "llama", as llama.cpp's converter writes it) instead of TOKENS and MERGES."""
     c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads  # Phi3: none
     w = gguf.GGUFWriter(str(path), arch)
     keys = {
         "block_count": lambda: w.add_block_count(c.num_hidden_layers),
@@ -304,10 +326,12 @@ def write_gguf(
         "head_count_kv": lambda: w.add_head_count_kv(c.num_key_value_heads),
         "rms_eps": lambda: w.add_layer_norm_rms_eps(c.rms_norm_eps),
         "rope_freq_base": lambda: w.add_rope_freq_base(c.rope_parameters["rope_theta"]),
-        "rope_dims": lambda: w.add_rope_dimension_count(c.head_dim),
+        "rope_dims": lambda: w.add_rope_dimension_count(head_dim),
     }
-    if c.head_dim != c.hidden_size // c.num_attention_heads:  # as llama.cpp's converter
-        keys["head_dim"] = lambda: (w.add_key_length(c.head_dim), w.add_value_length(c.head_dim))
+    if head_dim != c.hidden_size // c.num_attention_heads:  # as llama.cpp's converter
+        keys["head_dim"] = lambda: (w.add_key_length(head_dim), w.add_value_length(head_dim))
+    if getattr(c, "sliding_window", None) is not None and arch == "phi3":
+        keys["sliding_window"] = lambda: w.add_sliding_window(c.sliding_window)
     for key, add in keys.items():
         if key not in skip_keys:
             add()
@@ -331,6 +355,8 @@ def write_gguf(
             w.add_add_space_prefix(add_space_prefix)
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id)
+    if c.pad_token_id is not None:
+        w.add_pad_token_id(c.pad_token_id)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
     qtype = gguf.GGMLQuantizationType[tensor_type]
     for name, value in model.state_dict().items():
@@ -351,13 +377,15 @@ def write_gguf(
         else:
             w.add_tensor(target, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     if c.rope_parameters.get("rope_type") == "llama3":
-        from tileinfer.io.gguf_import import _llama3_rope_factors
+        from tileinfer.io.gguf_config import llama3_rope_factors
 
         p = c.rope_parameters
-        factors = _llama3_rope_factors(
-            c.head_dim, p["rope_theta"], p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+        factors = llama3_rope_factors(
+            head_dim, p["rope_theta"], p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
         )
         w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
+    for name, array in (extra_tensors or {}).items():
+        w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -447,6 +475,38 @@ def test_qwen_imports_as_transformers_reads_it(tmp_path, arch, tied, tensor_type
         tolerance = 1e-5 if tensor_type == "F32" else 0.05
         torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=tolerance,
                                    rtol=tolerance)
+
+
+@pytest.mark.parametrize("tensor_type, sliding_window", [("F32", None), ("Q8_0", 47)])
+def test_phi3_imports_as_transformers_reads_it(tmp_path, tensor_type, sliding_window):
+    """A phi3 GGUF (llama.cpp's attn_qkv and ffn_up hold the fused q/k/v and gate/up, not
+    permuted): the folder's weights are the file's, as transformers' own GGUF loading reads them,
+    the attention window is kept, and the folder computes the original model's logits."""
+    model = tiny_phi3(sliding_window=sliding_window)
+    path = write_gguf(tmp_path / "tiny-phi3.gguf", model, tensor_type, arch="phi3")
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("phi3", ["Phi3ForCausalLM"])
+    assert config["sliding_window"] == sliding_window and config["tie_word_embeddings"] is False
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    theirs = transformers_gguf_model(path).state_dict()
+    expected = expected_weights(model, tensor_type)
+    assert set(imported.state_dict()) == set(expected)
+    for name, value in imported.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+        assert torch.equal(value, theirs[name]), name
+    ids = torch.tensor([[5, 70, 100, 261, 262, 3, 200, 255, 17, 9, 40, 41]])
+    with torch.no_grad():
+        tolerance = 1e-5 if tensor_type == "F32" else 0.05
+        torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=tolerance, rtol=tolerance)
+
+
+def test_phi3_longrope_factors_are_refused(tmp_path):
+    factors = np.ones(8, dtype=np.float32)
+    override = {"rope_factors_long.weight": factors, "rope_factors_short.weight": factors}
+    model = tiny_phi3()
+    path = write_gguf(tmp_path / "long.gguf", model, arch="phi3", extra_tensors=override)
+    assert_import_fails(path, tmp_path, "LongRoPE scaling .* is not supported")
 
 
 def test_default_dtype_is_bf16_and_folder_goes_under_the_models_home(tmp_path, monkeypatch):
