@@ -86,7 +86,8 @@ def test_config_argument_is_used_instead_of_config_json(tmp_path):
 
 
 def test_imported_smollm2(smollm2_dir):
-    assert generation_defaults(smollm2_dir) == (SamplingParams(), [2])
+    # <|im_end|> (the file's eos) and <|endoftext|>, where llama.cpp ends a generation too
+    assert generation_defaults(smollm2_dir) == (SamplingParams(), [0, 2])
 
 
 @pytest.mark.parametrize(

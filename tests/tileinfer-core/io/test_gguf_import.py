@@ -22,6 +22,7 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from tileinfer.io import default_model, gguf_import
 from tileinfer.io.chat_template import ChatMessage, chat_prompt
 from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_path, default_model_dir
+from tileinfer.io.generation_config import generation_defaults
 from tileinfer.io.gguf_import import GGUFImportError, import_gguf
 from tileinfer.io.tokenizer import TextStream, byte_to_unicode, load_tokenizer
 
@@ -96,7 +97,8 @@ def test_folder_has_the_inference_files(smollm2_dir):
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert config["tie_word_embeddings"] is True
     generation = json.loads((smollm2_dir / "generation_config.json").read_text())
-    assert generation["eos_token_id"] == 2  # <|im_end|>
+    # <|im_end|> (the file's eos) and <|endoftext|>: the tokens llama.cpp ends a generation at
+    assert generation["eos_token_id"] == [0, 2]
 
 
 def test_config_matches_transformers(smollm2_gguf, our_model):
@@ -309,6 +311,7 @@ def write_gguf(
     sentencepiece=None,
     add_space_prefix=None,
     extra_tensors=None,
+    extra_keys=None,
 ):
     """Write ``model`` the way llama.cpp's converter does: q/k permuted (llama), norms and biases
     in F32, matrices in ``tensor_type``. ``override`` maps a GGUF tensor name to a raw array
@@ -357,6 +360,8 @@ def write_gguf(
     w.add_eos_token_id(c.eos_token_id)
     if c.pad_token_id is not None:
         w.add_pad_token_id(c.pad_token_id)
+    if extra_keys is not None:
+        extra_keys(w)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
     qtype = gguf.GGMLQuantizationType[tensor_type]
     for name, value in model.state_dict().items():
@@ -529,6 +534,25 @@ def test_synthetic_tokenizer_and_template(tmp_path):
     assert TOKENS.index("in") in ids
     assert tok.decode(ids) == "<|im_start|>the thin 42<|im_end|>"
     assert chat_prompt(folder, [ChatMessage("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_generation_ends_where_llama_cpp_ends_it(tmp_path):
+    """The file's eos, eot and eom ids and the tokens of llama.cpp's end-of-generation texts
+    (here <|endoftext|> and <|im_end|>) end a reply; config.json keeps the file's eos."""
+    folder = import_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_llama()), tmp_path / "out")
+    generation = json.loads((folder / "generation_config.json").read_text())
+    expected = sorted(TOKENS.index(t) for t in ("<|endoftext|>", "<|im_end|>"))
+    assert generation["eos_token_id"] == expected
+    assert json.loads((folder / "config.json").read_text())["eos_token_id"] == TOKENS.index("<|im_end|>")
+    assert generation_defaults(folder)[1] == expected  # what run, chat and the server stop at
+    # An end-of-turn id the file names joins them; a SentencePiece vocabulary without any of
+    # those texts keeps its one eos.
+    path = write_gguf(tmp_path / "eot.gguf", tiny_llama(), extra_keys=lambda w: w.add_eot_token_id(TOKENS.index("in")))
+    generation = json.loads((import_gguf(path, tmp_path / "eot") / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == sorted(expected + [TOKENS.index("in")])
+    sp = trained_sentencepiece()
+    generation = json.loads((sentencepiece_import(tmp_path, sp) / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == sp.eos_id()
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from tqdm import tqdm
 from .gguf_config import ARCHITECTURES, config_from
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf, source_summary
 from .gguf_tensors import GGUFImportWarning, check_shapes, dequantized, read_weights  # noqa: F401
-from .gguf_tokenizer import build_tokenizer, generation_config_from
+from .gguf_tokenizer import build_tokenizer, end_of_generation_ids, generation_config_from
 from .import_record import IMPORTER_VERSION, is_current_import  # noqa: F401
 from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
@@ -155,7 +155,8 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         if template is not None:
             tokenizer_config["chat_template"] = template
         _write_json(staging / "tokenizer_config.json", tokenizer_config)
-        _write_json(staging / "generation_config.json", generation_config_from(meta, config))
+        stop_ids = end_of_generation_ids(meta, tokenizer)
+        _write_json(staging / "generation_config.json", generation_config_from(meta, config, stop_ids))
         _write_json(staging / "config.json", config)
         stat = path.stat()
         _write_json(

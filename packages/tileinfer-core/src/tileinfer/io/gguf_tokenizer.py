@@ -122,8 +122,28 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     return tok, {**{k: v for k, v in named.items() if v is not None}, **flags}
 
 
-def generation_config_from(meta: GGUFMetadata, config: dict) -> dict:
+
+# Token texts that end a generation in llama.cpp whatever the file's eos id (llama-vocab.cpp's
+# list for the architectures imported here): chat models end a turn with one of them.
+END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+                           "<EOT>", "_<EOT>", "<|end_of_text|>")
+
+
+def end_of_generation_ids(meta: GGUFMetadata, tokenizer: Tokenizer) -> list[int]:
+    """The ids that end a generation, as llama.cpp takes them from a GGUF file: its eos, end of
+    turn (eot) and end of message (eom) ids, and the tokens of END_OF_GENERATION_TEXTS."""
+    ids = {meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")}
+    ids |= {tokenizer.token_to_id(text) for text in END_OF_GENERATION_TEXTS}
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    return sorted(int(i) for i in ids if i is not None and 0 <= int(i) < size)
+
+
+def generation_config_from(meta: GGUFMetadata, config: dict, stop_ids: list[int]) -> dict:
+    """generation_config.json: the special ids, the tokens that end a generation
+    (``end_of_generation_ids``) and the sampling settings some files carry."""
     out = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    if len(stop_ids) > 1 or (stop_ids and stop_ids[0] != out.get("eos_token_id")):
+        out["eos_token_id"] = stop_ids if len(stop_ids) > 1 else stop_ids[0]
     # Sampling settings some GGUF files carry (general.sampling.*), in generation_config terms.
     temp = meta.get("general.sampling.temp")
     top_k = meta.get("general.sampling.top_k")

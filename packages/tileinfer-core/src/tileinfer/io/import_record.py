@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-IMPORTER_VERSION = 1
+# Raised when an import's folder would differ, so that folders of older imports are redone.
+IMPORTER_VERSION = 2
 
 
 class GGUFImportError(ValueError):
