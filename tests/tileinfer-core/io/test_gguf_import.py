@@ -595,6 +595,8 @@ SP_CORPUS = [t for t in TEXTS if t.isascii()] + (Path(__file__).read_text().spli
 
 def sentencepiece_token_type(sp, i):
     """The GGUF token type llama.cpp's converter gives piece i."""
+    if sp.id_to_piece(i) in getattr(sp, "chat_tokens", ()):
+        return 3
     if sp.is_unknown(i):
         return 2
     if sp.is_control(i):
@@ -606,9 +608,10 @@ def sentencepiece_token_type(sp, i):
     return 1
 
 
-def trained_sentencepiece(add_dummy_prefix=True, vocab_size=700):
+def trained_sentencepiece(add_dummy_prefix=True, vocab_size=700, user_defined=()):
     """A SentencePiece BPE model trained as Llama 2's was (identity normalization, byte fallback,
-    digits split), on SP_CORPUS."""
+    digits split), on SP_CORPUS; ``user_defined``: pieces written as control tokens (as Phi-3's
+    chat tokens are)."""
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter([line for line in SP_CORPUS if line.strip()]),
@@ -622,9 +625,12 @@ def trained_sentencepiece(add_dummy_prefix=True, vocab_size=700):
         split_digits=True,
         allow_whitespace_only_pieces=True,
         character_coverage=1.0,
+        user_defined_symbols=list(user_defined),
         minloglevel=2,
     )
-    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    sp = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    sp.chat_tokens = set(user_defined)
+    return sp
 
 
 def sentencepiece_import(tmp_path, sp, **kwargs):
@@ -677,6 +683,19 @@ def test_sentencepiece_special_tokens_match_whole_and_text_after_them_starts_a_w
     hf = AutoTokenizer.from_pretrained(folder)
     for text in plain_texts(count=20) + ["the end</s>the start"]:
         assert hf.encode(text) == tok.encode(text), text
+
+
+@pytest.mark.parametrize("name, strips", [("Phi-3 Mini 4K Instruct", True), ("Llama 2 7B Chat", False)])
+def test_phi3_special_tokens_take_the_whitespace_after_them(tmp_path, name, strips):
+    """llama.cpp strips the whitespace after Phi-3's special tokens (rstrip), by the model's
+    name, except after <unk>, <s> and <|endoftext|>; no other model's."""
+    sp = trained_sentencepiece(user_defined=("<|user|>", "<|end|>", "<|endoftext|>"))
+    folder = sentencepiece_import(tmp_path, sp, add_bos=False, extra_keys=lambda w: w.add_name(name))
+    tok = load_tokenizer(folder)
+    user, end, endoftext = (sp.piece_to_id(t) for t in ("<|user|>", "<|end|>", "<|endoftext|>"))
+    after_user = sp.encode("the end") if strips else sp.encode("\nthe end")
+    assert tok.encode("<|user|>\nthe end<|end|>\n") == [user] + after_user + [end] + ([] if strips else sp.encode("\n"))
+    assert tok.encode("<|endoftext|> x") == [endoftext] + sp.encode(" x")  # never stripped
 
 
 def test_sentencepiece_vocabulary_without_scores_is_refused(tmp_path):

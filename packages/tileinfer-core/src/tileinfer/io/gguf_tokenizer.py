@@ -66,6 +66,16 @@ def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict, unk: str | None) -> T
     return tok
 
 
+def _strips_whitespace_after(meta: GGUFMetadata):
+    """Which added tokens take the whitespace after them along (rstrip): as llama.cpp decides it,
+    by the model's name, Phi-3's special tokens but <unk>, <s> and <|endoftext|> (Phi-3's own
+    tokenizer.json marks the same ones); no token of any other model."""
+    name = str(meta.get("general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return lambda token: False
+    return lambda token: token not in ("<unk>", "<s>", "<|endoftext|>")
+
+
 def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     """tokenizer.json content from the GGUF vocabulary, and the special token strings."""
     kind = meta.require("tokenizer.ggml.model")
@@ -97,9 +107,10 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
         tok = _byte_level_tokenizer(meta, vocab, named["unk_token"])
     # Control and unknown tokens are special (skipped by skip_special_tokens); user-defined ones
     # are plain added tokens. All match whole in the text before BPE runs, as in llama.cpp.
+    strips = _strips_whitespace_after(meta)
     tok.add_tokens(
         [
-            AddedToken(t, special=ty != _USER_DEFINED, normalized=False)
+            AddedToken(t, special=ty != _USER_DEFINED, normalized=False, rstrip=strips(t))
             for t, ty in zip(tokens, types)
             if ty in (_UNKNOWN, _CONTROL, _USER_DEFINED)
         ]
