@@ -34,7 +34,7 @@ def test_show_json_matches_the_files(tiny_home, tiny_gguf_file):
     assert info["gguf_source"]["tensor_types"] == {"F32": len(reader.tensors)}
     assert info["generation_defaults"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
                                            "min_p": 0.0, "repetition_penalty": 1.0,
-                                           "stop_ids": [262]}
+                                           "stop_ids": [260, 262]}  # <|endoftext|>, <|im_end|>
     assert info["license"] is None
 
 

@@ -69,7 +69,7 @@ def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict, unk: str | None) -> T
 def _strips_whitespace_after(meta: GGUFMetadata):
     """Which added tokens take the whitespace after them along (rstrip): as llama.cpp decides it,
     by the model's name, Phi-3's special tokens but <unk>, <s> and <|endoftext|> (Phi-3's own
-    tokenizer.json marks the same ones); no token of any other model."""
+    tokenizer files mark the same ones); no token of any other model."""
     name = str(meta.get("general.name", "")).lower()
     if "phi-3" not in name and "phi3" not in name:
         return lambda token: False
@@ -133,9 +133,8 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     return tok, {**{k: v for k, v in named.items() if v is not None}, **flags}
 
 
-
-# Token texts that end a generation in llama.cpp whatever the file's eos id (llama-vocab.cpp's
-# list for the architectures imported here): chat models end a turn with one of them.
+# Token texts that end a generation in llama.cpp whatever the file's eos id (from llama-vocab.cpp's
+# list): chat models end a turn with one of them.
 END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                            "<EOT>", "_<EOT>", "<|end_of_text|>")
 
