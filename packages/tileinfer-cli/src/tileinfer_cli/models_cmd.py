@@ -162,9 +162,10 @@ def _rm_pulled_gguf(name, repo, tag, out):
     cache, with the repo's other files."""
     from tileinfer.io.hub import pulled_gguf
     from tileinfer.io.local_models import local_model_dir, remove_local_model
+    from tileinfer.io.model_dir import imported_folder
 
     gguf = pulled_gguf(repo, tag)
-    imported = gguf.stem if gguf is not None else None  # resolve_model_dir's name for its import
+    imported = imported_folder(gguf).name if gguf is not None else None
     if imported is None or local_model_dir(imported) is None:
         raise UserError(f"{name} is not pulled here (tileinfer list shows the models here)")
     freed = remove_local_model(imported)

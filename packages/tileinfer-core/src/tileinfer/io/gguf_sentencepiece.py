@@ -12,47 +12,46 @@ the lower id first among equal scores), with byte fallback.
 
 from __future__ import annotations
 
+from gguf import TokenType
 from tokenizers import Tokenizer, decoders, models, normalizers
 
 from .gguf_reader import GGUFImportError, GGUFMetadata
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 # GGUF token types (llama.cpp's llama_token_type) that never join a merge.
-_UNKNOWN, _CONTROL, _UNUSED, _BYTE = 2, 3, 5, 6
+_NOT_JOINED = (TokenType.UNKNOWN, TokenType.CONTROL, TokenType.UNUSED, TokenType.BYTE)
 
 
-def sentencepiece_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
-    """BPE merges that reproduce SentencePiece's highest-score-first merging (module docstring)."""
-    ids = {t: i for i, t in enumerate(tokens)}
-    joinable = [ty not in (_UNKNOWN, _CONTROL, _UNUSED, _BYTE) for ty in types]
+def sentencepiece_merges(vocab: dict[str, int], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges that reproduce SentencePiece's highest-score-first merging (module docstring).
+    vocab: piece -> id, in id order."""
+    joinable = [ty not in _NOT_JOINED for ty in types]
     ranked = []
-    for i, piece in enumerate(tokens):
+    for piece, i in vocab.items():
         if not joinable[i] or len(piece) < 2:
             continue
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
-            a, b = ids.get(left), ids.get(right)
+            a, b = vocab.get(left), vocab.get(right)
             if a is not None and b is not None and joinable[a] and joinable[b]:
                 ranked.append((-scores[i], i, a, (left, right)))
     ranked.sort()
     return [pair for *_, pair in ranked]
 
 
-def sentencepiece_tokenizer(meta: GGUFMetadata, tokens: list[str], types: list[int], unk: str | None) -> Tokenizer:
-    """The BPE tokenizer of a GGUF SentencePiece vocabulary (without added or special tokens)."""
+def sentencepiece_tokenizer(meta: GGUFMetadata, vocab: dict[str, int], types: list[int], unk: str | None) -> Tokenizer:
+    """The BPE tokenizer of a GGUF SentencePiece vocabulary (piece -> id, in id order; without
+    added or special tokens)."""
     scores = list(meta.require("tokenizer.ggml.scores"))
-    if len(scores) != len(tokens):
-        raise GGUFImportError(f"{meta.path}: {len(tokens)} tokens but {len(scores)} scores")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = sentencepiece_merges(tokens, [float(s) for s in scores], types)
+    if len(scores) != len(vocab):
+        raise GGUFImportError(f"{meta.path}: {len(vocab)} tokens but {len(scores)} scores")
+    merges = sentencepiece_merges(vocab, [float(s) for s in scores], types)
     tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     # Per piece of text between added tokens: a "▁" in front (if the file asks for it), spaces as "▁".
-    steps = [normalizers.Replace(" ", SPACE)]
-    if bool(meta.get("tokenizer.ggml.add_space_prefix", True)):
-        steps.insert(0, normalizers.Prepend(SPACE))
-    tok.normalizer = normalizers.Sequence(steps)
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tok.normalizer = normalizers.Sequence(([normalizers.Prepend(SPACE)] if prefix else []) + [normalizers.Replace(" ", SPACE)])
     tok.decoder = decoders.Sequence(
         [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-        + ([decoders.Strip(" ", 1, 0)] if bool(meta.get("tokenizer.ggml.add_space_prefix", True)) else [])
+        + ([decoders.Strip(" ", 1, 0)] if prefix else [])
     )
     return tok

@@ -4,6 +4,7 @@ types, rebuilt with ``tokenizers``."""
 
 from __future__ import annotations
 
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from .gguf_reader import GGUFImportError, GGUFMetadata
@@ -42,8 +43,8 @@ _PRE_TOKENIZERS = {
     "qwen2": (_QWEN2, False),
 }
 
-# GGUF token types (llama.cpp's llama_token_type).
-_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
+# GGUF token types (llama.cpp's llama_token_type) of the tokens matched whole in the text.
+_ADDED = (TokenType.UNKNOWN, TokenType.CONTROL, TokenType.USER_DEFINED)
 
 
 def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict, unk: str | None) -> Tokenizer:
@@ -102,7 +103,7 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     if len(vocab) != len(tokens):
         raise GGUFImportError(f"{meta.path}: the vocabulary repeats tokens")
     if kind == "llama":
-        tok = sentencepiece_tokenizer(meta, tokens, types, named["unk_token"])
+        tok = sentencepiece_tokenizer(meta, vocab, types, named["unk_token"])
     else:
         tok = _byte_level_tokenizer(meta, vocab, named["unk_token"])
     # Control and unknown tokens are special (skipped by skip_special_tokens); user-defined ones
@@ -110,9 +111,9 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict]:
     strips = _strips_whitespace_after(meta)
     tok.add_tokens(
         [
-            AddedToken(t, special=ty != _USER_DEFINED, normalized=False, rstrip=strips(t))
+            AddedToken(t, special=ty != TokenType.USER_DEFINED, normalized=False, rstrip=strips(t))
             for t, ty in zip(tokens, types)
-            if ty in (_UNKNOWN, _CONTROL, _USER_DEFINED)
+            if ty in _ADDED
         ]
     )
     # llama.cpp adds BOS to a SentencePiece vocabulary's text unless the file says not to.

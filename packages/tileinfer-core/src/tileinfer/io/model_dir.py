@@ -19,6 +19,11 @@ def gguf_reference(model) -> tuple[str, str] | None:
     return (repo, tag) if tag and repo.count("/") == 1 else None
 
 
+def imported_folder(gguf_path: Path) -> Path:
+    """Where ``resolve_model_dir`` imports a .gguf file: the models home, under the file's stem."""
+    return models_home() / Path(gguf_path).stem
+
+
 def resolve_model_dir(model=None) -> Path:
     """The folder of ``model``: the embedded default model for None (or its name,
     ``SmolLM2-135M-Instruct``); a folder as it is; a ``.gguf`` file imported once into the models
@@ -31,7 +36,7 @@ def resolve_model_dir(model=None) -> Path:
     if path.is_dir():
         return path
     if path.suffix == ".gguf" and path.is_file():
-        folder = models_home() / path.stem
+        folder = imported_folder(path)
         if is_current_import(folder, path):
             return folder
         from .gguf_import import import_gguf
