@@ -172,7 +172,7 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
     # alternately, each after a garbage collection: a drift of the machine, or a collection in
     # the middle of a run (milliseconds, on answers that take 10-20 ms), weighs on both alike.
     run(None)
-    run(NgramProposer(k=args.k))
+    run(ngram_proposer(args))
     plain_runs, spec_runs = [], []
     # A 15-token answer takes ~15 ms, mostly its prefill, and moves by +-10% between runs: short
     # answers get more runs, until each kind has run for min_seconds (at most 20 times repeats).
@@ -182,7 +182,7 @@ def bench_prompt(model, runner, name, kind, prompt, stop_ids, args):
         gc.collect()
         plain_runs.append(run(None))
         gc.collect()
-        spec_runs.append(run(NgramProposer(k=args.k)))
+        spec_runs.append(run(ngram_proposer(args)))
     plain, plain_s = plain_runs[0][0], statistics.median(r[1] for r in plain_runs)
     out, spec_s, stats = spec_runs[0][0], statistics.median(r[1] for r in spec_runs), spec_runs[0][2]
     row = dict(kind="prompt", backend=model.ops.name, prompt=name, prompt_kind=kind,
@@ -358,6 +358,15 @@ def bench_verify_cost(backend, args):
     cache.release(seq)
 
 
+def ngram_proposer(args):
+    from tileinfer import NgramProposer
+
+    lookup = NgramProposer(k=args.k)
+    if args.prior_misses is not None:
+        lookup.prior_misses = args.prior_misses
+    return lookup
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="cuda,triton",
@@ -374,6 +383,8 @@ def main():
     p.add_argument("--own-runner", action="store_true",
                    help="run on a ModelRunner and cache of the benchmark's own instead of the "
                    "model runtime's runner (the one generate and the CLI use)")
+    p.add_argument("--prior-misses", type=float, help="the n-gram loop's prior (default: "
+                   "NgramProposer's): the failed guesses its hit rate begins with")
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")

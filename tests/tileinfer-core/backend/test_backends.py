@@ -322,3 +322,44 @@ def test_entry_points_seen_twice_on_sys_path_are_one(monkeypatch):
     reg = Registry()
     reg.load_entry_points()
     assert reg.get("ref") and not reg.rejected
+
+
+def test_choosing_an_own_backend_reads_no_other_distribution(monkeypatch):
+    # A new process's start: get("ref") finds tileinfer-backend-ref by its name, without the
+    # scan of every installed distribution's entry points.
+    scans = []
+    real = md.entry_points
+
+    def counted(group=None, **kw):
+        scans.append(group)
+        return real(group=group, **kw)
+
+    monkeypatch.setattr(md, "entry_points", counted)
+    reg = Registry()
+    table = reg.get("ref")
+    assert table.backend.source.startswith("tileinfer-backend-ref")
+    assert scans == []
+    reg.listed()  # listing reads the group in full
+    assert scans == ["tileinfer"]
+
+
+def test_claimant_of_an_own_name_is_listed_after_a_fast_choice(tmp_path, monkeypatch):
+    install_fake_plugin(tmp_path, "shadow-pkg", "shadow_ref", PLUGIN_HEAD + """
+@hookimpl
+def tileinfer_backend_info():
+    return BackendInfo(name="ref", available=True, devices=("cpu",))
+""", entry_name="ref")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry()
+    assert reg.get("ref").backend.source.startswith("tileinfer-backend-ref")
+    rejected = [b for b in reg.listed() if b.name == "ref" and not b.available]
+    assert len(rejected) == 1 and "shadow-pkg" in rejected[0].source
+    assert "claimed by several entry points" in rejected[0].reason
+    assert reg.get("ref").backend.source.startswith("tileinfer-backend-ref")
+
+
+def test_allow_list_still_refuses_an_own_backend_it_leaves_out(monkeypatch):
+    monkeypatch.setenv("TILEINFER_BACKENDS", "ref")
+    reg = Registry()
+    with pytest.raises(BackendError, match="TILEINFER_BACKENDS is set"):
+        reg.get("triton")

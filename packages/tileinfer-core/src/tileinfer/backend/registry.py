@@ -142,6 +142,11 @@ def _dist_name(ep) -> str:
     return dist.metadata["Name"] if dist is not None else ""
 
 
+def _is_own(ep, name: str) -> bool:
+    """Whether the entry point comes from our distribution of backend ``name``."""
+    return _dist_name(ep).lower().replace("_", "-") == f"tileinfer-backend-{name}"
+
+
 def _source(ep) -> str:
     dist = getattr(ep, "dist", None)
     where = f"{dist.metadata['Name']} {dist.version}: " if dist is not None else ""
@@ -157,6 +162,19 @@ def _entry_points_by_name():
         if not any(e.value == ep.value and _dist_name(e) == _dist_name(ep) for e in eps):
             eps.append(ep)
     return by_name
+
+
+def _own_entry_point(name: str):
+    """The entry point ``name`` of our own distribution ``tileinfer-backend-NAME``, found by its
+    name alone (None if it is not installed or declares no such entry point)."""
+    try:
+        dist = importlib.metadata.distribution(f"tileinfer-backend-{name}")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    for ep in dist.entry_points:
+        if ep.group == ENTRY_POINT_GROUP and ep.name == name:
+            return ep
+    return None
 
 
 class Registry:
@@ -177,17 +195,31 @@ class Registry:
         self._lock = threading.RLock()
         self._loaded = False  # every entry point imported
         self._imported: set[str] = set()  # names whose entry points were imported
+        self._own: set[str] = set()  # names imported from our own distribution before a scan
         self._by_name = self._allowed = None
 
     def load_entry_points(self, names=None):
         """Import the installed backends' plugins: all of them, or only those of ``names``
-        (choosing one backend imports it and ref, not every other backend's kernels)."""
+        (choosing one backend imports it and ref, not every other backend's kernels).
+
+        A name of our own (``tileinfer-backend-NAME`` is installed) loads from its distribution
+        without reading the entry points of every installed distribution, which takes a new
+        process tens of milliseconds on an image with hundreds of packages: ours keeps its name
+        whoever else claims it (``_load_entry_point``), and the other claimants are listed as
+        rejected once the group is read in full (``listed``, an unknown name)."""
         with self._lock:
             if self._loaded:
                 return
+            if names is not None and self._by_name is None:
+                names = [name for name in names if not self._load_own(name)]
+                if not names:
+                    return
             if self._by_name is None:
                 self._allowed = _allowed_names()
                 self._by_name = _entry_points_by_name()
+                for name in sorted(self._own):
+                    own = [ep for ep in self._by_name.get(name, ()) if _is_own(ep, name)]
+                    self._reject_others(name, self._by_name.get(name, ()), own[:1])
                 if self._allowed is not None:
                     self.unknown_allowed = sorted(self._allowed - set(self._by_name))
                     if self.unknown_allowed:
@@ -206,20 +238,43 @@ class Registry:
             if names is None:
                 self._loaded = True
 
+    def _load_own(self, name: str) -> bool:
+        """Import backend ``name`` from our own distribution, if it is installed and allowed
+        (see ``load_entry_points``); whether the name is settled."""
+        if name in self._imported:
+            return True
+        allowed = _allowed_names()
+        if allowed is not None and name not in allowed:
+            return False
+        ep = _own_entry_point(name)
+        if ep is None:
+            return False
+        self._imported.add(name)
+        self._own.add(name)
+        self._load_entry_point(name, [ep])
+        return True
+
+    def _reject_others(self, name, eps, kept):
+        """List every claimant of ``name`` but those in ``kept`` as invalid plugins."""
+        if len(eps) < 2:
+            return
+        claimants = ", ".join(_source(ep) for ep in eps)
+        for ep in eps:
+            if not any(ep is k for k in kept):
+                self.rejected.append(Backend(
+                    name, None, None, source=_source(ep),
+                    error=f"invalid plugin: backend name {name!r} is claimed by several "
+                          f"entry points ({claimants}); uninstall all but one"))
+
     def _load_entry_point(self, name, eps):
         if len(eps) > 1:
             # Two distributions claim one name: ours (tileinfer-backend-NAME) keeps it, else
             # neither can be chosen; the others are listed as invalid.
-            own = [ep for ep in eps if _dist_name(ep).lower() == f"tileinfer-backend-{name}"]
+            own = [ep for ep in eps if _is_own(ep, name)]
             winner = own[0] if len(own) == 1 else None
-            claimants = ", ".join(_source(ep) for ep in eps)
-            for ep in eps:
-                if ep is not winner:
-                    self.rejected.append(Backend(
-                        name, None, None, source=_source(ep),
-                        error=f"invalid plugin: backend name {name!r} is claimed by several "
-                              f"entry points ({claimants}); uninstall all but one"))
+            self._reject_others(name, eps, [winner])
             if winner is None:
+                claimants = ", ".join(_source(ep) for ep in eps)
                 self.backends[name] = Backend(
                     name, None, None, source=claimants,
                     error=f"invalid plugin: backend name {name!r} is claimed by several entry "

@@ -25,10 +25,11 @@ class NgramProposer(Proposer):
 
     adaptive (default): the speculative loop drafts only while the lookup's guesses keep coming
     true and the extra rows pay (``tileinfer.engine.generation.speculative.pipelined``): from a moving
-    average p of its hits (``smoothing``: the weight of the latest token), nothing while p <
-    ``draft_threshold``, else the count (at most k) with the most expected tokens per measured
-    cost of a step, if it gains ``min_gain``; it launches a step before the one in flight is
-    checked on all of that one's drafts when they all hold with probability >=
+    average p of its hits (``smoothing``: the weight of the latest token; begun as if
+    ``prior_misses`` guesses had failed: a right guess or two is not yet a trend), nothing
+    while p < ``draft_threshold``, else the count (at most k) with the most expected tokens
+    per measured cost of a step, if it gains ``min_gain``; it launches a step before the one
+    in flight is checked on all of that one's drafts when they all hold with probability >=
     ``trust_threshold``. ``row_cost``: None measures what a step of n rows costs; a number
     fixes an extra row's cost (in 1-token steps) instead. adaptive=False: k drafts whenever the
     lookup finds a match, each step chained on all drafts of the one before.
@@ -38,6 +39,7 @@ class NgramProposer(Proposer):
     draft_threshold = 0.55
     trust_threshold = 0.6
     min_gain = 1.1
+    prior_misses = 1.0
     row_cost: float | None = None
 
     # k = 7: a verify step of k + 1 = 8 rows, the most a single sequence's captured steps take

@@ -2,7 +2,11 @@
 
 The loop keeps a moving average p of how often its guesses came true (bias-corrected, as
 Adam's moments are: an average started at 0 would read low for its first few tokens, and an
-answer that copies from its first token would spend them on plain steps), and knows what a step of
+answer that copies from its first token would spend them on plain steps), begun as if
+``prior_misses`` guesses had failed before the first: without it, one or two right guesses
+read as p = 1, and the loop drafts all k and launches the next step on them, which a short
+answer whose next token leaves the copied stretch pays for and nothing pays back. The prior's
+weight fades as the average's older terms do. It knows what a step of
 n rows costs on the device against a 1-token step: measured between consecutive steps (CUDA
 events, host delays included) and kept in the runner's ``step_seconds`` across generations
 (the model runtime's: every generation of the process shares them). It drafts the count m that
@@ -35,12 +39,15 @@ class DraftPolicy:
         self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
         self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
         self.min_gain = getattr(proposer, "min_gain", 1.1)
+        self.prior_misses = getattr(proposer, "prior_misses", 1.0)  # in guesses' weights
         self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
         self.step_seconds = step_seconds
         self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
         # The average of hits, and of ones, with the same weights: their ratio is the average
-        # over the guesses seen so far, without the pull towards the starting 0.
-        self._hits = self._weights = 0.0
+        # over the guesses seen so far (and the prior's misses), without the pull towards the
+        # starting 0.
+        self._hits = 0.0
+        self._weights = self.smoothing * self.prior_misses
 
     def record_guess(self, hit: bool):
         """A new token came: whether the loop's guess of it (if any) was right."""
