@@ -15,7 +15,11 @@ shift
 steps=${*:-"conformance tests ops bench"}
 mkdir -p "$out"
 site=${TILEINFER_SITE:-$HOME/site}
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+# KEEP_INSTALLED=1: use the packages installed in $site as they are (a reinstall would drop the
+# bytecode caches that the bytecode step wrote, which a new process's start-up depends on)
+if [ -z "${KEEP_INSTALLED:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+fi
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$out/commit.txt"
