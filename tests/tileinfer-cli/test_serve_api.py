@@ -24,6 +24,7 @@ from serve_fixtures import MAX_LEN, TIMEOUT, client, http, offline  # noqa: F401
 from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder, wait_for
 from tileinfer import LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch
 from tileinfer_cli.serve import schemas
+from tileinfer_cli.serve.prepare import choice_seed
 
 
 
@@ -99,7 +100,8 @@ def test_an_omitted_temperature_samples_at_1(folder, client, offline):
     texts = [c.message.content for c in client.chat.completions.create(**kwargs).choices]
     assert len(set(texts)) == 3  # greedy would give three copies
     ids = chat_ids(folder, offline[1], "Hi")
-    assert texts == offline_texts(offline, [ids] * 3, SamplingParams(1.0), 12, [21, 22, 23])
+    seeds = [choice_seed(21, j) for j in range(3)]
+    assert texts == offline_texts(offline, [ids] * 3, SamplingParams(1.0), 12, seeds)
 
 
 def test_chat_streamed_equals_not_streamed_equals_offline(folder, client, offline):
@@ -174,7 +176,7 @@ def test_n2_choices_share_the_prompt_pages(server, folder, client, offline):
     ids = chat_ids(folder, offline[1], text)
     hits = metrics(server.url)["tileinfer_prefix_cache_hit_tokens_total"] - before
     assert hits >= 16 * (len(ids) // 16) > 0  # the second choice took the prompt's full pages
-    expected = offline_texts(offline, [ids, ids], SamplingParams(1.0), 10, [5, 6])
+    expected = offline_texts(offline, [ids, ids], SamplingParams(1.0), 10, [5, choice_seed(5, 1)])
     assert [c.message.content for c in whole.choices] == expected
     assert [c.index for c in whole.choices] == [0, 1]
     assert whole.usage.completion_tokens == 20
@@ -289,6 +291,21 @@ def test_completions_take_a_list_of_prompts_with_n_each(client, offline):
     streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i)
                 for i in range(4)]
     assert streamed == expected
+
+
+def test_each_prompt_samples_its_choices_as_it_would_alone(client, offline):
+    # Two prompts, two choices each, one seed: each prompt's first choice is its answer asked
+    # alone with that seed, its second the seed mixed with 1 (not seed + 1, another request's).
+    prompts, seed = ["One", "Two three"], 7
+    got = client.completions.create(model="tiny-smollm2-shape", prompt=prompts, n=2, seed=seed,
+                                    temperature=1.0, max_tokens=8)
+    ids = [offline[1].encode(p) for p in prompts]
+    seeds = [seed, choice_seed(seed, 1)] * 2
+    expected = offline_texts(offline, [ids[0]] * 2 + [ids[1]] * 2, SamplingParams(1.0), 8, seeds)
+    assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == expected
+    alone = client.completions.create(model="tiny-smollm2-shape", prompt=prompts[1], seed=seed,
+                                      temperature=1.0, max_tokens=8)
+    assert alone.choices[0].text == expected[2]
 
 
 def test_max_tokens_0_gives_the_prompts_usage(client, http, offline):

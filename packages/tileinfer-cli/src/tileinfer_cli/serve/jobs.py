@@ -11,7 +11,7 @@ A job has n choices per prompt (a completions request may give several prompts):
 are choices ``p * n .. p * n + n - 1``. n > 1: each prompt's first choice (its leader) runs
 alone until its first token, by which time the prompt's full pages are in the engine's prefix
 cache; the prompt's other choices are added then and share those pages instead of prefilling
-the prompt again. Choice i samples with the seed ``seed + i``.
+the prompt again. A prompt's choice j samples with ``prepare.choice_seed(seed, j)``.
 """
 
 from __future__ import annotations

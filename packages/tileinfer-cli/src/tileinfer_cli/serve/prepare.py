@@ -62,10 +62,29 @@ class Plan:
         return sum(map(len, self.prompts))
 
     def seed_of(self, choice: int) -> int | None:
-        """Choice i's seed: the request's seed + i (in the int64 range); None stays random."""
+        """The seed of choice ``choice`` (prompt ``choice // n``'s choice ``choice % n``):
+        ``choice_seed(seed, choice % n)``, so that each prompt samples as it would alone; None
+        stays random."""
         if self.seed is None:
             return None
-        return (self.seed + choice + INT64) % (2 * INT64) - INT64
+        return choice_seed(self.seed, choice % self.n)
+
+
+MASK64 = 2**64 - 1
+
+
+def choice_seed(seed: int, j: int) -> int:
+    """The seed of a prompt's choice j: the request's seed for j = 0 (the first of n choices is
+    the answer of the same request with n = 1), else SplitMix64's mix of seed and j, as a signed
+    64-bit integer. seed + j would make choice 1 of seed s the first choice of seed s + 1:
+    requests with consecutive seeds would repeat each other's samples."""
+    if j == 0:
+        return seed
+    z = (seed + j * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    z ^= z >> 31
+    return z - 2 * INT64 if z >= INT64 else z
 
 
 def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
