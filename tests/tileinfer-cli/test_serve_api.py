@@ -280,9 +280,14 @@ def test_completions_take_a_list_of_prompts_with_n_each(client, offline):
     got = client.completions.create(model="tiny-smollm2-shape", prompt=ids, n=2, max_tokens=6,
                                     temperature=1.0, seed=40)
     assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    # Each prompt's choices take the seeds it would take alone: 40, then 40 mixed with 1.
+    seeds = [40, choice_seed(40, 1)] * 2
     expected = offline_texts(offline, [ids[0], ids[0], ids[1], ids[1]], SamplingParams(1.0), 6,
-                             [40, 41, 42, 43])
+                             seeds)
     assert [c.text for c in got.choices] == expected
+    alone = client.completions.create(model="tiny-smollm2-shape", prompt=ids[1], max_tokens=6,
+                                      temperature=1.0, seed=40)
+    assert alone.choices[0].text == expected[2]
     assert got.usage.prompt_tokens == len(ids[0]) + len(ids[1])
     assert got.usage.completion_tokens == 24
     chunks = list(client.completions.create(model="tiny-smollm2-shape", prompt=texts, n=2,
@@ -293,19 +298,26 @@ def test_completions_take_a_list_of_prompts_with_n_each(client, offline):
     assert streamed == expected
 
 
-def test_each_prompt_samples_its_choices_as_it_would_alone(client, offline):
-    # Two prompts, two choices each, one seed: each prompt's first choice is its answer asked
-    # alone with that seed, its second the seed mixed with 1 (not seed + 1, another request's).
-    prompts, seed = ["One", "Two three"], 7
-    got = client.completions.create(model="tiny-smollm2-shape", prompt=prompts, n=2, seed=seed,
-                                    temperature=1.0, max_tokens=8)
-    ids = [offline[1].encode(p) for p in prompts]
-    seeds = [seed, choice_seed(seed, 1)] * 2
-    expected = offline_texts(offline, [ids[0]] * 2 + [ids[1]] * 2, SamplingParams(1.0), 8, seeds)
-    assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == expected
-    alone = client.completions.create(model="tiny-smollm2-shape", prompt=prompts[1], seed=seed,
-                                      temperature=1.0, max_tokens=8)
-    assert alone.choices[0].text == expected[2]
+def test_continue_final_message_continues_the_prefilled_answer(folder, client, http, offline):
+    # vLLM's flag: the model goes on from the client's start of the answer, in the same turn.
+    messages = [{"role": "user", "content": "Name a color."},
+                {"role": "assistant", "content": "The color is"}]
+    prompt = chat_prompt(folder, messages, False, continue_final_message=True)
+    ids = offline[1].encode(prompt, add_special_tokens=False)
+    got = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                         max_tokens=8, temperature=0,
+                                         extra_body={"continue_final_message": True})
+    assert got.usage.prompt_tokens == len(ids)
+    assert got.choices[0].message.content == offline_texts(offline, [ids], SamplingParams(), 8,
+                                                           [0])[0]
+    closed = chat_prompt(folder, messages, False)
+    assert len(closed) > len(prompt)  # SmolLM2's template ends the closed turn with <|im_end|>
+    counted = http.post("/tokenize", json={"messages": messages,
+                                           "continue_final_message": True}).json()
+    assert counted["tokens"] == ids
+    both = dict(model="tiny-smollm2-shape", messages=messages, max_tokens=2,
+                continue_final_message=True, add_generation_prompt=True)
+    assert "cannot both be true" in _error(http.post("/v1/chat/completions", json=both), 400)
 
 
 def test_max_tokens_0_gives_the_prompts_usage(client, http, offline):

@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tileinfer.io.chat_template import (ChatMessage, ChatTemplateError, chat_prompt,
-                                        load_chat_template)
+                                        cut_at_final_message, load_chat_template,
+                                        tag_final_message)
 
 U, A, S = "user", "assistant", "system"
 # Text that trips naive escaping: non-ASCII, emoji, quotes, HTML characters, newlines, Jinja-like braces.
@@ -316,3 +317,69 @@ def test_generation_block_renders_its_body():
     source = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
     assert_same(source, [ChatMessage(U, "a"), ChatMessage(A, "b")])
     assert chat_prompt(source, [ChatMessage(U, "a"), ChatMessage(A, "b")]) == "ab"
+
+
+# --- a final message left open (continue_final_message) ------------------------------------------
+
+PREFILLS = ["The color is", "The color is ", "  Well,\n", TRICKY]
+CONTINUED = {  # template, its special tokens
+    "Qwen3-0.6B": {},
+    "Llama-3.1-8B-Instruct": {"bos_token": "<|begin_of_text|>"},
+    "Mistral-Nemo-Instruct-2407": {"bos_token": "<s>", "eos_token": "</s>"},
+    "Apertus-8B-Instruct-2509": {"bos_token": "<s>"},
+}
+
+
+def continued_reference(source, messages, **kwargs):
+    dicts = [m.as_dict() if isinstance(m, ChatMessage) else m for m in messages]
+    rendered, _ = render_jinja_template(conversations=[dicts], chat_template=source,
+                                        add_generation_prompt=False, continue_final_message=True,
+                                        **kwargs)
+    return rendered[0]
+
+
+@pytest.mark.parametrize("prefill", PREFILLS)
+@pytest.mark.parametrize("name", sorted(CONTINUED))
+def test_continue_final_message_as_transformers_cuts_it(shared_dir, name, prefill):
+    source = template(shared_dir, name)
+    messages = [ChatMessage(U, "Name a color."), ChatMessage(A, prefill)]
+    ours = chat_prompt(source, messages, False, continue_final_message=True, **CONTINUED[name])
+    assert ours == continued_reference(source, messages, **CONTINUED[name])
+    # The open message: what the closed one renders up to its text, without the turn's end
+    # (which Apertus does not write after a final assistant message anyway).
+    closed = chat_prompt(source, messages, False, **CONTINUED[name])
+    assert closed.startswith(ours)
+    assert ours.rstrip().endswith(prefill.strip())
+
+
+@pytest.mark.parametrize("prefill", PREFILLS)
+def test_continue_final_message_smollm2(smollm2_template, prefill):
+    messages = [ChatMessage(U, "Name a color."), ChatMessage(A, prefill)]
+    ours = chat_prompt(smollm2_template, messages, False, continue_final_message=True)
+    assert ours == continued_reference(smollm2_template, messages)
+    assert ours.endswith("<|im_start|>assistant\n" + prefill)  # the template keeps the text
+
+
+def test_continue_final_message_of_text_parts_continues_the_last_part(shared_dir):
+    source = template(shared_dir, "Llama-3.1-8B-Instruct")
+    parts = [{"type": "text", "text": "First part."}, {"type": "text", "text": "Second"}]
+    messages = [{"role": U, "content": "Hi"}, {"role": A, "content": parts}]
+    tagged, text = tag_final_message(messages)
+    assert text == "Second" and messages[-1]["content"][1]["text"] == "Second"  # not changed
+    assert tagged[-1]["content"][1]["text"].startswith("Second") and tagged[-1] is not messages[-1]
+
+
+def test_continue_final_message_refusals(shared_dir):
+    source = template(shared_dir, "Qwen3-0.6B")
+    messages = [ChatMessage(U, "Hi"), ChatMessage(A, "Hello")]
+    with pytest.raises(ChatTemplateError, match="add_generation_prompt=False"):
+        chat_prompt(source, messages, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="no text to continue"):
+        chat_prompt(source, [{"role": U, "content": "Hi"}, {"role": A, "content": None}], False,
+                    continue_final_message=True)
+    # A template that does not write the message (here: drops every assistant turn).
+    dropping = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="cannot be continued"):
+        chat_prompt(dropping, messages, False, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="cannot be continued"):
+        cut_at_final_message("no tag here", "Hello")

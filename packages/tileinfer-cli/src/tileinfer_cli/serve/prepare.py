@@ -90,7 +90,8 @@ def choice_seed(seed: int, j: int) -> int:
 def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
     check_tools(req.tools, req.tool_choice)
     text = served.template.render(req.messages, req.chat_template_kwargs,
-                                  tools=offered(req.tools, req.tool_choice))
+                                  req.add_generation_prompt, offered(req.tools, req.tool_choice),
+                                  req.continue_final_message)
     try:
         return served.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:  # a lone surrogate

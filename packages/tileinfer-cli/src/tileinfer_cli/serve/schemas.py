@@ -175,7 +175,27 @@ class _Sampling(_Strict):
         return list(self.stop or [])
 
 
-class ChatRequest(_Sampling):
+class OpenFinalMessage(BaseModel):
+    """vLLM's chat flags: add_generation_prompt opens an assistant turn after the messages;
+    continue_final_message instead leaves the final message open for the model to continue (a
+    prefill of the answer). continue_final_message alone turns the generation prompt off; both
+    given true are refused, as vLLM refuses them."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _one_of_them(self):
+        if self.continue_final_message and self.add_generation_prompt:
+            if "add_generation_prompt" in self.model_fields_set:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both "
+                                 "be true: the first continues the final message, the second "
+                                 "opens a new one")
+            self.add_generation_prompt = False
+        return self
+
+
+class ChatRequest(_Sampling, OpenFinalMessage):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

@@ -9,7 +9,9 @@ object in a string (OpenAI's form) are passed as the object, as vLLM does: templ
 with ``tojson``. A template that cannot take a null content (one that concatenates it) gets ""
 in its place, as llama-server's template engine does for such templates.
 
-A request's tools are the template's ``tools`` (``tools.py``); a folder whose
+A request's ``continue_final_message`` (with ``add_generation_prompt`` false) leaves its final
+message open for the model to continue (``tag_final_message``). A request's tools are the
+template's ``tools`` (``tools.py``); a folder whose
 tokenizer_config.json names several templates renders a request with tools with its "tool_use"
 one, as transformers does. The template's variables are the folder's special tokens
 (``bos_token``, ...) and the request's ``chat_template_kwargs``; ``schemas.py`` refuses kwargs
@@ -38,18 +40,32 @@ class ServedTemplate:
             self.missing = str(e)
 
     def render(self, messages, kwargs: dict | None, add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> str:
+               tools: list[dict] | None = None, continue_final_message: bool = False) -> str:
         """The prompt text of a chat request's messages (``schemas.Message``) and tools (the
-        dicts the client sent, or None); a 400 when the model has no template or the template
-        refuses the conversation."""
+        dicts the client sent, or None); continue_final_message: without a generation prompt,
+        ending with the final message's text for the model to continue it (transformers' and
+        vLLM's flag). A 400 when the model has no template or the template refuses the
+        conversation."""
         from tileinfer import ChatTemplateError
-        from tileinfer.io.chat_template import render_chat_template
+        from tileinfer.io.chat_template import cut_at_final_message, tag_final_message
 
         if self.source is None:
             raise bad_request("this model has no chat template: send the prompt text to "
                               "/v1/completions instead", "messages")
-        source = self.source if tools is None else self.tool_source
         dicts = [as_dict(m) for m in messages]
+        if not continue_final_message:
+            return self._render(dicts, kwargs, add_generation_prompt, tools)
+        try:
+            tagged, text = tag_final_message(dicts)
+            return cut_at_final_message(self._render(tagged, kwargs, False, tools), text)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from None
+
+    def _render(self, dicts, kwargs, add_generation_prompt, tools) -> str:
+        from tileinfer import ChatTemplateError
+        from tileinfer.io.chat_template import render_chat_template
+
+        source = self.source if tools is None else self.tool_source
         variables = {**self.special, **(kwargs or {})}
         if tools is not None:
             variables["tools"] = tools

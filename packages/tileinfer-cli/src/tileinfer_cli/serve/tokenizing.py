@@ -3,7 +3,8 @@ prompts with them):
 
     {"prompt": "text", "add_special_tokens": true}                 -> {"tokens", "count",
     {"messages": [...], "add_generation_prompt": true,                 "max_model_len",
-     "chat_template_kwargs": {...}, "tools": [...]}                    "token_strs"}
+     "continue_final_message": false,                                  "token_strs"}
+     "chat_template_kwargs": {...}, "tools": [...]}
     {"tokens": [1, 2, 3]}                                          -> {"prompt": "text"}
 
 A prompt is tokenized as ``/v1/completions`` tokenizes it, messages as ``/v1/chat/completions``
@@ -18,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import bad_request
-from .schemas import Message, check_template_kwargs
+from .schemas import Message, OpenFinalMessage, check_template_kwargs
 from .tools import Tool, check_tools, offered
 from .validation import parse
 
@@ -34,10 +35,9 @@ class TokenizePrompt(_Strict):
     return_token_strs: bool = False
 
 
-class TokenizeChat(_Strict):
+class TokenizeChat(_Strict, OpenFinalMessage):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
-    add_generation_prompt: bool = True
     add_special_tokens: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -61,7 +61,8 @@ def tokenize(served, body) -> tuple[dict, str | None]:
         req = parse(body, TokenizeChat)
         check_tools(req.tools, None)
         text = served.template.render(req.messages, req.chat_template_kwargs,
-                                      req.add_generation_prompt, offered(req.tools, None))
+                                      req.add_generation_prompt, offered(req.tools, None),
+                                      req.continue_final_message)
         param = "messages"
     else:
         req = parse(body, TokenizePrompt)

@@ -197,6 +197,8 @@ def chat_prompt(
     model: str | Path,
     messages: Iterable[ChatMessage | Mapping],
     add_generation_prompt: bool = True,
+    *,
+    continue_final_message: bool = False,
     **template_kwargs,
 ) -> str:
     """The prompt string for ``messages``, rendered with the model's own chat template.
@@ -204,9 +206,17 @@ def chat_prompt(
     ``model`` is a model folder (its chat template and special tokens are used), the template
     source itself (then pass ``bos_token=...`` and the like yourself), or a TemplateWithTokens
     (another template with a folder's special tokens). ``add_generation_prompt``
-    opens an assistant turn for the model to complete. Other keywords go to the template, e.g.
+    opens an assistant turn for the model to complete; ``continue_final_message`` instead
+    leaves the final message open, so that the model continues it (a prefill of the answer,
+    as transformers renders it: ``tag_final_message``). Other keywords go to the template, e.g.
     ``enable_thinking=False`` for Qwen3, ``tools=[...]``, ``date_string="26 Jul 2024"``.
     """
+    if continue_final_message:
+        if add_generation_prompt:
+            raise ChatTemplateError("continue_final_message continues the final message: pass "
+                                    "add_generation_prompt=False with it")
+        tagged, text = tag_final_message(_as_dicts(messages))
+        return cut_at_final_message(chat_prompt(model, tagged, False, **template_kwargs), text)
     if isinstance(model, TemplateWithTokens):
         variables = {**special_tokens(model.model_dir), **template_kwargs}
         return render_chat_template(model.source, messages, add_generation_prompt, **variables)
@@ -219,3 +229,51 @@ def chat_prompt(
     # The folder's special tokens, which explicit keywords override (as in transformers).
     variables = {**special_tokens(model_dir), **template_kwargs}
     return render_chat_template(source, messages, add_generation_prompt, **variables)
+
+
+# -- a final message left open ----------------------------------------------------------------
+# A client that writes the start of the answer itself (a prefill: {"role": "assistant",
+# "content": "The color is"} as the last message) wants the model to go on from there, not to
+# answer again in a new turn. transformers' apply_chat_template(continue_final_message=True)
+# renders the conversation without a generation prompt, with a tag after the final message's
+# text, and cuts the result at the tag, dropping the end-of-turn tokens the template writes after
+# the message; vLLM's server takes the same flag. These two functions do the same.
+
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' tag
+
+
+def tag_final_message(messages: list[dict]) -> tuple[list[dict], str]:
+    """(a copy of messages whose final message's text ends with CONTINUE_TAG, that text as the
+    client gave it). The text is the message's content, or the last text part of a list of
+    parts; a ChatTemplateError when it has none."""
+    final = dict(messages[-1])
+    content = final.get("content")
+    if isinstance(content, str):
+        text, final["content"] = content, content + CONTINUE_TAG
+    elif isinstance(content, (list, tuple)):
+        parts = [dict(p) if isinstance(p, Mapping) else p for p in content]
+        texts = [p for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if not texts:
+            raise ChatTemplateError("continue_final_message: the final message has no text to "
+                                    "continue")
+        text = texts[-1]["text"]
+        texts[-1]["text"] = text + CONTINUE_TAG
+        final["content"] = parts
+    else:
+        raise ChatTemplateError("continue_final_message: the final message has no text to "
+                                "continue")
+    return messages[:-1] + [final], text
+
+
+def cut_at_final_message(rendered: str, text: str) -> str:
+    """The prompt of a conversation rendered from ``tag_final_message``'s messages: cut at the
+    tag, so that it ends with the final message's text (its trailing whitespace too, where the
+    template keeps the text as it is; stripped where the template trims it)."""
+    tag = CONTINUE_TAG.strip()
+    if text.strip() not in rendered or tag not in rendered:
+        raise ChatTemplateError("continue_final_message: the chat template does not write the "
+                                "final message's text, so it cannot be continued")
+    at = rendered.rindex(tag)
+    if rendered[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()
