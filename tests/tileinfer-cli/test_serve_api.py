@@ -320,6 +320,38 @@ def test_continue_final_message_continues_the_prefilled_answer(folder, client, h
     assert "cannot both be true" in _error(http.post("/v1/chat/completions", json=both), 400)
 
 
+def test_stop_token_ids_end_the_answer_ignore_eos_or_not(client, http, offline):
+    prompt = "Once upon a time"
+    ids = offline[1].encode(prompt)
+    model, tok = offline
+    tokens = generate_batch(model, [ids], SamplingParams(), 12, stop_ids=[], num_pages=256)[0]
+    stop = tokens[4]
+    before = tokens[:tokens.index(stop)]
+    for extra in ({}, {"ignore_eos": True}):
+        got = client.completions.create(model="tiny-smollm2-shape", prompt=prompt, max_tokens=12,
+                                        temperature=0, extra_body={"stop_token_ids": [stop],
+                                                                   **extra})
+        assert got.choices[0].text == as_text(tok, before)
+        assert got.choices[0].finish_reason == "stop"
+        assert got.usage.completion_tokens == len(before)  # as for the end-of-sequence token
+    outside = dict(prompt=prompt, max_tokens=2, stop_token_ids=[10**9])
+    assert "outside the vocabulary" in _error(http.post("/v1/completions", json=outside), 400,
+                                              "stop_token_ids")
+
+
+def test_openai_fields_that_ask_for_nothing_are_taken(client, http):
+    got = client.chat.completions.create(model="tiny-smollm2-shape", max_tokens=2,
+                                         messages=[{"role": "user", "content": "Hi"}],
+                                         store=False, service_tier="auto",
+                                         metadata={"run": "nightly"})
+    assert got.choices[0].finish_reason == "length"
+    body = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert "store is not supported" in _error(http.post("/v1/chat/completions",
+                                                        json=dict(body, store=True)), 400, "store")
+    _error(http.post("/v1/chat/completions", json=dict(body, service_tier="flex")), 400,
+           "service_tier")
+
+
 def test_max_tokens_0_gives_the_prompts_usage(client, http, offline):
     got = client.completions.create(model="tiny-smollm2-shape", prompt=["One", "Two three"],
                                     max_tokens=0)

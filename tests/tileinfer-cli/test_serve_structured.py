@@ -1,7 +1,7 @@
 """Structured outputs through ``tileinfer serve`` (the tiny random-weight model with SmolLM2's
 tokenizer, driven by the official ``openai`` client): response_format json_schema and
-json_object, guided_regex on completions; answers parse and validate; bad schemas and
-conflicting requests are a 400 naming the parameter."""
+json_object, guided_regex on completions, vLLM's structured_outputs and guided_choice; answers
+parse and validate; bad schemas and conflicting requests are a 400 naming the parameter."""
 
 from __future__ import annotations
 
@@ -68,7 +68,39 @@ def test_guided_regex_on_completions(client):
     assert re.fullmatch(r"[A-Z]{2}-[0-9]{4}", r.choices[0].text)
 
 
+CHOICES = ["yes", "no", 'a "quoted" (one)?', "üñï ☃ \\ back\nslash"]
+
+
+@pytest.mark.parametrize("how", ["structured_outputs", "guided_choice"])
+def test_a_choice_answers_exactly_one_of_its_strings(client, how):
+    extra = {"structured_outputs": {"choice": CHOICES}} if how == "structured_outputs" \
+        else {"guided_choice": CHOICES}
+    seen = set()
+    for seed in range(6):
+        r = chat(client, temperature=1.0, seed=seed, extra_body=extra)
+        assert r.choices[0].finish_reason == "stop"
+        assert r.choices[0].message.content in CHOICES
+        seen.add(r.choices[0].message.content)
+    assert len(seen) > 1  # sampled among them, not one string forced
+
+
+def test_structured_outputs_json_and_regex(client):
+    r = chat(client, temperature=1.0, seed=5, extra_body={"structured_outputs": {"json": SCHEMA}})
+    check_schema(r.choices[0].message.content)
+    r = client.completions.create(model="tiny-smollm2-shape", prompt="Code:", max_tokens=20,
+                                  temperature=1.0, seed=2,
+                                  extra_body={"structured_outputs": {"regex": r"[A-Z]{2}-[0-9]{4}"}})
+    assert re.fullmatch(r"[A-Z]{2}-[0-9]{4}", r.choices[0].text)
+
+
 @pytest.mark.parametrize("body, param", [
+    ({"extra_body": {"structured_outputs": {"choice": ["a"], "regex": "b"}}}, "structured_outputs"),
+    ({"extra_body": {"structured_outputs": {"structural_tag": "x"}}}, "structured_outputs"),
+    ({"extra_body": {"structured_outputs": {"json_object": False}}}, "structured_outputs"),
+    ({"extra_body": {"guided_choice": []}}, "guided_choice"),
+    ({"extra_body": {"guided_choice": ["a", ""]}}, "guided_choice"),
+    ({"extra_body": {"structured_outputs": {"regex": "a"}, "guided_json": SCHEMA}},
+     "guided_json"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                  "schema": {"type": "nope"}}}},
      "response_format"),

@@ -15,7 +15,7 @@ One concept per module:
     tool_output.py   an answer's tool calls: ids, the whole message, the stream's deltas
     tool_grammar.py  the grammar that holds an answer to a tool call (tool_choice "required"
                      or a named function)
-    structured.py response_format and guided_json / guided_regex / guided_grammar, compiled
+    structured.py response_format, structured_outputs and guided_*, compiled
     validation.py a request body -> its pydantic model, or one 400 naming the parameter
     prepare.py    a validated request -> prompt ids and engine arguments (checks, 400s)
     tokenizing.py /tokenize and /detokenize

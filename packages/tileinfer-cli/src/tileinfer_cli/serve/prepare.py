@@ -183,12 +183,23 @@ def _sampling(served, req):
         raise bad_request(str(e)) from None
 
 
+def _stop_ids(served, req) -> list[int]:
+    """The model's end-of-answer ids (none with ignore_eos) and the request's stop_token_ids
+    (vLLM's: they stop an answer even with ignore_eos)."""
+    extra = list(req.stop_token_ids or [])
+    outside = [i for i in extra if not 0 <= i < served.vocab_size]
+    if outside:
+        raise bad_request(f"stop_token_ids names token {outside[0]}, outside the vocabulary "
+                          f"(0..{served.vocab_size - 1})", "stop_token_ids")
+    own = [] if req.ignore_eos else list(served.stop_ids)
+    return own + [i for i in dict.fromkeys(extra) if i not in own]
+
+
 def _common(served, req, prompts, max_tokens, logprobs) -> Plan:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options needs stream: true", "stream_options")
     return Plan(prompts=prompts, max_tokens=max_tokens, sampling=_sampling(served, req),
-                seed=req.seed, stops=req.stops(),
-                stop_ids=[] if req.ignore_eos else list(served.stop_ids), n=req.n,
+                seed=req.seed, stops=req.stops(), stop_ids=_stop_ids(served, req), n=req.n,
                 logprobs=logprobs, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
 

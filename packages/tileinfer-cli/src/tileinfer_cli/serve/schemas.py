@@ -11,8 +11,12 @@ Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` a
 
 Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``repetition_penalty``, ``min_p``,
 ``ignore_eos`` (do not stop at the model's end-of-sequence tokens: fixed output lengths for
-benchmarks), ``chat_template_kwargs``, and the structured outputs ``guided_json``,
-``guided_regex``, ``guided_grammar`` beside OpenAI's ``response_format`` (``structured.py``).
+benchmarks), ``stop_token_ids`` (more tokens that end the answer, ignore_eos or not),
+``chat_template_kwargs``, ``continue_final_message`` and ``add_generation_prompt`` (chat), and
+the structured outputs ``structured_outputs`` and the older ``guided_json``, ``guided_regex``,
+``guided_choice``, ``guided_grammar`` beside OpenAI's ``response_format`` (``structured.py``).
+OpenAI's ``store``, ``service_tier`` and ``metadata`` are taken where they ask for nothing this
+server would have to do (store false, the default tier; metadata is not kept).
 
 Streamed chunks are written by ``chunks.py`` as JSON text directly (many per step); the chunk
 models here describe them and the tests check the written chunks against them.
@@ -30,6 +34,7 @@ from .tools import Tool, ToolChoice
 
 MAX_N = 16  # choices per request
 MAX_STOPS = 16
+MAX_STOP_IDS = 64
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 # What the server gives the chat template (transformers' names): chat_template_kwargs may not
@@ -146,7 +151,24 @@ class _Sampling(_Strict):
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
+    structured_outputs: dict | None = None
     logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_IDS)
+    # OpenAI's fields that change nothing here: accepted at the values that ask for nothing.
+    store: bool | None = None
+    service_tier: str | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, v, info):
+        return _neutral(info.field_name, v, (None, False))
+
+    @field_validator("service_tier")
+    @classmethod
+    def _any_tier(cls, v, info):
+        return _neutral(info.field_name, v, (None, "auto", "default"))
 
     @field_validator("logit_bias")
     @classmethod
