@@ -76,14 +76,14 @@ class ScriptedEngine:
         pass
 
 
-def scripted_server(folder: Path, tool_parser: str = "auto"):
+def scripted_server(folder: Path, tool_parser: str = "auto", reasoning_parser: str = "auto"):
     """(the running uvicorn server, its base URL, the engine) for the model folder's tokenizer
-    and chat template; stop it with ``stop(server)``."""
+    and chat template (and --tool-parser, --reasoning-parser); stop it with ``stop(server)``."""
     import uvicorn
 
     from tileinfer_cli.serve.app import Server, build_app
     from tileinfer_cli.serve.defaults import SamplingDefaults
-    from tileinfer_cli.serve.loading import ServedModel, served_tool_parser
+    from tileinfer_cli.serve.loading import ServedModel, served_reasoning, served_tool_parser
     from tileinfer_cli.serve.template import ServedTemplate
 
     tokenizer = load_tokenizer(folder)
@@ -91,7 +91,8 @@ def scripted_server(folder: Path, tool_parser: str = "auto"):
     served = ServedModel(folder.name, folder, tokenizer, SamplingDefaults.of_folder(folder),
                          template, [tokenizer.eos_token_id], False,
                          served_tool_parser(tool_parser, template, tokenizer),
-                         max_len=4096, vocab_size=tokenizer.vocab_size, backend="scripted")
+                         served_reasoning(reasoning_parser, template, tokenizer), max_len=4096,
+                         vocab_size=tokenizer.vocab_size, backend="scripted")
     engine = ScriptedEngine(tokenizer)
     port = free_port()
     config = uvicorn.Config(build_app(Server(served, engine)), host="127.0.0.1", port=port,

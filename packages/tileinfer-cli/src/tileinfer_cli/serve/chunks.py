@@ -12,14 +12,16 @@ with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a la
 choices carries the usage; then ``data: [DONE]``. An error after the stream started is sent as
 an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``. A request
 with tools streams its choices' text through ``tool_output.ToolStream``: a flush's content and
-each tool-call delta go out in chunks of their own, the finish reason on the last.
+each tool-call delta go out in chunks of their own, the finish reason on the last. A thinking
+model's reasoning (``reasoning.py``) goes out as ``reasoning_content`` and ``reasoning`` deltas
+before the content.
 """
 
 from __future__ import annotations
 
 import json
 
-from . import schemas, tool_output
+from . import reasoning, schemas, tool_output
 from .logprobs import TokenTexts, chat_entries, completion_logprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -79,12 +81,17 @@ class ChatFormat(_Format):
     schema = schemas.ChatCompletion
 
     def choice_chunks(self, job, choice, text, lps, finish) -> list[str]:
-        calls = ()
+        calls, thought = (), ""
+        if choice.reasoning is not None:
+            thought, text = choice.reasoning.feed(text, finish is not None)
         if choice.tools is not None:
             text, calls = choice.tools.feed(text, finish is not None)
             finish = tool_output.finish_reason(finish, choice.tools.called)
-        # The delta's fields: content, then each tool-call entry in a chunk of its own.
-        fields = [f'"content":{_dumps(text)}'] if text or not calls else []
+        # The delta's fields: reasoning, content, then each tool-call entry in a chunk of its own.
+        fields = [f'"content":{_dumps(text)}'] if text or not (calls or thought) else []
+        if thought:
+            thought = _dumps(thought)
+            fields.insert(0, f'"reasoning_content":{thought},"reasoning":{thought}')
         fields += [f'"tool_calls":[{_dumps(call)}]' for call in calls]
         if not choice.role_sent:
             choice.role_sent = True
@@ -104,13 +111,19 @@ class ChatFormat(_Format):
         logprobs = None
         if job.plan.logprobs is not None:
             logprobs = {"content": chat_entries(self.texts, c.lps)}
-        message, finish = schemas.AssistantMessage(content=c.text.text), c.finish_reason
-        if job.plan.tools is not None:
-            content, calls = tool_output.message(job.plan.tools, c.text.text,
-                                                 job.plan.max_tool_calls)
+        text, thought, finish = c.text.text, None, c.finish_reason
+        if job.plan.reasoning:
+            thought, text = reasoning.split(text, job.plan.thinking)
+        message = schemas.AssistantMessage(content=text or "")
+        if job.plan.tools is not None and text:
+            content, calls = tool_output.message(job.plan.tools, text, job.plan.max_tool_calls)
             if calls:
                 message = schemas.AssistantToolCalls(content=content, tool_calls=calls)
                 finish = tool_output.finish_reason(finish, True)
+        if job.plan.reasoning:
+            message = schemas.AssistantReasoning(
+                content=message.content or None, tool_calls=getattr(message, "tool_calls", None),
+                reasoning_content=thought, reasoning=thought)
         return schemas.ChatChoice(index=c.index, logprobs=logprobs, message=message,
                                   finish_reason=finish)
 

@@ -13,6 +13,7 @@ import sys
 from ..errors import UserError
 from ..options import add_model_options
 from ..parsing import INT32_MAX, float_range, int_range
+from .reasoning import NAMES as REASONING_NAMES
 
 EPILOG = """\
 One model per server (default: the embedded SmolLM2-135M-Instruct), on the batched engine,
@@ -74,6 +75,10 @@ def add_parser(sub, formatter):
     g.add_argument("--tool-parser", choices=["auto", "llama3", "qwen3", "mistral", "none"],
                    default="auto", help="the format of the model's tool calls, read from "
                    "answers to requests with tools (auto: the one its chat template shows)")
+    g.add_argument("--reasoning-parser", choices=["auto", *REASONING_NAMES, "none"],
+                   default="auto", help="split a thinking model's <think> reasoning from the "
+                   "answer's content into reasoning_content (and vLLM's reasoning); auto: for a "
+                   "model whose vocabulary or chat template has the tags")
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info", help="info: a line per finished request (id, user, tokens, "
                    "time to first token, duration, finish reason)")
@@ -187,7 +192,8 @@ def run(args, out):
           f"backend {served.backend}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
           f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}; "
-          f"tool calls: {served.tool_parser.name if served.tool_parser else 'not read'}",
+          f"tool calls: {served.tool_parser.name if served.tool_parser else 'not read'}; "
+          f"reasoning: {'split from the content' if served.reasoning else 'not split'}",
           file=sys.stderr, flush=True)
 
     class _Server(uvicorn.Server):

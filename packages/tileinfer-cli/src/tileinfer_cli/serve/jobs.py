@@ -22,6 +22,7 @@ import time
 
 from .errors import APIError, redact
 from .text import ChoiceText
+from .reasoning import ReasoningStream
 from .tool_output import ToolStream
 
 END = object()  # the last event of a job
@@ -31,7 +32,7 @@ log = logging.getLogger("tileinfer.serve")
 class Choice:
     __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
                  "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools",
-                 "echo")
+                 "echo", "reasoning")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
@@ -51,6 +52,9 @@ class Choice:
         # A streamed answer to a request with tools: its text split into content and calls.
         self.tools = ToolStream(plan.tools, plan.max_tool_calls) \
             if plan.tools is not None and plan.stream else None
+        # A streamed answer of a thinking model: its text split into reasoning and content.
+        self.reasoning = ReasoningStream(plan.thinking) if plan.reasoning and plan.stream \
+            else None
 
     @property
     def finished(self) -> bool:

@@ -32,6 +32,7 @@ class ServedModel:
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
     tool_parser: object = None  # tool_parsers.ToolParser of its tool-call format, or None
+    reasoning: bool = False  # split answers' <think> reasoning from their content (reasoning.py)
     max_len: int = 0  # the engine's, set once it is built (with_engine)
     vocab_size: int = 0
     backend: str = ""
@@ -76,7 +77,9 @@ def load_served(args) -> ServedModel:
     template = ServedTemplate(folder)
     return ServedModel(name, folder, tokenizer, defaults, template, list(stop_ids),
                        args.load_format == "dummy",
-                       served_tool_parser(args.tool_parser, template, tokenizer))
+                       served_tool_parser(args.tool_parser, template, tokenizer),
+                       served_reasoning(getattr(args, "reasoning_parser", "auto"), template,
+                                        tokenizer))
 
 
 def load_weights(args, folder: Path):
@@ -113,6 +116,18 @@ def prepare_grammars(tokenizer):
             pass
 
     threading.Thread(target=build, name="tileinfer-grammar-tokenizer", daemon=True).start()
+
+
+def served_reasoning(option: str, template: ServedTemplate, tokenizer) -> bool:
+    """--reasoning-parser: whether answers' reasoning is split from their content; auto: when
+    the model thinks in <think> blocks (both tags are tokens of its vocabulary, or its chat
+    template writes them)."""
+    from .reasoning import END, START
+
+    if option != "auto":
+        return option != "none"
+    tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START, END))
+    return tokens or bool(template.source and START in template.source and END in template.source)
 
 
 def served_tool_parser(option: str, template: ServedTemplate, tokenizer):

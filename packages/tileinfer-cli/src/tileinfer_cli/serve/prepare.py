@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import bad_request
+from .reasoning import prompt_is_thinking
 from .schemas import ChatRequest, CompletionRequest
 from .structured import structure_of
 from .tool_grammar import forced_call_grammar
@@ -47,6 +48,8 @@ class Plan:
     tools: object = None  # the ToolParser reading calls from the answers; None: no tools
     max_tool_calls: int | None = None  # 1: parallel_tool_calls false
     echoes: list[str] | None = None  # per prompt, the text its choices start with (echo)
+    reasoning: bool = False  # split each answer's reasoning from its content (reasoning.py)
+    thinking: bool = False  # the prompt ends inside a think block: answers start in reasoning
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -87,13 +90,14 @@ def choice_seed(seed: int, j: int) -> int:
     return z - 2 * INT64 if z >= INT64 else z
 
 
-def chat_prompt_ids(served, req: ChatRequest) -> list[int]:
+def chat_prompt_ids(served, req: ChatRequest) -> tuple[str, list[int]]:
+    """The chat request's prompt: its text and token ids."""
     check_tools(req.tools, req.tool_choice)
     text = served.template.render(req.messages, req.chat_template_kwargs,
                                   req.add_generation_prompt, offered(req.tools, req.tool_choice),
                                   req.continue_final_message)
     try:
-        return served.tokenizer.encode(text, add_special_tokens=False)
+        return text, served.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:  # a lone surrogate
         raise bad_request(str(e), "messages") from None
 
@@ -211,7 +215,7 @@ def plan_chat(served, req: ChatRequest) -> Plan:
             and req.max_tokens != req.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens differ: give one",
                           "max_completion_tokens")
-    ids = chat_prompt_ids(served, req)
+    text, ids = chat_prompt_ids(served, req)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(served, len(ids), asked, None, param, "messages")
@@ -220,6 +224,8 @@ def plan_chat(served, req: ChatRequest) -> Plan:
     if offered(req.tools, req.tool_choice) is not None:
         plan.tools = served.tool_parser
         plan.max_tool_calls = 1 if req.parallel_tool_calls is False else None
+    if served.reasoning:
+        plan.reasoning, plan.thinking = True, prompt_is_thinking(text)
     return plan
 
 

@@ -85,6 +85,10 @@ class Message(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant turns
     tool_call_id: str | None = None  # tool turns: the call answered
+    # An earlier turn's reasoning, as a thinking model's answer carried it (either name):
+    # templates that show it (Qwen3's, after the last user turn) read reasoning_content.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     # What OpenAI's own assistant messages carry, so that a client may send one back as it got
     # it: accepted when they say nothing.
     refusal: None = None
@@ -107,7 +111,17 @@ class Message(_Strict):
             raise ValueError("a tool message needs tool_call_id (the call it answers)")
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError("only tool messages carry tool_call_id")
+        if (self.reasoning_content is not None or self.reasoning is not None) \
+                and self.role != "assistant":
+            raise ValueError("only assistant messages carry reasoning")
+        if None not in (self.reasoning_content, self.reasoning) \
+                and self.reasoning_content != self.reasoning:
+            raise ValueError("reasoning_content and reasoning differ: give one")
         return self
+
+    def thought(self) -> str | None:
+        """The turn's reasoning, under either name."""
+        return self.reasoning_content if self.reasoning_content is not None else self.reasoning
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
@@ -309,9 +323,21 @@ class AssistantToolCalls(BaseModel):
     tool_calls: list[CalledTool]
 
 
+class AssistantReasoning(BaseModel):
+    """An answer of a thinking model (``--reasoning-parser``): its reasoning, under both names
+    clients read (DeepSeek's and llama.cpp's reasoning_content, vLLM's reasoning), its content
+    (None when it only thought or only called) and its tool calls, if any."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[CalledTool] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int
-    message: AssistantToolCalls | AssistantMessage
+    message: AssistantToolCalls | AssistantMessage | AssistantReasoning
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
 
@@ -359,6 +385,8 @@ class Delta(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning, under both names
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -3,7 +3,8 @@
 Messages go to the template as transformers' ``apply_chat_template`` receives OpenAI-shaped
 dicts: ``role`` and ``content`` (text parts joined; ``None`` for an assistant turn of tool calls
 only), and where the client gave them ``name``, ``tool_calls`` (``[{"id", "type", "function":
-{"name", "arguments"}}]``) and ``tool_call_id``; a key the client left out is absent, so
+{"name", "arguments"}}]``), ``tool_call_id`` and ``reasoning_content`` (an earlier answer's
+reasoning, sent back as ``reasoning_content`` or ``reasoning``); a key the client left out is absent, so
 ``message.name is defined`` reads as templates expect. Tool-call ``arguments`` that are a JSON
 object in a string (OpenAI's form) are passed as the object, as vLLM does: templates write them
 with ``tojson``. A template that cannot take a null content (one that concatenates it) gets ""
@@ -93,6 +94,8 @@ def as_dict(message) -> dict:
                            for c in message.tool_calls]
     if message.tool_call_id is not None:
         d["tool_call_id"] = message.tool_call_id
+    if message.thought() is not None:
+        d["reasoning_content"] = message.thought()
     return d
 
 

@@ -1,0 +1,90 @@
+"""A thinking model's reasoning, apart from its answer (``--reasoning-parser``).
+
+Qwen3, SmolLM3 and DeepSeek-R1's distillations think first, between ``<think>`` and
+``</think>``, then answer. A client wants the answer as the message's ``content`` and the
+thinking beside it: DeepSeek's API, llama.cpp's server and most clients read it as
+``reasoning_content``, vLLM's server now writes ``reasoning``; the server writes both (the same
+text). The answer's tool calls are read from the content only.
+
+Where the answer starts: a template that opens the thinking itself (DeepSeek-R1's distills end
+the prompt with ``<think>\\n``) leaves the prompt inside a think block: the answer then starts in
+its reasoning. Otherwise the reasoning is the think block the answer starts with (after any
+whitespace), if any; Qwen3 with ``enable_thinking: false`` writes an empty block into the prompt
+and the answer is all content. Reasoning runs to ``</think>``; an answer that ends before it
+(cut by max_tokens) is all reasoning, as vLLM's DeepSeek-R1 parser reads it. The newlines
+around the reasoning and before the content (which templates write beside the tags) are part of
+neither text.
+
+Streamed, ``ReasoningStream`` holds back a tail of the text that could be the start of the tag
+it waits for, so that the pieces it gives add up to the whole answer's split.
+"""
+
+from __future__ import annotations
+
+START, END = "<think>", "</think>"
+NAMES = ("think", "qwen3", "deepseek_r1")  # vLLM's names of the same format
+
+
+def prompt_is_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside a think block (its last <think> is not closed)."""
+    return prompt.rfind(START) > prompt.rfind(END)
+
+
+def split(text: str, thinking: bool) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a whole answer (None for an empty part); thinking: the prompt
+    ends inside a think block."""
+    rest = text
+    opened = text.lstrip()
+    if opened.startswith(START):
+        rest, thinking = opened[len(START):], True
+    if not thinking:
+        return None, text or None
+    end = rest.find(END)
+    if end < 0:
+        return rest.strip("\n") or None, None
+    return rest[:end].strip("\n") or None, rest[end + len(END):].lstrip("\n") or None
+
+
+def _held(text: str, tag: str) -> int:
+    """The length of the longest end of text that is a proper start of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningStream:
+    """One streamed choice's text, split into reasoning and content as it comes."""
+
+    __slots__ = ("thinking", "text", "reasoning_sent", "content_sent")
+
+    def __init__(self, thinking: bool):
+        self.thinking = thinking
+        self.text = ""
+        self.reasoning_sent = self.content_sent = 0
+
+    def feed(self, piece: str, final: bool) -> tuple[str, str]:
+        """The new reasoning and content that the choice's new text piece settles; final: the
+        choice has ended."""
+        self.text += piece
+        safe = self.text if final else self.text[:len(self.text) - self._undecided()]
+        reasoning, content = split(safe, self.thinking)
+        reasoning, content = reasoning or "", content or ""
+        new_reasoning = reasoning[self.reasoning_sent:]
+        new_content = content[self.content_sent:]
+        self.reasoning_sent, self.content_sent = len(reasoning), len(content)
+        return new_reasoning, new_content
+
+    def _undecided(self) -> int:
+        """How much of the text's end cannot be placed yet: all of it while it may still be
+        the opening <think> (whitespace and a start of the tag), else, inside the reasoning, an
+        end that may start </think>."""
+        text = self.text
+        opened = text.lstrip()
+        if len(opened) < len(START) and START.startswith(opened):
+            return len(text)
+        if (self.thinking or opened.startswith(START)) and END not in text:
+            tag = _held(text, END)
+            before = text[:len(text) - tag]
+            return tag + len(before) - len(before.rstrip("\n"))  # newlines before the tag
+        return 0
