@@ -47,8 +47,9 @@ def _hash_triton_in_background():
     process at the first kernel launch, where a new process's first answer would wait for it.
     A thread started when the backend loads takes the key remembered from an earlier process
     (``triton_key.py``), or makes it (hashlib lets go of the interpreter's lock while it hashes)
-    while the model's weights load. ``_await_triton_key`` waits for that thread before the first
-    launch: a launch before then would hash the installation again."""
+    while the model's weights load, then preloads the kernels earlier processes launched
+    (``warm_start.py``). ``_await_triton_key`` stops the preloading and waits for that thread
+    before the first launch: a launch before then would hash the installation again."""
     global _KEY_THREAD
     import threading
 
@@ -56,16 +57,33 @@ def _hash_triton_in_background():
         from triton.runtime import cache  # noqa: F401
     except ImportError:  # another Triton layout: the first launch makes it, as before
         return
-    from .triton_key import install_remembered_key
+    from . import warm_start
 
-    _KEY_THREAD = threading.Thread(target=install_remembered_key, name="tileinfer-triton-key",
+    if warm_start.enabled():
+        warm_start.install_hook()
+    _KEY_THREAD = threading.Thread(target=_prepare_triton, name="tileinfer-triton-key",
                                    daemon=True)
     _KEY_THREAD.start()
+
+
+def _prepare_triton():
+    from . import warm_start
+    from .triton_key import install_remembered_key
+
+    fingerprint = install_remembered_key()
+    if fingerprint is not None and warm_start.enabled():
+        try:
+            warm_start.start(fingerprint)
+        except Exception:  # noqa: BLE001 - no preloading: each kernel loads at its first launch
+            pass
 
 
 def _await_triton_key():
     global _KEY_THREAD
     if _KEY_THREAD is not None:
+        from . import warm_start
+
+        warm_start.stop()
         _KEY_THREAD.join()
         _KEY_THREAD = None
 

@@ -41,10 +41,11 @@ def fingerprint(root: Path, version: str) -> str:
     return h.hexdigest()
 
 
-def remembered_key(make_key, root: Path, version: str, store: Path) -> str:
-    """The key stored under the installation's fingerprint, else ``make_key()`` (stored for the
-    next process)."""
-    current = fingerprint(root, version)
+def remembered_key(make_key, root: Path, version: str, store: Path,
+                   current: str | None = None) -> str:
+    """The key stored under the installation's fingerprint (``current``, made here when not
+    given), else ``make_key()`` (stored for the next process)."""
+    current = current or fingerprint(root, version)
     try:
         stored = json.loads(store.read_text())
         if stored.get("fingerprint") == current and isinstance(stored.get("key"), str):
@@ -62,9 +63,10 @@ def remembered_key(make_key, root: Path, version: str, store: Path) -> str:
     return key
 
 
-def install_remembered_key() -> None:
+def install_remembered_key() -> str | None:
     """Make Triton's ``triton_key`` the remembered one for this process (and the key itself
-    now, so that the first kernel launch finds it made)."""
+    now, so that the first kernel launch finds it made); the installation's fingerprint, or
+    None where it could not be made."""
     import triton
     from triton.runtime import cache
 
@@ -72,16 +74,19 @@ def install_remembered_key() -> None:
 
     original = getattr(cache, "triton_key", None)
     if original is None:  # another Triton layout: its first launch makes its key
-        return
+        return None
     root = Path(triton.__file__).parent
     try:
-        key = remembered_key(original, root, triton.__version__, tileinfer_home() / STORE)
+        current = fingerprint(root, triton.__version__)
+        key = remembered_key(original, root, triton.__version__, tileinfer_home() / STORE,
+                             current)
     except (OSError, ValueError):  # a file vanished while read, a home that is a file
         original()
-        return
+        return None
 
     @functools.lru_cache
     def triton_key():
         return key
 
     cache.triton_key = triton_key  # get_cache_key reads the module's name at each call
+    return current
