@@ -143,9 +143,10 @@ from tileinfer.model.config import config_from_dict
 config = config_from_dict(dict(model_type="llama", vocab_size=512, hidden_size=256,
     intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
 model = random_model(config, dtype=torch.bfloat16, backend="triton", device="cuda", max_len=128)
-tileinfer.generate(model, [1, 2, 3, 4, 5], 4)
+tokens = tileinfer.generate(model, list(range(1, 40)), 8)
 torch.cuda.synchronize()
 print(len(warm_start._stored), len(warm_start._preloaded), len(warm_start._seen))
+print(tokens)
 """
 
 
@@ -159,9 +160,16 @@ def test_a_second_process_finds_the_first_ones_kernels_preloaded(tmp_path):
     env = {**os.environ, "TILEINFER_HOME": str(tmp_path / "home")}
     runs = [subprocess.run([sys.executable, "-c", PROCESS], env=env, capture_output=True,
                            text=True, timeout=600) for _ in range(2)]
+    off = {**env, "TILEINFER_TRITON_WARM_START": "0"}
+    runs.append(subprocess.run([sys.executable, "-c", PROCESS], env=off, capture_output=True,
+                               text=True, timeout=600))
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
-    stored, preloaded, seen = map(int, runs[0].stdout.split())
+    counts = [list(map(int, run.stdout.splitlines()[0].split())) for run in runs]
+    stored, preloaded, seen = counts[0]
     assert stored == 0 and preloaded == 0 and seen > 0  # the first process found them itself
-    stored, preloaded, seen = map(int, runs[1].stdout.split())
+    stored, preloaded, seen = counts[1]
     assert stored > 0 and preloaded == stored and seen == 0  # every launch found it preloaded
+    assert counts[2] == [0, 0, 0]  # turned off: nothing read, preloaded or recorded
+    tokens = [run.stdout.splitlines()[1] for run in runs]
+    assert tokens[0] == tokens[1] == tokens[2]  # the preloaded kernels compute the same
