@@ -47,9 +47,25 @@ def test_the_hook_keeps_an_earlier_hook(monkeypatch):
     calls = []
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook",
                         lambda **kw: calls.append(kw["compile"]["specialization_data"]))
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
     warm_start.install_hook()
     knobs.runtime.jit_post_compile_hook(**compiled(f"{PKG}.kernels.embed", "_embed", "A"))
     assert calls == ["A"] and (f"{PKG}.kernels.embed", "_embed", "A") in warm_start._seen
+
+
+def test_a_launch_that_must_find_its_kernel_stops_the_preloading_first(monkeypatch):
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: "earlier hook")
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    stops = []
+    warm_start.install_hook(before_launch_compile=lambda: stops.append(1))
+    assert knobs.runtime.jit_cache_hook(**compiled(f"{PKG}.kernels.embed", "_embed", "A",
+                                                   warmup=True)) == "earlier hook"
+    assert stops == []  # a preload (Triton calls it a manual warm-up) goes on
+    assert knobs.runtime.jit_cache_hook(**compiled(f"{PKG}.kernels.embed", "_embed", "A")) \
+        == "earlier hook"
+    assert stops == [1]
 
 
 def entry(i):

@@ -49,7 +49,9 @@ def _hash_triton_in_background():
     (``triton_key.py``), or makes it (hashlib lets go of the interpreter's lock while it hashes)
     while the model's weights load, then preloads the kernels earlier processes launched
     (``warm_start.py``). ``_await_triton_key`` stops the preloading and waits for that thread
-    before the first launch: a launch before then would hash the installation again."""
+    before the first launch (a model's ``reserve_scratch``, or any launch that has to find its
+    kernel: Triton's jit_cache_hook): a launch before then would hash the installation again,
+    or make kernels beside the thread."""
     global _KEY_THREAD
     import threading
 
@@ -60,7 +62,7 @@ def _hash_triton_in_background():
     from . import warm_start
 
     if warm_start.enabled():
-        warm_start.install_hook()
+        warm_start.install_hook(before_launch_compile=_await_triton_key)
     _KEY_THREAD = threading.Thread(target=_prepare_triton, name="tileinfer-triton-key",
                                    daemon=True)
     _KEY_THREAD.start()
@@ -80,7 +82,9 @@ def _prepare_triton():
 
 def _await_triton_key():
     global _KEY_THREAD
-    if _KEY_THREAD is not None:
+    import threading
+
+    if _KEY_THREAD is not None and _KEY_THREAD is not threading.current_thread():
         from . import warm_start
 
         warm_start.stop()

@@ -65,17 +65,27 @@ def record(**hook_args):
         _seen[(module, str(fn.name), data)] = None
 
 
-def install_hook():
-    """Record this package's kernels from now on, after any hook installed before."""
+def install_hook(before_launch_compile=None):
+    """Record this package's kernels from now on, after any hook installed before; and call
+    ``before_launch_compile()`` before Triton looks for a kernel for a launch (its
+    jit_cache_hook, not for a preload), so that the preloading thread stops before a launch
+    of any path, not only a model's, makes kernels beside it."""
     from triton import knobs
 
     previous = knobs.runtime.jit_post_compile_hook
+    previous_cache = knobs.runtime.jit_cache_hook
 
     def hook(**hook_args):
         record(**hook_args)
         return previous(**hook_args) if previous is not None else None
 
+    def cache_hook(**hook_args):
+        if before_launch_compile is not None and not hook_args.get("is_manual_warmup"):
+            before_launch_compile()
+        return previous_cache(**hook_args) if previous_cache is not None else None
+
     knobs.runtime.jit_post_compile_hook = hook
+    knobs.runtime.jit_cache_hook = cache_hook
 
 
 def read(store: Path, fingerprint: str) -> list:
