@@ -337,7 +337,7 @@ def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
 
     def budget(hit_rate, seconds, k=7):
         policy = DraftPolicy(NgramProposer(k=k), {n: [s] * 5 for n, s in seconds.items()})
-        policy.hit_rate = hit_rate
+        policy.hit_rate = policy.trust_rate = hit_rate  # long into an answer: the prior gone
         return policy.budget()
 
     cheap = {n: 1e-3 * (1 + 0.02 * (n - 1)) for n in range(1, 9)}
@@ -352,9 +352,9 @@ def test_the_draft_count_follows_the_hit_rate_and_the_measured_cost_of_rows():
 
 
 def test_the_hit_rate_is_the_weighted_average_of_the_guesses_seen():
-    """Bias-corrected, begun with prior_misses failed guesses: one right guess reads as
-    a / (a + (1 - a) a prior), not as the smoothing weight a, nor as 1; later guesses weigh as an
-    exponential moving average does and the prior fades with them."""
+    """Bias-corrected: one right guess reads as 1, not as the smoothing weight; later guesses
+    weigh as an exponential moving average does. The rate that chaining rests on also counts
+    prior_misses failed guesses before the first, which fade with the older terms."""
     from tileinfer.engine.generation.speculative.step_costs import DraftPolicy
 
     proposer = NgramProposer(k=7)
@@ -363,32 +363,34 @@ def test_the_hit_rate_is_the_weighted_average_of_the_guesses_seen():
     assert prior == 1.0
     assert policy.hit_rate == 0.0 and policy.budget() == 0
     policy.record_guess(True)
-    assert policy.hit_rate == pytest.approx(a / (a + (1 - a) * a * prior))
-    # One right guess is no trend: a draft or two, and no step launched on them.
-    assert 0 < policy.budget() < 7 and not policy.trusted(1)
+    assert policy.hit_rate == 1.0
+    assert policy.trust_rate == pytest.approx(a / (a + (1 - a) * a * prior))
+    # One right guess: drafts, but no step launched on them (a wrong one would be thrown away).
+    assert policy.budget() >= 1 and not policy.trusted(1)
     policy.record_guess(False)
-    hits, weights = (1 - a) * a, (1 - a) ** 2 * a * prior + (1 - a) * a + a
-    assert policy.hit_rate == pytest.approx(hits / weights)
+    assert policy.hit_rate == pytest.approx((1 - a) * a / ((1 - a) * a + a))
     for _ in range(3):
         policy.record_guess(True)
-    # Five guesses, the miss three back: its weight a (1 - a)**3; the prior's a (1 - a)**5.
-    weights = 1 - (1 - a) ** 5 + a * prior * (1 - a) ** 5
-    assert policy.hit_rate == pytest.approx((weights - a * prior * (1 - a) ** 5
-                                             - a * (1 - a) ** 3) / weights)
+    # Five guesses, the miss three back: its weight a (1 - a)**3 of all weights 1 - (1 - a)**5;
+    # the prior's a (1 - a)**5 besides.
+    weights, missed = 1 - (1 - a) ** 5, a * (1 - a) ** 3
+    assert policy.hit_rate == pytest.approx(1 - missed / weights)
+    assert policy.trust_rate == pytest.approx((weights - missed)
+                                              / (weights + a * prior * (1 - a) ** 5))
     # A long run of right guesses: the prior is forgotten, every draft is made and trusted.
     for _ in range(30):
         policy.record_guess(True)
-    assert policy.hit_rate > 0.99 and policy.budget() == 7 and policy.trusted(7)
+    assert policy.trust_rate > 0.99 and policy.budget() == 7 and policy.trusted(7)
 
 
-def test_without_the_prior_one_right_guess_reads_as_certain():
+def test_without_the_prior_one_right_guess_is_trusted():
     from tileinfer.engine.generation.speculative.step_costs import DraftPolicy
 
     proposer = NgramProposer(k=7)
     proposer.prior_misses = 0.0
     policy = DraftPolicy(proposer, {})
     policy.record_guess(True)
-    assert policy.hit_rate == 1.0 and policy.budget() == 7 and policy.trusted(7)
+    assert policy.trust_rate == 1.0 and policy.budget() == 7 and policy.trusted(7)
 
 
 @pytest.mark.gpu

@@ -25,12 +25,12 @@ class NgramProposer(Proposer):
 
     adaptive (default): the speculative loop drafts only while the lookup's guesses keep coming
     true and the extra rows pay (``tileinfer.engine.generation.speculative.pipelined``): from a moving
-    average p of its hits (``smoothing``: the weight of the latest token; begun as if
-    ``prior_misses`` guesses had failed: a right guess or two is not yet a trend), nothing
-    while p < ``draft_threshold``, else the count (at most k) with the most expected tokens
-    per measured cost of a step, if it gains ``min_gain``; it launches a step before the one
-    in flight is checked on all of that one's drafts when they all hold with probability >=
-    ``trust_threshold``. ``row_cost``: None measures what a step of n rows costs; a number
+    average p of its hits (``smoothing``: the weight of the latest token), nothing while p <
+    ``draft_threshold``, else the count (at most k) with the most expected tokens per measured
+    cost of a step, if it gains ``min_gain``; it launches a step before the one in flight is
+    checked on all of that one's drafts when they all hold with probability >=
+    ``trust_threshold``, by the average begun as if ``prior_misses`` guesses had failed (a
+    right guess or two is not yet a reason to bet a whole step on them). ``row_cost``: None measures what a step of n rows costs; a number
     fixes an extra row's cost (in 1-token steps) instead. adaptive=False: k drafts whenever the
     lookup finds a match, each step chained on all drafts of the one before.
     """

@@ -2,17 +2,18 @@
 
 The loop keeps a moving average p of how often its guesses came true (bias-corrected, as
 Adam's moments are: an average started at 0 would read low for its first few tokens, and an
-answer that copies from its first token would spend them on plain steps), begun as if
-``prior_misses`` guesses had failed before the first: without it, one or two right guesses
-read as p = 1, and the loop drafts all k and launches the next step on them, which a short
-answer whose next token leaves the copied stretch pays for and nothing pays back. The prior's
-weight fades as the average's older terms do. It knows what a step of
-n rows costs on the device against a 1-token step: measured between consecutive steps (CUDA
-events, host delays included) and kept in the runner's ``step_seconds`` across generations
-(the model runtime's: every generation of the process shares them). It drafts the count m that
-gives the most expected tokens per cost, (1 + p + .. + p**m) / cost(m + 1), if that gains at
-least ``min_gain`` and p >= ``draft_threshold`` (else none), and chains the next step on all
-of the step in flight's drafts when they all hold with probability >= ``trust_threshold``.
+answer that copies from its first token would spend them on plain steps), and knows what a
+step of n rows costs on the device against a 1-token step: measured between consecutive steps
+(CUDA events, host delays included) and kept in the runner's ``step_seconds`` across
+generations (the model runtime's: every generation of the process shares them). It drafts the
+count m that gives the most expected tokens per cost, (1 + p + .. + p**m) / cost(m + 1), if
+that gains at least ``min_gain`` and p >= ``draft_threshold`` (else none), and chains the next
+step on all of the step in flight's drafts when they all hold with probability >=
+``trust_threshold``, by the same average begun as if ``prior_misses`` guesses had failed before
+the first (``trust_rate``; the prior fades as the average's older terms do). A wrong draft costs
+its row; a step chained on it is thrown away whole, so chaining waits for more evidence: with
+the plain average one or two right guesses read as p = 1, and a short answer whose next token
+leaves the copied stretch paid for a whole step that nothing paid back.
 """
 
 from __future__ import annotations
@@ -43,18 +44,21 @@ class DraftPolicy:
         self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
         self.step_seconds = step_seconds
         self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
+        self.trust_rate = 0.0  # the same with the prior's misses: what chaining rests on
         # The average of hits, and of ones, with the same weights: their ratio is the average
-        # over the guesses seen so far (and the prior's misses), without the pull towards the
-        # starting 0.
-        self._hits = 0.0
-        self._weights = self.smoothing * self.prior_misses
+        # over the guesses seen so far, without the pull towards the starting 0. The prior's
+        # misses weigh as guesses made before the first, fading as the older terms do.
+        self._hits = self._weights = 0.0
+        self._prior = self.smoothing * self.prior_misses
 
     def record_guess(self, hit: bool):
         """A new token came: whether the loop's guess of it (if any) was right."""
         a = self.smoothing
         self._hits = (1 - a) * self._hits + a * hit
         self._weights = (1 - a) * self._weights + a
+        self._prior *= 1 - a
         self.hit_rate = self._hits / self._weights
+        self.trust_rate = self._hits / (self._weights + self._prior)
 
     PRIOR_ROW_COST = 0.1  # an extra row's cost, in 1-token steps, before any is measured
 
@@ -99,7 +103,7 @@ class DraftPolicy:
         best, best_m, gain = self.min_gain, 0, 0.0
         for m in range(1, self.k + 1):
             gain += p ** m
-            chained = p ** m >= self.trust_threshold
+            chained = self.trust_rate ** m >= self.trust_threshold
             value = (1.0 + (gain if chained else 0.5 * gain)) / self._ratio(m + 1)
             if value > best:
                 best, best_m = value, m
@@ -108,4 +112,4 @@ class DraftPolicy:
     def trusted(self, guessed: int) -> bool:
         """Chain the next step on all of the step in flight's guessed drafts: when they are all
         accepted with probability at least trust_threshold (see ``_budget``)."""
-        return not self.adaptive or self.hit_rate ** guessed >= self.trust_threshold
+        return not self.adaptive or self.trust_rate ** guessed >= self.trust_threshold
