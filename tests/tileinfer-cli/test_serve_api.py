@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 from serve_fixtures import MAX_LEN, TIMEOUT, client, http, offline  # noqa: F401 (fixtures)
 from test_serve_helpers import ServerProcess, metrics, sse_events, tiny_folder, wait_for
 from tileinfer import LLMEngine, SamplingParams, TextStream, chat_prompt, generate_batch
-from tileinfer_cli.serve import schemas
+from tileinfer_cli.serve import responses
 from tileinfer_cli.serve.prepare import choice_seed
 
 
@@ -124,13 +124,13 @@ def test_completions_raw_http_streamed_and_not(http, offline):
     body = dict(prompt="Once upon a time", max_tokens=12, temperature=0.7, seed=3)
     whole = http.post("/v1/completions", json=body)
     assert whole.status_code == 200, whole.text
-    whole = schemas.Completion.model_validate(whole.json())
+    whole = responses.Completion.model_validate(whole.json())
     with http.stream("POST", "/v1/completions",
                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r)
     assert events[-1] == "[DONE]"
-    chunks = [schemas.CompletionChunk.model_validate(e) for e in events[:-1]]
+    chunks = [responses.CompletionChunk.model_validate(e) for e in events[:-1]]
     assert "".join(c.choices[0].text for c in chunks[:-1]) == whole.choices[0].text
     assert chunks[-1].usage == whole.usage and whole.usage.completion_tokens == 12
     model, tok = offline
@@ -141,7 +141,7 @@ def test_completions_raw_http_streamed_and_not(http, offline):
             "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
             "stream": True}) as r:
         events = sse_events(r)
-    chunks = [schemas.ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    chunks = [responses.ChatCompletionChunk.model_validate(e) for e in events[:-1]]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "length" and events[-1] == "[DONE]"
 

@@ -21,7 +21,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from serve_scripted import scripted_server, stop
 from test_serve_helpers import sse_events, tiny_folder
 from tileinfer.io.tokenizer_config import special_tokens
-from tileinfer_cli.serve import schemas
+from tileinfer_cli.serve import responses
 
 TEMPLATES = {"qwen3": "Qwen3-0.6B", "llama3": "Llama-3.2-1B-Instruct",
              "mistral": "Mistral-Nemo-Instruct-2407"}
@@ -115,7 +115,7 @@ def test_streamed_calls_accumulate_as_the_openai_client_does(served):
     with httpx.stream("POST", url + "/v1/chat/completions", timeout=60, json={
             "messages": ASK, "tools": [WEATHER, TIME], "stream": True}) as r:
         events = sse_events(r)
-    chunks = [schemas.ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    chunks = [responses.ChatCompletionChunk.model_validate(e) for e in events[:-1]]
     deltas = [c.choices[0].delta for c in chunks]
     assert deltas[0].role == "assistant"
     assert "".join(d.content or "" for d in deltas) == "Ich sehe nach."

@@ -7,7 +7,8 @@ One concept per module:
     loading.py    the served model: its tokenizer, template and defaults; its weights (a folder's,
                   or random ones of its shape: dummy)
     engine_build.py  the engine: in a process of its own (EngineProcess) or on a thread
-    schemas.py    pydantic models of the requests and responses
+    schemas.py    pydantic models of the requests
+    responses.py  pydantic models of the answers, chunks and model cards
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input
     tools.py      a request's tools and tool_choice

@@ -3,7 +3,7 @@
 Chunks are written as text around ``json.dumps`` of the new text, with the fixed part of each
 job's chunks (id, created, model) built once: a server streaming hundreds of answers writes
 thousands of chunks a second, and building and validating a pydantic model per chunk would
-cost more than the decoding. ``schemas.py`` describes them (the tests check written chunks
+cost more than the decoding. ``responses.py`` describes them (the tests check written chunks
 against those models); whole responses go through the pydantic models.
 
 Streams follow OpenAI's: each choice's first chunk carries ``role`` (chat), a chunk carries a
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from . import reasoning, schemas, tool_output
+from . import reasoning, responses, tool_output
 from .logprobs import TokenTexts, chat_entries, completion_logprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -78,7 +78,7 @@ class _Format:
 
 class ChatFormat(_Format):
     object = "chat.completion.chunk"
-    schema = schemas.ChatCompletion
+    schema = responses.ChatCompletion
 
     def choice_chunks(self, job, choice, text, lps, finish) -> list[str]:
         calls, thought = (), ""
@@ -114,23 +114,23 @@ class ChatFormat(_Format):
         text, thought, finish = c.text.text, None, c.finish_reason
         if job.plan.reasoning:
             thought, text = reasoning.split(text, job.plan.thinking)
-        message = schemas.AssistantMessage(content=text or "")
+        message = responses.AssistantMessage(content=text or "")
         if job.plan.tools is not None and text:
             content, calls = tool_output.message(job.plan.tools, text, job.plan.max_tool_calls)
             if calls:
-                message = schemas.AssistantToolCalls(content=content, tool_calls=calls)
+                message = responses.AssistantToolCalls(content=content, tool_calls=calls)
                 finish = tool_output.finish_reason(finish, True)
         if job.plan.reasoning:
-            message = schemas.AssistantReasoning(
+            message = responses.AssistantReasoning(
                 content=message.content or None, tool_calls=getattr(message, "tool_calls", None),
                 reasoning_content=thought, reasoning=thought)
-        return schemas.ChatChoice(index=c.index, logprobs=logprobs, message=message,
+        return responses.ChatChoice(index=c.index, logprobs=logprobs, message=message,
                                   finish_reason=finish)
 
 
 class CompletionFormat(_Format):
     object = "text_completion"
-    schema = schemas.Completion
+    schema = responses.Completion
 
     def _logprobs(self, choice, lps):
         found = completion_logprobs(self.texts, lps, choice.lp_offset)
@@ -147,5 +147,5 @@ class CompletionFormat(_Format):
 
     def choice(self, job, c):
         logprobs = self._logprobs(c, c.lps) if job.plan.logprobs is not None else None
-        return schemas.CompletionChoice(index=c.index, text=c.echo + c.text.text, logprobs=logprobs,
+        return responses.CompletionChoice(index=c.index, text=c.echo + c.text.text, logprobs=logprobs,
                                         finish_reason=c.finish_reason)

@@ -22,7 +22,8 @@ from .chunks import ChatFormat, CompletionFormat
 from .errors import APIError, error_response
 from .jobs import END, Job
 from .prepare import plan_chat, plan_completion
-from .schemas import ChatRequest, CompletionRequest, ModelCard, ModelList
+from .responses import ModelCard, ModelList
+from .schemas import ChatRequest, CompletionRequest
 from .tokenizing import detokenize, tokenize
 from .validation import parse, parse_json
 

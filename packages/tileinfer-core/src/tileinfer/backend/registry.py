@@ -24,7 +24,6 @@ The hot path never calls ``pm.hook.<op>()``: ``get_backend(name)`` resolves ever
 from __future__ import annotations
 
 import difflib
-import importlib.metadata
 import inspect
 import os
 import re
@@ -36,8 +35,9 @@ import pluggy
 
 from . import hookspecs
 from .backends import Backend, BackendError, BackendInfo, BackendWarning, OpTable
+from .entry_points import (ENTRY_POINT_GROUP, dist_name, entry_points_by_name, is_own,
+                           own_entry_point, where_from)
 
-ENTRY_POINT_GROUP = "tileinfer"
 ALLOW_ENV = "TILEINFER_BACKENDS"
 FALLBACK = "ref"
 INFO_HOOK = "tileinfer_backend_info"
@@ -137,46 +137,6 @@ def _checked_info(info) -> BackendInfo:
     return replace(info, devices=tuple(devices))
 
 
-def _dist_name(ep) -> str:
-    dist = getattr(ep, "dist", None)
-    return dist.metadata["Name"] if dist is not None else ""
-
-
-def _is_own(ep, name: str) -> bool:
-    """Whether the entry point comes from our distribution of backend ``name``."""
-    return _dist_name(ep).lower().replace("_", "-") == f"tileinfer-backend-{name}"
-
-
-def _source(ep) -> str:
-    dist = getattr(ep, "dist", None)
-    where = f"{dist.metadata['Name']} {dist.version}: " if dist is not None else ""
-    return f"{where}entry point {ep.name} = {ep.value}"
-
-
-def _entry_points_by_name():
-    """name -> the distinct entry points of the group that claim it."""
-    by_name: dict[str, list] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        eps = by_name.setdefault(ep.name, [])
-        # The same distribution seen twice on sys.path is one entry point.
-        if not any(e.value == ep.value and _dist_name(e) == _dist_name(ep) for e in eps):
-            eps.append(ep)
-    return by_name
-
-
-def _own_entry_point(name: str):
-    """The entry point ``name`` of our own distribution ``tileinfer-backend-NAME``, found by its
-    name alone (None if it is not installed or declares no such entry point)."""
-    try:
-        dist = importlib.metadata.distribution(f"tileinfer-backend-{name}")
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return None
-    for ep in dist.entry_points:
-        if ep.group == ENTRY_POINT_GROUP and ep.name == name:
-            return ep
-    return None
-
-
 class Registry:
     """All backends known to this process, loaded from entry points on first use.
 
@@ -216,9 +176,9 @@ class Registry:
                     return
             if self._by_name is None:
                 self._allowed = _allowed_names()
-                self._by_name = _entry_points_by_name()
+                self._by_name = entry_points_by_name()
                 for name in sorted(self._own):
-                    own = [ep for ep in self._by_name.get(name, ()) if _is_own(ep, name)]
+                    own = [ep for ep in self._by_name.get(name, ()) if is_own(ep, name)]
                     self._reject_others(name, self._by_name.get(name, ()), own[:1])
                 if self._allowed is not None:
                     self.unknown_allowed = sorted(self._allowed - set(self._by_name))
@@ -246,7 +206,7 @@ class Registry:
         allowed = _allowed_names()
         if allowed is not None and name not in allowed:
             return False
-        ep = _own_entry_point(name)
+        ep = own_entry_point(name)
         if ep is None:
             return False
         self._imported.add(name)
@@ -258,11 +218,11 @@ class Registry:
         """List every claimant of ``name`` but those in ``kept`` as invalid plugins."""
         if len(eps) < 2:
             return
-        claimants = ", ".join(_source(ep) for ep in eps)
+        claimants = ", ".join(where_from(ep) for ep in eps)
         for ep in eps:
             if not any(ep is k for k in kept):
                 self.rejected.append(Backend(
-                    name, None, None, source=_source(ep),
+                    name, None, None, source=where_from(ep),
                     error=f"invalid plugin: backend name {name!r} is claimed by several "
                           f"entry points ({claimants}); uninstall all but one"))
 
@@ -270,11 +230,11 @@ class Registry:
         if len(eps) > 1:
             # Two distributions claim one name: ours (tileinfer-backend-NAME) keeps it, else
             # neither can be chosen; the others are listed as invalid.
-            own = [ep for ep in eps if _is_own(ep, name)]
+            own = [ep for ep in eps if is_own(ep, name)]
             winner = own[0] if len(own) == 1 else None
             self._reject_others(name, eps, [winner])
             if winner is None:
-                claimants = ", ".join(_source(ep) for ep in eps)
+                claimants = ", ".join(where_from(ep) for ep in eps)
                 self.backends[name] = Backend(
                     name, None, None, source=claimants,
                     error=f"invalid plugin: backend name {name!r} is claimed by several entry "
@@ -285,10 +245,10 @@ class Registry:
         try:
             plugin = ep.load()
         except Exception as exc:  # a broken plugin must not break the others
-            self.backends[name] = Backend(name, None, None, source=_source(ep),
+            self.backends[name] = Backend(name, None, None, source=where_from(ep),
                                           error=f"failed to import {ep.value}: {exc!r}")
             return
-        self._register_locked(plugin, name, source=_source(ep), entry_point=True)
+        self._register_locked(plugin, name, source=where_from(ep), entry_point=True)
 
     def register(self, plugin, name: str | None = None) -> Backend:
         """Register a backend plugin object directly (tests, notebooks). It may replace a plugin
