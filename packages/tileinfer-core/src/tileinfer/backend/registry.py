@@ -35,8 +35,8 @@ import pluggy
 
 from . import hookspecs
 from .backends import Backend, BackendError, BackendInfo, BackendWarning, OpTable
-from .entry_points import (ENTRY_POINT_GROUP, dist_name, entry_points_by_name, is_own,
-                           own_entry_point, where_from)
+from .entry_points import (ENTRY_POINT_GROUP, entry_points_by_name, is_own, own_entry_point,
+                           where_from)
 
 ALLOW_ENV = "TILEINFER_BACKENDS"
 FALLBACK = "ref"
