@@ -428,6 +428,23 @@ def test_process_age_is_measured_from_the_kernels_record():
     assert 0 < age <= outside + 0.011, (age, outside)
 
 
+THINKING = "<think>\nThe user asks for a capital\\. Paris\\.\n</think>\n\nParis\\."
+
+
+@pytest.mark.slow
+def test_hide_thinking_prints_the_answer_without_its_reasoning(home):
+    # A regex makes SmolLM2 answer as a thinking model writes (it has no <think> of its own).
+    pytest.importorskip("llguidance")
+    out = run_json(home, "-n", "40", "--regex", THINKING, QUESTION)
+    assert out["text"] == "<think>\nThe user asks for a capital. Paris.\n</think>\n\nParis."
+    out = run_json(home, "-n", "40", "--regex", THINKING, "--hide-thinking", QUESTION)
+    assert out["text"] == "Paris." and out["reasoning"] == "The user asks for a capital. Paris."
+    shown = tileinfer("run", "-n", "40", "--regex", THINKING, "--hide-thinking", QUESTION,
+                      env=home)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "Paris.\n"
+
+
 @pytest.mark.slow
 def test_json_schema_and_regex_shape_the_answer(home, tmp_path):
     pytest.importorskip("llguidance")

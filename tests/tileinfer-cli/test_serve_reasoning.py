@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from tileinfer_cli.serve.reasoning import ReasoningStream, prompt_is_thinking, split
+from tileinfer_cli.reasoning import ReasoningStream, prompt_is_thinking, split
 
 SPLITS = [  # (answer, the prompt ends inside a think block) -> (reasoning, content)
     (("<think>\nLet me think.\n</think>\n\nParis.", False), ("Let me think.", "Paris.")),
@@ -190,3 +190,46 @@ def test_a_model_without_think_tags_keeps_them_in_the_content(smollm2_dir, tmp_p
         assert message.content == ANSWER and getattr(message, "reasoning_content", None) is None
     finally:
         stop(server)
+
+
+# -- the CLI's --hide-thinking ---------------------------------------------------------------------
+
+def test_hidden_thinking_writes_the_content_only_and_keeps_both():
+    import io
+
+    from tileinfer_cli.reasoning import HiddenThinking
+    from tileinfer_cli.stops import StopWriter
+
+    out = io.StringIO()
+    shown = HiddenThinking(out, thinking=False)
+    writer = StopWriter(["STOP"], shown)
+    for piece in ("<th", "ink>\nHmm, </th", "ink", ">\n\nThe ans", "wer.ST", "OP and more"):
+        try:
+            writer.write(piece)
+        except Exception:  # StopStringFound ends the answer
+            break
+    writer.end()
+    shown.end()
+    assert out.getvalue() == "The answer." == shown.content and shown.reasoning == "Hmm, "
+
+
+def test_a_chat_turn_hides_the_thinking_and_the_conversation_keeps_it(smollm2_dir):
+    import io
+    from types import SimpleNamespace
+
+    from tileinfer import load_tokenizer
+    from tileinfer_cli.session import chat_turn
+
+    tokenizer = load_tokenizer(smollm2_dir)
+    reply = "<think>\nThey greet me.\n</think>\n\nHello!"
+
+    def answer(text, max_new_tokens, on_token):
+        for token in tokenizer.encode(reply, add_special_tokens=False):
+            on_token(token)
+        return reply, None
+
+    session = SimpleNamespace(messages=[], tokenizer=tokenizer, max_tokens=512, turns=0,
+                              prompt_ids=lambda messages: [1, 2, 3], reply=answer)
+    out = io.StringIO()
+    turn = chat_turn(session, "Hi", 64, [], out, hide_thinking=True)
+    assert out.getvalue() == "Hello!" and turn.text == reply

@@ -106,7 +106,8 @@ def run(args, out):
                 return 0
             continue
         try:
-            turn = commands.last = chat_turn(session, text, args.max_new_tokens, stops, out)
+            turn = commands.last = chat_turn(session, text, args.max_new_tokens, stops, out,
+                                             args.hide_thinking)
             print(file=out)
             out.flush()
             log.write(state["cid"], model=folder.name, backend=model.ops.name,

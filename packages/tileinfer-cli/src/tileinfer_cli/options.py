@@ -113,6 +113,9 @@ def add_sampling_options(p: argparse.ArgumentParser):
                        help="let a reasoning model think first (Qwen3's enable_thinking)")
     think.add_argument("--no-think", dest="thinking", action="store_false",
                        help="answer without thinking first (default: the chat template's)")
+    g.add_argument("--hide-thinking", action="store_true",
+                   help="print a thinking model's answer without its <think> reasoning "
+                        "(ollama's --hidethinking; --json gives it apart as reasoning)")
 
 
 def _speculative_spec(text: str) -> str:

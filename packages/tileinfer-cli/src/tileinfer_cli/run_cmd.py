@@ -12,6 +12,7 @@ from .errors import UserError
 from .logs import Log, add_log_flag, new_conversation_id, options_of
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
                       kv_cache_from, load, sampling_from, speculative_from, warm_up_on_gpu)
+from .reasoning import HiddenThinking, prompt_is_thinking
 from .startup import Clock
 from .stops import StopStringFound, StopWriter
 from .structure_options import add_structure_options, with_structure
@@ -36,7 +37,8 @@ examples:
   tileinfer run -o temperature 0.7 -o top_p 0.9 -o max_tokens 100 "Write a haiku"
   tileinfer run --json-schema person.json "Describe a person as JSON"
 
---json prints one object: text, tokens (the answer's token ids), prompt_tokens, conversation_id
+--json prints one object: text (with --hide-thinking, the answer without its reasoning, which
+comes apart as reasoning), tokens (the answer's token ids), prompt_tokens, conversation_id
 (the log's: tileinfer logs --cid ID), finish_reason
 ("stop": an end token or a --stop string; "length": --max-new-tokens or --max-len reached),
 stop (the stop string found, or null), model, backend and timings in seconds: load (the
@@ -149,7 +151,10 @@ def run(args, out):
     limit = min(args.max_new_tokens, room)
     spec = SpecStats() if speculative is not None else None
     sink = io.StringIO() if args.json else out
-    writer = StopWriter(stops, sink)
+    shown = None
+    if args.hide_thinking:
+        shown = HiddenThinking(sink, prompt_is_thinking(prompt if template is None else text))
+    writer = StopWriter(stops, shown or sink)
     stream = TextStream(tokenizer, writer)
     new, first = [], []
 
@@ -168,6 +173,8 @@ def run(args, out):
     except StopStringFound:
         pass
     writer.end()
+    if shown is not None:
+        shown.end()
     done = time.perf_counter()
     seconds = done - prepared
     finish = "stop" if writer.found is not None or len(new) < limit else "length"
@@ -175,8 +182,10 @@ def run(args, out):
     rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else 0.0
     cid = new_conversation_id()
     if args.json:
+        hidden = {} if shown is None else {"reasoning": shown.reasoning or None}
         print(json.dumps({
-            "text": writer.text, "tokens": new, "prompt_tokens": len(ids),
+            "text": writer.text if shown is None else shown.content, **hidden,
+            "tokens": new, "prompt_tokens": len(ids),
             "conversation_id": cid,
             "finish_reason": finish, "stop": writer.found, "model": str(folder),
             "backend": model.ops.name,

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from .options import kv_cache_from, speculative_from, warm_up_on_gpu
+from .reasoning import HiddenThinking, prompt_is_thinking
 from .stops import StopStringFound, StopWriter
 
 
@@ -53,19 +54,27 @@ class Turn:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
 
 
-def chat_turn(session, text: str, max_new_tokens: int, stops, out) -> Turn:
-    """Answer ``text`` in ``session``, streaming the reply to ``out`` up to a stop string.
+def chat_turn(session, text: str, max_new_tokens: int, stops, out,
+              hide_thinking: bool = False) -> Turn:
+    """Answer ``text`` in ``session``, streaming the reply to ``out`` up to a stop string
+    (hide_thinking: without a thinking model's <think> reasoning; the conversation keeps it,
+    for the template to drop or show).
 
     ChatSession rolls a turn back when the token callback raises, so a turn that a stop string
     ends is added here: the user message and the reply up to the stop string."""
     from tileinfer import ChatMessage, TextStream
 
     messages = session.messages + [ChatMessage("user", text)]
-    prompt = len(session.prompt_ids(messages))
+    ids = session.prompt_ids(messages)
+    prompt = len(ids)
     if prompt + 1 > session.max_tokens:
         raise ContextFull(prompt, session.max_tokens)
     room = session.max_tokens - prompt
-    writer = StopWriter(stops, out)
+    shown = None
+    if hide_thinking:  # the prompt's end says whether the template opened the thinking
+        tail = session.tokenizer.decode(ids[-32:], skip_special_tokens=False)
+        shown = HiddenThinking(out, prompt_is_thinking(tail))
+    writer = StopWriter(stops, shown or out)
     stream = TextStream(session.tokenizer, writer)
     tokens, first = [], []
     start = time.perf_counter()
@@ -85,6 +94,8 @@ def chat_turn(session, text: str, max_new_tokens: int, stops, out) -> Turn:
         session.turns += 1
     finally:
         writer.end()
+        if shown is not None:
+            shown.end()
     limit = min(max_new_tokens, room)
     if writer.found is not None or len(tokens) < limit:
         finish = "stop"

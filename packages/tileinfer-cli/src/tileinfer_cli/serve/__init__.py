@@ -14,7 +14,6 @@ One concept per module:
     tools.py      a request's tools and tool_choice
     tool_parsers.py  tool calls in a model's answer, per format (llama3, qwen3, mistral)
     tool_output.py   an answer's tool calls: ids, the whole message, the stream's deltas
-    reasoning.py  a thinking model's <think> reasoning apart from the answer's content
     tool_grammar.py  the grammar that holds an answer to a tool call (tool_choice "required"
                      or a named function)
     structured.py response_format, structured_outputs and guided_*, compiled

@@ -13,7 +13,7 @@ choices carries the usage; then ``data: [DONE]``. An error after the stream star
 an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``. A request
 with tools streams its choices' text through ``tool_output.ToolStream``: a flush's content and
 each tool-call delta go out in chunks of their own, the finish reason on the last. A thinking
-model's reasoning (``reasoning.py``) goes out as ``reasoning_content`` and ``reasoning`` deltas
+model's reasoning (``tileinfer_cli/reasoning.py``) goes out as ``reasoning_content`` and ``reasoning`` deltas
 before the content.
 """
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 
-from . import reasoning, responses, tool_output
+from .. import reasoning
+from . import responses, tool_output
 from .logprobs import TokenTexts, chat_entries, completion_logprobs
 
 DONE = b"data: [DONE]\n\n"

@@ -13,7 +13,7 @@ import sys
 from ..errors import UserError
 from ..options import add_model_options
 from ..parsing import INT32_MAX, float_range, int_range
-from .reasoning import NAMES as REASONING_NAMES
+from ..reasoning import NAMES as REASONING_NAMES
 
 EPILOG = """\
 One model per server (default: the embedded SmolLM2-135M-Instruct), on the batched engine,

@@ -22,7 +22,7 @@ import time
 
 from .errors import APIError, redact
 from .text import ChoiceText
-from .reasoning import ReasoningStream
+from ..reasoning import ReasoningStream
 from .tool_output import ToolStream
 
 END = object()  # the last event of a job

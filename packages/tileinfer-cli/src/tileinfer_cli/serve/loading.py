@@ -32,7 +32,7 @@ class ServedModel:
     stop_ids: list[int]  # the model's end-of-sequence ids
     dummy: bool
     tool_parser: object = None  # tool_parsers.ToolParser of its tool-call format, or None
-    reasoning: bool = False  # split answers' <think> reasoning from their content (reasoning.py)
+    reasoning: bool = False  # split answers' <think> reasoning from their content (../reasoning.py)
     max_len: int = 0  # the engine's, set once it is built (with_engine)
     vocab_size: int = 0
     backend: str = ""
@@ -122,7 +122,7 @@ def served_reasoning(option: str, template: ServedTemplate, tokenizer) -> bool:
     """--reasoning-parser: whether answers' reasoning is split from their content; auto: when
     the model thinks in <think> blocks (both tags are tokens of its vocabulary, or its chat
     template writes them)."""
-    from .reasoning import END, START
+    from ..reasoning import END, START
 
     if option != "auto":
         return option != "none"

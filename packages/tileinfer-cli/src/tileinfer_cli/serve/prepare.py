@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import bad_request
-from .reasoning import prompt_is_thinking
+from ..reasoning import prompt_is_thinking
 from .schemas import ChatRequest, CompletionRequest
 from .structured import structure_of
 from .tool_grammar import forced_call_grammar
@@ -48,7 +48,7 @@ class Plan:
     tools: object = None  # the ToolParser reading calls from the answers; None: no tools
     max_tool_calls: int | None = None  # 1: parallel_tool_calls false
     echoes: list[str] | None = None  # per prompt, the text its choices start with (echo)
-    reasoning: bool = False  # split each answer's reasoning from its content (reasoning.py)
+    reasoning: bool = False  # split each answer's reasoning from its content (../reasoning.py)
     thinking: bool = False  # the prompt ends inside a think block: answers start in reasoning
 
     @property

@@ -1,4 +1,5 @@
-"""A thinking model's reasoning, apart from its answer (``--reasoning-parser``).
+"""A thinking model's reasoning, apart from its answer (``serve --reasoning-parser``, ``run`` and
+``chat --hide-thinking``).
 
 Qwen3, SmolLM3 and DeepSeek-R1's distillations think first, between ``<think>`` and
 ``</think>``, then answer. A client wants the answer as the message's ``content`` and the
@@ -88,3 +89,29 @@ class ReasoningStream:
             before = text[:len(text) - tag]
             return tag + len(before) - len(before.rstrip("\n"))  # newlines before the tag
         return 0
+
+
+class HiddenThinking:
+    """A file-like object between the answer's text and ``out`` that writes the content only
+    (``--hide-thinking``); ``reasoning`` and ``content`` hold what went by."""
+
+    def __init__(self, out, thinking: bool):
+        self.out, self.stream = out, ReasoningStream(thinking)
+        self.reasoning = self.content = ""
+
+    def write(self, text: str):
+        self._put(*self.stream.feed(text, False))
+
+    def _put(self, reasoning: str, content: str):
+        self.reasoning += reasoning
+        self.content += content
+        if content:
+            self.out.write(content)
+
+    def flush(self):
+        self.out.flush()
+
+    def end(self):
+        """The answer ended: write what was held back."""
+        self._put(*self.stream.feed("", True))
+        self.flush()
