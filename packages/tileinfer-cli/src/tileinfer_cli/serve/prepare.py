@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import bad_request
-from ..reasoning import prompt_is_thinking
+from ..reasoning import END, START, prompt_is_thinking
 from .schemas import ChatRequest, CompletionRequest
 from .structured import structure_of
 from .tool_grammar import forced_call_grammar
@@ -153,7 +153,7 @@ def _max_tokens(served, prompt_len: int, asked: int | None, default: int | None,
     return asked
 
 
-def _sampling(served, req):
+def _sampling(served, req, think: str | None = None):
     from tileinfer import SamplingParams
 
     d = served.defaults
@@ -165,7 +165,7 @@ def _sampling(served, req):
     if outside:
         raise bad_request(f"logit_bias names token {outside[0]}, outside the vocabulary "
                           f"(0..{served.vocab_size - 1})", "logit_bias")
-    structure = structure_of(served, req)
+    structure = structure_of(served, req, think)
     forced = forced_call_grammar(served, getattr(req, "tools", None) or [],
                                  getattr(req, "tool_choice", None),
                                  getattr(req, "parallel_tool_calls", None) is not False)
@@ -199,10 +199,10 @@ def _stop_ids(served, req) -> list[int]:
     return own + [i for i in dict.fromkeys(extra) if i not in own]
 
 
-def _common(served, req, prompts, max_tokens, logprobs) -> Plan:
+def _common(served, req, prompts, max_tokens, logprobs, think=None) -> Plan:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options needs stream: true", "stream_options")
-    return Plan(prompts=prompts, max_tokens=max_tokens, sampling=_sampling(served, req),
+    return Plan(prompts=prompts, max_tokens=max_tokens, sampling=_sampling(served, req, think),
                 seed=req.seed, stops=req.stops(), stop_ids=_stop_ids(served, req), n=req.n,
                 logprobs=logprobs, stream=req.stream,
                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
@@ -219,14 +219,25 @@ def plan_chat(served, req: ChatRequest) -> Plan:
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(served, len(ids), asked, None, param, "messages")
+    thinking = served.reasoning and prompt_is_thinking(text)
     plan = _common(served, req, [ids], [max_tokens],
-                   (req.top_logprobs or 0) if req.logprobs else None)
+                   (req.top_logprobs or 0) if req.logprobs else None,
+                   _think_mode(served, thinking))
     if offered(req.tools, req.tool_choice) is not None:
         plan.tools = served.tool_parser
         plan.max_tool_calls = 1 if req.parallel_tool_calls is False else None
-    if served.reasoning:
-        plan.reasoning, plan.thinking = True, prompt_is_thinking(text)
+    plan.reasoning, plan.thinking = served.reasoning, thinking
     return plan
+
+
+def _think_mode(served, thinking: bool) -> str | None:
+    """How a structured answer lets the model think first (``compile_grammar``'s think): when
+    the server splits reasoning and both tags are tokens of the vocabulary; "open" when the
+    prompt opened the thinking."""
+    if not served.reasoning or any(served.tokenizer.token_to_id(tag) is None
+                                   for tag in (START, END)):
+        return None
+    return "open" if thinking else "optional"
 
 
 def plan_completion(served, req: CompletionRequest) -> Plan:

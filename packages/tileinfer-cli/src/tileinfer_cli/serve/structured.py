@@ -5,7 +5,9 @@
 ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, compiled for the
 served tokenizer (``tileinfer.compile_grammar``, cached). A choice is the Lark grammar of its
 strings, each written as a JSON string literal: the answer is exactly one of them. At most one
-may be given; a malformed one or one that does not compile is a 400 naming the parameter.
+may be given; a malformed one or one that does not compile is a 400 naming the parameter. A
+thinking model's JSON answer (the server splits its reasoning, and ``<think>`` and ``</think>``
+are tokens) comes after its thinking, as vLLM starts structured output after the reasoning.
 """
 
 from __future__ import annotations
@@ -75,12 +77,17 @@ def _format(fmt: dict) -> dict:
                       '{"type": "json_schema", "json_schema": {...}}', "response_format")
 
 
-def structure_of(served, req):
-    """The request's ``tileinfer.Grammar``, or None."""
+def structure_of(served, req, think: str | None = None):
+    """The request's ``tileinfer.Grammar``, or None. think: how a thinking model's answer
+    starts ("optional": it may think first, "open": the prompt opened the thinking; None: no
+    thinking), for a JSON answer to come after the thinking (``compile_grammar``'s think);
+    a regex, a choice or a Lark grammar holds from the first token."""
     found = _request(req)
     if found is None:
         return None
     name, kwargs = found
+    if think is not None and ("json_schema" in kwargs or "json_object" in kwargs):
+        kwargs = {**kwargs, "think": think}
     return compiled(served, name, **kwargs)
 
 

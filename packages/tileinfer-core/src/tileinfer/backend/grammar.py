@@ -9,6 +9,12 @@ before each sampled token the matcher's allowed-token bitmask sets every disallo
 tokenizer's, and every stop id of the generation) is allowed only where the grammar accepts;
 a grammar with nothing left to match ends the generation (``GrammarMatcher.done``).
 
+A thinking model (Qwen3, DeepSeek-R1's distills: ``<think>`` and ``</think>`` are tokens of its
+vocabulary) thinks before it answers; ``think`` lets a JSON answer wait for that: "optional",
+a think block may come first; "open", the prompt opened one and the answer starts inside it.
+The thinking is free text up to ``</think>``, the JSON comes after (Lark: the block, then the
+schema by ``%json``), as vLLM starts a structured answer after the reasoning.
+
 The bitmask is llguidance's: (words,) int32 with words = ceil(tokenizer vocab / 32), bit b of
 word w allowing token 32 * w + b. Model vocabularies padded past the tokenizer's get their extra
 ids disallowed.
@@ -55,6 +61,7 @@ class Grammar:
     compiled: str = field(repr=False)
     tokenizer: object = field(repr=False, compare=False)
     token_key: int = field(repr=False, default=0)
+    think: str | None = None  # None, "optional" or "open" (see the module docstring)
 
     def matcher(self, stop_ids=()) -> GrammarMatcher:
         return GrammarMatcher(self, stop_ids)
@@ -80,18 +87,22 @@ def ll_tokenizer(tokenizer):
 
 
 def compile_grammar(tokenizer, *, json_object: bool = False, json_schema=None,
-                    regex: str | None = None, lark: str | None = None) -> Grammar:
+                    regex: str | None = None, lark: str | None = None,
+                    think: str | None = None) -> Grammar:
     """The ``Grammar`` of exactly one request: any JSON object (json_object=True), a JSON schema
     (a dict or its JSON text; strict: no properties beyond those it names unless it says so),
     a regular expression the whole output matches, or a Lark grammar (llguidance's dialect,
-    which also reads GBNF-like rules). GrammarError for a bad request or one that fails to
-    compile. Cached per (request, tokenizer)."""
+    which also reads GBNF-like rules). think ("optional" or "open", JSON requests of a tokenizer
+    with <think> and </think> tokens): the thinking that may come first (module docstring).
+    GrammarError for a bad request or one that fails to compile. Cached per (request,
+    tokenizer)."""
     given = [k for k, v in (("json_object", json_object), ("json_schema", json_schema),
                             ("regex", regex), ("lark", lark)) if v not in (None, False)]
     if len(given) != 1:
         raise GrammarError(f"give exactly one of json_object, json_schema, regex, lark; "
                            f"got {given or 'none'}")
     kind = given[0]
+    _check_think(tokenizer, kind, think)
     if kind == "json_object":
         spec = ""
     elif kind == "json_schema":
@@ -101,7 +112,7 @@ def compile_grammar(tokenizer, *, json_object: bool = False, json_schema=None,
         if not isinstance(spec, str) or not spec:
             raise GrammarError(f"{kind} must be a non-empty string, got {spec!r}")
     ll_tok = ll_tokenizer(tokenizer)
-    key = (kind, spec, id(ll_tok))
+    key = (kind, spec, id(ll_tok), think)
     with _lock:
         found = _grammars.get(key)
         if found is not None and found.tokenizer is ll_tok:
@@ -115,7 +126,8 @@ def compile_grammar(tokenizer, *, json_object: bool = False, json_schema=None,
         if found is not None and found.tokenizer is ll_tok:
             return found
         try:
-            grammar = Grammar(kind, spec, _compile(kind, spec, ll_tok), ll_tok, id(ll_tok))
+            grammar = Grammar(kind, spec, _compile(kind, spec, ll_tok, think), ll_tok, id(ll_tok),
+                              think)
             with _lock:
                 if len(_grammars) >= _CACHE_SIZE:
                     _grammars.pop(next(iter(_grammars)))
@@ -124,6 +136,29 @@ def compile_grammar(tokenizer, *, json_object: bool = False, json_schema=None,
             with _lock:
                 _compiling.pop(key, None)
     return grammar
+
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def _check_think(tokenizer, kind: str, think):
+    if think is None:
+        return
+    if think not in ("optional", "open"):
+        raise GrammarError(f'think must be "optional" or "open", got {think!r}')
+    if kind not in ("json_object", "json_schema"):
+        raise GrammarError(f"think applies to json_object and json_schema, not {kind}")
+    if any(tokenizer.token_to_id(tag) is None for tag in (THINK_START, THINK_END)):
+        raise GrammarError("think needs <think> and </think> tokens in the vocabulary")
+
+
+def _after_thinking(schema: dict, think: str) -> str:
+    """The Lark grammar of the thinking (free text up to </think>, then blanks) and then JSON of
+    ``schema``, compact as the JSON requests are."""
+    schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_JSON_OPTIONS}}
+    block = f"/(?s:.*)/ {THINK_END} /[ \\t\\n]*/"
+    start = f"start: {block} body" if think == "open" else f"start: ({THINK_START} {block})? body"
+    return f"{start}\nbody: %json {json.dumps(schema)}\n"
 
 
 def _schema_text(schema) -> str:
@@ -138,11 +173,15 @@ def _schema_text(schema) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
-def _compile(kind: str, spec: str, ll_tok) -> str:
+def _compile(kind: str, spec: str, ll_tok, think: str | None = None) -> str:
     ll = _llguidance()
     M = ll.LLMatcher
     try:
-        if kind == "json_object":
+        if think is not None:
+            schema = {"type": "object"} if kind == "json_object" else \
+                bounded_numbers(json.loads(spec))
+            grammar = M.grammar_from_lark(_after_thinking(schema, think))
+        elif kind == "json_object":
             grammar = M.grammar_from_json_schema('{"type":"object"}', defaults=_JSON_OPTIONS)
         elif kind == "json_schema":  # numbers with at most 6 fraction digits: schema_numbers
             schema = json.dumps(bounded_numbers(json.loads(spec)))
