@@ -25,6 +25,11 @@ SPLITS = [  # (answer, the prompt ends inside a think block) -> (reasoning, cont
     (("</think>", True), (None, None)),
     (("<think>a</think>b <think>c</think>", False), ("a", "b <think>c</think>")),
     (("Answer first <think>late</think>", False), (None, "Answer first <think>late</think>")),
+    (("\n\n<think>\n\nA\n\nB\n\n</think>\n\n\nC\n", False), ("A\n\nB", "C\n")),
+    (("x</thinkx</think>y", True), ("x</thinkx", "y")),
+    (("  <think>x</think>", True), ("x", None)),
+    (("<think>\n", False), (None, None)),
+    (("  ", False), (None, "  ")),
 ]
 
 

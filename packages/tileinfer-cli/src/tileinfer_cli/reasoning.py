@@ -17,7 +17,8 @@ around the reasoning and before the content (which templates write beside the ta
 neither text.
 
 Streamed, ``ReasoningStream`` holds back a tail of the text that could be the start of the tag
-it waits for, so that the pieces it gives add up to the whole answer's split.
+it waits for (and newlines that may end the reasoning), so that the pieces it gives add up to
+the whole answer's split.
 """
 
 from __future__ import annotations
@@ -55,40 +56,59 @@ def _held(text: str, tag: str) -> int:
 
 
 class ReasoningStream:
-    """One streamed choice's text, split into reasoning and content as it comes."""
+    """One streamed choice's text, split into reasoning and content as it comes: the pieces it
+    gives add up to ``split`` of the whole text. It keeps only what it holds back (a start of
+    the tag it waits for, newlines that may end the reasoning), so a long answer costs each
+    piece's length, not the text so far."""
 
-    __slots__ = ("thinking", "text", "reasoning_sent", "content_sent")
+    __slots__ = ("thinking", "state", "held", "reasoning_started", "content_started")
 
     def __init__(self, thinking: bool):
         self.thinking = thinking
-        self.text = ""
-        self.reasoning_sent = self.content_sent = 0
+        self.state = "start"  # then "reasoning" or "content"
+        self.held = ""
+        self.reasoning_started = self.content_started = False
 
     def feed(self, piece: str, final: bool) -> tuple[str, str]:
         """The new reasoning and content that the choice's new text piece settles; final: the
         choice has ended."""
-        self.text += piece
-        safe = self.text if final else self.text[:len(self.text) - self._undecided()]
-        reasoning, content = split(safe, self.thinking)
-        reasoning, content = reasoning or "", content or ""
-        new_reasoning = reasoning[self.reasoning_sent:]
-        new_content = content[self.content_sent:]
-        self.reasoning_sent, self.content_sent = len(reasoning), len(content)
-        return new_reasoning, new_content
+        text, self.held = self.held + piece, ""
+        if self.state == "start":
+            opened = text.lstrip()
+            if not final and len(opened) < len(START) and START.startswith(opened):
+                self.held = text  # it may still open a think block
+                return "", ""
+            if opened.startswith(START):
+                self.state, text = "reasoning", opened[len(START):]
+            elif self.thinking:
+                self.state = "reasoning"
+            else:  # no thinking: the answer as it is
+                self.state, self.content_started = "content", True
+        if self.state == "content":
+            return "", self._content(text)
+        end = text.find(END)
+        if end >= 0:
+            self.state = "content"
+            return self._reasoning(text[:end].rstrip("\n")), self._content(text[end + len(END):])
+        if final:
+            return self._reasoning(text.rstrip("\n")), ""
+        # Hold a start of </think>, and the newlines before it (the reasoning may end there).
+        before = text[:len(text) - _held(text, END)]
+        given = before.rstrip("\n")
+        self.held = text[len(given):]
+        return self._reasoning(given), ""
 
-    def _undecided(self) -> int:
-        """How much of the text's end cannot be placed yet: all of it while it may still be
-        the opening <think> (whitespace and a start of the tag), else, inside the reasoning, an
-        end that may start </think>."""
-        text = self.text
-        opened = text.lstrip()
-        if len(opened) < len(START) and START.startswith(opened):
-            return len(text)
-        if (self.thinking or opened.startswith(START)) and END not in text:
-            tag = _held(text, END)
-            before = text[:len(text) - tag]
-            return tag + len(before) - len(before.rstrip("\n"))  # newlines before the tag
-        return 0
+    def _reasoning(self, text: str) -> str:
+        if not self.reasoning_started:
+            text = text.lstrip("\n")
+            self.reasoning_started = bool(text)
+        return text
+
+    def _content(self, text: str) -> str:
+        if not self.content_started:
+            text = text.lstrip("\n")
+            self.content_started = bool(text)
+        return text
 
 
 class HiddenThinking:
