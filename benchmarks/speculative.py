@@ -384,7 +384,8 @@ def main():
                    help="run on a ModelRunner and cache of the benchmark's own instead of the "
                    "model runtime's runner (the one generate and the CLI use)")
     p.add_argument("--prior-misses", type=float, help="the n-gram loop's prior (default: "
-                   "NgramProposer's): the failed guesses its hit rate begins with")
+                   "NgramProposer's): the failed guesses that the rate its chaining rests on "
+                   "begins with")
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")

@@ -12,9 +12,10 @@ Here the hook records the specializations of this package's kernels that a launc
 and at exit a process that met such new ones stores ``KEPT`` at most in TileInfer's home: the
 new ones, then the preloaded ones it launched, then the rest of the store (so the kernels of
 recent processes come first), under a fingerprint of Triton's installation
-(``triton_key.fingerprint``), this package's sources and the GPU's compute capability. The thread that installs Triton's cache key at load then
-preloads the stored ones while the model's weights load; the first launch stops it (``stop``
-lets the kernel in hand finish), so a process never waits for kernels it may not launch. A
+(``triton_key.fingerprint``), this package's sources and the GPU's compute capability. The
+thread that installs Triton's cache key at load then preloads the stored ones while the model's
+weights load; the first launch stops it (``stop`` lets the kernel in hand finish), so a process
+never waits for kernels it may not launch. A
 specialization that fails to preload is skipped: its kernel is found at its first launch, as
 without this. ``TILEINFER_TRITON_WARM_START=0`` turns it off.
 """

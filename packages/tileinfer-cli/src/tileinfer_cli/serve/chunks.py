@@ -13,8 +13,8 @@ choices carries the usage; then ``data: [DONE]``. An error after the stream star
 an event ``{"error": {...}}`` (the ``openai`` client raises it), then ``[DONE]``. A request
 with tools streams its choices' text through ``tool_output.ToolStream``: a flush's content and
 each tool-call delta go out in chunks of their own, the finish reason on the last. A thinking
-model's reasoning (``tileinfer_cli/reasoning.py``) goes out as ``reasoning_content`` and ``reasoning`` deltas
-before the content.
+model's reasoning (``tileinfer_cli/reasoning.py``) goes out as ``reasoning_content`` and
+``reasoning`` deltas before the content.
 """
 
 from __future__ import annotations
@@ -148,5 +148,5 @@ class CompletionFormat(_Format):
 
     def choice(self, job, c):
         logprobs = self._logprobs(c, c.lps) if job.plan.logprobs is not None else None
-        return responses.CompletionChoice(index=c.index, text=c.echo + c.text.text, logprobs=logprobs,
-                                        finish_reason=c.finish_reason)
+        return responses.CompletionChoice(index=c.index, text=c.echo + c.text.text,
+                                          logprobs=logprobs, finish_reason=c.finish_reason)

@@ -30,9 +30,10 @@ class NgramProposer(Proposer):
     cost of a step, if it gains ``min_gain``; it launches a step before the one in flight is
     checked on all of that one's drafts when they all hold with probability >=
     ``trust_threshold``, by the average begun as if ``prior_misses`` guesses had failed (a
-    right guess or two is not yet a reason to bet a whole step on them). ``row_cost``: None measures what a step of n rows costs; a number
-    fixes an extra row's cost (in 1-token steps) instead. adaptive=False: k drafts whenever the
-    lookup finds a match, each step chained on all drafts of the one before.
+    right guess or two is not yet a reason to bet a whole step on them). ``row_cost``: None
+    measures what a step of n rows costs; a number fixes an extra row's cost (in 1-token steps)
+    instead. adaptive=False: k drafts whenever the lookup finds a match, each step chained on
+    all drafts of the one before.
     """
 
     smoothing = 0.25
