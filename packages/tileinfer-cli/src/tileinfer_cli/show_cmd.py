@@ -81,8 +81,10 @@ def rows(info: dict):
     penalties = "".join(f", {name} {g[name]}" for name, off in (("min_p", 0.0),
                                                                 ("repetition_penalty", 1.0))
                         if g[name] != off)
-    yield "generation", (f"temperature {g['temperature']}, top_p {g['top_p']}, top_k "
-                         f"{g['top_k']}{penalties}; ends at token ids {g['stop_ids']}"
+    # What run, chat and generate take; tileinfer serve takes OpenAI's defaults (temperature 1)
+    # where generation_config.json sets none, as vLLM does, and says so when it starts.
+    yield "generation", (f"run and chat: temperature {g['temperature']}, top_p {g['top_p']}, "
+                         f"top_k {g['top_k']}{penalties}; ends at token ids {g['stop_ids']}"
                          + (f"; max_new_tokens {g['max_new_tokens']}" if "max_new_tokens" in g
                             else ""))
     template = info["chat_template"]
