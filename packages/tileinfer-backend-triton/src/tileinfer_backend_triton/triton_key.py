@@ -32,13 +32,30 @@ def _hashed_files(root: Path) -> list[Path]:
     return files
 
 
-def fingerprint(root: Path, version: str) -> str:
-    """A hash of Triton's version and each hashed file's path, size and modification time."""
-    h = hashlib.sha256(version.encode())
-    for path in _hashed_files(root):
+def files_fingerprint(root: Path, files, seed: str) -> str:
+    """A hash of ``seed`` and each file's path (under root), size and modification time."""
+    h = hashlib.sha256(seed.encode())
+    for path in files:
         st = path.stat()
         h.update(f"\n{path.relative_to(root)} {st.st_size} {st.st_mtime_ns}".encode())
     return h.hexdigest()
+
+
+def fingerprint(root: Path, version: str) -> str:
+    """A hash of Triton's version and each hashed file's path, size and modification time."""
+    return files_fingerprint(root, _hashed_files(root), version)
+
+
+def write_store(store: Path, content: dict):
+    """Write ``content`` as JSON to ``store`` whole, or not at all, for a process reading it
+    meanwhile (nothing when the home cannot be written)."""
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        partial = store.with_name(f"{store.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(content))
+        os.replace(partial, store)
+    except OSError:
+        pass
 
 
 def remembered_key(make_key, root: Path, version: str, store: Path,
@@ -53,13 +70,7 @@ def remembered_key(make_key, root: Path, version: str, store: Path,
     except (OSError, ValueError, AttributeError):
         pass
     key = make_key()
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        partial = store.with_name(f"{store.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"fingerprint": current, "key": key}))
-        os.replace(partial, store)  # whole, or not at all, for a process reading it meanwhile
-    except OSError:
-        pass
+    write_store(store, {"fingerprint": current, "key": key})
     return key
 
 

@@ -23,12 +23,13 @@ without this. ``TILEINFER_TRITON_WARM_START=0`` turns it off.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib
 import json
 import os
 import threading
 from pathlib import Path
+
+from .triton_key import files_fingerprint, write_store
 
 STORE = "triton-kernels.json"  # in TileInfer's home: {"fingerprint": ..., "kernels": [...]}
 KEPT = 96  # specializations stored, the latest first
@@ -47,11 +48,7 @@ def enabled() -> bool:
 def package_fingerprint(package_root: Path, extra: str) -> str:
     """A hash of ``extra`` (Triton's fingerprint, the GPU) and each source file's path, size and
     modification time under package_root."""
-    h = hashlib.sha256(extra.encode())
-    for path in sorted(package_root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"\n{path.relative_to(package_root)} {st.st_size} {st.st_mtime_ns}".encode())
-    return h.hexdigest()
+    return files_fingerprint(package_root, sorted(package_root.rglob("*.py")), extra)
 
 
 def record(**hook_args):
@@ -149,13 +146,7 @@ def save(store: Path, fingerprint: str):
                 if getattr(kernel, "module", None) is not None]
     kernels = new + [k for k in launched if k not in new]
     kernels += [k for k in _stored if k not in kernels]
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        partial = store.with_name(f"{store.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"fingerprint": fingerprint, "kernels": kernels[:KEPT]}))
-        os.replace(partial, store)  # whole, or not at all, for a process reading it meanwhile
-    except OSError:
-        pass
+    write_store(store, {"fingerprint": fingerprint, "kernels": kernels[:KEPT]})
 
 
 def start(triton_fingerprint: str):
