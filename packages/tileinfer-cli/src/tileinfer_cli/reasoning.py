@@ -32,19 +32,16 @@ def prompt_is_thinking(prompt: str) -> bool:
     return prompt.rfind(START) > prompt.rfind(END)
 
 
+def tags_are_tokens(tokenizer) -> bool:
+    """Whether <think> and </think> are tokens of the tokenizer's vocabulary."""
+    return all(tokenizer.token_to_id(tag) is not None for tag in (START, END))
+
+
 def split(text: str, thinking: bool) -> tuple[str | None, str | None]:
     """(reasoning, content) of a whole answer (None for an empty part); thinking: the prompt
-    ends inside a think block."""
-    rest = text
-    opened = text.lstrip()
-    if opened.startswith(START):
-        rest, thinking = opened[len(START):], True
-    if not thinking:
-        return None, text or None
-    end = rest.find(END)
-    if end < 0:
-        return rest.strip("\n") or None, None
-    return rest[:end].strip("\n") or None, rest[end + len(END):].lstrip("\n") or None
+    ends inside a think block. The answer in one piece through ``ReasoningStream``."""
+    reasoning, content = ReasoningStream(thinking).feed(text, final=True)
+    return reasoning or None, content or None
 
 
 def _held(text: str, tag: str) -> int:
@@ -56,10 +53,11 @@ def _held(text: str, tag: str) -> int:
 
 
 class ReasoningStream:
-    """One streamed choice's text, split into reasoning and content as it comes: the pieces it
-    gives add up to ``split`` of the whole text. It keeps only what it holds back (a start of
-    the tag it waits for, newlines that may end the reasoning), so a long answer costs each
-    piece's length, not the text so far."""
+    """One streamed choice's text, split into reasoning and content as it comes (the module
+    docstring says where each part starts and ends): given the whole text at once, the split of
+    a whole answer. It keeps only what it holds back (a start of the tag it waits for, newlines
+    that may end the reasoning), so a long answer costs each piece's length, not the text so
+    far."""
 
     __slots__ = ("thinking", "state", "held", "reasoning_started", "content_started")
 
@@ -117,14 +115,23 @@ class HiddenThinking:
 
     def __init__(self, out, thinking: bool):
         self.out, self.stream = out, ReasoningStream(thinking)
-        self.reasoning = self.content = ""
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
 
     def write(self, text: str):
         self._put(*self.stream.feed(text, False))
 
     def _put(self, reasoning: str, content: str):
-        self.reasoning += reasoning
-        self.content += content
+        self._reasoning.append(reasoning)
+        self._content.append(content)
         if content:
             self.out.write(content)
 

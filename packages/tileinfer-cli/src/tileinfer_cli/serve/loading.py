@@ -122,12 +122,12 @@ def served_reasoning(option: str, template: ServedTemplate, tokenizer) -> bool:
     """--reasoning-parser: whether answers' reasoning is split from their content; auto: when
     the model thinks in <think> blocks (both tags are tokens of its vocabulary, or its chat
     template writes them)."""
-    from ..reasoning import END, START
+    from ..reasoning import END, START, tags_are_tokens
 
     if option != "auto":
         return option != "none"
-    tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START, END))
-    return tokens or bool(template.source and START in template.source and END in template.source)
+    return tags_are_tokens(tokenizer) or bool(template.source and START in template.source
+                                              and END in template.source)
 
 
 def served_tool_parser(option: str, template: ServedTemplate, tokenizer):

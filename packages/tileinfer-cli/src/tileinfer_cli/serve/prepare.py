@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import bad_request
-from ..reasoning import END, START, prompt_is_thinking
+from ..reasoning import prompt_is_thinking, tags_are_tokens
 from .schemas import ChatRequest, CompletionRequest
 from .structured import structure_of
 from .tool_grammar import forced_call_grammar
@@ -234,8 +234,7 @@ def _think_mode(served, thinking: bool) -> str | None:
     """How a structured answer lets the model think first (``compile_grammar``'s think): when
     the server splits reasoning and both tags are tokens of the vocabulary; "open" when the
     prompt opened the thinking."""
-    if not served.reasoning or any(served.tokenizer.token_to_id(tag) is None
-                                   for tag in (START, END)):
+    if not served.reasoning or not tags_are_tokens(served.tokenizer):
         return None
     return "open" if thinking else "optional"
 
