@@ -112,19 +112,22 @@ class ChatFormat(_Format):
         logprobs = None
         if job.plan.logprobs is not None:
             logprobs = {"content": chat_entries(self.texts, c.lps)}
-        text, thought, finish = c.text.text, None, c.finish_reason
+        content, thought, calls = c.text.text, None, []
         if job.plan.reasoning:
-            thought, text = reasoning.split(text, job.plan.thinking)
-        message = responses.AssistantMessage(content=text or "")
-        if job.plan.tools is not None and text:
-            content, calls = tool_output.message(job.plan.tools, text, job.plan.max_tool_calls)
-            if calls:
-                message = responses.AssistantToolCalls(content=content, tool_calls=calls)
-                finish = tool_output.finish_reason(finish, True)
+            thought, content = reasoning.split(content, job.plan.thinking)
+        if job.plan.tools is not None and content:
+            said, found = tool_output.message(job.plan.tools, content, job.plan.max_tool_calls)
+            if found:  # an answer without calls keeps its text as it is
+                content, calls = said, found
+        finish = tool_output.finish_reason(c.finish_reason, bool(calls))
         if job.plan.reasoning:
-            message = responses.AssistantReasoning(
-                content=message.content or None, tool_calls=getattr(message, "tool_calls", None),
-                reasoning_content=thought, reasoning=thought)
+            message = responses.AssistantReasoning(content=content or None,
+                                                   tool_calls=calls or None,
+                                                   reasoning_content=thought, reasoning=thought)
+        elif calls:
+            message = responses.AssistantToolCalls(content=content, tool_calls=calls)
+        else:
+            message = responses.AssistantMessage(content=content or "")
         return responses.ChatChoice(index=c.index, logprobs=logprobs, message=message,
                                   finish_reason=finish)
 
