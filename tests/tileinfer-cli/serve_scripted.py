@@ -17,11 +17,13 @@ from test_serve_helpers import free_port
 
 class ScriptedEngine:
     """The engine interface the server uses; each request's output is ``script`` encoded,
-    ``tokens_per_step`` tokens a step (a cycle of counts), then finish reason "stop"."""
+    ``tokens_per_step`` tokens a step (a cycle of counts), then finish reason "stop"; with
+    ``fail_at`` = k, a request's k-th step fails it instead (finish reason "error")."""
 
     def __init__(self, tokenizer, tokens_per_step=(1, 3, 2)):
         self.tokenizer, self.tokens_per_step = tokenizer, tokens_per_step
         self.script = ""
+        self.fail_at: int | None = None
         self.prompts: list[list[int]] = []  # every request's prompt ids, in order
         self._pending: dict[int, list[int]] = {}
         self._steps: dict[int, int] = {}
@@ -48,6 +50,10 @@ class ScriptedEngine:
             for rid, ids in list(self._pending.items()):
                 k = self.tokens_per_step[self._steps[rid] % len(self.tokens_per_step)]
                 self._steps[rid] += 1
+                if self._steps[rid] == self.fail_at:
+                    del self._pending[rid]
+                    outputs.append(RequestOutput(rid, [], True, "error", "a scripted failure"))
+                    continue
                 new, self._pending[rid] = ids[:k], ids[k:]
                 done = not self._pending[rid]
                 if done:

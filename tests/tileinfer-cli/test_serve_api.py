@@ -6,6 +6,7 @@ offline engine (``generate_batch`` / ``LLMEngine`` on the same random weights, r
 from __future__ import annotations
 
 import io
+import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -114,7 +115,12 @@ def test_chat_streamed_equals_not_streamed_equals_offline(folder, client, offlin
     assert stream_text(chunks) == text
     assert whole.choices[0].finish_reason == "length" and chunks[-2].choices[0].finish_reason \
         == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-1].choices == []
+    # The second asking finds the first one's prompt pages in the prefix cache.
+    details = ("prompt_tokens_details",)
+    assert chunks[-1].usage.model_dump(exclude=details) == whole.usage.model_dump(exclude=details)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= \
+        whole.usage.prompt_tokens_details.cached_tokens
     ids = chat_ids(folder, offline[1], "Hello!")
     assert whole.usage.prompt_tokens == len(ids) and whole.usage.completion_tokens == 20
     assert text == offline_texts(offline, [ids], SamplingParams(1.0), 20, [11])[0]
@@ -507,3 +513,56 @@ def test_bad_requests_get_400_with_the_reason(http, client):
         client.chat.completions.create(model="tiny-smollm2-shape", messages=hi,
                                        extra_body={"tools_please": 1})
     assert http.get("/health").status_code == 200  # still serving
+
+
+def test_responses_answer_as_the_chat_endpoint_does(folder, client, offline):
+    """/v1/responses on the real engine: a greedy answer, its logprobs and its length cut are
+    the chat endpoint's for the same conversation; streamed, the same again."""
+    chat = client.chat.completions.create(
+        model="tiny-smollm2-shape", max_tokens=9, temperature=0, logprobs=True, top_logprobs=2,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    kwargs = dict(model="tiny-smollm2-shape", instructions="Be brief.", input="Hi",
+                  max_output_tokens=9, temperature=0, top_logprobs=2,
+                  include=["message.output_text.logprobs"])
+    whole = client.responses.create(**kwargs)
+    # Cut by max_output_tokens, a stream ends with response.incomplete (OpenAI's event), not
+    # response.completed (which the client's stream helper waits for).
+    last = list(client.responses.create(**kwargs, stream=True))[-1]
+    assert last.type == "response.incomplete"
+    for got in (whole, last.response):
+        assert got.output_text == chat.choices[0].message.content
+        assert got.status == "incomplete" and got.incomplete_details.reason == "max_output_tokens"
+        assert got.usage.input_tokens == chat.usage.prompt_tokens
+        assert got.usage.output_tokens == 9 and got.temperature == 0
+        entries = got.output[0].content[0].logprobs
+        assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in entries] == [
+            (e.token, e.logprob, [t.token for t in e.top_logprobs])
+            for e in chat.choices[0].logprobs.content]
+
+
+def test_a_responses_json_schema_holds_the_answer(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    got = client.responses.create(model="tiny-smollm2-shape", input="Weather?",
+                                  max_output_tokens=60, temperature=0.8, extra_body={"seed": 4},
+                                  text={"format": {"type": "json_schema", "name": "weather",
+                                                   "schema": schema, "strict": True}})
+    answer = json.loads(got.output_text)
+    assert set(answer) == {"city", "sunny"} and isinstance(answer["sunny"], bool)
+    assert got.text.format.type == "json_schema" and got.text.format.name == "weather"
+
+
+def test_the_usage_counts_prompt_tokens_found_in_the_prefix_cache(client):
+    # A prompt of several pages (16 tokens a page), asked twice: the second finds the first's.
+    text = " ".join(f"word{i}" for i in range(60))
+    messages = [{"role": "user", "content": text}]
+    first = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                           max_tokens=2)
+    again = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                           max_tokens=2)
+    prompt = first.usage.prompt_tokens
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert prompt > 48 and prompt - 16 <= cached < prompt and cached % 16 == 0
+    response = client.responses.create(model="tiny-smollm2-shape", input=text, max_output_tokens=2)
+    assert response.usage.input_tokens_details.cached_tokens == cached

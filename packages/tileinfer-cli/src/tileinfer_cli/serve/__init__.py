@@ -9,6 +9,9 @@ One concept per module:
     engine_build.py  the engine: in a process of its own (EngineProcess) or on a thread
     schemas.py    pydantic models of the requests
     responses.py  pydantic models of the answers, chunks and model cards
+    responses_request.py  a /v1/responses request (OpenAI's Responses API) and the chat
+                  request it amounts to
+    responses_format.py   its answer: the response object, or its stream of events
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input
     tools.py      a request's tools and tool_choice

@@ -130,6 +130,7 @@ def build_app(server: Server):
     e = Endpoints(server)
     routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
               Route("/v1/completions", e.completions, methods=["POST"]),
+              Route("/v1/responses", e.responses, methods=["POST"]),
               Route("/v1/models", e.models, methods=["GET"]),
               Route("/tokenize", e.tokenize, methods=["POST"]),
               Route("/detokenize", e.detokenize, methods=["POST"]),

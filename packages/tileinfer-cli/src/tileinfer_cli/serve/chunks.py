@@ -33,6 +33,19 @@ def _finish(reason) -> str:
     return "null" if reason is None else f'"{reason}"'
 
 
+def whole_answer(plan, c) -> tuple[str | None, str | None, list[dict], str | None]:
+    """A finished choice's (reasoning, content, tool calls as chat ``tool_calls`` entries,
+    finish reason): the reasoning split off first, the calls read from the content."""
+    content, thought, calls = c.text.text, None, []
+    if plan.reasoning:
+        thought, content = reasoning.split(content, plan.thinking)
+    if plan.tools is not None and content:
+        said, found = tool_output.message(plan.tools, content, plan.max_tool_calls)
+        if found:  # an answer without calls keeps its text as it is
+            content, calls = said, found
+    return thought, content, calls, tool_output.finish_reason(c.finish_reason, bool(calls))
+
+
 class _Format:
     object = ""
 
@@ -55,7 +68,8 @@ class _Format:
     def usage(self, job) -> dict:
         prompt, completion = job.plan.prompt_tokens, job.completion_tokens
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
     def end(self, job) -> bytes:
         """What a stream sends after the last chunk."""
@@ -112,14 +126,7 @@ class ChatFormat(_Format):
         logprobs = None
         if job.plan.logprobs is not None:
             logprobs = {"content": chat_entries(self.texts, c.lps)}
-        content, thought, calls = c.text.text, None, []
-        if job.plan.reasoning:
-            thought, content = reasoning.split(content, job.plan.thinking)
-        if job.plan.tools is not None and content:
-            said, found = tool_output.message(job.plan.tools, content, job.plan.max_tool_calls)
-            if found:  # an answer without calls keeps its text as it is
-                content, calls = said, found
-        finish = tool_output.finish_reason(c.finish_reason, bool(calls))
+        thought, content, calls, finish = whole_answer(job.plan, c)
         if job.plan.reasoning:
             message = responses.AssistantReasoning(content=content or None,
                                                    tool_calls=calls or None,

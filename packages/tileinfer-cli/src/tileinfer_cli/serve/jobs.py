@@ -32,7 +32,7 @@ log = logging.getLogger("tileinfer.serve")
 class Choice:
     __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
                  "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools",
-                 "echo", "reasoning")
+                 "echo", "reasoning", "cached")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
@@ -47,6 +47,7 @@ class Choice:
         self.changed = False
         self.role_sent = False
         self.lp_offset = 0  # completions logprobs: text_offset of the next token
+        self.cached = 0  # its prompt tokens found in the engine's prefix cache
         plan = job.plan
         self.echo = "" if plan.echoes is None else plan.echoes[self.prompt]  # not sent yet
         # A streamed answer to a request with tools: its text split into content and calls.
@@ -62,8 +63,11 @@ class Choice:
 
 
 class Job:
-    def __init__(self, bridge, plan, tokenizer, kind: str, request_id: str, user=None):
-        self.bridge, self.plan, self.kind, self.id, self.user = bridge, plan, kind, request_id, user
+    def __init__(self, bridge, plan, tokenizer, request_id: str, request=None):
+        """request: the validated request (its schema's model), which its answer's format may
+        read; ``user`` its end-user id."""
+        self.bridge, self.plan, self.id, self.request = bridge, plan, request_id, request
+        self.user = getattr(request, "user", None)
         self.created = int(time.time())
         self.arrival = time.perf_counter()
         self.choices = [Choice(self, i, ChoiceText(tokenizer, plan.stops))
@@ -84,6 +88,12 @@ class Job:
     @property
     def completion_tokens(self) -> int:
         return sum(c.tokens for c in self.choices)
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompts' tokens the engine found in its prefix cache (each prompt's first
+        choice's: the others share its pages, and the usage counts each prompt once)."""
+        return sum(c.cached for c in self.leaders)
 
     def engine_args(self, choice: Choice) -> dict:
         p = self.plan
@@ -125,6 +135,7 @@ class Job:
                 self.bridge.add_choices(self, self.choices[choice.index + 1:choice.index + n])
                 if self.done:
                     return
+        choice.cached = out.cached_tokens
         if out.prompt_logprobs is not None:  # echo: the prompt's entries come first
             prompt = self.plan.prompts[choice.prompt]
             choice.lps.extend((t, *(e or (None, None))) for t, e in zip(prompt,

@@ -10,10 +10,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # found in the engine's prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprob(BaseModel):

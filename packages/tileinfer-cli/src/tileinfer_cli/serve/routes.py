@@ -1,5 +1,5 @@
-"""The endpoints: completions (chat and legacy), models, tokenize and detokenize, health,
-metrics.
+"""The endpoints: completions (chat and legacy), responses, models, tokenize and detokenize,
+health, metrics.
 
 A completion request is read (size-limited: 413 once past the limit), then, on a worker thread
 (``Server.preparing``), parsed (malformed JSON: 400), validated against its schema (an unknown
@@ -23,6 +23,8 @@ from .errors import APIError, error_response
 from .jobs import END, Job
 from .prepare import plan_chat, plan_completion
 from .responses import ModelCard, ModelList
+from .responses_format import ResponsesFormat
+from .responses_request import ResponsesRequest, chat_request
 from .schemas import ChatRequest, CompletionRequest
 from .tokenizing import detokenize, tokenize
 from .validation import parse, parse_json
@@ -104,19 +106,30 @@ async def _events(job, fmt, first):
     yield fmt.end(job)
 
 
+def plan_responses(served, req: ResponsesRequest):
+    """A Responses API request, planned as the chat request it amounts to."""
+    return plan_chat(served, chat_request(req))
+
+
 class Endpoints:
     def __init__(self, server):
         self.server = server
         served = server.served
         self.chat_format = ChatFormat(served.name, served.tokenizer)
         self.completion_format = CompletionFormat(served.name, served.tokenizer)
+        self.responses_format = ResponsesFormat(served.name, served.tokenizer)
 
     async def chat(self, request):
-        return await self._complete(request, ChatRequest, plan_chat, self.chat_format, "chatcmpl")
+        return await self._complete(request, ChatRequest, plan_chat, self.chat_format,
+                                    "chatcmpl-")
 
     async def completions(self, request):
         return await self._complete(request, CompletionRequest, plan_completion,
-                                    self.completion_format, "cmpl")
+                                    self.completion_format, "cmpl-")
+
+    async def responses(self, request):
+        return await self._complete(request, ResponsesRequest, plan_responses,
+                                    self.responses_format, "resp_")
 
     async def _complete(self, request, schema, planner, fmt, prefix):
         server = self.server
@@ -131,8 +144,8 @@ class Endpoints:
             if e.status == 400 or e.status == 404:
                 server.metrics.outcome("invalid")
             raise
-        job = Job(server.bridge, plan, server.served.tokenizer, prefix,
-                  f"{prefix}-{secrets.token_hex(12)}", req.user)
+        job = Job(server.bridge, plan, server.served.tokenizer,
+                  f"{prefix}{secrets.token_hex(12)}", req)
         # Nothing to generate or score (completions' max_tokens: 0, no prompt logprobs).
         if max(plan.max_tokens) == 0 and plan.prompt_logprobs is None:
             job.finish_unrun()

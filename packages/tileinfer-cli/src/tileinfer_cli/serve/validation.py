@@ -8,6 +8,7 @@ import json
 from pydantic import ValidationError
 
 from .errors import APIError, bad_request
+from .responses_request import ResponsesRequest
 from .schemas import ChatRequest, CompletionRequest
 
 
@@ -32,6 +33,8 @@ def validation_error(e: ValidationError) -> APIError:
 
 
 _NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
+          | set(ResponsesRequest.model_fields)
+          | {"call_id", "output", "summary", "format", "schema", "effort", "verbosity"}
           | {"role", "content", "type", "text", "include_usage", "name", "tool_calls",
              "tool_call_id", "function", "arguments", "id", "tokens", "add_special_tokens",
              "add_generation_prompt", "return_token_strs", "description", "parameters",

@@ -185,7 +185,8 @@ class LLMEngine:
         del self._requests[req.request_id]
         req.finish_reason, req.error = reason, error
         self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
-                                           error, stop_token, logprobs, prompt_lps))
+                                           error, stop_token, logprobs, prompt_lps,
+                                           req.cached_prompt_tokens))
         with self._inbox_lock:  # after the output is pending: has_unfinished stays true
             self._live.discard(req.request_id)
             self._aborting.discard(req.request_id)
@@ -355,7 +356,8 @@ class LLMEngine:
                 self._finish(req, reason, [token], logprobs=logprobs, prompt_lps=prompt_lps)
             else:
                 self._pending.append(RequestOutput(req.request_id, [token], logprobs=logprobs,
-                                                   prompt_logprobs=prompt_lps))
+                                                   prompt_logprobs=prompt_lps,
+                                                   cached_tokens=req.cached_prompt_tokens))
 
     def _fail_step(self, reqs, starts, e: BaseException):
         for req, start in zip(reqs, starts):

@@ -48,6 +48,8 @@ class RequestOutput:
     # With add_request(prompt_logprobs=k), on its first output: per prompt token, None for the
     # first, then (its log-probability given the tokens before it, the k most likely pairs).
     prompt_logprobs: list | None = None
+    # Its prompt tokens whose keys came from the prefix cache (at its first admission).
+    cached_tokens: int = 0
 
 
 @dataclass(eq=False)

@@ -1,0 +1,297 @@
+"""A request to ``/v1/responses`` (OpenAI's Responses API), and the chat request it amounts to.
+
+The Responses API is the chat with other names: ``input`` (a text, or a list of items: messages,
+earlier function calls and their outputs, earlier reasoning) and ``instructions`` (a system
+message before them) make the conversation; ``max_output_tokens`` is ``max_tokens``; function
+tools are flat (``{"type": "function", "name", "parameters"}``); ``text.format`` is the
+``response_format``. So a request is checked here, turned into the ``ChatRequest`` it means
+(``chat_request``) and planned as one; only the answer's shape differs
+(``responses_format.py``). A client may send an earlier response's output items back as they
+came (ids, statuses, annotations and all): an assistant message, the function calls after it
+and the reasoning before it become one assistant turn, each call's output a tool turn.
+
+This server keeps no responses: ``store`` is accepted at false (the answer says ``"store":
+false``; OpenAI's default is to keep them), and ``previous_response_id``, ``conversation``
+and ``background`` are refused by name: send the whole conversation in ``input``. Text only:
+images, files and audio are refused. Like the chat endpoint's, the request takes vLLM's
+sampling extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``seed``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator)
+
+from .errors import bad_request
+from .schemas import MAX_CHAT_TOP_LOGPROBS, ChatRequest, _neutral, check_template_kwargs
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- input items ----------------------------------------------------------------------------------
+
+class InputText(_Strict):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Strict):
+    """An earlier answer's text, as the API gave it."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list | None = None
+    logprobs: list | None = None
+
+
+class InputMessage(_Strict):
+    """A message: the short form (role and content) or an output message sent back."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Annotated[InputText | OutputText, Field(discriminator="type")]]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutput(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = []
+    content: list[ReasoningText] | None = None
+    id: str | None = None
+    status: str | None = None
+    encrypted_content: None = None
+
+    def text(self) -> str:
+        parts = self.content if self.content else self.summary
+        return "\n\n".join(part.text for part in parts)
+
+
+def _item_kind(item) -> str:
+    """An input item's type; a message may leave it out."""
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind)]
+
+
+# -- tools, text format ---------------------------------------------------------------------------
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None  # json_schema's
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextOptions(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # the only length this server has
+
+
+class Reasoning(_Strict):
+    """Accepted when it asks for nothing: a thinking model's reasoning comes back as it is."""
+
+    effort: None = None
+    summary: None = None
+    generate_summary: None = None
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[InputItem] = Field(min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    include: list[str] | None = None
+    stream: bool = False
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    text: TextOptions | None = None
+    reasoning: Reasoning | None = None
+    user: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=256)
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    prompt_cache_key: str | None = None  # a hint for caching: the prefix cache needs none
+    store: bool | None = None
+    truncation: Literal["disabled"] | None = None
+    service_tier: str | None = None
+    previous_response_id: None = None
+    conversation: None = None
+    background: bool | None = None
+    # vLLM's extensions, as the chat endpoint takes them.
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=-2**63, lt=2**63)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("store", "background")
+    @classmethod
+    def _not_kept(cls, v, info):
+        return _neutral(info.field_name, v, (None, False))
+
+    @field_validator("service_tier")
+    @classmethod
+    def _any_tier(cls, v, info):
+        return _neutral(info.field_name, v, (None, "auto", "default"))
+
+    @field_validator("include")
+    @classmethod
+    def _includes(cls, v):
+        other = [name for name in v or () if name != LOGPROBS_INCLUDE]
+        if other:
+            raise ValueError(f"include {other[0]!r} is not supported by this server (only "
+                             f"{LOGPROBS_INCLUDE!r})")
+        return v
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v):
+        return check_template_kwargs(v)
+
+    @property
+    def logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or ())
+
+    def text_format(self) -> dict:
+        """The answer's ``text.format`` as the response states it."""
+        f = self.text.format if self.text is not None and self.text.format else None
+        return {"type": "text"} if f is None else f.model_dump(by_alias=True, exclude_none=True)
+
+
+def messages_of(req: ResponsesRequest) -> list[dict]:
+    """The chat messages of the request's instructions and input (see the module's doc)."""
+    messages = [] if req.instructions is None else [{"role": "system",
+                                                     "content": req.instructions}]
+    if isinstance(req.input, str):
+        return messages + [{"role": "user", "content": req.input}]
+    thought: str | None = None  # reasoning waiting for the assistant turn it belongs to
+    for item in req.input:
+        last = messages[-1] if messages else None
+        if isinstance(item, ReasoningItem):
+            thought = item.text()
+        elif isinstance(item, InputMessage) and item.role != "assistant":
+            messages.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": item.text()})
+        else:  # an assistant message, or a call: a new assistant turn unless it continues one
+            if last is None or last["role"] != "assistant" or thought is not None \
+                    or (isinstance(item, InputMessage) and last.get("tool_calls")):
+                last = {"role": "assistant", "content": None}
+                if thought is not None:
+                    last["reasoning_content"], thought = thought, None
+                messages.append(last)
+            if isinstance(item, InputMessage):
+                last["content"] = (last["content"] or "") + item.text()
+            else:
+                last.setdefault("tool_calls", []).append({
+                    "id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}})
+    return messages
+
+
+def chat_request(req: ResponsesRequest) -> ChatRequest:
+    """The ChatRequest the request means (a 400 naming the field when it cannot be one)."""
+    body: dict[str, Any] = dict(messages=messages_of(req), stream=req.stream)
+    for name in ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "seed", "user", "metadata", "parallel_tool_calls", "chat_template_kwargs"):
+        value = getattr(req, name)
+        if value is not None:
+            body[name] = value
+    if req.max_output_tokens is not None:
+        body["max_completion_tokens"] = req.max_output_tokens
+    if req.logprobs:
+        body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
+    if req.tools is not None:
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"},
+                                                                       exclude_unset=True)}
+                         for t in req.tools]
+    if isinstance(req.tool_choice, NamedFunction):
+        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    elif req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    f = req.text.format if req.text is not None else None
+    if f is not None and f.type == "json_schema":
+        if f.schema_ is None:
+            raise bad_request("text.format of type json_schema needs a schema", "text.format")
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": f.name or "answer", "schema": f.schema_,
+            **({} if f.strict is None else {"strict": f.strict})}}
+    elif f is not None and f.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as e:
+        error = e.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise bad_request(f"input: {where}: {error['msg']}", "input") from None
