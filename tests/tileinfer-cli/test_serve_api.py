@@ -566,3 +566,25 @@ def test_the_usage_counts_prompt_tokens_found_in_the_prefix_cache(client):
     assert prompt > 48 and prompt - 16 <= cached < prompt and cached % 16 == 0
     response = client.responses.create(model="tiny-smollm2-shape", input=text, max_output_tokens=2)
     assert response.usage.input_tokens_details.cached_tokens == cached
+
+
+def test_min_tokens_holds_the_stop_tokens_back(client, http, offline):
+    """vLLM's min_tokens: a stop token that would end the answer at once is held back until the
+    answer has min_tokens tokens (then it ends it); the engine's min_new_tokens, checked there
+    against generate."""
+    prompt = "Once upon a time"
+    model, tok = offline
+    first = generate_batch(model, [tok.encode(prompt)], SamplingParams(), 1, stop_ids=[],
+                           num_pages=256)[0][0]
+    body = dict(model="tiny-smollm2-shape", prompt=prompt, max_tokens=12, temperature=0,
+                extra_body={"stop_token_ids": [first]})
+    assert client.completions.create(**body).usage.completion_tokens == 0
+    body["extra_body"]["min_tokens"] = 5
+    got = client.completions.create(**body)
+    assert got.usage.completion_tokens >= 5
+    assert tok.encode(got.choices[0].text, add_special_tokens=False)[0] != first
+    base = dict(prompt=prompt, max_tokens=4)
+    assert "more than max_tokens" in _error(http.post("/v1/completions", json=dict(
+        base, min_tokens=5)), 400, "min_tokens")
+    assert "structured output" in _error(http.post("/v1/completions", json=dict(
+        base, min_tokens=2, response_format={"type": "json_object"})), 400, "min_tokens")

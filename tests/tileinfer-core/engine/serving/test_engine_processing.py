@@ -11,7 +11,7 @@ import torch
 
 from tileinfer import LLMEngine, RequestError, SamplingParams, generate, load_model
 from tileinfer.backend.logit_processing import token_state
-from tileinfer.engine.serving.batch_processing import TokenCounts, process_rows
+from tileinfer.engine.serving.batch_processing import TokenCounts, hold_stops, process_rows
 from tileinfer.engine.serving.request import Request
 from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
 
@@ -97,3 +97,44 @@ def test_a_bias_outside_the_vocabulary_is_refused(tiny):
     engine = LLMEngine(load(tiny), num_pages=8)
     with pytest.raises(RequestError, match="outside the vocabulary"):
         engine.add_request([1, 2], SamplingParams(logit_bias={512: 1.0}))
+
+
+def test_stop_ids_are_held_back_in_the_rows_before_min_new_tokens():
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    reqs = [Request(j, [1, 2], SamplingParams(), 10, frozenset({5, 9}), j, j, min_new_tokens=m)
+            for j, m in enumerate([3, 0, 4])]
+    out = hold_stops(logits, reqs, [2, 0, 4])  # only row 0 is before its min_new_tokens
+    assert out is not logits and torch.equal(out[1:], logits[1:])
+    assert out[0, 5] == out[0, 9] == float("-inf")
+    keep = [i for i in range(64) if i not in (5, 9)]
+    assert torch.equal(out[0, keep], logits[0, keep])
+    assert hold_stops(logits, reqs, [3, 0, 4]) is logits
+
+
+def test_min_new_tokens_holds_the_stop_ids_back_then_lets_them_end_it(tiny):
+    """Greedy: a request whose first token would be a stop id writes min_new_tokens tokens
+    first (each the best token but the stop ids: generate with those ids biased by -100), then
+    goes on as generate of its prompt and those tokens, stopping at them; beside others."""
+    model = load(tiny)
+    prompt = prompt_ids(11, seed=5)
+    first = generate(model, prompt, 1, SamplingParams(0.0), stop_ids=[])[0]
+    stops = [first, 2]
+    engine = LLMEngine(model, num_pages=40, max_step_tokens=24)
+    others = requests()[:3]
+    held = dict(prompt_ids=prompt, max_new_tokens=30, stop_ids=stops, seed=0,
+                sampling=SamplingParams(0.0), min_new_tokens=6)
+    got = run(engine, others + [held, dict(held, min_new_tokens=0)])
+    assert got[:3] == [alone(model, r) for r in others]
+    assert got[4] == []  # without it, the first token is a stop id
+    head = generate(model, prompt, 6, SamplingParams(0.0, logit_bias={i: -100 for i in stops}),
+                    stop_ids=[])
+    tail = generate(model, prompt + head, 24, SamplingParams(0.0), stop_ids=stops)
+    assert got[3] == head + tail and len(got[3]) >= 6 and not set(head) & set(stops)
+
+
+def test_min_new_tokens_is_checked(tiny):
+    engine = LLMEngine(load(tiny), num_pages=40)
+    with pytest.raises(RequestError, match="min_new_tokens"):
+        engine.add_request([1, 2, 3], max_new_tokens=4, min_new_tokens=5)
+    with pytest.raises(RequestError, match="min_new_tokens"):
+        engine.add_request([1, 2, 3], max_new_tokens=4, min_new_tokens=-1)

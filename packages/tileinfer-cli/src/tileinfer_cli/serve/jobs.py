@@ -100,7 +100,7 @@ class Job:
         return dict(prompt_ids=p.prompts[choice.prompt], sampling=p.sampling,
                     max_new_tokens=p.max_tokens[choice.prompt], stop_ids=p.stop_ids,
                     seed=p.seed_of(choice.index), logprobs=p.logprobs,
-                    prompt_logprobs=p.prompt_logprobs)
+                    prompt_logprobs=p.prompt_logprobs, min_new_tokens=p.min_tokens)
 
     @property
     def leaders(self) -> list[Choice]:

@@ -50,6 +50,7 @@ class Plan:
     echoes: list[str] | None = None  # per prompt, the text its choices start with (echo)
     reasoning: bool = False  # split each answer's reasoning from its content (../reasoning.py)
     thinking: bool = False  # the prompt ends inside a think block: answers start in reasoning
+    min_tokens: int = 0  # no stop token before an answer has this many tokens
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -202,10 +203,20 @@ def _stop_ids(served, req) -> list[int]:
 def _common(served, req, prompts, max_tokens, logprobs, think=None) -> Plan:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options needs stream: true", "stream_options")
-    return Plan(prompts=prompts, max_tokens=max_tokens, sampling=_sampling(served, req, think),
+    sampling = _sampling(served, req, think)
+    if req.min_tokens:
+        if req.min_tokens > min(max_tokens):
+            raise bad_request(f"min_tokens ({req.min_tokens}) is more than max_tokens "
+                              f"({min(max_tokens)})", "min_tokens")
+        if sampling.structured:
+            raise bad_request("min_tokens cannot be combined with a structured output or a "
+                              "forced tool call: the grammar decides where the answer ends",
+                              "min_tokens")
+    return Plan(prompts=prompts, max_tokens=max_tokens, sampling=sampling,
                 seed=req.seed, stops=req.stops(), stop_ids=_stop_ids(served, req), n=req.n,
                 logprobs=logprobs, stream=req.stream,
-                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                min_tokens=req.min_tokens)
 
 
 def plan_chat(served, req: ChatRequest) -> Plan:

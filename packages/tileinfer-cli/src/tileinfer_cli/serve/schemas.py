@@ -11,7 +11,8 @@ Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` a
 
 Extensions (as vLLM names them): ``top_k`` (0 or -1: off), ``repetition_penalty``, ``min_p``,
 ``ignore_eos`` (do not stop at the model's end-of-sequence tokens: fixed output lengths for
-benchmarks), ``stop_token_ids`` (more tokens that end the answer, ignore_eos or not),
+benchmarks), ``min_tokens`` (no stop token before the answer has this many tokens; stop
+strings still end it), ``stop_token_ids`` (more tokens that end the answer, ignore_eos or not),
 ``chat_template_kwargs``, ``continue_final_message`` and ``add_generation_prompt`` (chat), and
 the structured outputs ``structured_outputs`` and the older ``guided_json``, ``guided_regex``,
 ``guided_choice``, ``guided_grammar`` beside OpenAI's ``response_format`` (``structured.py``).
@@ -155,6 +156,7 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)  # an end-user id; shown in the server log
     ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
     presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)

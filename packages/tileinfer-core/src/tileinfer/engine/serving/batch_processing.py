@@ -11,6 +11,10 @@ the previous step's ids before the host reads them (the engine's pipelining) see
 ``counted`` says how many output tokens they hold; when a row's token index k differs from it (a
 sampled token that was never committed, e.g. a failed step), they are rebuilt from the host's
 tokens.
+
+A request's ``min_new_tokens`` holds its stop ids back (their logits -inf) in the rows that
+sample its first min_new_tokens tokens (``hold_stops``); the raw logits, which the logprobs and
+the finite check read, keep them.
 """
 
 from __future__ import annotations
@@ -83,3 +87,17 @@ def count_rows(ids: torch.Tensor, reqs, counters: list[int]):
             state = req.token_counts
             count_tokens(state.counts, state.seen, ids[j:j + 1])
             state.counted = counters[j] + 1
+
+
+def hold_stops(logits: torch.Tensor, reqs, counters: list[int]) -> torch.Tensor:
+    """The logits (m, vocab) with each request's stop ids at -inf in the rows that sample one
+    of its first min_new_tokens tokens (row j: reqs[j]'s token counters[j]); ``logits`` itself
+    when no row holds them, else a new tensor."""
+    pairs = [(j, i) for j, req in enumerate(reqs) if counters[j] < req.min_new_tokens
+             for i in sorted(req.stop_ids)]
+    if not pairs:
+        return logits
+    index = torch.tensor(pairs, dtype=torch.int64).to(logits.device, non_blocking=True)
+    out = logits.clone()
+    out[index[:, 0], index[:, 1]] = float("-inf")
+    return out

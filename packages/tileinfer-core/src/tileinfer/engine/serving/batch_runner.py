@@ -44,7 +44,7 @@ from ..kv.step import StepMetadata, prepare_step
 from ..runtime.graphs import use_graphs
 from ..runtime.static_steps import StaticStep
 from .batch_grammar import mask_rows
-from .batch_processing import count_rows, process_rows
+from .batch_processing import count_rows, hold_stops, process_rows
 from .batch_sampling import sample_batch
 from .mixed_steps import MixedShape, mixed_shape, padding_lengths
 
@@ -213,9 +213,11 @@ class BatchRunner:
     def sample_requests(self, logits: torch.Tensor, reqs, ahead: int = 0) -> SampledIds:
         """``sample`` for rows of requests: row j is reqs[j]'s token len(output) + ahead, from
         its parameters (logit bias, penalties and min_p applied first, ``batch_processing``)
-        and its stream (seed, that index); a grammar's mask after them (``batch_grammar``)."""
+        and its stream (seed, that index); the stop ids held back before a request's
+        min_new_tokens, then a grammar's mask (``batch_grammar``)."""
         counters = [len(req.output) + ahead for req in reqs]
-        rows = mask_rows(process_rows(logits, reqs, counters), reqs, counters)
+        rows = hold_stops(process_rows(logits, reqs, counters), reqs, counters)
+        rows = mask_rows(rows, reqs, counters)
         sampled = self.sample(rows, [req.sampling for req in reqs], [req.seed for req in reqs],
                               counters, raw=logits)
         count_rows(sampled.ids, reqs, counters)

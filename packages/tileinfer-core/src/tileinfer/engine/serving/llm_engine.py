@@ -118,7 +118,8 @@ class LLMEngine:
 
     def add_request(self, prompt_ids, sampling: SamplingParams = SamplingParams(),
                     max_new_tokens: int = 256, stop_ids=None, seed: int | None = None,
-                    logprobs: int | None = None, prompt_logprobs: int | None = None) -> int:
+                    logprobs: int | None = None, prompt_logprobs: int | None = None,
+                    min_new_tokens: int = 0) -> int:
         """Queue a request; returns its id. RequestError (a ValueError) if the engine refuses it.
 
         stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
@@ -128,10 +129,13 @@ class LLMEngine:
         tokens' (``RequestOutput.logprobs``; 0..20), from the raw logits.
         prompt_logprobs: the same for each prompt token given the ones before it, on the first
         output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
+        min_new_tokens: its stop ids cannot be sampled before it has this many new tokens
+        (vLLM's ``min_tokens``; not with a structured output).
         """
         return self.add_checked(check_request(prompt_ids, sampling, max_new_tokens, stop_ids,
                                               seed, **request_limits(self), logprobs=logprobs,
-                                              prompt_logprobs=prompt_logprobs))
+                                              prompt_logprobs=prompt_logprobs,
+                                              min_new_tokens=min_new_tokens))
 
     def add_checked(self, args: dict) -> int:
         """Queue a request whose arguments check_request gave (with request_limits(self))."""

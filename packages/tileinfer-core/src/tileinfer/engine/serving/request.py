@@ -75,6 +75,7 @@ class Request:
     prompt_reported: bool = False
     token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
     grammar: object = None  # its GrammarMatcher, when it has a structure (batch_grammar)
+    min_new_tokens: int = 0  # its stop ids are held back until it has this many tokens
 
     @property
     def tokens(self) -> list[int]:
@@ -118,7 +119,7 @@ def request_limits(engine) -> dict:
 
 def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_size: int,
                   max_len: int, page_size: int, pool_pages: int, default_stop,
-                  logprobs=None, prompt_logprobs=None) -> dict:
+                  logprobs=None, prompt_logprobs=None, min_new_tokens: int = 0) -> dict:
     """Validated, normalized arguments of a request, or RequestError saying what is wrong.
     max_new_tokens may be 0 with prompt_logprobs (the prompt is only scored)."""
     check_top("logprobs", logprobs)
@@ -149,6 +150,13 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
         check_bias_ids(sampling, vocab_size)
     except ValueError as e:
         raise RequestError(str(e)) from None
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) \
+            or not 0 <= min_new_tokens <= max_new_tokens:
+        raise RequestError(f"min_new_tokens must be an integer in 0..max_new_tokens "
+                           f"({max_new_tokens}), got {min_new_tokens!r}")
+    if min_new_tokens and sampling.structured:
+        raise RequestError("min_new_tokens cannot be combined with a structured output: its "
+                           "grammar decides where the answer may end")
     if seed is None:
         seed = random.getrandbits(63)
     if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63:
@@ -167,4 +175,5 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
             f"{len(prompt)} + max_new_tokens {max_new_tokens}), the pool has {pool_pages}; "
             f"lower max_new_tokens or give the engine more pages")
     return dict(prompt=prompt, sampling=sampling, max_new_tokens=max_new_tokens,
-                stop_ids=stop, seed=seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                stop_ids=stop, seed=seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                min_new_tokens=min_new_tokens)
