@@ -31,7 +31,7 @@ class ScriptedEngine:
         self._next = 0
 
     def add_request(self, prompt_ids, sampling, max_new_tokens, stop_ids, seed, logprobs,
-                    prompt_logprobs=None, min_new_tokens=0):
+                    prompt_logprobs=None, min_new_tokens=0, hidden_state=False):
         with self._lock:
             rid, self._next = self._next, self._next + 1
             self.prompts.append(list(prompt_ids))

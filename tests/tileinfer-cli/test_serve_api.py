@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 # The server and its clients come with the serve extra (the test environment installs it; a bare
 # GPU image lacks them): without them these tests skip.
@@ -588,3 +589,39 @@ def test_min_tokens_holds_the_stop_tokens_back(client, http, offline):
         base, min_tokens=5)), 400, "min_tokens")
     assert "structured output" in _error(http.post("/v1/completions", json=dict(
         base, min_tokens=2, response_format={"type": "json_object"})), 400, "min_tokens")
+
+
+def test_embeddings_are_the_engines_normalized_hidden_states(client, http, offline):
+    """/v1/embeddings: each input's last final hidden state (LLMEngine's hidden_state), L2
+    normalized; as floats and as the base64 the openai client asks for by default; the first
+    `dimensions` values normalized; token-id inputs; a 400 naming what is wrong."""
+    model, tok = offline
+    texts = ["The cat sat on the mat.", "Quantum chromodynamics"]
+    engine = LLMEngine(model, num_pages=64)
+    rids = [engine.add_request(tok.encode(t), max_new_tokens=0, hidden_state=True)
+            for t in texts]
+    hidden = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            hidden[out.request_id] = torch.tensor(out.hidden_state, dtype=torch.float64)
+    engine.close()
+    expected = [hidden[r] / hidden[r].norm() for r in rids]
+    by_client = client.embeddings.create(model="tiny-smollm2-shape", input=texts)  # base64
+    as_floats = http.post("/v1/embeddings", json={"input": texts,
+                                                  "encoding_format": "float"}).json()
+    assert as_floats["usage"]["prompt_tokens"] == sum(len(tok.encode(t)) for t in texts)
+    for i, want in enumerate(expected):
+        for got in (by_client.data[i].embedding, as_floats["data"][i]["embedding"]):
+            assert len(got) == 64
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want,
+                                       rtol=1e-5, atol=1e-6)
+    short = client.embeddings.create(model="tiny-smollm2-shape", input=tok.encode(texts[0]),
+                                     dimensions=16).data[0].embedding
+    first = hidden[rids[0]][:16]
+    torch.testing.assert_close(torch.tensor(short, dtype=torch.float64), first / first.norm(),
+                               rtol=1e-5, atol=1e-6)
+    _error(http.post("/v1/embeddings", json={"input": "x", "dimensions": 65}), 400, "dimensions")
+    _error(http.post("/v1/embeddings", json={"input": []}), 400, "input")
+    _error(http.post("/v1/embeddings", json={"input": [10**9]}), 400, "input")
+    _error(http.post("/v1/embeddings", json={"input": "x", "encoding_format": "int8"}), 400,
+           "encoding_format")

@@ -131,6 +131,7 @@ def build_app(server: Server):
     routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
               Route("/v1/completions", e.completions, methods=["POST"]),
               Route("/v1/responses", e.responses, methods=["POST"]),
+              Route("/v1/embeddings", e.embeddings, methods=["POST"]),
               Route("/v1/models", e.models, methods=["GET"]),
               Route("/tokenize", e.tokenize, methods=["POST"]),
               Route("/detokenize", e.detokenize, methods=["POST"]),

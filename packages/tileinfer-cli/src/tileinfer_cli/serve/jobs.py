@@ -32,7 +32,7 @@ log = logging.getLogger("tileinfer.serve")
 class Choice:
     __slots__ = ("job", "index", "prompt", "rid", "text", "tokens", "finish_reason", "lps",
                  "lps_sent", "t_last", "changed", "role_sent", "lp_offset", "started", "tools",
-                 "echo", "reasoning", "cached")
+                 "echo", "reasoning", "cached", "hidden")
 
     def __init__(self, job, index, text: ChoiceText):
         self.job, self.index, self.text = job, index, text
@@ -48,6 +48,7 @@ class Choice:
         self.role_sent = False
         self.lp_offset = 0  # completions logprobs: text_offset of the next token
         self.cached = 0  # its prompt tokens found in the engine's prefix cache
+        self.hidden: list | None = None  # its prompt's last hidden state (embeddings)
         plan = job.plan
         self.echo = "" if plan.echoes is None else plan.echoes[self.prompt]  # not sent yet
         # A streamed answer to a request with tools: its text split into content and calls.
@@ -100,7 +101,8 @@ class Job:
         return dict(prompt_ids=p.prompts[choice.prompt], sampling=p.sampling,
                     max_new_tokens=p.max_tokens[choice.prompt], stop_ids=p.stop_ids,
                     seed=p.seed_of(choice.index), logprobs=p.logprobs,
-                    prompt_logprobs=p.prompt_logprobs, min_new_tokens=p.min_tokens)
+                    prompt_logprobs=p.prompt_logprobs, min_new_tokens=p.min_tokens,
+                    hidden_state=p.hidden_state)
 
     @property
     def leaders(self) -> list[Choice]:
@@ -136,6 +138,8 @@ class Job:
                 if self.done:
                     return
         choice.cached = out.cached_tokens
+        if out.hidden_state is not None:
+            choice.hidden = out.hidden_state
         if out.prompt_logprobs is not None:  # echo: the prompt's entries come first
             prompt = self.plan.prompts[choice.prompt]
             choice.lps.extend((t, *(e or (None, None))) for t, e in zip(prompt,

@@ -36,6 +36,7 @@ class ServedModel:
     max_len: int = 0  # the engine's, set once it is built (with_engine)
     vocab_size: int = 0
     backend: str = ""
+    hidden_size: int = 0  # its embeddings' length (0: not known)
 
     def with_engine(self, max_len: int, vocab_size: int, backend: str) -> "ServedModel":
         self.max_len, self.vocab_size, self.backend = max_len, vocab_size, backend
@@ -67,7 +68,8 @@ def load_served(args) -> ServedModel:
     folder = resolve_model_dir(args.model)
     tokenizer = load_tokenizer(folder)
     prepare_grammars(tokenizer)
-    _, stop_ids = generation_defaults(folder, load_config(folder))
+    config = load_config(folder)
+    _, stop_ids = generation_defaults(folder, config)
     try:
         defaults = SamplingDefaults.of_folder(folder)
     except ValueError as e:
@@ -79,7 +81,7 @@ def load_served(args) -> ServedModel:
                        args.load_format == "dummy",
                        served_tool_parser(args.tool_parser, template, tokenizer),
                        served_reasoning(getattr(args, "reasoning_parser", "auto"), template,
-                                        tokenizer))
+                                        tokenizer), hidden_size=config.hidden_size)
 
 
 def load_weights(args, folder: Path):

@@ -51,6 +51,7 @@ class Plan:
     reasoning: bool = False  # split each answer's reasoning from its content (../reasoning.py)
     thinking: bool = False  # the prompt ends inside a think block: answers start in reasoning
     min_tokens: int = 0  # no stop token before an answer has this many tokens
+    hidden_state: bool = False  # run the prompts only, for their hidden states (embeddings)
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -105,35 +106,41 @@ def chat_prompt_ids(served, req: ChatRequest) -> tuple[str, list[int]]:
 
 def completion_prompts(served, req: CompletionRequest) -> list[list[int]]:
     """The request's prompts as token ids: one text or token list, or a list of them."""
-    prompt = req.prompt
+    return token_prompts(served, req.prompt, req.n)
+
+
+def token_prompts(served, prompt, n: int = 1, param: str = "prompt") -> list[list[int]]:
+    """One text or token list, or a list of them, as token ids (texts with the tokenizer's
+    special tokens); param: the request's name for them."""
     prompts = prompt if _several(prompt) else [prompt]
-    if len(prompts) * req.n > MAX_CHOICES:
-        raise bad_request(f"{len(prompts)} prompts of n={req.n} choices each: at most "
-                          f"{MAX_CHOICES} choices a request", "prompt")
-    return [_prompt_ids(served, p, _name(req.prompt, i)) for i, p in enumerate(prompts)]
+    if len(prompts) * n > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts of n={n} choices each: at most "
+                          f"{MAX_CHOICES} choices a request", param)
+    return [_prompt_ids(served, p, _name(prompt, i, param), param)
+            for i, p in enumerate(prompts)]
 
 
 def _several(prompt) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
 
 
-def _name(prompt, i: int) -> str:
-    return f"prompt {i}" if _several(prompt) else "the prompt"
+def _name(prompt, i: int, param: str = "prompt") -> str:
+    return f"{param} {i}" if _several(prompt) else f"the {param}"
 
 
-def _prompt_ids(served, prompt, what: str) -> list[int]:
+def _prompt_ids(served, prompt, what: str, param: str = "prompt") -> list[int]:
     if not prompt:
-        raise bad_request(f"{what} is empty", "prompt")
+        raise bad_request(f"{what} is empty", param)
     if isinstance(prompt, str):
         try:
             return served.tokenizer.encode(prompt, add_special_tokens=True)
         except ValueError as e:
-            raise bad_request(str(e), "prompt") from None
+            raise bad_request(str(e), param) from None
     vocab = served.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
         raise bad_request(f"token id {bad[0]} of {what} is outside the vocabulary "
-                          f"(0..{vocab - 1})", "prompt")
+                          f"(0..{vocab - 1})", param)
     return list(prompt)
 
 

@@ -1,5 +1,5 @@
-"""The endpoints: completions (chat and legacy), responses, models, tokenize and detokenize,
-health, metrics.
+"""The endpoints: completions (chat and legacy), responses, embeddings, models, tokenize and
+detokenize, health, metrics.
 
 A completion request is read (size-limited: 413 once past the limit), then, on a worker thread
 (``Server.preparing``), parsed (malformed JSON: 400), validated against its schema (an unknown
@@ -19,6 +19,7 @@ import secrets
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .chunks import ChatFormat, CompletionFormat
+from .embeddings import EmbeddingRequest, EmbeddingsFormat, plan_embeddings
 from .errors import APIError, error_response
 from .jobs import END, Job
 from .prepare import plan_chat, plan_completion
@@ -118,6 +119,7 @@ class Endpoints:
         self.chat_format = ChatFormat(served.name, served.tokenizer)
         self.completion_format = CompletionFormat(served.name, served.tokenizer)
         self.responses_format = ResponsesFormat(served.name, served.tokenizer)
+        self.embeddings_format = EmbeddingsFormat(served.name)
 
     async def chat(self, request):
         return await self._complete(request, ChatRequest, plan_chat, self.chat_format,
@@ -126,6 +128,10 @@ class Endpoints:
     async def completions(self, request):
         return await self._complete(request, CompletionRequest, plan_completion,
                                     self.completion_format, "cmpl-")
+
+    async def embeddings(self, request):
+        return await self._complete(request, EmbeddingRequest, plan_embeddings,
+                                    self.embeddings_format, "embd-")
 
     async def responses(self, request):
         return await self._complete(request, ResponsesRequest, plan_responses,
@@ -147,7 +153,7 @@ class Endpoints:
         job = Job(server.bridge, plan, server.served.tokenizer,
                   f"{prefix}{secrets.token_hex(12)}", req)
         # Nothing to generate or score (completions' max_tokens: 0, no prompt logprobs).
-        if max(plan.max_tokens) == 0 and plan.prompt_logprobs is None:
+        if max(plan.max_tokens) == 0 and plan.prompt_logprobs is None and not plan.hidden_state:
             job.finish_unrun()
         else:
             server.bridge.check_capacity(plan.choices)

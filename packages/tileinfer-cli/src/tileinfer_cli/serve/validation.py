@@ -8,6 +8,7 @@ import json
 from pydantic import ValidationError
 
 from .errors import APIError, bad_request
+from .embeddings import EmbeddingRequest
 from .responses_request import ResponsesRequest
 from .schemas import ChatRequest, CompletionRequest
 
@@ -33,7 +34,7 @@ def validation_error(e: ValidationError) -> APIError:
 
 
 _NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
-          | set(ResponsesRequest.model_fields)
+          | set(ResponsesRequest.model_fields) | set(EmbeddingRequest.model_fields)
           | {"call_id", "output", "summary", "format", "schema", "effort", "verbosity"}
           | {"role", "content", "type", "text", "include_usage", "name", "tool_calls",
              "tool_call_id", "function", "arguments", "id", "tokens", "add_special_tokens",

@@ -96,7 +96,9 @@ class ModelWeights:
 class Checkpoint:
     """The tensors of a model directory's safetensors files, by name (use as a context manager)."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, causal_lm_names: bool = True):
+        """causal_lm_names: read a base model's tensors (no "model." prefix) under a causal LM's
+        names (False: the names as stored)."""
         self.model_dir = Path(model_dir)
         try:
             self.fp8_blocks = block_scaling(model_dir)  # FP8 block scales: (block, suffix)
@@ -118,6 +120,15 @@ class Checkpoint:
             for file in files:
                 for name in self._handle(file).keys():
                     self.weight_map.setdefault(name, file)
+        # A base model's checkpoint (transformers' Qwen3Model, MistralModel: what embedding
+        # models such as Qwen3-Embedding ship) names its tensors without the "model." prefix.
+        self.stored: dict[str, str] = {}  # a name as read here -> as stored, where they differ
+        names = self.weight_map
+        if causal_lm_names and any(n.startswith("layers.") for n in names) \
+                and not any(n.startswith("model.") for n in names):
+            renamed = {n: n if n.startswith("lm_head.") else f"model.{n}" for n in names}
+            self.stored = {new: old for old, new in renamed.items() if new != old}
+            self.weight_map = {renamed[n]: f for n, f in names.items()}
 
     def __enter__(self):
         return self
@@ -150,7 +161,7 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         handle = self._handle(self._file(name))
         try:
-            return tuple(handle.get_slice(name).get_shape())
+            return tuple(handle.get_slice(self.stored.get(name, name)).get_shape())
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
 
@@ -161,7 +172,7 @@ class Checkpoint:
         if got != tuple(shape):
             raise WeightsError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         try:
-            t = self._handle(self._file(name)).get_tensor(name)
+            t = self._handle(self._file(name)).get_tensor(self.stored.get(name, name))
         except SafetensorError as exc:
             raise WeightsError(f"tensor {name!r} cannot be read: {exc}") from None
         if t.dtype in FP8_DTYPES and dequantize:  # its values (fp8_checkpoint.py)

@@ -105,6 +105,7 @@ class BatchRunner:
         self.steps = runtime.steps
         self.replays = self.eager_steps = self.tokens_run = self.mixed_steps = 0
         self.last_static = False
+        self._last_hidden = None  # the last step's logit_normed buffer, and its rows' order
 
     @property
     def cache(self):
@@ -166,7 +167,8 @@ class BatchRunner:
         self.last_static = False
         meta = prepare_step(self.cache, seqs, token_lists, all_logits=every_row,
                             max_len=self.model.max_len)
-        logits = self._forward(meta, self.model.new_buffers(meta.num_tokens, meta.num_logits))
+        buffers = self.model.new_buffers(meta.num_tokens, meta.num_logits)
+        logits = self._forward(meta, buffers)
         last, rows, end = [], {}, 0
         for b, (ids, every) in enumerate(zip(token_lists, every_row)):
             n = len(ids) if every else 1
@@ -174,7 +176,23 @@ class BatchRunner:
                 rows[b] = logits[end:end + n]
             end += n
             last.append(end - 1)
+        self._last_hidden = buffers.logit_normed, last
         return logits[last], rows
+
+    def keep_hidden_states(self, reqs, rows: list[int]):
+        """For each request reqs[i] (i in rows) that asks for its hidden state: a copy of the
+        last step's, in ``req.hidden`` (copied now: the next step may reuse the buffers)."""
+        wanted = [i for i in rows if reqs[i].hidden_state]
+        if wanted:
+            for i, row in zip(wanted, self.hidden_rows(wanted)):
+                reqs[i].hidden = row
+
+    def hidden_rows(self, rows: list[int]) -> torch.Tensor:
+        """A copy (len(rows), hidden_size) of the last step's final hidden states (after the
+        final norm: the lm_head's input) of its sequences ``rows`` (their last tokens')."""
+        normed, index = self._last_hidden
+        picked = rows if index is None else [index[r] for r in rows]
+        return normed[torch.tensor(picked, dtype=torch.int64).to(normed.device)]
 
     def run_device_ids(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
         """A static decode step whose token ids are on the device already: ids (len(seqs),)
@@ -236,6 +254,7 @@ class BatchRunner:
         """Run the bucket's step from its graph (captured on its ``capture_at``-th use), or
         eagerly on its static metadata and buffers without graphs; logits of the first n rows."""
         before = self.steps.replays
+        self._last_hidden = bucket.buffers.logit_normed, None
         self.steps.run(bucket, None, lambda: self._forward(bucket.meta, bucket.buffers),
                        capture_at=capture_at, eager=not self.graphs)
         self.replays += self.steps.replays - before
@@ -267,6 +286,7 @@ class BatchRunner:
                           extra={"pad": pad})
 
     def _forward(self, meta, buffers) -> torch.Tensor:
+        self._last_hidden = buffers.logit_normed, None
         return self.model.forward_step(meta, buffers, self.cache, batch_invariant=False)
 
     def warmup(self, sizes=None):

@@ -147,13 +147,15 @@ class EngineProcess:
 
     def add_request(self, prompt_ids, sampling=None, max_new_tokens: int = 256, stop_ids=None,
                     seed: int | None = None, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None, min_new_tokens: int = 0) -> int:
+                    prompt_logprobs: int | None = None, min_new_tokens: int = 0,
+                    hidden_state: bool = False) -> int:
         """``LLMEngine.add_request`` (RequestError raised here, in the caller's thread)."""
         from ...backend.sampling import SamplingParams
 
         args = check_request(prompt_ids, SamplingParams() if sampling is None else sampling,
                              max_new_tokens, stop_ids, seed, **self.limits, logprobs=logprobs,
-                             prompt_logprobs=prompt_logprobs, min_new_tokens=min_new_tokens)
+                             prompt_logprobs=prompt_logprobs, min_new_tokens=min_new_tokens,
+                             hidden_state=hidden_state)
         structure = args["sampling"].structure
         if structure is not None:  # llguidance's tokenizer stays here; the child has its own
             args["sampling"] = dataclasses.replace(

@@ -119,23 +119,14 @@ class LLMEngine:
     def add_request(self, prompt_ids, sampling: SamplingParams = SamplingParams(),
                     max_new_tokens: int = 256, stop_ids=None, seed: int | None = None,
                     logprobs: int | None = None, prompt_logprobs: int | None = None,
-                    min_new_tokens: int = 0) -> int:
+                    min_new_tokens: int = 0, hidden_state: bool = False) -> int:
         """Queue a request; returns its id. RequestError (a ValueError) if the engine refuses it.
-
-        stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
-        seed: its random stream (default: a random one); its k-th token is sampled from the
-        stream (seed, k), as ``tileinfer.generate(..., seed=seed)`` does.
-        logprobs: report each new token's log-probability and the ``logprobs`` most likely
-        tokens' (``RequestOutput.logprobs``; 0..20), from the raw logits.
-        prompt_logprobs: the same for each prompt token given the ones before it, on the first
-        output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
-        min_new_tokens: its stop ids cannot be sampled before it has this many new tokens
-        (vLLM's ``min_tokens``; not with a structured output).
-        """
+        The arguments are ``request.check_request``'s."""
         return self.add_checked(check_request(prompt_ids, sampling, max_new_tokens, stop_ids,
                                               seed, **request_limits(self), logprobs=logprobs,
                                               prompt_logprobs=prompt_logprobs,
-                                              min_new_tokens=min_new_tokens))
+                                              min_new_tokens=min_new_tokens,
+                                              hidden_state=hidden_state))
 
     def add_checked(self, args: dict) -> int:
         """Queue a request whose arguments check_request gave (with request_limits(self))."""
@@ -188,9 +179,11 @@ class LLMEngine:
         self.scheduler.finish(req)
         del self._requests[req.request_id]
         req.finish_reason, req.error = reason, error
-        self._pending.append(RequestOutput(req.request_id, list(new_tokens), True, reason,
-                                           error, stop_token, logprobs, prompt_lps,
-                                           req.cached_prompt_tokens))
+        hidden, req.hidden = req.hidden, None
+        self._pending.append(RequestOutput(
+            req.request_id, list(new_tokens), True, reason, error, stop_token, logprobs,
+            prompt_lps, req.cached_prompt_tokens,
+            None if hidden is None or reason != LENGTH else hidden.float().tolist()))
         with self._inbox_lock:  # after the output is pending: has_unfinished stays true
             self._live.discard(req.request_id)
             self._aborting.discard(req.request_id)
@@ -256,6 +249,7 @@ class LLMEngine:
                 collect(reqs, starts, rows)
             else:
                 logits = self.runner.run(seqs, chunks, tokens)
+            self.runner.keep_hidden_states(reqs, sampled)
             flight = self._sample(reqs, starts, sampled, logits)
         except BaseException as e:
             self._fail_step(reqs, starts, e)

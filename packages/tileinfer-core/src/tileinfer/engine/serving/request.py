@@ -50,6 +50,9 @@ class RequestOutput:
     prompt_logprobs: list | None = None
     # Its prompt tokens whose keys came from the prefix cache (at its first admission).
     cached_tokens: int = 0
+    # With add_request(hidden_state=True), on its only output: the prompt's last token's final
+    # hidden state (after the final norm: the lm_head's input), as floats (hidden_size,).
+    hidden_state: list | None = None
 
 
 @dataclass(eq=False)
@@ -76,6 +79,8 @@ class Request:
     token_counts: object = None  # its penalties' TokenCounts on the device (batch_processing)
     grammar: object = None  # its GrammarMatcher, when it has a structure (batch_grammar)
     min_new_tokens: int = 0  # its stop ids are held back until it has this many tokens
+    hidden_state: bool = False  # report its prompt's last final hidden state (no tokens)
+    hidden: object = None  # that state, (hidden_size,) on the device, once its last chunk ran
 
     @property
     def tokens(self) -> list[int]:
@@ -119,9 +124,24 @@ def request_limits(engine) -> dict:
 
 def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_size: int,
                   max_len: int, page_size: int, pool_pages: int, default_stop,
-                  logprobs=None, prompt_logprobs=None, min_new_tokens: int = 0) -> dict:
-    """Validated, normalized arguments of a request, or RequestError saying what is wrong.
-    max_new_tokens may be 0 with prompt_logprobs (the prompt is only scored)."""
+                  logprobs=None, prompt_logprobs=None, min_new_tokens: int = 0,
+                  hidden_state: bool = False) -> dict:
+    """Validated, normalized arguments of a request (``LLMEngine.add_request``'s), or
+    RequestError saying what is wrong.
+
+    stop_ids: token ids that end it (not part of the output); default the model's EOS ids.
+    seed: its random stream (default: a random one); its k-th token is sampled from the stream
+    (seed, k), as ``tileinfer.generate(..., seed=seed)`` does.
+    logprobs: report each new token's log-probability and the ``logprobs`` most likely tokens'
+    (``RequestOutput.logprobs``; 0..20), from the raw logits.
+    prompt_logprobs: the same for each prompt token given the ones before it, on the first
+    output (``prompt_logprobs.py``); max_new_tokens may then be 0 (finish reason "length").
+    min_new_tokens: its stop ids cannot be sampled before it has this many new tokens (vLLM's
+    ``min_tokens``; not with a structured output).
+    hidden_state: run the prompt only (max_new_tokens 0) and report its last token's final
+    hidden state, after the final norm (``RequestOutput.hidden_state``): what an embedding
+    model's last-token pooling reads.
+    """
     check_top("logprobs", logprobs)
     check_top("prompt_logprobs", prompt_logprobs)
     try:
@@ -136,12 +156,15 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
     if len(prompt) > max_len:
         raise RequestError(f"the prompt has {len(prompt)} tokens; the model's max_len is "
                            f"{max_len}")
-    least = 0 if prompt_logprobs is not None else 1
+    least = 0 if prompt_logprobs is not None or hidden_state else 1
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < least:
-        kind = "a positive integer (0 needs prompt_logprobs)" if least else \
+        kind = "a positive integer (0 needs prompt_logprobs or hidden_state)" if least else \
             "a non-negative integer"
         raise RequestError(f"max_new_tokens must be {kind}, got {max_new_tokens!r}")
+    if hidden_state and max_new_tokens:
+        raise RequestError("a hidden_state request only runs its prompt: max_new_tokens must "
+                           f"be 0, got {max_new_tokens}")
     if not isinstance(sampling, SamplingParams):
         raise RequestError(f"sampling must be a tileinfer.SamplingParams, got "
                            f"{type(sampling).__name__}")
@@ -176,4 +199,4 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
             f"lower max_new_tokens or give the engine more pages")
     return dict(prompt=prompt, sampling=sampling, max_new_tokens=max_new_tokens,
                 stop_ids=stop, seed=seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                min_new_tokens=min_new_tokens)
+                min_new_tokens=min_new_tokens, hidden_state=bool(hidden_state))

@@ -217,7 +217,7 @@ def load_dflash(drafter, target: Model, max_len: int | None = None) -> DFlashDra
     roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "q_norm": (config.head_dim,),
              "k_norm": (config.head_dim,), "o": (hidden, config.q_size),
              "down": (hidden, config.intermediate_size)}
-    with Checkpoint(directory) as ckpt:
+    with Checkpoint(directory, causal_lm_names=False) as ckpt:
         def load(name, shape):
             return ckpt.get(name, shape).to(device=device, dtype=dtype)
 
