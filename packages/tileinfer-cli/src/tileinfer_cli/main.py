@@ -14,16 +14,16 @@ import sys
 import threading
 import warnings
 
-from . import (backends_cmd, bench_cmd, chat_cmd, logs_cmd, models_cmd, quantize_cmd, run_cmd,
-               show_cmd)
+from . import (backends_cmd, bench_cmd, chat_cmd, embed_cmd, logs_cmd, models_cmd, quantize_cmd,
+               run_cmd, show_cmd)
 from .cli_words import in_cli_words
 from .errors import UserError, user_errors
 from .parsing import HelpFormatter, Parser
 from .plugin_errors import failing_op
 from .serve import command as serve_cmd  # the server's modules are imported when it runs
 
-COMMANDS = [run_cmd, chat_cmd, models_cmd, show_cmd, logs_cmd, backends_cmd, bench_cmd,
-            quantize_cmd, serve_cmd]
+COMMANDS = [run_cmd, chat_cmd, embed_cmd, models_cmd, show_cmd, logs_cmd, backends_cmd,
+            bench_cmd, quantize_cmd, serve_cmd]
 
 EPILOG = """\
 examples:
@@ -33,6 +33,7 @@ examples:
   tileinfer import model.gguf && tileinfer run -m model "Hi"
   tileinfer list
   tileinfer show SmolLM2-135M-Instruct
+  tileinfer embed -m Qwen/Qwen3-Embedding-0.6B "a cat"  one JSON array a line
   tileinfer logs -q Paris                             logged answers and chat turns
   tileinfer backends
   tileinfer bench --shape llama3-8b

@@ -17,12 +17,12 @@ embedding model is what this endpoint is for.
 from __future__ import annotations
 
 import base64
-import math
 import struct
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..embedding import embedding
 from .errors import bad_request
 from .prepare import Plan, token_prompts
 
@@ -52,13 +52,6 @@ def plan_embeddings(served, req: EmbeddingRequest) -> Plan:
     return Plan(prompts=prompts, max_tokens=[0] * len(prompts), sampling=SamplingParams(0.0),
                 seed=None, stops=[], stop_ids=[], n=1, logprobs=None, stream=False,
                 include_usage=False, hidden_state=True)
-
-
-def embedding(hidden: list[float], dimensions: int | None) -> list[float]:
-    """The first ``dimensions`` values (all when None), divided by their L2 norm."""
-    kept = hidden[:dimensions] if dimensions is not None else hidden
-    norm = math.sqrt(math.fsum(v * v for v in kept))
-    return [v / norm for v in kept] if norm > 0 else list(kept)
 
 
 class EmbeddingsFormat:

@@ -1,0 +1,79 @@
+"""``tileinfer embed [TEXT ...]``: each text's embedding, one JSON array a line (llm's
+``embed`` habit): the model's final hidden state at the text's last token, L2-normalized, as
+``tileinfer serve``'s /v1/embeddings gives it. Texts come from the arguments, else one a line
+from standard input; they run together on the batched engine (``LLMEngine`` requests with
+``hidden_state``). Made for decoder embedding models (Qwen3-Embedding and its kind), whose
+tokenizers end a text with their end token: a text is encoded with the tokenizer's special
+tokens."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .errors import UserError
+from .options import add_model_options, load
+from .parsing import INT32_MAX, int_range
+
+EPILOG = """\
+examples:
+  tileinfer embed -m Qwen/Qwen3-Embedding-0.6B "a cat on a mat" "a dog in a fog"
+  cat sentences.txt | tileinfer embed -m Qwen/Qwen3-Embedding-0.6B --dimensions 256 > vectors.jsonl
+"""
+
+
+def add_parser(sub, formatter):
+    p = sub.add_parser("embed", help="print texts' embeddings, one JSON array a line",
+                       epilog=EPILOG, formatter_class=formatter)
+    p.add_argument("text", metavar="TEXT", nargs="*",
+                   help="texts to embed (default: one a line from standard input)")
+    p.add_argument("--dimensions", type=int_range(1, INT32_MAX), metavar="N",
+                   help="keep the first N values before normalizing (Matryoshka embeddings)")
+    add_model_options(p)
+    p.set_defaults(func=run)
+
+
+def texts_of(args, stdin) -> list[str]:
+    texts = list(args.text) or [line.rstrip("\n") for line in stdin if line.strip()]
+    if not texts:
+        raise UserError("no text to embed: give TEXT arguments, or lines on standard input")
+    return texts
+
+
+def run(args, out):
+    texts = texts_of(args, sys.stdin)
+    model, tokenizer, _ = load(args)
+    hidden_size = model.config.hidden_size
+    if args.dimensions is not None and args.dimensions > hidden_size:
+        raise UserError(f"--dimensions is {args.dimensions}; this model's embeddings have "
+                        f"{hidden_size}")
+    prompts = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise UserError(f"text {i + 1} has no tokens")
+        if len(ids) > model.max_len:
+            raise UserError(f"text {i + 1} has {len(ids)} tokens; the context is "
+                            f"{model.max_len} (--max-len)")
+    for vector in embed(model, prompts, args.dimensions):
+        print(json.dumps(vector), file=out)
+    return 0
+
+
+def embed(model, prompts: list[list[int]], dimensions: int | None = None) -> list[list[float]]:
+    """The prompts' embeddings, in order, run together on an LLMEngine of the model."""
+    from tileinfer import LLMEngine
+
+    from .embedding import embedding
+
+    engine = LLMEngine(model)
+    try:
+        rids = [engine.add_request(ids, max_new_tokens=0, hidden_state=True) for ids in prompts]
+        found = {}
+        while engine.has_unfinished():
+            for output in engine.step():
+                if output.finish_reason == "error":
+                    raise RuntimeError(f"embedding failed: {output.error}")
+                found[output.request_id] = output.hidden_state
+    finally:
+        engine.close()
+    return [embedding(found[rid], dimensions) for rid in rids]
