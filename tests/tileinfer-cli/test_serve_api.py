@@ -85,6 +85,10 @@ def test_models_and_health(server, client, http):
                                            "min_p": 0.0, "repetition_penalty": 1.0,
                                            "from_generation_config": []}
     assert "sampling defaults: temperature 1, top_p 1 (OpenAI's" in server.output()
+    one = client.models.retrieve("tiny-smollm2-shape")  # GET /v1/models/{model}
+    assert one.id == "tiny-smollm2-shape" and one.max_model_len == models[0].max_model_len
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4o")
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")

@@ -4,8 +4,9 @@ engine of ``serve_scripted.py`` and Qwen3's real chat template, driven by the of
 in the order its stream helper accepts and add up to the whole answer, the reasoning and the
 tool calls come as their items, a conversation of items (an earlier response's output sent back,
 then a call's output) is the same prompt as the same conversation sent as chat messages, and
-what this server cannot do is refused by name. ``test_serve_api.py`` checks answers of the real
-engine against the chat endpoint's."""
+what this server cannot do is refused by name; kept responses go on with previous_response_id,
+are read back and deleted. ``test_serve_api.py`` checks answers of the real engine against the
+chat endpoint's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ openai = pytest.importorskip("openai")
 
 from openai.types.responses import Response  # noqa: E402
 from serve_scripted import scripted_server, stop  # noqa: E402
+from tileinfer_cli.serve.responses_store import ResponseStore  # noqa: E402
 from test_serve_helpers import tiny_folder  # noqa: E402
 
 THOUGHT = "Der Nutzer fragt nach dem Wetter.\nIch rufe get_weather auf."
@@ -78,7 +80,7 @@ def test_a_plain_answer_is_a_message(qwen3):
     engine.script = TEXT
     response = client.responses.create(model=model, input=ASK)
     assert response.status == "completed" and kinds(response) == ["message"]
-    assert response.output_text == TEXT and response.store is False
+    assert response.output_text == TEXT and response.store is True
     assert response.usage.output_tokens == len(engine.tokenizer.encode(TEXT,
                                                                        add_special_tokens=False))
     assert response.usage.input_tokens == len(engine.prompts[-1])
@@ -170,7 +172,6 @@ def test_parts_and_an_earlier_assistant_text(qwen3):
 
 @pytest.mark.parametrize("body, named", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"store": True}, "store"),
     ({"background": True}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
@@ -208,3 +209,52 @@ def test_a_failure_after_the_stream_began_ends_it_with_response_failed(qwen3):
     assert "response.output_text.delta" in names and names[-1] == "response.failed"
     failed = sent[-1][1]["response"]
     assert failed["status"] == "failed" and "a scripted failure" in failed["error"]["message"]
+
+
+def test_previous_response_id_goes_on_from_the_kept_conversation(qwen3):
+    """The second request's prompt is the chat of the first's input, its answer (reasoning and
+    text) and the new input; the first's instructions do not carry over."""
+    client, url, engine, model = qwen3
+    engine.script = ANSWER
+    first = client.responses.create(model=model, input=ASK, instructions="Antworte kurz.")
+    assert first.store is True and first.previous_response_id is None
+    engine.script = TEXT
+    second = client.responses.create(model=model, previous_response_id=first.id,
+                                     input="Und morgen?")
+    assert second.previous_response_id == first.id and second.output_text == TEXT
+    by_id = engine.prompts[-1]
+    client.chat.completions.create(model=model, messages=[
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": TEXT, "reasoning_content": THOUGHT},
+        {"role": "user", "content": "Und morgen?"}])
+    assert by_id == engine.prompts[-1]
+    third = client.responses.create(model=model, previous_response_id=second.id, input="Danke")
+    assert "Und morgen?" in engine.tokenizer.decode(engine.prompts[-1]) and third.output_text
+
+
+def test_a_kept_response_is_read_back_and_deleted(qwen3):
+    client, url, engine, model = qwen3
+    engine.script = ANSWER
+    whole = client.responses.create(model=model, input=ASK)
+    with client.responses.stream(model=model, input=ASK) as stream:
+        streamed = stream.get_final_response()
+    for made in (whole, streamed):
+        got = client.responses.retrieve(made.id)
+        assert got.id == made.id and got.output_text == TEXT and kinds(got) == kinds(made)
+    client.responses.delete(whole.id)
+    with pytest.raises(openai.NotFoundError, match="no response"):
+        client.responses.retrieve(whole.id)
+    unkept = client.responses.create(model=model, input=ASK, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+
+
+def test_the_store_keeps_the_newest():
+    store = ResponseStore(2)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [{"role": "user", "content": str(i)}])
+    assert store.response("r0") is None and store.conversation("r2")[0]["content"] == "2"
+    assert store.delete("r1") and not store.delete("r1")
+    ResponseStore(0).put({"id": "x"}, [])
+    assert ResponseStore(0).response("x") is None

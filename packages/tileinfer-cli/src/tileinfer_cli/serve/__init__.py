@@ -12,6 +12,7 @@ One concept per module:
     responses_request.py  a /v1/responses request (OpenAI's Responses API) and the chat
                   request it amounts to
     responses_format.py   its answer: the response object, or its stream of events
+    responses_store.py    the responses kept in memory (previous_response_id, GET, DELETE)
     embeddings.py /v1/embeddings: its request, its plan and its answer
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input

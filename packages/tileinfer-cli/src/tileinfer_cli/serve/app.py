@@ -27,6 +27,7 @@ from starlette.routing import Route
 from .bridge import EngineBridge
 from .errors import APIError, error_response, redact
 from .metrics import Metrics
+from .responses_store import RESPONSES_KEPT
 from .routes import Endpoints, too_large
 
 log = logging.getLogger("tileinfer.serve")
@@ -47,7 +48,8 @@ class Server:
 
     def __init__(self, served, engine, api_key: str | None = None, max_queue: int = 1024,
                  queue_timeout: float | None = 300.0, max_body: int | None = None,
-                 allowed_origins=(), metrics_public: bool = False):
+                 allowed_origins=(), metrics_public: bool = False,
+                 responses_kept: int = RESPONSES_KEPT):
         self.served, self.engine = served, engine
         self.metrics = Metrics(served.name)
         self.bridge = EngineBridge(engine, self.metrics, max_queue, queue_timeout)
@@ -57,6 +59,7 @@ class Server:
         self.preparing = ThreadPoolExecutor(PREPARE_THREADS, "tileinfer-prepare")
         self.allowed_origins = list(allowed_origins)
         self.metrics_public = metrics_public  # /metrics answered without the API key
+        self.responses_kept = responses_kept  # /v1/responses answers kept in memory
         self.draining = False  # set on SIGTERM / Ctrl-C: new requests get 503
         self.started = int(time.time())
 
@@ -130,9 +133,12 @@ def build_app(server: Server):
     e = Endpoints(server)
     routes = [Route("/v1/chat/completions", e.chat, methods=["POST"]),
               Route("/v1/completions", e.completions, methods=["POST"]),
-              Route("/v1/responses", e.responses, methods=["POST"]),
+              Route("/v1/responses", e.create_response, methods=["POST"]),
+              Route("/v1/responses/{response_id}", e.stored_response,
+                    methods=["GET", "DELETE"]),
               Route("/v1/embeddings", e.embeddings, methods=["POST"]),
               Route("/v1/models", e.models, methods=["GET"]),
+              Route("/v1/models/{model:path}", e.model, methods=["GET"]),
               Route("/tokenize", e.tokenize, methods=["POST"]),
               Route("/detokenize", e.detokenize, methods=["POST"]),
               Route("/health", e.health, methods=["GET"]),
@@ -156,5 +162,5 @@ def build_app(server: Server):
     from starlette.middleware.cors import CORSMiddleware
 
     return CORSMiddleware(guarded, allow_origins=server.allowed_origins,
-                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                          allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"],
                           max_age=600)

@@ -14,6 +14,7 @@ from ..errors import UserError
 from ..options import add_model_options
 from ..parsing import INT32_MAX, float_range, int_range
 from ..reasoning import NAMES as REASONING_NAMES
+from .responses_store import RESPONSES_KEPT
 
 EPILOG = """\
 One model per server (default: the embedded SmolLM2-135M-Instruct), on the batched engine,
@@ -83,6 +84,9 @@ def add_parser(sub, formatter):
                    default="info", help="info: a line per finished request (id, user, tokens, "
                    "time to first token, duration, finish reason)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    g.add_argument("--responses-store", type=int_range(0, 1 << 20), default=RESPONSES_KEPT,
+                   metavar="N", help="/v1/responses answers kept in memory for "
+                   "previous_response_id and GET /v1/responses/ID: the newest N (0: none)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-running", type=int_range(1, 4096), default=64, metavar="N",
                    help="requests running at once (a CUDA-graph bucket up to N)")
@@ -186,7 +190,8 @@ def run(args, out):
         engine.warmup()  # an engine process captured its graphs before it reported
     server = Server(served, engine, api_key=api_key, max_queue=args.max_queue,
                     queue_timeout=args.queue_timeout or None, max_body=args.max_body_bytes,
-                    allowed_origins=args.allowed_origins, metrics_public=args.metrics_public)
+                    allowed_origins=args.allowed_origins, metrics_public=args.metrics_public,
+                    responses_kept=args.responses_store)
     stats = engine.stats()
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.backend}, max_len {served.max_len}, "

@@ -52,6 +52,7 @@ class Plan:
     thinking: bool = False  # the prompt ends inside a think block: answers start in reasoning
     min_tokens: int = 0  # no stop token before an answer has this many tokens
     hidden_state: bool = False  # run the prompts only, for their hidden states (embeddings)
+    conversation: list | None = None  # a Responses API request's input items so far
 
     @property
     def prompt_logprobs(self) -> int | None:

@@ -47,9 +47,19 @@ def _status(finish: str | None) -> tuple[str, dict | None]:
 
 
 class ResponsesFormat:
-    def __init__(self, model_name: str, tokenizer):
-        self.model_name, self.tokenizer = model_name, tokenizer
+    def __init__(self, model_name: str, tokenizer, store):
+        """store: the ``ResponseStore`` that keeps finished responses."""
+        self.model_name, self.tokenizer, self.store = model_name, tokenizer, store
         self.texts = TokenTexts(tokenizer)
+
+    def kept(self, job) -> bool:
+        """Whether the job's response is kept (``store`` not false, and the server keeps some)."""
+        return job.request.store is not False and self.store.capacity > 0
+
+    def keep(self, job, whole: dict):
+        """Keep a finished response with its conversation (its output items last)."""
+        if self.kept(job):
+            self.store.put(whole, job.plan.conversation + whole["output"])
 
     # -- the response object --------------------------------------------------------------------
 
@@ -63,8 +73,9 @@ class ResponsesFormat:
             "max_output_tokens": req.max_output_tokens, "max_tool_calls": req.max_tool_calls,
             "model": self.model_name, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-            "store": False, "temperature": plan.sampling.temperature,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": self.kept(job), "temperature": plan.sampling.temperature,
             "top_p": plan.sampling.top_p, "top_logprobs": req.top_logprobs or 0,
             "text": {"format": req.text_format()},
             "tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else
@@ -100,6 +111,7 @@ class ResponsesFormat:
         status, details = _status(finish)
         whole = self.envelope(job, status, output, self.usage(job, [thought]))
         whole["incomplete_details"] = details
+        self.keep(job, whole)
         return whole
 
     # -- the stream -----------------------------------------------------------------------------
@@ -261,4 +273,5 @@ class ResponseStream:
         whole = self.fmt.envelope(job, status, self.items,
                                   self.fmt.usage(job, self.thoughts))
         whole["incomplete_details"] = details
+        self.fmt.keep(job, whole)
         return out + self.event(f"response.{status}", response=whole)

@@ -10,21 +10,23 @@ tools are flat (``{"type": "function", "name", "parameters"}``); ``text.format``
 came (ids, statuses, annotations and all): an assistant message, the function calls after it
 and the reasoning before it become one assistant turn, each call's output a tool turn.
 
-This server keeps no responses: ``store`` is accepted at false (the answer says ``"store":
-false``; OpenAI's default is to keep them), and ``previous_response_id``, ``conversation``
-and ``background`` are refused by name: send the whole conversation in ``input``. Text only:
-images, files and audio are refused. Like the chat endpoint's, the request takes vLLM's
-sampling extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``seed``.
+Responses are kept (``store``, true unless the request says false) in the server's memory
+(``responses_store.py``), so a request may go on from one with ``previous_response_id``: its
+conversation's items come before the request's input. ``conversation`` objects and
+``background`` are refused by name. Text only: images, files and audio are refused. Like the
+chat endpoint's, the request takes vLLM's sampling extensions ``top_k``, ``min_p``,
+``repetition_penalty`` and ``seed``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      field_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
+                      ValidationError, field_validator)
 
 from .errors import bad_request
+from .prepare import plan_chat
 from .schemas import MAX_CHAT_TOP_LOGPROBS, ChatRequest, _neutral, check_template_kwargs
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -181,10 +183,10 @@ class ResponsesRequest(_Strict):
     safety_identifier: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = Field(None, max_length=16)
     prompt_cache_key: str | None = None  # a hint for caching: the prefix cache needs none
-    store: bool | None = None
+    store: bool | None = None  # None: true, as OpenAI's default
     truncation: Literal["disabled"] | None = None
     service_tier: str | None = None
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     conversation: None = None
     background: bool | None = None
     # vLLM's extensions, as the chat endpoint takes them.
@@ -194,9 +196,9 @@ class ResponsesRequest(_Strict):
     seed: int | None = Field(None, ge=-2**63, lt=2**63)
     chat_template_kwargs: dict[str, Any] | None = None
 
-    @field_validator("store", "background")
+    @field_validator("background")
     @classmethod
-    def _not_kept(cls, v, info):
+    def _not_in_background(cls, v, info):
         return _neutral(info.field_name, v, (None, False))
 
     @field_validator("service_tier")
@@ -228,14 +230,28 @@ class ResponsesRequest(_Strict):
         return {"type": "text"} if f is None else f.model_dump(by_alias=True, exclude_none=True)
 
 
-def messages_of(req: ResponsesRequest) -> list[dict]:
-    """The chat messages of the request's instructions and input (see the module's doc)."""
+_ITEMS = TypeAdapter(list[InputItem])
+
+
+def input_items(req: ResponsesRequest) -> list:
+    """The request's input as items (a text: one user message)."""
+    if isinstance(req.input, str):
+        return [InputMessage(role="user", content=req.input)]
+    return list(req.input)
+
+
+def as_dicts(items) -> list[dict]:
+    """Items as JSON objects, as a client would send them back."""
+    return [item.model_dump(exclude_none=True) for item in items]
+
+
+def messages_of(req: ResponsesRequest, history: list[dict] = ()) -> list[dict]:
+    """The chat messages of the request's instructions, the items of the conversation it goes
+    on from (history) and its input (see the module's doc)."""
     messages = [] if req.instructions is None else [{"role": "system",
                                                      "content": req.instructions}]
-    if isinstance(req.input, str):
-        return messages + [{"role": "user", "content": req.input}]
     thought: str | None = None  # reasoning waiting for the assistant turn it belongs to
-    for item in req.input:
+    for item in _ITEMS.validate_python(list(history)) + input_items(req):
         last = messages[-1] if messages else None
         if isinstance(item, ReasoningItem):
             thought = item.text()
@@ -260,9 +276,27 @@ def messages_of(req: ResponsesRequest) -> list[dict]:
     return messages
 
 
-def chat_request(req: ResponsesRequest) -> ChatRequest:
+def plan_responses(served, req: ResponsesRequest, store):
+    """A Responses API request, planned as the chat request it amounts to; the plan's
+    ``conversation``: the input items of the conversation so far, the request's own last."""
+    history: list[dict] = []
+    if req.previous_response_id is not None:
+        history = store.conversation(req.previous_response_id)
+        if history is None:
+            raise bad_request(f"previous_response_id: no response {req.previous_response_id!r} "
+                              f"is kept here (the server keeps the newest {store.capacity}, in "
+                              "memory)", "previous_response_id", "previous_response_not_found")
+    if req.store and store.capacity <= 0:
+        raise bad_request("store: this server keeps no responses (--responses-store 0)",
+                          "store")
+    plan = plan_chat(served, chat_request(req, history))
+    plan.conversation = history + as_dicts(input_items(req))
+    return plan
+
+
+def chat_request(req: ResponsesRequest, history: list[dict] = ()) -> ChatRequest:
     """The ChatRequest the request means (a 400 naming the field when it cannot be one)."""
-    body: dict[str, Any] = dict(messages=messages_of(req), stream=req.stream)
+    body: dict[str, Any] = dict(messages=messages_of(req, history), stream=req.stream)
     for name in ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "seed", "user", "metadata", "parallel_tool_calls", "chat_template_kwargs"):
         value = getattr(req, name)

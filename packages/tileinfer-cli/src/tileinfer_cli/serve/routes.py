@@ -25,7 +25,8 @@ from .jobs import END, Job
 from .prepare import plan_chat, plan_completion
 from .responses import ModelCard, ModelList
 from .responses_format import ResponsesFormat
-from .responses_request import ResponsesRequest, chat_request
+from .responses_request import ResponsesRequest, plan_responses
+from .responses_store import ResponseStore
 from .schemas import ChatRequest, CompletionRequest
 from .tokenizing import detokenize, tokenize
 from .validation import parse, parse_json
@@ -107,18 +108,14 @@ async def _events(job, fmt, first):
     yield fmt.end(job)
 
 
-def plan_responses(served, req: ResponsesRequest):
-    """A Responses API request, planned as the chat request it amounts to."""
-    return plan_chat(served, chat_request(req))
-
-
 class Endpoints:
     def __init__(self, server):
         self.server = server
         served = server.served
         self.chat_format = ChatFormat(served.name, served.tokenizer)
         self.completion_format = CompletionFormat(served.name, served.tokenizer)
-        self.responses_format = ResponsesFormat(served.name, served.tokenizer)
+        self.responses = ResponseStore(server.responses_kept)
+        self.responses_format = ResponsesFormat(served.name, served.tokenizer, self.responses)
         self.embeddings_format = EmbeddingsFormat(served.name)
 
     async def chat(self, request):
@@ -133,9 +130,25 @@ class Endpoints:
         return await self._complete(request, EmbeddingRequest, plan_embeddings,
                                     self.embeddings_format, "embd-")
 
-    async def responses(self, request):
-        return await self._complete(request, ResponsesRequest, plan_responses,
-                                    self.responses_format, "resp_")
+    async def create_response(self, request):
+        return await self._complete(
+            request, ResponsesRequest, lambda served, req: plan_responses(served, req,
+                                                                          self.responses),
+            self.responses_format, "resp_")
+
+    async def stored_response(self, request):
+        """GET a kept response, or DELETE it (404 when none is kept under that id)."""
+        response_id = request.path_params["response_id"]
+        if request.method == "DELETE":
+            found = self.responses.delete(response_id)
+            answer = {"id": response_id, "object": "response", "deleted": True}
+        else:
+            answer = found = self.responses.response(response_id)
+        if not found:
+            raise APIError(404, f"no response {response_id!r} is kept here (the server keeps "
+                           f"the newest {self.responses.capacity}, in memory)",
+                           "invalid_request_error", code="not_found")
+        return JSONResponse(answer)
 
     async def _complete(self, request, schema, planner, fmt, prefix):
         server = self.server
@@ -182,11 +195,18 @@ class Endpoints:
         self.server.check_model(req.model)
         return req, planner(self.server.served, req)
 
-    async def models(self, request):
+    def _card(self) -> ModelCard:
         s = self.server.served
-        card = ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len,
+        return ModelCard(id=s.name, created=self.server.started, max_model_len=s.max_len,
                          sampling_defaults=s.defaults.card())
-        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    async def models(self, request):
+        return JSONResponse(ModelList(data=[self._card()]).model_dump())
+
+    async def model(self, request):
+        """GET /v1/models/{model}: the served model's card (404 for another name)."""
+        self.server.check_model(request.path_params["model"])
+        return JSONResponse(self._card().model_dump())
 
     async def tokenize(self, request):
         return await self._tokenizer(request, tokenize)
