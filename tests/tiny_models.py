@@ -1,4 +1,4 @@
-"""Random-weight tiny models of the eight architectures, built and saved with transformers.
+"""Random-weight tiny models of the nine architectures, built and saved with transformers.
 
 The weights are drawn again after construction (seeded), norm weights and the xIELU parameters
 included, so that a loader which ignored a norm weight or swapped two tensors would show in the
@@ -21,7 +21,7 @@ import transformers
 
 transformers.logging.set_verbosity_error()
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite", "phi3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite", "phi3", "gemma3")
 
 COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
@@ -35,7 +35,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
 
 PROMPT_LEN = 20  # crosses a page boundary with page_size 16
 SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3, "qwen2": 4, "smollm3": 5,
-                "granite": 6, "phi3": 7}
+                "granite": 6, "phi3": 7, "gemma3": 8}
 
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -46,7 +46,17 @@ _CLASSES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
+
+# Gemma 3 (gemma3_text): a local layer whose window (16) the tests' prompts and answers pass, then
+# a global one; the local and global RoPE bases, linear scaling on the global one, and an
+# attention scale that is not head_dim ** -0.5.
+GEMMA3 = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+              query_pre_attn_scalar=48, rope_parameters={
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                  "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                     "rope_theta": 100000.0}})
 
 
 def tiny_config(arch: str, tie: bool = False, rope=None):
@@ -62,6 +72,8 @@ def tiny_config(arch: str, tie: bool = False, rope=None):
         kwargs.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # in the tiny vocabulary
     if arch == "phi3":
         kwargs.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # in the tiny vocabulary
+    if arch == "gemma3":
+        kwargs.update(GEMMA3)
     if arch == "granite":  # none of them 1, and the attention's not head_dim ** -0.5
         kwargs.update(embedding_multiplier=3.0, residual_multiplier=0.5,
                       attention_multiplier=0.2, logits_scaling=4.0)
@@ -79,8 +91,8 @@ def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None,
     gen = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=gen)
-        if name.endswith("norm.weight"):
-            param.copy_(1.0 + 0.2 * noise)
+        if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + w: the same scales
+            param.copy_((0.0 if arch == "gemma3" else 1.0) + 0.2 * noise)
         elif ".act_fn." in name:  # xIELU alpha_p / alpha_n (before softplus)
             param.copy_(param + 0.3 * noise)
         elif name.endswith(".bias"):  # Qwen2's q/k/v biases: as large as the products they shift

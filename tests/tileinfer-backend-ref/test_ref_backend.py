@@ -1,7 +1,8 @@
 """The ref backend's own checks.
 
 Its two forms of attention (per sequence on the CPU, padded and sync-free on a GPU) agree on
-every case of the conformance suite, in default and batch-invariant steps, so the conformance run of ref on a GPU checks the padded
+every case of the conformance suite, with and without a sliding window, in default and
+batch-invariant steps, so the conformance run of ref on a GPU checks the padded
 form against the per-sequence reading. Its backend-private helpers (RoPE, the KV store, the MLP
 activations), which other backends' kernel tests compare with, are checked against plain torch
 written out independently here.
@@ -14,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from tileinfer.backend import LayerKV, get_backend
-from tileinfer.testing.conformance import (ATTENTION_CASES, CACHE_KINDS, XIELU, assert_close,
-                                           attention_step, fill_paged_step, rope_tables)
+from tileinfer.testing.conformance import (ATTENTION_CASES, CACHE_KINDS, WINDOW_CASES, XIELU,
+                                           assert_close, attention_step, fill_paged_step,
+                                           rope_tables)
 from tileinfer_backend_ref.dense import silu_mul, xielu
 from tileinfer_backend_ref.kv import quantize_vectors, rope, store_kv
 from tileinfer_backend_ref.paged_attention import attention_padded, attention_per_sequence
@@ -44,6 +46,46 @@ def test_padded_attention_equals_per_sequence(kind, causal, case, invariant):
     attention_per_sequence(a, q, cache.kv, step, head_dim ** -0.5, causal)
     attention_padded(b, q, cache.kv, step, head_dim ** -0.5, causal)
     assert_close(b, a)
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=str)
+def test_padded_window_attention_equals_per_sequence(kind, case, invariant):
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size, window = case
+    gen = torch.Generator().manual_seed(len(q_lens) + window)
+    q, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, "cpu", gen)
+    step = dataclasses.replace(attention_step(cu, ctx, table, max(q_lens),
+                                              table.shape[1] * page_size),
+                               batch_invariant=invariant)
+    a, b = torch.empty_like(q), torch.empty_like(q)
+    attention_per_sequence(a, q, cache.kv, step, head_dim ** -0.5, True, window)
+    attention_padded(b, q, cache.kv, step, head_dim ** -0.5, True, window)
+    assert_close(b, a)
+
+
+def test_window_attention_matches_dense_softmax_over_the_window():
+    """One sequence in one page: row p sees positions p - window + 1 .. p; a window as long as
+    the context is plain causal attention."""
+    gen = torch.Generator().manual_seed(1)
+    q, cache, cu, ctx, table = fill_paged_step([6], [14], 4, 2, 64, 16, "bf16", "cpu", gen)
+    step = attention_step(cu, ctx, table, 6, 16)
+    ref = get_backend("ref")
+    out = torch.empty_like(q)
+    ref.attention_window(out, q, cache.kv, step, 0.125, 4, None)
+    page = int(table[0, 0])
+    k = cache.k[page, :14].float().repeat_interleave(2, 1)  # (14, heads, hd)
+    v = cache.v[page, :14].float().repeat_interleave(2, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * 0.125
+    own, key = torch.arange(8, 14)[:, None], torch.arange(14)[None, :]  # rows at 8..13
+    mask = (key <= own) & (key > own - 4)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    assert_close(out, torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype))
+    plain, wide = torch.empty_like(q), torch.empty_like(q)
+    ref.attention(plain, q, cache.kv, step, 0.125, True, None)
+    ref.attention_window(wide, q, cache.kv, step, 0.125, 14, None)
+    assert torch.equal(plain, wide)
 
 
 def test_attention_hook_matches_dense_softmax():

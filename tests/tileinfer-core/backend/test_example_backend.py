@@ -65,7 +65,7 @@ def test_example_is_found_and_passes_conformance(site, example, tmp_path):
     listed = run(site, "-m", "tileinfer_cli", "backends", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert "example  available" in listed.stdout
-    assert "ops: 4/12 own" in listed.stdout
+    assert "ops: 4/13 own" in listed.stdout
     result = conformance(site, tmp_path, "rmsnorm or test_linear or embed")
     assert result.returncode == 0, result.stdout[-3000:]
     assert " passed" in result.stdout.splitlines()[-1]

@@ -128,6 +128,12 @@ def attention(out, q, kv, step, scale, causal, workspace):
 
 
 @hookimpl
+def attention_window(out, q, kv, step, scale, window, workspace):
+    attend = attention_per_sequence if q.device.type == "cpu" else attention_padded
+    attend(out, q, kv, step, scale, True, window)
+
+
+@hookimpl
 def reserve_scratch(device):
     return None  # the ref backend keeps no scratch
 

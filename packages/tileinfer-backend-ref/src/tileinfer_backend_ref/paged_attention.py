@@ -14,6 +14,9 @@ for bit; summing a softmax or a product over more rows or more (masked) keys cou
 differently. Batch-invariant steps (``AttentionStep.batch_invariant``) compute every row that
 way at any row count: per sequence over exactly its keys on the CPU; on a GPU in fixed chunks
 of keys (``_attention_rows_in_chunks``), since the padded width depends on the step.
+
+``window`` (the ``attention_window`` op): a query at position p sees only the positions
+``p - window + 1 .. p``, a mask more in every form.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ import torch
 from .dense import ROW_INVARIANT_MAX_TOKENS
 
 
-def _visible(context_len, q_len, q_index, key_pos, causal):
-    """Which cached positions a query sees: all of the context, or up to its own position."""
+def _visible(context_len, q_len, q_index, key_pos, causal, window=None):
+    """Which cached positions a query sees: all of the context, or up to its own position (and
+    no further back than window positions)."""
     visible = key_pos < context_len
     if causal:
-        visible = visible & (key_pos <= context_len - q_len + q_index)
+        own = context_len - q_len + q_index
+        visible = visible & (key_pos <= own)
+        if window is not None:
+            visible = visible & (key_pos > own - window)
     return visible
 
 
@@ -48,7 +55,7 @@ def _attend_rows(q_rows, k, v, group, scale):
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
-def attention_per_sequence(out, q, kv, step, scale, causal):
+def attention_per_sequence(out, q, kv, step, scale, causal, window=None):
     """Attention one sequence at a time, over exactly its cached positions (every row on its
     own in batch-invariant steps)."""
     heads, kv_heads, page_size = q.shape[1], kv.k_cache.shape[2], kv.k_cache.shape[1]
@@ -66,15 +73,17 @@ def attention_per_sequence(out, q, kv, step, scale, causal):
         if row_by_row:  # row i as a 1-token step at its position: the keys up to it, no mask
             for i in range(q_len):
                 seen = ctx - q_len + i + 1 if causal else ctx
-                row = _attend_rows(q_rows[i:i + 1].clone(), k[:seen].clone(), v[:seen].clone(),
-                                   group, scale)
+                first = max(0, seen - window) if window is not None else 0
+                row = _attend_rows(q_rows[i:i + 1].clone(), k[first:seen].clone(),
+                                   v[first:seen].clone(), group, scale)
                 out[starts[b] + i:starts[b] + i + 1] = row.to(out.dtype)
             continue
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q_rows, k) * scale  # (heads, q_len, ctx)
         key_pos = torch.arange(ctx, device=q.device)[None, :]
         q_index = torch.arange(q_len, device=q.device)[:, None]
-        scores = scores.masked_fill(~_visible(ctx, q_len, q_index, key_pos, causal), float("-inf"))
+        scores = scores.masked_fill(~_visible(ctx, q_len, q_index, key_pos, causal, window),
+                                    float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[starts[b]:starts[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
 
@@ -96,7 +105,8 @@ def _keys_and_values(kv, pages):
     return keys, _gather_pages(kv.v_cache, kv.v_scale, pages)
 
 
-def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens):
+def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens,
+                           window):
     """Each query row alone against its sequence's padded keys (a batch of one), masked past
     its position and zeroed where masked, exactly as a 1-token step at that position."""
     n, heads, hd = q.shape
@@ -108,6 +118,8 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
     for r in range(n):
         keys, values = _keys_and_values(kv, step.block_table[seq_of_row[r:r + 1]].long())
         visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (width,)
+        if window is not None:
+            visible = visible & (key_pos > last[r:r + 1] - window)
         seen = visible[None, :, None, None]
         keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 2)
         values = torch.where(seen, values, 0.0).repeat_interleave(group, 2)
@@ -123,7 +135,8 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
 INVARIANT_CHUNK = 256
 
 
-def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens):
+def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens,
+                              window):
     """Each query row alone, over fixed chunks of INVARIANT_CHUNK key positions: every product
     and reduction has the same shape whatever the step holds (the block table's width, the other
     rows), so a row gets the same bits alone and in any step; with no host synchronization.
@@ -141,6 +154,8 @@ def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_ind
         keys = torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, padded - width))
         values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, padded - width))
         visible = (key_pos <= last[r]) & (key_pos < ctx[r])  # (padded,)
+        if window is not None:
+            visible = visible & (key_pos > last[r] - window)
         seen = visible[:, None, None]
         keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 1)  # (padded, heads, hd)
         values = torch.where(seen, values, 0.0).repeat_interleave(group, 1)
@@ -168,7 +183,7 @@ def _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_ind
         out[r:r + 1] = result[None].to(out.dtype)
 
 
-def attention_padded(out, q, kv, step, scale, causal):
+def attention_padded(out, q, kv, step, scale, causal, window=None):
     """The same attention with every sequence padded to max_query_len queries and to the block
     table's width of keys, masked: no host synchronization."""
     n, heads, hd = q.shape
@@ -178,11 +193,12 @@ def attention_padded(out, q, kv, step, scale, causal):
     q_lens = (cu[1:] - cu[:-1]).long()
     seq_of_row = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens, output_size=n)
     q_index = torch.arange(n, device=dev) - cu[seq_of_row].long()
+    rows = (seq_of_row, q_index, q_lens, window)
     if step.batch_invariant:
-        _attention_rows_in_chunks(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens)
+        _attention_rows_in_chunks(out, q, kv, step, scale, causal, *rows)
         return
     if n <= ROW_INVARIANT_MAX_TOKENS:
-        _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens)
+        _attention_padded_rows(out, q, kv, step, scale, causal, *rows)
         return
     padded_q = q.new_zeros((batch, max_q, heads, hd), dtype=torch.float32)
     padded_q[seq_of_row, q_index] = q.float()
@@ -193,7 +209,7 @@ def attention_padded(out, q, kv, step, scale, causal):
     key_pos = torch.arange(width, device=dev)
     visible = _visible(step.context_lens.long()[:, None, None], q_lens[:, None, None],
                        torch.arange(max_q, device=dev)[None, :, None],
-                       key_pos[None, None, :], causal)  # (batch, max_q, width)
+                       key_pos[None, None, :], causal, window)  # (batch, max_q, width)
     # Unused pages may hold any bits (NaN included): zero them so masked products stay 0.
     used = visible.any(1)[:, :, None, None]
     keys = torch.where(used, keys, 0.0).repeat_interleave(group, 2)

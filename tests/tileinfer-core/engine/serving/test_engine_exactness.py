@@ -53,9 +53,10 @@ def mixed_requests(lengths=(1, 5, 16, 20, 33, 47), news=(12, 20, 7, 16, 9, 14), 
             for i, (n, m) in enumerate(zip(lengths, news))]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_greedy_batch_equals_each_request_alone(tiny, arch):
-    """Mixed prompt lengths, prefill chunks of at most 24 tokens mixed with decode rows."""
+    """Mixed prompt lengths, prefill chunks of at most 24 tokens mixed with decode rows (Gemma
+    3: its local layer's window of 16 slides over chunks and decode rows)."""
     model = load(tiny, arch)
     requests = mixed_requests()
     engine = LLMEngine(model, num_pages=40, page_size=16, max_step_tokens=24)

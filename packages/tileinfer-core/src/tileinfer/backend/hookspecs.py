@@ -175,6 +175,13 @@ def attention(out, q, kv, step, scale, causal, workspace):
 
 
 @hookspec
+def attention_window(out, q, kv, step, scale, window, workspace):
+    """Causal ``attention`` over a sliding window: the query row at position p sees the cached
+    positions ``max(0, p - window + 1) .. p`` only (window >= 1; Gemma 3's local layers). The
+    rest as ``attention``. A backend that leaves it out gets the ref backend's."""
+
+
+@hookspec
 def attention_with_inputs(out, q_out, kv, qkv, qk, step, scale, causal, workspace):
     """Optional: ``attention_inputs`` and then ``attention`` over the cache it wrote, as one op,
     so that a backend can run a decode step's two as one kernel.

@@ -2,7 +2,8 @@
 
 Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``apertus``, ``smollm3``, ``granite`` (IBM Granite 3), ``phi3`` (Phi-3 and Phi-4 without
-LongRoPE or partial RoPE). Both config.json forms are read:
+LongRoPE or partial RoPE), ``gemma3_text`` (Gemma 3's text models: 270M, 1B; ``gemma.py``).
+Both config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -22,9 +23,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config_fields import ConfigError, float_field, int_field
+from .gemma import GemmaConfig, gemma_config
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
-                         "phi3")
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+                         "phi3", "gemma3_text")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 # config.json fields every model must state (no default would be meaningful).
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -57,6 +61,10 @@ _DEFAULTS = {
     "phi3": dict(num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-5, rope_theta=10000.0,
                  max_position_embeddings=4096, bos_token_id=1, eos_token_id=32000,
                  hidden_act="silu", sliding_window=None),
+    "gemma3_text": dict(num_key_value_heads=4, head_dim=256, rms_norm_eps=1e-6,
+                        rope_theta=1000000.0, max_position_embeddings=131072, bos_token_id=2,
+                        eos_token_id=1, hidden_act="gelu_pytorch_tanh", sliding_window=4096,
+                        tie_word_embeddings=True),
 }
 
 # Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
@@ -83,10 +91,6 @@ class Multipliers:
     logits: float
 
 
-class ConfigError(ValueError):
-    """A config.json this engine cannot run: unknown architecture, missing or unsupported field."""
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of a Llama-style decoder.
@@ -96,10 +100,12 @@ class ModelConfig:
     ``original_max_position_embeddings``. qk_norm: per-head RMSNorm of queries and keys before RoPE
     (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
     ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
-    activation). sliding_window: the attention window of Mistral or Phi-3 (or of a Qwen2, Qwen3
-    or SmolLM3 with use_sliding_window), None when attention is global. rope_layers: per layer,
-    whether its queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE);
-    None: all are. multipliers: Granite's scalings (``Multipliers``), None for the others.
+    activation; ``"geglu"``: Gemma's gate/up/down with gelu (tanh) on the gate). sliding_window:
+    the attention window of Mistral or Phi-3 (or of a Qwen2, Qwen3 or SmolLM3 with
+    use_sliding_window), None when attention is global. rope_layers: per layer, whether its
+    queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all
+    are. multipliers: Granite's scalings (``Multipliers``), None for the others. gemma: Gemma
+    3's differences (``gemma.GemmaConfig``), None for the others.
     """
 
     model_type: str
@@ -123,6 +129,12 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
+    gemma: GemmaConfig | None = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP has a gate (its up weight stacks gate rows over up rows)."""
+        return self.mlp in ("swiglu", "geglu")
 
     @property
     def q_size(self) -> int:
@@ -141,27 +153,9 @@ class ModelConfig:
     def attention_scale(self) -> float:
         if self.multipliers is not None:
             return self.multipliers.attention
+        if self.gemma is not None:
+            return self.gemma.query_pre_attn_scalar ** -0.5
         return self.head_dim ** -0.5
-
-
-def _int(d, name, value=None, minimum=1):
-    value = d[name] if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise ConfigError(f"config field {name!r} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"config field {name!r} must be >= {minimum}, got {value}")
-    return value
-
-
-def _float(name, value, positive=True):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"config field {name!r} must be a finite number, got {value!r}")
-    if positive and value <= 0:
-        raise ConfigError(f"config field {name!r} must be > 0, got {value}")
-    return float(value)
 
 
 def _rope(d: dict, model_type: str, max_position_embeddings: int):
@@ -177,7 +171,7 @@ def _rope(d: dict, model_type: str, max_position_embeddings: int):
         # transformers 5 may nest one dict per layer type (e.g. Gemma): not these architectures.
         raise ConfigError(f"config field {source!r} must be one dict with 'rope_type', got {rope}")
     theta = rope.get("rope_theta", d.get("rope_theta", _DEFAULTS[model_type]["rope_theta"]))
-    theta = _float("rope_theta", theta)
+    theta = float_field("rope_theta", theta)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(f"config field '{source}.rope_type' is {rope_type!r}, which is not "
@@ -188,16 +182,19 @@ def _rope(d: dict, model_type: str, max_position_embeddings: int):
                           "(RoPE over the whole head) is supported")
     if rope_type == "default":
         return theta, None
+    if rope_type == "linear":  # positions divided by factor
+        return theta, {"rope_type": "linear", "factor": float_field(f"{source}.factor",
+                                                               rope.get("factor"))}
     scaling = {"rope_type": "llama3"}
     for name in _LLAMA3_FIELDS:
         if rope.get(name) is None:
             raise ConfigError(f"config field '{source}.{name}' is required for llama3 RoPE scaling")
-        scaling[name] = _float(f"{source}.{name}", rope[name])
+        scaling[name] = float_field(f"{source}.{name}", rope[name])
     if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise ConfigError(f"config field '{source}.high_freq_factor' must exceed low_freq_factor")
     # transformers falls back to max_position_embeddings when the original length is absent.
     original = rope.get("original_max_position_embeddings", max_position_embeddings)
-    scaling["original_max_position_embeddings"] = _int(
+    scaling["original_max_position_embeddings"] = int_field(
         {}, f"{source}.original_max_position_embeddings", original)
     return theta, scaling
 
@@ -231,14 +228,17 @@ def config_from_dict(d: dict) -> ModelConfig:
             raise ConfigError(f"config field {name!r} is true: linear layers with biases are "
                               "not supported")
     act = get("hidden_act")
-    expected_act = "xielu" if model_type == "apertus" else "silu"
+    if model_type == "gemma3_text":
+        act = d.get("hidden_activation") or act
+    expected_act = {"apertus": "xielu", "gemma3_text": "gelu_pytorch_tanh"}.get(model_type,
+                                                                                "silu")
     if act != expected_act:
         raise ConfigError(f"config field 'hidden_act' is {act!r}; {model_type} models are "
                           f"supported with {expected_act!r} only")
 
-    hidden = _int(d, "hidden_size")
-    heads = _int(d, "num_attention_heads")
-    kv_heads = _int(d, "num_key_value_heads", get("num_key_value_heads") or heads)
+    hidden = int_field(d, "hidden_size")
+    heads = int_field(d, "num_attention_heads")
+    kv_heads = int_field(d, "num_key_value_heads", get("num_key_value_heads") or heads)
     if heads % kv_heads:
         raise ConfigError(f"config field 'num_attention_heads' ({heads}) must be a multiple of "
                           f"'num_key_value_heads' ({kv_heads})")
@@ -248,17 +248,22 @@ def config_from_dict(d: dict) -> ModelConfig:
             raise ConfigError("config field 'head_dim' is missing and hidden_size is not a "
                               "multiple of num_attention_heads")
         head_dim = hidden // heads
-    head_dim = _int(d, "head_dim", head_dim)
+    head_dim = int_field(d, "head_dim", head_dim)
     if head_dim % 2:
         raise ConfigError(f"config field 'head_dim' must be even for RoPE, got {head_dim}")
-    max_pos = _int(d, "max_position_embeddings", get("max_position_embeddings"))
-    rope_theta, rope_scaling = _rope(d, model_type, max_pos)
+    max_pos = int_field(d, "max_position_embeddings", get("max_position_embeddings"))
+    gemma = None
+    if model_type == "gemma3_text":
+        gemma, rope_theta, rope_scaling = gemma_config(d, int_field(d, "num_hidden_layers"),
+                                                        get("sliding_window"))
+    else:
+        rope_theta, rope_scaling = _rope(d, model_type, max_pos)
 
     eos = get("eos_token_id")
     eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-    eos_ids = tuple(_int({}, "eos_token_id", e, minimum=0) for e in eos_ids)
+    eos_ids = tuple(int_field({}, "eos_token_id", e, minimum=0) for e in eos_ids)
     bos = get("bos_token_id")
-    bos = None if bos is None else _int({}, "bos_token_id", bos, minimum=0)
+    bos = None if bos is None else int_field({}, "bos_token_id", bos, minimum=0)
 
     sliding_window = None
     if model_type in ("mistral", "phi3"):
@@ -268,31 +273,32 @@ def config_from_dict(d: dict) -> ModelConfig:
     elif model_type == "smollm3" and d.get("use_sliding_window"):
         sliding_window = d.get("sliding_window")
     if sliding_window is not None:
-        sliding_window = _int(d, "sliding_window", sliding_window)
+        sliding_window = int_field(d, "sliding_window", sliding_window)
 
-    num_layers = _int(d, "num_hidden_layers")
+    num_layers = int_field(d, "num_hidden_layers")
     return ModelConfig(
         model_type=model_type,
-        vocab_size=_int(d, "vocab_size"),
+        vocab_size=int_field(d, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=_int(d, "intermediate_size"),
+        intermediate_size=int_field(d, "intermediate_size"),
         num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=_float("rms_norm_eps", get("rms_norm_eps")),
+        rms_norm_eps=float_field("rms_norm_eps", get("rms_norm_eps")),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(get("tie_word_embeddings")),
-        qk_norm=model_type in ("qwen3", "apertus"),
+        qk_norm=model_type in ("qwen3", "apertus", "gemma3_text"),
         qkv_bias=model_type == "qwen2",
-        mlp="xielu" if model_type == "apertus" else "swiglu",
+        mlp={"apertus": "xielu", "gemma3_text": "geglu"}.get(model_type, "swiglu"),
         rope_layers=_rope_layers(d, num_layers) if model_type == "smollm3" else None,
         multipliers=_multipliers(d) if model_type == "granite" else None,
         bos_token_id=bos,
         eos_token_ids=eos_ids,
         sliding_window=sliding_window,
+        gemma=gemma,
     )
 
 
@@ -301,7 +307,7 @@ def _rope_layers(d: dict, num_layers: int) -> tuple[bool, ...]:
     from ``no_rope_layer_interval`` (default 4: every fourth layer without RoPE)."""
     flags = d.get("no_rope_layers")
     if flags is None:
-        interval = _int(d, "no_rope_layer_interval", d.get("no_rope_layer_interval", 4))
+        interval = int_field(d, "no_rope_layer_interval", d.get("no_rope_layer_interval", 4))
         return tuple((i + 1) % interval != 0 for i in range(num_layers))
     if (not isinstance(flags, list) or len(flags) != num_layers
             or any(f not in (0, 1) for f in flags)):
@@ -314,7 +320,7 @@ def _multipliers(d: dict) -> Multipliers:
     """Granite's four scalings (transformers' default for each: 1)."""
     names = {"embedding": "embedding_multiplier", "residual": "residual_multiplier",
              "attention": "attention_multiplier", "logits": "logits_scaling"}
-    return Multipliers(**{key: _float(name, d.get(name, 1.0)) for key, name in names.items()})
+    return Multipliers(**{key: float_field(name, d.get(name, 1.0)) for key, name in names.items()})
 
 
 def load_config(model_dir) -> ModelConfig:

@@ -17,7 +17,11 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
 
 Granite scales the embeddings and every delta before it joins x, and divides the logits
 (``ModelConfig.multipliers``: in-place torch ops, the same on every backend, rounded where
-transformers rounds them).
+transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, norms each delta
+before it joins x (``rmsnorm``), takes ``m = gelu_tanh(h @ W_gate.T) * (h @ W_up.T)`` (the
+product by ``linear``, then torch's gelu and multiply, as transformers rounds them), and on its
+local layers runs ``attention_window`` (when the window is shorter than max_len: below it,
+plain causal attention sees the same positions).
 
 Then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
 and ``logits = h @ W_lm_head.T`` is written as float32 straight from the product's float32
@@ -48,6 +52,7 @@ import torch
 
 from ..backend import Invariance, OpTable, QKTransform
 from .config import ModelConfig
+from .gemma import gemma_qk_norms, gemma_rmsnorm
 from .quant import linear_operands
 from .rope import rope_tables
 from .weights import ModelWeights
@@ -78,6 +83,7 @@ class StepBuffers:
     max_context_len: int  # the longest context the workspace is sized for
     hidden_out: dict[int, torch.Tensor] = field(default_factory=dict)
     qkv_sums: torch.Tensor | None = None  # (n, qkv_size) float32, models with a qkv bias
+    post: torch.Tensor | None = None  # (n, hidden) a delta before Gemma's norm of it
 
     @property
     def num_tokens(self) -> int:
@@ -102,14 +108,31 @@ class Model:
         self.cos, self.sin = rope_tables(config, max_len, dtype, self.device)
         # Per layer: the q/k norms and RoPE tables between the qkv projection and attention. A
         # layer without RoPE (SmolLM3) gets the tables of no rotation (cos 1, sin 0: x c - y s
-        # is x exactly), so every backend's op runs it unchanged.
+        # is x exactly), so every backend's op runs it unchanged; Gemma's local layers get the
+        # tables of the local base.
         rotated = config.rope_layers or (True,) * config.num_layers
-        still = None
+        tables = [(self.cos, self.sin) if rope else None for rope in rotated]
         if not all(rotated):
             still = (torch.ones_like(self.cos), torch.zeros_like(self.sin))
-        self.qk = [QKTransform(*((self.cos, self.sin) if rope else still), layer.q_norm,
-                               layer.k_norm, config.rms_norm_eps)
-                   for layer, rope in zip(weights.layers, rotated)]
+            tables = [t or still for t in tables]
+        # Per layer: its attention window where it can hide a position (None: plain attention).
+        self.windows = [None] * config.num_layers
+        self.embed_scale = None  # Gemma: the embeddings' scale, rounded to dtype as transformers
+        if config.gemma is not None:
+            g = config.gemma
+            local = rope_tables(dataclasses.replace(config, rope_theta=g.local_rope_theta,
+                                                    rope_scaling=None), max_len, dtype,
+                                self.device)
+            tables = [local if window is not None else t
+                      for t, window in zip(tables, g.layer_windows)]
+            self.windows = [window if window is not None and window < max_len else None
+                            for window in g.layer_windows]
+            self.embed_scale = float(torch.tensor(config.hidden_size ** 0.5).to(dtype))
+        # Gemma's q/k norms run in the model (gemma_rmsnorm), not in attention_inputs.
+        gemma = config.gemma is not None
+        self.qk = [QKTransform(*table, None if gemma else layer.q_norm,
+                               None if gemma else layer.k_norm, config.rms_norm_eps)
+                   for layer, table in zip(weights.layers, tables)]
         # What the layers above keep for this model while it is loaded (the engine's runtime:
         # KV pool, static steps, CUDA graphs), each with a close() that ``close`` calls.
         self.attachments: dict = {}
@@ -171,7 +194,7 @@ class Model:
             attn=unwritten(n_tokens, c.num_heads, c.head_dim),
             delta=unwritten(n_tokens, c.hidden_size),
             act=unwritten(n_tokens, c.intermediate_size),
-            gate_up=unwritten(n_tokens, 2 * c.intermediate_size) if c.mlp == "swiglu" else None,
+            gate_up=unwritten(n_tokens, 2 * c.intermediate_size) if c.gated else None,
             logit_hidden=unwritten(n_logits, c.hidden_size),
             logit_delta=unwritten(n_logits, c.hidden_size),
             logit_normed=unwritten(n_logits, c.hidden_size),
@@ -182,6 +205,7 @@ class Model:
             hidden_out={layer: unwritten(n_tokens, c.hidden_size) for layer in hidden_layers},
             qkv_sums=(unwritten(n_tokens, c.qkv_size, dtype=torch.float32) if c.qkv_bias
                       else None),
+            post=unwritten(n_tokens, c.hidden_size) if c.gemma is not None else None,
         )
 
     def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True,
@@ -213,11 +237,13 @@ class Model:
         ops.embed(b.hidden, w.embed, meta.ids)
         if scales is not None:
             b.hidden.mul_(scales.embedding)
+        if self.embed_scale is not None:
+            b.hidden.mul_(self.embed_scale)
         for i, layer in enumerate(w.layers):
             if i == 0:
-                ops.rmsnorm(b.normed, b.hidden, layer.attn_norm, eps)
+                self._norm(b.normed, b.hidden, layer.attn_norm)
             else:
-                ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.attn_norm, eps)
+                self._add_norm(b.hidden, b.normed, b.delta, layer.attn_norm)
                 if i - 1 in b.hidden_out:  # b.hidden is now layer i - 1's output
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
@@ -226,27 +252,61 @@ class Model:
             else:  # the float32 sums (linear's float32 out), plus the bias, rounded once
                 ops.linear(b.qkv_sums, b.normed, *linear_operands(layer.qkv), inv)
                 torch.add(b.qkv_sums, layer.qkv_bias, out=b.qkv)
-            if self.fused_attention:
+            if c.gemma is not None:
+                gemma_qk_norms(b.qkv, layer.q_norm, layer.k_norm, c, eps)
+            window = self.windows[i]
+            if self.fused_attention and window is None:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
                                           c.attention_scale, causal, b.workspace)
             else:
                 ops.attention_inputs(b.q, kv, b.qkv, self.qk[i], step)
-                ops.attention(b.attn, b.q, kv, step, c.attention_scale, causal, b.workspace)
-            ops.linear(b.delta, b.attn.view(n, c.q_size), *linear_operands(layer.o), inv)
-            if scales is not None:
-                b.delta.mul_(scales.residual)
-            ops.add_rmsnorm(b.hidden, b.normed, b.delta, layer.mlp_norm, eps)
+                if window is None:
+                    ops.attention(b.attn, b.q, kv, step, c.attention_scale, causal, b.workspace)
+                else:
+                    ops.attention_window(b.attn, b.q, kv, step, c.attention_scale, window,
+                                         b.workspace)
+            self._delta(b, b.attn.view(n, c.q_size), layer.o, layer.post_attn_norm, inv)
+            self._add_norm(b.hidden, b.normed, b.delta, layer.mlp_norm)
             if layer.xielu is not None:
                 ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu, inv)
+            elif c.mlp == "geglu":
+                ops.linear(b.gate_up, b.normed, *linear_operands(layer.up), inv)
+                gate, up = b.gate_up.split(c.intermediate_size, dim=1)
+                torch.ops.aten.gelu.out(gate, approximate="tanh", out=b.act)
+                b.act.mul_(up)
             else:
                 ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up, inv)
-            ops.linear(b.delta, b.act, *linear_operands(layer.down), inv)
-            if scales is not None:
-                b.delta.mul_(scales.residual)
+            self._delta(b, b.act, layer.down, layer.post_mlp_norm, inv)
         last = c.num_layers - 1
         if last in b.hidden_out:
             torch.add(b.hidden, b.delta, out=b.hidden_out[last])
         return self._logits(meta, b, inv)
+
+    def _norm(self, out, x, weight):
+        """The rmsnorm op; Gemma's norm in the model (gemma.gemma_rmsnorm)."""
+        if self.config.gemma is None:
+            self.ops.rmsnorm(out, x, weight, self.config.rms_norm_eps)
+        else:
+            gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps)
+
+    def _add_norm(self, residual, out, delta, weight):
+        """The add_rmsnorm op (residual += delta, then its norm); Gemma's in the model."""
+        if self.config.gemma is None:
+            self.ops.add_rmsnorm(residual, out, delta, weight, self.config.rms_norm_eps)
+        else:
+            residual.add_(delta)
+            gemma_rmsnorm(out, residual, weight, self.config.rms_norm_eps)
+
+    def _delta(self, b: StepBuffers, x: torch.Tensor, weight, post_norm, inv):
+        """b.delta = x @ W.T as it joins the residual stream: Gemma's normed by post_norm,
+        Granite's scaled."""
+        if post_norm is None:
+            self.ops.linear(b.delta, x, *linear_operands(weight), inv)
+        else:
+            self.ops.linear(b.post, x, *linear_operands(weight), inv)
+            self._norm(b.delta, b.post, post_norm)
+        if self.config.multipliers is not None:
+            b.delta.mul_(self.config.multipliers.residual)
 
     def _logits(self, meta, b: StepBuffers, batch_invariant: bool = True) -> torch.Tensor:
         """The last residual add, the final norm and the lm_head, on the logit rows only."""
@@ -258,7 +318,7 @@ class Model:
             hidden, delta = b.logit_hidden, b.logit_delta
             torch.index_select(b.hidden, 0, meta.logit_rows, out=hidden)
             torch.index_select(b.delta, 0, meta.logit_rows, out=delta)
-        self.ops.add_rmsnorm(hidden, b.logit_normed, delta, w.norm, eps)
+        self._add_norm(hidden, b.logit_normed, delta, w.norm)
         # float32 out: the float32 sums, unrounded (float and INT8 heads alike).
         self.ops.linear(b.logits, b.logit_normed, *linear_operands(w.lm_head), batch_invariant)
         if self.config.multipliers is not None:

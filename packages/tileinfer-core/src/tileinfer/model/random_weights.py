@@ -51,17 +51,21 @@ def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", qua
     def linear(*shape, head=False):
         return quantize_linear(w(*shape), quantize, head)
 
-    def ones(n):
-        return torch.ones(n, dtype=dtype, device=device)
+    def ones(n):  # a norm's weight: Gemma's is float32 (gemma.gemma_rmsnorm)
+        return torch.ones(n, dtype=torch.float32 if c.gemma is not None else dtype,
+                          device=device)
 
-    up_rows = 2 * c.intermediate_size if c.mlp == "swiglu" else c.intermediate_size
+    up_rows = 2 * c.intermediate_size if c.gated else c.intermediate_size
+    post = c.gemma is not None  # Gemma 3's norms of the attention and MLP outputs
     layers = [LayerWeights(attn_norm=ones(c.hidden_size), qkv=linear(c.qkv_size, c.hidden_size),
                            q_norm=ones(c.head_dim) if c.qk_norm else None,
                            k_norm=ones(c.head_dim) if c.qk_norm else None,
                            o=linear(c.hidden_size, c.q_size), mlp_norm=ones(c.hidden_size),
                            up=linear(up_rows, c.hidden_size),
                            down=linear(c.hidden_size, c.intermediate_size),
-                           qkv_bias=w(c.qkv_size) if c.qkv_bias else None)
+                           qkv_bias=w(c.qkv_size) if c.qkv_bias else None,
+                           post_attn_norm=ones(c.hidden_size) if post else None,
+                           post_mlp_norm=ones(c.hidden_size) if post else None)
               for _ in range(c.num_layers)]
     weights = ModelWeights(embed=w(c.vocab_size, c.hidden_size), layers=layers,
                            norm=ones(c.hidden_size),

@@ -3,6 +3,7 @@
 transformers (5.17, ``LlamaRotaryEmbedding`` and ``_compute_llama3_parameters``):
 
     inv_freq[i] = 1 / theta ** (2i / head_dim)                 float32, i < head_dim / 2
+    linear: inv_freq / factor (Gemma 3's full-attention layers)
     llama3: wavelen = 2 pi / inv_freq; wavelengths above original_len / low_freq_factor are
             divided by factor, those below original_len / high_freq_factor are kept, and the
             ones between are interpolated: with
@@ -31,9 +32,12 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
-    # default and llama3 RoPE leave the magnitudes alone; yarn/longrope (unsupported) would not.
+    # default, linear and llama3 RoPE leave the magnitudes alone; yarn/longrope (unsupported)
+    # would not.
     attention_scaling = 1.0
     scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "linear":
+        inv_freq = inv_freq / scaling["factor"]
     if scaling is not None and scaling["rope_type"] == "llama3":
         factor = scaling["factor"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]

@@ -9,6 +9,8 @@ Tensor names per architecture (``model.layers.{i}.`` prefix):
 =====================  ============================  ======================================
 norm before attention  input_layernorm               attention_layernorm
 norm before the MLP    post_attention_layernorm      feedforward_layernorm
+                       (Gemma 3: pre_feedforward_layernorm; its post_attention_layernorm and
+                       post_feedforward_layernorm norm the attention and MLP outputs)
 attention              self_attn.{q,k,v,o}_proj      self_attn.{q,k,v,o}_proj
 q/k/v biases           self_attn.{q,k,v}_proj.bias
                        (Qwen2)
@@ -41,7 +43,11 @@ def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
     if config.qkv_bias:
         names.update(q_bias="self_attn.q_proj.bias", k_bias="self_attn.k_proj.bias",
                      v_bias="self_attn.v_proj.bias")
-    if config.mlp == "swiglu":
+    if config.gemma is not None:
+        names.update(mlp_norm="pre_feedforward_layernorm.weight",
+                     post_attn_norm="post_attention_layernorm.weight",
+                     post_mlp_norm="post_feedforward_layernorm.weight")
+    if config.gated:
         names["gate"] = "mlp.gate_proj.weight"
     else:
         names.update({n: f"mlp.act_fn.{n}" for n in ("alpha_p", "alpha_n", "beta", "eps")})
@@ -58,7 +64,7 @@ def fused_parts(config: ModelConfig) -> dict[str, list[tuple[str, int]]]:
     c = config
     if c.model_type == "phi3":
         return {"qkv": [("qkv", c.qkv_size)], "up": [("gate_up", 2 * c.intermediate_size)]}
-    gate = [("gate", c.intermediate_size)] if c.mlp == "swiglu" else []
+    gate = [("gate", c.intermediate_size)] if c.gated else []
     return {"qkv": [("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)],
             "up": gate + [("up", c.intermediate_size)]}
 
@@ -69,7 +75,8 @@ def checkpoint_shapes(config: ModelConfig, lm_head: bool = True) -> dict[str, tu
     accepted). lm_head: include ``lm_head.weight`` (untied models)."""
     c = config
     hidden, inter = c.hidden_size, c.intermediate_size
-    roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "q": (c.q_size, hidden),
+    roles = {"attn_norm": (hidden,), "mlp_norm": (hidden,), "post_attn_norm": (hidden,),
+             "post_mlp_norm": (hidden,), "q": (c.q_size, hidden),
              "k": (c.kv_size, hidden), "v": (c.kv_size, hidden), "o": (hidden, c.q_size),
              "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
              "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "q_bias": (c.q_size,),

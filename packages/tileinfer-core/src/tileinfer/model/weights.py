@@ -69,6 +69,9 @@ class LayerWeights:
     down: torch.Tensor | QuantizedWeight  # (hidden, inter)
     xielu: XIELUScalars | None = None
     qkv_bias: torch.Tensor | None = None  # (qkv_size,) in the model dtype, or None
+    # Gemma 3's norms of the attention and MLP outputs (hidden,), None for the others.
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -84,7 +87,8 @@ class ModelWeights:
         items = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
             items += [layer.attn_norm, layer.qkv, layer.qkv_bias, layer.q_norm, layer.k_norm,
-                      layer.o, layer.mlp_norm, layer.up, layer.down]
+                      layer.o, layer.mlp_norm, layer.up, layer.down, layer.post_attn_norm,
+                      layer.post_mlp_norm]
         for item in items:
             parts = (item.q, item.scale) if isinstance(item, QuantizedWeight) else (item,)
             for t in parts:
@@ -275,6 +279,14 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
         def load(name):
             return finite.add(ckpt.get(name, shapes[name]).to(device=device, dtype=dtype), name)
 
+        def load_norm(name):
+            """An RMSNorm's weight; Gemma's is 1 + w in float32 (its norm computes in float32:
+            gemma.gemma_rmsnorm)."""
+            if c.gemma is None:
+                return load(name)
+            one_plus = 1.0 + ckpt.get(name, shapes[name]).float()
+            return finite.add(one_plus.to(device=device), name)
+
         def stacked(*names_):
             return stacked_tensor(ckpt, [(n, shapes[n][0]) for n in names_], c.hidden_size, dtype,
                                   device, finite)
@@ -300,21 +312,23 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
         for i in range(c.num_layers):
             n = {role: f"model.layers.{i}.{suffix}" for role, suffix in names.items()}
             layers.append(LayerWeights(
-                attn_norm=load(n["attn_norm"]),
+                attn_norm=load_norm(n["attn_norm"]),
                 qkv=linear_of(*(n[role] for role, _ in parts["qkv"])),
-                q_norm=load(n["q_norm"]) if c.qk_norm else None,
-                k_norm=load(n["k_norm"]) if c.qk_norm else None,
+                q_norm=load_norm(n["q_norm"]) if c.qk_norm else None,
+                k_norm=load_norm(n["k_norm"]) if c.qk_norm else None,
                 o=linear_of(n["o"]),
-                mlp_norm=load(n["mlp_norm"]),
+                mlp_norm=load_norm(n["mlp_norm"]),
                 up=linear_of(*(n[role] for role, _ in parts["up"])),
                 down=linear_of(n["down"]),
                 xielu=(_xielu_scalars(ckpt, f"model.layers.{i}.mlp.act_fn.", dtype)
                        if c.mlp == "xielu" else None),
                 qkv_bias=(torch.cat([load(n["q_bias"]), load(n["k_bias"]), load(n["v_bias"])])
                           if c.qkv_bias else None),
+                post_attn_norm=load_norm(n["post_attn_norm"]) if "post_attn_norm" in n else None,
+                post_mlp_norm=load_norm(n["post_mlp_norm"]) if "post_mlp_norm" in n else None,
             ))
             finite.flush()
-        norm = load("model.norm.weight")
+        norm = load_norm("model.norm.weight")
         # transformers ties lm_head to the embedding when tie_word_embeddings is set, and then
         # does not save it; a checkpoint without lm_head.weight is read the same way.
         if c.tie_word_embeddings or not ckpt.has("lm_head.weight"):
@@ -341,16 +355,17 @@ def expected_weight_bytes(config: ModelConfig, dtype=torch.bfloat16,
     c = config
     size = torch.empty((), dtype=dtype).element_size()
     hidden, inter = c.hidden_size, c.intermediate_size
-    up_rows = 2 * inter if c.mlp == "swiglu" else inter
+    up_rows = 2 * inter if c.gated else inter
 
     def linear(rows, cols, head=False):
         one_byte = quantize == "int8" or (quantize == "fp8" and not head)
         return rows * cols + 4 * rows if one_byte else rows * cols * size
 
-    per_layer = (2 * hidden * size + (2 * c.head_dim * size if c.qk_norm else 0)
+    norms, norm_size = (4, 4) if c.gemma is not None else (2, size)  # Gemma's: float32
+    per_layer = (norms * hidden * norm_size + (2 * c.head_dim * norm_size if c.qk_norm else 0)
                  + (c.qkv_size * size if c.qkv_bias else 0)
                  + linear(c.qkv_size, hidden) + linear(hidden, c.q_size)
                  + linear(up_rows, hidden) + linear(hidden, inter))
     head = (0 if c.tie_word_embeddings and quantize != "int8"
             else linear(c.vocab_size, hidden, head=True))
-    return c.vocab_size * hidden * size + c.num_layers * per_layer + hidden * size + head
+    return c.vocab_size * hidden * size + c.num_layers * per_layer + hidden * norm_size + head

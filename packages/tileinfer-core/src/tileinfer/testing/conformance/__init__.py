@@ -4,7 +4,8 @@
 
 collects the test modules of this package, one per op family: ``test_norms`` (embed, rmsnorm,
 add_rmsnorm), ``test_linear`` (linear, linear_swiglu, linear_xielu), ``test_attention``
-(attention_inputs, attention with attention_workspace, the optional attention_with_inputs),
+(attention_inputs, attention with attention_workspace, attention_window, the optional
+attention_with_inputs),
 ``test_sampling`` (sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch),
 ``test_batch_invariance`` (for a backend that declares batch-invariant ops) and
 ``test_linear_fp8`` (the linear ops with e4m3 weights, for a backend that declares them); the
@@ -15,13 +16,14 @@ fixtures are in ``conftest``. A test file elsewhere takes every test and fixture
 
 from .conftest import device, ops, ref
 from .helpers import (ATTENTION_CASES, CACHE_KINDS, DTYPES, INT8_POISON, INT_POISON, SAMPLING,
-                      TOLERANCE, XIELU, Cache, assert_cache_equal, assert_close, attention_step,
+                      TOLERANCE, WINDOW_CASES, XIELU, Cache, assert_cache_equal, assert_close, attention_step,
                       decode_step_inputs, fill_paged_step, make_fp8_weight, make_weight, poisoned,
                       qk_transform,
                       quantize_weight, rand, rope_tables, seed_counter, write_pages)
 from .test_batch_invariance import (invariant_ops, test_attention_rows_are_the_same_however_they_come,
                                     test_linear_rows_are_the_same_in_steps_of_any_size)
-from .test_attention import test_attention, test_attention_inputs, test_attention_with_inputs
+from .test_attention import (test_attention, test_attention_inputs, test_attention_window,
+                             test_attention_with_inputs)
 from .test_linear import (test_batch_invariant_rows, test_linear, test_linear_float32_model,
                           test_linear_swiglu, test_linear_xielu)
 from .test_linear_fp8 import (fp8_ops, test_fp8_linear, test_fp8_mlp,
@@ -41,7 +43,8 @@ __all__ = [
     "test_embed", "test_rmsnorm", "test_add_rmsnorm",
     "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
     "test_batch_invariant_rows",
-    "test_attention_inputs", "test_attention", "test_attention_with_inputs",
+    "test_attention_inputs", "test_attention", "test_attention_window",
+    "test_attention_with_inputs",
     "test_reserve_scratch", "test_sample_tokens", "test_accept_tokens", "test_sample_per_row",
     "test_sample_tokens_with_sums",
     "test_sample_tokens_after_logit_processing",
@@ -51,7 +54,7 @@ __all__ = [
     "test_fp8_step_rows_are_the_same_as_alone", "test_fp8_rows_are_the_same_in_steps_of_any_size",
     # helpers
     "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
-    "TOLERANCE", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",
+    "TOLERANCE", "WINDOW_CASES", "XIELU", "Cache", "assert_cache_equal", "assert_close", "attention_step",
     "decode_step_inputs", "fill_paged_step", "make_fp8_weight", "make_weight", "poisoned",
     "qk_transform",
     "quantize_weight", "rand", "rope_tables", "seed_counter", "write_pages",

@@ -276,6 +276,14 @@ ATTENTION_CASES = [  # q_lens, context_lens, heads, kv_heads, head_dim, page_siz
     ([4, 1], [300, 70], 9, 3, 64, 16),             # GQA 3, verify + decode
 ]
 
+WINDOW_CASES = [  # q_lens, context_lens, heads, kv_heads, head_dim, page_size, window
+    ([1], [77], 8, 1, 128, 16, 16),                # decode far past the window
+    ([37], [37], 8, 2, 64, 16, 8),                 # prefill: the window slides over it
+    ([9, 1, 30], [25, 64, 30], 4, 1, 128, 16, 20),  # mixed prefill / decode
+    ([4, 1], [300, 70], 9, 3, 64, 16, 512),         # a window longer than the context
+    ([1], [1100], 8, 1, 64, 16, 1),                # window 1: its own position only
+]
+
 SAMPLING = [
     SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=20),
     SamplingParams(1.3, top_p=0.9), SamplingParams(0.8, top_k=50, top_p=0.8),

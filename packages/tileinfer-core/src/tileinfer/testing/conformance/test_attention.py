@@ -1,5 +1,6 @@
 """Conformance: attention_inputs (q/k norms, RoPE and the KV store, bf16 and INT8 pages),
-attention with its attention_workspace, and the optional attention_with_inputs."""
+attention with its attention_workspace, attention_window (a sliding window; a backend that
+leaves it out runs ref's), and the optional attention_with_inputs."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import math
 import pytest
 import torch
 
-from .helpers import (ATTENTION_CASES, CACHE_KINDS, Cache, assert_cache_equal, assert_close,
-                      attention_step, decode_step_inputs, fill_paged_step, poisoned,
-                      qk_transform, rand)
+from .helpers import (ATTENTION_CASES, CACHE_KINDS, WINDOW_CASES, Cache, assert_cache_equal,
+                      assert_close, attention_step, decode_step_inputs, fill_paged_step,
+                      poisoned, qk_transform, rand)
 
 ATTN_INPUT_SHAPES = [  # n, heads, kv_heads, head_dim
     (1, 4, 4, 64), (5, 8, 2, 128), (19, 8, 1, 64),
@@ -67,6 +68,23 @@ def test_attention(ops, ref, device, kind, causal, case):
     ws = ops.attention_workspace(q.shape[0], heads, head_dim, step.max_context_len, q.device)
     ops.attention(out, q, cache.kv, step, scale, causal, ws)
     ref.attention(expected, q, cache.kv, step, scale, causal, None)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=str)
+def test_attention_window(ops, ref, device, kind, case):
+    """attention_window over pages filled beforehand: each row sees the last `window`
+    positions up to its own."""
+    q_lens, context_lens, heads, kv_heads, head_dim, page_size, window = case
+    gen = torch.Generator().manual_seed(sum(context_lens) + window)
+    q, cache, cu, ctx, table = fill_paged_step(q_lens, context_lens, heads, kv_heads, head_dim,
+                                               page_size, kind, device, gen)
+    step = attention_step(cu, ctx, table, max(q_lens), table.shape[1] * page_size)
+    out, expected = poisoned(q.shape, q.dtype, device), poisoned(q.shape, q.dtype, device)
+    ws = ops.attention_workspace(q.shape[0], heads, head_dim, step.max_context_len, q.device)
+    ops.attention_window(out, q, cache.kv, step, head_dim ** -0.5, window, ws)
+    ref.attention_window(expected, q, cache.kv, step, head_dim ** -0.5, window, None)
     assert_close(out, expected)
 
 

@@ -1,0 +1,117 @@
+"""Gemma 3's text models (``gemma3_text``: Gemma 3 270M and 1B) on the Llama-style decoder: what
+differs from Llama, read from config.json, and where each difference is made.
+
+- Every RMSNorm (the q/k norms too) computes in float32 and scales by ``1 + weight``, rounding
+  once (``gemma_rmsnorm``, not the backends' rmsnorm ops, which round twice as Llama's does):
+  the loader stores 1 + w in float32 (``weights.py``).
+- A layer norms its attention output and its MLP output before they join the residual stream
+  (``post_attention_layernorm``, ``post_feedforward_layernorm``) and the MLP's input with
+  ``pre_feedforward_layernorm`` ("sandwich" norms, ``decoder.py``).
+- The MLP is ``gelu_tanh(x W_gate) * (x W_up)``, then W_down (``decoder.py``).
+- The embeddings are scaled by sqrt(hidden_size), rounded to the model's dtype first.
+- Attention scores are scaled by ``query_pre_attn_scalar ** -0.5``; queries and keys are
+  RMS-normed per head (as Qwen3's).
+- Layers alternate: a ``sliding_attention`` layer sees the last ``sliding_window`` positions and
+  rotates with the local RoPE base (``rope_local_base_freq``, 10,000); a ``full_attention``
+  layer sees every position, with the global base (``rope_theta``, 1,000,000) and its scaling
+  (linear for the larger models).
+
+Both config.json forms are read: transformers 4's (``rope_theta``, ``rope_local_base_freq``,
+``rope_scaling``, ``sliding_window_pattern``) and transformers 5's (``rope_parameters`` per layer
+type, ``layer_types``). Soft-capping (Gemma 2's, and Gemma 3 configs that set it) and
+bidirectional attention are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config_fields import ConfigError, float_field, int_field
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+DEFAULT_PATTERN = 6  # every sixth layer full, as transformers when layer_types is absent
+
+
+@dataclass(frozen=True)
+class GemmaConfig:
+    query_pre_attn_scalar: float
+    layer_windows: tuple[int | None, ...]  # per layer: its sliding window, None when full
+    local_rope_theta: float
+
+
+def _rope_of(rope: dict, what: str) -> tuple[float, dict | None]:
+    """(theta, None or {"rope_type": "linear", "factor"}) of one layer type's RoPE dict."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    theta = float_field(f"{what}.rope_theta", rope.get("rope_theta"))
+    if kind == "default":
+        return theta, None
+    if kind == "linear":
+        return theta, {"rope_type": "linear",
+                       "factor": float_field(f"{what}.factor", rope.get("factor"))}
+    raise ConfigError(f"config field '{what}.rope_type' is {kind!r}; Gemma 3 is supported with "
+                      "'default' or 'linear' RoPE")
+
+
+def gemma_config(d: dict, num_layers: int, sliding_window):
+    """(GemmaConfig, the global RoPE theta, its scaling) of a gemma3_text config.json."""
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if d.get(name) is not None:
+            raise ConfigError(f"config field {name!r} is {d[name]}: soft-capping is not "
+                              "supported")
+    if d.get("use_bidirectional_attention"):
+        raise ConfigError("config field 'use_bidirectional_attention' is true: only causal "
+                          "attention is supported")
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and FULL in params:  # transformers 5: one dict per layer type
+        full = dict(params[FULL] or {})
+        local = dict(params.get(SLIDING) or {})
+        if d.get("rope_scaling"):
+            full.update(d["rope_scaling"])
+    else:
+        full = dict(d.get("rope_scaling") or params or {})
+        local = {}
+        full.setdefault("rope_theta", d.get("rope_theta"))
+        local["rope_theta"] = d.get("rope_local_base_freq")
+    full.setdefault("rope_theta", None)
+    if full["rope_theta"] is None:
+        full["rope_theta"] = 1_000_000.0
+    if local.get("rope_theta") is None:
+        local["rope_theta"] = 10_000.0
+    theta, scaling = _rope_of(full, "rope_parameters.full_attention")
+    local_theta, local_scaling = _rope_of(local, "rope_parameters.sliding_attention")
+    if local_scaling is not None:
+        raise ConfigError("config field 'rope_parameters.sliding_attention' scales RoPE: only "
+                          "the full-attention layers' RoPE may be scaled")
+    types = d.get("layer_types")
+    if types is None:
+        pattern = int_field(d, "sliding_window_pattern",
+                            d.get("sliding_window_pattern", DEFAULT_PATTERN))
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    if not isinstance(types, list) or len(types) != num_layers \
+            or any(t not in (SLIDING, FULL) for t in types):
+        raise ConfigError(f"config field 'layer_types' must name {SLIDING!r} or {FULL!r} for "
+                          f"each of the {num_layers} layers, got {types!r}")
+    window = int_field(d, "sliding_window", sliding_window) if SLIDING in types else None
+    return GemmaConfig(
+        query_pre_attn_scalar=float_field("query_pre_attn_scalar",
+                                          d.get("query_pre_attn_scalar", 256)),
+        layer_windows=tuple(window if t == SLIDING else None for t in types),
+        local_rope_theta=local_theta), theta, scaling
+
+
+def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """transformers' Gemma3RMSNorm: ``x * rsqrt(mean(x**2) + eps) * weight`` in float32 (weight:
+    1 + w, float32), rounded once to out's dtype. out may be x."""
+    xf = x.float()
+    out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(out.dtype))
+
+
+def gemma_qk_norms(qkv: torch.Tensor, q_norm, k_norm, config, eps: float):
+    """The per-head norms of the queries and keys in qkv (n, qkv_size), in place."""
+    heads, kv_heads = config.num_heads, config.num_kv_heads
+    per_head = qkv.view(qkv.shape[0], heads + 2 * kv_heads, config.head_dim)
+    gemma_rmsnorm(per_head[:, :heads], per_head[:, :heads], q_norm, eps)
+    gemma_rmsnorm(per_head[:, heads:heads + kv_heads], per_head[:, heads:heads + kv_heads],
+                  k_norm, eps)
