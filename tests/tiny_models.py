@@ -59,7 +59,7 @@ GEMMA3 = dict(sliding_window=16, layer_types=["sliding_attention", "full_attenti
                                      "rope_theta": 100000.0}})
 
 
-def tiny_config(arch: str, tie: bool = False, rope=None):
+def tiny_config(arch: str, tie: bool = False, rope=None, **overrides):
     kwargs = dict(COMMON, tie_word_embeddings=tie)
     if rope is not None:
         kwargs["rope_parameters"] = dict(rope)
@@ -78,14 +78,16 @@ def tiny_config(arch: str, tie: bool = False, rope=None):
         kwargs.update(embedding_multiplier=3.0, residual_multiplier=0.5,
                       attention_multiplier=0.2, logits_scaling=4.0)
     # Apertus keeps its default RoPE: llama3 scaling with rope_theta 12e6.
-    return getattr(transformers, _CLASSES[arch][0])(**kwargs)
+    return getattr(transformers, _CLASSES[arch][0])(**kwargs | overrides)
 
 
 @torch.no_grad()
-def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None, std=0.05):
-    """A float32 transformers model with seeded random weights, in eval mode."""
+def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None, std=0.05,
+               **overrides):
+    """A float32 transformers model with seeded random weights, in eval mode (overrides: config
+    fields)."""
     seed = SEED_OF_ARCH[arch] if seed is None else seed
-    config = tiny_config(arch, tie, rope)
+    config = tiny_config(arch, tie, rope, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, _CLASSES[arch][1])(config).eval()
     gen = torch.Generator().manual_seed(seed)

@@ -31,8 +31,8 @@ from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.forward import forward, forward_batch
 from tileinfer.engine.kv.step import prepare_step
 from tileinfer.model import load_model
-from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, prompt_ids,  # noqa: F401
-                         single_torch_thread, tiny)
+from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, build_tiny,  # noqa: F401
+                         prompt_ids, save_tiny, single_torch_thread, tiny)
 
 PAGE_SIZE = 16
 STEPS = 40
@@ -211,3 +211,23 @@ def test_hidden_out_holds_transformers_layer_outputs(tiny, arch):
     for i in layers:
         expected = outputs[i].reshape(len(ids), -1)
         torch.testing.assert_close(buffers.hidden_out[i].cpu(), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "phi3"])
+def test_a_sliding_window_shorter_than_the_sequence_matches_transformers(arch, tmp_path):
+    """Every layer of a Mistral or Phi-3 slides a window of 16 over a 60-token run (float32,
+    ref): prefill logits and 30 greedy steps as transformers'."""
+    hf = build_tiny(arch, sliding_window=16)
+    directory = save_tiny(hf, tmp_path / arch)
+    prompt = prompt_ids(30, seed=3)
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0].float()
+        greedy = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 30).long(),
+                             max_new_tokens=30, do_sample=False)[0, 30:].tolist()
+    model = load_model(directory, dtype=torch.float32, backend="ref", max_len=MAX_LEN)
+    assert model.windows == [16] * model.config.num_layers
+    cache = new_cache(model, MAX_LEN, page_size=PAGE_SIZE)
+    logits = forward(model, cache, cache.new_sequence(), prompt, all_logits=True).cpu()
+    assert (logits - expected).abs().max().item() <= FP32_TOL
+    cache = new_cache(model, MAX_LEN, page_size=PAGE_SIZE)
+    assert _free_running(model, cache, cache.new_sequence(), prompt, 30) == greedy

@@ -145,8 +145,9 @@ def test_granite_multipliers_read_like_transformers(tmp_path):
 
 
 def test_phi3_reads_like_transformers_and_refuses_what_it_cannot_run(tmp_path):
-    """Phi-3-mini-4k's window (2047) bounds max_len; LongRoPE (Phi-3.5, the 128k models) and
-    partial RoPE (Phi-4-mini) are refused, naming the field."""
+    """Phi-3-mini-4k's window (2047) bounds the default max_len, and every layer slides past it
+    on a longer one; LongRoPE (Phi-3.5, the 128k models) and partial RoPE (Phi-4-mini) are
+    refused, naming the field."""
     given = dict(COMMON, model_type="phi3", sliding_window=2047, rope_theta=10000.0,
                  pad_token_id=0, eos_token_id=2, max_position_embeddings=4096)
     (tmp_path / "config.json").write_text(json.dumps(given))
@@ -155,9 +156,8 @@ def test_phi3_reads_like_transformers_and_refuses_what_it_cannot_run(tmp_path):
     assert checkpoint_shapes(config) == _meta_model_shapes(hf)
     assert config.sliding_window == 2047
     assert default_max_len(config) == 2047  # what load_model takes when not told: exact
-    check_max_len(config, 2047)
-    with pytest.raises(ConfigError, match="'sliding_window' is 2047, smaller than max_len 2048"):
-        check_max_len(config, 2048)
+    check_max_len(config, 4096)
+    assert config.layer_windows == (2047,) * config.num_layers
     longrope = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}
     with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'longrope'"):
         config_from_dict({**given, "rope_scaling": longrope})
@@ -305,15 +305,13 @@ def test_partial_rotary_is_refused():
         config_from_dict(_tiny_dict(partial_rotary_factor=0.5))
 
 
-def test_mistral_sliding_window_shorter_than_max_len_is_refused(tmp_path):
+def test_a_mistral_window_shorter_than_max_len_slides_every_layer(tmp_path):
+    """Within the window plain attention is exact (no windowed op); past it every layer runs
+    attention_window (tests/integration/test_model_parity.py checks the logits)."""
     config = config_from_dict(_tiny_dict(model_type="mistral", sliding_window=64))
-    check_max_len(config, 64)  # the window covers every position: exact, accepted
-    with pytest.raises(ConfigError, match="'sliding_window' is 64, smaller than max_len 128"):
-        check_max_len(config, 128)
-    (tmp_path / "config.json").write_text(json.dumps(_tiny_dict(model_type="mistral",
-                                                                sliding_window=64)))
-    with pytest.raises(ConfigError, match="sliding-window attention is not implemented"):
-        load_model(tmp_path, max_len=128)
+    assert config.layer_windows == (64,) * config.num_layers
+    check_max_len(config, 128)
+    assert config_from_dict(_tiny_dict(model_type="llama")).layer_windows is None
     # A null window (Mistral Nemo) is global attention.
     assert config_from_dict(_tiny_dict(model_type="mistral", sliding_window=None) |
                             {"sliding_window": None}).sliding_window is None
@@ -325,7 +323,8 @@ def test_qwen_sliding_window_only_counts_when_enabled(model_type):
     assert off.sliding_window is None
     on = config_from_dict(_tiny_dict(model_type=model_type, sliding_window=32,
                                      use_sliding_window=True))
-    with pytest.raises(ConfigError, match="'sliding_window' is 32"):
+    with pytest.raises(ConfigError, match="'sliding_window' is 32.*use_sliding_window layers "
+                       "is not implemented"):
         check_max_len(on, 64)
 
 

@@ -73,6 +73,10 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
                          "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0}
 
+# Architectures whose sliding_window applies to every layer (attention_window runs it); in the
+# others (Qwen2, Qwen3 and SmolLM3 with use_sliding_window) max_len stops at the window.
+WINDOWED_TYPES = ("mistral", "phi3")
+
 # Fields whose explicit null means "none" rather than "the default".
 _NULLABLE = ("bos_token_id", "eos_token_id", "sliding_window")
 
@@ -130,6 +134,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     gemma: GemmaConfig | None = None
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...] | None:
+        """Per layer, the sliding window of its attention (None: full), or None when every
+        layer attends to every position: Gemma 3's local layers; every layer of a Mistral or
+        Phi-3 with a sliding_window."""
+        if self.gemma is not None:
+            return self.gemma.layer_windows
+        if self.sliding_window is not None and self.model_type in WINDOWED_TYPES:
+            return (self.sliding_window,) * self.num_layers
+        return None
 
     @property
     def gated(self) -> bool:
@@ -346,8 +361,10 @@ DEFAULT_MAX_LEN = 4096
 
 
 def default_max_len(config: ModelConfig) -> int:
-    """DEFAULT_MAX_LEN, or fewer: the model's positions, or its attention window (every position
-    within the window is exact without sliding-window attention; see ``check_max_len``)."""
+    """DEFAULT_MAX_LEN, or fewer: the model's positions, or its attention window (within the
+    window plain causal attention sees the same positions, and runs on every backend's own
+    kernels; a longer max_len runs the ``attention_window`` op, or is refused: see
+    ``check_max_len``)."""
     return min(DEFAULT_MAX_LEN, config.max_position_embeddings,
                config.sliding_window or DEFAULT_MAX_LEN)
 
@@ -359,10 +376,12 @@ def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     trained for those positions and its output there is not to be trusted. ``allow_long=True``
     accepts it with a ``LongContextWarning``.
 
-    Sliding-window attention (Mistral) is not implemented. A query at position p attends to the
-    positions ``p - window + 1 .. p``; while every position is below the window (max_len <=
-    window) that is all of them, so the window has no effect and plain causal attention is exact.
-    A model loaded for longer sequences would silently diverge, hence the error.
+    A query at position p of a sliding-window layer attends to the positions
+    ``p - window + 1 .. p``; while every position is below the window (max_len <= window) that
+    is all of them, and plain causal attention is exact. Beyond it the window runs on the
+    ``attention_window`` op for Mistral, Phi-3 and Gemma 3 (``layer_windows``); the sliding
+    windows of Qwen2, Qwen3 and SmolLM3 (on some layers only) are not implemented, so a
+    longer max_len is refused for them: it would silently diverge.
     """
     positions = config.max_position_embeddings
     if max_len > positions:
@@ -374,8 +393,10 @@ def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
         warnings.warn(f"max_len {max_len} exceeds the model's {positions} positions (config "
                       f"field 'max_position_embeddings'): output past position {positions} "
                       "may be poor", LongContextWarning, stacklevel=3)
-    if config.sliding_window is not None and config.sliding_window < max_len:
+    if config.sliding_window is not None and config.sliding_window < max_len \
+            and config.layer_windows is None:
         raise ConfigError(
             f"config field 'sliding_window' is {config.sliding_window}, smaller than max_len "
-            f"{max_len}: sliding-window attention is not implemented; load the model with "
-            f"max_len <= {config.sliding_window}")
+            f"{max_len}: the sliding window of {config.model_type}'s use_sliding_window "
+            f"layers is not implemented; load the model with max_len <= "
+            f"{config.sliding_window}")

@@ -116,7 +116,8 @@ class Model:
             still = (torch.ones_like(self.cos), torch.zeros_like(self.sin))
             tables = [t or still for t in tables]
         # Per layer: its attention window where it can hide a position (None: plain attention).
-        self.windows = [None] * config.num_layers
+        windows = config.layer_windows or (None,) * config.num_layers
+        self.windows = [w if w is not None and w < max_len else None for w in windows]
         self.embed_scale = None  # Gemma: the embeddings' scale, rounded to dtype as transformers
         if config.gemma is not None:
             g = config.gemma
@@ -125,8 +126,6 @@ class Model:
                                 self.device)
             tables = [local if window is not None else t
                       for t, window in zip(tables, g.layer_windows)]
-            self.windows = [window if window is not None and window < max_len else None
-                            for window in g.layer_windows]
             self.embed_scale = float(torch.tensor(config.hidden_size ** 0.5).to(dtype))
         # Gemma's q/k norms run in the model (gemma_rmsnorm), not in attention_inputs.
         gemma = config.gemma is not None
