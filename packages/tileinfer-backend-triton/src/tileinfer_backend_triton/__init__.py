@@ -187,6 +187,14 @@ if _AVAILABLE:
                                     batch_invariant=step.batch_invariant)
 
     @hookimpl
+    def attention_window(out, q, kv, step, scale, window, workspace):
+        _attention.launch_attention(out, q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale,
+                                    kv.k_smooth, step.cu_seqlens_q, step.context_lens,
+                                    step.block_table, step.max_query_len, step.max_context_len,
+                                    scale, True, workspace, batch_invariant=step.batch_invariant,
+                                    window=window)
+
+    @hookimpl
     def reserve_scratch(device):
         _await_triton_key()  # called before a model's first step, so before its first launch
         # Once per device (later calls find it): the linear kernels' split-K partials and

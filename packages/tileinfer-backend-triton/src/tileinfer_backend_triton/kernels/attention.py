@@ -14,7 +14,9 @@ bit for bit. Batch-invariant steps (``AttentionStep.batch_invariant``) run every
 prefill rows too, with splits of a fixed INVARIANT_CHUNK positions and the combine's reduction
 over a fixed INVARIANT_SPLITS_PAD: a row's result then depends on its query and the keys it
 sees only. INT8 pages: key smoothing is folded into the query (kept as a bf16 hi + lo pair),
-the key scale multiplies the scores, the value scale the probabilities.
+the key scale multiplies the scores, the value scale the probabilities. A sliding window
+(``attention_window``: WINDOW > 0) masks the positions before ``pos - WINDOW + 1`` and starts a
+program's loop at the first block its rows can see (the blocks skipped would change nothing).
 docs/triton-kernels.md has the design and its reasons.
 """
 
@@ -83,7 +85,7 @@ def _attention_kernel(
     s_qt, s_qh, s_ot, s_oh,
     s_cp, s_cs, s_ch, s_sp, s_ss, s_sh, s_bt,
     s_wt, s_wh, s_ws,
-    CHUNK,
+    CHUNK, WINDOW,
     PAGE: tl.constexpr, CAUSAL: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, ROW_SPLITS: tl.constexpr, MIN_CHUNK_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -137,6 +139,9 @@ def _attention_kernel(
         chunk = CHUNK
     lo = split * chunk
     hi = tl.minimum(kv_end, lo + chunk)
+    if WINDOW > 0:  # the block's first row sees positions from its pos - WINDOW + 1 on
+        first = ctx - q_len + qb * BLOCK_Q - WINDOW + 1
+        lo = tl.maximum(lo, tl.maximum(first, 0) // BLOCK_N * BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -161,6 +166,8 @@ def _attention_kernel(
         visible = jm[None, :]
         if CAUSAL:
             visible = visible & (j[None, :] <= pos[:, None])
+        if WINDOW > 0:
+            visible = visible & (j[None, :] > pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -253,9 +260,11 @@ def _tiles(max_query_len: int, group: int, head_dim: int, int8: bool = False):
 
 def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_seqlens_q,
                      context_lens, block_table, max_query_len, max_context_len, scale, causal,
-                     ws, tiles=None, splits=None, min_chunk=MIN_CHUNK, batch_invariant=False):
+                     ws, tiles=None, splits=None, min_chunk=MIN_CHUNK, batch_invariant=False,
+                     window=None):
     """tiles, splits, min_chunk: launch settings for benchmarks (defaults: _tiles,
-    SPLITS_PER_SM, MIN_CHUNK). batch_invariant: the step's (see the module docstring)."""
+    SPLITS_PER_SM, MIN_CHUNK). batch_invariant: the step's (see the module docstring). window:
+    each row sees the last window positions up to its own (causal only); None: all."""
     n, heads, hd = q.shape
     if n == 0:
         return
@@ -323,7 +332,7 @@ def launch_attention(out, q, k_cache, v_cache, k_scale, v_scale, k_smooth, cu_se
         kv_heads, group, hd, float(scale) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), s_sp, s_ss, s_sh,
-        block_table.stride(0), s_wt, s_wh, s_ws, chunk,
+        block_table.stride(0), s_wt, s_wh, s_ws, chunk, int(window or 0),
         PAGE=page, CAUSAL=bool(causal), INT8=int8, SMOOTH=k_smooth is not None, SPLIT=split,
         F32=f32, ROW_SPLITS=row_mode and not batch_invariant, MIN_CHUNK_C=min_chunk,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
