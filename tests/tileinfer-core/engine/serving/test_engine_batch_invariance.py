@@ -24,14 +24,14 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 BACKENDS = ["ref", "triton", "cuda"]
 
 
-def invariant_model(tiny, backend, quantize=None):
+def invariant_model(tiny, backend, quantize=None, arch="llama"):
     try:
         ops = get_backend(backend)
     except BackendError as exc:
         pytest.skip(str(exc))
     if quantize == "fp8" and not ops.backend.info.fp8:
         pytest.skip(f"backend {backend!r} does not declare FP8 linear ops")
-    return load_model(tiny.directory("llama", dtype=DTYPE), dtype=DTYPE, backend=backend,
+    return load_model(tiny.directory(arch, dtype=DTYPE), dtype=DTYPE, backend=backend,
                       max_len=MAX_LEN, batch_invariant=True, quantize=quantize)
 
 
@@ -74,6 +74,18 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
     mix.insert(2, probe(sampling))
     among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
     assert among == alone  # tokens, and each logprob and its top-2, to the bit
+
+
+@pytest.mark.parametrize("backend", [pytest.param("ref"), pytest.param("triton", marks=(
+    () if ON_GPU else pytest.mark.skip(reason="the interpreter's run is covered by ref's")))])
+def test_gemma3_is_the_same_alone_and_among_others(tiny, backend):
+    """Gemma 3's norms in the model (in blocks of rows) and its windowed local layer."""
+    model = invariant_model(tiny, backend, arch="gemma3")
+    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(SamplingParams())])
+    mix = others()
+    mix.insert(2, probe(SamplingParams()))
+    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
+    assert among == alone[0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

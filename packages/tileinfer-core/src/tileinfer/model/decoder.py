@@ -17,11 +17,12 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
 
 Granite scales the embeddings and every delta before it joins x, and divides the logits
 (``ModelConfig.multipliers``: in-place torch ops, the same on every backend, rounded where
-transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, norms each delta
-before it joins x (``rmsnorm``), takes ``m = gelu_tanh(h @ W_gate.T) * (h @ W_up.T)`` (the
-product by ``linear``, then torch's gelu and multiply, as transformers rounds them), and on its
-local layers runs ``attention_window`` (when the window is shorter than max_len: below it,
-plain causal attention sees the same positions).
+transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, runs its norms in
+the model (``gemma_rmsnorm``: float32, ``1 + w``, one rounding, where the rmsnorm ops round
+twice), norms each delta before it joins x, takes ``m = gelu_tanh(h @ W_gate.T) * (h @
+W_up.T)`` (the product by ``linear``, then torch's gelu and multiply, as transformers rounds
+them), and on its local layers runs ``attention_window`` (when the window is shorter than
+max_len: below it, plain causal attention sees the same positions).
 
 Then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
 and ``logits = h @ W_lm_head.T`` is written as float32 straight from the product's float32
@@ -30,12 +31,12 @@ a bf16 model's logits to bf16 before ``.float()``; at the logits' scale (e.g. 0.
 rounding turns near ties into exact ties, which backends that sum in different orders then break
 differently, so TileInfer keeps the unrounded sums.
 
-``Model.forward_step`` allocates nothing and never synchronizes with the host (no ``.item()``,
-no ``.tolist()``): only op-table calls, views, torch's out= forms of a row gather
-(``index_select``) and copies (``hidden_out``), and Qwen2's bias add and Granite's in-place
-scalings, so a runner can capture it in a CUDA graph with static step metadata and
-``StepBuffers`` and replay it (whether the ops themselves are capturable is the backend's
-``graph_safe``).
+``Model.forward_step`` never synchronizes with the host (no ``.item()``, no ``.tolist()``) and
+allocates nothing but Gemma's norms' float32 temporaries (from the graph's pool when captured):
+only op-table calls, views, torch's out= forms of a row gather (``index_select``) and copies
+(``hidden_out``), Qwen2's bias add, Granite's in-place scalings and Gemma's torch ops, so a
+runner can capture it in a CUDA graph with static step metadata and ``StepBuffers`` and replay
+it (whether the ops themselves are capturable is the backend's ``graph_safe``).
 
 The model layer knows nothing of the engine: a step (``tileinfer.engine.kv.step.StepMetadata``) and
 the KV cache (``tileinfer.engine.kv.cache.PagedKVCache``) reach ``forward_step`` as arguments, read
@@ -229,7 +230,7 @@ class Model:
             raise ValueError(f"the step's max_context_len {meta.max_context_len} exceeds the "
                              f"buffers' {buffers.max_context_len}")
         ops, c, w, b = self.ops, self.config, self.weights, buffers
-        n, eps, step, inv = meta.num_tokens, c.rms_norm_eps, meta.attention, batch_invariant
+        n, step, inv = meta.num_tokens, meta.attention, batch_invariant
         if self.batch_invariant:
             step, inv = dataclasses.replace(step, batch_invariant=True), Invariance.BATCH
         scales = c.multipliers
@@ -252,7 +253,7 @@ class Model:
                 ops.linear(b.qkv_sums, b.normed, *linear_operands(layer.qkv), inv)
                 torch.add(b.qkv_sums, layer.qkv_bias, out=b.qkv)
             if c.gemma is not None:
-                gemma_qk_norms(b.qkv, layer.q_norm, layer.k_norm, c, eps)
+                gemma_qk_norms(b.qkv, layer.q_norm, layer.k_norm, c, self.batch_invariant)
             window = self.windows[i]
             if self.fused_attention and window is None:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
@@ -286,7 +287,7 @@ class Model:
         if self.config.gemma is None:
             self.ops.rmsnorm(out, x, weight, self.config.rms_norm_eps)
         else:
-            gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps)
+            gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps, self.batch_invariant)
 
     def _add_norm(self, residual, out, delta, weight):
         """The add_rmsnorm op (residual += delta, then its norm); Gemma's in the model."""
@@ -294,7 +295,7 @@ class Model:
             self.ops.add_rmsnorm(residual, out, delta, weight, self.config.rms_norm_eps)
         else:
             residual.add_(delta)
-            gemma_rmsnorm(out, residual, weight, self.config.rms_norm_eps)
+            gemma_rmsnorm(out, residual, weight, self.config.rms_norm_eps, self.batch_invariant)
 
     def _delta(self, b: StepBuffers, x: torch.Tensor, weight, post_norm, inv):
         """b.delta = x @ W.T as it joins the residual stream: Gemma's normed by post_norm,
@@ -309,7 +310,7 @@ class Model:
 
     def _logits(self, meta, b: StepBuffers, batch_invariant: bool = True) -> torch.Tensor:
         """The last residual add, the final norm and the lm_head, on the logit rows only."""
-        w, eps = self.weights, self.config.rms_norm_eps
+        w = self.weights
         # A step with a logit row per token (decode, verify) has them all, in order: no gather.
         if meta.num_logits == meta.num_tokens:
             hidden, delta = b.hidden, b.delta

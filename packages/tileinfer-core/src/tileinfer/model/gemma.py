@@ -101,17 +101,37 @@ def gemma_config(d: dict, num_layers: int, sliding_window):
         local_rope_theta=local_theta), theta, scaling
 
 
-def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """transformers' Gemma3RMSNorm: ``x * rsqrt(mean(x**2) + eps) * weight`` in float32 (weight:
-    1 + w, float32), rounded once to out's dtype. out may be x."""
+# Batch-invariant models norm rows in blocks of exactly this many (the last one padded), so that
+# every reduction has one shape whatever the step holds (a GPU reduction may order a row's sum by
+# the number of rows; the ref backend's norms do the same).
+INVARIANT_ROWS = 32
+
+
+def _norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
-    out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(out.dtype))
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def gemma_qk_norms(qkv: torch.Tensor, q_norm, k_norm, config, eps: float):
+def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                  invariant: bool = False):
+    """transformers' Gemma3RMSNorm: ``x * rsqrt(mean(x**2) + eps) * weight`` in float32 (weight:
+    1 + w, float32), rounded once to out's dtype; over the last dimension, rows along the
+    first (in blocks of INVARIANT_ROWS when invariant). out may be x."""
+    if not invariant:
+        out.copy_(_norm_rows(x, weight, eps).to(out.dtype))
+        return
+    for start in range(0, x.shape[0], INVARIANT_ROWS):
+        rows = x[start:start + INVARIANT_ROWS]
+        block = rows.new_zeros((INVARIANT_ROWS, *rows.shape[1:]))
+        block[:rows.shape[0]] = rows
+        normed = _norm_rows(block, weight, eps)[:rows.shape[0]]
+        out[start:start + rows.shape[0]] = normed.to(out.dtype)
+
+
+def gemma_qk_norms(qkv: torch.Tensor, q_norm, k_norm, config, invariant: bool = False):
     """The per-head norms of the queries and keys in qkv (n, qkv_size), in place."""
-    heads, kv_heads = config.num_heads, config.num_kv_heads
+    heads, kv_heads, eps = config.num_heads, config.num_kv_heads, config.rms_norm_eps
     per_head = qkv.view(qkv.shape[0], heads + 2 * kv_heads, config.head_dim)
-    gemma_rmsnorm(per_head[:, :heads], per_head[:, :heads], q_norm, eps)
-    gemma_rmsnorm(per_head[:, heads:heads + kv_heads], per_head[:, heads:heads + kv_heads],
-                  k_norm, eps)
+    q, k = per_head[:, :heads], per_head[:, heads:heads + kv_heads]
+    gemma_rmsnorm(q, q, q_norm, eps, invariant)
+    gemma_rmsnorm(k, k, k_norm, eps, invariant)
