@@ -29,6 +29,7 @@ OPS = {
     "attention_inputs": kv.attention_inputs,
     "attention_workspace": attention.attention_workspace,
     "attention": attention.attention,
+    "attention_window": attention.attention_window,
     "attention_with_inputs": attention.attention_with_inputs,
     "reserve_scratch": reserve_scratch,
     "sample_tokens": sampling.sample_tokens,

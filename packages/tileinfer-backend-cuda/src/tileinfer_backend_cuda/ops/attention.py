@@ -177,6 +177,12 @@ def attention(out, q, kv, step, scale, causal, workspace):
     _launch(out, q, kv, step, scale, causal, workspace, attention_config())
 
 
+def attention_window(out, q, kv, step, scale, window, workspace):
+    """No windowed kernel yet: the ref backend's (its padded form on a GPU, which never reads a
+    tensor on the host, so a CUDA graph captures it), counted in fallback_counts."""
+    fallback("attention_window", "no windowed kernel", out, q, kv, step, scale, window, workspace)
+
+
 def attention_with_inputs(out, q_out, kv, qkv, qk, step, scale, causal, workspace):
     """attention_inputs then attention: one attention_decode.cu kernel (FUSED_INPUTS) for steps
     of one query token per sequence, the two ops otherwise."""
