@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import sentencepiece
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
-                          LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config,
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM,
+                          Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -25,6 +25,9 @@ from tileinfer.io.default_model import DefaultModelUnavailable, default_gguf_pat
 from tileinfer.io.generation_config import generation_defaults
 from tileinfer.io.gguf_import import GGUFImportError, import_gguf
 from tileinfer.io.tokenizer import TextStream, byte_to_unicode, load_tokenizer
+from tileinfer.engine.generation.forward import forward
+from tileinfer.engine.kv.cache import new_cache
+from tileinfer.model import load_model
 
 TEXTS = [
     "Hello world",
@@ -263,6 +266,25 @@ def tiny_phi3(tied=False, sliding_window=None, seed=0):
     return model
 
 
+def tiny_gemma3(seed=0):
+    """A Gemma 3 text model of six layers (the sixth global, as llama.cpp's fixed pattern has
+    it), a window of 4 positions, heads of 256 (query_pre_attn_scalar 256: what llama.cpp
+    takes from the head size and transformers' GGUF loading from its default)."""
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, max_position_embeddings=256,
+        rms_norm_eps=1e-6, sliding_window=4, query_pre_attn_scalar=256,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1 + 256 + len(MERGES),
+        eos_token_id=2 + 256 + len(MERGES))
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)  # scales of 1 + w
+    return model
+
+
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order for its RoPE (convert_hf_to_gguf.py, LlamaModel.permute)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -291,11 +313,18 @@ GGUF_NAMES = {
 }
 
 
-def gguf_name(hf_name):
+# gemma3's names where they differ (its ffn_norm is the MLP's input norm).
+GEMMA3_NAMES = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+
+
+def gguf_name(hf_name, arch="llama"):
+    names = GGUF_NAMES | (GEMMA3_NAMES if arch == "gemma3" else {})
     if hf_name.startswith("model.layers."):
         _, _, layer, rest = hf_name.split(".", 3)
-        return f"blk.{layer}.{GGUF_NAMES[rest]}"
-    return GGUF_NAMES[hf_name]
+        return f"blk.{layer}.{names[rest]}"
+    return names[hf_name]
 
 
 def write_gguf(
@@ -328,12 +357,13 @@ def write_gguf(
         "head_count": lambda: w.add_head_count(c.num_attention_heads),
         "head_count_kv": lambda: w.add_head_count_kv(c.num_key_value_heads),
         "rms_eps": lambda: w.add_layer_norm_rms_eps(c.rms_norm_eps),
-        "rope_freq_base": lambda: w.add_rope_freq_base(c.rope_parameters["rope_theta"]),
+        "rope_freq_base": lambda: w.add_rope_freq_base(
+            c.rope_parameters.get("full_attention", c.rope_parameters)["rope_theta"]),
         "rope_dims": lambda: w.add_rope_dimension_count(head_dim),
     }
     if head_dim != c.hidden_size // c.num_attention_heads:  # as llama.cpp's converter
         keys["head_dim"] = lambda: (w.add_key_length(head_dim), w.add_value_length(head_dim))
-    if getattr(c, "sliding_window", None) is not None and arch == "phi3":
+    if getattr(c, "sliding_window", None) is not None and arch in ("phi3", "gemma3"):
         keys["sliding_window"] = lambda: w.add_sliding_window(c.sliding_window)
     for key, add in keys.items():
         if key not in skip_keys:
@@ -367,8 +397,10 @@ def write_gguf(
     for name, value in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
-        target = gguf_name(name)
+        target = gguf_name(name, arch)
         array = value.float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w
         if arch == "llama" and "q_proj" in name:
             array = llama_cpp_permute(array, c.num_attention_heads)
         elif arch == "llama" and "k_proj" in name:
@@ -381,7 +413,7 @@ def write_gguf(
             w.add_tensor(target, array.astype(np.float16))
         else:
             w.add_tensor(target, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-    if c.rope_parameters.get("rope_type") == "llama3":
+    if c.rope_parameters.get("rope_type") == "llama3":  # (Gemma's dict is per layer type)
         from tileinfer.io.gguf_config import llama3_rope_factors
 
         p = c.rope_parameters
@@ -504,6 +536,40 @@ def test_phi3_imports_as_transformers_reads_it(tmp_path, tensor_type, sliding_wi
     with torch.no_grad():
         tolerance = 1e-5 if tensor_type == "F32" else 0.05
         torch.testing.assert_close(imported(ids).logits, model(ids).logits, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("tensor_type", ["F32", "Q8_0"])
+def test_gemma3_imports_as_transformers_reads_it(tmp_path, tensor_type):
+    """A gemma3 GGUF (norms stored as 1 + w, the MLP's input norm as ffn_norm, llama.cpp's fixed
+    layer pattern and local RoPE base): the folder's weights are the file's as transformers'
+    own GGUF loading reads them, and the folder computes the original model's logits, in
+    transformers and in TileInfer."""
+    model = tiny_gemma3()
+    path = write_gguf(tmp_path / "tiny-gemma3.gguf", model, tensor_type, arch="gemma3")
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("gemma3_text",
+                                                               ["Gemma3ForCausalLM"])
+    assert (config["sliding_window"], config["query_pre_attn_scalar"]) == (4, 256)
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert imported.config.layer_types == model.config.layer_types
+    theirs = transformers_gguf_model(path).state_dict()
+    expected = expected_weights(model, tensor_type)
+    for name, value in imported.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(value, theirs[name], rtol=0, atol=1e-6, msg=name)
+    ids = [5, 70, 100, 261, 262, 3, 200, 255, 17, 9, 40, 41]
+    tolerance = 1e-4 if tensor_type == "F32" else 0.05
+    with torch.no_grad():
+        original = model(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(imported(torch.tensor([ids])).logits[0], original,
+                                   atol=tolerance, rtol=tolerance)
+    ours = load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
+    cache = new_cache(ours, 64)
+    logits = forward(ours, cache, cache.new_sequence(), ids, all_logits=True)
+    torch.testing.assert_close(logits, original, atol=tolerance, rtol=tolerance)
 
 
 def test_phi3_longrope_factors_are_refused(tmp_path):

@@ -13,7 +13,14 @@ from .gguf_reader import GGUFImportError, GGUFMetadata
 
 # general.architecture -> (config.json's model_type, its architectures entry)
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                 "qwen3": ("qwen3", "Qwen3ForCausalLM"), "phi3": ("phi3", "Phi3ForCausalLM")}
+                 "qwen3": ("qwen3", "Qwen3ForCausalLM"), "phi3": ("phi3", "Phi3ForCausalLM"),
+                 "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+# What llama.cpp sets for gemma3 without reading it from the file (llama-model.cpp): every sixth
+# layer global, the local layers' RoPE base, and (but for the 27B model, of 62 layers) queries
+# scaled by head_dim ** -0.5.
+GEMMA3_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_27B_LAYERS = 62
 
 
 def llama3_rope_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original_max_positions):
@@ -68,7 +75,23 @@ def _attention_fields(meta: GGUFMetadata, arch: str) -> dict:
     if arch == "phi3":  # Phi-3-mini-4k attends to its last 2047 positions (llama.cpp as well)
         window = int(meta.get(f"{arch}.attention.sliding_window", 0))
         return {"sliding_window": window or None}
+    if arch == "gemma3":
+        return _gemma3_fields(meta)
     return {"attention_bias": False, "mlp_bias": False}
+
+
+def _gemma3_fields(meta: GGUFMetadata) -> dict:
+    """Gemma 3's fields as llama.cpp runs the file (see GEMMA3_PATTERN)."""
+    hidden = int(meta.require("gemma3.embedding_length"))
+    heads = int(meta.require("gemma3.attention.head_count"))
+    head_dim = int(meta.get("gemma3.attention.key_length", hidden // heads))
+    layers = int(meta.require("gemma3.block_count"))
+    scalar = hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim
+    return {"sliding_window": int(meta.require("gemma3.attention.sliding_window")),
+            "sliding_window_pattern": GEMMA3_PATTERN,
+            "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE, "query_pre_attn_scalar": scalar,
+            "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+            "attn_logit_softcapping": None, "attention_bias": False}
 
 
 def config_from(meta: GGUFMetadata, arch: str, vocab_size: int, tied: bool, rope_freqs, dtype: torch.dtype) -> dict:
@@ -100,6 +123,8 @@ def config_from(meta: GGUFMetadata, arch: str, vocab_size: int, tied: bool, rope
         "tie_word_embeddings": tied,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if arch == "gemma3":  # its activation is _gemma3_fields' hidden_activation
+        del config["hidden_act"]
     # None where the file names none: Phi3Config's default padding id (32000) is outside the
     # vocabulary of a file of another vocabulary.
     config["pad_token_id"] = None

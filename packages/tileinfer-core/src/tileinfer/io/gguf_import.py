@@ -1,9 +1,11 @@
 """Import a llama.cpp GGUF file as an HF-style model folder that the rest of TileInfer loads.
 
-The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Four
+The ``gguf`` package (llama.cpp's own reader) reads the file and dequantizes its tensors. Five
 of llama.cpp's architectures are read: ``llama``, ``qwen2`` (Qwen2, Qwen2.5: the same tensors
-plus the q/k/v biases), ``qwen3`` (plus the per-head q/k norms) and ``phi3`` (Phi-3: q/k/v and
-gate/up stored fused, an attention window). The folder gets config.json (the model_type of the
+plus the q/k/v biases), ``qwen3`` (plus the per-head q/k norms), ``phi3`` (Phi-3: q/k/v and
+gate/up stored fused, an attention window) and ``gemma3`` (Gemma 3's text models, read as
+``gemma3_text``: llama.cpp stores their norms as 1 + w, and sets their layer pattern, local RoPE
+base and query scale itself). The folder gets config.json (the model_type of the
 same name, from the GGUF metadata: ``gguf_config``), model.safetensors (bf16 by default:
 ``gguf_tensors``), tokenizer.json (built with ``tokenizers`` from the GGUF vocabulary, merges and
 token types: ``gguf_tokenizer``), tokenizer_config.json (chat template, BOS/EOS),
@@ -19,9 +21,9 @@ the metadata, converting the tensors, writing the folder.
 
 llama.cpp stores a llama model's q and k projections with the rows of each head reordered for its
 RoPE (``permute`` in llama.cpp's convert_hf_to_gguf.py: ``(heads, 2, head_dim/2, in)`` swapped to
-``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k. Qwen
-and Phi-3 models' are stored as in transformers (their RoPE pairs the halves of a head, as
-transformers does).
+``(heads, head_dim/2, 2, in)``); the import swaps them back, with n_head = kv heads for k. Qwen,
+Phi-3 and Gemma 3 models' are stored as in transformers (their RoPE pairs the halves of a
+head, as transformers does).
 """
 
 from __future__ import annotations

@@ -41,6 +41,11 @@ _LAYER_TENSORS = {
 }
 # phi3 stores the projections transformers' Phi3 fuses as they are fused there.
 _PHI3_TENSORS = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# gemma3's norms around attention and the MLP (its ffn_norm is the MLP's input norm).
+_GEMMA3_TENSORS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                   "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                   "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_EXTRA_TENSORS = {"phi3": _PHI3_TENSORS, "gemma3_text": _GEMMA3_TENSORS}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -50,7 +55,7 @@ _GLOBAL_TENSORS = {
 def _hf_name(gguf_name: str, model_type: str) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    layer_tensors = _LAYER_TENSORS | (_PHI3_TENSORS if model_type == "phi3" else {})
+    layer_tensors = _LAYER_TENSORS | _EXTRA_TENSORS.get(model_type, {})
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
         return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}"
@@ -101,6 +106,8 @@ def read_weights(reader, path: Path, config: dict, dtype: torch.dtype, bar=None)
             w = unpermute_qk(w, config["num_attention_heads"])
         elif config["model_type"] == "llama" and name.endswith("k_proj.weight"):
             w = unpermute_qk(w, config["num_key_value_heads"])
+        elif config["model_type"] == "gemma3_text" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's norms as 1 + w, transformers as w
         if not w.flags.writeable:  # F32 tensors are read-only views of the memory-mapped file
             w = w.copy()
         if not np.issubdtype(w.dtype, np.floating):
@@ -127,6 +134,9 @@ def check_shapes(tensors: dict, config: dict, path: Path) -> None:
             p + "self_attn.o_proj.weight": (hidden, q_out),
             p + "mlp.down_proj.weight": (hidden, ffn),
         }
+        if config["model_type"] == "gemma3_text":
+            expected |= {p + "pre_feedforward_layernorm.weight": (hidden,),
+                         p + "post_feedforward_layernorm.weight": (hidden,)}
         if config["model_type"] == "phi3":
             expected |= {p + "self_attn.qkv_proj.weight": (q_out + 2 * kv_out, hidden),
                          p + "mlp.gate_up_proj.weight": (2 * ffn, hidden)}
@@ -137,7 +147,7 @@ def check_shapes(tensors: dict, config: dict, path: Path) -> None:
         if config["model_type"] == "qwen2":
             expected |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                          p + "self_attn.v_proj.bias": (kv_out,)}
-        elif config["model_type"] == "qwen3":
+        elif config["model_type"] in ("qwen3", "gemma3_text"):
             expected |= {p + "self_attn.q_norm.weight": (config["head_dim"],),
                          p + "self_attn.k_norm.weight": (config["head_dim"],)}
     missing = sorted(set(expected) - set(tensors))
