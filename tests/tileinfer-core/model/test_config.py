@@ -334,3 +334,42 @@ def test_missing_or_invalid_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_config(tmp_path)
+
+
+GEMMA3_1B = {  # google/gemma-3-1b-it's config.json (transformers 4's form)
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 262144}
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 8.0}],
+                         ids=["1b", "linear-scaled"])
+def test_gemma3_reads_like_transformers(scaling):
+    """Gemma 3's layer pattern, RoPE bases and scaling, attention scale and stop ids, from the
+    hub's form of config.json, as transformers reads them."""
+    import transformers
+
+    given = dict(GEMMA3_1B, rope_scaling=scaling)
+    config = config_from_dict(given)
+    hf = transformers.Gemma3TextConfig(**given)
+    windows = [512 if t == "sliding_attention" else None for t in hf.layer_types]
+    assert list(config.layer_windows) == windows and windows.count(None) == 4
+    rope = hf.rope_parameters
+    assert config.rope_theta == rope["full_attention"]["rope_theta"] == 1e6
+    assert config.gemma.local_rope_theta == rope["sliding_attention"]["rope_theta"] == 1e4
+    assert config.rope_scaling == (None if scaling is None else {"rope_type": "linear",
+                                                                 "factor": 8.0})
+    assert rope["full_attention"]["rope_type"] == ("default" if scaling is None else "linear")
+    assert config.attention_scale == hf.query_pre_attn_scalar ** -0.5 == 1 / 16
+    assert config.eos_token_ids == (1, 106) and config.tie_word_embeddings
+    assert (config.mlp, config.qk_norm, config.sliding_window) == ("geglu", True, None)
+    check_max_len(config, 32768)  # the local layers' window runs on attention_window
+    with pytest.raises(ConfigError, match="'final_logit_softcapping' is 30.0"):
+        config_from_dict(dict(given, final_logit_softcapping=30.0))

@@ -18,7 +18,6 @@ the fields without a sensible default (the sizes) are required, and a missing on
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +100,7 @@ class ModelConfig:
 
     rope_scaling: None for plain RoPE, else a normalized dict; for ``llama3`` it has the keys
     ``rope_type``, ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
-    ``original_max_position_embeddings``. qk_norm: per-head RMSNorm of queries and keys before RoPE
+    ``original_max_position_embeddings``, for ``linear`` ``rope_type`` and ``factor``. qk_norm: per-head RMSNorm of queries and keys before RoPE
     (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
     ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
     activation; ``"geglu"``: Gemma's gate/up/down with gelu (tanh) on the gate). sliding_window:
