@@ -629,3 +629,31 @@ def test_embeddings_are_the_engines_normalized_hidden_states(client, http, offli
     _error(http.post("/v1/embeddings", json={"input": [10**9]}), 400, "input")
     _error(http.post("/v1/embeddings", json={"input": "x", "encoding_format": "int8"}), 400,
            "encoding_format")
+
+
+def test_ollamas_api_answers_as_the_openai_endpoints(server, client, http):
+    """ollama's client on the real engine: a greedy chat, a raw generate cut by num_predict and
+    embeddings are the OpenAI endpoints' for the same requests."""
+    ollama = pytest.importorskip("ollama")
+    local = ollama.Client(host=server.url, timeout=TIMEOUT)
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = client.chat.completions.create(model="tiny-smollm2-shape", messages=messages,
+                                          max_tokens=8, temperature=0)
+    got = local.chat(model="tiny-smollm2-shape", messages=messages,
+                     options={"num_predict": 8, "temperature": 0})
+    assert got.message.content == chat.choices[0].message.content
+    assert got.done_reason == "length" and got.eval_count == 8
+    assert got.prompt_eval_count == chat.usage.prompt_tokens
+    streamed = list(local.chat(model="tiny-smollm2-shape", messages=messages, stream=True,
+                               options={"num_predict": 8, "temperature": 0}))
+    assert "".join(p.message.content for p in streamed) == got.message.content
+    completion = client.completions.create(model="tiny-smollm2-shape", prompt="Once upon a",
+                                           max_tokens=6, temperature=0)
+    raw = local.generate(model="tiny-smollm2-shape", prompt="Once upon a", raw=True,
+                         options={"num_predict": 6, "temperature": 0})
+    assert raw.response == completion.choices[0].text and raw.done_reason == "length"
+    vectors = local.embed(model="tiny-smollm2-shape", input=["a cat", "a dog"]).embeddings
+    theirs = http.post("/v1/embeddings", json={"input": ["a cat", "a dog"]}).json()["data"]
+    for ours, expected in zip(vectors, theirs):
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(expected["embedding"]),
+                                   rtol=1e-5, atol=1e-6)

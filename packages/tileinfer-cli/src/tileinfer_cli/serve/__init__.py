@@ -14,6 +14,9 @@ One concept per module:
     responses_format.py   its answer: the response object, or its stream of events
     responses_store.py    the responses kept in memory (previous_response_id, GET, DELETE)
     embeddings.py /v1/embeddings: its request, its plan and its answer
+    ollama_request.py  ollama's /api/chat, /api/generate and /api/embed requests, and the
+                  OpenAI-shaped requests they amount to
+    ollama_format.py   their answers: one object, or newline-delimited JSON
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input
     tools.py      a request's tools and tool_choice

@@ -37,6 +37,7 @@ class ServedModel:
     vocab_size: int = 0
     backend: str = ""
     hidden_size: int = 0  # its embeddings' length (0: not known)
+    model_type: str = ""  # config.json's
 
     def with_engine(self, max_len: int, vocab_size: int, backend: str) -> "ServedModel":
         self.max_len, self.vocab_size, self.backend = max_len, vocab_size, backend
@@ -81,7 +82,8 @@ def load_served(args) -> ServedModel:
                        args.load_format == "dummy",
                        served_tool_parser(args.tool_parser, template, tokenizer),
                        served_reasoning(getattr(args, "reasoning_parser", "auto"), template,
-                                        tokenizer), hidden_size=config.hidden_size)
+                                        tokenizer), hidden_size=config.hidden_size,
+                       model_type=config.model_type)
 
 
 def load_weights(args, folder: Path):

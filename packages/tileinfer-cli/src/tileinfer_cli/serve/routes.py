@@ -1,5 +1,5 @@
 """The endpoints: completions (chat and legacy), responses, embeddings, models, tokenize and
-detokenize, health, metrics.
+detokenize, health, metrics; ollama's chat, generate, embed, tags and version.
 
 A completion request is read (size-limited: 413 once past the limit), then, on a worker thread
 (``Server.preparing``), parsed (malformed JSON: 400), validated against its schema (an unknown
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from datetime import datetime, timezone
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -22,6 +23,9 @@ from .chunks import ChatFormat, CompletionFormat
 from .embeddings import EmbeddingRequest, EmbeddingsFormat, plan_embeddings
 from .errors import APIError, error_response
 from .jobs import END, Job
+from .ollama_format import OllamaEmbedFormat, OllamaFormat
+from .ollama_request import (OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest,
+                             chat_of, embed_of, generate_of)
 from .prepare import plan_chat, plan_completion
 from .responses import ModelCard, ModelList
 from .responses_format import ResponsesFormat
@@ -79,10 +83,10 @@ async def first_event(request, job):
 
 class SSEResponse(StreamingResponse):
     """A stream whose job is closed however the response ends (finished, the client gone, the
-    server's grace period over)."""
+    server's grace period over); server-sent events, or another media type (ollama's NDJSON)."""
 
-    def __init__(self, job, body):
-        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, job, body, media_type: str = "text/event-stream"):
+        super().__init__(body, media_type=media_type, headers=SSE_HEADERS)
         self.job = job
 
     async def __call__(self, scope, receive, send):
@@ -108,6 +112,18 @@ async def _events(job, fmt, first):
     yield fmt.end(job)
 
 
+def plan_ollama_generate(served, req: OllamaGenerateRequest):
+    """ollama's generate: a chat of one turn, or (raw) a completion that, as ollama's, runs
+    until the context is full unless options.num_predict says how long."""
+    converted = generate_of(req)
+    if isinstance(converted, ChatRequest):
+        return plan_chat(served, converted)
+    plan = plan_completion(served, converted)
+    if req.options is None or req.options.num_predict is None or req.options.num_predict <= 0:
+        plan.max_tokens = [served.max_len - len(p) for p in plan.prompts]
+    return plan
+
+
 class Endpoints:
     def __init__(self, server):
         self.server = server
@@ -117,6 +133,9 @@ class Endpoints:
         self.responses = ResponseStore(server.responses_kept)
         self.responses_format = ResponsesFormat(served.name, served.tokenizer, self.responses)
         self.embeddings_format = EmbeddingsFormat(served.name)
+        self.ollama_chat_format = OllamaFormat(served.name, chat=True)
+        self.ollama_generate_format = OllamaFormat(served.name, chat=False)
+        self.ollama_embed_format = OllamaEmbedFormat(served.name)
 
     async def chat(self, request):
         return await self._complete(request, ChatRequest, plan_chat, self.chat_format,
@@ -129,6 +148,39 @@ class Endpoints:
     async def embeddings(self, request):
         return await self._complete(request, EmbeddingRequest, plan_embeddings,
                                     self.embeddings_format, "embd-")
+
+    # -- ollama's API (ollama_request.py, ollama_format.py) ----------------------------------
+
+    async def ollama_chat(self, request):
+        return await self._complete(
+            request, OllamaChatRequest, lambda served, req: plan_chat(served, chat_of(req)),
+            self.ollama_chat_format, "chat-")
+
+    async def ollama_generate(self, request):
+        return await self._complete(request, OllamaGenerateRequest, plan_ollama_generate,
+                                    self.ollama_generate_format, "gen-")
+
+    async def ollama_embed(self, request):
+        return await self._complete(
+            request, OllamaEmbedRequest,
+            lambda served, req: plan_embeddings(served, embed_of(req)),
+            self.ollama_embed_format, "embd-")
+
+    async def ollama_tags(self, request):
+        """GET /api/tags: the served model, as ollama lists its models."""
+        s = self.server.served
+        size = sum(p.stat().st_size for p in s.folder.glob("*.safetensors"))
+        modified = datetime.fromtimestamp(self.server.started, timezone.utc).isoformat()
+        return JSONResponse({"models": [{
+            "name": s.name, "model": s.name, "modified_at": modified, "size": size,
+            "digest": "", "details": {"format": "safetensors", "family": s.model_type,
+                                      "families": [s.model_type], "parameter_size": "",
+                                      "quantization_level": ""}}]})
+
+    async def ollama_version(self, request):
+        from importlib.metadata import version
+
+        return JSONResponse({"version": version("tileinfer-cli")})
 
     async def create_response(self, request):
         return await self._complete(
@@ -180,7 +232,8 @@ class Endpoints:
                 return error_response(job.error)
             if plan.stream:
                 handed_over = True
-                return SSEResponse(job, _events(job, fmt, item))
+                return SSEResponse(job, _events(job, fmt, item),
+                                   getattr(fmt, "media_type", "text/event-stream"))
             while item is not END:  # a job that is not streamed only puts END
                 item = await job.events.get()
             if job.error is not None:
