@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from tileinfer import load_tokenizer
+from tileinfer import load_config, load_tokenizer
 from tileinfer.engine.serving.request import RequestOutput
 
 from test_serve_helpers import free_port
@@ -93,12 +93,15 @@ def scripted_server(folder: Path, tool_parser: str = "auto", reasoning_parser: s
     from tileinfer_cli.serve.template import ServedTemplate
 
     tokenizer = load_tokenizer(folder)
+    model_config = load_config(folder)
     template = ServedTemplate(folder)
     served = ServedModel(folder.name, folder, tokenizer, SamplingDefaults.of_folder(folder),
                          template, [tokenizer.eos_token_id], False,
                          served_tool_parser(tool_parser, template, tokenizer),
                          served_reasoning(reasoning_parser, template, tokenizer), max_len=4096,
-                         vocab_size=tokenizer.vocab_size, backend="scripted")
+                         vocab_size=tokenizer.vocab_size, backend="scripted",
+                         hidden_size=model_config.hidden_size,
+                         model_type=model_config.model_type)
     engine = ScriptedEngine(tokenizer)
     port = free_port()
     config = uvicorn.Config(build_app(Server(served, engine)), host="127.0.0.1", port=port,

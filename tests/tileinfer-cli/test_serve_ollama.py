@@ -1,5 +1,5 @@
-"""Ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``,
-``/api/version``) through ``tileinfer serve``, driven by the official ``ollama`` Python client:
+"""Ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``, ``/api/ps``,
+``/api/show``, ``/api/version``) through ``tileinfer serve``, driven by the official ``ollama`` Python client:
 with the scripted engine of ``serve_scripted.py`` and Qwen3's real chat template (thinking, tool
 calls, streaming, the prompt as the chat endpoint makes it), and what this server cannot do
 refused by name. ``test_serve_api.py`` checks the real engine's answers against the OpenAI
@@ -105,9 +105,15 @@ def test_generate_with_a_system_prompt_and_raw(qwen3):
     assert engine.prompts[-1] == engine.tokenizer.encode("Hallo Welt") and raw.eval_count == 3
 
 
-def test_tags_and_version(qwen3):
+def test_tags_ps_show_and_version(qwen3):
     client, url, engine, model = qwen3
     assert [m.model for m in client.list().models] == [model]
+    assert [m.model for m in client.ps().models] == [model]
+    shown = client.show(model)
+    assert "<|im_start|>" in shown.template and shown.modelinfo["general.architecture"] == "llama"
+    assert {"completion", "tools", "thinking"} <= set(shown.capabilities)
+    with pytest.raises(ollama.ResponseError):
+        client.show("llama3.2")
     assert httpx.get(url + "/api/version").json()["version"]
 
 

@@ -143,6 +143,8 @@ def build_app(server: Server):
               Route("/api/generate", e.ollama_generate, methods=["POST"]),
               Route("/api/embed", e.ollama_embed, methods=["POST"]),
               Route("/api/tags", e.ollama_tags, methods=["GET"]),
+              Route("/api/ps", e.ollama_ps, methods=["GET"]),
+              Route("/api/show", e.ollama_show, methods=["POST"]),
               Route("/api/version", e.ollama_version, methods=["GET"]),
               Route("/tokenize", e.tokenize, methods=["POST"]),
               Route("/detokenize", e.detokenize, methods=["POST"]),

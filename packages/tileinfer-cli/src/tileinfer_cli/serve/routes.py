@@ -166,16 +166,46 @@ class Endpoints:
             lambda served, req: plan_embeddings(served, embed_of(req)),
             self.ollama_embed_format, "embd-")
 
-    async def ollama_tags(self, request):
-        """GET /api/tags: the served model, as ollama lists its models."""
+    def _ollama_model(self) -> dict:
+        """The served model as ollama's model lists describe one."""
         s = self.server.served
         size = sum(p.stat().st_size for p in s.folder.glob("*.safetensors"))
         modified = datetime.fromtimestamp(self.server.started, timezone.utc).isoformat()
-        return JSONResponse({"models": [{
-            "name": s.name, "model": s.name, "modified_at": modified, "size": size,
-            "digest": "", "details": {"format": "safetensors", "family": s.model_type,
-                                      "families": [s.model_type], "parameter_size": "",
-                                      "quantization_level": ""}}]})
+        return {"name": s.name, "model": s.name, "modified_at": modified, "size": size,
+                "digest": "", "details": {"format": "safetensors", "family": s.model_type,
+                                          "families": [s.model_type], "parameter_size": "",
+                                          "quantization_level": ""}}
+
+    async def ollama_tags(self, request):
+        """GET /api/tags: the served model, as ollama lists its models."""
+        return JSONResponse({"models": [self._ollama_model()]})
+
+    async def ollama_ps(self, request):
+        """GET /api/ps: the loaded model (always the served one)."""
+        model = self._ollama_model()
+        model.pop("modified_at")
+        return JSONResponse({"models": [model | {"expires_at": "9999-12-31T23:59:59Z",
+                                                 "size_vram": 0,
+                                                 "context_length": self.server.served.max_len}]})
+
+    async def ollama_show(self, request):
+        """POST /api/show: the served model's template, details and what it can do."""
+        server = self.server
+        body = parse_json(await read_body(request, server.max_body))
+        server.check_model(body.get("model") if isinstance(body, dict) else None)
+        s, model = server.served, self._ollama_model()
+        capabilities = ["completion", "embedding"]
+        if s.tool_parser is not None:
+            capabilities.append("tools")
+        if s.reasoning:
+            capabilities.append("thinking")
+        return JSONResponse({
+            "modified_at": model["modified_at"], "template": s.template.source or "",
+            "modelfile": "", "license": "", "parameters": "", "details": model["details"],
+            "model_info": {"general.architecture": s.model_type,
+                           f"{s.model_type}.context_length": s.max_len,
+                           f"{s.model_type}.embedding_length": s.hidden_size},
+            "capabilities": capabilities})
 
     async def ollama_version(self, request):
         from importlib.metadata import version
