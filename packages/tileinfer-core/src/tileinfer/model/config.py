@@ -72,8 +72,8 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
                          "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0}
 
-# Architectures whose sliding_window applies to every layer (attention_window runs it); in the
-# others (Qwen2, Qwen3 and SmolLM3 with use_sliding_window) max_len stops at the window.
+# Architectures whose sliding_window is every layer's (run by attention_window); in the others
+# (Qwen2, Qwen3, SmolLM3 with use_sliding_window) max_len stops at it.
 WINDOWED_TYPES = ("mistral", "phi3")
 
 # Fields whose explicit null means "none" rather than "the default".
@@ -136,9 +136,8 @@ class ModelConfig:
 
     @property
     def layer_windows(self) -> tuple[int | None, ...] | None:
-        """Per layer, the sliding window of its attention (None: full), or None when every
-        layer attends to every position: Gemma 3's local layers; every layer of a Mistral or
-        Phi-3 with a sliding_window."""
+        """Per layer, its attention's sliding window (None: full), or None when no layer has
+        one: Gemma 3's local layers; every layer of a Mistral or Phi-3 with a sliding_window."""
         if self.gemma is not None:
             return self.gemma.layer_windows
         if self.sliding_window is not None and self.model_type in WINDOWED_TYPES:
@@ -375,12 +374,11 @@ def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     trained for those positions and its output there is not to be trusted. ``allow_long=True``
     accepts it with a ``LongContextWarning``.
 
-    A query at position p of a sliding-window layer attends to the positions
-    ``p - window + 1 .. p``; while every position is below the window (max_len <= window) that
-    is all of them, and plain causal attention is exact. Beyond it the window runs on the
-    ``attention_window`` op for Mistral, Phi-3 and Gemma 3 (``layer_windows``); the sliding
-    windows of Qwen2, Qwen3 and SmolLM3 (on some layers only) are not implemented, so a
-    longer max_len is refused for them: it would silently diverge.
+    A query at position p of a sliding-window layer attends to the positions ``p - window + 1
+    .. p``: below max_len <= window that is all of them, and plain causal attention is exact.
+    Beyond it the window runs on the ``attention_window`` op for Mistral, Phi-3 and Gemma 3
+    (``layer_windows``); the windows of Qwen2's, Qwen3's and SmolLM3's use_sliding_window
+    layers are not implemented, so a longer max_len is refused for them.
     """
     positions = config.max_position_embeddings
     if max_len > positions:
