@@ -11,7 +11,8 @@ from .errors import UserError
 from .options import DTYPES, default_threads, quantize_of, torch_dtype
 from .parsing import int_range
 
-SHAPES = ("llama3-8b", "llama3.2-3b", "llama3.2-1b", "smollm2-135m")  # random_weights.SHAPES
+SHAPES = ("llama3-8b", "llama3.2-3b", "llama3.2-1b", "smollm2-135m", "gemma3-270m",
+          "gemma3-1b")  # random_weights.SHAPES
 
 EPILOG = """\
 examples:

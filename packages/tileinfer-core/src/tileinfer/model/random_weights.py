@@ -12,6 +12,10 @@ from .loader import check_batch_invariant, check_fp8
 from .quant import check_quantize, quantize_linear
 from .weights import LayerWeights, ModelWeights
 
+GEMMA3 = dict(model_type="gemma3_text", head_dim=256, sliding_window=512,
+              sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+              query_pre_attn_scalar=256, rms_norm_eps=1e-6, eos_token_id=1)
+
 SHAPES = {
     "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
@@ -23,15 +27,23 @@ SHAPES = {
     # here, which costs the same)
     "smollm2-135m": dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, vocab_size=49152),
+    # Gemma 3 270M and 1B (gemma3_text: five local layers of a 512-position window to one global)
+    "gemma3-270m": dict(num_hidden_layers=18, hidden_size=640, num_attention_heads=4,
+                        num_key_value_heads=1, intermediate_size=2048, vocab_size=262144,
+                        **GEMMA3),
+    "gemma3-1b": dict(num_hidden_layers=26, hidden_size=1152, num_attention_heads=4,
+                      num_key_value_heads=1, intermediate_size=6912, vocab_size=262144,
+                      **GEMMA3),
 }
 
 
 def shape_config(name: str):
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
-    return config_from_dict(dict(SHAPES[name], model_type="llama", rms_norm_eps=1e-5,
-                                 rope_theta=500000.0, max_position_embeddings=131072,
-                                 tie_word_embeddings=False, eos_token_id=128001))
+    return config_from_dict(dict(dict(model_type="llama", rms_norm_eps=1e-5,
+                                      rope_theta=500000.0, max_position_embeddings=131072,
+                                      tie_word_embeddings=False, eos_token_id=128001),
+                                 **SHAPES[name]))
 
 
 def random_model(config, dtype=torch.bfloat16, backend="ref", device="cuda", quantize=None,
