@@ -231,3 +231,38 @@ def test_a_sliding_window_shorter_than_the_sequence_matches_transformers(arch, t
     assert (logits - expected).abs().max().item() <= FP32_TOL
     cache = new_cache(model, MAX_LEN, page_size=PAGE_SIZE)
     assert _free_running(model, cache, cache.new_sequence(), prompt, 30) == greedy
+
+
+def test_a_multimodal_gemma3_checkpoint_runs_as_its_text_model(tmp_path):
+    """Gemma 3's 4B-27B checkpoints (`gemma3`: a vision tower beside the text model): its
+    text_config and its language_model tensors load, and a text prompt's logits are
+    transformers' Gemma3ForConditionalGeneration's (float32, ref)."""
+    import transformers
+
+    text = transformers.Gemma3TextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=32)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2,
+                                             image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                       mm_tokens_per_image=4, image_token_index=500,
+                                       boi_token_index=501, eoi_token_index=502)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(0.2 * noise if name.endswith("norm.weight") else 0.05 * noise)
+    hf.save_pretrained(tmp_path)
+    prompt = prompt_ids(30, seed=4, vocab=400)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([prompt])).logits[0].float()
+    model = load_model(tmp_path, dtype=torch.float32, backend="ref", max_len=MAX_LEN)
+    assert model.config.model_type == "gemma3_text" and model.windows == [8, None]
+    cache = new_cache(model, MAX_LEN, page_size=PAGE_SIZE)
+    logits = forward(model, cache, cache.new_sequence(), prompt, all_logits=True).cpu()
+    assert (logits - expected).abs().max().item() <= FP32_TOL

@@ -373,3 +373,30 @@ def test_gemma3_reads_like_transformers(scaling):
     check_max_len(config, 32768)  # the local layers' window runs on attention_window
     with pytest.raises(ConfigError, match="'final_logit_softcapping' is 30.0"):
         config_from_dict(dict(given, final_logit_softcapping=30.0))
+
+
+def test_a_multimodal_gemma3_config_reads_as_its_text_model():
+    """google/gemma-3-4b-it's config.json states a few text fields; the rest are transformers'
+    defaults, the token ids the outer config's."""
+    import transformers
+
+    given = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106],
+             "image_token_index": 262144, "mm_tokens_per_image": 256,
+             "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                             "model_type": "gemma3_text", "num_hidden_layers": 34,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                             "sliding_window": 1024},
+             "vision_config": {"hidden_size": 1152, "image_size": 896,
+                               "intermediate_size": 4304, "model_type": "siglip_vision_model",
+                               "num_attention_heads": 16, "num_hidden_layers": 27,
+                               "patch_size": 14, "vision_use_head": False}}
+    config = config_from_dict(given)
+    hf = transformers.Gemma3Config(**given).text_config
+    assert (config.vocab_size, config.num_heads, config.num_kv_heads, config.head_dim) == \
+        (hf.vocab_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim)
+    assert list(config.layer_windows) == [1024 if t == "sliding_attention" else None
+                                          for t in hf.layer_types]
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert config.rope_theta == hf.rope_parameters["full_attention"]["rope_theta"]
+    assert config.eos_token_ids == (1, 106) and config.tie_word_embeddings

@@ -2,8 +2,8 @@
 
 Supported ``model_type``s: ``llama``, ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``apertus``, ``smollm3``, ``granite`` (IBM Granite 3), ``phi3`` (Phi-3 and Phi-4 without
-LongRoPE or partial RoPE), ``gemma3_text`` (Gemma 3's text models: 270M, 1B; ``gemma.py``).
-Both config.json forms are read:
+LongRoPE or partial RoPE), ``gemma3_text`` and ``gemma3``'s text model (``gemma.py``). Both
+config.json forms are read:
 
 - transformers 4: ``rope_theta`` at the top level and ``rope_scaling`` (a dict or null);
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config_fields import ConfigError, float_field, int_field
-from .gemma import GemmaConfig, gemma_config
+from .gemma import GemmaConfig, gemma_config, text_config_of
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
                          "phi3", "gemma3_text")
@@ -72,8 +72,8 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
                          "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0}
 
-# Architectures whose sliding_window is every layer's (run by attention_window); in the others
-# (Qwen2, Qwen3, SmolLM3 with use_sliding_window) max_len stops at it.
+# Whose sliding_window is every layer's (attention_window runs it); in Qwen2, Qwen3 and SmolLM3
+# (use_sliding_window) max_len stops at it.
 WINDOWED_TYPES = ("mistral", "phi3")
 
 # Fields whose explicit null means "none" rather than "the default".
@@ -216,6 +216,7 @@ def config_from_dict(d: dict) -> ModelConfig:
     """A ModelConfig from the parsed config.json ``d`` (either transformers form)."""
     if not isinstance(d, dict):
         raise ConfigError(f"config.json must hold a JSON object, got {type(d).__name__}")
+    d = text_config_of(d)  # a multimodal Gemma 3's: its text model's
     model_type = d.get("model_type")
     if model_type is None:
         raise ConfigError("config field 'model_type' is missing")

@@ -16,6 +16,11 @@ differs from Llama, read from config.json, and where each difference is made.
   layer sees every position, with the global base (``rope_theta``, 1,000,000) and its scaling
   (linear for the larger models).
 
+The multimodal checkpoints (``gemma3``: 4B, 12B, 27B) run as their text model: config.json's
+``text_config`` (``text_config_of``, with the defaults transformers fills in for the fields it
+leaves out), the tensors under ``language_model.`` (``weights.causal_lm_renames``); the vision
+tower is not read, so images are not understood.
+
 Both config.json forms are read: transformers 4's (``rope_theta``, ``rope_local_base_freq``,
 ``rope_scaling``, ``sliding_window_pattern``) and transformers 5's (``rope_parameters`` per layer
 type, ``layer_types``). Soft-capping (Gemma 2's, and Gemma 3 configs that set it) and
@@ -32,6 +37,28 @@ from .config_fields import ConfigError, float_field, int_field
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_PATTERN = 6  # every sixth layer full, as transformers when layer_types is absent
+
+
+# Gemma3TextConfig's defaults (transformers 5.17) for the fields a multimodal checkpoint's
+# text_config may leave out (google/gemma-3-4b-it's states only a few).
+TEXT_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216,
+                     num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=256, max_position_embeddings=131_072, rms_norm_eps=1e-6,
+                     rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                     query_pre_attn_scalar=256, sliding_window=4096)
+
+
+def text_config_of(d: dict) -> dict:
+    """The gemma3_text config.json of a multimodal ``gemma3`` one: its text_config, with
+    transformers' defaults where it says nothing and the outer token ids and tying (any other
+    config.json: itself)."""
+    if d.get("model_type") != "gemma3" or not isinstance(d.get("text_config"), dict):
+        return d
+    text = {**TEXT_DEFAULTS, **d["text_config"], "model_type": "gemma3_text"}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
+        if name in d and name not in d["text_config"]:
+            text[name] = d[name]
+    return text
 
 
 @dataclass(frozen=True)

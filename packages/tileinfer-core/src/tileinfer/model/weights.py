@@ -97,12 +97,37 @@ class ModelWeights:
         return list(seen.values())
 
 
+# Where a causal LM's tensors sit inside a multimodal checkpoint (Gemma 3's 4B-27B: its text
+# model, beside the vision tower that a text-only engine leaves unread), in the two layouts
+# transformers has saved.
+_LANGUAGE_MODEL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                            "language_model.lm_head.": "lm_head."}
+
+
+def causal_lm_renames(names) -> dict[str, str]:
+    """{stored name: a causal LM's name} for the tensors stored under other names: a base
+    model's (transformers' Qwen3Model, MistralModel: what embedding models such as
+    Qwen3-Embedding ship), named without the "model." prefix; a multimodal model's text part."""
+    renames = {}
+    for name in names:
+        for prefix, ours in _LANGUAGE_MODEL_PREFIXES.items():
+            if name.startswith(prefix):
+                renames[name] = ours + name[len(prefix):]
+    if renames:
+        return renames
+    if any(n.startswith("layers.") for n in names) and not any(n.startswith("model.")
+                                                               for n in names):
+        return {n: f"model.{n}" for n in names if not n.startswith("lm_head.")}
+    return {}
+
+
 class Checkpoint:
     """The tensors of a model directory's safetensors files, by name (use as a context manager)."""
 
     def __init__(self, model_dir, causal_lm_names: bool = True):
-        """causal_lm_names: read a base model's tensors (no "model." prefix) under a causal LM's
-        names (False: the names as stored)."""
+        """causal_lm_names: read a base model's tensors (no "model." prefix), or a multimodal
+        model's text part, under a causal LM's names (``causal_lm_renames``; False: the names as
+        stored)."""
         self.model_dir = Path(model_dir)
         try:
             self.fp8_blocks = block_scaling(model_dir)  # FP8 block scales: (block, suffix)
@@ -124,15 +149,11 @@ class Checkpoint:
             for file in files:
                 for name in self._handle(file).keys():
                     self.weight_map.setdefault(name, file)
-        # A base model's checkpoint (transformers' Qwen3Model, MistralModel: what embedding
-        # models such as Qwen3-Embedding ship) names its tensors without the "model." prefix.
         self.stored: dict[str, str] = {}  # a name as read here -> as stored, where they differ
-        names = self.weight_map
-        if causal_lm_names and any(n.startswith("layers.") for n in names) \
-                and not any(n.startswith("model.") for n in names):
-            renamed = {n: n if n.startswith("lm_head.") else f"model.{n}" for n in names}
-            self.stored = {new: old for old, new in renamed.items() if new != old}
-            self.weight_map = {renamed[n]: f for n, f in names.items()}
+        if causal_lm_names:
+            renamed = causal_lm_renames(self.weight_map)
+            self.stored = {new: old for old, new in renamed.items()}
+            self.weight_map = {renamed.get(n, n): f for n, f in self.weight_map.items()}
 
     def __enter__(self):
         return self
