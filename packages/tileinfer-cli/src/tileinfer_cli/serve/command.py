@@ -196,7 +196,8 @@ def run(args, out):
     print(f"tileinfer: serving {served.name} ({'random weights, ' if served.dummy else ''}"
           f"backend {served.backend}, max_len {served.max_len}, "
           f"{stats['pages_total']} KV pages of {stats['page_size']}) on "
-          f"http://{args.host}:{args.port}/v1; sampling defaults: {served.defaults.describe()}; "
+          f"http://{args.host}:{args.port}/v1 (and ollama's API under /api); sampling "
+          f"defaults: {served.defaults.describe()}; "
           f"tool calls: {served.tool_parser.name if served.tool_parser else 'not read'}; "
           f"reasoning: {'split from the content' if served.reasoning else 'not split'}",
           file=sys.stderr, flush=True)
