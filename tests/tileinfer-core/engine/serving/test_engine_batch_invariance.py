@@ -64,15 +64,20 @@ def others(n=OTHERS):
             for i, m in enumerate(lengths)]
 
 
+def alone_and_among_others(model, sampling=SamplingParams()):
+    """The probe's (tokens, logprobs) alone (prefill in one step) and as the third of a mix
+    (prefill in chunks of 24 tokens)."""
+    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(sampling)])[0]
+    mix = others()
+    mix.insert(2, probe(sampling))
+    return alone, outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.8, top_p=0.95)],
                          ids=["greedy", "seeded"])
 def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
-    model = invariant_model(tiny, backend)
-    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(sampling)])[0]
-    mix = others()
-    mix.insert(2, probe(sampling))
-    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
+    alone, among = alone_and_among_others(invariant_model(tiny, backend), sampling)
     assert among == alone  # tokens, and each logprob and its top-2, to the bit
 
 
@@ -80,23 +85,15 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
     () if ON_GPU else pytest.mark.skip(reason="the interpreter's run is covered by ref's")))])
 def test_gemma3_is_the_same_alone_and_among_others(tiny, backend):
     """Gemma 3's norms in the model (in blocks of rows) and its windowed local layer."""
-    model = invariant_model(tiny, backend, arch="gemma3")
-    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(SamplingParams())])
-    mix = others()
-    mix.insert(2, probe(SamplingParams()))
-    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
-    assert among == alone[0]
+    alone, among = alone_and_among_others(invariant_model(tiny, backend, arch="gemma3"))
+    assert among == alone
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_weights_keep_a_request_the_same_alone_and_among_others(tiny, backend):
     """FP8 weights: each row's activations quantized on their own, the same bits in any step."""
-    model = invariant_model(tiny, backend, quantize="fp8")
-    alone = outputs(LLMEngine(model, num_pages=60, max_step_tokens=64), [probe(SamplingParams())])
-    mix = others()
-    mix.insert(2, probe(SamplingParams()))
-    among = outputs(LLMEngine(model, num_pages=60, max_step_tokens=24), mix)[2]
-    assert among == alone[0]
+    alone, among = alone_and_among_others(invariant_model(tiny, backend, quantize="fp8"))
+    assert among == alone
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

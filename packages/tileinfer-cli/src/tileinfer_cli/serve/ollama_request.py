@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .embeddings import EmbeddingRequest
+from .embeddings import EmbeddingRequest, plan_embeddings
 from .errors import bad_request
+from .prepare import plan_chat, plan_completion
 from .schemas import ChatRequest, CompletionRequest, _neutral
+from .validation import parse
 
 
 class _Strict(BaseModel):
@@ -194,16 +196,8 @@ def _messages(messages: list[Message]) -> list[dict]:
     return out
 
 
-def _validated(schema, body: dict):
-    try:
-        return schema.model_validate(body)
-    except ValidationError as e:
-        error = e.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise bad_request(f"{where}: {error['msg']}", where) from None
-
-
-def _thinking(req: _Common, body: dict) -> dict:
+def _chat_extras(req: _Common, body: dict) -> dict:
+    """body with the request's thinking switch and logprobs, as a chat request takes them."""
     if req.think is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.think}
     if req.logprobs:
@@ -217,7 +211,7 @@ def chat_of(req: OllamaChatRequest) -> ChatRequest:
     body = req.common() | {"messages": _messages(req.messages)}
     if req.tools:
         body["tools"] = req.tools
-    return _validated(ChatRequest, _thinking(req, body))
+    return parse(_chat_extras(req, body), ChatRequest)
 
 
 def generate_of(req: OllamaGenerateRequest) -> ChatRequest | CompletionRequest:
@@ -228,11 +222,33 @@ def generate_of(req: OllamaGenerateRequest) -> ChatRequest | CompletionRequest:
     if req.raw:
         if req.logprobs:
             body.update(logprobs=req.top_logprobs or 0)
-        return _validated(CompletionRequest, body | {"prompt": req.prompt})
+        return parse(body | {"prompt": req.prompt}, CompletionRequest)
     system = [{"role": "system", "content": req.system}] if req.system else []
     body["messages"] = system + [{"role": "user", "content": req.prompt}]
-    return _validated(ChatRequest, _thinking(req, body))
+    return parse(_chat_extras(req, body), ChatRequest)
 
 
 def embed_of(req: OllamaEmbedRequest) -> EmbeddingRequest:
-    return _validated(EmbeddingRequest, {"input": req.input, "dimensions": req.dimensions})
+    return parse({"input": req.input, "dimensions": req.dimensions}, EmbeddingRequest)
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+def plan_ollama_chat(served, req: OllamaChatRequest):
+    return plan_chat(served, chat_of(req))
+
+
+def plan_ollama_generate(served, req: OllamaGenerateRequest):
+    """ollama's generate: a chat of one turn, or (raw) a completion that, as ollama's, runs
+    until the context is full unless options.num_predict says how long."""
+    converted = generate_of(req)
+    if isinstance(converted, ChatRequest):
+        return plan_chat(served, converted)
+    plan = plan_completion(served, converted)
+    if req.options is None or req.options.num_predict is None or req.options.num_predict <= 0:
+        plan.max_tokens = [served.max_len - len(p) for p in plan.prompts]
+    return plan
+
+
+def plan_ollama_embed(served, req: OllamaEmbedRequest):
+    return plan_embeddings(served, embed_of(req))

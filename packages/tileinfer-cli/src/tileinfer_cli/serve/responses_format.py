@@ -216,14 +216,14 @@ class ResponseStream:
         else:
             item = message_item(_item_id("msg"), "", self.fmt.logprobs_field(self.job, []),
                                 "in_progress")
-        part = item["content"].pop()
         self.items.append(item)
         self.open = item
         index = len(self.items) - 1
-        out = self.event("response.output_item.added", output_index=index, item=item)
-        item["content"].append(part)
+        # Added without its part (as OpenAI's), which the next event adds.
+        out = self.event("response.output_item.added", output_index=index,
+                         item={**item, "content": []})
         return out + self.event("response.content_part.added", item_id=item["id"],
-                                output_index=index, content_index=0, part=part)
+                                output_index=index, content_index=0, part=item["content"][0])
 
     def _close(self) -> str:
         item, self.open = self.open, None

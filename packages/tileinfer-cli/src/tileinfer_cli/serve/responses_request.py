@@ -23,11 +23,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
-                      ValidationError, field_validator)
+                      field_validator)
 
 from .errors import bad_request
 from .prepare import plan_chat
 from .schemas import MAX_CHAT_TOP_LOGPROBS, ChatRequest, _neutral, check_template_kwargs
+from .validation import parse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -323,9 +324,4 @@ def chat_request(req: ResponsesRequest, history: list[dict] = ()) -> ChatRequest
             **({} if f.strict is None else {"strict": f.strict})}}
     elif f is not None and f.type == "json_object":
         body["response_format"] = {"type": "json_object"}
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as e:
-        error = e.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise bad_request(f"input: {where}: {error['msg']}", "input") from None
+    return parse(body, ChatRequest)

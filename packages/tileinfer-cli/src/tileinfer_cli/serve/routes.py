@@ -25,7 +25,7 @@ from .errors import APIError, error_response
 from .jobs import END, Job
 from .ollama_format import OllamaEmbedFormat, OllamaFormat
 from .ollama_request import (OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest,
-                             chat_of, embed_of, generate_of)
+                             plan_ollama_chat, plan_ollama_embed, plan_ollama_generate)
 from .prepare import plan_chat, plan_completion
 from .responses import ModelCard, ModelList
 from .responses_format import ResponsesFormat
@@ -112,18 +112,6 @@ async def _events(job, fmt, first):
     yield fmt.end(job)
 
 
-def plan_ollama_generate(served, req: OllamaGenerateRequest):
-    """ollama's generate: a chat of one turn, or (raw) a completion that, as ollama's, runs
-    until the context is full unless options.num_predict says how long."""
-    converted = generate_of(req)
-    if isinstance(converted, ChatRequest):
-        return plan_chat(served, converted)
-    plan = plan_completion(served, converted)
-    if req.options is None or req.options.num_predict is None or req.options.num_predict <= 0:
-        plan.max_tokens = [served.max_len - len(p) for p in plan.prompts]
-    return plan
-
-
 class Endpoints:
     def __init__(self, server):
         self.server = server
@@ -152,19 +140,16 @@ class Endpoints:
     # -- ollama's API (ollama_request.py, ollama_format.py) ----------------------------------
 
     async def ollama_chat(self, request):
-        return await self._complete(
-            request, OllamaChatRequest, lambda served, req: plan_chat(served, chat_of(req)),
-            self.ollama_chat_format, "chat-")
+        return await self._complete(request, OllamaChatRequest, plan_ollama_chat,
+                                    self.ollama_chat_format, "chat-")
 
     async def ollama_generate(self, request):
         return await self._complete(request, OllamaGenerateRequest, plan_ollama_generate,
                                     self.ollama_generate_format, "gen-")
 
     async def ollama_embed(self, request):
-        return await self._complete(
-            request, OllamaEmbedRequest,
-            lambda served, req: plan_embeddings(served, embed_of(req)),
-            self.ollama_embed_format, "embd-")
+        return await self._complete(request, OllamaEmbedRequest, plan_ollama_embed,
+                                    self.ollama_embed_format, "embd-")
 
     def _ollama_model(self) -> dict:
         """The served model as ollama's model lists describe one."""

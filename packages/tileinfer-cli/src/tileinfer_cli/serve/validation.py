@@ -8,8 +8,6 @@ import json
 from pydantic import ValidationError
 
 from .errors import APIError, bad_request
-from .embeddings import EmbeddingRequest
-from .responses_request import ResponsesRequest
 from .schemas import ChatRequest, CompletionRequest
 
 
@@ -20,22 +18,27 @@ def parse_json(body: bytes):
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json")
 
 
-def validation_error(e: ValidationError) -> APIError:
-    """A 400 for the first problem pydantic found, naming the parameter (``messages.0.role``)."""
+def validation_error(e: ValidationError, schema=None) -> APIError:
+    """A 400 for the first problem pydantic found in a request of ``schema``, naming the
+    parameter (``messages.0.role``)."""
     first = e.errors()[0]
     loc = [str(p) for p in first["loc"]]
     if first["type"] == "extra_forbidden":
         name = ".".join(loc)
         return bad_request(f"unsupported parameter: {name}", name, "unsupported_parameter")
     # Union members add their type to the path (stop.str, stop.list[str]): keep request names.
-    param = ".".join(p for p in loc if p.isdigit() or p in _NAMES) or None
+    names = _NAMES | set(schema.model_fields if schema is not None else ())
+    param = ".".join(p for p in loc if p.isdigit() or p in names) or None
     message = first["msg"].removeprefix("Value error, ")
     return bad_request(f"{param}: {message}" if param else message, param)
 
 
+# The request names a problem's path may go through besides the parsed schema's own fields:
+# the chat and completions fields, and those of the nested models (messages, tools, the
+# Responses API's items and text format).
 _NAMES = (set(ChatRequest.model_fields) | set(CompletionRequest.model_fields)
-          | set(ResponsesRequest.model_fields) | set(EmbeddingRequest.model_fields)
-          | {"call_id", "output", "summary", "format", "schema", "effort", "verbosity"}
+          | {"call_id", "output", "summary", "format", "schema", "effort", "verbosity",
+             "reasoning"}
           | {"role", "content", "type", "text", "include_usage", "name", "tool_calls",
              "tool_call_id", "function", "arguments", "id", "tokens", "add_special_tokens",
              "add_generation_prompt", "return_token_strs", "description", "parameters",
@@ -48,4 +51,4 @@ def parse(body, schema):
     try:
         return schema.model_validate(body)
     except ValidationError as e:
-        raise validation_error(e) from None
+        raise validation_error(e, schema) from None
