@@ -163,7 +163,9 @@ def _attention_kernel(
         if INT8:
             s = s * tl.load(k_scale + scale_off, mask=jm, other=0.0)[None, :]
         s = s * qk_scale
-        visible = jm[None, :]
+        # (rows, keys) from the start: a runtime WINDOW compiles both branches of its `if`,
+        # whose results must have one shape.
+        visible = tl.broadcast_to(jm[None, :], (BLOCK_M, BLOCK_N))
         if CAUSAL:
             visible = visible & (j[None, :] <= pos[:, None])
         if WINDOW > 0:
