@@ -22,6 +22,7 @@ tokens each, called twice in one process on random llama3-8b weights; the second
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -113,14 +114,18 @@ def section_oneshot(args):
         for name, _, text in [("story", "open", STORY)] + list(PROMPTS):
             prompt = ti.chat_prompt(folder, [ti.ChatMessage("user", text)])
             ids = tok.encode(prompt, add_special_tokens=False)
-            outs, times = {}, {}
+            outs = {}
             # A runner of its own kept across calls (what benchmarks used to time), against
-            # one-shot generate calls on the model's runtime.
+            # one-shot generate calls on the model's runtime, with and without n-gram speculation.
+            # The three alternate, each call after a garbage collection, so that a drift of the
+            # machine or a collection inside a call (milliseconds, on answers of 7-20 ms) weighs on
+            # all three alike.
             kept = ti.ModelRunner(model, ti.new_cache(model, len(ids) + args.new_tokens + 64))
-            for label in ("kept", "plain", "ngram"):
-                times[label] = []
-                for _ in range(args.calls):
+            times = {label: [] for label in ("kept", "plain", "ngram")}
+            for _ in range(args.calls):
+                for label in times:
                     spec = ti.NgramProposer() if label == "ngram" else None
+                    gc.collect()
                     torch.cuda.synchronize()
                     start = time.perf_counter()
                     if label == "kept":
