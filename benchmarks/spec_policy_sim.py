@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from speculative import PROMPTS
+from speculative import POLICY, PROMPTS, policy_settings
 from tileinfer import (ChatMessage, ModelRunner, NgramProposer, SamplingParams, SpecStats,
                        chat_prompt, generate_into, load_model, load_tokenizer)
 from tileinfer.engine.kv.cache import new_cache
@@ -44,6 +44,9 @@ def main():
                         "--row-cost (e.g. a warm-up's measurements); the estimate still uses "
                         "--step-ms")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--policy", type=policy_settings, default={},
+                   help="the loop's policy instead of NgramProposer's defaults, e.g. "
+                   "draft_threshold=0.7 (names: " + ", ".join(POLICY) + ")")
     args = p.parse_args()
     step_ms = [float(x) for x in args.step_ms.split(",")]
     torch.set_num_threads(1)
@@ -75,6 +78,8 @@ def main():
         launched.clear()
         stats, proposer = SpecStats(), NgramProposer(k=7)
         proposer.row_cost = None if args.policy_ms else args.row_cost
+        for setting, value in args.policy.items():
+            setattr(proposer, setting, value)
         seq = cache.new_sequence()
         out = generate_into(runner, seq, ids, args.new_tokens, SamplingParams(), stop_ids=eos,
                             seed=0, speculative=proposer, spec_stats=stats)

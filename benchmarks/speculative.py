@@ -362,9 +362,24 @@ def ngram_proposer(args):
     from tileinfer import NgramProposer
 
     lookup = NgramProposer(k=args.k)
-    if args.prior_misses is not None:
-        lookup.prior_misses = args.prior_misses
+    for name, value in args.policy.items():
+        setattr(lookup, name, value)
     return lookup
+
+
+POLICY = ("smoothing", "draft_threshold", "trust_threshold", "min_gain", "prior_misses",
+          "row_cost")  # NgramProposer's attributes that the loop's DraftPolicy reads
+
+
+def policy_settings(text: str) -> dict:
+    """``--policy``'s "name=value,..." as {name: float}, names among POLICY."""
+    settings = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in POLICY:
+            raise argparse.ArgumentTypeError(f"--policy: {name!r} is not one of {POLICY}")
+        settings[name] = float(value)
+    return settings
 
 
 def main():
@@ -383,9 +398,9 @@ def main():
     p.add_argument("--own-runner", action="store_true",
                    help="run on a ModelRunner and cache of the benchmark's own instead of the "
                    "model runtime's runner (the one generate and the CLI use)")
-    p.add_argument("--prior-misses", type=float, help="the n-gram loop's prior (default: "
-                   "NgramProposer's): the failed guesses that the rate its chaining rests on "
-                   "begins with")
+    p.add_argument("--policy", type=policy_settings, default={},
+                   help="the n-gram loop's policy instead of NgramProposer's defaults, e.g. "
+                   "draft_threshold=0.7,trust_threshold=0.8 (names: " + ", ".join(POLICY) + ")")
     p.add_argument("--prompts", help="comma-separated prompt names (default: all)")
     p.add_argument("--no-stop", action="store_true",
                    help="generate new-tokens tokens, past the end-of-answer token")

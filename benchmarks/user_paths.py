@@ -31,7 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from speculative import PROMPTS, copy_fraction  # noqa: E402
+from speculative import POLICY, PROMPTS, copy_fraction, policy_settings  # noqa: E402
 
 STORY = "Write a long story about a dragon."
 
@@ -124,7 +124,11 @@ def section_oneshot(args):
             times = {label: [] for label in ("kept", "plain", "ngram")}
             for _ in range(args.calls):
                 for label in times:
-                    spec = ti.NgramProposer() if label == "ngram" else None
+                    spec = None
+                    if label == "ngram":
+                        spec = ti.NgramProposer()
+                        for setting, value in args.policy.items():
+                            setattr(spec, setting, value)
                     gc.collect()
                     torch.cuda.synchronize()
                     start = time.perf_counter()
@@ -198,6 +202,9 @@ def main():
                    help="generate calls per prompt and kind in the oneshot section (the first "
                         "is timed apart; the rest give medians)")
     p.add_argument("--batches", default="8,32,64")
+    p.add_argument("--policy", type=policy_settings, default={},
+                   help="the oneshot section's n-gram policy instead of NgramProposer's "
+                   "defaults, e.g. draft_threshold=0.7 (names: " + ", ".join(POLICY) + ")")
     p.add_argument("--cli-prompts", type=int, default=0,
                    help="also run the first N prompts of benchmarks/speculative.py in the CLI")
     p.add_argument("--cli-repeats", type=int, default=1,
