@@ -3,9 +3,11 @@
 ``check_finite`` checks one tensor at once: one ``aminmax`` pass (it propagates NaN and shows an
 infinity in its min or max; no tensor-sized temporary, which ``isfinite(t).all()`` makes). On a
 GPU, reading each tensor's answer back is a wait for the device per tensor (a few hundred in a
-small model); ``FiniteCheck`` instead launches each tensor's ``aminmax`` as it loads and reads them
-all back at once in ``flush``, which ``load_weights`` calls after each layer (so that a layer's
-tensors are held no longer than the layer's loading, where quantizing would free them).
+small model, each a point where the loading thread lets go of the interpreter's lock and may
+wait for it again behind another thread); ``FiniteCheck`` instead launches each tensor's
+``aminmax`` as it loads and reads them all back at once in ``flush``, which ``load_weights``
+calls once at the end, or after each layer when quantizing (the pending checks hold the layer's
+unquantized tensors, which quantizing would otherwise free).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ count, then every tensor's shape from the safetensors headers), so that a config
 not match its weights (``num_hidden_layers: 100000000``) is refused at once, naming the field or
 the tensor. Every tensor is checked for NaN and infinite values as it is loaded (``check_finite``:
 one ``aminmax`` pass, far cheaper than the copy the load makes anyway; on a GPU read back once
-per layer, ``finite_weights.py``), so that a corrupt file is
+at the end, or once per layer when quantizing, ``finite_weights.py``), so that a corrupt file is
 refused with the tensor's name instead of generating garbage.
 
 A checkpoint whose linear weights are stored in FP8 (compressed-tensors or vLLM's "fp8", with a
@@ -348,7 +348,8 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
                 post_attn_norm=load_norm(n["post_attn_norm"]) if "post_attn_norm" in n else None,
                 post_mlp_norm=load_norm(n["post_mlp_norm"]) if "post_mlp_norm" in n else None,
             ))
-            finite.flush()
+            if quantize is not None:  # the pending checks hold the layer's unquantized tensors
+                finite.flush()
         norm = load_norm("model.norm.weight")
         # transformers ties lm_head to the embedding when tie_word_embeddings is set, and then
         # does not save it; a checkpoint without lm_head.weight is read the same way.
