@@ -154,11 +154,11 @@ def test_every_launched_specialization_compiles_for_sm90(tiny, launches, tmp_pat
             continue
         model = load_model(tiny.directory(arch, dtype=torch.bfloat16), dtype=torch.bfloat16,
                            backend="triton", max_len=64, quantize=quantize)
-        generate(model, prompt, 4, greedy, kv_quantize=kv, speculative=NgramProposer())
-    generate(model, prompt, 4, sampled, seed=1, speculative=NgramProposer())
+        generate(model, prompt, 3, greedy, kv_quantize=kv, speculative=NgramProposer())
+    generate(model, prompt, 3, sampled, seed=1, speculative=NgramProposer())
     engine = LLMEngine(model, max_running=4)
     for n, sampling in ((5, greedy), (18, sampled)):
-        engine.add_request(list(range(4, 4 + n)), sampling=sampling, max_new_tokens=3, seed=2)
+        engine.add_request(list(range(4, 4 + n)), sampling=sampling, max_new_tokens=2, seed=2)
     while engine.has_unfinished():
         engine.step()
     launch_each_op_apart(ops)
