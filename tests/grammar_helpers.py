@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from tiny_models import COMMON, save_tiny
+from tiny_models import COMMON, redraw_weights, save_tiny
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -28,11 +28,7 @@ def smol_vocab_dir(tmp_path_factory):
                                              tie_word_embeddings=True))
     torch.manual_seed(5)
     model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.2 * noise if name.endswith("norm.weight") else 0.05 * noise)
+    redraw_weights(model, seed=5)
     model.generation_config.eos_token_id = None
     return save_tiny(model, tmp_path_factory.mktemp("smol-vocab") / "model")
 

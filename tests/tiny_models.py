@@ -90,19 +90,27 @@ def build_tiny(arch: str, tie: bool = False, seed: int | None = None, rope=None,
     config = tiny_config(arch, tie, rope, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, _CLASSES[arch][1])(config).eval()
+    redraw_weights(model, seed, std, norm_base=0.0 if arch == "gemma3" else 1.0)
+    _fixed_length_generation(model)
+    return model
+
+
+@torch.no_grad()
+def redraw_weights(model, seed: int, std: float = 0.05, norm_base: float = 1.0):
+    """Draw every parameter of a transformers model again from one seeded generator: norm
+    weights norm_base + 0.2 * noise (Gemma's norms scale by 1 + w: norm_base 0 gives the same
+    scales), linear and embedding weights std * noise."""
     gen = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=gen)
-        if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + w: the same scales
-            param.copy_((0.0 if arch == "gemma3" else 1.0) + 0.2 * noise)
+        if name.endswith("norm.weight"):
+            param.copy_(norm_base + 0.2 * noise)
         elif ".act_fn." in name:  # xIELU alpha_p / alpha_n (before softplus)
             param.copy_(param + 0.3 * noise)
         elif name.endswith(".bias"):  # Qwen2's q/k/v biases: as large as the products they shift
             param.copy_(0.5 * noise)
         else:
             param.copy_(std * noise)
-    _fixed_length_generation(model)
-    return model
 
 
 def _fixed_length_generation(model):

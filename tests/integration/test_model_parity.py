@@ -32,7 +32,7 @@ from tileinfer.engine.generation.forward import forward, forward_batch
 from tileinfer.engine.kv.step import prepare_step
 from tileinfer.model import load_model
 from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, build_tiny,  # noqa: F401
-                         prompt_ids, save_tiny, single_torch_thread, tiny)
+                         prompt_ids, redraw_weights, save_tiny, single_torch_thread, tiny)
 
 PAGE_SIZE = 16
 STEPS = 40
@@ -252,11 +252,7 @@ def test_a_multimodal_gemma3_checkpoint_runs_as_its_text_model(tmp_path):
                                        boi_token_index=501, eoi_token_index=502)
     torch.manual_seed(0)
     hf = transformers.Gemma3ForConditionalGeneration(config).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in hf.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            param.copy_(0.2 * noise if name.endswith("norm.weight") else 0.05 * noise)
+    redraw_weights(hf, seed=0, norm_base=0.0)
     hf.save_pretrained(tmp_path)
     prompt = prompt_ids(30, seed=4, vocab=400)
     with torch.no_grad():
