@@ -232,6 +232,26 @@ def test_scripted_outputs_and_sequence_at_every_stop_and_length(seed, adaptive):
     assert out == answer[:first] and seq.tokens == truth[:len(prompt) + first]
 
 
+
+@pytest.mark.parametrize("ends", [True, False], ids=["stops-where-the-prompt-did", "goes-on"])
+def test_scripted_copy_of_a_turn_that_ends_with_a_stop_token(ends):
+    """The answer copies the prompt's text that a stop token followed (a chat turn's end): the
+    drafts end at the stop token, and no step is launched on the tokens after it, which would
+    only be dropped. An answer that goes on past where the prompt stopped still comes out right."""
+    rng = random.Random(3)
+    body = [rng.randrange(100, 400) for _ in range(80)]
+    stop = 7
+    prompt = [5] + body + [stop, 9, 11, 13]
+    tail = [stop] if ends else [rng.randrange(100, 400) for _ in range(20)] + [stop]
+    truth = prompt + body + tail
+    out, runner, seq, stats = scripted(truth, len(prompt), ngram(), 200, stop=[stop])
+    assert out == body + tail[:-1]
+    assert seq.tokens == truth[:len(truth) - 1]
+    if ends:
+        assert stats.wasted_steps == 0, stats.summary()
+        assert max(runner.cached) == len(truth) - 2  # the last input: the stop token's row
+
+
 # --- real tiny models ----------------------------------------------------------------------------
 
 

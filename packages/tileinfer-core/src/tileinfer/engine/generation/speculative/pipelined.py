@@ -17,6 +17,9 @@ sampling included, so a stretch without drafts costs what plain decoding costs.
   on the GPU: one wasted step), and the next one starts from the last known token, given by the
   host (with the known tokens before it whose keys and values a dropped step may have cut off).
   The host never waits for the GPU between steps.
+- Drafts stop at a stop token (a copied end of the prompt's turn), and no step is launched
+  after one that probably ends the answer: it would be dropped, and the answer's end waits for
+  every step in flight.
 - What to draft: the lookup's continuation of the known tokens and of P's drafts. How much:
   the loop keeps a moving average p of how often its guesses came true (drafts, the guessed
   input of a chained step and, where it guessed nothing, the lookup's own prediction of each
@@ -242,7 +245,10 @@ class _Loop:
         room = self._room(start)
         if room < 1:
             return None
-        return drafts[:max(0, min(self.max_new - 1 - first_new, room - 1))]
+        drafts = drafts[:max(0, min(self.max_new - 1 - first_new, room - 1))]
+        # Up to a stop token: rows after it would check tokens past the answer's end.
+        ends = next((i for i, t in enumerate(drafts) if t in self.stop), None)
+        return drafts if ends is None else drafts[:ends + 1]
 
     def _plan(self) -> _Step | None:
         """The next step: chained on the step in flight where that can give new tokens, else
@@ -269,6 +275,8 @@ class _Loop:
         need = len(guessed) + budget + 1 if (budget or (trusted and guessed)) else len(guessed)
         # future[i]: the guess of the token at position len(known) + i.
         future = guessed + self.proposer.continuation(known, guessed, need - len(guessed))
+        if trusted and any(t in self.stop for t in future[:len(guessed) + 1]):
+            return None  # prev's rows likely give a stop token: a step after it is dropped
         for row in rows:
             offset = row - settled  # the new step's first position is len(known) + offset
             start = prev.start + row + 1
