@@ -16,7 +16,8 @@ way at any row count: per sequence over exactly its keys on the CPU; on a GPU in
 of keys (``_attention_rows_in_chunks``), since the padded width depends on the step.
 
 ``window`` (the ``attention_window`` op): a query at position p sees only the positions
-``p - window + 1 .. p``, a mask more in every form.
+``p - window + 1 .. p``, a mask more in every form; the padded form's rows (decode and verify
+steps) also gather only the pages the window reaches, not the block table's width.
 """
 
 from __future__ import annotations
@@ -105,6 +106,20 @@ def _keys_and_values(kv, pages):
     return keys, _gather_pages(kv.v_cache, kv.v_scale, pages)
 
 
+def _window_pages(pages, last, window: int, page_size: int):
+    """Of one sequence's pages (1, max_pages), the window // page_size + 2 (at most max_pages)
+    consecutive ones that hold positions last - window + 1 .. last (last: a 0-d tensor, read on
+    the device), and their positions (count * page_size,): a fixed shape whatever the position,
+    so a CUDA graph captures it, and a window's worth of keys instead of the table's width."""
+    max_pages = pages.shape[1]
+    count = min(max_pages, window // page_size + 2)
+    first = torch.clamp(torch.div(last - window + 1, page_size, rounding_mode="floor"),
+                        min=0, max=max_pages - count)
+    index = first + torch.arange(count, device=pages.device)  # (count,)
+    positions = index[:, None] * page_size + torch.arange(page_size, device=pages.device)
+    return pages[:, index], positions.flatten()
+
+
 def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens,
                            window):
     """Each query row alone against its sequence's padded keys (a batch of one), masked past
@@ -116,8 +131,11 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
     ctx = step.context_lens.long()[seq_of_row]  # (n,)
     last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
     for r in range(n):
-        keys, values = _keys_and_values(kv, step.block_table[seq_of_row[r:r + 1]].long())
-        visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (width,)
+        pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
+        if window is not None:  # only the pages the window reaches
+            pages, key_pos = _window_pages(pages, last[r], window, kv.k_cache.shape[1])
+        keys, values = _keys_and_values(kv, pages)
+        visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (keys,)
         if window is not None:
             visible = visible & (key_pos > last[r:r + 1] - window)
         seen = visible[None, :, None, None]
