@@ -16,8 +16,8 @@ way at any row count: per sequence over exactly its keys on the CPU; on a GPU in
 of keys (``_attention_rows_in_chunks``), since the padded width depends on the step.
 
 ``window`` (the ``attention_window`` op): a query at position p sees only the positions
-``p - window + 1 .. p``, a mask more in every form; the padded form's rows (decode and verify
-steps) also gather only the pages the window reaches, not the block table's width.
+``p - window + 1 .. p``, a mask more in every form; the padded form also gathers only the pages
+the window reaches, not the block table's width.
 """
 
 from __future__ import annotations
@@ -106,18 +106,22 @@ def _keys_and_values(kv, pages):
     return keys, _gather_pages(kv.v_cache, kv.v_scale, pages)
 
 
-def _window_pages(pages, last, window: int, page_size: int):
-    """Of one sequence's pages (1, max_pages), the window // page_size + 2 (at most max_pages)
-    consecutive ones that hold positions last - window + 1 .. last (last: a 0-d tensor, read on
-    the device), and their positions (count * page_size,): a fixed shape whatever the position,
-    so a CUDA graph captures it, and a window's worth of keys instead of the table's width."""
+def _pages_from(pages, first_position, count: int, page_size: int):
+    """Of each sequence's pages (b, max_pages), the ``count`` consecutive ones from the page of
+    first_position (b,) (moved back where they would pass the table's end), and their positions
+    (b, count * page_size): a fixed shape read on the device, so a CUDA graph captures it.
+    A window's worth of keys instead of the block table's width."""
     max_pages = pages.shape[1]
-    count = min(max_pages, window // page_size + 2)
-    first = torch.clamp(torch.div(last - window + 1, page_size, rounding_mode="floor"),
+    first = torch.clamp(torch.div(first_position, page_size, rounding_mode="floor"),
                         min=0, max=max_pages - count)
-    index = first + torch.arange(count, device=pages.device)  # (count,)
-    positions = index[:, None] * page_size + torch.arange(page_size, device=pages.device)
-    return pages[:, index], positions.flatten()
+    index = first[:, None] + torch.arange(count, device=pages.device)  # (b, count)
+    positions = index[:, :, None] * page_size + torch.arange(page_size, device=pages.device)
+    return pages.gather(1, index), positions.flatten(1)
+
+
+def _window_count(max_pages: int, span: int, page_size: int) -> int:
+    """Pages that hold any span consecutive positions (at most the table's)."""
+    return min(max_pages, span // page_size + 2)
 
 
 def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index, q_lens,
@@ -133,7 +137,10 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
     for r in range(n):
         pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
         if window is not None:  # only the pages the window reaches
-            pages, key_pos = _window_pages(pages, last[r], window, kv.k_cache.shape[1])
+            count = _window_count(pages.shape[1], window, kv.k_cache.shape[1])
+            pages, key_pos = _pages_from(pages, last[r:r + 1] - window + 1, count,
+                                         kv.k_cache.shape[1])
+            key_pos = key_pos[0]
         keys, values = _keys_and_values(kv, pages)
         visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (keys,)
         if window is not None:
@@ -222,12 +229,16 @@ def attention_padded(out, q, kv, step, scale, causal, window=None):
     padded_q[seq_of_row, q_index] = q.float()
 
     pages = step.block_table.long()  # (batch, max_pages); padding entries are masked below
-    width = pages.shape[1] * kv.k_cache.shape[1]
-    keys, values = _keys_and_values(kv, pages)  # (batch, width, kv_heads, hd)
-    key_pos = torch.arange(width, device=dev)
+    page_size = kv.k_cache.shape[1]
+    key_pos = torch.arange(pages.shape[1] * page_size, device=dev)[None]  # (1, width)
+    if window is not None and causal:  # the pages from the first query's window on
+        count = _window_count(pages.shape[1], max_q + window - 1, page_size)
+        first = step.context_lens.long() - q_lens - window + 1  # (batch,)
+        pages, key_pos = _pages_from(pages, first, count, page_size)  # key_pos (batch, keys)
+    keys, values = _keys_and_values(kv, pages)  # (batch, keys, kv_heads, hd)
     visible = _visible(step.context_lens.long()[:, None, None], q_lens[:, None, None],
                        torch.arange(max_q, device=dev)[None, :, None],
-                       key_pos[None, None, :], causal, window)  # (batch, max_q, width)
+                       key_pos[:, None, :], causal, window)  # (batch, max_q, keys)
     # Unused pages may hold any bits (NaN included): zero them so masked products stay 0.
     used = visible.any(1)[:, :, None, None]
     keys = torch.where(used, keys, 0.0).repeat_interleave(group, 2)

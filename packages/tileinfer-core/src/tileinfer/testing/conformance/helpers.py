@@ -283,6 +283,7 @@ WINDOW_CASES = [  # q_lens, context_lens, heads, kv_heads, head_dim, page_size, 
     ([4, 1], [300, 70], 9, 3, 64, 16, 512),         # a window longer than the context
     ([1], [1100], 8, 1, 64, 16, 1),                # window 1: its own position only
     ([3, 1, 2], [90, 33, 18], 4, 1, 64, 16, 21),   # verify rows, a window across pages
+    ([20, 1, 15], [200, 150, 15], 4, 1, 64, 16, 24),  # a chunk, decode, prefill: past the window
 ]
 
 SAMPLING = [
