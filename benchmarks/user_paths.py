@@ -67,7 +67,7 @@ def import_torch_seconds() -> float:
 
 
 def section_cli(args):
-    prompts = [("story", STORY)] + [(name, text) for name, _, text in PROMPTS[: args.cli_prompts]]
+    prompts = [("dragon", STORY)] + [(name, text) for name, _, text in PROMPTS[: args.cli_prompts]]
     for backend in args.backends:
         seconds = round(import_torch_seconds(), 4)
         emit({"kind": "import_torch", "backend": backend, "seconds": seconds})
@@ -111,7 +111,7 @@ def section_oneshot(args):
     tok = ti.load_tokenizer(folder)
     for backend in args.backends:
         model = ti.load_model(folder, backend=backend)
-        for name, _, text in [("story", "open", STORY)] + list(PROMPTS):
+        for name, _, text in [("dragon", "open", STORY)] + list(PROMPTS):
             prompt = ti.chat_prompt(folder, [ti.ChatMessage("user", text)])
             ids = tok.encode(prompt, add_special_tokens=False)
             outs = {}
