@@ -106,6 +106,9 @@ def main():
                    help="JSON list of attention override dicts for the cuda backend")
     p.add_argument("--cuda-gemv", type=json.loads, default=[None],
                    help="JSON list of GEMV override dicts for the cuda backend")
+    p.add_argument("--triton-gemv", type=json.loads, default=[None],
+                   help="JSON list of override dicts of the triton backend's row programs, "
+                        "e.g. '[{}, {\"rows_per_program\": 4}]'")
     p.add_argument("--rows", default="", help="comma list of row counts: profile verify steps")
     p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
     args = p.parse_args()
@@ -116,25 +119,32 @@ def main():
                          quantize=quant, max_len=max_len)
     kv = None if args.kv_cache == "bf16" else "int8"
     cache = None if args.batch else new_cache(model, args.context + 64, quantize=kv)
-    for attention in args.cuda_attention:
-        for gemv in args.cuda_gemv:
-            what = dict(shape=args.shape, backend=args.backend,
-                        weights=quant or "bf16", kv_cache=args.kv_cache,
-                        context=args.context)
-            if attention is not None or gemv is not None:
-                from tileinfer_backend_cuda.ops import tuning
+    runs = [(attention, gemv, rows) for attention in args.cuda_attention
+            for gemv in args.cuda_gemv for rows in args.triton_gemv]
+    for attention, gemv, triton_gemv in runs:
+        what = dict(shape=args.shape, backend=args.backend,
+                    weights=quant or "bf16", kv_cache=args.kv_cache,
+                    context=args.context)
+        if triton_gemv is not None:
+            from tileinfer_backend_triton.kernels import linear_config
 
-                tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
-                what.update(attention_overrides=attention, gemv_overrides=gemv)
-            if args.batch:
-                profile_engine(model, args, what)
-            elif args.rows:
-                for n in (int(r) for r in args.rows.split(",")):
-                    rows, span = profile_rows(model, cache, args.context, n, args.replays)
-                    print_profile(dict(what, rows=n), rows, span)
-            else:
-                rows, span = profile_context(model, cache, args.context, args.replays)
-                print_profile(what, rows, span)
+            linear_config.ROW_OVERRIDES.clear()
+            linear_config.ROW_OVERRIDES.update(triton_gemv)
+            what.update(triton_gemv_overrides=triton_gemv)
+        if attention is not None or gemv is not None:
+            from tileinfer_backend_cuda.ops import tuning
+
+            tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
+            what.update(attention_overrides=attention, gemv_overrides=gemv)
+        if args.batch:
+            profile_engine(model, args, what)
+        elif args.rows:
+            for n in (int(r) for r in args.rows.split(",")):
+                rows, span = profile_rows(model, cache, args.context, n, args.replays)
+                print_profile(dict(what, rows=n), rows, span)
+        else:
+            rows, span = profile_context(model, cache, args.context, args.replays)
+            print_profile(what, rows, span)
 
 
 def profile_context(model, cache, context: int, replays: int):

@@ -105,8 +105,8 @@ def compile_errors(specs: list, tmp_path) -> list:
 
 def launch_each_op_apart(ops):
     """The kernels a model's steps fuse away or may not choose: RoPE and the KV store apart,
-    the activations unfused, the tiled product, non-causal and split-KV attention, a sampled
-    draft's acceptance."""
+    the activations unfused, the tiled product, row programs of several rows, non-causal and
+    split-KV attention, a sampled draft's acceptance."""
     from tileinfer_backend_triton.kernels import activations, linear, rope_kv
 
     gen = torch.Generator().manual_seed(0)
@@ -126,6 +126,12 @@ def launch_each_op_apart(ops):
         scale = torch.ones(96) if weight.dtype == torch.int8 else None
         linear.launch_linear(torch.empty(160, 96, dtype=torch.bfloat16), x, weight, scale,
                              invariant=False)
+    # a sequence's steps on row programs of 4 rows (GemvConfig.rows_per_program), plain and SwiGLU
+    rows4 = linear.GemvConfig(block_n=4, block_k=64, unroll=2, rows_per_program=4)
+    weight = torch.randn(192, 128, generator=gen).bfloat16()
+    for act, width in ((linear.ACT_NONE, 96), (linear.ACT_SWIGLU, 192)):
+        linear.launch_linear(torch.empty(5, 96, dtype=torch.bfloat16), x[:5], weight[:width],
+                             None, act=act, config=rows4)
     logits = torch.randn(4, 700, generator=gen)
     ops.accept_tokens(torch.empty(4, dtype=torch.int32), logits,
                       torch.tensor([1, 2, 3, 4], dtype=torch.int32), None, 0.8, 40, 0.9,

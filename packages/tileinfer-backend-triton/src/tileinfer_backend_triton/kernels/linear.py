@@ -8,12 +8,12 @@ the fused SwiGLU / xIELU activations):
   clamped, not masked) and accumulates ``w * x`` in a float32 register tile, reduced once at
   the end. Up to ROW_INVARIANT_MAX_M tokens of a single sequence's step (``invariant``) every
   row runs the 1-token code on its own programs (grid axis 0), or, where the config asks
-  (``row_group``), on programs of 2 or 4 rows that load each weight tile once for them and keep
-  the 1-token program's 2-D tile per row, so a verify step's rows equal decode steps bit for
-  bit; batched steps of 2..64 rows and any step of 9..64 use ``tl.dot`` on rows padded to 16,
-  32 or 64 (the weight read once for all rows). Narrow outputs split K; the
-  last program to arrive at a tile (an arrival counter) sums the partials in split order, runs
-  the epilogue and re-arms the counter. SwiGLU takes gate rows ``n`` and up rows ``inter + n``
+  (``row_group``), every step of the sequence (one token too) runs on programs of 2 or 4 rows
+  that load each weight tile once for them and keep a 2-D tile per row, so a verify step's rows
+  equal decode steps bit for bit; batched steps of 2..64 rows and any step of 9..64 use
+  ``tl.dot`` on rows padded to 16, 32 or 64 (the weight read once for all rows). Narrow outputs
+  split K; the last program to arrive at a tile (an arrival counter) sums the partials in split
+  order, runs the epilogue and re-arms the counter. SwiGLU takes gate rows ``n`` and up rows ``inter + n``
   in the same program.
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
@@ -68,8 +68,8 @@ def _gemv_kernel(
     """Grid: (cdiv(M, BLOCK_M) if BLOCK_M < 16 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K);
     W: (N_OUT or 2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row
     is program_id(0)); 2 or 4: row programs of that many token rows (float weights), each row
-    computed as the 1-token program computes it; BLOCK_M = 16, 32 or 64: up to that many tokens
-    on the tensor cores (weights staged through shared memory by cp.async, software-pipelined
+    in its own 2-D tile (a 1-token step in the first); BLOCK_M = 16, 32 or 64: up to that many
+    tokens on the tensor cores (weights staged through shared memory by cp.async, software-pipelined
     num_stages deep). P_ROWS: rows of the split-K partial buffer (the programs' rows)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)

@@ -3,7 +3,7 @@ per-shape GEMV table, the split-K choice and the split-K scratch. Host code only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS
@@ -26,9 +26,10 @@ class GemvConfig:
     num_stages: int = 3
     unroll: int = 1  # CUDA-core rows: K tiles loaded per iteration (1 or 2)
     dot: bool = False  # 1..8 tokens through the tensor-core path too (rows padded to 16)
-    # Float weights: a single sequence's step of more than this many rows runs them this many
-    # to a row program (1, 2 or 4), each loaded weight tile used for all of them (row_group).
-    # 1 (off) until the GPU shows the grouped rows' bits equal the 1-token program's there.
+    # Float weights: every step of a single sequence, a 1-token step too, runs its rows this
+    # many to a row program (1, 2 or 4), each loaded weight tile used for all of them
+    # (row_group): a decode step and a verify step's rows then run the same compiled program.
+    # 1 (off) until the GPU shows a row's bits the same in every slot of a program.
     rows_per_program: int = 1
 
 
@@ -86,6 +87,17 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
 }
 
 
+def _default_rows_config(int8: bool, act: int, f32: bool) -> GemvConfig:
+    """The row programs' tiles of a weight GEMV_TABLE does not list."""
+    if f32:
+        return GemvConfig(block_n=16, block_k=128, num_warps=4)
+    if act == ACT_SWIGLU:
+        if int8:
+            return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
+        return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
+    return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
+
+
 def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> GemvConfig:
     """Default GEMV tiles (from benchmarks/ops.py's sweep over llama decode shapes).
 
@@ -101,27 +113,25 @@ def gemv_config(rows: bool, n: int, k: int, int8: bool, act: int, f32: bool) -> 
                           unroll=2 if k >= 512 else 1)
     if rows:
         entry = None if f32 else GEMV_TABLE.get((n, k, int8, act))
-        if entry is not None:
-            return entry
-        if f32:
-            return GemvConfig(block_n=16, block_k=128, num_warps=4)
-        if act == ACT_SWIGLU:
-            if int8:
-                return GemvConfig(block_n=4, block_k=512, num_warps=4, unroll=2)
-            return GemvConfig(block_n=8, block_k=256, num_warps=4, unroll=2)
-        return GemvConfig(block_n=8, block_k=512, num_warps=4, unroll=2)
+        if entry is None:
+            entry = _default_rows_config(int8, act, f32)
+        return replace(entry, **ROW_OVERRIDES) if ROW_OVERRIDES else entry
     return GemvConfig(block_n=32 if act == ACT_SWIGLU else 64, block_k=128, num_warps=4,
                       num_stages=3)
 
 
 def row_group(cfg: GemvConfig, m: int, int8: bool) -> int:
     """Token rows per row program in a single sequence's step of m rows (linear_loops.py's
-    _row_group_k_loop): cfg.rows_per_program when m exceeds it, else one. Up to that many rows
-    the step is latency-bound and a program per row keeps more loads in flight; above it, a
-    weight tile loaded once for several rows pays. INT8 weights keep one row per program."""
-    if int8 or m <= cfg.rows_per_program:
-        return 1
-    return cfg.rows_per_program
+    _row_group_k_loop): cfg.rows_per_program at every m, so that a 1-token step and a verify
+    step run one compiled program (a row's float32 sum follows the layout Triton compiles a
+    program to: a program of one row and a program of four did not sum a row alike on the GPU,
+    benchmarks/RESULTS.md, 2026-12-04). INT8 weights keep one row per program."""
+    return 1 if int8 else cfg.rows_per_program
+
+
+# Overrides of the row programs' configs (e.g. {"rows_per_program": 4}) for benchmarks that
+# compare them in whole steps (benchmarks/profile_step.py --triton-gemv); empty when shipped.
+ROW_OVERRIDES: dict = {}
 
 
 @dataclass(frozen=True)

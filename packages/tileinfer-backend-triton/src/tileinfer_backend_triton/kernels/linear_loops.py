@@ -104,9 +104,10 @@ def _row_group_k_loop(x_ptr, s_xm, row0, M, w_a, w_b, k_lo, k_hi, rk, ACT: tl.co
                       BLOCK_K: tl.constexpr):
     """The 1-token program's K loop (float weights, in _gemv_kernel) for ROWS (2 or 4) token
     rows row0.. at once: each weight tile is loaded once for them. Every row keeps its own
-    [BLOCK_N, BLOCK_K] float32 tile, the 1-token program's, with the same multiply-adds in the
-    same K order and one reduction over K at the end: the same ops on the same 2-D shapes, so
-    each row's sums are the 1-token program's bits. Returns [ROWS, BLOCK_N] sums of both."""
+    [BLOCK_N, BLOCK_K] float32 tile with the 1-token program's multiply-adds in the same K order
+    and one reduction over K at the end: the same ops on the same 2-D shapes in every slot. A
+    1-token step runs this program too (row_group), its row in slot 0 and the others clamped
+    copies of it. Returns [ROWS, BLOCK_N] sums of both."""
     STEP: tl.constexpr = BLOCK_K * UNROLL
     x0 = x_ptr + tl.minimum(row0, M - 1).to(tl.int64) * s_xm + rk[None, :]
     x1 = x_ptr + tl.minimum(row0 + 1, M - 1).to(tl.int64) * s_xm + rk[None, :]
