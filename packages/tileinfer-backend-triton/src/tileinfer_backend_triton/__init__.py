@@ -119,6 +119,8 @@ NOTES = {
                      "program per row, thresholds by 32-step bisection",
     "sample_tokens_with_sums": "greedy: the split argmax adds up each row as it reads it",
     "sample_per_row": "one program per row, each with its own parameters and stream",
+    "gemma_rmsnorm": "the rmsnorm kernel with Gemma's float32 weight and one rounding (the "
+                     "residual add fused in add_gemma_rmsnorm)",
     "batch_invariant": "linear: tensor-core tiles without split-K; attention: one row per "
                        "program, 256-position splits",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
@@ -145,6 +147,14 @@ if _AVAILABLE:
     @hookimpl
     def add_rmsnorm(residual, out, delta, weight, eps):
         _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta)
+
+    @hookimpl
+    def gemma_rmsnorm(out, x, weight, eps):
+        _norms.launch_rmsnorm(out, x, weight, eps, gemma=True)
+
+    @hookimpl
+    def add_gemma_rmsnorm(residual, out, delta, weight, eps):
+        _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta, gemma=True)
 
     def _launcher(weight):
         """The linear ops' launcher for weight: the FP8 product for e4m3, else linear.py's."""

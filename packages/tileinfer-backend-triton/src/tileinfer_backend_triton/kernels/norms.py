@@ -6,7 +6,8 @@ registers: a decode step's hidden row (1 x 4096) is one program, per-head q/k no
 that views such as the q heads of a fused qkv row, (n, heads, head_dim), need no copy.
 
 Rounding follows transformers' LlamaRMSNorm: ``x_hat = x * rsqrt(mean(x^2) + eps)`` in float32,
-rounded to x's dtype, then ``weight * x_hat`` rounded to out's dtype. The fused op first rounds
+rounded to x's dtype, then ``weight * x_hat`` rounded to out's dtype; Gemma's (GEMMA) multiplies
+the float32 x_hat by its float32 weight and rounds once. The fused op first rounds
 ``residual + delta`` to the residual's dtype, stores it, and normalizes that rounded value.
 """
 
@@ -25,7 +26,8 @@ def _rms_rows_kernel(
     R, D, INNER,                      # rows, row length, rows per outer index (3-D views)
     sx0, sx1, so0, so1, sd0, sd1,     # (outer, inner) strides of x/residual, out, delta
     eps,
-    ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    ADD: tl.constexpr, GEMMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
@@ -44,10 +46,14 @@ def _rms_rows_kernel(
         tl.store(x_ptr + x_off, x, mask=mask)
         x = x.to(tl.float32)
     mean_sq = tl.math.div_rn(tl.sum(x * x, axis=1), D.to(tl.float32))
-    x_hat = cast_to(x * tl.rsqrt(mean_sq + eps)[:, None], x_raw.dtype)
     out_ty = out_ptr.dtype.element_ty
-    w = cast_to(tl.load(w_ptr + cols, mask=cols < D, other=0.0), out_ty).to(tl.float32)
-    y = cast_to(w[None, :] * cast_to(x_hat, out_ty).to(tl.float32), out_ty)
+    if GEMMA:  # Gemma: the float32 weight (1 + w) on the float32 x_hat, rounded once
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y = cast_to(x * tl.rsqrt(mean_sq + eps)[:, None] * w[None, :], out_ty)
+    else:
+        x_hat = cast_to(x * tl.rsqrt(mean_sq + eps)[:, None], x_raw.dtype)
+        w = cast_to(tl.load(w_ptr + cols, mask=cols < D, other=0.0), out_ty).to(tl.float32)
+        y = cast_to(w[None, :] * cast_to(x_hat, out_ty).to(tl.float32), out_ty)
     o_off = (outer * so0 + inner * so1)[:, None] + cols[None, :]
     tl.store(out_ptr + o_off, y, mask=mask)
 
@@ -79,8 +85,9 @@ def _config(d: int):
     return block_r, block_d, num_warps
 
 
-def launch_rmsnorm(out, x, weight, eps, residual_delta=None):
-    """rmsnorm(out, x, weight, eps); with residual_delta, x is the residual updated in place."""
+def launch_rmsnorm(out, x, weight, eps, residual_delta=None, gemma=False):
+    """rmsnorm(out, x, weight, eps); with residual_delta, x is the residual updated in place;
+    gemma: Gemma's norm (a float32 weight, one rounding; out may be x)."""
     d = x.shape[-1]
     rows, inner, sx0, sx1 = _as_rows(x)
     _, _, so0, so1 = _as_rows(out)
@@ -96,6 +103,6 @@ def launch_rmsnorm(out, x, weight, eps, residual_delta=None):
     grid = (triton.cdiv(rows, block_r),)
     _rms_rows_kernel[grid](
         x, weight, out, delta, rows, d, inner, sx0, sx1, so0, so1, sd0, sd1, float(eps),
-        ADD=residual_delta is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
-        **pdl_args(),
+        ADD=residual_delta is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=num_warps, **pdl_args(),
     )

@@ -3,8 +3,8 @@
 A backend is a plugin (a module or an object) registered under the entry-point group ``tileinfer``.
 It implements ``tileinfer_backend_info`` and any subset of the ops below with ``@hookimpl``
 functions of the same names and argument names. Ops it lacks fall back to the ``ref`` backend,
-except ``attention_with_inputs``, ``sample_per_row`` and ``sample_tokens_with_sums``, which are
-optional (docs/writing-a-backend.md).
+except ``attention_with_inputs``, ``sample_per_row``, ``sample_tokens_with_sums``,
+``gemma_rmsnorm`` and ``add_gemma_rmsnorm``, which are optional (docs/writing-a-backend.md).
 
 Conventions shared by every op (docs/architecture.md has the reasons):
 
@@ -89,6 +89,24 @@ def add_rmsnorm(residual, out, delta, weight, eps):
 
     residual, delta, out: (n, hidden). First ``residual += delta`` (rounded to residual's dtype),
     then ``out = rmsnorm(residual, weight, eps)`` as in ``rmsnorm``. Writes residual and out.
+    """
+
+
+@hookspec
+def gemma_rmsnorm(out, x, weight, eps):
+    """Gemma's RMS normalization (optional: without it the model runs torch ops).
+
+    x: (..., dim), e.g. (n, hidden) or a view (n, heads, head_dim); weight: (dim,) float32,
+    ``1 + w`` as the loader stores Gemma's; out: like x, and may be x itself. In float32:
+    ``out = x * rsqrt(mean(x**2) + eps) * weight``, rounded once to out's dtype (transformers'
+    Gemma3RMSNorm). Each row is computed on its own: its bits do not depend on the other rows.
+    """
+
+
+@hookspec
+def add_gemma_rmsnorm(residual, out, delta, weight, eps):
+    """``residual += delta`` (rounded to residual's dtype), then ``gemma_rmsnorm(out, residual,
+    weight, eps)`` (optional, with ``gemma_rmsnorm``). Writes residual and out.
     """
 
 

@@ -49,7 +49,8 @@ OP_NAMES = tuple(
     and name != INFO_HOOK
 )
 # Ops a backend may leave out without a fallback: the model then calls the ops they fuse.
-OPTIONAL_OPS = ("attention_with_inputs", "sample_per_row", "sample_tokens_with_sums")
+OPTIONAL_OPS = ("attention_with_inputs", "sample_per_row", "sample_tokens_with_sums",
+                "gemma_rmsnorm", "add_gemma_rmsnorm")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

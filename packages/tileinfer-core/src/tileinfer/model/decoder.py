@@ -17,9 +17,9 @@ Per layer (hidden states x of the step's n tokens, (n, hidden)):
 
 Granite scales the embeddings and every delta before it joins x, and divides the logits
 (``ModelConfig.multipliers``: in-place torch ops, the same on every backend, rounded where
-transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, runs its norms in
-the model (``gemma_rmsnorm``: float32, ``1 + w``, one rounding, where the rmsnorm ops round
-twice), norms each delta before it joins x, takes ``m = gelu_tanh(h @ W_gate.T) * (h @
+transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, runs its norms on
+the optional ``gemma_rmsnorm`` ops, or torch ops where a backend has none (float32, ``1 + w``,
+one rounding, where the rmsnorm ops round twice), norms each delta before it joins x, takes ``m = gelu_tanh(h @ W_gate.T) * (h @
 W_up.T)`` (the product by ``linear``, then torch's gelu and multiply, as transformers rounds
 them), and on its local layers runs ``attention_window`` (when the window is shorter than
 max_len: below it, plain causal attention sees the same positions).
@@ -253,7 +253,7 @@ class Model:
                 ops.linear(b.qkv_sums, b.normed, *linear_operands(layer.qkv), inv)
                 torch.add(b.qkv_sums, layer.qkv_bias, out=b.qkv)
             if c.gemma is not None:
-                gemma_qk_norms(b.qkv, layer.q_norm, layer.k_norm, c, self.batch_invariant)
+                gemma_qk_norms(b.qkv, layer.q_norm, layer.k_norm, c, self.batch_invariant, ops)
             window = self.windows[i]
             if self.fused_attention and window is None:
                 ops.attention_with_inputs(b.attn, b.q, kv, b.qkv, self.qk[i], step,
@@ -283,19 +283,25 @@ class Model:
         return self._logits(meta, b, inv)
 
     def _norm(self, out, x, weight):
-        """The rmsnorm op; Gemma's norm in the model (gemma.gemma_rmsnorm)."""
+        """The rmsnorm op; Gemma's the gemma_rmsnorm op where the backend has it, else the
+        model's torch ops (gemma.gemma_rmsnorm)."""
         if self.config.gemma is None:
             self.ops.rmsnorm(out, x, weight, self.config.rms_norm_eps)
         else:
-            gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps, self.batch_invariant)
+            gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps, self.batch_invariant,
+                          self.ops)
 
     def _add_norm(self, residual, out, delta, weight):
-        """The add_rmsnorm op (residual += delta, then its norm); Gemma's in the model."""
+        """The add_rmsnorm op (residual += delta, then its norm); Gemma's add_gemma_rmsnorm where
+        the backend has it, else the add and the model's norm."""
+        eps = self.config.rms_norm_eps
         if self.config.gemma is None:
-            self.ops.add_rmsnorm(residual, out, delta, weight, self.config.rms_norm_eps)
+            self.ops.add_rmsnorm(residual, out, delta, weight, eps)
+        elif self.ops.add_gemma_rmsnorm is not None:
+            self.ops.add_gemma_rmsnorm(residual, out, delta, weight, eps)
         else:
             residual.add_(delta)
-            gemma_rmsnorm(out, residual, weight, self.config.rms_norm_eps, self.batch_invariant)
+            gemma_rmsnorm(out, residual, weight, eps, self.batch_invariant, self.ops)
 
     def _delta(self, b: StepBuffers, x: torch.Tensor, weight, post_norm, inv):
         """b.delta = x @ W.T as it joins the residual stream: Gemma's normed by post_norm,

@@ -2,8 +2,8 @@
 differs from Llama, read from config.json, and where each difference is made.
 
 - Every RMSNorm (the q/k norms too) computes in float32 and scales by ``1 + weight``, rounding
-  once (``gemma_rmsnorm``, not the backends' rmsnorm ops, which round twice as Llama's does):
-  the loader stores 1 + w in float32 (``weights.py``).
+  once (``gemma_rmsnorm``: the backend's optional gemma_rmsnorm op, else torch ops; the rmsnorm
+  ops round twice as Llama's does): the loader stores 1 + w in float32 (``weights.py``).
 - A layer norms its attention output and its MLP output before they join the residual stream
   (``post_attention_layernorm``, ``post_feedforward_layernorm``) and the MLP's input with
   ``pre_feedforward_layernorm`` ("sandwich" norms, ``decoder.py``).
@@ -141,10 +141,14 @@ def _norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
 
 
 def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                  invariant: bool = False):
+                  invariant: bool = False, ops=None):
     """transformers' Gemma3RMSNorm: ``x * rsqrt(mean(x**2) + eps) * weight`` in float32 (weight:
     1 + w, float32), rounded once to out's dtype; over the last dimension, rows along the
-    first (in blocks of INVARIANT_ROWS when invariant). out may be x."""
+    first (in blocks of INVARIANT_ROWS when invariant). out may be x. ops: a backend's op table,
+    whose gemma_rmsnorm op (optional) runs it where the backend has one."""
+    if ops is not None and ops.gemma_rmsnorm is not None:  # each row on its own (the contract)
+        ops.gemma_rmsnorm(out, x, weight, eps)
+        return
     if not invariant:  # torch's rms_norm: the same float32 math, one kernel on a GPU
         out.copy_(F.rms_norm(x.float(), (x.shape[-1],), weight, eps))
         return
@@ -156,10 +160,11 @@ def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps:
         out[start:start + rows.shape[0]] = normed.to(out.dtype)
 
 
-def gemma_qk_norms(qkv: torch.Tensor, q_norm, k_norm, config, invariant: bool = False):
+def gemma_qk_norms(qkv: torch.Tensor, q_norm, k_norm, config, invariant: bool = False,
+                   ops=None):
     """The per-head norms of the queries and keys in qkv (n, qkv_size), in place."""
     heads, kv_heads, eps = config.num_heads, config.num_kv_heads, config.rms_norm_eps
     per_head = qkv.view(qkv.shape[0], heads + 2 * kv_heads, config.head_dim)
     q, k = per_head[:, :heads], per_head[:, heads:heads + kv_heads]
-    gemma_rmsnorm(q, q, q_norm, eps, invariant)
-    gemma_rmsnorm(k, k, k_norm, eps, invariant)
+    gemma_rmsnorm(q, q, q_norm, eps, invariant, ops)
+    gemma_rmsnorm(k, k, k_norm, eps, invariant, ops)

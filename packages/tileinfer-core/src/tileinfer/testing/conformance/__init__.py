@@ -3,7 +3,7 @@
     pytest --pyargs tileinfer.testing.conformance --tileinfer-backend NAME
 
 collects the test modules of this package, one per op family: ``test_norms`` (embed, rmsnorm,
-add_rmsnorm), ``test_linear`` (linear, linear_swiglu, linear_xielu), ``test_attention``
+add_rmsnorm, the optional gemma_rmsnorm and add_gemma_rmsnorm), ``test_linear`` (linear, linear_swiglu, linear_xielu), ``test_attention``
 (attention_inputs, attention with attention_workspace, attention_window, the optional
 attention_with_inputs),
 ``test_sampling`` (sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch),
@@ -30,7 +30,9 @@ from .test_linear_fp8 import (fp8_ops, test_fp8_linear, test_fp8_mlp,
                               test_fp8_rows_are_the_same_in_steps_of_any_size,
                               test_fp8_rows_of_outliers_and_zeros,
                               test_fp8_step_rows_are_the_same_as_alone)
-from .test_norms import test_add_rmsnorm, test_embed, test_rmsnorm
+from .test_norms import (test_add_gemma_rmsnorm, test_add_rmsnorm, test_embed,
+                         test_gemma_rmsnorm, test_gemma_rmsnorm_in_place_on_head_views,
+                         test_rmsnorm)
 from .test_sampling import (test_accept_tokens, test_sample_per_row, test_sample_tokens,
                             test_sample_tokens_after_logit_processing,
                             test_sample_tokens_with_sums)
@@ -40,7 +42,8 @@ __all__ = [
     # fixtures
     "device", "ops", "ref", "invariant_ops", "fp8_ops",
     # tests, one or more per op of the contract
-    "test_embed", "test_rmsnorm", "test_add_rmsnorm",
+    "test_embed", "test_rmsnorm", "test_add_rmsnorm", "test_gemma_rmsnorm",
+    "test_gemma_rmsnorm_in_place_on_head_views", "test_add_gemma_rmsnorm",
     "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
     "test_batch_invariant_rows",
     "test_attention_inputs", "test_attention", "test_attention_window",
