@@ -21,6 +21,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
         add("norm.cu", DTYPE=dtype, VEC=vec)
     add("elementwise.cu", VEC16=None)
     add("norm.cu", DTYPE="bf16_t", WEIGHT_DTYPE="float", VEC=4)
+    add("norm.cu", DTYPE="bf16_t", WEIGHT_DTYPE="float", VEC=4, GEMMA=1)  # Gemma's norms
 
     for head_dim in (64, 96, 128, 256):
         add("kv.cu", DTYPE="bf16_t", HEAD_DIM=head_dim, CACHE_INT8=0, CACHE_DTYPE="bf16_t")

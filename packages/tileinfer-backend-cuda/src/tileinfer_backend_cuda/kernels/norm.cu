@@ -1,6 +1,7 @@
 // RMSNorm and the fused residual add + RMSNorm, with the two roundings of transformers'
 // LlamaRMSNorm: x_hat = x * rsqrt(mean(x^2) + eps) rounded to T, then weight (as T) * x_hat
-// rounded to T.
+// rounded to T; or (GEMMA) Gemma3RMSNorm's: x * rsqrt(mean(x^2) + eps) * weight in float32
+// (a float32 weight, 1 + w), rounded once to T.
 //
 // Layout: rows of `dim` contiguous elements (row r at r * dim). Two shapes of work:
 //   *_block: one block per row (large dims, e.g. hidden 4096), a block-wide reduction;
@@ -9,7 +10,7 @@
 // add_rmsnorm writes the updated residual), the second normalizes.
 //
 // Defines: DTYPE (activation type T), WEIGHT_DTYPE (weight type W_T), VEC (elements per access;
-// dim % VEC == 0).
+// dim % VEC == 0), GEMMA (0/1).
 #include "common.cuh"
 
 #ifndef DTYPE
@@ -20,6 +21,9 @@
 #endif
 #ifndef VEC
 #define VEC 1
+#endif
+#ifndef GEMMA
+#define GEMMA 0
 #endif
 typedef DTYPE T;
 typedef WEIGHT_DTYPE W_T;
@@ -32,7 +36,8 @@ __device__ __forceinline__ void normalize_row(T* out, const T* x, const W_T* wei
         load_chunk<T, VEC>(x + c * VEC, v);
         load_chunk<W_T, VEC>(weight + c * VEC, w);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) o[e] = round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
+        for (int e = 0; e < VEC; ++e)
+            o[e] = GEMMA ? v[e] * inv_rms * w[e] : round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
         store_chunk<T, VEC>(out + c * VEC, o);
     }
 }

@@ -23,6 +23,8 @@ OPS = {
     "embed": elementwise.embed,
     "rmsnorm": norm.rmsnorm,
     "add_rmsnorm": norm.add_rmsnorm,
+    "gemma_rmsnorm": norm.gemma_rmsnorm,
+    "add_gemma_rmsnorm": norm.add_gemma_rmsnorm,
     "linear": linear_ops.linear,
     "linear_swiglu": linear_ops.linear_swiglu,
     "linear_xielu": linear_ops.linear_xielu,

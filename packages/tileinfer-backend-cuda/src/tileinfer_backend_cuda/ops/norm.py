@@ -1,13 +1,18 @@
 """norm.cu: RMSNorm and the fused residual add + RMSNorm, a warp per row up to 1024 elements
-(q/k head norms, small hidden sizes), a block per row above."""
+(q/k head norms, small hidden sizes), a block per row above; Gemma's (GEMMA: a float32 weight,
+one rounding) for contiguous rows, torch's rms_norm (the same float32 math) for the strided
+views of Gemma's q/k heads."""
 
 from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
 
 from .common import DTYPE_NAMES, aligned, cdiv, contig, dev, fallback, kernel
 from .tuning import pdl
 
 
-def _launch(op, out, x, delta, weight, eps):
+def _launch(op, out, x, delta, weight, eps, gemma=False):
     dim = x.shape[-1]
     rows = x.numel() // dim if dim else 0
     if rows == 0:
@@ -17,6 +22,8 @@ def _launch(op, out, x, delta, weight, eps):
     if dim % vec or not aligned(out, x, delta, weight):
         vec = 1
     defines = {"DTYPE": DTYPE_NAMES[x.dtype], "WEIGHT_DTYPE": DTYPE_NAMES[weight.dtype], "VEC": vec}
+    if gemma:
+        defines["GEMMA"] = 1
     device = dev(out)
     if dim <= 1024:  # a warp per row
         name, sig = f"{op}_warp", "pppqif" if op == "rmsnorm" else "ppppqif"
@@ -45,3 +52,24 @@ def add_rmsnorm(residual, out, delta, weight, eps):
             and weight.dtype in DTYPE_NAMES):
         return fallback("add_rmsnorm", "layout", residual, out, delta, weight, eps)
     _launch("add_rmsnorm", out, residual, delta, weight, eps)
+
+
+def _gemma_ok(out, x, weight) -> bool:
+    return (contig(out, x, weight) and out.dtype == x.dtype and out.shape == x.shape
+            and x.dtype in DTYPE_NAMES and weight.dtype == torch.float32)
+
+
+def gemma_rmsnorm(out, x, weight, eps):
+    if not _gemma_ok(out, x, weight):  # a q/k head view of qkv: torch's float32 norm
+        out.copy_(F.rms_norm(x.float(), (x.shape[-1],), weight, eps))
+        return
+    _launch("rmsnorm", out, x, None, weight, eps, gemma=True)
+
+
+def add_gemma_rmsnorm(residual, out, delta, weight, eps):
+    if not (_gemma_ok(out, residual, weight) and contig(delta) and delta.shape == residual.shape
+            and delta.dtype == residual.dtype):
+        residual.add_(delta)
+        gemma_rmsnorm(out, residual, weight, eps)
+        return
+    _launch("add_rmsnorm", out, residual, delta, weight, eps, gemma=True)
