@@ -1,7 +1,6 @@
 """norm.cu: RMSNorm and the fused residual add + RMSNorm, a warp per row up to 1024 elements
 (q/k head norms, small hidden sizes), a block per row above; Gemma's (GEMMA: a float32 weight,
-one rounding) for contiguous rows, torch's rms_norm (the same float32 math) for the strided
-views of Gemma's q/k heads."""
+one rounding), on a contiguous copy of a strided view (Gemma's q/k heads inside qkv)."""
 
 from __future__ import annotations
 
@@ -60,10 +59,15 @@ def _gemma_ok(out, x, weight) -> bool:
 
 
 def gemma_rmsnorm(out, x, weight, eps):
-    if not _gemma_ok(out, x, weight):  # a q/k head view of qkv: torch's float32 norm
-        out.copy_(F.rms_norm(x.float(), (x.shape[-1],), weight, eps))
-        return
-    _launch("rmsnorm", out, x, None, weight, eps, gemma=True)
+    if _gemma_ok(out, x, weight):
+        _launch("rmsnorm", out, x, None, weight, eps, gemma=True)
+    elif (out.shape == x.shape and out.dtype == x.dtype and x.dtype in DTYPE_NAMES
+          and weight.dtype == torch.float32 and contig(weight)):
+        rows = x.contiguous()  # a q/k head view of qkv: the same kernel on a contiguous copy
+        _launch("rmsnorm", rows, rows, None, weight, eps, gemma=True)
+        out.copy_(rows)
+    else:  # another dtype or weight: torch's norm, the same float32 math
+        out.copy_(F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps))
 
 
 def add_gemma_rmsnorm(residual, out, delta, weight, eps):
