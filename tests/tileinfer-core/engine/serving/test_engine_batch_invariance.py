@@ -82,9 +82,11 @@ def test_a_request_is_the_same_alone_and_among_others(tiny, sampling, backend):
 
 
 @pytest.mark.parametrize("backend", [pytest.param("ref"), pytest.param("triton", marks=(
-    () if ON_GPU else pytest.mark.skip(reason="the interpreter's run is covered by ref's")))])
+    () if ON_GPU else pytest.mark.skip(reason="the interpreter's run is covered by ref's"))),
+    "cuda"])
 def test_gemma3_is_the_same_alone_and_among_others(tiny, backend):
-    """Gemma 3's norms in the model (in blocks of rows) and its windowed local layer."""
+    """Gemma 3's norms (the backend's gemma_rmsnorm ops, else the model's in blocks of rows) and
+    its windowed local layer."""
     alone, among = alone_and_among_others(invariant_model(tiny, backend, arch="gemma3"))
     assert among == alone
 
