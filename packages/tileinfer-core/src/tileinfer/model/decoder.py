@@ -19,9 +19,9 @@ Granite scales the embeddings and every delta before it joins x, and divides the
 (``ModelConfig.multipliers``: in-place torch ops, the same on every backend, rounded where
 transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, runs its norms on
 the optional ``gemma_rmsnorm`` ops, or torch ops where a backend has none (float32, ``1 + w``,
-one rounding, where the rmsnorm ops round twice), norms each delta before it joins x, takes ``m = gelu_tanh(h @ W_gate.T) * (h @
-W_up.T)`` (the product by ``linear``, then torch's gelu and multiply, as transformers rounds
-them), and on its local layers runs ``attention_window`` (when the window is shorter than
+one rounding, where the rmsnorm ops round twice), norms each delta before it joins x, takes
+``m = gelu_tanh(h @ W_gate.T) * (h @ W_up.T)`` (the product by ``linear``, then torch's gelu
+and multiply, as transformers rounds them), and on its local layers runs ``attention_window`` (when the window is shorter than
 max_len: below it, plain causal attention sees the same positions).
 
 Then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
