@@ -63,7 +63,9 @@ def gemma_rmsnorm(out, x, weight, eps):
         _launch("rmsnorm", out, x, None, weight, eps, gemma=True)
     elif (out.shape == x.shape and out.dtype == x.dtype and x.dtype in DTYPE_NAMES
           and weight.dtype == torch.float32 and contig(weight)):
-        rows = x.contiguous()  # a q/k head view of qkv: the same kernel on a contiguous copy
+        # A q/k head view of qkv: the same kernel on a contiguous copy (a temporary, as the ref
+        # fallback of the rmsnorm ops makes for such views; norm.cu reads rows end to end).
+        rows = x.contiguous()
         _launch("rmsnorm", rows, rows, None, weight, eps, gemma=True)
         out.copy_(rows)
     else:  # another dtype or weight: torch's norm, the same float32 math

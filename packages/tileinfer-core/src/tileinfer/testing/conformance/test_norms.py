@@ -1,5 +1,5 @@
 """Conformance: embed, rmsnorm, add_rmsnorm, and the optional gemma_rmsnorm and
-add_gemma_rmsnorm (against the model's definition, transformers' Gemma3RMSNorm)."""
+add_gemma_rmsnorm (against transformers' Gemma3RMSNorm, written out here)."""
 
 from __future__ import annotations
 
