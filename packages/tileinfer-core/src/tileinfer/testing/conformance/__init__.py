@@ -6,11 +6,12 @@ collects the test modules of this package, one per op family: ``test_norms`` (em
 add_rmsnorm, the optional gemma_rmsnorm and add_gemma_rmsnorm), ``test_linear`` (linear,
 linear_swiglu, linear_xielu), ``test_attention`` (attention_inputs, attention with
 attention_workspace, attention_window, the optional attention_with_inputs), ``test_sampling``
-(sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch), ``test_batch_invariance`` (for a backend that declares batch-invariant ops) and
-``test_linear_fp8`` (the linear ops with e4m3 weights, for a backend that declares them); the
-fixtures are in ``conftest``. A test file elsewhere takes every test and fixture in with
-``from tileinfer.testing.conformance import *``. The shared helpers (``fill_paged_step``,
-``Cache``, ``assert_close``, ...) are in ``helpers`` and are re-exported here.
+(sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch), ``test_batch_invariance``
+(for a backend that declares batch-invariant ops) and ``test_linear_fp8`` (the linear ops with
+e4m3 weights, for a backend that declares them); the fixtures are in ``conftest``. A test file
+elsewhere takes every test and fixture in with ``from tileinfer.testing.conformance import *``.
+The shared helpers (``fill_paged_step``, ``Cache``, ``assert_close``, ...) are in ``helpers``
+and are re-exported here.
 """
 
 from .conftest import device, ops, ref
