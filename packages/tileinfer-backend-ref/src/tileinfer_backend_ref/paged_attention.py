@@ -129,22 +129,20 @@ def _attention_padded_rows(out, q, kv, step, scale, causal, seq_of_row, q_index,
     """Each query row alone against its sequence's padded keys (a batch of one), masked past
     its position and zeroed where masked, exactly as a 1-token step at that position."""
     n, heads, hd = q.shape
-    group = heads // kv.k_cache.shape[2]
-    width = step.block_table.shape[1] * kv.k_cache.shape[1]
-    key_pos = torch.arange(width, device=q.device)
+    group, page_size = heads // kv.k_cache.shape[2], kv.k_cache.shape[1]
     ctx = step.context_lens.long()[seq_of_row]  # (n,)
     last = ctx - q_lens[seq_of_row] + q_index if causal else ctx - 1  # last position each sees
+    pages = step.block_table[seq_of_row].long()  # (n, max_pages): each row's sequence's pages
+    key_pos = torch.arange(pages.shape[1] * page_size, device=q.device).expand(n, -1)
+    if window is not None:  # only the pages each row's window reaches
+        count = _window_count(pages.shape[1], window, page_size)
+        pages, key_pos = _pages_from(pages, last - window + 1, count, page_size)
     for r in range(n):
-        pages = step.block_table[seq_of_row[r:r + 1]].long()  # (1, max_pages)
-        if window is not None:  # only the pages the window reaches
-            count = _window_count(pages.shape[1], window, kv.k_cache.shape[1])
-            pages, key_pos = _pages_from(pages, last[r:r + 1] - window + 1, count,
-                                         kv.k_cache.shape[1])
-            key_pos = key_pos[0]
-        keys, values = _keys_and_values(kv, pages)
-        visible = (key_pos <= last[r:r + 1]) & (key_pos < ctx[r:r + 1])  # (keys,)
+        keys, values = _keys_and_values(kv, pages[r:r + 1])
+        row_pos = key_pos[r]  # (keys,)
+        visible = (row_pos <= last[r:r + 1]) & (row_pos < ctx[r:r + 1])
         if window is not None:
-            visible = visible & (key_pos > last[r:r + 1] - window)
+            visible = visible & (row_pos > last[r:r + 1] - window)
         seen = visible[None, :, None, None]
         keys = torch.where(seen, keys, 0.0).repeat_interleave(group, 2)
         values = torch.where(seen, values, 0.0).repeat_interleave(group, 2)
