@@ -69,10 +69,6 @@ LINEAR_CONFIGS = {  # None: the launcher's defaults; others force split-K / unro
     "rows4-unroll": dict(block_n=4, block_k=64, unroll=2, rows_per_program=4),
     "rows4-wide": dict(block_n=8, block_k=512, num_warps=4, unroll=2, rows_per_program=4),
     "rows4-swiglu": dict(block_n=8, block_k=256, num_warps=4, unroll=2, rows_per_program=4),
-    # SmolLM2's layer entries of GEMV_TABLE (qkv and o; gate_up, as swiglu)
-    "smollm2-qkv": dict(block_n=4, block_k=256, num_warps=2, unroll=2, rows_per_program=4),
-    "smollm2-o": dict(block_n=4, block_k=256, num_warps=4, unroll=2, rows_per_program=4),
-    "smollm2-gate-up": dict(block_n=4, block_k=128, num_warps=2, unroll=2, rows_per_program=4),
     # the tensor-core tiles for a single sequence's rows (padded to 16), as GEMV_TABLE may ask
     "dot": dict(block_n=32, block_k=64, num_stages=1, dot=True),
     "dot-split2": dict(block_n=16, block_k=64, split_k=2, dot=True),
@@ -91,9 +87,6 @@ def test_linear_rows_alone_equal_rows_in_the_step(device, m, dtype, int8, act, c
     if cfg.startswith("dot") and dtype == torch.float32:
         pytest.skip("float32 models never take the dot tiles for a sequence's rows (GEMV_TABLE "
                     "is for bf16 and INT8 weights)")
-    if device.type == "cpu" and cfg.startswith("smollm2"):
-        pytest.skip("SmolLM2's entries differ from the rows4 cases only in the layout the GPU "
-                    "compiles; the interpreter runs the same code for both")
     if device.type == "cpu" and cfg != "default" and (m != 8 or dtype != torch.bfloat16):
         pytest.skip("on the CPU the forced configs run 8 bf16 rows (the GPU, where the order of "
                     "a sum depends on the compiled layout, runs every case)")

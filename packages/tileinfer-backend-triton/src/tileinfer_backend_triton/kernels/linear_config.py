@@ -29,6 +29,7 @@ class GemvConfig:
     # Float weights: every step of a single sequence, a 1-token step too, runs its rows this
     # many to a row program (1, 2 or 4), each loaded weight tile used for all of them
     # (row_group): a decode step and a verify step's rows then run the same compiled program.
+    # 1 (off) until the GPU shows a row's bits the same in every slot of a program.
     rows_per_program: int = 1
 
 
@@ -65,15 +66,13 @@ GEMV_TABLE: dict[tuple[int, int, bool, int], GemvConfig] = {
     # faster at 1 token (benchmarks/triton_dot_rows.py; benchmarks/RESULTS.md, 2026-12-01,
     # "Triton: SmolLM2's GEMVs, row programs against dot tiles")
     (49152, 576, False, 0): _G(32, 64, num_stages=1, dot=True),
-    # and its layers on row programs of 4 weight rows and 256-wide K tiles, two a step (the
-    # default's 1024-wide step is 44% masked at K = 576 and a verify step pays that once per
-    # row): as fast at 1 token, faster at 8 (`triton_dot_rows.py --rows-sweep`;
-    # benchmarks/RESULTS.md, 2026-12-01, "Triton: SmolLM2's layers on narrower row programs");
-    # 4 token rows to a program, so that a verify step of 8 rows loads each weight tile twice,
-    # not 8 times (benchmarks/RESULTS.md, 2026-12-05, "Triton's row programs of 4 rows")
-    (960, 576, False, 0): _G(4, 256, num_warps=2, unroll=2, rows_per_program=4),  # qkv
-    (576, 576, False, 0): _G(4, 256, num_warps=4, unroll=2, rows_per_program=4),  # o
-    (1536, 576, False, 1): _G(4, 128, num_warps=2, unroll=2, rows_per_program=4),  # gate_up
+    # and its layers on row programs of 4 rows and 256-wide K tiles, two a step (the default's
+    # 1024-wide step is 44% masked at K = 576 and a verify step pays that once per row): as
+    # fast at 1 token, faster at 8 (`triton_dot_rows.py --rows-sweep`; benchmarks/RESULTS.md,
+    # 2026-12-01, "Triton: SmolLM2's layers on narrower row programs")
+    (960, 576, False, 0): _G(4, 256, num_warps=2, unroll=2),  # qkv
+    (576, 576, False, 0): _G(4, 256, num_warps=4, unroll=2),  # o
+    (1536, 576, False, 1): _G(4, 128, num_warps=2, unroll=2),  # gate_up
     # llama3.2-1b, bf16
     (3072, 2048, False, 0): _G(4, 512, unroll=2),  # qkv
     (2048, 2048, False, 0): _G(4, 1024, unroll=2),  # o
