@@ -29,7 +29,8 @@ class GemvConfig:
     # Float weights: every step of a single sequence, a 1-token step too, runs its rows this
     # many to a row program (1, 2 or 4), each loaded weight tile used for all of them
     # (row_group): a decode step and a verify step's rows then run the same compiled program.
-    # 1 (off) until the GPU shows a row's bits the same in every slot of a program.
+    # 1 (off) in every entry: the idle slots cost a 1-token step more than the grouping saves a
+    # verify step (docs/triton-kernels.md).
     rows_per_program: int = 1
 
 
