@@ -76,13 +76,16 @@ for step in $steps; do
       timeout 300 python3 benchmarks/user_paths.py --sections batch --backends cuda \
         --batches ${BATCHES:-8,32,64} > "$out/batchtwice.json" 2> "$out/batchtwice.err"
       grep "^batch" "$out/batchtwice.err" ;;
-    startup)  # where a new tileinfer run process's start-up goes: imports (cuda), a profile per backend
+    startup)  # where a new tileinfer run process's start-up goes: imports (cuda), a profile and
+             # the sampled stacks (benchmarks/startup_stacks.py) per backend
       (cd /tmp && python3 -X importtime -m tileinfer_cli run -b cuda -n 16 --no-log "Hi" \
         2> "$out/importtime.txt" > /dev/null)
       sort -t'|' -k2 -n "$out/importtime.txt" | tail -n 25
       for b in cuda triton; do
         (cd /tmp && python3 -m cProfile -s cumtime -m tileinfer_cli run -b $b -n 16 --no-log \
           "Hi" 2>&1 | head -n 90 > "$out/startup-profile-$b.txt")
+        (cd /tmp && python3 "$OLDPWD/benchmarks/startup_stacks.py" "$out/startup-stacks-$b.txt" \
+          run -b $b -n 16 --no-log "Hi" > /dev/null 2>&1)
       done ;;
     ops)
       timeout 600 python3 benchmarks/ops.py > "$out/ops.json" 2> "$out/ops.err"

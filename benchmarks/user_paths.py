@@ -8,8 +8,10 @@ prompt, the median decode tok/s of each option over ``--cli-repeats`` processes,
 whether every process gave the same tokens.
 
 (b) ``oneshot`` rows: ``tileinfer.generate`` called several times in one process for each prompt
-(plain, and with ``speculative=NgramProposer()``): the wall time of every call, so that the first
-call (which may compile and capture) and the later ones show apart.
+(plain, and with ``speculative=NgramProposer()``), alternating with ``generate_into`` on a runner
+of its own that is kept (unless ``--no-kept``): the wall time of every call, so that the first
+call (which may compile and capture) and the later ones show apart, and the n-gram loop's steps
+and drafts in its last call.
 
 (c) ``batch`` rows: ``tileinfer.generate_batch`` of B random prompts of 16 tokens, 256 new
 tokens each, called twice in one process on random llama3-8b weights; the second call timed
@@ -120,13 +122,17 @@ def section_oneshot(args):
             # The three alternate, each call after a garbage collection, so that a drift of the
             # machine or a collection inside a call (milliseconds, on answers of 7-20 ms) weighs on
             # all three alike.
-            kept = ti.ModelRunner(model, ti.new_cache(model, len(ids) + args.new_tokens + 64))
-            times = {label: [] for label in ("kept", "plain", "ngram")}
+            # --no-kept: the one-shot calls alone, with no kept runner's calls between them
+            kept = None if args.no_kept else ti.ModelRunner(
+                model, ti.new_cache(model, len(ids) + args.new_tokens + 64))
+            labels = ("plain", "ngram") if kept is None else ("kept", "plain", "ngram")
+            times = {label: [] for label in labels}
+            stats = None  # the last n-gram call's steps and drafts
             for _ in range(args.calls):
                 for label in times:
                     spec = None
                     if label == "ngram":
-                        spec = ti.NgramProposer()
+                        spec, stats = ti.NgramProposer(), ti.SpecStats()
                         for setting, value in args.policy.items():
                             setattr(spec, setting, value)
                     gc.collect()
@@ -137,7 +143,8 @@ def section_oneshot(args):
                         out = ti.generate_into(kept, seq, ids, args.new_tokens, seed=0)
                         kept.cache.release(seq)
                     else:
-                        out = ti.generate(model, ids, args.new_tokens, seed=0, speculative=spec)
+                        out = ti.generate(model, ids, args.new_tokens, seed=0, speculative=spec,
+                                          spec_stats=stats if spec is not None else None)
                     torch.cuda.synchronize()
                     times[label].append(time.perf_counter() - start)
                     outs[label] = out
@@ -145,18 +152,23 @@ def section_oneshot(args):
             later = {k: statistics.median(v[1:]) for k, v in times.items()}
             row = {"kind": "oneshot", "backend": backend, "prompt": name,
                    "tokens": len(outs["plain"]),
-                   "identical": outs["plain"] == outs["ngram"] == outs["kept"],
+                   "identical": all(out == outs["plain"] for out in outs.values()),
                    "copy_fraction": round(copy_fraction(ids, outs["plain"]), 3),
                    "seconds": {k: [round(x, 5) for x in v] for k, v in times.items()},
-                   "oneshot_over_kept": round(later["plain"] / later["kept"], 3),
+                   "ngram_steps": {k: getattr(stats, k) for k in (
+                       "verify_steps", "plain_steps", "wasted_steps", "drafted", "accepted")},
                    "speedup_later": round(later["plain"] / later["ngram"], 3)}
+            if "kept" in later:
+                row["oneshot_over_kept"] = round(later["plain"] / later["kept"], 3)
             emit(row)
-            log(f"oneshot {backend} {name}: {row['tokens']} tok, kept "
-                f"{[round(x * 1e3, 1) for x in times['kept']]} ms, plain "
-                f"{[round(x * 1e3, 1) for x in times['plain']]} ms (x{row['oneshot_over_kept']} "
-                f"of kept), ngram {[round(x * 1e3, 1) for x in times['ngram']]} ms, "
-                f"speed-up x{row['speedup_later']}, copies {row['copy_fraction']}, identical "
-                f"{row['identical']}")
+            kept_part = (f"kept {[round(x * 1e3, 1) for x in times['kept']]} ms, "
+                         if "kept" in times else "")
+            log(f"oneshot {backend} {name}: {row['tokens']} tok, {kept_part}plain "
+                f"{[round(x * 1e3, 1) for x in times['plain']]} ms "
+                f"(x{row.get('oneshot_over_kept', '-')} of kept), ngram "
+                f"{[round(x * 1e3, 1) for x in times['ngram']]} ms, speed-up "
+                f"x{row['speedup_later']}, n-gram steps {row['ngram_steps']}, copies "
+                f"{row['copy_fraction']}, identical {row['identical']}")
         del model
 
 
@@ -201,6 +213,9 @@ def main():
     p.add_argument("--calls", type=int, default=8,
                    help="generate calls per prompt and kind in the oneshot section (the first "
                         "is timed apart; the rest give medians)")
+    p.add_argument("--no-kept", action="store_true",
+                   help="the oneshot section without the kept runner's calls between the "
+                        "one-shot ones")
     p.add_argument("--batches", default="8,32,64")
     p.add_argument("--policy", type=policy_settings, default={},
                    help="the oneshot section's n-gram policy instead of NgramProposer's "
