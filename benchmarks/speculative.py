@@ -267,7 +267,7 @@ def bench_backend(backend, args):
         folder = import_gguf(folder)
     t0 = time.perf_counter()
     model = load_model(folder, dtype=args.dtype, backend=backend, device=args.device,
-                       max_len=2048)
+                       max_len=args.max_len)
     tokenizer = load_tokenizer(folder)
     _, eos = generation_defaults(folder, model.config)
     stop_ids = [] if args.no_stop else eos
@@ -392,6 +392,9 @@ def main():
     # exactly as a 1-token step does.
     p.add_argument("--k", type=int, default=7, help="n-gram drafts per step at most (default 7)")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--max-len", type=int, default=None,
+                   help="the model's max_len (default: load_model's, as `tileinfer run` and "
+                        "`generate` users get it; a static step's attention grid follows it)")
     p.add_argument("--repeats", type=int, default=5, help="runs of each kind at least")
     p.add_argument("--min-seconds", type=float, default=0.5,
                    help="runs of each kind until their time adds up to this (short answers)")

@@ -112,7 +112,7 @@ def section_oneshot(args):
     folder = ti.default_model_dir()
     tok = ti.load_tokenizer(folder)
     for backend in args.backends:
-        model = ti.load_model(folder, backend=backend)
+        model = ti.load_model(folder, backend=backend, max_len=args.max_len)
         for name, _, text in [("dragon", "open", STORY)] + list(PROMPTS):
             prompt = ti.chat_prompt(folder, [ti.ChatMessage("user", text)])
             ids = tok.encode(prompt, add_special_tokens=False)
@@ -213,6 +213,8 @@ def main():
     p.add_argument("--calls", type=int, default=8,
                    help="generate calls per prompt and kind in the oneshot section (the first "
                         "is timed apart; the rest give medians)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="the oneshot section's model max_len (default: load_model's)")
     p.add_argument("--no-kept", action="store_true",
                    help="the oneshot section without the kept runner's calls between the "
                         "one-shot ones")
