@@ -11,7 +11,9 @@ that beats the row programs goes in linear_config.GEMV_TABLE with ``dot=True``.
 
 ``--rows-sweep`` times row-program tiles instead (block_n x block_k x unroll x warps),
 for a GEMV_TABLE entry without ``dot``: at K = 576 the default's 1024-wide step is mostly masked,
-and a verify step pays the waste once per row.
+and a verify step pays the waste once per row. ``--rows-per-program=1,2,4`` sweeps that too (a
+1-token step then runs the grouped program with idle slots, which is what it must not lose);
+``--matrices=qkv,o`` times only those.
 """
 
 from __future__ import annotations
@@ -66,20 +68,29 @@ def dot_configs(act) -> list[tuple[str, GemvConfig]]:
     return configs
 
 
-def row_configs(act) -> list[tuple[str, GemvConfig]]:
+def row_configs(act, groups=(1,)) -> list[tuple[str, GemvConfig]]:
+    """Row-program tiles; groups: the token rows a program takes (rows_per_program), each
+    keeping its own float32 tile of sums."""
     configs = []
-    for bn, bk, unroll, warps in itertools.product((4, 8, 16), (64, 128, 256), (1, 2), (2, 4)):
-        if bn * bk * unroll * (2 if act == ACT_SWIGLU else 1) > 8192 * warps // 4:
+    for bn, bk, unroll, warps, group in itertools.product((4, 8, 16), (64, 128, 256), (1, 2),
+                                                          (2, 4), groups):
+        if bn * bk * unroll * group * (2 if act == ACT_SWIGLU else 1) > 8192 * warps // 4:
             continue  # more float32 sums than the registers of the row programs hold
-        configs.append((f"rows n{bn} k{bk} u{unroll} w{warps}",
-                        GemvConfig(block_n=bn, block_k=bk, unroll=unroll, num_warps=warps)))
+        configs.append((f"rows n{bn} k{bk} u{unroll} w{warps} r{group}",
+                        GemvConfig(block_n=bn, block_k=bk, unroll=unroll, num_warps=warps,
+                                   rows_per_program=group)))
     return configs
 
 
 def main():
     sweep_rows = "--rows-sweep" in sys.argv[1:]
+    groups = tuple(int(g) for g in next(
+        (a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--rows-per-program=")),
+        "1").split(","))
+    only = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:]
+                 if a.startswith("--matrices=")), list(SHAPES))
     for name, (n_out, k, act) in SHAPES.items():
-        if sweep_rows and name == "lm_head":
+        if name not in only or (sweep_rows and name == "lm_head"):
             continue  # on dot tiles already
         copies = 2 if name == "lm_head" else LAYERS
         w_rows = 2 * n_out if act == ACT_SWIGLU else n_out
@@ -89,7 +100,7 @@ def main():
         out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16  # the logits
         outs = [torch.empty(8, n_out, device="cuda", dtype=out_dtype) for _ in range(copies)]
         rows = []
-        candidates = row_configs(act) if sweep_rows else dot_configs(act)
+        candidates = row_configs(act, groups) if sweep_rows else dot_configs(act)
         for label, config in [("rows (default)", None)] + candidates:
             t1 = time_config(weights, xs, outs, act, config, 1)
             t8 = time_config(weights, xs, outs, act, config, 8)
