@@ -91,7 +91,7 @@ def main():
                  if a.startswith("--matrices=")), list(SHAPES))
     for name, (n_out, k, act) in SHAPES.items():
         if name not in only or (sweep_rows and name == "lm_head"):
-            continue  # on dot tiles already
+            continue  # not asked for, or (the lm_head) on dot tiles already
         copies = 2 if name == "lm_head" else LAYERS
         w_rows = 2 * n_out if act == ACT_SWIGLU else n_out
         weights = [torch.randn(w_rows, k, device="cuda").to(torch.bfloat16) * 0.02
