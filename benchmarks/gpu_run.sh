@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite structload stall load256 invsweep invlinear fp8
+#              finite structload stall load256 invsweep invlinear fp8 oneshotkept rowsweep
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -129,6 +129,19 @@ for step in $steps; do
     spec)
       timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
       tail -n 5 "$out/spec.json" ;;
+    oneshotkept)  # the one-shot harness with and without the kept runner between its calls
+                  # (real SmolLM2; ONESHOT_BACKENDS): which one speculative.py's figures match
+      for kept in "" --no-kept; do
+        timeout 200 python3 benchmarks/user_paths.py --sections oneshot \
+          --backends ${ONESHOT_BACKENDS:-triton} $kept > "$out/oneshot$kept.json" 2> "$out/oneshot$kept.err"
+        grep "^oneshot" "$out/oneshot$kept.err" | sed 's/ \[[^]]*\] ms//g'
+      done ;;
+    rowsweep)  # Triton's row programs of 1, 2 and 4 token rows over tiles, SmolLM2's matrices
+      for m in ${ROW_MATRICES:-qkv o gate_up down}; do
+        timeout 280 python3 benchmarks/triton_dot_rows.py --rows-sweep --rows-per-program=1,2,4 \
+          --matrices=$m > "$out/rowsweep-$m.json" 2> "$out/rowsweep-$m.err"
+        tail -n 2 "$out/rowsweep-$m.err"
+      done ;;
     batch)  # the batched engine's static batches on llama3-8b (cuda)
       timeout 500 python3 benchmarks/batch.py --sections static --shape llama3-8b --backend cuda \
         --batches ${BATCHES:-1,8,32} --repeats 3 > "$out/batch.json" 2> "$out/batch.err"
