@@ -3,11 +3,11 @@
     python benchmarks/startup_stacks.py OUT.txt run -b triton --json -n 256 "Write a story."
 
 runs ``tileinfer ARGS`` in this process (``import torch`` included) while a thread reads the main
-thread's stack (``sys._current_frames``) every ``--period`` seconds, each sample weighted by the
-time since the one before. OUT.txt gets the seconds spent in each function (``folder/file:name``,
-inclusive) and the tree of stack prefixes over 10 ms; import machinery frames are left out, so
-an import shows as the imported module's ``<module>``. Unlike cProfile it does not slow each
-call, so the parts keep their proportions.
+thread's stack (``sys._current_frames``) every ``STACKS_PERIOD`` seconds (default 2 ms), each
+sample weighted by the time since the one before. OUT.txt gets the seconds spent in each
+function (``folder/file:name``, inclusive) and the tree of stack prefixes over 10 ms; import
+machinery frames are left out, so an import shows as the imported module's ``<module>``.
+Unlike cProfile it does not slow each call, so the parts keep their proportions.
 """
 
 from __future__ import annotations
