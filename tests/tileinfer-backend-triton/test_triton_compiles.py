@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from tileinfer import LLMEngine, NgramProposer, SamplingParams, generate, load_model
+from tileinfer.backend.hookspecs import Invariance
 from tileinfer.backend.registry import BackendError, get_backend
 from tileinfer.testing.conformance import (CACHE_KINDS, XIELU, Cache, attention_step,
                                            fill_paged_step, rope_tables)
@@ -105,8 +106,8 @@ def compile_errors(specs: list, tmp_path) -> list:
 
 def launch_each_op_apart(ops):
     """The kernels a model's steps fuse away or may not choose: RoPE and the KV store apart,
-    the activations unfused, the tiled product, row programs of several rows, non-causal and
-    split-KV attention, a sampled draft's acceptance."""
+    the activations unfused, the tiled product, row programs of several rows, batch-invariant
+    products in K segments, non-causal and split-KV attention, a sampled draft's acceptance."""
     from tileinfer_backend_triton.kernels import activations, linear, rope_kv
 
     gen = torch.Generator().manual_seed(0)
@@ -132,6 +133,14 @@ def launch_each_op_apart(ops):
     for act, width in ((linear.ACT_NONE, 96), (linear.ACT_SWIGLU, 192)):
         linear.launch_linear(torch.empty(5, 96, dtype=torch.bfloat16), x[:5], weight[:width],
                              None, act=act, config=rows4)
+    # batch-invariant steps over two K segments: split across programs (1 row) and one after
+    # another in a program (40 rows), plain and SwiGLU
+    x = torch.randn(40, 576, generator=gen).bfloat16()
+    weight = torch.randn(192, 576, generator=gen).bfloat16()
+    for m in (1, 40):
+        for act, width in ((linear.ACT_NONE, 96), (linear.ACT_SWIGLU, 192)):
+            linear.launch_linear(torch.empty(m, 96, dtype=torch.bfloat16), x[:m],
+                                 weight[:width], None, act=act, invariant=Invariance.BATCH)
     logits = torch.randn(4, 700, generator=gen)
     ops.accept_tokens(torch.empty(4, dtype=torch.int32), logits,
                       torch.tensor([1, 2, 3, 4], dtype=torch.int32), None, 0.8, 40, 0.9,

@@ -121,8 +121,8 @@ NOTES = {
     "sample_per_row": "one program per row, each with its own parameters and stream",
     "gemma_rmsnorm": "the rmsnorm kernel with Gemma's float32 weight and one rounding (the "
                      "residual add fused in add_gemma_rmsnorm)",
-    "batch_invariant": "linear: tensor-core tiles without split-K; attention: one row per "
-                       "program, 256-position splits",
+    "batch_invariant": "linear: tensor-core tiles over K segments fixed by the weight; "
+                       "attention: one row per program, 256-position splits",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
            "then tl.dot on FP8 tensor cores in 16-token tiles (64 for batched steps past 16)",
 }

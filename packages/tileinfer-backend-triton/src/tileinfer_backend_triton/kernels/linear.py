@@ -18,9 +18,10 @@ the fused SwiGLU / xIELU activations):
 * ``_gemm_kernel``, prefill: a tiled ``tl.dot`` GEMM (grouped tile order, pipelined K loop).
 
 Batch-invariant steps (``Invariance.BATCH``) of any number of rows run ``_gemv_kernel``'s
-tensor-core path on tiles of 16 or 64 token rows (one row program per tile), without split-K
-(``invariant_config``): every row is summed in the same K order, 16-wide tensor-core products in
-sequence, whatever the step's row count and the tiles.
+tensor-core path on tiles of 16 or 64 token rows (one row program per tile, ``invariant_config``)
+over K segments that depend on the weight alone (``invariant_segment``): each segment summed in
+K order, 16-wide tensor-core products in sequence, and the segments added in order, split across
+programs or in one (``_launch_invariant``), whatever the step's row count and the tiles.
 
 Roundings (as the ref backend): a float weight's product is rounded to x's dtype first, except
 for a plain product into a float32 out (the logits), which stores the float32 sum unrounded; an
@@ -41,10 +42,10 @@ from .common import cdiv, pdl_args, pdl_launch_dependents, pdl_wait, sm_count
 # The launch configuration is in linear_config; its names are this module's too.
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
-                            gemm_config, gemv_config, invariant_config, reserve_scratch,
-                            row_group, split_k_for)
-from .linear_loops import (_dot_k_loop, _epilogue_store, _gemv_w, _gemv_w_step, _gemv_x,
-                           _row_fma, _row_group_k_loop)
+                            gemm_config, gemv_config, invariant_config, invariant_segment,
+                            reserve_scratch, row_group, split_k_for)
+from .linear_loops import (_dot_k_loop, _dot_k_segments, _epilogue_store, _gemv_w,
+                           _gemv_w_step, _gemv_x, _row_fma, _row_group_k_loop)
 
 __all__ = ["ACT_NONE", "ACT_SWIGLU", "ACT_XIELU", "GEMV_TABLE", "InvariantConfig",
            "ROW_INVARIANT_MAX_M", "SCRATCH", "SKINNY_MAX_M", "GemmConfig", "GemvConfig",
@@ -63,14 +64,16 @@ def _gemv_kernel(
     ACT: tl.constexpr, INT8: tl.constexpr, ROUND_X: tl.constexpr, F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UNROLL: tl.constexpr, W_VEC: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SEGMENTED: tl.constexpr = False,
 ):
     """Grid: (cdiv(M, BLOCK_M) if BLOCK_M < 16 else 1, cdiv(N_OUT, BLOCK_N), SPLIT_K). x: (M, K);
     W: (N_OUT or 2 * N_OUT, K). BLOCK_M = 1: one token row per program on the CUDA cores (the row
     is program_id(0)); 2 or 4: row programs of that many token rows (float weights), each row
     in its own 2-D tile (a 1-token step in the first); BLOCK_M = 16, 32 or 64: up to that many
     tokens on the tensor cores (weights staged through shared memory by cp.async, software-pipelined
-    num_stages deep). P_ROWS: rows of the split-K partial buffer (the programs' rows)."""
+    num_stages deep). P_ROWS: rows of the split-K partial buffer (the programs' rows).
+    SEGMENTED (tensor-core tiles, SPLIT_K = 1): K in segments of K_SPLIT, summed one after
+    another in the program as a split of K into them would sum them."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -141,8 +144,12 @@ def _gemv_kernel(
         # Tensor-core dot with the token rows padded to BLOCK_M.
         pdl_launch_dependents(PDL)
         pdl_wait(PDL)
-        acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT, INT8, F32, EVEN_K,
-                                   BLOCK_M, BLOCK_N, BLOCK_K)
+        if SEGMENTED:
+            acc_a, acc_b = _dot_k_segments(x_rows, w_a, w_b, K, K_SPLIT, rk, ACT, INT8, F32,
+                                           EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT, INT8, F32, EVEN_K,
+                                       BLOCK_M, BLOCK_N, BLOCK_K)
 
     if SPLIT_K == 1:
         _epilogue_store(acc_a, acc_b, rm, rn, M, N_OUT, out_ptr, s_om, scale_ptr,
@@ -239,16 +246,8 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
     common = dict(ACT=act, INT8=int8, ROUND_X=round_x, F32=f32)
 
     if invariant == Invariance.BATCH:
-        cfg = (config if isinstance(config, InvariantConfig)
-               else invariant_config(n_out, k, act, out.dtype == torch.float32, f32, int8, m))
-        _gemv_kernel[(cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n), 1)](
-            x, weight, scale, out, x, x,
-            m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k, cfg.block_m,
-            alpha_p, alpha_n, beta, eps,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=1,
-            EVEN_K=k % cfg.block_k == 0, UNROLL=1, W_VEC=1, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **common, **pdl_args(),
-        )
+        _launch_invariant(out, x, weight, scale, act, config, common,
+                          (alpha_p, alpha_n, beta, eps))
         return
 
     if m <= SKINNY_MAX_M and not (isinstance(config, GemmConfig)):
@@ -297,4 +296,39 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
         **pdl_args(),
+    )
+
+
+def _launch_invariant(out, x, weight, scale, act, config, common, act_args):
+    """A batch-invariant step: tensor-core tiles by the row count (``invariant_config``) over
+    the weight's K segments (``invariant_segment``). A step whose tiles leave the GPU short of
+    programs splits K into the segments across programs, whose partial sums the last one to
+    arrive adds in segment order; other steps add them in the same order in one program. Both
+    give every row the same bits."""
+    m, k = x.shape
+    n_out = out.shape[1]
+    f32_out = out.dtype == torch.float32
+    f32, int8 = common["F32"], common["INT8"]
+    cfg = (config if isinstance(config, InvariantConfig)
+           else invariant_config(n_out, k, act, f32_out, f32, int8, m))
+    sms = sm_count(x.device)
+    segment = invariant_segment(n_out, k, act, f32_out, f32, int8, sms)
+    segments = cdiv(k, segment)
+    row_programs, tiles = cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n)
+    split, part, locks = 1, x, x  # dummies when not split
+    if segments > 1 and row_programs * tiles < 2 * sms:
+        part, locks = SCRATCH.get(x.device)
+        p_rows = row_programs * cfg.block_m
+        n_part = segments * p_rows * n_out * (2 if act == ACT_SWIGLU else 1)
+        if n_part <= part.numel() and row_programs * tiles <= locks.numel():
+            split = segments
+        else:
+            part, locks = x, x
+    _gemv_kernel[(row_programs, tiles, split)](
+        x, weight, scale, out, part, locks,
+        m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), segment,
+        row_programs * cfg.block_m, *act_args,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+        EVEN_K=k % cfg.block_k == 0, UNROLL=1, W_VEC=1, SEGMENTED=split == 1 and segments > 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common, **pdl_args(),
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS
 
-from .common import INTERPRET_MODE, DeviceScratch
+from .common import INTERPRET_MODE, DeviceScratch, cdiv
 
 ACT_NONE, ACT_SWIGLU, ACT_XIELU = 0, 1, 2
 SKINNY_MAX_M = 64  # up to this many tokens: the GEMV kernel; above: the tiled GEMM
@@ -138,7 +138,7 @@ ROW_OVERRIDES: dict = {}
 @dataclass(frozen=True)
 class InvariantConfig:
     """Tiles of batch-invariant steps: block_m token rows (one row program per block_m rows) by
-    block_n weight rows, K in block_k steps, no split-K."""
+    block_n weight rows, K in block_k steps (in segments, ``invariant_segment``)."""
 
     block_m: int = 16
     block_n: int = 32
@@ -149,10 +149,11 @@ class InvariantConfig:
 
 def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: bool,
                      m: int) -> InvariantConfig:
-    """The tiles of a batch-invariant step of m rows. Every tensor-core tiling without split-K sums
-    a row in the same order (K in 16-wide products, in order) and so gives the same bits whatever
-    the tile sizes (benchmarks/invariant_linear.py --across at llama3-8b's weights; the conformance
-    suite checks a row against itself alone at 1..256 rows). So the tiles may follow the row count:
+    """The tiles of a batch-invariant step of m rows. Every tensor-core tiling sums a row over a
+    K range in the same order (K in 16-wide products, in order) and so gives the same bits
+    whatever the tile sizes (benchmarks/invariant_linear.py --across at llama3-8b's weights;
+    the conformance suite checks a row against itself alone at 1..256 rows). So the tiles may
+    follow the row count:
     16-row tiles (mma) with wide K steps up to 16 rows, 64-row tiles (wgmma on Hopper) above, read
     the weight once. Chosen from benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on
     Triton". Float32 activations (f32: their products are not on 16-wide tensor-core steps), INT8
@@ -167,6 +168,23 @@ def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: b
     wide = act != ACT_SWIGLU and (n <= k or f32_out)
     return InvariantConfig(64, 64 if wide else 32, min(block_k, 128),
                            num_stages=3 if act == ACT_SWIGLU else 4)
+
+
+# K segments of a batch-invariant product are multiples of this: of every block_k its tilings use
+INVARIANT_SEGMENT_ALIGN = 256
+
+
+def invariant_segment(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: bool,
+                      sms: int) -> int:
+    """The K length of a batch-invariant product's segments: each segment is summed from zero in
+    K order and the segments' sums are added in order, at every row count (split across
+    programs where a step's tiles leave the GPU short of programs, else one program after
+    another, ``_dot_k_segments``), so they depend on the weight and the GPU alone. As many
+    segments as a 1-row step needs to fill the GPU (split_k_for over the 1-row tiling's
+    tiles); k itself when one is enough."""
+    one_row = invariant_config(n, k, act, f32_out, f32, int8, 1)
+    split = split_k_for(cdiv(n, one_row.block_n), k, INVARIANT_SEGMENT_ALIGN, sms)
+    return cdiv(cdiv(k, split), INVARIANT_SEGMENT_ALIGN) * INVARIANT_SEGMENT_ALIGN
 
 
 def gemm_config(m: int, n: int, k: int, act: int, f32: bool) -> GemmConfig:

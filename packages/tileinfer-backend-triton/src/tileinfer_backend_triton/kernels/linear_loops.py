@@ -181,3 +181,21 @@ def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.co
                 wb = int8_to(wb, x_ty)
             acc_b = mma(xv, tl.trans(wb), acc_b, F32)
     return acc_a, acc_b
+
+
+@triton.jit
+def _dot_k_segments(x_rows, w_a, w_b, K, K_SPLIT, rk, ACT: tl.constexpr, INT8: tl.constexpr,
+                    F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``_dot_k_loop`` over K in segments of K_SPLIT, each summed from zero, the segments' sums
+    added in order: the float32 sums a split of K into those segments gives (its last program
+    adds the partials the same way), in one program."""
+    total_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    total_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_lo in range(0, K, K_SPLIT):
+        acc_a, acc_b = _dot_k_loop(x_rows, w_a, w_b, k_lo, tl.minimum(k_lo + K_SPLIT, K), rk,
+                                   ACT, INT8, F32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        total_a += acc_a
+        if ACT == 1:
+            total_b += acc_b
+    return total_a, total_b
