@@ -1,13 +1,15 @@
 """The pipelined n-gram loop's decisions, replayed on the CPU: which steps it launches on each
 prompt of ``speculative.py``, and the speed-up those steps would give at given GPU step costs.
 
-The loop (engine/generation/speculative/pipelined.py) decides from its hit rate and from what a step of n
-rows costs against a 1-token step. On the GPU it measures that cost; here ``--row-cost`` fixes
-it (an extra row's cost in 1-token steps: 0.05 is about cuda's on SmolLM2 at 8 rows), so its
-decisions are deterministic and the same as on the GPU wherever the greedy tokens are. The real
+The loop (engine/generation/speculative/pipelined.py) decides from its hit rate and from what a
+step of n rows costs against a 1-token step. On the GPU it measures that cost; here
+``--row-cost`` fixes it (an extra row's cost in 1-token steps: 0.05 is about cuda's on SmolLM2
+at 8 rows), so its decisions are deterministic and the same as on the GPU wherever the greedy
+tokens are. The real
 SmolLM2 runs on the ref backend in float32. The estimate: ``--prefill-ms`` plus the cost of every
-launched step (``--step-ms``: ms by row count, 1..8) for speculation, against the prefill plus one
-1-token step per generated token for plain decoding. It ignores the host's time, which both pay.
+launched step (``--step-ms``: ms by row count, 1..8) for speculation, against the prefill plus the
+1-token steps plain pipelined decoding launches (one per token after the first, and one with the
+stop token). It ignores the host's time, which both pay.
 
     python benchmarks/spec_policy_sim.py --prompts quote_answer,rewrite
 """
@@ -85,7 +87,10 @@ def main():
                             seed=0, speculative=proposer, spec_stats=stats)
         cache.release(seq)
         spec = args.prefill_ms + sum(step_ms[min(n, len(step_ms)) - 1] for n in launched)
-        plain = args.prefill_ms + len(out) * step_ms[0]
+        # Plain pipelined decoding launches a step per token after the first, and one more
+        # with the stop token before it reads it (none after the last token asked for).
+        plain_steps = len(out) + 1 if len(out) < args.new_tokens else len(out) - 1
+        plain = args.prefill_ms + plain_steps * step_ms[0]
         print(json.dumps(dict(prompt=name, kind=kind, generated=len(out),
                               verify_steps=stats.verify_steps, plain_steps=stats.plain_steps,
                               wasted_steps=stats.wasted_steps, drafted=stats.drafted,
