@@ -5,10 +5,10 @@ The loop (engine/generation/speculative/pipelined.py) decides from its hit rate 
 step of n rows costs against a 1-token step. On the GPU it measures that cost; here
 ``--row-cost`` fixes it (an extra row's cost in 1-token steps: 0.05 is about cuda's on SmolLM2
 at 8 rows), so its decisions are deterministic and the same as on the GPU wherever the greedy
-tokens are. The real SmolLM2 runs on the ref backend in float32. The estimate: ``--prefill-ms`` plus the cost of every
-launched step (``--step-ms``: ms by row count, 1..8) for speculation, against the prefill plus the
-1-token steps plain pipelined decoding launches (one per token after the first, and one with the
-stop token). It ignores the host's time, which both pay.
+tokens are. The real SmolLM2 runs on the ref backend in float32. The estimate: ``--prefill-ms``
+plus the cost of every launched step (``--step-ms``: ms by row count, 1..8) for speculation,
+against the prefill plus the 1-token steps plain pipelined decoding launches (one per token after
+the first, and one with the stop token). It ignores the host's time, which both pay.
 
     python benchmarks/spec_policy_sim.py --prompts quote_answer,rewrite
 """
