@@ -24,6 +24,7 @@ tokens each, called twice in one process on random llama3-8b weights; the second
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -155,8 +156,7 @@ def section_oneshot(args):
                    "identical": all(out == outs["plain"] for out in outs.values()),
                    "copy_fraction": round(copy_fraction(ids, outs["plain"]), 3),
                    "seconds": {k: [round(x, 5) for x in v] for k, v in times.items()},
-                   "ngram_steps": {k: getattr(stats, k) for k in (
-                       "verify_steps", "plain_steps", "wasted_steps", "drafted", "accepted")},
+                   "ngram_steps": dataclasses.asdict(stats),
                    "speedup_later": round(later["plain"] / later["ngram"], 3)}
             if "kept" in later:
                 row["oneshot_over_kept"] = round(later["plain"] / later["kept"], 3)

@@ -43,7 +43,7 @@ from .common import cdiv, pdl_args, pdl_launch_dependents, pdl_wait, sm_count
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
                             gemm_config, gemv_config, invariant_config, invariant_segment,
-                            reserve_scratch, row_group, split_k_for)
+                            reserve_scratch, row_group, split_k_for, split_scratch)
 from .linear_loops import (_dot_k_loop, _dot_k_segments, _epilogue_store, _gemv_w,
                            _gemv_w_step, _gemv_x, _row_fma, _row_group_k_loop)
 
@@ -271,12 +271,14 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         p_rows = row_programs * block_m
         part, locks = x, x  # dummies when not split
         if split > 1:
-            part, locks = SCRATCH.get(x.device)
             # Capacity checked for 16 rows up to 16 (so that whether a 1..8-row shape splits
             # never depends on m), else for the tile's rows.
             n_part = split * max(16, block_m) * n_out * (2 if act == ACT_SWIGLU else 1)
-            if n_part > part.numel() or 16 * tiles > locks.numel():
-                split, k_split, part, locks = 1, k, x, x
+            scratch = split_scratch(x.device, n_part, 16 * tiles)
+            if scratch is None:
+                split, k_split = 1, k
+            else:
+                part, locks = scratch
         _gemv_kernel[(row_programs, tiles, split)](
             x, weight, scale, out, part, locks,
             m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), k_split, p_rows,
@@ -317,13 +319,10 @@ def _launch_invariant(out, x, weight, scale, act, config, common, act_args):
     row_programs, tiles = cdiv(m, cfg.block_m), cdiv(n_out, cfg.block_n)
     split, part, locks = 1, x, x  # dummies when not split
     if segments > 1 and row_programs * tiles < 2 * sms:
-        part, locks = SCRATCH.get(x.device)
-        p_rows = row_programs * cfg.block_m
-        n_part = segments * p_rows * n_out * (2 if act == ACT_SWIGLU else 1)
-        if n_part <= part.numel() and row_programs * tiles <= locks.numel():
-            split = segments
-        else:
-            part, locks = x, x
+        n_part = segments * row_programs * cfg.block_m * n_out * (2 if act == ACT_SWIGLU else 1)
+        scratch = split_scratch(x.device, n_part, row_programs * tiles)
+        if scratch is not None:
+            split, (part, locks) = segments, scratch
     _gemv_kernel[(row_programs, tiles, split)](
         x, weight, scale, out, part, locks,
         m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), segment,

@@ -215,3 +215,10 @@ SCRATCH = DeviceScratch(lambda device: (
 
 def reserve_scratch(device: torch.device):
     SCRATCH.get(torch.device(device))
+
+
+def split_scratch(device: torch.device, partials: int, counters: int):
+    """The split-K scratch (partial sums, arrival counters) if it holds ``partials`` float32
+    sums and ``counters`` counters, else None (the launch then runs without the split)."""
+    part, locks = SCRATCH.get(device)
+    return (part, locks) if partials <= part.numel() and counters <= locks.numel() else None
