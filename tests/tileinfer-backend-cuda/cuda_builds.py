@@ -54,6 +54,20 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, TILES=2, NT=8, X_REUSE=1)
     add("gemv.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, NT=4, GROUPS=4)
     add("gemv.cu", WARPS=8, STAGES=2, REGS=2, NT=8, GROUPS=4, OUT_DTYPE="float", ROUND_BF16=0)
+    add("gemv.cu", WARPS=8, STAGES=3, TILES=2, NT=8, RUNS=4, PDL=1)  # runs of warps
+    add("gemv.cu", W_INT8=1, ROUND_BF16=0, WARPS=16, STAGES=2, REGS=2, RUNS=2)
+
+    # gemm_invariant.cu (batch-invariant steps of many rows): each weight dtype, epilogue and
+    # output, split and not, runs, token tiles, warps, stages, PDL
+    for w_int8, int8_load in ((0, 16), (1, 16), (1, 8)):
+        for epilogue in (0, 1, 2):
+            for out_dtype in ("bf16_t", "float"):
+                add("gemm_invariant.cu", W_INT8=w_int8, INT8_LOAD=int8_load, EPILOGUE=epilogue,
+                    OUT_DTYPE=out_dtype, ROUND_BF16=int(not w_int8 and out_dtype != "float"),
+                    PARTS=8, RUNS=1 if epilogue == 1 else 4, SPLIT=int(epilogue != 1),
+                    ROW_WARPS=4, STAGES=4, NT=8, STREAM_L2_256B=None, PDL=1)
+    add("gemm_invariant.cu", PARTS=16, RUNS=2, SPLIT=0, ROW_WARPS=8, STAGES=2, NT=4)
+    add("gemm_invariant.cu", PARTS=4, RUNS=1, SPLIT=0, ROW_WARPS=2, STAGES=3, NT=2, PDL=0)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

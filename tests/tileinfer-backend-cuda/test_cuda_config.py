@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tileinfer_backend_cuda import ops
-from tileinfer_backend_cuda.ops import attention, common, invariant_tuning, linear, tuning
+from tileinfer_backend_cuda.ops import (attention, common, gemm_invariant, invariant_tuning, linear,
+                                        tuning)
 
 SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most dynamic shared memory one block may have
 
@@ -88,13 +89,15 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 
 def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
-                                     "small_weight_bytes": None, "cublaslt_max_tokens": None}
+                                     "small_weight_bytes": None, "cublaslt_max_tokens": None,
+                                     "invariant_gemm": {}}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
 def test_experiments_reject_unknown_settings():
     for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
-                {"gemv_wide": {"fp4": 16}}, {"skinny": {"max_tokens": 64}}):
+                {"gemv_wide": {"fp4": 16}}, {"skinny": {"max_tokens": 64}},
+                {"invariant_gemm": {"warps": 8}}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))
@@ -408,6 +411,8 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
             continue
         fitting.append(tiles)
         assert cfg["warps"] == warps and cfg["kernel"] == "mma"
+        assert cfg["runs"] == gemm_invariant.invariant_runs(rows, epilogue, warps)
+        assert warps % cfg["runs"] == 0
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
 
@@ -431,3 +436,45 @@ def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu
     assert linear.gemv_smem_bytes(cfg, key[1], False, "none", 8) <= SMEM_PER_BLOCK - 1024
     assert linear.gemv_defines(cfg, False, 16, "none", "bf16_t", False, 8).get(
         "GROUPS", 1) == cfg["groups"]
+
+
+def test_invariant_runs_split_narrow_single_matrices_only():
+    """The runs of a weight's sum: 4 (or 2) for a narrow single matrix whose parts divide into
+    them, 1 for SwiGLU's pair and for wide outputs (their row tiles fill the GPU)."""
+    runs = gemm_invariant.invariant_runs
+    assert [runs(4096, "none", p) for p in (16, 8, 4, 2, 1)] == [4, 4, 4, 2, 1]
+    assert runs(6, "none", 6) == 2 and runs(9, "xielu", 3) == 1
+    assert runs(14336, "swiglu", 8) == runs(128256, "none", 8) == 1
+    assert runs(gemm_invariant.NARROW_ROWS, "none", 8) == 4
+    assert runs(gemm_invariant.NARROW_ROWS + 1, "none", 8) == 1
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("rows,k_dim,epilogue", SHAPES)
+def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypatch, rows, k_dim,
+                                                              epilogue, int8):
+    """gemm_invariant.cu's launch at 17..64 rows fits a block's shared memory; it splits by run
+    only where the weight has runs, and only while the scratch holds every run's sums."""
+    monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
+                        SMEM_PER_BLOCK)
+    parts = tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
+    runs = gemm_invariant.invariant_runs(rows, epilogue, parts)
+    load = linear.int8_load(k_dim)
+    for n in (17, 64):
+        tiles = tuning.mma_token_tiles(n)
+        cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, n, load, tiles, 0)
+        assert gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) <= (
+            SMEM_PER_BLOCK - 1024)
+        assert cfg["split"] == (runs > 1)  # the llama shapes' narrow row tiles are few
+        d = gemm_invariant.gemm_defines(cfg, linear.gemv_defines(
+            {"warps": parts, "stages": 2}, int8, load, epilogue, "bf16_t", True, tiles),
+            parts, runs, tiles)
+        assert (d["PARTS"], d["RUNS"], d["NT"], d["SPLIT"], d["PDL"]) == (
+            parts, runs, tiles, int(runs > 1), 1)
+    mats = 2 if epilogue == "swiglu" else 1
+    too_many = common.GemvScratch.PARTIALS // (max(runs, 1) * mats * rows) + 1
+    cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, too_many, load, 8, 0)
+    assert not cfg["split"]
+    with tuning.experiment({"invariant_gemm": {"split": False, "row_warps": 8, "stages": 3}}):
+        cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
+    assert (cfg["split"], cfg["row_warps"]) == (False, 8) and cfg["stages"] <= 3

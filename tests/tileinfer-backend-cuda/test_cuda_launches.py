@@ -11,8 +11,8 @@ import pytest
 import torch
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
-from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise, kv, linear,
-                                        norm, sampling, tuning)
+from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise,
+                                        gemm_invariant, kv, linear, norm, sampling, tuning)
 
 BF = torch.bfloat16
 
@@ -57,7 +57,7 @@ def launches(monkeypatch):
         def launch(self, grid, block, args, smem=0, stream=None, pdl=False):
             log.append(Launch(*self.spec, tuple(grid), tuple(block), args, smem, pdl))
 
-    for mod in (attention, elementwise, kv, linear, norm, sampling):
+    for mod in (attention, elementwise, gemm_invariant, kv, linear, norm, sampling):
         monkeypatch.setattr(mod, "kernel", Recorder)
         if hasattr(mod, "dev"):
             monkeypatch.setattr(mod, "dev", lambda t: 0)
@@ -215,6 +215,49 @@ def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
     assert (k.file, k.defines["INT8_LOAD"], k.defines["PDL"]) == ("gemv.cu", 8, 1)
     assert k.smem == linear.gemv_smem_bytes(tuning.gemv_heuristic(2000, 1032, True, "none", 0),
                                             1032, True, "none")
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, int8):
+    """Invariance.BATCH: gemv.cu up to gemm_invariant.MIN_ROWS - 1 rows, then gemm_invariant.cu
+    in launches of 64 rows with the gemv.cu build's order (PARTS = its warps, RUNS its runs);
+    narrow weights split by run (grid.y) on the split-K scratch, SwiGLU's does not."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    batch = Invariance.BATCH
+    w, s = _weight(4096, 4096, int8)
+    wg, sg = _weight(2 * 14336, 4096, int8)
+    for n in (gemm_invariant.MIN_ROWS - 1, gemm_invariant.MIN_ROWS, 100):
+        launches.clear()
+        x = torch.randn(n, 4096).to(BF)
+        OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, s, batch)
+        OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, sg,
+                             torch.empty(n, 2 * 14336, dtype=BF), batch)
+        if n < gemm_invariant.MIN_ROWS:
+            assert [k.file for k in launches] == ["gemv.cu"] * 2
+            cfg = linear.invariant_gemv_config(4096, 4096, int8, "none", 0,
+                                               tuning.mma_token_tiles(n))
+            assert launches[0].defines.get("RUNS", 1) == cfg["runs"] > 1
+            assert launches[1].defines.get("RUNS", 1) == 1
+            continue
+        per_weight = 2 if n > 64 else 1
+        assert [k.file for k in launches] == ["gemm_invariant.cu"] * (2 * per_weight)
+        assert [k.args[4] for k in launches] == ([64, n - 64] if n > 64 else [n]) * 2
+        narrow, swiglu = launches[0], launches[per_weight]
+        warps = tuning.gemv_config(4096, 4096, int8, "none", 0, kernel="mma")["warps"]
+        runs = gemm_invariant.invariant_runs(4096, "none", warps)
+        assert (narrow.defines["PARTS"], narrow.defines["RUNS"], narrow.defines["SPLIT"]) == (
+            warps, runs, 1)
+        assert narrow.grid == (4096 // (16 * narrow.defines["ROW_WARPS"]), runs)
+        assert narrow.args[-2] is common.GEMV_SCRATCH.get(0)[0]
+        assert narrow.defines["NT"] == tuning.mma_token_tiles(min(n, 64))
+        assert (swiglu.defines["RUNS"], swiglu.defines["SPLIT"], swiglu.defines["EPILOGUE"]) == (
+            1, 0, 1)
+        assert swiglu.grid[1] == 1 and swiglu.args[-2] is None
+        assert all(k.pdl and k.smem == gemm_invariant.gemm_smem_bytes(
+            {"stages": k.defines["STAGES"], "row_warps": k.defines["ROW_WARPS"]}, int8,
+            k.defines["INT8_LOAD"], "swiglu" if k.defines["EPILOGUE"] == 1 else "none",
+            k.defines["NT"]) for k in launches)
 
 
 def _step(q_lens, contexts, heads=32, kv_heads=8, head_dim=128, kind="int8", qk_norm=True):

@@ -49,7 +49,10 @@
 //
 // The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
 // reused once every copy has landed (the dynamic size is the larger of the two, gemv_smem_bytes
-// in ops/linear.py; with REGS only the partial sums).
+// in ops/linear.py; with REGS only the partial sums). They are added in RUNS runs of WARPS / RUNS
+// warps: each run's sum from zero in warp order, then the runs' sums in order (RUNS = 1: all
+// warps in order). The batch-invariant builds take RUNS > 1 for the weights that
+// gemm_invariant.cu splits across blocks by run: the same sums in the same order.
 //
 // Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (for SwiGLU,
 // gate rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads; dynamic
@@ -65,7 +68,7 @@
 // 8 when K % 16 != 0), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
-// GROUPS (row groups of a block), X_REUSE (0/1), PDL (0/1).
+// GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -110,6 +113,9 @@
 #ifndef X_REUSE
 #define X_REUSE 0
 #endif
+#ifndef RUNS
+#define RUNS 1
+#endif
 typedef OUT_DTYPE out_t;
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
@@ -143,6 +149,8 @@ typedef bf16_t x_t;
 #endif
 
 #include "gemv_frag.cuh"  // copy_w, Frag, to_frag, step_mma
+#include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
+static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -356,32 +364,25 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;
     for (int idx = threadIdx.x; idx < BLOCK_ROWS * TOKENS; idx += THREADS) {
         const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
-        const int gi = idx % BLOCK_ROWS / GROUP_ROWS, r = idx % GROUP_ROWS;
+        const int gi = idx % BLOCK_ROWS / GROUP_ROWS, r_in_group = idx % GROUP_ROWS;
         if (tok >= n || row >= O) continue;
         float v[MATS];
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
+            // Runs of WARPS / RUNS warps: each run's sum from zero in warp order, then the runs'
+            // sums in run order (RUNS = 1: the warps' sums in warp order).
             float s = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) s += at(gi, wi, m * TILES + r / 16, r % 16, tok);
-#if W_FP8
-            s *= x_scale[tok];
-#endif
-#if W_INT8 || W_FP8
-            s *= w_scale[(i64)m * O + row];
-#endif
-            v[m] = s;
+            for (int q = 0; q < RUNS; ++q) {
+                float r = 0.0f;
+#pragma unroll
+                for (int wi = q * (WARPS / RUNS); wi < (q + 1) * (WARPS / RUNS); ++wi)
+                    r += at(gi, wi, m * TILES + r_in_group / 16, r_in_group % 16, tok);
+                s += r;
+            }
+            v[m] = scaled_sum(s, m, tok, row, O, w_scale, x_scale);
         }
-        float y;
-#if EPILOGUE == 1
-        // transformers: gate, up = bf16 projections; act = bf16(silu(gate)); out = bf16(act * up)
-        const float gate = round_to<bf16_t>(v[0]), up = round_to<bf16_t>(v[1]);
-        y = round_to<bf16_t>(silu(gate)) * up;
-#elif EPILOGUE == 2
-        y = xielu_f32(round_to<bf16_t>(v[0]), alpha_p, alpha_n, beta, eps);
-#else
-        y = ROUND_BF16 ? round_to<bf16_t>(v[0]) : v[0];
-#endif
+        const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
         out[(i64)tok * O + row] = from_float<out_t>(y);
     }
 }

@@ -154,6 +154,11 @@ class GemvScratch(DeviceScratch):
         return (splits * mats * GEMV_MAX_TOKENS * n_rows <= cls.PARTIALS
                 and n_rows <= cls.COUNTERS)
 
+    @classmethod
+    def holds(cls, partials: int, tiles: int) -> bool:
+        """Room for a launch of another kernel on it: `partials` floats, `tiles` counters."""
+        return partials <= cls.PARTIALS and tiles <= cls.COUNTERS
+
 
 class ArgmaxScratch(DeviceScratch):
     """sampling.cu's argmax_split: each chunk's maximum, its index and its sum, [row][chunk],

@@ -21,8 +21,10 @@ per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over u
 Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
 8 tokens.
 
-Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu only
-(``invariant_gemv``), with the warps that split K fixed per weight (docs/determinism.md).
+Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu
+(``invariant_gemv``), with the warps that split K and the runs that add their sums fixed per
+weight (docs/determinism.md), or, for launches of many rows, gemm_invariant.cu, which adds the
+same sums in the same order (gemm_invariant.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tileinfer.backend.hookspecs import Invariance
 
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
-from . import elementwise
+from . import elementwise, gemm_invariant
 from .cublas import cublas
 from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
@@ -109,6 +111,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["W_FP8"] = 1
     if cfg.get("groups", 1) > 1:
         defines["GROUPS"] = cfg["groups"]
+    if cfg.get("runs", 1) > 1:
+        defines["RUNS"] = cfg["runs"]  # the warps' sums in runs (gemm_invariant.py)
     regs = gemv_regs(cfg, int8, load)
     if regs:
         defines["REGS"] = regs  # the weight through registers, not the ring
@@ -174,11 +178,12 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
 
 def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
                    x_scale=None):
-    """A batch-invariant step (Invariance.BATCH) of any number of rows: gemv.cu in launches of
-    at most INVARIANT_LAUNCH_ROWS rows, on invariant_gemv_config's builds, whose warps (the
-    only thing that orders a row's sum: each warp sums its K steps on the tensor cores, then
-    the warps' sums are added in warp order) depend on the weight alone. x_scale: the FP8
-    build's (x the quantized rows, linear_fp8.py)."""
+    """A batch-invariant step (Invariance.BATCH) of any number of rows: launches of at most
+    INVARIANT_LAUNCH_ROWS rows, on gemv.cu's invariant_gemv_config build, or (launches of
+    gemm_invariant.min_rows rows or more, bf16 and INT8 weights) on gemm_invariant.cu with the
+    same sums. What orders a row's sum depends on the weight alone: gemv.cu's warps (each sums
+    its K steps on the tensor cores) and its runs (the warps' sums added run by run, each run
+    in warp order). x_scale: the FP8 build's (x the quantized rows, linear_fp8.py)."""
     n, k_dim = x.shape
     fp8 = x_scale is not None
     int8 = fp8 or weight.dtype == torch.int8
@@ -189,10 +194,21 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     while cfg is None:  # the weight's warps with this many token tiles need too much memory
         token_tiles //= 2
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
+    use_gemm = not fp8 and min(n, INVARIANT_LAUNCH_ROWS) >= gemm_invariant.min_rows()
+    if use_gemm:
+        token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+        base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
+                            pdl(device), token_tiles)
     for start in range(0, n, 8 * token_tiles):
         stop = min(n, start + 8 * token_tiles)
-        gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
-                 cfg, token_tiles, None if x_scale is None else x_scale[start:stop])
+        if use_gemm:
+            gemm_invariant.gemm_invariant(out[start:stop], x[start:stop], weight, weight_scale,
+                                          xielu_params, base, cfg["warps"], cfg.get("runs", 1),
+                                          token_tiles, o_rows, epilogue)
+        else:
+            gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue,
+                     xielu_params, cfg, token_tiles,
+                     None if x_scale is None else x_scale[start:stop])
 
 
 # gemv.cu's widest build: 8 token tiles of 8 rows.
@@ -216,6 +232,8 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
         entry = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma",
                             token_tiles=token_tiles)
     cfg = dict(entry, warps=warps, kernel="mma")
+    if not fp8:
+        cfg["runs"] = gemm_invariant.invariant_runs(o_rows, epilogue, warps)
     limit = smem_limit(device) - 1024  # room for the static shared memory
 
     def smem():

@@ -20,7 +20,10 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
-  PyTorch's default library).
+  PyTorch's default library);
+- ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
+  ``stages``, ``split``, ``l2_256b``) and ``min_rows`` (the fewest rows of a batch-invariant
+  launch it takes; more than 64 keeps every launch on gemv.cu).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
 _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
+_INVARIANT_GEMM_KEYS = frozenset({"row_warps", "stages", "split", "l2_256b", "min_rows"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
@@ -63,10 +67,12 @@ def _checked(settings) -> dict:
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
     unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "cublaslt_max_tokens"}
+                               "cublaslt_max_tokens", "invariant_gemm"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
+    unknown |= {f"invariant_gemm.{k}" for k in settings.get("invariant_gemm", {})
+                if k not in _INVARIANT_GEMM_KEYS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {"gemv": dict(settings.get("gemv", {})),
@@ -74,7 +80,8 @@ def _checked(settings) -> dict:
             "pdl": bool(settings.get("pdl", True)),
             "gemv_wide": dict(settings.get("gemv_wide", {})),
             "small_weight_bytes": settings.get("small_weight_bytes"),
-            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
+            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens"),
+            "invariant_gemm": dict(settings.get("invariant_gemm", {}))}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight

@@ -1,0 +1,340 @@
+// Batch-invariant GEMM for batched decode steps: out (n, O) = x (n, K) @ W.T for n <= 8 * NT
+// tokens, with gemv.cu's sums to the bit: a row and token gets the same value here as from
+// gemv.cu's batch-invariant build of the same weight at any number of rows (1 included), so a
+// step can take either kernel. Same contract and arguments as gemv.cu (bf16 or INT8 weights, no
+// FP8), plus gemv.cu's split-K scratch.
+//
+// gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
+// steps p, p + PARTS, ...); each part's steps go through the tensor cores in order from zero
+// (the same fragments: gemv_frag.cuh); the parts' sums are added in RUNS runs of PARTS / RUNS
+// parts, each run from zero in part order, then the runs in order. gemv.cu spreads the parts over
+// the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
+// Here a block's warps split the rows instead (ROW_WARPS warps of 16 rows each, of each matrix),
+// share each step's x chunks through shared memory, and walk the parts one after another: the
+// block's steps in part order, a part's sum added to its run's when the part ends.
+//
+// SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so):
+// a block writes its run's sums to the scratch [run][mat][token][O]; the last of a row tile's
+// blocks to arrive (last_split_to_arrive, a counter per row tile) adds the runs in order,
+// finishes the rows and re-arms its counter. SPLIT = 0: a block adds its runs itself.
+//
+// Pipeline: STAGES stages of shared memory, each one step's weight chunks of every warp (a lane
+// copies and reads its own cells: the fragments of gemv.cu's lane) and the step's x chunks of
+// every token tile (copied by all threads, read by every warp); one barrier a step (the copies of
+// step i have landed for everyone, and the stage read in step i - 1 may be refilled).
+//
+// Grid: (ceil(O / (16 * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32 threads; dynamic
+// shared memory: STAGES * (ROW_WARPS * 2 * MATS + NT * XVECS) * 32 * 16 bytes
+// (gemm_invariant_smem_bytes in ops/linear_invariant.py).
+// Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
+// pdl_wait, their x copies and every global write after it.
+//
+// Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
+// ROUND_BF16, PARTS and RUNS (the order of the sums: gemv.cu's WARPS and RUNS), ROW_WARPS,
+// STAGES, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+#include "common.cuh"
+
+#ifndef W_INT8
+#define W_INT8 0
+#endif
+#define W_FP8 0
+#ifndef INT8_LOAD
+#define INT8_LOAD 16
+#endif
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+#ifndef OUT_DTYPE
+#define OUT_DTYPE bf16_t
+#endif
+#ifndef ROUND_BF16
+#define ROUND_BF16 1
+#endif
+#ifndef PARTS
+#define PARTS 8
+#endif
+#ifndef RUNS
+#define RUNS 1
+#endif
+#ifndef ROW_WARPS
+#define ROW_WARPS 4
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef NT
+#define NT 8
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#ifndef PDL
+#define PDL 0
+#endif
+typedef OUT_DTYPE out_t;
+static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
+static_assert(STAGES >= 2, "a stage in use and one being filled");
+
+constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
+constexpr int WT = MATS;                     // 16-row tiles a warp owns: one of each matrix
+constexpr int BLOCK_ROWS = 16 * ROW_WARPS;
+constexpr int THREADS = ROW_WARPS * 32;
+constexpr int PER_RUN = PARTS / RUNS;
+// gemv.cu's lane and step geometry (gemv_frag.cuh reads these names).
+constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
+constexpr int STEP_K = 4 * LANE_K;
+constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;
+constexpr int XVECS = LANE_K / 8;
+// A stage: [warp][2 * WT][lane] weight cells (rows g and g + 8 of each tile), then
+// [token tile][XVECS][lane] x cells; 16 bytes each.
+constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
+constexpr int X_CELLS = NT * XVECS * 32;
+constexpr int STAGE_CELLS = W_CELLS + X_CELLS;
+
+#if W_INT8
+typedef signed char w_t;
+#else
+typedef bf16_t w_t;
+#endif
+typedef bf16_t x_t;
+
+#include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
+#include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
+
+// Steps of part p out of `steps`: p, p + PARTS, ...
+__device__ __forceinline__ int part_steps(int p, int steps) {
+    return p < steps ? (steps - p + PARTS - 1) / PARTS : 0;
+}
+
+// A walk over the block's steps in part order (empty parts skipped): the part and its i-th step.
+struct Cursor {
+    int part, i;
+    __device__ __forceinline__ void skip_empty(int end, int steps) {
+        while (part < end && i >= part_steps(part, steps)) ++part, i = 0;
+    }
+    __device__ __forceinline__ void advance(int end, int steps) {
+        ++i;
+        skip_empty(end, steps);
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
+               const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride,
+               float alpha_p, float alpha_n, float beta, float eps, float* __restrict__ scratch,
+               int* __restrict__ counters) {
+    extern __shared__ uint4 stages[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int block_base = blockIdx.x * BLOCK_ROWS;
+    const int warp_base = block_base + 16 * warp;
+    // This block's runs and parts.
+    const int run_lo = SPLIT ? blockIdx.y : 0, run_hi = SPLIT ? blockIdx.y + 1 : RUNS;
+    const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
+    const int steps = (K + STEP_K - 1) / STEP_K;
+    int total = 0;  // the block's steps
+    for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps);
+
+    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped).
+    const w_t* wrow[WT][2];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+        wrow[m][0] = w + ((i64)m * O + min(warp_base + g, O - 1)) * K + t * LANE_K;
+        wrow[m][1] = w + ((i64)m * O + min(warp_base + g + 8, O - 1)) * K + t * LANE_K;
+    }
+    const u32 base_addr = smem_addr(stages);
+    auto stage_addr = [&](int s) { return base_addr + (u32)(s * STAGE_CELLS * 16); };
+
+    // Copies of one step (the `step`-th of the sequence, at k) into stage s; a lane's chunk past K
+    // is zeros, as in gemv.cu.
+    auto issue_w = [&](int s, int k) {
+        const bool valid = k + t * LANE_K < K;
+        const int kk = valid ? k : 0;
+        const u32 cells = stage_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
+#pragma unroll
+        for (int m = 0; m < WT; ++m) {
+            copy_w(cells + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
+            copy_w(cells + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
+        }
+    };
+    auto issue_x = [&](int s, int k) {
+        const u32 cells = stage_addr(s) + (u32)W_CELLS * 16;
+        for (int c = threadIdx.x; c < X_CELLS; c += THREADS) {
+            // cell c: token tile j, chunk v, lane (gx, tx) -> x[token 8j + gx][k + tx * LANE_K + 8v]
+            const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
+            const int gx = cl >> 2, tx = cl & 3;
+            const bool valid = k + tx * LANE_K < K;
+            const x_t* src = x + (i64)min(8 * j + gx, n - 1) * x_stride + (valid ? k + tx * LANE_K + 8 * v : 0);
+            cp_async_ca16(cells + (u32)c * 16, src, valid ? 16 : 0);
+        }
+    };
+
+    float acc[WT][NT][4], run[WT][NT][4];
+#if !SPLIT && RUNS > 1
+    float sum[WT][NT][4];
+#endif
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[m][j][e] = run[m][j][e] = 0.0f;
+#if !SPLIT && RUNS > 1
+                sum[m][j][e] = 0.0f;
+#endif
+            }
+
+    Cursor fill{part_lo, 0}, read{part_lo, 0};
+    fill.skip_empty(part_hi, steps);
+    read.skip_empty(part_hi, steps);
+#if PDL
+    pdl_launch_dependents();
+    {
+        Cursor c = fill;
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < total) issue_w(s, (c.part + c.i * PARTS) * STEP_K);
+            c.advance(part_hi, steps);
+        }
+    }
+    pdl_wait();  // x, the output and the scratch belong to the previous kernels from here on
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < total) issue_x(s, (fill.part + fill.i * PARTS) * STEP_K);
+        fill.advance(part_hi, steps);
+    }
+    cp_async_commit();
+    for (int s = 1; s < STAGES - 1; ++s) cp_async_commit();  // empty: STAGES - 1 groups in all
+#else
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < total) {
+            const int k = (fill.part + fill.i * PARTS) * STEP_K;
+            issue_w(s, k);
+            issue_x(s, k);
+        }
+        fill.advance(part_hi, steps);
+        cp_async_commit();
+    }
+#endif
+
+    // The parts' ends: a part's sum joins its run's (and an ended run joins the block's sum).
+    // Empty parts add their zero too, as gemv.cu's warps without steps do.
+    int next_part = part_lo;  // the first part whose sum has not been added
+    auto close_parts = [&](int upto) {  // add the sums of the parts before `upto`
+        for (; next_part < upto; ++next_part) {
+#pragma unroll
+            for (int m = 0; m < WT; ++m)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        run[m][j][e] += acc[m][j][e];
+                        acc[m][j][e] = 0.0f;
+                    }
+#if !SPLIT && RUNS > 1
+            if ((next_part + 1) % PER_RUN == 0) {  // a run ends
+#pragma unroll
+                for (int m = 0; m < WT; ++m)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            sum[m][j][e] += run[m][j][e];
+                            run[m][j][e] = 0.0f;
+                        }
+            }
+#endif
+        }
+    };
+
+    for (int it = 0; it < total; ++it) {
+        cp_async_wait<STAGES - 2>();  // step it's copies (this thread's) have landed
+        __syncthreads();              // everyone's; and step it - 1's stage is free
+        const int s_fill = (it + STAGES - 1) % STAGES;
+        if (it + STAGES - 1 < total) {
+            const int k = (fill.part + fill.i * PARTS) * STEP_K;
+            issue_w(s_fill, k);
+            issue_x(s_fill, k);
+        }
+        fill.advance(part_hi, steps);
+        cp_async_commit();
+
+        close_parts(read.part);  // the parts that ended before this step
+        const uint4* stage = stages + (it % STAGES) * STAGE_CELLS;
+        const uint4* wcells = stage + warp * 2 * WT * 32 + lane;
+        Frag f[WT];
+#pragma unroll
+        for (int m = 0; m < WT; ++m) to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            uint4 xv[XVECS];
+#pragma unroll
+            for (int v = 0; v < XVECS; ++v) xv[v] = stage[W_CELLS + (j * XVECS + v) * 32 + lane];
+#pragma unroll
+            for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
+        }
+        read.advance(part_hi, steps);
+    }
+    cp_async_wait<0>();
+    close_parts(part_hi);
+#if PDL
+    if (total == 0) pdl_wait();  // (the prologue waited otherwise)
+#endif
+
+    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
+    // [m][j][2..3] = row g + 8, the same tokens.
+#if SPLIT
+    float (&done)[WT][NT][4] = run;  // this block's run
+#elif RUNS > 1
+    float (&done)[WT][NT][4] = sum;
+#else
+    float (&done)[WT][NT][4] = run;  // one run: its sum is the row's (0 + run == run)
+#endif
+
+#if SPLIT
+    // The run's sums to the scratch [run][mat][token][O], tokens < n only.
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int tok = 8 * j + 2 * t + (e & 1), row = warp_base + g + (e >> 1) * 8;
+                if (tok < n && row < O)
+                    scratch[((i64)(run_lo * MATS + m) * n + tok) * O + row] = done[m][j][e];
+            }
+    if (!last_split_to_arrive(counters + blockIdx.x, RUNS)) return;
+    // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads read and
+    // write consecutive rows.
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * n; idx += THREADS) {
+        const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
+        if (row >= O) continue;
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+            float s = 0.0f;
+            for (int q = 0; q < RUNS; ++q) s += scratch[((i64)(q * MATS + m) * n + tok) * O + row];
+            v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
+        }
+        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+#else
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int tok = 8 * j + 2 * t + (e & 1), row = warp_base + g + (e >> 1) * 8;
+            if (tok >= n || row >= O) continue;
+            float v[MATS];
+#pragma unroll
+            for (int m = 0; m < MATS; ++m) {
+#if RUNS > 1
+                v[m] = scaled_sum(done[m][j][e], m, tok, row, O, w_scale, nullptr);
+#else
+                v[m] = scaled_sum(0.0f + done[m][j][e], m, tok, row, O, w_scale, nullptr);
+#endif
+            }
+            out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+        }
+#endif
+}

@@ -1,0 +1,111 @@
+"""gemm_invariant.cu: the batched rows of a batch-invariant step (``Invariance.BATCH``), with
+gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch of at least
+``min_rows`` rows (bf16 and INT8 weights; FP8 stays on gemv.cu).
+
+The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
+the weight's 8-row build's) and ``invariant_runs`` (runs of parts, added run by run). Narrow
+weights take 4 or 2 runs so that a launch can give each run a block of its own (SPLIT) and still
+fill the GPU; wide ones take one run (their row tiles fill it alone).
+
+Launch configuration (``gemm_config``): warps of 16 rows a block, ring stages, split or not; from
+``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the experiment switch
+``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None of them changes a
+row's bits.
+"""
+
+from __future__ import annotations
+
+from .common import GEMV_SCRATCH, GemvScratch, cdiv, dev, kernel, num_sms, smem_limit
+from .tuning import experiments
+
+# Launches of fewer rows stay on gemv.cu (same bits).
+MIN_ROWS = 17
+# Weights with at most this many output rows (per matrix, a single matrix) are narrow.
+NARROW_ROWS = 8192
+
+# (output rows, K, int8, epilogue) -> {"row_warps", "stages"}: the winners of
+# `benchmarks/batched_linear.py --invariant-gemm-sweep N` (none measured yet).
+INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+
+
+def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
+    """Runs of gemv.cu's batch-invariant sum for a weight of o_rows output rows summed in
+    `parts` parts (its warps): 4 (or 2) for a narrow single matrix, else 1."""
+    if epilogue == "swiglu" or o_rows > NARROW_ROWS:
+        return 1
+    for runs in (4, 2):
+        if parts % runs == 0:
+            return runs
+    return 1
+
+
+def min_rows() -> int:
+    return int(experiments["invariant_gemm"].get("min_rows", MIN_ROWS))
+
+
+def lane_k(int8: bool, load: int) -> int:
+    return load if int8 else 8
+
+
+def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles: int) -> int:
+    """STAGES x (ROW_WARPS x 2 x MATS weight cells + NT x XVECS x cells) x 32 lanes x 16 bytes."""
+    mats = 2 if epilogue == "swiglu" else 1
+    xvecs = lane_k(int8, load) // 8
+    return cfg["stages"] * (cfg["row_warps"] * 2 * mats + token_tiles * xvecs) * 32 * 16
+
+
+def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
+                load: int, token_tiles: int, device: int) -> dict:
+    """Row warps, stages, split and the L2 hint of a launch of n rows: the table's or the
+    heuristic's (4 warps, 4 stages; a block per run where the row tiles alone leave the GPU
+    half empty), then the experiments'; stages come down until the block fits."""
+    cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
+    cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
+    cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
+    tiles = cdiv(o_rows, 16 * cfg["row_warps"])
+    if "split" not in cfg:
+        cfg["split"] = runs > 1 and tiles < 2 * num_sms(device)
+    mats = 2 if epilogue == "swiglu" else 1
+    if cfg["split"] and (runs == 1 or not GemvScratch.holds(runs * mats * n * o_rows, tiles)):
+        cfg["split"] = False
+    limit = smem_limit(device) - 1024  # room for the static shared memory
+    while cfg["stages"] > 2 and gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles) > limit:
+        cfg["stages"] -= 1
+    return cfg
+
+
+def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
+    """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
+    ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
+    defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
+    defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"], STAGES=cfg["stages"],
+                   NT=token_tiles, SPLIT=int(bool(cfg["split"])))
+    if cfg.get("l2_256b"):
+        defines["STREAM_L2_256B"] = None
+    if base.get("PDL"):
+        defines["PDL"] = 1
+    return defines
+
+
+def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts: int,
+                   runs: int, token_tiles: int, o_rows: int, epilogue: str):
+    """One launch of at most 8 x token_tiles rows; base: the gemv.cu build's defines."""
+    n, k_dim = x.shape
+    device = dev(out)
+    int8 = bool(base["W_INT8"])
+    load = base["INT8_LOAD"]
+    cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device)
+    scratch = counters = None
+    if cfg["split"]:
+        buffers = GEMV_SCRATCH.get(device)
+        if buffers is None:  # first reserved inside a graph capture: the same sums unsplit
+            cfg["split"] = False
+        else:
+            scratch, counters = buffers
+    defines = gemm_defines(cfg, base, parts, runs, token_tiles)
+    k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff" + "pp", device, defines)
+    k.launch((cdiv(o_rows, 16 * cfg["row_warps"]), runs if cfg["split"] else 1),
+             (cfg["row_warps"] * 32,),
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
+              scratch, counters),
+             gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles), pdl=bool(base.get("PDL")))

@@ -1,0 +1,91 @@
+"""gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..100 rows bitwise equal
+to the same rows' 1-row steps on gemv.cu (what makes a request's output independent of the
+batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run and
+not; and close to ref."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tileinfer.testing.conformance import assert_close
+
+from cuda_gpu import DEV, XIELU, loaded_modules, weight
+
+pytestmark = pytest.mark.gpu
+
+
+def _experiment(settings):
+    from tileinfer_backend_cuda.ops import tuning
+
+    return tuning.experiment(settings)
+
+
+@pytest.mark.parametrize("gemm", [{}, {"split": False, "row_warps": 8, "stages": 2},
+                                  {"row_warps": 2, "stages": 3, "l2_256b": False}],
+                         ids=["default", "unsplit-w8s2", "w2s3"])
+@pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
+                         ids=["3000x4096", "1000x1032", "200x96"])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, int8):
+    """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
+    chunks); K 96: parts without steps (their zero sums are added too)."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    batch = Invariance.BATCH
+    g = torch.Generator().manual_seed(out_f + in_f + int8)
+    w, scale = weight(2 * out_f, in_f, g, int8)
+    wo, so = w[:out_f], None if scale is None else scale[:out_f]
+    for n in (17, 64, 100):
+        x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
+        outs = {name: torch.full((n, out_f), float("nan"), dtype=dtype, device=DEV)
+                for name, dtype in (("linear", torch.bfloat16), ("logits", torch.float32),
+                                    ("swiglu", torch.bfloat16), ("xielu", torch.bfloat16))}
+        scratch = torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV)
+
+        def run(rows, dest):
+            cuda.linear(dest["linear"], x[rows], wo, so, batch_invariant=batch)
+            cuda.linear(dest["logits"], x[rows], wo, so, batch_invariant=batch)
+            cuda.linear_swiglu(dest["swiglu"], x[rows], w, scale, scratch[rows],
+                               batch_invariant=batch)
+            cuda.linear_xielu(dest["xielu"], x[rows], wo, so, XIELU, batch_invariant=batch)
+
+        with _experiment({"invariant_gemm": gemm}):
+            run(slice(0, n), outs)
+        assert loaded_modules("gemm_invariant.cu", NT=8), "gemm_invariant.cu did not run"
+        for j in range(n):  # 1-row steps: gemv.cu
+            one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
+                   for name, t in outs.items()}
+            run(slice(j, j + 1), one)
+            for name, t in outs.items():
+                assert torch.equal(one[name][0], t[j]), f"{name} row {j} of {n} differs"
+        expected = torch.empty_like(outs["linear"])
+        ref.linear(expected, x, wo, so)
+        assert_close(outs["linear"], expected, torch.bfloat16)
+
+
+def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
+    """A narrow weight's split launch (grid.y = runs, the split-K scratch and counters) inside a
+    CUDA graph: replays give the eager launch's bits (the counters re-armed each time)."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda.ops import common
+
+    g = torch.Generator().manual_seed(3)
+    w, _ = weight(4096, 4096, g, False)
+    x = torch.randn(64, 4096, generator=g).to(torch.bfloat16).to(DEV)
+    common.reserve_scratch(torch.cuda.current_device())
+    eager = torch.empty(64, 4096, dtype=torch.bfloat16, device=DEV)
+    cuda.linear(eager, x, w, None, batch_invariant=Invariance.BATCH)
+    assert loaded_modules("gemm_invariant.cu", SPLIT=1), "no split launch"
+    out = torch.zeros_like(eager)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
