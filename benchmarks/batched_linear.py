@@ -30,6 +30,12 @@ warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 a
 
     python benchmarks/batched_linear.py --shape llama3-8b --fp8 --mma-sweep 1
 
+``--gemm-sweep N``: gemm_invariant.cu (the CUDA backend's batch-invariant steps of many rows) at
+N rows under row warps x stages x steps a stage x split, per matrix: the batched path's time
+(cuBLAS), the shipped invariant path's and the best, then ``INVARIANT_GEMM_TABLE`` entries.
+
+    python benchmarks/batched_linear.py --shape llama3-8b --gemm-sweep 64
+
 ``--mma-sweep N --invariant``: gemv.cu's batch-invariant builds (``Invariance.BATCH``) at N rows,
 the weight's warps fixed, row groups, stages, tiles and the register stream swept; per matrix the
 batched path's time (cuBLAS), the shipped invariant build's and the best, then
@@ -272,6 +278,80 @@ def invariant_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
+def gemm_configs(key, n: int) -> list[dict]:
+    """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x
+    stages x steps a stage x split (narrow weights: the runs in blocks of their own or not)."""
+    from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
+
+    o_rows, k_dim, int8, epilogue = key
+    load = linear.int8_load(k_dim)
+    tiles = tuning.mma_token_tiles(min(n, 64))
+    parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
+    splits = (True, False) if gemm_invariant.invariant_runs(o_rows, epilogue, parts) > 1 else (
+        False,)
+    configs = []
+    for row_warps in (2, 4, 8):
+        for stages in (4, 8, 12):
+            for stage_steps in (1, 2, 4):
+                for split in splits:
+                    cfg = {"row_warps": row_warps, "stages": stages, "stage_steps": stage_steps,
+                           "split": split, "min_rows": 1}
+                    if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
+                                                      tiles) <= SMEM_LIMIT:
+                        configs.append(cfg)
+    return configs
+
+
+def gemm_sweep(model, n: int):
+    """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
+    and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    from cuda_kernels import precompile
+    from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
+
+    ops = get_backend("cuda")
+    device = torch.cuda.current_device()
+    names = ["qkv", "o", "gate_up", "down", "lm_head"]
+    sweeps, jobs = {}, {}
+    tiles = tuning.mma_token_tiles(min(n, 64))
+    for name in names:
+        o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
+        sweeps[name] = gemm_configs(key, n)
+        parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
+        runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
+        base = linear.gemv_defines({"warps": parts, "stages": 2}, int8, linear.int8_load(k_dim),
+                                   epilogue, "float" if name == "lm_head" else "bf16_t",
+                                   tuning.pdl(device), tiles)
+        for cfg in sweeps[name]:
+            defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
+            jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
+    precompile(list(jobs.values()))
+    batched = matrix_calls(model, ops, n)
+    table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
+    for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
+        key = matrix_key(model, name)
+        base = time_configs(batched[name], [], None)[0][0]
+        timed = time_configs(calls, sweeps[name], lambda cfg: {"invariant_gemm": cfg})
+        shipped = timed[0][0]
+        best_s, best = min(timed[1:], key=lambda t: t[0]) if len(timed) > 1 else (shipped, None)
+        for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):
+            totals[label] += seconds
+        top = sorted(timed[1:], key=lambda t: t[0])[:5]
+        row = dict(matrix=name, key=list(key), rows=n, batched_ms=round(base * 1e3, 4),
+                   invariant_ms=round(shipped * 1e3, 4), best_ms=round(best_s * 1e3, 4),
+                   best=best, configs=len(timed) - 1,
+                   top=[[round(t * 1e3, 4), c] for t, c in top])
+        print(json.dumps(row), flush=True)
+        if best is not None and best_s < shipped:
+            table[key] = {k: v for k, v in best.items() if k != "min_rows"}
+    print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
+          flush=True)
+    print("INVARIANT_GEMM_TABLE entries:", file=sys.stderr)
+    for key, cfg in table.items():
+        print(f"    {key}: {cfg},", file=sys.stderr)
+
+
 def _swiglu_torch(h, w, gate_up):
     torch.matmul(h, w.t(), out=gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -292,10 +372,14 @@ def main():
     p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
     p.add_argument("--mma-sweep", type=int, metavar="N",
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
+    p.add_argument("--gemm-sweep", type=int, metavar="N",
+                   help="sweep gemm_invariant.cu's launches at N rows instead (see above)")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
+    if args.gemm_sweep:
+        return gemm_sweep(model, args.gemm_sweep)
     if args.mma_sweep:
         if args.invariant:
             return invariant_sweep(model, args.mma_sweep)

@@ -66,7 +66,9 @@ def builds() -> list[tuple[str, dict, tuple]]:
                     OUT_DTYPE=out_dtype, ROUND_BF16=int(not w_int8 and out_dtype != "float"),
                     PARTS=8, RUNS=1 if epilogue == 1 else 4, SPLIT=int(epilogue != 1),
                     ROW_WARPS=4, STAGES=4, NT=8, STREAM_L2_256B=None, PDL=1)
-    add("gemm_invariant.cu", PARTS=16, RUNS=2, SPLIT=0, ROW_WARPS=8, STAGES=2, NT=4)
+    add("gemm_invariant.cu", PARTS=16, RUNS=2, SPLIT=0, ROW_WARPS=8, STAGES=2, STAGE_STEPS=4, NT=4)
+    add("gemm_invariant.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=1, SPLIT=0,
+        STAGES=3, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", PARTS=4, RUNS=1, SPLIT=0, ROW_WARPS=2, STAGES=3, NT=2, PDL=0)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token

@@ -21,8 +21,9 @@ def _experiment(settings):
 
 
 @pytest.mark.parametrize("gemm", [{}, {"split": False, "row_warps": 8, "stages": 2},
-                                  {"row_warps": 2, "stages": 3, "l2_256b": False}],
-                         ids=["default", "unsplit-w8s2", "w2s3"])
+                                  {"row_warps": 2, "stages": 3, "stage_steps": 4,
+                                   "l2_256b": False}],
+                         ids=["default", "unsplit-w8s2", "w2s3x4"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -30,6 +31,7 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
     chunks); K 96: parts without steps (their zero sums are added too)."""
     from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda.ops import tuning
 
     batch = Invariance.BATCH
     g = torch.Generator().manual_seed(out_f + in_f + int8)
@@ -51,7 +53,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
 
         with _experiment({"invariant_gemm": gemm}):
             run(slice(0, n), outs)
-        assert loaded_modules("gemm_invariant.cu", NT=8), "gemm_invariant.cu did not run"
+        tiles = tuning.mma_token_tiles(min(n, 64))
+        assert loaded_modules("gemm_invariant.cu", NT=tiles), "gemm_invariant.cu did not run"
         for j in range(n):  # 1-row steps: gemv.cu
             one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
                    for name, t in outs.items()}

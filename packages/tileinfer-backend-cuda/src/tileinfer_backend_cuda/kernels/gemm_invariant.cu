@@ -18,20 +18,20 @@
 // blocks to arrive (last_split_to_arrive, a counter per row tile) adds the runs in order,
 // finishes the rows and re-arms its counter. SPLIT = 0: a block adds its runs itself.
 //
-// Pipeline: STAGES stages of shared memory, each one step's weight chunks of every warp (a lane
-// copies and reads its own cells: the fragments of gemv.cu's lane) and the step's x chunks of
-// every token tile (copied by all threads, read by every warp); one barrier a step (the copies of
-// step i have landed for everyone, and the stage read in step i - 1 may be refilled).
+// Pipeline: STAGES stages of shared memory, each STAGE_STEPS slots of one step: the step's weight
+// chunks of every warp (a lane copies and reads its own cells: the fragments of gemv.cu's lane)
+// and its x chunks of every token tile (copied by all threads, read by every warp). One barrier a
+// stage (its copies have landed for everyone, and the stage read before may be refilled).
 //
 // Grid: (ceil(O / (16 * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32 threads; dynamic
-// shared memory: STAGES * (ROW_WARPS * 2 * MATS + NT * XVECS) * 32 * 16 bytes
+// shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS + NT * XVECS) * 32 * 16 bytes
 // (gemm_invariant_smem_bytes in ops/linear_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS and RUNS (the order of the sums: gemv.cu's WARPS and RUNS), ROW_WARPS,
-// STAGES, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+// STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -62,6 +62,9 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
+#ifndef STAGE_STEPS
+#define STAGE_STEPS 1
+#endif
 #ifndef NT
 #define NT 8
 #endif
@@ -85,11 +88,13 @@ constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;
 constexpr int XVECS = LANE_K / 8;
-// A stage: [warp][2 * WT][lane] weight cells (rows g and g + 8 of each tile), then
-// [token tile][XVECS][lane] x cells; 16 bytes each.
+// A step's slot: [warp][2 * WT][lane] weight cells (rows g and g + 8 of each tile), then
+// [token tile][XVECS][lane] x cells; 16 bytes each. Step i of the block's walk takes slot
+// i % SLOTS (stage i / STAGE_STEPS % STAGES).
 constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
 constexpr int X_CELLS = NT * XVECS * 32;
-constexpr int STAGE_CELLS = W_CELLS + X_CELLS;
+constexpr int SLOT_CELLS = W_CELLS + X_CELLS;
+constexpr int SLOTS = STAGES * STAGE_STEPS;
 
 #if W_INT8
 typedef signed char w_t;
@@ -143,14 +148,13 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         wrow[m][1] = w + ((i64)m * O + min(warp_base + g + 8, O - 1)) * K + t * LANE_K;
     }
     const u32 base_addr = smem_addr(stages);
-    auto stage_addr = [&](int s) { return base_addr + (u32)(s * STAGE_CELLS * 16); };
+    auto slot_addr = [&](int s) { return base_addr + (u32)(s * SLOT_CELLS * 16); };
 
-    // Copies of one step (the `step`-th of the sequence, at k) into stage s; a lane's chunk past K
-    // is zeros, as in gemv.cu.
+    // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
     auto issue_w = [&](int s, int k) {
         const bool valid = k + t * LANE_K < K;
         const int kk = valid ? k : 0;
-        const u32 cells = stage_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
+        const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
 #pragma unroll
         for (int m = 0; m < WT; ++m) {
             copy_w(cells + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
@@ -158,7 +162,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
     auto issue_x = [&](int s, int k) {
-        const u32 cells = stage_addr(s) + (u32)W_CELLS * 16;
+        const u32 cells = slot_addr(s) + (u32)W_CELLS * 16;
         for (int c = threadIdx.x; c < X_CELLS; c += THREADS) {
             // cell c: token tile j, chunk v, lane (gx, tx) -> x[token 8j + gx][k + tx * LANE_K + 8v]
             const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
@@ -188,30 +192,33 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     Cursor fill{part_lo, 0}, read{part_lo, 0};
     fill.skip_empty(part_hi, steps);
     read.skip_empty(part_hi, steps);
+    const int stage_count = (total + STAGE_STEPS - 1) / STAGE_STEPS;
+    // Stage st's copies (its steps that exist), the walk `c` moved past them.
+    auto issue_stage = [&](int st, Cursor& c, bool weights, bool xs) {
+#pragma unroll
+        for (int u = 0; u < STAGE_STEPS; ++u) {
+            const int i = st * STAGE_STEPS + u;
+            if (i < total) {
+                const int k = (c.part + c.i * PARTS) * STEP_K;
+                if (weights) issue_w(i % SLOTS, k);
+                if (xs) issue_x(i % SLOTS, k);
+            }
+            c.advance(part_hi, steps);
+        }
+    };
 #if PDL
     pdl_launch_dependents();
     {
         Cursor c = fill;
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < total) issue_w(s, (c.part + c.i * PARTS) * STEP_K);
-            c.advance(part_hi, steps);
-        }
+        for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, c, true, false);
     }
     pdl_wait();  // x, the output and the scratch belong to the previous kernels from here on
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) issue_x(s, (fill.part + fill.i * PARTS) * STEP_K);
-        fill.advance(part_hi, steps);
-    }
+    for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, fill, false, true);
     cp_async_commit();
-    for (int s = 1; s < STAGES - 1; ++s) cp_async_commit();  // empty: STAGES - 1 groups in all
+    for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
 #else
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) {
-            const int k = (fill.part + fill.i * PARTS) * STEP_K;
-            issue_w(s, k);
-            issue_x(s, k);
-        }
-        fill.advance(part_hi, steps);
+    for (int st = 0; st < STAGES - 1; ++st) {
+        issue_stage(st, fill, true, true);
         cp_async_commit();
     }
 #endif
@@ -246,39 +253,34 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
 
-    for (int it = 0; it < total; ++it) {
-        cp_async_wait<STAGES - 2>();  // step it's copies (this thread's) have landed
-        __syncthreads();              // everyone's; and step it - 1's stage is free
-        const int s_fill = (it + STAGES - 1) % STAGES;
-        if (it + STAGES - 1 < total) {
-            const int k = (fill.part + fill.i * PARTS) * STEP_K;
-            issue_w(s_fill, k);
-            issue_x(s_fill, k);
-        }
-        fill.advance(part_hi, steps);
+    for (int st = 0; st < stage_count; ++st) {
+        cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
+        __syncthreads();              // everyone's; and stage st - 1's slots are free
+        issue_stage(st + STAGES - 1, fill, true, true);  // into stage st - 1's slots
         cp_async_commit();
-
-        close_parts(read.part);  // the parts that ended before this step
-        const uint4* stage = stages + (it % STAGES) * STAGE_CELLS;
-        const uint4* wcells = stage + warp * 2 * WT * 32 + lane;
-        Frag f[WT];
 #pragma unroll
-        for (int m = 0; m < WT; ++m) to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
+        for (int u = 0; u < STAGE_STEPS; ++u) {
+            const int i = st * STAGE_STEPS + u;
+            if (i >= total) break;
+            close_parts(read.part);  // the parts that ended before this step
+            const uint4* slot = stages + (i % SLOTS) * SLOT_CELLS;
+            const uint4* wcells = slot + warp * 2 * WT * 32 + lane;
+            Frag f[WT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            uint4 xv[XVECS];
+            for (int m = 0; m < WT; ++m) to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
 #pragma unroll
-            for (int v = 0; v < XVECS; ++v) xv[v] = stage[W_CELLS + (j * XVECS + v) * 32 + lane];
+            for (int j = 0; j < NT; ++j) {
+                uint4 xv[XVECS];
 #pragma unroll
-            for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
+                for (int v = 0; v < XVECS; ++v) xv[v] = slot[W_CELLS + (j * XVECS + v) * 32 + lane];
+#pragma unroll
+                for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
+            }
+            read.advance(part_hi, steps);
         }
-        read.advance(part_hi, steps);
     }
     cp_async_wait<0>();
     close_parts(part_hi);
-#if PDL
-    if (total == 0) pdl_wait();  // (the prologue waited otherwise)
-#endif
 
     // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
     // [m][j][2..3] = row g + 8, the same tokens.

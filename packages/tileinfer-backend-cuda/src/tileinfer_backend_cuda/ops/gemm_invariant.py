@@ -7,7 +7,8 @@ the weight's 8-row build's) and ``invariant_runs`` (runs of parts, added run by 
 weights take 4 or 2 runs so that a launch can give each run a block of its own (SPLIT) and still
 fill the GPU; wide ones take one run (their row tiles fill it alone).
 
-Launch configuration (``gemm_config``): warps of 16 rows a block, ring stages, split or not; from
+Launch configuration (``gemm_config``): warps of 16 rows a block, ring stages and steps a stage,
+split or not; from
 ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the experiment switch
 ``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None of them changes a
 row's bits.
@@ -48,17 +49,19 @@ def lane_k(int8: bool, load: int) -> int:
 
 
 def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles: int) -> int:
-    """STAGES x (ROW_WARPS x 2 x MATS weight cells + NT x XVECS x cells) x 32 lanes x 16 bytes."""
+    """STAGES x STAGE_STEPS slots of (ROW_WARPS x 2 x MATS weight cells + NT x XVECS x cells) x
+    32 lanes x 16 bytes."""
     mats = 2 if epilogue == "swiglu" else 1
     xvecs = lane_k(int8, load) // 8
-    return cfg["stages"] * (cfg["row_warps"] * 2 * mats + token_tiles * xvecs) * 32 * 16
+    slots = cfg["stages"] * cfg.get("stage_steps", 1)
+    return slots * (cfg["row_warps"] * 2 * mats + token_tiles * xvecs) * 32 * 16
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
                 load: int, token_tiles: int, device: int) -> dict:
-    """Row warps, stages, split and the L2 hint of a launch of n rows: the table's or the
-    heuristic's (4 warps, 4 stages; a block per run where the row tiles alone leave the GPU
-    half empty), then the experiments'; stages come down until the block fits."""
+    """Row warps, stages, steps a stage, split and the L2 hint of a launch of n rows: the table's
+    or the heuristic's (4 warps, 4 stages of one step; a block per run where the row tiles alone
+    leave the GPU half empty), then the experiments'; stages come down until the block fits."""
     cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
     cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
     cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
@@ -79,7 +82,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"], STAGES=cfg["stages"],
-                   NT=token_tiles, SPLIT=int(bool(cfg["split"])))
+                   STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
+                   SPLIT=int(bool(cfg["split"])))
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
     if base.get("PDL"):
