@@ -290,8 +290,8 @@ def gemm_configs(key, n: int) -> list[dict]:
     splits = (True, False) if gemm_invariant.invariant_runs(o_rows, epilogue, parts) > 1 else (
         False,)
     configs = []
-    for row_warps in (2, 4, 8):
-        for stages in (4, 8, 12):
+    for row_warps in (4, 8):
+        for stages in (4, 8):
             for stage_steps in (1, 2, 4):
                 for split in splits:
                     cfg = {"row_warps": row_warps, "stages": stages, "stage_steps": stage_steps,
