@@ -20,8 +20,9 @@ def _experiment(settings):
     return tuning.experiment(settings)
 
 
-@pytest.mark.parametrize("gemm", [{}, {"split": False, "row_warps": 8, "stages": 2},
-                                  {"row_warps": 2, "stages": 3, "stage_steps": 4,
+@pytest.mark.parametrize("gemm", [{"min_rows": 17},
+                                  {"min_rows": 17, "split": False, "row_warps": 8, "stages": 2},
+                                  {"min_rows": 17, "row_warps": 2, "stages": 3, "stage_steps": 4,
                                    "l2_256b": False}],
                          ids=["default", "unsplit-w8s2", "w2s3x4"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
@@ -77,15 +78,16 @@ def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
     x = torch.randn(64, 4096, generator=g).to(torch.bfloat16).to(DEV)
     common.reserve_scratch(torch.cuda.current_device())
     eager = torch.empty(64, 4096, dtype=torch.bfloat16, device=DEV)
-    cuda.linear(eager, x, w, None, batch_invariant=Invariance.BATCH)
-    assert loaded_modules("gemm_invariant.cu", SPLIT=1), "no split launch"
     out = torch.zeros_like(eager)
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
+    with _experiment({"invariant_gemm": {"min_rows": 17}}):
+        cuda.linear(eager, x, w, None, batch_invariant=Invariance.BATCH)
+        assert loaded_modules("gemm_invariant.cu", SPLIT=1), "no split launch"
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
     torch.cuda.current_stream().wait_stream(stream)
     for _ in range(3):
         out.zero_()

@@ -218,22 +218,35 @@ def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, int8):
-    """Invariance.BATCH: gemv.cu up to gemm_invariant.MIN_ROWS - 1 rows, then gemm_invariant.cu
-    in launches of 64 rows with the gemv.cu build's order (PARTS = its warps, RUNS its runs);
-    narrow weights split by run (grid.y) on the split-K scratch, SwiGLU's does not."""
+def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monkeypatch, int8):
+    """Invariance.BATCH: gemv.cu for the weights without an INVARIANT_GEMM_TABLE entry; with one
+    (here: the experiment switch, for every weight) gemv.cu up to min_rows - 1 rows, then
+    gemm_invariant.cu in launches of 64 rows with the gemv.cu build's order (PARTS = its warps,
+    RUNS its runs); narrow weights split by run (grid.y) on the split-K scratch, SwiGLU's does
+    not."""
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
     w, s = _weight(4096, 4096, int8)
     wg, sg = _weight(2 * 14336, 4096, int8)
-    for n in (gemm_invariant.MIN_ROWS - 1, gemm_invariant.MIN_ROWS, 100):
+    x = torch.randn(64, 4096).to(BF)
+    OPS["linear"](torch.empty(64, 4096, dtype=BF), x, w, s, batch)
+    assert {k.file for k in launches} == {"gemv.cu"}  # no table entry
+    monkeypatch.setitem(gemm_invariant.INVARIANT_GEMM_TABLE, (4096, 4096, int8, "none"),
+                        {"stages": 3})
+    launches.clear()
+    OPS["linear"](torch.empty(64, 4096, dtype=BF), x, w, s, batch)
+    assert [(k.file, k.defines["STAGES"]) for k in launches] == [("gemm_invariant.cu", 3)]
+    monkeypatch.delitem(gemm_invariant.INVARIANT_GEMM_TABLE, (4096, 4096, int8, "none"))
+    least = 17
+    for n in (least - 1, least, 100):
         launches.clear()
         x = torch.randn(n, 4096).to(BF)
-        OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, s, batch)
-        OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, sg,
-                             torch.empty(n, 2 * 14336, dtype=BF), batch)
-        if n < gemm_invariant.MIN_ROWS:
+        with tuning.experiment({"invariant_gemm": {"min_rows": least}}):
+            OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, s, batch)
+            OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, sg,
+                                 torch.empty(n, 2 * 14336, dtype=BF), batch)
+        if n < least:
             assert [k.file for k in launches] == ["gemv.cu"] * 2
             cfg = linear.invariant_gemv_config(4096, 4096, int8, "none", 0,
                                                tuning.mma_token_tiles(n))

@@ -1,6 +1,8 @@
 """gemm_invariant.cu: the batched rows of a batch-invariant step (``Invariance.BATCH``), with
 gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch of at least
-``min_rows`` rows (bf16 and INT8 weights; FP8 stays on gemv.cu).
+``min_rows`` rows (bf16 and INT8 weights; FP8 stays on gemv.cu). It runs the weights of
+``INVARIANT_GEMM_TABLE`` (where a sweep found it faster than gemv.cu), or every weight under the
+experiment switch's ``"invariant_gemm"`` (``takes``).
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
 the weight's 8-row build's) and ``invariant_runs`` (runs of parts, added run by run). Narrow
@@ -24,8 +26,10 @@ MIN_ROWS = 17
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
 
-# (output rows, K, int8, epilogue) -> {"row_warps", "stages"}: the winners of
-# `benchmarks/batched_linear.py --invariant-gemm-sweep N` (none measured yet).
+# (output rows, K, int8, epilogue) -> launch settings ("row_warps", "stages", "stage_steps",
+# "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
+# gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
+# beat gemv.cu. None has yet (benchmarks/RESULTS.md, 2026-12-06, "gemm_invariant.cu").
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 
 
@@ -42,6 +46,15 @@ def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
 
 def min_rows() -> int:
     return int(experiments["invariant_gemm"].get("min_rows", MIN_ROWS))
+
+
+def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool:
+    """Whether gemm_invariant.cu runs a batch-invariant launch of `rows` rows of this weight
+    (else gemv.cu, the same bits)."""
+    if rows < min_rows():
+        return False
+    return (bool(experiments["invariant_gemm"])
+            or (o_rows, k_dim, bool(int8), epilogue) in INVARIANT_GEMM_TABLE)
 
 
 def lane_k(int8: bool, load: int) -> int:

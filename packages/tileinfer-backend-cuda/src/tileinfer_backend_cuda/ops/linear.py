@@ -180,8 +180,7 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
                    x_scale=None):
     """A batch-invariant step (Invariance.BATCH) of any number of rows: launches of at most
     INVARIANT_LAUNCH_ROWS rows, on gemv.cu's invariant_gemv_config build, or (launches of
-    gemm_invariant.min_rows rows or more, bf16 and INT8 weights) on gemm_invariant.cu with the
-    same sums. What orders a row's sum depends on the weight alone: gemv.cu's warps (each sums
+    many rows of the weights gemm_invariant.takes) on gemm_invariant.cu with the same sums. What orders a row's sum depends on the weight alone: gemv.cu's warps (each sums
     its K steps on the tensor cores) and its runs (the warps' sums added run by run, each run
     in warp order). x_scale: the FP8 build's (x the quantized rows, linear_fp8.py)."""
     n, k_dim = x.shape
@@ -194,7 +193,8 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     while cfg is None:  # the weight's warps with this many token tiles need too much memory
         token_tiles //= 2
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
-    use_gemm = not fp8 and min(n, INVARIANT_LAUNCH_ROWS) >= gemm_invariant.min_rows()
+    use_gemm = not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue,
+                                                 min(n, INVARIANT_LAUNCH_ROWS))
     if use_gemm:
         token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
         base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
