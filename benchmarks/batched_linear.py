@@ -31,8 +31,9 @@ warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 a
     python benchmarks/batched_linear.py --shape llama3-8b --fp8 --mma-sweep 1
 
 ``--gemm-sweep N``: gemm_invariant.cu (the CUDA backend's batch-invariant steps of many rows) at
-N rows under row warps x stages x steps a stage x split, per matrix: the batched path's time
-(cuBLAS), the shipped invariant path's and the best, then ``INVARIANT_GEMM_TABLE`` entries.
+N rows under row warps x stages x steps a stage x split x the parts' layout (``blocked``), per
+matrix: the batched path's time (cuBLAS), the shipped invariant path's and the best, then
+``INVARIANT_GEMM_TABLE`` entries.
 
     python benchmarks/batched_linear.py --shape llama3-8b --gemm-sweep 64
 
@@ -45,6 +46,7 @@ batched path's time (cuBLAS), the shipped invariant build's and the best, then
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -293,9 +295,9 @@ def gemm_configs(key, n: int) -> list[dict]:
     for row_warps in (4, 8):
         for stages in (4, 8):
             for stage_steps in (1, 2, 4):
-                for split in splits:
+                for split, blocked in itertools.product(splits, (False, True)):
                     cfg = {"row_warps": row_warps, "stages": stages, "stage_steps": stage_steps,
-                           "split": split, "min_rows": 1}
+                           "split": split, "blocked": blocked, "min_rows": 1}
                     if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
                                                       tiles) <= SMEM_LIMIT:
                         configs.append(cfg)
@@ -320,10 +322,11 @@ def gemm_sweep(model, n: int):
         sweeps[name] = gemm_configs(key, n)
         parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
         runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
-        base = linear.gemv_defines({"warps": parts, "stages": 2}, int8, linear.int8_load(k_dim),
-                                   epilogue, "float" if name == "lm_head" else "bf16_t",
-                                   tuning.pdl(device), tiles)
         for cfg in sweeps[name]:
+            base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"]},
+                                       int8, linear.int8_load(k_dim), epilogue,
+                                       "float" if name == "lm_head" else "bf16_t",
+                                       tuning.pdl(device), tiles)
             defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
     precompile(list(jobs.values()))
@@ -338,13 +341,19 @@ def gemm_sweep(model, n: int):
         for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):
             totals[label] += seconds
         top = sorted(timed[1:], key=lambda t: t[0])[:5]
+        by_layout = {}  # the best of each parts layout (it is one setting for every weight)
+        for t, c in timed[1:]:
+            layout = "blocked" if c["blocked"] else "interleaved"
+            if layout not in by_layout or t < by_layout[layout][0]:
+                by_layout[layout] = (t, c)
         row = dict(matrix=name, key=list(key), rows=n, batched_ms=round(base * 1e3, 4),
                    invariant_ms=round(shipped * 1e3, 4), best_ms=round(best_s * 1e3, 4),
                    best=best, configs=len(timed) - 1,
-                   top=[[round(t * 1e3, 4), c] for t, c in top])
+                   top=[[round(t * 1e3, 4), c] for t, c in top],
+                   **{f"best_{k}": [round(t * 1e3, 4), c] for k, (t, c) in by_layout.items()})
         print(json.dumps(row), flush=True)
         if best is not None and best_s < shipped:
-            table[key] = {k: v for k, v in best.items() if k != "min_rows"}
+            table[key] = {k: v for k, v in best.items() if k not in ("min_rows", "blocked")}
     print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
           flush=True)
     print("INVARIANT_GEMM_TABLE entries:", file=sys.stderr)

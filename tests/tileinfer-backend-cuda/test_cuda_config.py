@@ -413,6 +413,15 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
         assert cfg["warps"] == warps and cfg["kernel"] == "mma"
         assert cfg["runs"] == gemm_invariant.invariant_runs(rows, epilogue, warps)
         assert warps % cfg["runs"] == 0
+        assert cfg["blocked"] == gemm_invariant.BLOCKED_PARTS
+        with tuning.experiment({"invariant_gemm": {"blocked": not gemm_invariant.BLOCKED_PARTS}}):
+            flipped = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
+        d = linear.gemv_defines(flipped, int8, linear.int8_load(k_dim), epilogue, "bf16_t", True,
+                                tiles)
+        assert d.get("BLOCKED_PARTS", 0) == int(not gemm_invariant.BLOCKED_PARTS)
+        assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
+                                           warps, cfg["runs"], tiles).get("BLOCKED_PARTS", 0) == (
+            d.get("BLOCKED_PARTS", 0))
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
 

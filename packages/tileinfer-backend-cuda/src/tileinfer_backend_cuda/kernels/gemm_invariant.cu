@@ -5,7 +5,8 @@
 // FP8), plus gemv.cu's split-K scratch.
 //
 // gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
-// steps p, p + PARTS, ...); each part's steps go through the tensor cores in order from zero
+// steps p, p + PARTS, ..., or a contiguous range with BLOCKED_PARTS: gemv_parts.cuh); each part's
+// steps go through the tensor cores in order from zero
 // (the same fragments: gemv_frag.cuh); the parts' sums are added in RUNS runs of PARTS / RUNS
 // parts, each run from zero in part order, then the runs in order. gemv.cu spreads the parts over
 // the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
@@ -30,7 +31,8 @@
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
-// ROUND_BF16, PARTS and RUNS (the order of the sums: gemv.cu's WARPS and RUNS), ROW_WARPS,
+// ROUND_BF16, PARTS, RUNS and BLOCKED_PARTS (the order of the sums: gemv.cu's WARPS, RUNS and
+// BLOCKED_PARTS), ROW_WARPS,
 // STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
@@ -105,17 +107,13 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-
-// Steps of part p out of `steps`: p, p + PARTS, ...
-__device__ __forceinline__ int part_steps(int p, int steps) {
-    return p < steps ? (steps - p + PARTS - 1) / PARTS : 0;
-}
+#include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS)
 
 // A walk over the block's steps in part order (empty parts skipped): the part and its i-th step.
 struct Cursor {
     int part, i;
     __device__ __forceinline__ void skip_empty(int end, int steps) {
-        while (part < end && i >= part_steps(part, steps)) ++part, i = 0;
+        while (part < end && i >= part_steps(part, steps, PARTS)) ++part, i = 0;
     }
     __device__ __forceinline__ void advance(int end, int steps) {
         ++i;
@@ -138,7 +136,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
     const int steps = (K + STEP_K - 1) / STEP_K;
     int total = 0;  // the block's steps
-    for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps);
+    for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps, PARTS);
 
     // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped).
     const w_t* wrow[WT][2];
@@ -199,7 +197,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i < total) {
-                const int k = (c.part + c.i * PARTS) * STEP_K;
+                const int k = part_step(c.part, c.i, steps, PARTS) * STEP_K;
                 if (weights) issue_w(i % SLOTS, k);
                 if (xs) issue_x(i % SLOTS, k);
             }

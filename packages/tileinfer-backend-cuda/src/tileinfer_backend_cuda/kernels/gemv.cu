@@ -68,7 +68,8 @@
 // 8 when K % 16 != 0), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
-// GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum), PDL (0/1).
+// GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
+// BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -150,6 +151,7 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"  // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
+#include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS)
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -178,9 +180,10 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
             wrow[m * TILES + j][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
         }
     }
-    // Warp `warp` takes the steps warp, warp + WARPS, ... (step s covers k in [s, s + 1) * STEP_K).
+    // Warp `warp` takes the steps of part `warp` (gemv_parts.cuh: warp, warp + WARPS, ..., or a
+    // contiguous range with BLOCKED_PARTS); step s covers k in [s, s + 1) * STEP_K.
     const int steps = (K + STEP_K - 1) / STEP_K;
-    const int my_steps = warp < steps ? (steps - warp + WARPS - 1) / WARPS : 0;
+    const int my_steps = part_steps(warp, steps, WARPS);
     float acc[WT][NT][4];
 #pragma unroll
     for (int m = 0; m < WT; ++m)
@@ -188,7 +191,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
         for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
     // The k of this warp's i-th step, and whether this lane's chunk there holds data: the step is
     // one of the warp's and the chunk starts before K (K is a multiple of LANE_K).
-    auto step_k = [&](int i) { return (warp + i * WARPS) * STEP_K; };
+    auto step_k = [&](int i) { return part_step(warp, i, steps, WARPS) * STEP_K; };
     auto in_range = [&](int i, int k) { return i < my_steps && k + t * LANE_K < K; };
 #if REGS
     // Register stream: round j holds this warp's steps j * REGS .. j * REGS + REGS - 1; a chunk

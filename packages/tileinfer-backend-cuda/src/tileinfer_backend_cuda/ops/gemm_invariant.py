@@ -5,7 +5,8 @@ gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch 
 experiment switch's ``"invariant_gemm"`` (``takes``).
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
-the weight's 8-row build's) and ``invariant_runs`` (runs of parts, added run by run). Narrow
+the weight's 8-row build's), which K steps each part takes (``blocked_parts``) and
+``invariant_runs`` (runs of parts, added run by run). Narrow
 weights take 4 or 2 runs so that a launch can give each run a block of its own (SPLIT) and still
 fill the GPU; wide ones take one run (their row tiles fill it alone).
 
@@ -23,6 +24,11 @@ from .tuning import experiments
 
 # Launches of fewer rows stay on gemv.cu (same bits).
 MIN_ROWS = 17
+# The parts' K steps (gemv_parts.cuh): interleaved (False) or contiguous (True) in both kernels'
+# batch-invariant builds. A GEMM that walks the parts one by one reads a row's interleaved steps
+# 512 bytes apart (bf16), so the neighbours its 256-byte L2 prefetches bring in wait for later
+# parts; contiguous parts read along the row. Not yet measured on a GPU: off.
+BLOCKED_PARTS = False
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
 
@@ -42,6 +48,10 @@ def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
         if parts % runs == 0:
             return runs
     return 1
+
+
+def blocked_parts() -> bool:
+    return bool(experiments["invariant_gemm"].get("blocked", BLOCKED_PARTS))
 
 
 def min_rows() -> int:
@@ -94,6 +104,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
     ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
+    if base.get("BLOCKED_PARTS"):
+        defines["BLOCKED_PARTS"] = 1
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"], STAGES=cfg["stages"],
                    STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
                    SPLIT=int(bool(cfg["split"])))

@@ -113,6 +113,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["GROUPS"] = cfg["groups"]
     if cfg.get("runs", 1) > 1:
         defines["RUNS"] = cfg["runs"]  # the warps' sums in runs (gemm_invariant.py)
+    if cfg.get("blocked"):
+        defines["BLOCKED_PARTS"] = 1  # each warp's K steps contiguous (gemv_parts.cuh)
     regs = gemv_regs(cfg, int8, load)
     if regs:
         defines["REGS"] = regs  # the weight through registers, not the ring
@@ -234,6 +236,7 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     cfg = dict(entry, warps=warps, kernel="mma")
     if not fp8:
         cfg["runs"] = gemm_invariant.invariant_runs(o_rows, epilogue, warps)
+        cfg["blocked"] = gemm_invariant.blocked_parts()
     limit = smem_limit(device) - 1024  # room for the static shared memory
 
     def smem():
