@@ -59,8 +59,9 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
         with _experiment({"invariant_gemm": gemm}):
             run(slice(0, n), outs)
             tiles = tuning.mma_token_tiles(min(n, 64))
-            assert [m for m in loaded_modules("gemm_invariant.cu", NT=tiles)
-                    if m.defines.get("BLOCKED_PARTS", 0) == blocked], "gemm_invariant.cu did not run"
+            ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles)
+                   if m.defines.get("BLOCKED_PARTS", 0) == blocked]
+            assert ran, "gemm_invariant.cu did not run"
             for j in range(n):  # 1-row steps: gemv.cu
                 one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
                        for name, t in outs.items()}

@@ -6,9 +6,9 @@
 //
 // gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
 // steps p, p + PARTS, ..., or a contiguous range with BLOCKED_PARTS: gemv_parts.cuh); each part's
-// steps go through the tensor cores in order from zero
-// (the same fragments: gemv_frag.cuh); the parts' sums are added in RUNS runs of PARTS / RUNS
-// parts, each run from zero in part order, then the runs in order. gemv.cu spreads the parts over
+// steps go through the tensor cores in order from zero (the same fragments: gemv_frag.cuh); the
+// parts' sums are added in RUNS runs of PARTS / RUNS parts, each run from zero in part order,
+// then the runs in order. gemv.cu spreads the parts over
 // the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
 // Here a block's warps split the rows instead (ROW_WARPS warps of 16 rows each, of each matrix),
 // share each step's x chunks through shared memory, and walk the parts one after another: the
@@ -26,14 +26,13 @@
 //
 // Grid: (ceil(O / (16 * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32 threads; dynamic
 // shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS + NT * XVECS) * 32 * 16 bytes
-// (gemm_invariant_smem_bytes in ops/linear_invariant.py).
+// (gemm_smem_bytes in ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS and BLOCKED_PARTS (the order of the sums: gemv.cu's WARPS, RUNS and
-// BLOCKED_PARTS), ROW_WARPS,
-// STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+// BLOCKED_PARTS), ROW_WARPS, STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -162,11 +161,12 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     auto issue_x = [&](int s, int k) {
         const u32 cells = slot_addr(s) + (u32)W_CELLS * 16;
         for (int c = threadIdx.x; c < X_CELLS; c += THREADS) {
-            // cell c: token tile j, chunk v, lane (gx, tx) -> x[token 8j + gx][k + tx * LANE_K + 8v]
+            // cell c: token tile j, chunk v, lane (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]
             const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
             const int gx = cl >> 2, tx = cl & 3;
             const bool valid = k + tx * LANE_K < K;
-            const x_t* src = x + (i64)min(8 * j + gx, n - 1) * x_stride + (valid ? k + tx * LANE_K + 8 * v : 0);
+            const x_t* src = x + (i64)min(8 * j + gx, n - 1) * x_stride
+                             + (valid ? k + tx * LANE_K + 8 * v : 0);
             cp_async_ca16(cells + (u32)c * 16, src, valid ? 16 : 0);
         }
     };
@@ -265,7 +265,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             const uint4* wcells = slot + warp * 2 * WT * 32 + lane;
             Frag f[WT];
 #pragma unroll
-            for (int m = 0; m < WT; ++m) to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
+            for (int m = 0; m < WT; ++m)
+                to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
@@ -315,7 +316,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             for (int q = 0; q < RUNS; ++q) s += scratch[((i64)(q * MATS + m) * n + tok) * O + row];
             v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
         }
-        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+        const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
+        out[(i64)tok * O + row] = from_float<out_t>(y);
     }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
 #else
@@ -334,7 +336,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                 v[m] = scaled_sum(0.0f + done[m][j][e], m, tok, row, O, w_scale, nullptr);
 #endif
             }
-            out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+            const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
+            out[(i64)tok * O + row] = from_float<out_t>(y);
         }
 #endif
 }

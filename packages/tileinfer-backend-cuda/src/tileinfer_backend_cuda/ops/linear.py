@@ -181,10 +181,12 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
 def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
                    x_scale=None):
     """A batch-invariant step (Invariance.BATCH) of any number of rows: launches of at most
-    INVARIANT_LAUNCH_ROWS rows, on gemv.cu's invariant_gemv_config build, or (launches of
-    many rows of the weights gemm_invariant.takes) on gemm_invariant.cu with the same sums. What orders a row's sum depends on the weight alone: gemv.cu's warps (each sums
-    its K steps on the tensor cores) and its runs (the warps' sums added run by run, each run
-    in warp order). x_scale: the FP8 build's (x the quantized rows, linear_fp8.py)."""
+    INVARIANT_LAUNCH_ROWS rows, on gemv.cu's invariant_gemv_config build, or (launches of many
+    rows of the weights gemm_invariant.takes) on gemm_invariant.cu with the same sums. What
+    orders a row's sum depends on the weight alone: gemv.cu's warps (each sums its K steps on
+    the tensor cores; which steps: gemv_parts.cuh) and its runs (the warps' sums added run by
+    run, each run in warp order). x_scale: the FP8 build's (x the quantized rows,
+    linear_fp8.py)."""
     n, k_dim = x.shape
     fp8 = x_scale is not None
     int8 = fp8 or weight.dtype == torch.int8
