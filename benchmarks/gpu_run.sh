@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite structload stall load256 invsweep invlinear fp8 oneshotkept rowsweep
+#              finite structload stall load256 invsweep invlinear gemmsweep fp8 oneshotkept rowsweep
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -182,6 +182,15 @@ for step in $steps; do
         timeout 280 python3 benchmarks/batched_linear.py --shape llama3-8b --mma-sweep $n \
           --invariant > "$out/invsweep-8b-$n.json" 2> "$out/invsweep-8b-$n.err"
         tail -n 1 "$out/invsweep-8b-$n.json"; tail -n 6 "$out/invsweep-8b-$n.err"
+      done ;;
+    gemmsweep)  # gemm_invariant.cu: its GPU tests, then its launches per matrix at 64 and 32 rows
+      timeout 150 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 8 \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_invariant_gemm.py > "$out/invgemm.log" 2>&1
+      echo "gemm_invariant.cu tests: $(tail -n 1 "$out/invgemm.log")"
+      for n in 64 32; do
+        (cd benchmarks && timeout 300 python3 batched_linear.py --shape llama3-8b --gemm-sweep $n \
+          > "$out/gemmsweep-$n.json" 2> "$out/gemmsweep-$n.err")
+        tail -n 1 "$out/gemmsweep-$n.json"; tail -n 6 "$out/gemmsweep-$n.err"
       done ;;
     invlinear)  # the CUDA linear GPU tests of batch-invariant steps (row groups among them)
       timeout 300 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
