@@ -203,6 +203,19 @@ def mma_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
+def timed_invariant_matrices(model, n: int, sweeps: dict, settings_of):
+    """Per matrix at n rows: (name, key, the batched path's seconds, [(seconds, cfg)]) with the
+    shipped batch-invariant path first (cfg None), then each of ``sweeps[name]`` under its
+    experiments ``settings_of(cfg)``."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    ops = get_backend("cuda")
+    batched = matrix_calls(model, ops, n)
+    for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
+        base = time_configs(batched[name], [], None)[0][0]
+        yield name, matrix_key(model, name), base, time_configs(calls, sweeps[name], settings_of)
+
+
 def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
     """gemv.cu's batch-invariant builds at one matrix: the weight's warps (fixed: they order the
     sums) x row groups x (ring stages x 16-row tiles, with and without x reuse, or the register
@@ -235,10 +248,8 @@ def invariant_sweep(model, n: int):
     the batched path (cuBLAS above wide_max_tokens rows) and the shipped invariant build; prints
     INVARIANT_GEMV_TABLE entries."""
     from cuda_kernels import precompile
-    from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import linear, tuning
 
-    ops = get_backend("cuda")
     device = torch.cuda.current_device()
     pdl_on = tuning.pdl(device)
     token_tiles = tuning.mma_token_tiles(n)
@@ -254,12 +265,9 @@ def invariant_sweep(model, n: int):
                                           pdl_on, token_tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
     precompile(list(jobs.values()))
-    batched = matrix_calls(model, ops, n)
     table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
-    for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
-        key = matrix_key(model, name)
-        base = time_configs(batched[name], [], None)[0][0]
-        timed = time_configs(calls, sweeps[name], lambda cfg: {"gemv": {"kernel": "mma", **cfg}})
+    for name, key, base, timed in timed_invariant_matrices(
+            model, n, sweeps, lambda cfg: {"gemv": {"kernel": "mma", **cfg}}):
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0]) if len(timed) > 1 else (shipped, None)
         if shipped <= best_s:
@@ -307,12 +315,9 @@ def gemm_configs(key, n: int) -> list[dict]:
 def gemm_sweep(model, n: int):
     """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
     and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
-    from tileinfer.backend.hookspecs import Invariance
-
     from cuda_kernels import precompile
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
-    ops = get_backend("cuda")
     device = torch.cuda.current_device()
     names = ["qkv", "o", "gate_up", "down", "lm_head"]
     sweeps, jobs = {}, {}
@@ -330,12 +335,9 @@ def gemm_sweep(model, n: int):
             defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
     precompile(list(jobs.values()))
-    batched = matrix_calls(model, ops, n)
     table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
-    for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
-        key = matrix_key(model, name)
-        base = time_configs(batched[name], [], None)[0][0]
-        timed = time_configs(calls, sweeps[name], lambda cfg: {"invariant_gemm": cfg})
+    for name, key, base, timed in timed_invariant_matrices(
+            model, n, sweeps, lambda cfg: {"invariant_gemm": cfg}):
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0]) if len(timed) > 1 else (shipped, None)
         for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):

@@ -108,6 +108,22 @@ typedef bf16_t x_t;
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS)
 
+// A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
+typedef float Sums[WT][NT][4];
+
+// into += from; from = 0 (a part's sum joins its run's, a run's the block's).
+__device__ __forceinline__ void fold(Sums& into, Sums& from) {
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                into[m][j][e] += from[m][j][e];
+                from[m][j][e] = 0.0f;
+            }
+}
+
 // A walk over the block's steps in part order (empty parts skipped): the part and its i-th step.
 struct Cursor {
     int part, i;
@@ -171,21 +187,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
 
-    float acc[WT][NT][4], run[WT][NT][4];
+    Sums acc = {}, run = {};
 #if !SPLIT && RUNS > 1
-    float sum[WT][NT][4];
+    Sums sum = {};
 #endif
-#pragma unroll
-    for (int m = 0; m < WT; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc[m][j][e] = run[m][j][e] = 0.0f;
-#if !SPLIT && RUNS > 1
-                sum[m][j][e] = 0.0f;
-#endif
-            }
 
     Cursor fill{part_lo, 0}, read{part_lo, 0};
     fill.skip_empty(part_hi, steps);
@@ -226,27 +231,9 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     int next_part = part_lo;  // the first part whose sum has not been added
     auto close_parts = [&](int upto) {  // add the sums of the parts before `upto`
         for (; next_part < upto; ++next_part) {
-#pragma unroll
-            for (int m = 0; m < WT; ++m)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        run[m][j][e] += acc[m][j][e];
-                        acc[m][j][e] = 0.0f;
-                    }
+            fold(run, acc);
 #if !SPLIT && RUNS > 1
-            if ((next_part + 1) % PER_RUN == 0) {  // a run ends
-#pragma unroll
-                for (int m = 0; m < WT; ++m)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            sum[m][j][e] += run[m][j][e];
-                            run[m][j][e] = 0.0f;
-                        }
-            }
+            if ((next_part + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
 #endif
         }
     };
@@ -284,11 +271,11 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
     // [m][j][2..3] = row g + 8, the same tokens.
 #if SPLIT
-    float (&done)[WT][NT][4] = run;  // this block's run
+    Sums& done = run;  // this block's run
 #elif RUNS > 1
-    float (&done)[WT][NT][4] = sum;
+    Sums& done = sum;
 #else
-    float (&done)[WT][NT][4] = run;  // one run: its sum is the row's (0 + run == run)
+    Sums& done = run;  // one run: its sum is the row's (0 + run == run)
 #endif
 
 #if SPLIT

@@ -192,15 +192,15 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     int8 = fp8 or weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
-    token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+    launch_tiles = token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
     cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
     while cfg is None:  # the weight's warps with this many token tiles need too much memory
         token_tiles //= 2
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
     use_gemm = not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue,
                                                  min(n, INVARIANT_LAUNCH_ROWS))
-    if use_gemm:
-        token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+    if use_gemm:  # its own shared memory: every launch of the full width
+        token_tiles = launch_tiles
         base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
                             pdl(device), token_tiles)
     for start in range(0, n, 8 * token_tiles):

@@ -154,8 +154,8 @@ def invariant_config(n: int, k: int, act: int, f32_out: bool, f32: bool, int8: b
     whatever the tile sizes (benchmarks/invariant_linear.py --across at llama3-8b's weights;
     the conformance suite checks a row against itself alone at 1..256 rows). So the tiles may
     follow the row count: 16-row tiles (mma) with wide K steps up to 16 rows, 64-row tiles
-    (wgmma on Hopper) above, read the weight once. Chosen from benchmarks/RESULTS.md, 2026-12-02, "Batch-invariant mode on
-    Triton". Float32 activations (f32: their products are not on 16-wide tensor-core steps), INT8
+    (wgmma on Hopper) above, read the weight once. Chosen from benchmarks/RESULTS.md,
+    2026-12-02, "Batch-invariant mode on Triton". Float32 activations (f32: their products are not on 16-wide tensor-core steps), INT8
     weights (whose 16- and 64-row tiles do not give the same float32 bits) and Triton's interpreter
     (NumPy products, summed in an order of their shape) keep one tiling for every row count."""
     block_k = next(b for b in (256, 128, 64) if k % b == 0 or b == 64)
