@@ -289,8 +289,9 @@ def invariant_sweep(model, n: int):
 
 
 def gemm_configs(key, n: int) -> list[dict]:
-    """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x
-    stages x steps a stage x split (narrow weights: the runs in blocks of their own or not)."""
+    """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x row
+    tiles (a single matrix: two tiles a warp spill the SwiGLU's registers) x stages x steps a
+    stage x split (narrow weights: the runs in blocks of their own or not) x parts layout."""
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
     o_rows, k_dim, int8, epilogue = key
@@ -299,13 +300,15 @@ def gemm_configs(key, n: int) -> list[dict]:
     parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
     splits = (True, False) if gemm_invariant.invariant_runs(o_rows, epilogue, parts) > 1 else (
         False,)
+    row_tiles = (1,) if epilogue == "swiglu" else (1, 2)
     configs = []
-    for row_warps in (4, 8):
+    for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
         for stages in (4, 8):
             for stage_steps in (1, 2, 4):
                 for split, blocked in itertools.product(splits, (False, True)):
-                    cfg = {"row_warps": row_warps, "stages": stages, "stage_steps": stage_steps,
-                           "split": split, "blocked": blocked, "min_rows": 1}
+                    cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
+                           "stage_steps": stage_steps, "split": split, "blocked": blocked,
+                           "min_rows": 1}
                     if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
                                                       tiles) <= SMEM_LIMIT:
                         configs.append(cfg)

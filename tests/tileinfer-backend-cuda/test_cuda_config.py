@@ -487,3 +487,8 @@ def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypa
     with tuning.experiment({"invariant_gemm": {"split": False, "row_warps": 8, "stages": 3}}):
         cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
     assert (cfg["split"], cfg["row_warps"]) == (False, 8) and cfg["stages"] <= 3
+    with tuning.experiment({"invariant_gemm": {"row_tiles": 2}}):
+        cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
+    assert cfg["row_tiles"] == (1 if epilogue == "swiglu" else 2)
+    assert gemm_invariant.block_rows(cfg) == 16 * cfg["row_warps"] * cfg["row_tiles"]
+    assert gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, 8) <= SMEM_PER_BLOCK - 1024

@@ -25,8 +25,11 @@ def _experiment(settings):
                                   {"min_rows": 17, "row_warps": 2, "stages": 3, "stage_steps": 4,
                                    "l2_256b": False},
                                   {"min_rows": 17, "blocked": True, "stage_steps": 2},
-                                  {"min_rows": 17, "blocked": True, "split": False}],
-                         ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit"])
+                                  {"min_rows": 17, "blocked": True, "split": False},
+                                  {"min_rows": 17, "row_tiles": 2, "stage_steps": 2},
+                                  {"min_rows": 17, "row_tiles": 2, "split": False, "stages": 3}],
+                         ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
+                              "tiles2", "tiles2-unsplit"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])

@@ -261,14 +261,16 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
         runs = gemm_invariant.invariant_runs(4096, "none", warps)
         assert (narrow.defines["PARTS"], narrow.defines["RUNS"], narrow.defines["SPLIT"]) == (
             warps, runs, 1)
-        assert narrow.grid == (4096 // (16 * narrow.defines["ROW_WARPS"]), runs)
+        assert narrow.grid == (4096 // (16 * narrow.defines["ROW_WARPS"]
+                                        * narrow.defines["ROW_TILES"]), runs)
         assert narrow.args[-2] is common.GEMV_SCRATCH.get(0)[0]
         assert narrow.defines["NT"] == tuning.mma_token_tiles(min(n, 64))
         assert (swiglu.defines["RUNS"], swiglu.defines["SPLIT"], swiglu.defines["EPILOGUE"]) == (
             1, 0, 1)
         assert swiglu.grid[1] == 1 and swiglu.args[-2] is None
         assert all(k.pdl and k.smem == gemm_invariant.gemm_smem_bytes(
-            {"stages": k.defines["STAGES"], "row_warps": k.defines["ROW_WARPS"]}, int8,
+            {"stages": k.defines["STAGES"], "row_warps": k.defines["ROW_WARPS"],
+             "row_tiles": k.defines["ROW_TILES"], "stage_steps": k.defines["STAGE_STEPS"]}, int8,
             k.defines["INT8_LOAD"], "swiglu" if k.defines["EPILOGUE"] == 1 else "none",
             k.defines["NT"]) for k in launches)
 

@@ -10,8 +10,8 @@
 // parts' sums are added in RUNS runs of PARTS / RUNS parts, each run from zero in part order,
 // then the runs in order. gemv.cu spreads the parts over
 // the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
-// Here a block's warps split the rows instead (ROW_WARPS warps of 16 rows each, of each matrix),
-// share each step's x chunks through shared memory, and walk the parts one after another: the
+// Here a block's warps split the rows instead (ROW_WARPS warps of ROW_TILES 16-row tiles each,
+// of each matrix: more tiles a warp read each x chunk from shared memory for more rows), share each step's x chunks through shared memory, and walk the parts one after another: the
 // block's steps in part order, a part's sum added to its run's when the part ends.
 //
 // SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so):
@@ -24,15 +24,16 @@
 // and its x chunks of every token tile (copied by all threads, read by every warp). One barrier a
 // stage (its copies have landed for everyone, and the stage read before may be refilled).
 //
-// Grid: (ceil(O / (16 * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32 threads; dynamic
-// shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS + NT * XVECS) * 32 * 16 bytes
-// (gemm_smem_bytes in ops/gemm_invariant.py).
+// Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
+// threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
+// NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS and BLOCKED_PARTS (the order of the sums: gemv.cu's WARPS, RUNS and
-// BLOCKED_PARTS), ROW_WARPS, STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+// BLOCKED_PARTS), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B,
+// PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -60,6 +61,9 @@
 #ifndef ROW_WARPS
 #define ROW_WARPS 4
 #endif
+#ifndef ROW_TILES
+#define ROW_TILES 1
+#endif
 #ifndef STAGES
 #define STAGES 4
 #endif
@@ -80,8 +84,9 @@ static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
-constexpr int WT = MATS;                     // 16-row tiles a warp owns: one of each matrix
-constexpr int BLOCK_ROWS = 16 * ROW_WARPS;
+constexpr int WT = MATS * ROW_TILES;         // 16-row tiles a warp owns: ROW_TILES of each matrix
+constexpr int WARP_ROWS = 16 * ROW_TILES;
+constexpr int BLOCK_ROWS = WARP_ROWS * ROW_WARPS;
 constexpr int THREADS = ROW_WARPS * 32;
 constexpr int PER_RUN = PARTS / RUNS;
 // gemv.cu's lane and step geometry (gemv_frag.cuh reads these names).
@@ -145,7 +150,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int block_base = blockIdx.x * BLOCK_ROWS;
-    const int warp_base = block_base + 16 * warp;
+    const int warp_base = block_base + WARP_ROWS * warp;
     // This block's runs and parts.
     const int run_lo = SPLIT ? blockIdx.y : 0, run_hi = SPLIT ? blockIdx.y + 1 : RUNS;
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
@@ -153,12 +158,15 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     int total = 0;  // the block's steps
     for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps, PARTS);
 
-    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped).
+    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped). Tile m:
+    // matrix m / ROW_TILES, rows warp_base + 16 (m % ROW_TILES) + g (and + 8).
     const w_t* wrow[WT][2];
 #pragma unroll
-    for (int m = 0; m < MATS; ++m) {
-        wrow[m][0] = w + ((i64)m * O + min(warp_base + g, O - 1)) * K + t * LANE_K;
-        wrow[m][1] = w + ((i64)m * O + min(warp_base + g + 8, O - 1)) * K + t * LANE_K;
+    for (int m = 0; m < WT; ++m) {
+        const int row = warp_base + 16 * (m % ROW_TILES) + g;
+        const i64 mat_base = (i64)(m / ROW_TILES) * O;
+        wrow[m][0] = w + (mat_base + min(row, O - 1)) * K + t * LANE_K;
+        wrow[m][1] = w + (mat_base + min(row + 8, O - 1)) * K + t * LANE_K;
     }
     const u32 base_addr = smem_addr(stages);
     auto slot_addr = [&](int s) { return base_addr + (u32)(s * SLOT_CELLS * 16); };
@@ -286,9 +294,11 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * j + 2 * t + (e & 1), row = warp_base + g + (e >> 1) * 8;
+                const int tok = 8 * j + 2 * t + (e & 1);
+                const int row = warp_base + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
                 if (tok < n && row < O)
-                    scratch[((i64)(run_lo * MATS + m) * n + tok) * O + row] = done[m][j][e];
+                    scratch[((i64)(run_lo * MATS + m / ROW_TILES) * n + tok) * O + row] =
+                        done[m][j][e];
             }
     if (!last_split_to_arrive(counters + blockIdx.x, RUNS)) return;
     // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads read and
@@ -309,22 +319,26 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
 #else
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int tok = 8 * j + 2 * t + (e & 1), row = warp_base + g + (e >> 1) * 8;
-            if (tok >= n || row >= O) continue;
-            float v[MATS];
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int m = 0; m < MATS; ++m) {
+            for (int e = 0; e < 4; ++e) {
+                const int tok = 8 * j + 2 * t + (e & 1);
+                const int row = warp_base + 16 * r + g + (e >> 1) * 8;
+                if (tok >= n || row >= O) continue;
+                float v[MATS];
+#pragma unroll
+                for (int m = 0; m < MATS; ++m) {
+                    const float s = done[m * ROW_TILES + r][j][e];
 #if RUNS > 1
-                v[m] = scaled_sum(done[m][j][e], m, tok, row, O, w_scale, nullptr);
+                    v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
 #else
-                v[m] = scaled_sum(0.0f + done[m][j][e], m, tok, row, O, w_scale, nullptr);
+                    v[m] = scaled_sum(0.0f + s, m, tok, row, O, w_scale, nullptr);
 #endif
+                }
+                const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
+                out[(i64)tok * O + row] = from_float<out_t>(y);
             }
-            const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
-            out[(i64)tok * O + row] = from_float<out_t>(y);
-        }
 #endif
 }

@@ -10,8 +10,8 @@ the weight's 8-row build's), which K steps each part takes (``blocked_parts``) a
 launch can give each run a block of its own (SPLIT) and still fill the GPU; wide ones take one
 run (their row tiles fill it alone).
 
-Launch configuration (``gemm_config``): warps of 16 rows a block, ring stages and steps a stage,
-split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the
+Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
+steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the
 experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None
 of them changes a row's bits.
 """
@@ -31,8 +31,8 @@ BLOCKED_PARTS = False
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
 
-# (output rows, K, int8, epilogue) -> launch settings ("row_warps", "stages", "stage_steps",
-# "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
+# (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
+# "stage_steps", "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
 # beat gemv.cu. None has yet (benchmarks/RESULTS.md, 2026-12-06, "gemm_invariant.cu").
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
@@ -70,24 +70,33 @@ def lane_k(int8: bool, load: int) -> int:
     return load if int8 else 8
 
 
+def block_rows(cfg: dict) -> int:
+    """Output rows of a block: ROW_WARPS warps of ROW_TILES 16-row tiles."""
+    return 16 * cfg["row_warps"] * cfg.get("row_tiles", 1)
+
+
 def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles: int) -> int:
-    """STAGES x STAGE_STEPS slots of (ROW_WARPS x 2 x MATS weight cells + NT x XVECS x cells) x
-    32 lanes x 16 bytes."""
+    """STAGES x STAGE_STEPS slots of (ROW_WARPS x 2 x MATS x ROW_TILES weight cells + NT x XVECS
+    x cells) x 32 lanes x 16 bytes."""
     mats = 2 if epilogue == "swiglu" else 1
     xvecs = lane_k(int8, load) // 8
     slots = cfg["stages"] * cfg.get("stage_steps", 1)
-    return slots * (cfg["row_warps"] * 2 * mats + token_tiles * xvecs) * 32 * 16
+    w_cells = cfg["row_warps"] * 2 * mats * cfg.get("row_tiles", 1)
+    return slots * (w_cells + token_tiles * xvecs) * 32 * 16
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
                 load: int, token_tiles: int, device: int) -> dict:
-    """Row warps, stages, steps a stage, split and the L2 hint of a launch of n rows: the table's
+    """Row warps, row tiles, stages, steps a stage, split and the L2 hint of a launch of n rows: the
+    table's
     or the heuristic's (4 warps, 4 stages of one step; a block per run where the row tiles alone
     leave the GPU half empty), then the experiments'; stages come down until the block fits."""
     cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
     cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
     cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
-    tiles = cdiv(o_rows, 16 * cfg["row_warps"])
+    if epilogue == "swiglu":
+        cfg["row_tiles"] = 1  # two matrices' tiles already; four would spill the sums' registers
+    tiles = cdiv(o_rows, block_rows(cfg))
     if "split" not in cfg:
         cfg["split"] = runs > 1 and tiles < 2 * num_sms(device)
     mats = 2 if epilogue == "swiglu" else 1
@@ -105,8 +114,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     if base.get("BLOCKED_PARTS"):
         defines["BLOCKED_PARTS"] = 1
-    defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"], STAGES=cfg["stages"],
-                   STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
+    defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],
+                   ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"], STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
                    SPLIT=int(bool(cfg["split"])))
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
@@ -132,7 +141,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
             scratch, counters = buffers
     defines = gemm_defines(cfg, base, parts, runs, token_tiles)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff" + "pp", device, defines)
-    k.launch((cdiv(o_rows, 16 * cfg["row_warps"]), runs if cfg["split"] else 1),
+    k.launch((cdiv(o_rows, block_rows(cfg)), runs if cfg["split"] else 1),
              (cfg["row_warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
               scratch, counters),
