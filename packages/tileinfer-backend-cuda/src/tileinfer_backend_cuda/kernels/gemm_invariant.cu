@@ -301,20 +301,41 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                         done[m][j][e];
             }
     if (!last_split_to_arrive(counters + blockIdx.x, RUNS)) return;
-    // Thread idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads read and
-    // write consecutive rows.
-    for (int idx = threadIdx.x; idx < BLOCK_ROWS * n; idx += THREADS) {
-        const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
-        if (row >= O) continue;
-        float v[MATS];
+    // Output idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads read and
+    // write consecutive rows. A thread takes TAIL_UNROLL outputs at a time and issues all their
+    // runs' loads before it adds any: the tail is bound by the scratch's L2 latency, not its bytes.
+    constexpr int TAIL_UNROLL = 8;
+    const int outputs = BLOCK_ROWS * n;
+    for (int base = threadIdx.x; base < outputs; base += THREADS * TAIL_UNROLL) {
+        float part[TAIL_UNROLL][RUNS][MATS];
 #pragma unroll
-        for (int m = 0; m < MATS; ++m) {
-            float s = 0.0f;
-            for (int q = 0; q < RUNS; ++q) s += scratch[((i64)(q * MATS + m) * n + tok) * O + row];
-            v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
+        for (int u = 0; u < TAIL_UNROLL; ++u) {
+            const int idx = base + u * THREADS;
+            const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
+            const bool live = idx < outputs && row < O;
+#pragma unroll
+            for (int q = 0; q < RUNS; ++q)
+#pragma unroll
+                for (int m = 0; m < MATS; ++m)  // L2: other SMs wrote them
+                    part[u][q][m] =
+                        live ? __ldcg(scratch + ((i64)(q * MATS + m) * n + tok) * O + row) : 0.0f;
         }
-        const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
-        out[(i64)tok * O + row] = from_float<out_t>(y);
+#pragma unroll
+        for (int u = 0; u < TAIL_UNROLL; ++u) {
+            const int idx = base + u * THREADS;
+            const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
+            if (idx >= outputs || row >= O) continue;
+            float v[MATS];
+#pragma unroll
+            for (int m = 0; m < MATS; ++m) {
+                float s = 0.0f;
+#pragma unroll
+                for (int q = 0; q < RUNS; ++q) s += part[u][q][m];
+                v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
+            }
+            const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
+            out[(i64)tok * O + row] = from_float<out_t>(y);
+        }
     }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
 #else
