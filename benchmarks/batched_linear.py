@@ -288,7 +288,7 @@ def invariant_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
-def gemm_configs(key, n: int) -> list[dict]:
+def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)) -> list[dict]:
     """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x row
     tiles (a single matrix: two tiles a warp spill the SwiGLU's registers) x stages x steps a
     stage x split (narrow weights: the runs in blocks of their own or not) x parts layout."""
@@ -303,8 +303,8 @@ def gemm_configs(key, n: int) -> list[dict]:
     row_tiles = (1,) if epilogue == "swiglu" else (1, 2)
     configs = []
     for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
-        for stages in (4, 8):
-            for stage_steps in (1, 2, 4):
+        for stages in stages_options:
+            for stage_steps in steps_options:
                 for split, blocked in itertools.product(splits, (False, True)):
                     cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
                            "stage_steps": stage_steps, "split": split, "blocked": blocked,
@@ -315,7 +315,7 @@ def gemm_configs(key, n: int) -> list[dict]:
     return configs
 
 
-def gemm_sweep(model, n: int):
+def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)):
     """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
     and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
     from cuda_kernels import precompile
@@ -327,7 +327,7 @@ def gemm_sweep(model, n: int):
     tiles = tuning.mma_token_tiles(min(n, 64))
     for name in names:
         o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
-        sweeps[name] = gemm_configs(key, n)
+        sweeps[name] = gemm_configs(key, n, stages_options, steps_options)
         parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
         runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
         for cfg in sweeps[name]:
@@ -388,12 +388,16 @@ def main():
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
     p.add_argument("--gemm-sweep", type=int, metavar="N",
                    help="sweep gemm_invariant.cu's launches at N rows instead (see above)")
+    p.add_argument("--gemm-stages", default="4,8", help="--gemm-sweep's ring stages")
+    p.add_argument("--gemm-steps", default="1,2,4", help="--gemm-sweep's K steps a stage")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
     if args.gemm_sweep:
-        return gemm_sweep(model, args.gemm_sweep)
+        return gemm_sweep(model, args.gemm_sweep,
+                          [int(v) for v in args.gemm_stages.split(",")],
+                          [int(v) for v in args.gemm_steps.split(",")])
     if args.mma_sweep:
         if args.invariant:
             return invariant_sweep(model, args.mma_sweep)
