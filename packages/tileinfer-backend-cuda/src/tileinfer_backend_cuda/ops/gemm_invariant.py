@@ -26,7 +26,8 @@ MIN_ROWS = 17
 # The parts' K steps (gemv_parts.cuh): interleaved (False) or contiguous (True) in both kernels'
 # batch-invariant builds. A GEMM that walks the parts one by one reads a row's interleaved steps
 # 512 bytes apart (bf16), so the neighbours its 256-byte L2 prefetches bring in wait for later
-# parts; contiguous parts read along the row. Not yet measured on a GPU: off.
+# parts; contiguous parts read along the row (the GEMM 1.2-2x faster), but they cost gemv.cu's
+# 1-row steps about 5% (benchmarks/RESULTS.md, 2026-12-06): off.
 BLOCKED_PARTS = False
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
@@ -34,7 +35,8 @@ NARROW_ROWS = 8192
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
 # "stage_steps", "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
-# beat gemv.cu. None has yet (benchmarks/RESULTS.md, 2026-12-06, "gemm_invariant.cu").
+# beat gemv.cu. None has in the interleaved layout that BLOCKED_PARTS keeps (benchmarks/RESULTS.md,
+# 2026-12-06).
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 
 
