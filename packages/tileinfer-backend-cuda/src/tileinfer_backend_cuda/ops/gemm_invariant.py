@@ -26,8 +26,8 @@ MIN_ROWS = 17
 # The parts' K steps (gemv_parts.cuh): interleaved (False) or contiguous (True) in both kernels'
 # batch-invariant builds. A GEMM that walks the parts one by one reads a row's interleaved steps
 # 512 bytes apart (bf16), so the neighbours its 256-byte L2 prefetches bring in wait for later
-# parts; contiguous parts read along the row (the GEMM 1.2-2x faster), but they cost gemv.cu's
-# 1-row steps about 5% (benchmarks/RESULTS.md, 2026-12-06): off.
+# parts; contiguous parts read along the row (a faster GEMM) but slow gemv.cu's 1-row steps
+# (benchmarks/RESULTS.md, 2026-12-06): off.
 BLOCKED_PARTS = False
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
