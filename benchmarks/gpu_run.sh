@@ -6,7 +6,8 @@
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
-#              finite structload stall load256 invsweep invlinear gemmsweep fp8 oneshotkept rowsweep
+#              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
+#              oneshotkept rowsweep
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -183,6 +184,9 @@ for step in $steps; do
           --invariant > "$out/invsweep-8b-$n.json" 2> "$out/invsweep-8b-$n.err"
         tail -n 1 "$out/invsweep-8b-$n.json"; tail -n 6 "$out/invsweep-8b-$n.err"
       done ;;
+    wgmmabits)  # whether wgmma and mma.sync add a chain of 16-wide products to the same bits
+      nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -o /tmp/wgmma_bits \
+        benchmarks/wgmma_bits.cu && /tmp/wgmma_bits | tee "$out/wgmma_bits.txt" ;;
     gemmsweep)  # gemm_invariant.cu: its GPU tests, then its launches per matrix at 64 and 32 rows
       timeout 150 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 8 \
         tests/tileinfer-backend-cuda/test_cuda_gpu_invariant_gemm.py > "$out/invgemm.log" 2>&1
