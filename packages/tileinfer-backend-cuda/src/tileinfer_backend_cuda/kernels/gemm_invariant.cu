@@ -111,7 +111,7 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-#include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS)
+#include "gemv_parts.cuh"     // part_steps, part_step, part_stride (BLOCKED_PARTS)
 
 // A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
 typedef float Sums[WT][NT][4];
@@ -129,15 +129,25 @@ __device__ __forceinline__ void fold(Sums& into, Sums& from) {
             }
 }
 
-// A walk over the block's steps in part order (empty parts skipped): the part and its i-th step.
+// A walk over the block's steps in part order (empty parts skipped): the step's part, the part's
+// steps left (this one included) and the step's k. Past the last step, part only grows.
 struct Cursor {
-    int part, i;
-    __device__ __forceinline__ void skip_empty(int end, int steps) {
-        while (part < end && i >= part_steps(part, steps, PARTS)) ++part, i = 0;
+    int part, left, k;
+    // From `part` on, the first part with steps: its first step.
+    __device__ __forceinline__ void enter(int end, int steps) {
+        for (; part < end; ++part) {
+            left = part_steps(part, steps, PARTS);
+            if (left > 0) break;
+        }
+        k = part_step(part, 0, steps, PARTS) * STEP_K;
     }
     __device__ __forceinline__ void advance(int end, int steps) {
-        ++i;
-        skip_empty(end, steps);
+        if (--left > 0) {
+            k += part_stride(PARTS) * STEP_K;
+        } else {
+            ++part;
+            enter(end, steps);
+        }
     }
 };
 
@@ -182,16 +192,29 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             copy_w(cells + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
         }
     };
+    // This thread's x cells, c = threadIdx.x + q THREADS (cell c: token tile j, chunk v, lane
+    // (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]): their rows, their chunks' offsets in a
+    // step, computed once.
+    constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
+    const x_t* xrow[X_PER_THREAD];
+    int xlane_k[X_PER_THREAD], xchunk[X_PER_THREAD];
+#pragma unroll
+    for (int q = 0; q < X_PER_THREAD; ++q) {
+        const int c = min((int)threadIdx.x + q * THREADS, X_CELLS - 1);
+        const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
+        const int gx = cl >> 2, tx = cl & 3;
+        xrow[q] = x + (i64)min(8 * j + gx, n - 1) * x_stride;
+        xlane_k[q] = tx * LANE_K;
+        xchunk[q] = tx * LANE_K + 8 * v;
+    }
     auto issue_x = [&](int s, int k) {
-        const u32 cells = slot_addr(s) + (u32)W_CELLS * 16;
-        for (int c = threadIdx.x; c < X_CELLS; c += THREADS) {
-            // cell c: token tile j, chunk v, lane (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]
-            const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
-            const int gx = cl >> 2, tx = cl & 3;
-            const bool valid = k + tx * LANE_K < K;
-            const x_t* src = x + (i64)min(8 * j + gx, n - 1) * x_stride
-                             + (valid ? k + tx * LANE_K + 8 * v : 0);
-            cp_async_ca16(cells + (u32)c * 16, src, valid ? 16 : 0);
+        const u32 cells = slot_addr(s) + (u32)(W_CELLS + threadIdx.x) * 16;
+#pragma unroll
+        for (int q = 0; q < X_PER_THREAD; ++q) {
+            if (X_CELLS % THREADS != 0 && (int)threadIdx.x + q * THREADS >= X_CELLS) break;
+            const bool valid = k + xlane_k[q] < K;
+            cp_async_ca16(cells + (u32)(q * THREADS) * 16, xrow[q] + (valid ? k + xchunk[q] : 0),
+                          valid ? 16 : 0);
         }
     };
 
@@ -200,9 +223,9 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     Sums sum = {};
 #endif
 
-    Cursor fill{part_lo, 0}, read{part_lo, 0};
-    fill.skip_empty(part_hi, steps);
-    read.skip_empty(part_hi, steps);
+    Cursor fill{part_lo, 0, 0};
+    fill.enter(part_hi, steps);
+    Cursor read = fill;
     const int stage_count = (total + STAGE_STEPS - 1) / STAGE_STEPS;
     // Stage st's copies (its steps that exist), the walk `c` moved past them.
     auto issue_stage = [&](int st, Cursor& c, bool weights, bool xs) {
@@ -210,9 +233,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i < total) {
-                const int k = part_step(c.part, c.i, steps, PARTS) * STEP_K;
-                if (weights) issue_w(i % SLOTS, k);
-                if (xs) issue_x(i % SLOTS, k);
+                if (weights) issue_w(i % SLOTS, c.k);
+                if (xs) issue_x(i % SLOTS, c.k);
             }
             c.advance(part_hi, steps);
         }

@@ -27,3 +27,8 @@ __device__ __forceinline__ int part_step(int p, int i, int steps, int parts) {
     return p + i * parts;
 #endif
 }
+
+// Steps between a part's consecutive steps.
+__device__ __forceinline__ constexpr int part_stride(int parts) {
+    return BLOCKED_PARTS ? 1 : parts;
+}
