@@ -11,7 +11,8 @@
 // then the runs in order. gemv.cu spreads the parts over
 // the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
 // Here a block's warps split the rows instead (ROW_WARPS warps of ROW_TILES 16-row tiles each,
-// of each matrix: more tiles a warp read each x chunk from shared memory for more rows), share each step's x chunks through shared memory, and walk the parts one after another: the
+// of each matrix: with more tiles a warp, each x chunk read from shared memory serves more rows),
+// share each step's x chunks through shared memory, and walk the parts one after another: the
 // block's steps in part order, a part's sum added to its run's when the part ends.
 //
 // SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so):

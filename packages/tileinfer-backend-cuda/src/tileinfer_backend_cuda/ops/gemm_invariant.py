@@ -11,9 +11,9 @@ launch can give each run a block of its own (SPLIT) and still fill the GPU; wide
 run (their row tiles fill it alone).
 
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
-steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the
-experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None
-of them changes a row's bits.
+steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
+heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and
+``min_rows``. None of them changes a row's bits.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ NARROW_ROWS = 8192
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
 # "stage_steps", "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
-# beat gemv.cu. None has in the interleaved layout that BLOCKED_PARTS keeps (benchmarks/RESULTS.md,
-# 2026-12-06).
+# beat gemv.cu. None has in the interleaved layout that BLOCKED_PARTS keeps
+# (benchmarks/RESULTS.md, 2026-12-06).
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 
 
@@ -89,10 +89,10 @@ def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
                 load: int, token_tiles: int, device: int) -> dict:
-    """Row warps, row tiles, stages, steps a stage, split and the L2 hint of a launch of n rows: the
-    table's
-    or the heuristic's (4 warps, 4 stages of one step; a block per run where the row tiles alone
-    leave the GPU half empty), then the experiments'; stages come down until the block fits."""
+    """Row warps, row tiles, stages, steps a stage, split and the L2 hint of a launch of n rows:
+    the table's or the heuristic's (4 warps of one tile, 4 stages of one step; a block per run
+    where the row tiles alone leave the GPU half empty), then the experiments'; SwiGLU keeps one
+    tile a warp; stages come down until the block fits."""
     cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
     cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
     cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
@@ -117,7 +117,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     if base.get("BLOCKED_PARTS"):
         defines["BLOCKED_PARTS"] = 1
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],
-                   ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"], STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
+                   ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"],
+                   STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
                    SPLIT=int(bool(cfg["split"])))
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
