@@ -2,7 +2,7 @@
 // gemv.cu's batch-invariant order is a chain of mma.sync m16n8k16 products per part; a GEMM on
 // wgmma (what cuBLAS uses for batched steps) could keep that order only if the answer is yes.
 //
-// Four kernels compute D (64 x 16, float32) = A (64 x K) . B (16 x K)^T as chains of K / 16
+// Five kernels compute D (64 x 16, float32) = A (64 x K) . B (16 x K)^T as chains of K / 16
 // products from zero, each on the same 16 k of A and B:
 //   mma       mma.sync.m16n8k16 (4 warps, 16 rows each, two token tiles), k in order;
 //   mma_perm  the same, the 16 k of each product placed in a permuted order (the same for A and
@@ -10,7 +10,9 @@
 //   wgmma_n8  wgmma.mma_async.m64n8k16 (one warpgroup) per token tile, A from registers in
 //             mma.sync's fragment layout, B from shared memory (K-major, no swizzle);
 //   wgmma_n16 one wgmma.mma_async.m64n16k16 chain for both token tiles (two core matrices in N:
-//             the descriptor's two strides both in use).
+//             the descriptor's two strides both in use);
+//   swapped   mma.sync with the operands' roles swapped (the 16 tokens as A's rows, 8 weight rows
+//             as B's columns): whether a GEMM may put either matrix in either operand.
 // It prints, per input set (bf16 values of several exponent ranges), how many of the 1,024
 // outputs differ in their bits from mma's, and each kernel's largest error against a float64 sum
 // (a layout mistake shows as a large error, not as a few bits).
@@ -76,6 +78,33 @@ __global__ void mma_chain(float* D, const bf16* A, const bf16* B, int permuted) 
                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
         }
         store(D, d, j);
+    }
+}
+
+// D^T = B A^T on mma.sync: warp w takes the weight rows 16w .. 16w + 15 as two 8-column tiles,
+// the 16 tokens as the 16 rows.
+__global__ void swapped_chain(float* D, const bf16* A, const bf16* B) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 2; ++j) {
+        const int row0 = 16 * w + 8 * j;  // this tile's first weight row
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int k = 16 * c + 2 * t;
+            const bf16* x0 = B + (size_t)g * K;
+            const bf16* x1 = x0 + 8 * K;
+            const bf16* wr = A + (size_t)(row0 + g) * K;
+            const u32 a0 = pack(x0, k, nullptr), a1 = pack(x1, k, nullptr);
+            const u32 a2 = pack(x0, k + 8, nullptr), a3 = pack(x1, k + 8, nullptr);
+            const u32 b0 = pack(wr, k, nullptr), b1 = pack(wr, k + 8, nullptr);
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+        // d: tokens g (d0, d1) and g + 8 (d2, d3), weight rows row0 + 2t, + 1
+        D[(row0 + 2 * t) * N + g] = d[0], D[(row0 + 2 * t + 1) * N + g] = d[1];
+        D[(row0 + 2 * t) * N + g + 8] = d[2], D[(row0 + 2 * t + 1) * N + g + 8] = d[3];
     }
 }
 
@@ -164,14 +193,15 @@ static void fill(std::vector<bf16>& v, uint64_t seed, int spread) {
 }
 
 int main() {
-    const char* names[4] = {"mma", "mma_perm", "wgmma_n8", "wgmma_n16"};
+    constexpr int KERNELS = 5;
+    const char* names[KERNELS] = {"mma", "mma_perm", "wgmma_n8", "wgmma_n16", "swapped"};
     std::vector<bf16> A(M * K), B(N * K);
     bf16 *dA, *dB;
     float* dD;
     cudaMalloc(&dA, A.size() * 2);
     cudaMalloc(&dB, B.size() * 2);
-    cudaMalloc(&dD, 4 * M * N * 4);
-    bool wgmma_equal = true, perm_equal = true;
+    cudaMalloc(&dD, KERNELS * M * N * 4);
+    bool wgmma_equal = true, perm_equal = true, swap_equal = true;
     for (int spread : {0, 4, 12}) {
         for (uint64_t seed = 1; seed <= 3; ++seed) {
             fill(A, seed * 977 + spread, spread);
@@ -182,15 +212,16 @@ int main() {
             mma_chain<<<1, 128>>>(dD + M * N, dA, dB, 1);
             wgmma_chain<<<1, 128>>>(dD + 2 * M * N, dA, dB, 0);
             wgmma_chain<<<1, 128>>>(dD + 3 * M * N, dA, dB, 1);
+            swapped_chain<<<1, 128>>>(dD + 4 * M * N, dA, dB);
             const cudaError_t err = cudaDeviceSynchronize();
             if (err != cudaSuccess) {
                 std::printf("CUDA error: %s\n", cudaGetErrorString(err));
                 return 2;
             }
-            std::vector<float> D(4 * M * N);
+            std::vector<float> D(KERNELS * M * N);
             cudaMemcpy(D.data(), dD, D.size() * 4, cudaMemcpyDeviceToHost);
-            int differ[4] = {0, 0, 0, 0};
-            double worst[4] = {0, 0, 0, 0};
+            int differ[KERNELS] = {};
+            double worst[KERNELS] = {};
             for (int i = 0; i < M * N; ++i) {
                 const int r = i / N, n = i % N;
                 double ref = 0, scale = 0;
@@ -199,7 +230,7 @@ int main() {
                         (double)bf16_to_float(A[r * K + k]) * bf16_to_float(B[n * K + k]);
                     ref += p, scale += std::fabs(p);
                 }
-                for (int v = 0; v < 4; ++v) {
+                for (int v = 0; v < KERNELS; ++v) {
                     const float out = D[v * M * N + i];
                     worst[v] = std::fmax(worst[v], std::fabs(out - ref) / (scale + 1e-30));
                     differ[v] += std::memcmp(&D[i], &out, 4) != 0;
@@ -207,14 +238,16 @@ int main() {
             }
             perm_equal &= differ[1] == 0;
             wgmma_equal &= differ[2] == 0 && differ[3] == 0;
+            swap_equal &= differ[4] == 0;
             std::printf("spread 2^+-%-2d seed %d:", spread, (int)seed);
-            for (int v = 0; v < 4; ++v)
+            for (int v = 0; v < KERNELS; ++v)
                 std::printf("  %s %d differ, error %.1e", names[v], differ[v], worst[v]);
             std::printf("\n");
         }
     }
-    std::printf("of %d outputs a set: wgmma %s mma.sync's bits; a product's k order %s them\n",
+    std::printf("of %d outputs a set: wgmma %s mma.sync's bits; a product's k order %s them; "
+                "swapping the operands %s them\n",
                 M * N, wgmma_equal ? "equals" : "does NOT equal",
-                perm_equal ? "does not change" : "CHANGES");
+                perm_equal ? "does not change" : "CHANGES", swap_equal ? "keeps" : "CHANGES");
     return 0;
 }
