@@ -132,9 +132,9 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-#include "gemv_parts.cuh"     // part_steps, part_step, part_stride (BLOCKED_PARTS)
+#include "gemv_parts.cuh"     // part_steps, part_step, PartWalk (BLOCKED_PARTS)
 #if WGMMA
-#include "wgmma.cuh"  // wgmma_bf16, wgmma_desc, the fences
+#include "wgmma.cuh"  // wgmma_bf16, wgmma_desc, the fences, transpose_x
 #endif
 
 // A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
@@ -152,57 +152,6 @@ __device__ __forceinline__ void fold(Sums& into, Sums& from) {
                 from[m][j][e] = 0.0f;
             }
 }
-
-// A walk over the block's steps in part order (empty parts skipped): the step's part, the part's
-// steps left (this one included) and the step's k. Past the last step, part only grows.
-struct Cursor {
-    int part, left, k;
-    // From `part` on, the first part with steps: its first step.
-    __device__ __forceinline__ void enter(int end, int steps) {
-        for (; part < end; ++part) {
-            left = part_steps(part, steps, PARTS);
-            if (left > 0) break;
-        }
-        k = part_step(part, 0, steps, PARTS) * STEP_K;
-    }
-    __device__ __forceinline__ void advance(int end, int steps) {
-        if (--left > 0) {
-            k += part_stride(PARTS) * STEP_K;
-        } else {
-            ++part;
-            enter(end, steps);
-        }
-    }
-};
-
-#if WGMMA
-// wgmma's B for one step: x in K-major core matrices of 8 tokens x 8 k (16 bytes a token),
-// product p's token tile j at ((p NT + j) 256) bytes, its k 0..7 and 8..15 128 bytes apart. A
-// product pairs k as gemv.cu's fragments do: lane t's 16-byte chunk (k 8t .. 8t + 7 of the step,
-// XVECS chunks with INT8 weights) holds in its 32-bit word 2p product p's k 2t, 2t + 1 and in word
-// 2p + 1 its k 2t + 8, 2t + 9. So a token's row of product p, half h is word 2p + h of its 4
-// lanes' chunks: the 4 x 4 transpose of the token's words. One thread a token (8 NT of them).
-__device__ __forceinline__ void transpose_x(uint4* __restrict__ xb, const uint4* __restrict__ cells,
-                                            int tok) {
-    const int j = tok >> 3, gx = tok & 7;
-    u32 word[4][2 * PRODUCTS];  // [lane t][word of its chunks]
-#pragma unroll
-    for (int v = 0; v < XVECS; ++v)
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            const uint4 c = cells[(j * XVECS + v) * 32 + gx * 4 + t];
-            word[t][4 * v] = c.x, word[t][4 * v + 1] = c.y;
-            word[t][4 * v + 2] = c.z, word[t][4 * v + 3] = c.w;
-        }
-#pragma unroll
-    for (int p = 0; p < PRODUCTS; ++p)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            xb[(p * NT + j) * 16 + h * 8 + gx] =
-                make_uint4(word[0][2 * p + h], word[1][2 * p + h], word[2][2 * p + h],
-                           word[3][2 * p + h]);
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -276,26 +225,26 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     Sums sum = {};
 #endif
 
-    Cursor fill{part_lo, 0, 0};
-    fill.enter(part_hi, steps);
-    Cursor read = fill;
+    PartWalk fill{part_lo, 0, 0};
+    fill.enter(part_hi, steps, PARTS);
+    PartWalk read = fill;
     const int stage_count = (total + STAGE_STEPS - 1) / STAGE_STEPS;
     // Stage st's copies (its steps that exist), the walk `c` moved past them.
-    auto issue_stage = [&](int st, Cursor& c, bool weights, bool xs) {
+    auto issue_stage = [&](int st, PartWalk& c, bool weights, bool xs) {
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i < total) {
-                if (weights) issue_w(i % SLOTS, c.k);
-                if (xs) issue_x(i % SLOTS, c.k);
+                if (weights) issue_w(i % SLOTS, c.step * STEP_K);
+                if (xs) issue_x(i % SLOTS, c.step * STEP_K);
             }
-            c.advance(part_hi, steps);
+            c.advance(part_hi, steps, PARTS);
         }
     };
 #if PDL
     pdl_launch_dependents();
     {
-        Cursor c = fill;
+        PartWalk c = fill;
         for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, c, true, false);
     }
     pdl_wait();  // x, the output and the scratch belong to the previous kernels from here on
@@ -376,7 +325,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                 for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
             }
 #endif
-            read.advance(part_hi, steps);
+            read.advance(part_hi, steps, PARTS);
         }
     }
     cp_async_wait<0>();

@@ -32,3 +32,26 @@ __device__ __forceinline__ int part_step(int p, int i, int steps, int parts) {
 __device__ __forceinline__ constexpr int part_stride(int parts) {
     return BLOCKED_PARTS ? 1 : parts;
 }
+
+// A walk over the steps of the parts from `part` to `end` in part order, empty parts skipped
+// (gemm_invariant.cu's block walks its parts so): the step's part, the part's steps left (this
+// one included) and the step's index. Past the last step, part only grows.
+struct PartWalk {
+    int part, left, step;
+    // From `part` on, the first part with steps: its first step.
+    __device__ __forceinline__ void enter(int end, int steps, int parts) {
+        for (; part < end; ++part) {
+            left = part_steps(part, steps, parts);
+            if (left > 0) break;
+        }
+        step = part_step(part, 0, steps, parts);
+    }
+    __device__ __forceinline__ void advance(int end, int steps, int parts) {
+        if (--left > 0) {
+            step += part_stride(parts);
+        } else {
+            ++part;
+            enter(end, steps, parts);
+        }
+    }
+};
