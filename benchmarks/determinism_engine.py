@@ -5,9 +5,10 @@ of 64..512, each run alone, then all of them together on engines of ``max_step_t
 (its token's and the top 20, from the step's raw logits) must be the same bits together as
 alone. Also: the first request again on an engine that already holds its prompt (a prefix-cache
 hit) against the miss, and ``tileinfer.generate`` with n-gram speculation against plain.
-One JSON object per line (progress on stderr).
+One JSON object per line (progress on stderr); ``--cases`` picks some of them (``ngram`` alone
+needs no run of every request alone).
 
-    python benchmarks/determinism_engine.py --backend cuda
+    python benchmarks/determinism_engine.py --backend cuda [--cases together,prefix,ngram]
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-prompt", type=int, default=2048)
     p.add_argument("--max-new", type=int, default=512)
+    p.add_argument("--cases", default="together,prefix,ngram",
+                   help="together (both max_step_tokens), prefix, ngram")
     args = p.parse_args(argv)
+    cases = set(args.cases.split(","))
     config = shape_config(args.shape)
     model = random_model(config, backend=args.backend, device=args.device,
                          max_len=args.max_prompt + args.max_new + 16, batch_invariant=True)
@@ -84,25 +88,31 @@ def main(argv=None):
 
     started = time.perf_counter()
     single = LLMEngine(model, num_pages=pages)
-    alone = [run(single, [r])[0] for r in reqs]
-    log(f"alone: {len(reqs)} requests in {time.perf_counter() - started:.1f} s")
+    # every request alone for "together", the first one for "prefix"
+    alone = [run(single, [r])[0] for r in (reqs if "together" in cases else
+                                           reqs[:1] if "prefix" in cases else [])]
+    log(f"alone: {len(alone)} requests in {time.perf_counter() - started:.1f} s")
     del single
-    for step_tokens in (min(256, args.max_prompt // 2), max(2048, args.max_prompt)):
+    for step_tokens in ((min(256, args.max_prompt // 2), max(2048, args.max_prompt))
+                        if "together" in cases else ()):
         started = time.perf_counter()
         together = run(LLMEngine(model, num_pages=pages, max_step_tokens=step_tokens), reqs)
         row = dict(base, case=f"together, max_step_tokens {step_tokens}",
                    seconds=round(time.perf_counter() - started, 1), **mismatches(alone, together))
         print(json.dumps(row), flush=True)
 
-    engine = LLMEngine(model, num_pages=pages)
-    run(engine, [reqs[0]])  # its prompt's pages now in the prefix cache
-    hit = run(engine, [reqs[0]])
-    row = dict(base, case="prefix-cache hit against the miss",
-               prefix_hit_tokens=engine.stats()["prefix_hit_tokens"],
-               **mismatches(alone[:1], hit))
-    print(json.dumps(row), flush=True)
-    del engine
+    if "prefix" in cases:
+        engine = LLMEngine(model, num_pages=pages)
+        run(engine, [reqs[0]])  # its prompt's pages now in the prefix cache
+        hit = run(engine, [reqs[0]])
+        row = dict(base, case="prefix-cache hit against the miss",
+                   prefix_hit_tokens=engine.stats()["prefix_hit_tokens"],
+                   **mismatches(alone[:1], hit))
+        print(json.dumps(row), flush=True)
+        del engine
 
+    if "ngram" not in cases:
+        return
     same, checked = 0, reqs[:8]
     for r in checked:
         plain = ti.generate(model, r["prompt_ids"], r["max_new_tokens"], stop_ids=[])

@@ -223,7 +223,7 @@ for step in $steps; do
     detengine)  # 64 requests of llama3-8b random weights alone and together (DET_BACKENDS)
       for b in ${DET_BACKENDS:-cuda triton}; do
         timeout ${DET_TIMEOUT:-280} python3 benchmarks/determinism_engine.py --backend $b \
-          >> "$out/detengine.json" 2>> "$out/detengine.err"
+          --cases ${DET_CASES:-together,prefix,ngram} >> "$out/detengine.json" 2>> "$out/detengine.err"
       done
       cat "$out/detengine.json"; tail -n 3 "$out/detengine.err" ;;
     structload)  # 64 streams with and without a JSON schema on every request (llama3-8b shape
