@@ -333,6 +333,14 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 
     // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
     // [m][j][2..3] = row g + 8, the same tokens.
+    // out[tok][row] from the row's sums, one per matrix: gemv.cu's scales and epilogue.
+    auto finish = [&](int tok, int row, const float (&s)[MATS]) {
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, nullptr);
+        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+    };
+
 #if SPLIT
     Sums& done = run;  // this block's run
 #elif RUNS > 1
@@ -380,16 +388,14 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             const int idx = base + u * THREADS;
             const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
             if (idx >= outputs || row >= O) continue;
-            float v[MATS];
+            float s[MATS];
 #pragma unroll
             for (int m = 0; m < MATS; ++m) {
-                float s = 0.0f;
+                s[m] = 0.0f;
 #pragma unroll
-                for (int q = 0; q < RUNS; ++q) s += part[u][q][m];
-                v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
+                for (int q = 0; q < RUNS; ++q) s[m] += part[u][q][m];
             }
-            const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
-            out[(i64)tok * O + row] = from_float<out_t>(y);
+            finish(tok, row, s);
         }
     }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
@@ -403,18 +409,16 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                 const int tok = 8 * j + 2 * t + (e & 1);
                 const int row = warp_base + 16 * r + g + (e >> 1) * 8;
                 if (tok >= n || row >= O) continue;
-                float v[MATS];
+                float s[MATS];
 #pragma unroll
                 for (int m = 0; m < MATS; ++m) {
-                    const float s = done[m * ROW_TILES + r][j][e];
 #if RUNS > 1
-                    v[m] = scaled_sum(s, m, tok, row, O, w_scale, nullptr);
+                    s[m] = done[m * ROW_TILES + r][j][e];
 #else
-                    v[m] = scaled_sum(0.0f + s, m, tok, row, O, w_scale, nullptr);
+                    s[m] = 0.0f + done[m * ROW_TILES + r][j][e];  // one run: 0 + the run's sum
 #endif
                 }
-                const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
-                out[(i64)tok * O + row] = from_float<out_t>(y);
+                finish(tok, row, s);
             }
 #endif
 }
