@@ -38,7 +38,7 @@ class NgramProposer(Proposer):
 
     smoothing = 0.25
     draft_threshold = 0.55
-    trust_threshold = 0.6
+    trust_threshold = 0.5
     min_gain = 1.1
     prior_misses = 1.0
     row_cost: float | None = None

@@ -246,9 +246,10 @@ class _Loop:
         if room < 1:
             return None
         drafts = drafts[:max(0, min(self.max_new - 1 - first_new, room - 1))]
-        # Up to a stop token: rows after it would check tokens past the answer's end.
+        # Up to a stop token, without it: the row before it already gives it (the stop token
+        # as an input would only give a token past the answer's end).
         ends = next((i for i, t in enumerate(drafts) if t in self.stop), None)
-        return drafts if ends is None else drafts[:ends + 1]
+        return drafts if ends is None else drafts[:ends]
 
     def _plan(self) -> _Step | None:
         """The next step: chained on the step in flight where that can give new tokens, else

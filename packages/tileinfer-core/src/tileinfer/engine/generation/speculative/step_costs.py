@@ -38,7 +38,7 @@ class DraftPolicy:
         self.adaptive = getattr(proposer, "adaptive", True)
         self.smoothing = getattr(proposer, "smoothing", 0.25)
         self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
-        self.trust_threshold = getattr(proposer, "trust_threshold", 0.6)
+        self.trust_threshold = getattr(proposer, "trust_threshold", 0.5)
         self.min_gain = getattr(proposer, "min_gain", 1.1)
         self.prior_misses = getattr(proposer, "prior_misses", 1.0)  # in guesses' weights
         self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
