@@ -288,12 +288,10 @@ def invariant_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
-def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
-                 wgmma_options=(False,)) -> list[dict]:
+def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)) -> list[dict]:
     """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x row
     tiles (a single matrix: two tiles a warp spill the SwiGLU's registers) x stages x steps a
-    stage x split (narrow weights: the runs in blocks of their own or not) x parts layout x
-    products on mma.sync or wgmma."""
+    stage x split (narrow weights: the runs in blocks of their own or not) x parts layout."""
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
     o_rows, k_dim, int8, epilogue = key
@@ -307,19 +305,17 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
         for stages in stages_options:
             for stage_steps in steps_options:
-                for split, blocked, wgmma in itertools.product(splits, (False, True),
-                                                               wgmma_options):
+                for split, blocked in itertools.product(splits, (False, True)):
                     cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
                            "stage_steps": stage_steps, "split": split, "blocked": blocked,
-                           "wgmma": wgmma, "min_rows": 1}
+                           "min_rows": 1}
                     if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
                                                       tiles) <= SMEM_LIMIT:
                         configs.append(cfg)
     return configs
 
 
-def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
-               wgmma_options=(False,)):
+def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)):
     """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
     and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
     from cuda_kernels import precompile
@@ -331,7 +327,7 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     tiles = tuning.mma_token_tiles(min(n, 64))
     for name in names:
         o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
-        sweeps[name] = gemm_configs(key, n, stages_options, steps_options, wgmma_options)
+        sweeps[name] = gemm_configs(key, n, stages_options, steps_options)
         parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
         runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
         for cfg in sweeps[name]:
@@ -350,10 +346,9 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
         for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):
             totals[label] += seconds
         top = sorted(timed[1:], key=lambda t: t[0])[:5]
-        by_layout = {}  # the best of each parts layout (one setting for every weight), per product
+        by_layout = {}  # the best of each parts layout (it is one setting for every weight)
         for t, c in timed[1:]:
-            layout = ("blocked" if c["blocked"] else "interleaved") + (
-                "_wgmma" if c.get("wgmma") else "")
+            layout = "blocked" if c["blocked"] else "interleaved"
             if layout not in by_layout or t < by_layout[layout][0]:
                 by_layout[layout] = (t, c)
         row = dict(matrix=name, key=list(key), rows=n, batched_ms=round(base * 1e3, 4),
@@ -395,7 +390,6 @@ def main():
                    help="sweep gemm_invariant.cu's launches at N rows instead (see above)")
     p.add_argument("--gemm-stages", default="4,8", help="--gemm-sweep's ring stages")
     p.add_argument("--gemm-steps", default="1,2,4", help="--gemm-sweep's K steps a stage")
-    p.add_argument("--gemm-wgmma", default="0", help="--gemm-sweep's products: 0 mma.sync, 1 wgmma")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
@@ -403,8 +397,7 @@ def main():
     if args.gemm_sweep:
         return gemm_sweep(model, args.gemm_sweep,
                           [int(v) for v in args.gemm_stages.split(",")],
-                          [int(v) for v in args.gemm_steps.split(",")],
-                          [bool(int(v)) for v in args.gemm_wgmma.split(",")])
+                          [int(v) for v in args.gemm_steps.split(",")])
     if args.mma_sweep:
         if args.invariant:
             return invariant_sweep(model, args.mma_sweep)

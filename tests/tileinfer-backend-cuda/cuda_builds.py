@@ -74,14 +74,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, BLOCKED_PARTS=1, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", PARTS=8, RUNS=1, SPLIT=0, BLOCKED_PARTS=0, STAGE_STEPS=1)
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, ROW_TILES=2, STAGE_STEPS=2, PDL=1)
-    # wgmma (sm_90a): each token-tile count (wgmma's N), INT8 loads of 16 and 8, SwiGLU, 8 warps
-    for nt in (1, 2, 4, 8):
-        add("gemm_invariant.cu", WGMMA=1, ARCH_SPECIFIC=None, PARTS=8, RUNS=4, SPLIT=1, NT=nt,
-            STAGE_STEPS=2, PDL=1)
-    add("gemm_invariant.cu", WGMMA=1, ARCH_SPECIFIC=None, W_INT8=1, INT8_LOAD=16, ROUND_BF16=0,
-        PARTS=8, RUNS=1, SPLIT=0, EPILOGUE=1, NT=8)
-    add("gemm_invariant.cu", WGMMA=1, ARCH_SPECIFIC=None, W_INT8=1, INT8_LOAD=8, ROUND_BF16=0,
-        OUT_DTYPE="float", PARTS=16, RUNS=2, SPLIT=0, ROW_WARPS=8, ROW_TILES=2, NT=4)
     add("gemm_invariant.cu", W_INT8=1, OUT_DTYPE="float", ROUND_BF16=0, EPILOGUE=2, PARTS=8,
         RUNS=4, SPLIT=0, ROW_TILES=2, NT=4)
 

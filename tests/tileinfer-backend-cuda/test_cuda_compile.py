@@ -83,16 +83,6 @@ def test_cache_key_covers_defines_options_and_arch():
     assert base != compiler.cache_key("elementwise.cu", compiler.build_options(ARCH, {"VEC": 8}))
 
 
-def test_arch_specific_builds_target_the_a_architecture():
-    """A build that defines ARCH_SPECIFIC (gemm_invariant.cu's wgmma) compiles for sm_90a; the
-    kernel refuses WGMMA without it."""
-    assert compiler.build_options(ARCH, {"ARCH_SPECIFIC": None})[0] == "-arch=sm_90a"
-    assert compiler.build_options("sm_90a", {"ARCH_SPECIFIC": None})[0] == "-arch=sm_90a"
-    assert compiler.build_options(ARCH, {"VEC": 8})[0] == "-arch=sm_90"
-    with pytest.raises(compiler.CompileError, match="ARCH_SPECIFIC"):
-        compiler.compile_cubin("gemm_invariant.cu", ARCH, {"WGMMA": 1}, use_cache=False)
-
-
 def test_disk_cache_is_reused_across_processes(tmp_path):
     """A second process finds the cubin on disk and compiles nothing."""
     script = (

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from tileinfer_backend_cuda import compiler, ops
+from tileinfer_backend_cuda import ops
 from tileinfer_backend_cuda.ops import (attention, common, gemm_invariant, invariant_tuning, linear,
                                         tuning)
 
@@ -463,11 +463,9 @@ def test_invariant_runs_split_narrow_single_matrices_only():
 def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypatch, rows, k_dim,
                                                               epilogue, int8):
     """gemm_invariant.cu's launch at 17..64 rows fits a block's shared memory; it splits by run
-    only where the weight has runs, and only while the scratch holds every run's sums. wgmma
-    builds only for whole warpgroups on Hopper; their stage's x in wgmma's layout fits too."""
+    only where the weight has runs, and only while the scratch holds every run's sums."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
-    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
     parts = tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
     runs = gemm_invariant.invariant_runs(rows, epilogue, parts)
     load = linear.int8_load(k_dim)
@@ -489,20 +487,6 @@ def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypa
     with tuning.experiment({"invariant_gemm": {"split": False, "row_warps": 8, "stages": 3}}):
         cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
     assert (cfg["split"], cfg["row_warps"]) == (False, 8) and cfg["stages"] <= 3
-    with tuning.experiment({"invariant_gemm": {"wgmma": True}}):
-        hopper = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
-    assert hopper["wgmma"] and gemm_invariant.gemm_smem_bytes(hopper, int8, load, epilogue, 8) <= (
-        SMEM_PER_BLOCK - 1024)
-    d = gemm_invariant.gemm_defines(hopper, linear.gemv_defines(
-        {"warps": parts, "stages": 2}, int8, load, epilogue, "bf16_t", True, 8), parts, runs, 8)
-    assert d["WGMMA"] == 1 and "ARCH_SPECIFIC" in d
-    with tuning.experiment({"invariant_gemm": {"wgmma": True, "row_warps": 2}}):
-        assert not gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8,
-                                              0)["wgmma"]  # no whole warpgroup
-    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_80")
-    with tuning.experiment({"invariant_gemm": {"wgmma": True}}):
-        assert not gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8,
-                                              0)["wgmma"]  # not Hopper
     with tuning.experiment({"invariant_gemm": {"row_tiles": 2}}):
         cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
     assert cfg["row_tiles"] == (1 if epilogue == "swiglu" else 2)

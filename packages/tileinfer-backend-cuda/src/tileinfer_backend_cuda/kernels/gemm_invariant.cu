@@ -25,24 +25,16 @@
 // and its x chunks of every token tile (copied by all threads, read by every warp). One barrier a
 // stage (its copies have landed for everyone, and the stage read before may be refilled).
 //
-// WGMMA = 1 (sm_90a, ARCH_SPECIFIC): each warpgroup issues the step's products with wgmma
-// instead of each warp's mma.sync: A, the weight, from the warps' registers (gemv.cu's
-// fragments), B, x, from shared memory, where each stage's x is first transposed into wgmma's
-// layout (transpose_x) so that every product takes the k pairs mma.sync's would. The same sums
-// if wgmma adds a 16-wide product to the bits mma.sync does (benchmarks/wgmma_bits.cu, the GPU
-// tests).
-//
 // Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
 // threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
-// NT * XVECS) * 32 * 16 bytes, and with WGMMA STAGE_STEPS * NT * XVECS * 32 * 16 more
-// (gemm_smem_bytes in ops/gemm_invariant.py).
+// NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS and BLOCKED_PARTS (the order of the sums: gemv.cu's WARPS, RUNS and
 // BLOCKED_PARTS), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B,
-// PDL (0/1), WGMMA (0/1, with ARCH_SPECIFIC).
+// PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -88,9 +80,6 @@
 #ifndef PDL
 #define PDL 0
 #endif
-#ifndef WGMMA
-#define WGMMA 0
-#endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
@@ -113,15 +102,6 @@ constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
 constexpr int X_CELLS = NT * XVECS * 32;
 constexpr int SLOT_CELLS = W_CELLS + X_CELLS;
 constexpr int SLOTS = STAGES * STAGE_STEPS;
-// WGMMA: a step's tensor-core products (16 k each) and, after the slots, the stage's x in
-// wgmma's layout (transpose_x): X_CELLS cells a step.
-constexpr int PRODUCTS = LANE_K / 4;
-#if WGMMA
-static_assert(ROW_WARPS % 4 == 0, "WGMMA: whole warpgroups");
-#if !defined(ARCH_SPECIFIC)
-#error "WGMMA needs an arch-specific build (sm_90a: ARCH_SPECIFIC)"
-#endif
-#endif
 
 #if W_INT8
 typedef signed char w_t;
@@ -133,9 +113,6 @@ typedef bf16_t x_t;
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, part_step, PartWalk (BLOCKED_PARTS)
-#if WGMMA
-#include "wgmma.cuh"  // wgmma_bf16, wgmma_desc, the fences, transpose_x
-#endif
 
 // A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
 typedef float Sums[WT][NT][4];
@@ -275,22 +252,6 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         __syncthreads();              // everyone's; and stage st - 1's slots are free
         issue_stage(st + STAGES - 1, fill, true, true);  // into stage st - 1's slots
         cp_async_commit();
-#if WGMMA
-        // The stage's x into wgmma's layout (the previous stage's products have completed: each
-        // warp waited for them before the barrier above), visible to wgmma after the barrier.
-        uint4* xb = stages + SLOTS * SLOT_CELLS;
-        if (threadIdx.x < 8 * NT) {
-#pragma unroll
-            for (int u = 0; u < STAGE_STEPS; ++u) {
-                const int i = st * STAGE_STEPS + u;
-                if (i < total)
-                    transpose_x(xb + u * X_CELLS, stages + (i % SLOTS) * SLOT_CELLS + W_CELLS,
-                                threadIdx.x);
-            }
-        }
-        fence_proxy_async();
-        __syncthreads();
-#endif
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
@@ -302,20 +263,6 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
             for (int m = 0; m < WT; ++m)
                 to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
-#if WGMMA
-            // Product p of tile m for the warpgroup's 4 warps: the A words of step_mma's product p.
-            const u32 xb_step = base_addr + (u32)((SLOTS * SLOT_CELLS + u * X_CELLS) * 16);
-            wgmma_fence();
-#pragma unroll
-            for (int p = 0; p < PRODUCTS; ++p)
-#pragma unroll
-                for (int m = 0; m < WT; ++m)
-                    wgmma_bf16<NT>(acc[m], f[m].a[2 * p], f[m].b[2 * p], f[m].a[2 * p + 1],
-                                   f[m].b[2 * p + 1],
-                                   wgmma_desc(xb_step + (u32)(p * NT * 256), 128, 256));
-            wgmma_commit();
-            wgmma_wait_all();  // the sums are read (part ends) and the registers reused
-#else
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
@@ -324,7 +271,6 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
                 for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
             }
-#endif
             read.advance(part_hi, steps, PARTS);
         }
     }

@@ -11,17 +11,13 @@ launch can give each run a block of its own (SPLIT) and still fill the GPU; wide
 run (their row tiles fill it alone).
 
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
-steps a stage, split or not, and on Hopper the products on mma.sync or on wgmma (``"wgmma"``:
-the warpgroup's products with x in shared memory, laid out so that each product adds the same k
-pairs as mma.sync's; whether wgmma also adds them to the same bits is what its GPU tests and
-`benchmarks/wgmma_bits.cu` check); from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
+steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
 heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and
-``min_rows``.
+``min_rows``. None of them changes a row's bits.
 """
 
 from __future__ import annotations
 
-from .. import compiler
 from .common import GEMV_SCRATCH, GemvScratch, cdiv, dev, kernel, num_sms, smem_limit
 from .tuning import experiments
 
@@ -83,19 +79,12 @@ def block_rows(cfg: dict) -> int:
 
 def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles: int) -> int:
     """STAGES x STAGE_STEPS slots of (ROW_WARPS x 2 x MATS x ROW_TILES weight cells + NT x XVECS
-    x cells) x 32 lanes x 16 bytes; with wgmma, STAGE_STEPS more x cells (the stage's x in its
-    layout)."""
+    x cells) x 32 lanes x 16 bytes."""
     mats = 2 if epilogue == "swiglu" else 1
-    x_cells = token_tiles * lane_k(int8, load) // 8
-    steps = cfg.get("stage_steps", 1)
+    xvecs = lane_k(int8, load) // 8
+    slots = cfg["stages"] * cfg.get("stage_steps", 1)
     w_cells = cfg["row_warps"] * 2 * mats * cfg.get("row_tiles", 1)
-    wgmma_cells = steps * x_cells if cfg.get("wgmma") else 0
-    return (cfg["stages"] * steps * (w_cells + x_cells) + wgmma_cells) * 32 * 16
-
-
-def wgmma_runs_on(device: int) -> bool:
-    """wgmma builds (sm_90a) run on Hopper only."""
-    return compiler.device_arch(device) == "sm_90"
+    return slots * (w_cells + token_tiles * xvecs) * 32 * 16
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
@@ -109,8 +98,6 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
     if epilogue == "swiglu":
         cfg["row_tiles"] = 1  # two matrices' tiles already; four would spill the sums' registers
-    if cfg.get("wgmma") and (cfg["row_warps"] % 4 or not wgmma_runs_on(device)):
-        cfg["wgmma"] = False  # whole warpgroups, on Hopper
     tiles = cdiv(o_rows, block_rows(cfg))
     if "split" not in cfg:
         cfg["split"] = runs > 1 and tiles < 2 * num_sms(device)
@@ -135,8 +122,6 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
                    SPLIT=int(bool(cfg["split"])))
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
-    if cfg.get("wgmma"):
-        defines.update(WGMMA=1, ARCH_SPECIFIC=None)  # an sm_90a build (compiler.build_options)
     if base.get("PDL"):
         defines["PDL"] = 1
     return defines
