@@ -175,8 +175,7 @@ def section_oneshot(args):
 def section_batch(args):
     import random
 
-    import torch
-    import tileinfer as ti
+    from batch_twice import generate_twice
     from tileinfer.model.random_weights import random_model, shape_config
 
     for backend in args.backends:
@@ -185,15 +184,7 @@ def section_batch(args):
         for batch in args.batches:
             prompts = [[rng.randrange(model.config.vocab_size) for _ in range(16)]
                        for _ in range(batch)]
-            seconds = []
-            for _ in range(2):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                out = ti.generate_batch(model, prompts, max_new_tokens=256, stop_ids=[],
-                                        seeds=0)
-                torch.cuda.synchronize()
-                seconds.append(time.perf_counter() - start)
-            tokens = sum(map(len, out))
+            tokens, seconds = generate_twice(model, prompts)
             row = {"kind": "batch", "backend": backend, "shape": "llama3-8b", "batch": batch,
                    "tokens": tokens, "seconds": [round(x, 4) for x in seconds],
                    "tok_s_second_call": round(tokens / seconds[1], 1),
