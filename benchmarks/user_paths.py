@@ -109,6 +109,7 @@ def section_cli(args):
 def section_oneshot(args):
     import torch
     import tileinfer as ti
+    from tileinfer.engine.runtime.runtime import runtime_of
 
     folder = ti.default_model_dir()
     tok = ti.load_tokenizer(folder)
@@ -129,6 +130,7 @@ def section_oneshot(args):
             labels = ("plain", "ngram") if kept is None else ("kept", "plain", "ngram")
             times = {label: [] for label in labels}
             stats = None  # the last n-gram call's steps and drafts
+            each = []  # every n-gram call's (verify steps, plain steps, drafted, accepted)
             for _ in range(args.calls):
                 for label in times:
                     spec = None
@@ -149,6 +151,9 @@ def section_oneshot(args):
                     torch.cuda.synchronize()
                     times[label].append(time.perf_counter() - start)
                     outs[label] = out
+                    if label == "ngram":
+                        each.append((stats.verify_steps, stats.plain_steps, stats.drafted,
+                                     stats.accepted))
             del kept
             later = {k: statistics.median(v[1:]) for k, v in times.items()}
             row = {"kind": "oneshot", "backend": backend, "prompt": name,
@@ -157,6 +162,11 @@ def section_oneshot(args):
                    "copy_fraction": round(copy_fraction(ids, outs["plain"]), 3),
                    "seconds": {k: [round(x, 5) for x in v] for k, v in times.items()},
                    "ngram_steps": dataclasses.asdict(stats),
+                   "ngram_steps_each_call": each,
+                   # what the loop's policy read after the prompt's calls: ms of an n-row step
+                   # (the median of the runtime's latest measurements)
+                   "step_ms": {n: round(statistics.median(v) * 1e3, 4) for n, v in
+                               sorted(runtime_of(model).step_seconds.items())},
                    "speedup_later": round(later["plain"] / later["ngram"], 3)}
             if "kept" in later:
                 row["oneshot_over_kept"] = round(later["plain"] / later["kept"], 3)
@@ -167,7 +177,8 @@ def section_oneshot(args):
                 f"{[round(x * 1e3, 1) for x in times['plain']]} ms "
                 f"(x{row.get('oneshot_over_kept', '-')} of kept), ngram "
                 f"{[round(x * 1e3, 1) for x in times['ngram']]} ms, speed-up "
-                f"x{row['speedup_later']}, n-gram steps {row['ngram_steps']}, copies "
+                f"x{row['speedup_later']}, n-gram steps {row['ngram_steps']} (each call's "
+                f"verify, plain, drafted, accepted: {each}; step ms {row['step_ms']}), copies "
                 f"{row['copy_fraction']}, identical {row['identical']}")
         del model
 
