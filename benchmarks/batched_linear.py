@@ -31,9 +31,11 @@ warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 a
     python benchmarks/batched_linear.py --shape llama3-8b --fp8 --mma-sweep 1
 
 ``--gemm-sweep N``: gemm_invariant.cu (the CUDA backend's batch-invariant steps of many rows) at
-N rows under row warps x stages x steps a stage x split x the parts' layout (``blocked``), per
-matrix: the batched path's time (cuBLAS), the shipped invariant path's and the best, then
-``INVARIANT_GEMM_TABLE`` entries.
+N rows under row warps x stages x steps a stage x split x the parts' layout (``--gemm-layouts``:
+``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``), per matrix: the
+batched path's time (cuBLAS), the shipped invariant path's and the best, the best of each
+layout beside gemv.cu's 1-row step in that layout (the order a layout gives both kernels: what
+it costs a single sequence), then ``INVARIANT_GEMM_TABLE`` entries.
 
     python benchmarks/batched_linear.py --shape llama3-8b --gemm-sweep 64
 
@@ -288,7 +290,24 @@ def invariant_sweep(model, n: int):
         print(f"    {key}: {cfg},", file=sys.stderr)
 
 
-def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)) -> list[dict]:
+LAYOUTS = {"interleaved": {"blocked": False, "chunk": 1}, "blocked": {"blocked": True}}
+
+
+def parts_layout(name: str) -> dict:
+    """A --gemm-layouts name as the "invariant_gemm" settings that give it."""
+    if name.startswith("chunk"):
+        return {"blocked": False, "chunk": int(name.removeprefix("chunk"))}
+    return dict(LAYOUTS[name])
+
+
+def layout_name(cfg: dict) -> str:
+    if cfg.get("blocked"):
+        return "blocked"
+    return "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
+
+
+def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
+                 layouts=("interleaved", "blocked")) -> list[dict]:
     """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x row
     tiles (a single matrix: two tiles a warp spill the SwiGLU's registers) x stages x steps a
     stage x split (narrow weights: the runs in blocks of their own or not) x parts layout."""
@@ -305,17 +324,18 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)) ->
     for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
         for stages in stages_options:
             for stage_steps in steps_options:
-                for split, blocked in itertools.product(splits, (False, True)):
+                for split, layout in itertools.product(splits, layouts):
                     cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
-                           "stage_steps": stage_steps, "split": split, "blocked": blocked,
-                           "min_rows": 1}
+                           "stage_steps": stage_steps, "split": split,
+                           **parts_layout(layout), "min_rows": 1}
                     if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
                                                       tiles) <= SMEM_LIMIT:
                         configs.append(cfg)
     return configs
 
 
-def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)):
+def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
+               layouts=("interleaved", "blocked")):
     """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
     and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
     from cuda_kernels import precompile
@@ -327,17 +347,23 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)):
     tiles = tuning.mma_token_tiles(min(n, 64))
     for name in names:
         o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
-        sweeps[name] = gemm_configs(key, n, stages_options, steps_options)
+        sweeps[name] = gemm_configs(key, n, stages_options, steps_options, layouts)
         parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
         runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
         for cfg in sweeps[name]:
-            base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"]},
+            base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"],
+                                        "chunk": cfg.get("chunk", 1)},
                                        int8, linear.int8_load(k_dim), epilogue,
                                        "float" if name == "lm_head" else "bf16_t",
                                        tuning.pdl(device), tiles)
             defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
     precompile(list(jobs.values()))
+    # gemv.cu's 1-row step in each layout (min_rows past 64: no launch on gemm_invariant.cu)
+    one_row = {name: {layout_name(c): t for t, c in timed[1:]} for name, _, _, timed in
+               timed_invariant_matrices(model, 1, {name: [{**parts_layout(lay), "min_rows": 65}
+                                                          for lay in layouts] for name in names},
+                                        lambda cfg: {"invariant_gemm": cfg})}
     table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
             model, n, sweeps, lambda cfg: {"invariant_gemm": cfg}):
@@ -348,17 +374,19 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4)):
         top = sorted(timed[1:], key=lambda t: t[0])[:5]
         by_layout = {}  # the best of each parts layout (it is one setting for every weight)
         for t, c in timed[1:]:
-            layout = "blocked" if c["blocked"] else "interleaved"
+            layout = layout_name(c)
             if layout not in by_layout or t < by_layout[layout][0]:
                 by_layout[layout] = (t, c)
         row = dict(matrix=name, key=list(key), rows=n, batched_ms=round(base * 1e3, 4),
                    invariant_ms=round(shipped * 1e3, 4), best_ms=round(best_s * 1e3, 4),
                    best=best, configs=len(timed) - 1,
                    top=[[round(t * 1e3, 4), c] for t, c in top],
-                   **{f"best_{k}": [round(t * 1e3, 4), c] for k, (t, c) in by_layout.items()})
+                   **{f"best_{k}": [round(t * 1e3, 4), c] for k, (t, c) in by_layout.items()},
+                   **{f"gemv_1_row_{k}_ms": round(t * 1e3, 4) for k, t in one_row[name].items()})
         print(json.dumps(row), flush=True)
         if best is not None and best_s < shipped:
-            table[key] = {k: v for k, v in best.items() if k not in ("min_rows", "blocked")}
+            table[key] = {k: v for k, v in best.items()
+                          if k not in ("min_rows", "blocked", "chunk")}
     print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
           flush=True)
     print("INVARIANT_GEMM_TABLE entries:", file=sys.stderr)
@@ -390,6 +418,9 @@ def main():
                    help="sweep gemm_invariant.cu's launches at N rows instead (see above)")
     p.add_argument("--gemm-stages", default="4,8", help="--gemm-sweep's ring stages")
     p.add_argument("--gemm-steps", default="1,2,4", help="--gemm-sweep's K steps a stage")
+    p.add_argument("--gemm-layouts", default="interleaved,blocked",
+                   help="--gemm-sweep's parts layouts: interleaved, chunkG (G a power of two), "
+                        "blocked")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
@@ -397,7 +428,8 @@ def main():
     if args.gemm_sweep:
         return gemm_sweep(model, args.gemm_sweep,
                           [int(v) for v in args.gemm_stages.split(",")],
-                          [int(v) for v in args.gemm_steps.split(",")])
+                          [int(v) for v in args.gemm_steps.split(",")],
+                          args.gemm_layouts.split(","))
     if args.mma_sweep:
         if args.invariant:
             return invariant_sweep(model, args.mma_sweep)

@@ -57,6 +57,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", WARPS=8, STAGES=3, TILES=2, NT=8, RUNS=4, PDL=1)  # runs of warps
     add("gemv.cu", W_INT8=1, ROUND_BF16=0, WARPS=16, STAGES=2, REGS=2, RUNS=2, BLOCKED_PARTS=1)
     add("gemv.cu", WARPS=8, STAGES=4, NT=2, BLOCKED_PARTS=1, PDL=1)
+    add("gemv.cu", WARPS=8, STAGES=4, NT=2, PART_CHUNK=4, RUNS=4)
 
     # gemm_invariant.cu (batch-invariant steps of many rows): each weight dtype, epilogue and
     # output, split and not, runs, token tiles, warps, stages, PDL
@@ -73,6 +74,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", PARTS=4, RUNS=1, SPLIT=0, ROW_WARPS=2, STAGES=3, NT=2, PDL=0)
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, BLOCKED_PARTS=1, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", PARTS=8, RUNS=1, SPLIT=0, BLOCKED_PARTS=0, STAGE_STEPS=1)
+    add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, PART_CHUNK=4, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, ROW_TILES=2, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", W_INT8=1, OUT_DTYPE="float", ROUND_BF16=0, EPILOGUE=2, PARTS=8,
         RUNS=4, SPLIT=0, ROW_TILES=2, NT=4)

@@ -422,6 +422,15 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
         assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
                                            warps, cfg["runs"], tiles).get("BLOCKED_PARTS", 0) == (
             d.get("BLOCKED_PARTS", 0))
+        # Interleaved parts in chunks: the same setting reaches both kernels' builds.
+        assert cfg["chunk"] == gemm_invariant.PART_CHUNK
+        with tuning.experiment({"invariant_gemm": {"blocked": False, "chunk": 4}}):
+            chunked = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
+        d = linear.gemv_defines(chunked, int8, linear.int8_load(k_dim), epilogue, "bf16_t", True,
+                                tiles)
+        assert d["PART_CHUNK"] == 4 and "BLOCKED_PARTS" not in d
+        assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
+                                           warps, cfg["runs"], tiles)["PART_CHUNK"] == 4
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
 

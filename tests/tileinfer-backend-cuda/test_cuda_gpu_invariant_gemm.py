@@ -27,16 +27,18 @@ def _experiment(settings):
                                   {"min_rows": 17, "blocked": True, "stage_steps": 2},
                                   {"min_rows": 17, "blocked": True, "split": False},
                                   {"min_rows": 17, "row_tiles": 2, "stage_steps": 2},
-                                  {"min_rows": 17, "row_tiles": 2, "split": False, "stages": 3}],
+                                  {"min_rows": 17, "row_tiles": 2, "split": False, "stages": 3},
+                                  {"min_rows": 17, "chunk": 4, "stage_steps": 2},
+                                  {"min_rows": 17, "chunk": 8, "split": False}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
-                              "tiles2", "tiles2-unsplit"])
+                              "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, int8):
     """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
     chunks); K 96: parts without steps (their zero sums are added too). With "blocked" both
-    kernels take contiguous K steps per part."""
+    kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -59,11 +61,16 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             cuda.linear_xielu(dest["xielu"], x[rows], wo, so, XIELU, batch_invariant=batch)
 
         blocked = int(gemm.get("blocked", False))
+        chunk = 1 if blocked else gemm.get("chunk", 1)
+
+        def in_order(m):  # a build that takes the K steps in this layout
+            return (m.defines.get("BLOCKED_PARTS", 0) == blocked
+                    and m.defines.get("PART_CHUNK", 1) == chunk)
+
         with _experiment({"invariant_gemm": gemm}):
             run(slice(0, n), outs)
             tiles = tuning.mma_token_tiles(min(n, 64))
-            ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles)
-                   if m.defines.get("BLOCKED_PARTS", 0) == blocked]
+            ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
             assert ran, "gemm_invariant.cu did not run"
             for j in range(n):  # 1-row steps: gemv.cu
                 one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
@@ -71,8 +78,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
                 run(slice(j, j + 1), one)
                 for name, t in outs.items():
                     assert torch.equal(one[name][0], t[j]), f"{name} row {j} of {n} differs"
-            assert [m for m in loaded_modules("gemv.cu", NT=1)
-                    if m.defines.get("BLOCKED_PARTS", 0) == blocked], "no gemv.cu 1-row build"
+            assert [m for m in loaded_modules("gemv.cu", NT=1) if in_order(m)], (
+                "no gemv.cu 1-row build")
         expected = torch.empty_like(outs["linear"])
         ref.linear(expected, x, wo, so)
         assert_close(outs["linear"], expected, torch.bfloat16)

@@ -5,10 +5,10 @@
 // FP8), plus gemv.cu's split-K scratch.
 //
 // gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
-// steps p, p + PARTS, ..., or a contiguous range with BLOCKED_PARTS: gemv_parts.cuh); each part's
-// steps go through the tensor cores in order from zero (the same fragments: gemv_frag.cuh); the
-// parts' sums are added in RUNS runs of PARTS / RUNS parts, each run from zero in part order,
-// then the runs in order. gemv.cu spreads the parts over
+// steps p, p + PARTS, ..., in chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS:
+// gemv_parts.cuh); each part's steps go through the tensor cores in order from zero (the same
+// fragments: gemv_frag.cuh); the parts' sums are added in RUNS runs of PARTS / RUNS parts, each
+// run from zero in part order, then the runs in order. gemv.cu spreads the parts over
 // the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
 // Here a block's warps split the rows instead (ROW_WARPS warps of ROW_TILES 16-row tiles each,
 // of each matrix: with more tiles a warp, each x chunk read from shared memory serves more rows),
@@ -32,9 +32,9 @@
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
-// ROUND_BF16, PARTS, RUNS and BLOCKED_PARTS (the order of the sums: gemv.cu's WARPS, RUNS and
-// BLOCKED_PARTS), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B,
-// PDL (0/1).
+// ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS and PART_CHUNK (the order of the sums: gemv.cu's WARPS,
+// RUNS, BLOCKED_PARTS and PART_CHUNK), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT
+// (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -112,7 +112,7 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-#include "gemv_parts.cuh"     // part_steps, part_step, PartWalk (BLOCKED_PARTS)
+#include "gemv_parts.cuh"     // part_steps, PartWalk (BLOCKED_PARTS, PART_CHUNK)
 
 // A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
 typedef float Sums[WT][NT][4];

@@ -69,7 +69,8 @@
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
-// BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PDL (0/1).
+// BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PART_CHUNK
+// (interleaved steps a chunk), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -151,7 +152,7 @@ typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"  // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-#include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS)
+#include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS, PART_CHUNK)
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -180,8 +181,9 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
             wrow[m * TILES + j][1] = w + ((i64)m * O + r1) * K + t * LANE_K;
         }
     }
-    // Warp `warp` takes the steps of part `warp` (gemv_parts.cuh: warp, warp + WARPS, ..., or a
-    // contiguous range with BLOCKED_PARTS); step s covers k in [s, s + 1) * STEP_K.
+    // Warp `warp` takes the steps of part `warp` (gemv_parts.cuh: warp, warp + WARPS, ..., in
+    // chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS); step s covers k in
+    // [s, s + 1) * STEP_K.
     const int steps = (K + STEP_K - 1) / STEP_K;
     const int my_steps = part_steps(warp, steps, WARPS);
     float acc[WT][NT][4];

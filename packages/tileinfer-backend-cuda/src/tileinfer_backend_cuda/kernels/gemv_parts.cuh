@@ -1,13 +1,20 @@
 // Which K steps a part of a row's sum adds (gemv.cu's warps, gemm_invariant.cu's walk), out of
-// `steps` steps of STEP_K, with `parts` parts. BLOCKED_PARTS = 0: part p takes the steps p,
-// p + parts, p + 2 parts, ... (a block's warps read neighbouring chunks of a row at once);
-// BLOCKED_PARTS = 1: the contiguous steps p * per .. p * per + per - 1, per = ceil(steps / parts)
-// (a part's own reads run along the row, which a GEMM walking the parts one by one needs).
+// `steps` steps of STEP_K, with `parts` parts. BLOCKED_PARTS = 0: the steps are dealt to the
+// parts in chunks of PART_CHUNK (default 1) in turn: part p takes the chunks p, p + parts,
+// p + 2 parts, ..., chunk c being the steps c * PART_CHUNK .. c * PART_CHUNK + PART_CHUNK - 1 (a
+// block's warps read neighbouring chunks of a row at once; a longer chunk is a longer read
+// along the row for a GEMM that walks the parts one by one); BLOCKED_PARTS = 1: the contiguous
+// steps p * per .. p * per + per - 1, per = ceil(steps / parts) (one chunk a part).
 #pragma once
 
 #ifndef BLOCKED_PARTS
 #define BLOCKED_PARTS 0
 #endif
+#ifndef PART_CHUNK
+#define PART_CHUNK 1
+#endif
+static_assert(PART_CHUNK >= 1 && (PART_CHUNK & (PART_CHUNK - 1)) == 0,
+              "PART_CHUNK: a power of two");
 
 // Steps of part p.
 __device__ __forceinline__ int part_steps(int p, int steps, int parts) {
@@ -15,7 +22,9 @@ __device__ __forceinline__ int part_steps(int p, int steps, int parts) {
     const int per = (steps + parts - 1) / parts;
     return max(0, min(per, steps - p * per));
 #else
-    return p < steps ? (steps - p + parts - 1) / parts : 0;
+    // Whole rounds of parts * PART_CHUNK steps, then what of the last round falls in p's chunk.
+    const int round = parts * PART_CHUNK;
+    return steps / round * PART_CHUNK + max(0, min(PART_CHUNK, steps % round - p * PART_CHUNK));
 #endif
 }
 
@@ -24,13 +33,18 @@ __device__ __forceinline__ int part_step(int p, int i, int steps, int parts) {
 #if BLOCKED_PARTS
     return p * ((steps + parts - 1) / parts) + i;
 #else
-    return p + i * parts;
+    return (i / PART_CHUNK * parts + p) * PART_CHUNK + i % PART_CHUNK;
 #endif
 }
 
-// Steps between a part's consecutive steps.
-__device__ __forceinline__ constexpr int part_stride(int parts) {
-    return BLOCKED_PARTS ? 1 : parts;
+// The step after part p's step s (s one of p's steps): the next in its chunk, or the first of
+// its next chunk (chunks start at multiples of PART_CHUNK).
+__device__ __forceinline__ int part_next(int s, int parts) {
+#if BLOCKED_PARTS
+    return s + 1;
+#else
+    return (s + 1) % PART_CHUNK ? s + 1 : s + (parts - 1) * PART_CHUNK + 1;
+#endif
 }
 
 // A walk over the steps of the parts from `part` to `end` in part order, empty parts skipped
@@ -48,7 +62,7 @@ struct PartWalk {
     }
     __device__ __forceinline__ void advance(int end, int steps, int parts) {
         if (--left > 0) {
-            step += part_stride(parts);
+            step = part_next(step, parts);
         } else {
             ++part;
             enter(end, steps, parts);

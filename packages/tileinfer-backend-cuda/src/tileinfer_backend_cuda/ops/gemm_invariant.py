@@ -5,7 +5,8 @@ gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch 
 experiment switch's ``"invariant_gemm"`` (``takes``).
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
-the weight's 8-row build's), which K steps each part takes (``blocked_parts``) and
+the weight's 8-row build's), which K steps each part takes (``blocked_parts``, ``part_chunk``)
+and
 ``invariant_runs`` (runs of parts, added run by run). Narrow weights take 4 or 2 runs so that a
 launch can give each run a block of its own (SPLIT) and still fill the GPU; wide ones take one
 run (their row tiles fill it alone).
@@ -29,6 +30,10 @@ MIN_ROWS = 17
 # parts; contiguous parts read along the row (a faster GEMM) but slow gemv.cu's 1-row steps
 # (benchmarks/RESULTS.md, 2026-12-06): off.
 BLOCKED_PARTS = False
+# Interleaved parts take the K steps in chunks of this many (gemv_parts.cuh's PART_CHUNK, a power
+# of two): 1 deals the steps one at a time; longer chunks are longer reads along a row for the
+# GEMM's walk, and a block of gemv.cu still reads PARTS neighbouring chunks of a row at once.
+PART_CHUNK = 1
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
 
@@ -53,6 +58,10 @@ def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
 
 def blocked_parts() -> bool:
     return bool(experiments["invariant_gemm"].get("blocked", BLOCKED_PARTS))
+
+
+def part_chunk() -> int:
+    return int(experiments["invariant_gemm"].get("chunk", PART_CHUNK))
 
 
 def min_rows() -> int:
@@ -114,8 +123,9 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
     ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
-    if base.get("BLOCKED_PARTS"):
-        defines["BLOCKED_PARTS"] = 1
+    for order in ("BLOCKED_PARTS", "PART_CHUNK"):  # which K steps each part takes
+        if order in base:
+            defines[order] = base[order]
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],
                    ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"],
                    STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,

@@ -115,6 +115,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["RUNS"] = cfg["runs"]  # the warps' sums in runs (gemm_invariant.py)
     if cfg.get("blocked"):
         defines["BLOCKED_PARTS"] = 1  # each warp's K steps contiguous (gemv_parts.cuh)
+    elif cfg.get("chunk", 1) > 1:
+        defines["PART_CHUNK"] = cfg["chunk"]  # each warp's K steps in chunks (gemv_parts.cuh)
     regs = gemv_regs(cfg, int8, load)
     if regs:
         defines["REGS"] = regs  # the weight through registers, not the ring
@@ -239,6 +241,7 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     if not fp8:
         cfg["runs"] = gemm_invariant.invariant_runs(o_rows, epilogue, warps)
         cfg["blocked"] = gemm_invariant.blocked_parts()
+        cfg["chunk"] = gemm_invariant.part_chunk()
     limit = smem_limit(device) - 1024  # room for the static shared memory
 
     def smem():
