@@ -14,6 +14,8 @@ dependent launch a kernel starts early, so its own duration overstates its share
 ``--rows 1,2,8`` profiles, per count n, a single sequence's captured step of n rows with every
 row's logits and greedy token (a speculative verify step: the last token and n - 1 drafts).
 
+``--deterministic`` loads the model batch-invariant (the kernels `--deterministic` runs).
+
 ``--batch N`` profiles the batched engine instead (``LLMEngine``, N requests decoding, their
 steps replayed from the N-row graph bucket): the kernels of ``--replays`` engine steps, the GPU
 span per step and the wall time per step (the difference is the host's share: planning,
@@ -111,12 +113,14 @@ def main():
                         "e.g. '[{}, {\"rows_per_program\": 4}]'")
     p.add_argument("--rows", default="", help="comma list of row counts: profile verify steps")
     p.add_argument("--batch", default="", help="comma list of batch sizes: profile LLMEngine")
+    p.add_argument("--deterministic", action="store_true",
+                   help="load the model batch-invariant (the mode's kernels)")
     args = p.parse_args()
     quant = "int8" if args.int8 else "fp8" if args.fp8 else None
 
     max_len = args.context + (512 if args.batch else 64)
     model = random_model(shape_config(args.shape), backend=args.backend,
-                         quantize=quant, max_len=max_len)
+                         quantize=quant, max_len=max_len, batch_invariant=args.deterministic)
     kv = None if args.kv_cache == "bf16" else "int8"
     cache = None if args.batch else new_cache(model, args.context + 64, quantize=kv)
     runs = [(attention, gemv, rows) for attention in args.cuda_attention
@@ -124,7 +128,7 @@ def main():
     for attention, gemv, triton_gemv in runs:
         what = dict(shape=args.shape, backend=args.backend,
                     weights=quant or "bf16", kv_cache=args.kv_cache,
-                    context=args.context)
+                    context=args.context, deterministic=args.deterministic)
         if triton_gemv is not None:
             from tileinfer_backend_triton.kernels import linear_config
 
