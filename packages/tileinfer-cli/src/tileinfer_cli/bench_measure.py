@@ -13,10 +13,9 @@ import time
 
 import torch
 
-from tileinfer import ModelRunner, SamplingParams, generate_into, new_cache
-from tileinfer.engine.kv.cache import kv_bytes_per_token
+from tileinfer import (ModelRunner, SamplingParams, generate_into, kv_bytes_per_token, new_cache,
+                       weight_bytes)
 from tileinfer.engine.generation.runner import prefill_bucket
-from tileinfer.model.weights import weight_bytes
 
 
 def copy_bandwidth(device="cuda", nbytes: int = 1 << 30) -> float:

@@ -86,7 +86,8 @@ def gguf_source(imported: dict) -> dict:
 
 
 def chat_template_text(folder: Path) -> str | None:
-    from tileinfer.io.chat_template import ChatTemplateError, load_chat_template
+    from tileinfer import ChatTemplateError
+    from tileinfer.io.chat_template import load_chat_template
 
     try:
         return load_chat_template(folder)

@@ -90,8 +90,8 @@ def _size(n: int) -> str:
 
 
 def list_(args, out):
-    from tileinfer.io.default_model import (DEFAULT_MODEL_NAME, DefaultModelUnavailable,
-                                            default_gguf_path)
+    from tileinfer import DefaultModelUnavailable
+    from tileinfer.io.default_model import DEFAULT_MODEL_NAME, default_gguf_path
     from tileinfer.io.hub import list_models
     from tileinfer.io.local_models import list_local_models
 
