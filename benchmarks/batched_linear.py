@@ -35,7 +35,8 @@ N rows under row warps x stages x steps a stage x split x the parts' layout (``-
 ``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``), per matrix: the
 batched path's time (cuBLAS), the shipped invariant path's and the best, the best of each
 layout beside gemv.cu's 1-row step in that layout (the order a layout gives both kernels: what
-it costs a single sequence), then ``INVARIANT_GEMM_TABLE`` entries.
+it costs a single sequence), then ``INVARIANT_GEMM_TABLE`` entries (and, with ``--int8``,
+``BATCHED_GEMM_TABLE`` entries: where a setting in any layout beat the default path).
 
     python benchmarks/batched_linear.py --shape llama3-8b --gemm-sweep 64
 
@@ -364,7 +365,7 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
                timed_invariant_matrices(model, 1, {name: [{**parts_layout(lay), "min_rows": 65}
                                                           for lay in layouts] for name in names},
                                         lambda cfg: {"invariant_gemm": cfg})}
-    table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
+    table, batched_table, totals = {}, {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
             model, n, sweeps, lambda cfg: {"invariant_gemm": cfg}):
         shipped = timed[0][0]
@@ -387,11 +388,18 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
         if best is not None and best_s < shipped:
             table[key] = {k: v for k, v in best.items()
                           if k not in ("min_rows", "blocked", "chunk")}
+        if best is not None and best_s < base and key[2]:  # INT8: the default path is gemv.cu
+            batched_table[key] = {k: v for k, v in best.items() if k != "min_rows"}
     print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
           flush=True)
     print("INVARIANT_GEMM_TABLE entries:", file=sys.stderr)
     for key, cfg in table.items():
         print(f"    {key}: {cfg},", file=sys.stderr)
+    if batched_table:
+        print("BATCHED_GEMM_TABLE entries (beat the default path, any parts layout):",
+              file=sys.stderr)
+        for key, cfg in batched_table.items():
+            print(f"    {key}: {cfg},", file=sys.stderr)
 
 
 def _swiglu_torch(h, w, gate_up):

@@ -44,6 +44,13 @@ NARROW_ROWS = 8192
 # (benchmarks/RESULTS.md, 2026-12-06).
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 
+# (output rows, K, int8, epilogue) -> the launch settings and the parts' layout ("blocked",
+# "chunk") of batched steps of MIN_ROWS..64 rows outside the batch-invariant mode, where no order
+# is kept and the fastest layout may run: the weights (INT8: their default there is gemv.cu's 8
+# token tiles) for which `benchmarks/batched_linear.py --int8 --gemm-sweep 64` found
+# gemm_invariant.cu faster (its BATCHED_GEMM_TABLE entries). None measured yet.
+BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+
 
 def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
     """Runs of gemv.cu's batch-invariant sum for a weight of o_rows output rows summed in
@@ -97,14 +104,18 @@ def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
-                load: int, token_tiles: int, device: int) -> dict:
+                load: int, token_tiles: int, device: int, settings: dict | None = None) -> dict:
     """Row warps, row tiles, stages, steps a stage, split and the L2 hint of a launch of n rows:
     the table's or the heuristic's (4 warps of one tile, 4 stages of one step; a block per run
-    where the row tiles alone leave the GPU half empty), then the experiments'; SwiGLU keeps one
-    tile a warp; stages come down until the block fits."""
+    where the row tiles alone leave the GPU half empty), then the experiments'; or, for a
+    batched step (``settings``: a BATCHED_GEMM_TABLE entry), the heuristic's and the entry's.
+    SwiGLU keeps one tile a warp; stages come down until the block fits."""
     cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
-    cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
-    cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
+    if settings is None:
+        cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
+        cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
+    else:
+        cfg.update({k: v for k, v in settings.items() if k not in ("blocked", "chunk")})
     if epilogue == "swiglu":
         cfg["row_tiles"] = 1  # two matrices' tiles already; four would spill the sums' registers
     tiles = cdiv(o_rows, block_rows(cfg))
@@ -138,13 +149,16 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
 
 
 def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts: int,
-                   runs: int, token_tiles: int, o_rows: int, epilogue: str):
-    """One launch of at most 8 x token_tiles rows; base: the gemv.cu build's defines."""
+                   runs: int, token_tiles: int, o_rows: int, epilogue: str,
+                   settings: dict | None = None):
+    """One launch of at most 8 x token_tiles rows; base: the gemv.cu build's defines (its
+    order); settings: a batched step's BATCHED_GEMM_TABLE entry (gemm_config)."""
     n, k_dim = x.shape
     device = dev(out)
     int8 = bool(base["W_INT8"])
     load = base["INT8_LOAD"]
-    cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device)
+    cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
+                      settings)
     scratch = counters = None
     if cfg["split"]:
         buffers = GEMV_SCRATCH.get(device)
