@@ -281,8 +281,8 @@ def test_batched_int8_steps_take_gemm_invariant_for_the_table_s_weights(launches
     fewer rows, and the weights without an entry, stay on gemv.cu."""
     w, s = _weight(4096, 4096, True)
     wg, sg = _weight(2 * 14336, 4096, True)
-    monkeypatch.setitem(gemm_invariant.BATCHED_GEMM_TABLE, (4096, 4096, True, "none"),
-                        {"blocked": True, "stages": 3, "split": False, "row_warps": 8})
+    monkeypatch.setattr(gemm_invariant, "BATCHED_GEMM_TABLE", {
+        (4096, 4096, True, "none"): {"blocked": True, "stages": 3, "split": False, "row_warps": 8}})
     for n in (gemm_invariant.MIN_ROWS - 1, gemm_invariant.MIN_ROWS, 64):
         launches.clear()
         x = torch.randn(n, 4096).to(BF)

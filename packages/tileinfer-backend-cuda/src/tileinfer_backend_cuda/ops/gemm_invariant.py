@@ -47,8 +47,14 @@ INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 # "chunk") of batched steps of MIN_ROWS..64 rows outside the batch-invariant mode, where no order
 # is kept and the fastest layout may run: the weights (INT8: their default there is gemv.cu's 8
 # token tiles) for which `benchmarks/batched_linear.py --int8 --gemm-sweep 64` found
-# gemm_invariant.cu faster (its BATCHED_GEMM_TABLE entries). None measured yet.
-BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+# gemm_invariant.cu faster (its BATCHED_GEMM_TABLE entries): llama3-8b's INT8 gate/up and
+# lm_head on an H100 (benchmarks/RESULTS.md, 2026-12-06 (night)).
+BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (14336, 4096, True, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 3,
+                                    "stage_steps": 2, "split": False, "chunk": 4},
+    (128256, 4096, True, "none"): {"row_warps": 8, "row_tiles": 2, "stages": 3,
+                                   "stage_steps": 2, "split": False, "chunk": 4},
+}
 
 
 def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
