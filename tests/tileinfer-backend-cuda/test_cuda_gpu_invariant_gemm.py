@@ -120,10 +120,10 @@ def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
                          ids=["chunk4", "blocked-tiles2"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032)], ids=["3000x4096", "1000x1032"])
 def test_batched_int8_table_steps_close_to_ref(cuda, ref, monkeypatch, entry, out_f, in_f):
-    """Outside the batch-invariant mode, INT8 steps of 17..64 rows of a weight in
+    """Outside the batch-invariant mode, INT8 steps of BATCHED_MIN_ROWS..64 rows of a weight in
     BATCHED_GEMM_TABLE run gemm_invariant.cu in the entry's settings and layout (no order to
     keep there): close to ref's, plain and SwiGLU."""
-    from tileinfer_backend_cuda.ops import gemm_invariant
+    from tileinfer_backend_cuda.ops import gemm_invariant, tuning
 
     g = torch.Generator().manual_seed(out_f + in_f)
     w, scale = weight(2 * out_f, in_f, g, True)
@@ -131,15 +131,17 @@ def test_batched_int8_table_steps_close_to_ref(cuda, ref, monkeypatch, entry, ou
     monkeypatch.setitem(gemm_invariant.BATCHED_GEMM_TABLE, (out_f, in_f, True, "none"), entry)
     monkeypatch.setitem(gemm_invariant.BATCHED_GEMM_TABLE, (out_f, in_f, True, "swiglu"), entry)
     blocked, chunk = int(entry.get("blocked", False)), entry.get("chunk", 1)
-    for n in (17, 40, 64):
+    for n in (gemm_invariant.BATCHED_MIN_ROWS, 40, 64):
         x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
         out = torch.full((n, out_f), float("nan"), dtype=torch.bfloat16, device=DEV)
         swiglu = torch.full_like(out, float("nan"))
         scratch = torch.empty(n, 2 * out_f, dtype=torch.bfloat16, device=DEV)
         cuda.linear(out, x, wo, so, batch_invariant=False)
         cuda.linear_swiglu(swiglu, x, w, scale, scratch, batch_invariant=False)
-        assert loaded_modules("gemm_invariant.cu", BLOCKED_PARTS=blocked,
-                              PART_CHUNK=1 if blocked else chunk), "gemm_invariant.cu did not run"
+        assert [m for m in loaded_modules("gemm_invariant.cu", NT=tuning.mma_token_tiles(n))
+                if m.defines.get("BLOCKED_PARTS", 0) == blocked
+                and m.defines.get("PART_CHUNK", 1) == (1 if blocked else chunk)], (
+            "gemm_invariant.cu did not run")
         expected, expected_swiglu = torch.empty_like(out), torch.empty_like(out)
         ref.linear(expected, x, wo, so)
         ref.linear_swiglu(expected_swiglu, x, w, scale, torch.empty_like(scratch))

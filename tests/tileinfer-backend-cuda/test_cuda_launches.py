@@ -277,20 +277,20 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
 
 def test_batched_int8_steps_take_gemm_invariant_for_the_table_s_weights(launches, monkeypatch):
     """Outside the batch-invariant mode, an INT8 weight with a BATCHED_GEMM_TABLE entry runs its
-    steps of MIN_ROWS..64 rows on gemm_invariant.cu with the entry's settings and parts layout;
-    fewer rows, and the weights without an entry, stay on gemv.cu."""
+    steps of BATCHED_MIN_ROWS..64 rows on gemm_invariant.cu with the entry's settings and parts
+    layout; fewer rows, and the weights without an entry, stay on gemv.cu."""
     w, s = _weight(4096, 4096, True)
     wg, sg = _weight(2 * 14336, 4096, True)
     monkeypatch.setattr(gemm_invariant, "BATCHED_GEMM_TABLE", {
         (4096, 4096, True, "none"): {"blocked": True, "stages": 3, "split": False, "row_warps": 8}})
-    for n in (gemm_invariant.MIN_ROWS - 1, gemm_invariant.MIN_ROWS, 64):
+    for n in (gemm_invariant.BATCHED_MIN_ROWS - 1, gemm_invariant.BATCHED_MIN_ROWS, 64):
         launches.clear()
         x = torch.randn(n, 4096).to(BF)
         OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, s, False)
         OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, sg,
                              torch.empty(n, 2 * 14336, dtype=BF), False)
         files = [k.file for k in launches]
-        if n < gemm_invariant.MIN_ROWS:
+        if n < gemm_invariant.BATCHED_MIN_ROWS:
             assert files == ["gemv.cu"] * 2
             continue
         assert files == ["gemm_invariant.cu", "gemv.cu"]

@@ -43,10 +43,12 @@ NARROW_ROWS = 8192
 # (benchmarks/RESULTS.md, 2026-12-06).
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
 
+# Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
+BATCHED_MIN_ROWS = 24
 # (output rows, K, int8, epilogue) -> the launch settings and the parts' layout ("blocked",
-# "chunk") of batched steps of MIN_ROWS..64 rows outside the batch-invariant mode, where no order
-# is kept and the fastest layout may run: the weights (INT8: their default there is gemv.cu's 8
-# token tiles) for which `benchmarks/batched_linear.py --int8 --gemm-sweep 64` found
+# "chunk") of batched steps of BATCHED_MIN_ROWS..64 rows outside the batch-invariant mode, where
+# no order is kept and the fastest layout may run: the weights (INT8: their default there is
+# gemv.cu's 8 token tiles) for which `benchmarks/batched_linear.py --int8 --gemm-sweep 64` found
 # gemm_invariant.cu faster (its BATCHED_GEMM_TABLE entries): llama3-8b's INT8 gate/up and
 # lm_head on an H100 (benchmarks/RESULTS.md, 2026-12-06 (night)).
 BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {

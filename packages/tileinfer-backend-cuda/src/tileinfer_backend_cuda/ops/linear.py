@@ -21,7 +21,7 @@ per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over u
 Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
 8 tokens.
 
-Batched steps of 17..64 rows of the weights in gemm_invariant.BATCHED_GEMM_TABLE (INT8 ones,
+Batched steps of 24..64 rows of the weights in gemm_invariant.BATCHED_GEMM_TABLE (INT8 ones,
 where gemv.cu's 8 token tiles are the default) take gemm_invariant.cu instead, a GEMM's tiling.
 
 Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu
@@ -161,7 +161,7 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
     entry = gemm_invariant.BATCHED_GEMM_TABLE.get((o_rows, k_dim, int8, epilogue))
-    if batched and n >= gemm_invariant.MIN_ROWS and entry is not None:
+    if batched and n >= gemm_invariant.BATCHED_MIN_ROWS and entry is not None:
         # a batched step, no order to keep: gemm_invariant.cu in the entry's parts layout
         base = gemv_defines({"warps": cfg["warps"], "stages": 2, "blocked": entry.get("blocked"),
                              "chunk": entry.get("chunk", 1)}, int8, int8_load(k_dim), epilogue,
