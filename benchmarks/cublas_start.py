@@ -69,7 +69,7 @@ def warm():
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         # C (n x rows, column-major) = W^T-as-stored (k x n)^T x X (k x rows): torch.mm's call
         # for out = x @ w with x (rows, k) and w (k, n) row-major
-        BF16, COMPUTE_32F, DEFAULT, T, NT = 14, 68, -1, 1, 0
+        BF16, COMPUTE_32F, DEFAULT, NT = 14, 68, -1, 0
         rc = cb.cublasGemmEx(h, NT, NT, n_, rows_, k_, ctypes.byref(alpha),
                              ctypes.c_void_p(ptrs[1].value), BF16, n_,
                              ctypes.c_void_p(ptrs[0].value), BF16, k_, ctypes.byref(beta),
