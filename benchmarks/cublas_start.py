@@ -1,4 +1,4 @@
-"""What cuBLAS's first use costs a new process, and whether a thread can pay it during `import torch`.
+"""What cuBLAS's first use costs a new process, and whether a thread can pay it while torch imports.
 
 A new `tileinfer run` on cuda spends part of its warm-up in the first bf16 prefill GEMM
 (cuBLAS through torch.mm). torch holds the interpreter's lock through its calls, so a thread
