@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tileinfer_cli import cuda_start
@@ -155,14 +157,21 @@ def test_other_backends_start_no_cublas(monkeypatch):
     assert "cuCtxSetCurrent" not in [c[0] for c in driver.calls]
 
 
-def test_cublas_library_is_the_nvidia_wheel_s_on_the_path(monkeypatch, tmp_path):
+def test_cublas_library_is_the_nvidia_wheel_s_beside_torch(monkeypatch, tmp_path):
     lib = tmp_path / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
     (lib / "libcublasLt.so.13").write_bytes(b"")
     (lib / "libcublas.so.13").write_bytes(b"")
-    opened = []
-    monkeypatch.setattr(cuda_start.ctypes, "CDLL", lambda path: opened.append(path) or path)
-    monkeypatch.setattr(cuda_start.sys, "path", [str(tmp_path / "empty"), str(tmp_path)])
+    monkeypatch.setattr(cuda_start.ctypes, "CDLL", lambda path: path)
+    monkeypatch.setattr(cuda_start, "torch_site", lambda: str(tmp_path))
     assert cuda_start.cublas_library() == str(lib / "libcublas.so.13")
-    monkeypatch.setattr(cuda_start.sys, "path", [str(tmp_path / "empty")])
+    monkeypatch.setattr(cuda_start, "torch_site", lambda: str(tmp_path / "elsewhere"))
     assert cuda_start.cublas_library() is None
+    monkeypatch.setattr(cuda_start, "torch_site", lambda: None)
+    assert cuda_start.cublas_library() is None
+
+
+def test_torch_site_is_the_folder_holding_torch_s_package():
+    import torch
+
+    assert cuda_start.torch_site() == str(Path(torch.__file__).parent.parent)

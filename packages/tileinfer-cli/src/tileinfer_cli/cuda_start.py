@@ -11,15 +11,16 @@ For the cuda backend the thread also runs one small cuBLAS GEMM: the first GEMM 
 sets cuBLAS up, whatever its shape, and that would otherwise land in the warm-up's prefill
 (torch holds the interpreter's lock through its calls, so only a foreign call can overlap it;
 benchmarks/cublas_start.py, RESULTS.md 2026-12-06 (night)). The library is the one torch links,
-found in the ``nvidia`` wheels on the path, so that torch finds it loaded (by its soname).
+found in the ``nvidia`` wheels beside torch's package, so that torch finds it loaded (by its
+soname).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import importlib.util
 import os
-import sys
 import threading
 
 # cuBLAS's enums: CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N
@@ -55,16 +56,30 @@ def _start_cuda(warm_cublas: bool = False) -> None:
 
 
 def cublas_library():
-    """libcublas from the first ``nvidia`` wheel folder on the path that has it (torch's), or
+    """libcublas from the ``nvidia`` wheels beside torch's package (the library torch links), or
     None."""
-    for root in sys.path:
-        for pattern in ("nvidia/*/lib/libcublas.so.*", "nvidia/lib/libcublas.so.*"):
-            for path in sorted(glob.glob(os.path.join(root, pattern))):
-                try:
-                    return ctypes.CDLL(path)
-                except OSError:
-                    continue
+    site = torch_site()
+    if site is None:
+        return None
+    for pattern in ("nvidia/*/lib/libcublas.so.*", "nvidia/lib/libcublas.so.*"):
+        for path in sorted(glob.glob(os.path.join(site, pattern))):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
     return None
+
+
+def torch_site() -> str | None:
+    """The folder that holds torch's package, found without importing it (the main thread may
+    be importing it meanwhile: its spec is then read from sys.modules)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return os.path.dirname(os.path.dirname(spec.origin))
 
 
 def first_gemm(driver, cublas) -> None:
