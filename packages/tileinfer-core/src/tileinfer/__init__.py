@@ -24,16 +24,17 @@ from .engine import (ChatSession, ContextLengthError, DFlashDrafter, DFlashPropo
                      calibrate_key_smoothing, forward, forward_batch, generate, generate_into,
                      key_smoothing_from_calibration, kv_bytes_per_token, load_dflash,
                      memory_report, new_cache, prepare_step, static_metadata)
-from .engine import (BatchRunner, EngineGone, EngineParts, EngineProcess, EngineThread,
-                     LLMEngine, ModelRuntime,
-                     NonFiniteLogitsError, PoolBusyError, RequestError, RequestOutput, generate_batch, kv_pool_pages,
-                     runner_for, runtime_of, warm_up)
+from .engine import (ModelRuntime, NonFiniteLogitsError, PoolBusyError, runner_for, runtime_of,
+                     warm_up)
 
 
 def __getattr__(name):
-    """The io layer's names that import huggingface_hub or the GGUF reader, on first use."""
-    from . import io
+    """On first use: the io layer's names that import huggingface_hub or the GGUF reader, and
+    the engine's serving names (engine.SERVING)."""
+    from . import engine, io
 
     if name in io.LAZY:
         return getattr(io, name)
+    if name in engine.SERVING:
+        return getattr(engine, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

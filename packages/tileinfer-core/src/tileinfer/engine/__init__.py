@@ -20,10 +20,20 @@ from .kv.step import StepMetadata, prepare_step, static_metadata
 from .memory import memory_report
 from .runtime.finite import NonFiniteLogitsError
 from .runtime.runtime import ModelRuntime, PoolBusyError, runtime_of
-from .serving.batch import generate_batch
-from .serving.batch_runner import BatchRunner
-from .serving.engine_process import EngineGone, EngineParts, EngineProcess
-from .serving.engine_thread import EngineThread
-from .serving.llm_engine import LLMEngine
-from .serving.pool import kv_pool_pages
-from .serving.request import RequestError, RequestOutput
+
+# The serving names, by module of serving/: imported on first use (``__getattr__``), so that a
+# process that runs one sequence at a time (`tileinfer run`, `chat`) never imports the engine.
+SERVING = {"generate_batch": "batch", "BatchRunner": "batch_runner",
+           "EngineGone": "engine_process", "EngineParts": "engine_process",
+           "EngineProcess": "engine_process", "EngineThread": "engine_thread",
+           "LLMEngine": "llm_engine", "kv_pool_pages": "pool", "RequestError": "request",
+           "RequestOutput": "request"}
+
+
+def __getattr__(name):
+    module = SERVING.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".serving.{module}", __name__), name)
