@@ -44,7 +44,8 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk"})
+                                  "l2_256b", "min_rows", "blocked", "chunk", "walk_k",
+                                  "token_warps"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
