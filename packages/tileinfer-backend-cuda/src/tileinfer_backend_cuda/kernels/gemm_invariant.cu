@@ -33,8 +33,8 @@
 // stage (its copies have landed for everyone, and the stage read before may be refilled).
 //
 // Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS *
-// TOKEN_WARPS * 32 threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
-// NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
+// TOKEN_WARPS * 32 threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS
+// * ROW_TILES + NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
