@@ -32,8 +32,8 @@ warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 a
 
 ``--gemm-sweep N``: gemm_invariant.cu (the CUDA backend's batch-invariant steps of many rows) at
 N rows under row warps x stages x steps a stage x split x the parts' layout (``--gemm-layouts``:
-``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``, ``walkW`` (interleaved,
-read in K order by warps splitting the token tiles W ways)), per matrix: the
+``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``, ``walkW``
+(interleaved, read in K order by warps splitting the token tiles W ways)), per matrix: the
 batched path's time (cuBLAS), the shipped invariant path's and the best, the best of each
 layout beside gemv.cu's 1-row step in that layout (the order a layout gives both kernels: what
 it costs a single sequence), then ``INVARIANT_GEMM_TABLE`` entries (and, with ``--int8``,

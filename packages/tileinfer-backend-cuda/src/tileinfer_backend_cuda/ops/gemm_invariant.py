@@ -13,8 +13,9 @@ one run (their row tiles fill it alone).
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
 steps a stage, split or not, the walk (the parts one after another, or ``walk_k``: K in order
 with a running sum a part, ``token_warps`` warps splitting the token tiles); from
-``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and
-``min_rows``. None of them changes a row's bits.
+``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the experiment switch
+``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None of them changes a
+row's bits.
 """
 
 from __future__ import annotations
