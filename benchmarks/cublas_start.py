@@ -7,10 +7,12 @@ ctypes lets the lock go during each call. Each mode runs in new processes:
 
 - ``base``: import torch, make the CUDA context, then time the first ``torch.mm`` (bf16,
   ROWS x K times K x N, as a short prompt's prefill of a small model).
-- ``create``: a thread started before ``import torch`` makes the primary context (driver calls,
-  as ``tileinfer_cli/cuda_start.py`` does) and a cuBLAS and a cuBLASLt handle through ctypes.
-- ``gemm``: ``create`` and one ``cublasGemmEx`` of the same shape on the thread's buffers.
-- ``gemm_other``: the same with another shape (16 x 64 times 64 x 128).
+- ``create``: a thread started before ``import torch`` makes the primary context
+  (``tileinfer_cli/cuda_start.py``'s driver calls) and a cuBLAS and a cuBLASLt handle through
+  ctypes.
+- ``gemm``: the context and cuda_start's one ``cublasGemmEx``, of the timed product's shape.
+- ``gemm_other``: cuda_start's thread as `tileinfer run -b cuda` starts it (its GEMM 16 x 64
+  times 64 x 128, another shape).
 
 Printed: each mode's median first ``torch.mm`` (milliseconds), its range, the thread's own time,
 and the time from the process's start to the end of the first mm.
@@ -29,53 +31,29 @@ import sys
 ROWS, K, N = 38, 576, 1536
 
 CHILD = r"""
-import ctypes, glob, json, os, sys, threading, time
+import ctypes, json, sys, threading, time
 mode, rows, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t_start = time.perf_counter()
 info = {}
-
-def cublas_lib(name):
-    # the library torch links (its nvidia wheel), so that torch finds it loaded by soname
-    for root in sys.path:
-        for path in sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", name + ".so.*"))
-                           + glob.glob(os.path.join(root, "nvidia", "lib", name + ".so.*"))):
-            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    raise OSError(name + " not found")
+from tileinfer_cli import cuda_start  # ctypes only: no torch
 
 def warm():
     t0 = time.perf_counter()
-    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
-    drv = ctypes.CDLL("libcuda.so.1")
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    assert drv.cuInit(0) == 0 and drv.cuDeviceGet(ctypes.byref(dev), 0) == 0
-    drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-    drv.cuCtxSetCurrent(ctx)
+    if mode == "gemm_other":  # the start-up thread as `tileinfer run -b cuda` starts it
+        cuda_start._start_cuda(warm_cublas=True)
+        info["thread_s"] = time.perf_counter() - t0
+        return
+    driver, context = cuda_start.primary_context()
     info["ctx_s"] = time.perf_counter() - t0
-    lt = cublas_lib("libcublasLt")
-    cb = cublas_lib("libcublas")
-    h, hlt = ctypes.c_void_p(), ctypes.c_void_p()
-    info["create_rc"] = (cb.cublasCreate_v2(ctypes.byref(h)), lt.cublasLtCreate(ctypes.byref(hlt)))
-    info["create_s"] = time.perf_counter() - t0
-    if mode in ("gemm", "gemm_other"):
-        if mode == "gemm_other":  # another shape than the timed torch.mm's
-            rows_, k_, n_ = 16, 64, 128
-        else:
-            rows_, k_, n_ = rows, k, n
-        ptrs = []
-        for size in (rows_ * k_ * 2, k_ * n_ * 2, rows_ * n_ * 2):
-            p = ctypes.c_uint64()
-            assert drv.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)) == 0
-            ptrs.append(p)
-        alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        # C (n x rows, column-major) = W^T-as-stored (k x n)^T x X (k x rows): torch.mm's call
-        # for out = x @ w with x (rows, k) and w (k, n) row-major
-        BF16, COMPUTE_32F, DEFAULT, NT = 14, 68, -1, 0
-        rc = cb.cublasGemmEx(h, NT, NT, n_, rows_, k_, ctypes.byref(alpha),
-                             ctypes.c_void_p(ptrs[1].value), BF16, n_,
-                             ctypes.c_void_p(ptrs[0].value), BF16, k_, ctypes.byref(beta),
-                             ctypes.c_void_p(ptrs[2].value), BF16, n_, COMPUTE_32F, DEFAULT)
-        info["gemm_rc"] = rc
-        drv.cuCtxSynchronize()
+    cublas = cuda_start.cublas_library()
+    assert driver.cuCtxSetCurrent(context) == 0
+    if mode == "create":  # cuBLAS's and cuBLASLt's handles (libcublasLt: beside libcublas)
+        lt = ctypes.CDLL(cublas._name.replace("libcublas.so", "libcublasLt.so"))
+        h, hlt = ctypes.c_void_p(), ctypes.c_void_p()
+        info["create_rc"] = (cublas.cublasCreate_v2(ctypes.byref(h)),
+                             lt.cublasLtCreate(ctypes.byref(hlt)))
+    else:  # "gemm": the timed torch.mm's shape
+        cuda_start.first_gemm(driver, cublas, rows, k, n)
     info["thread_s"] = time.perf_counter() - t0
 
 thread = None

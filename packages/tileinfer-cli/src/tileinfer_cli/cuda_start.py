@@ -25,7 +25,7 @@ import threading
 
 # cuBLAS's enums: CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_OP_N
 BF16, COMPUTE_32F, GEMM_DEFAULT, OP_N = 14, 68, -1, 0
-# The GEMM's shape: C (M x N) = A (M x K) B (K x N), bf16; small, any shape does.
+# The start-up GEMM's shape: C (M x N) = A (M x K) B (K x N), bf16; small, any shape does.
 M, K, N = 16, 64, 128
 
 
@@ -39,20 +39,30 @@ def start_cuda_in_background(backend: str | None) -> None:
 
 
 def _start_cuda(warm_cublas: bool = False) -> None:
+    started = primary_context()
+    if started is None or not warm_cublas:
+        return
+    driver, context = started
+    cublas = cublas_library()
+    if cublas is not None and driver.cuCtxSetCurrent(context) == 0:
+        first_gemm(driver, cublas)
+
+
+def primary_context():
+    """(the driver library, device 0's primary context) once the driver is initialized and the
+    context retained; None where a call fails or no driver is found."""
     # What torch sets before its own cuInit: kernels load when first launched, not all at once.
     os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
     try:
         driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return
+        return None
     device, context = ctypes.c_int(), ctypes.c_void_p()
     if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0:
-        return
-    if driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) != 0 or not warm_cublas:
-        return
-    cublas = cublas_library()
-    if cublas is not None and driver.cuCtxSetCurrent(context) == 0:
-        first_gemm(driver, cublas)
+        return None
+    if driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) != 0:
+        return None
+    return driver, context
 
 
 def cublas_library():
@@ -82,16 +92,16 @@ def torch_site() -> str | None:
     return os.path.dirname(os.path.dirname(spec.origin))
 
 
-def first_gemm(driver, cublas) -> None:
-    """One bf16 GEMM on buffers of the thread's own (freed after), on the default stream; any
-    failing call ends it quietly (torch then sets cuBLAS up itself). The handle is kept for the
-    process's life, as where the set-up was measured."""
+def first_gemm(driver, cublas, m: int = M, k: int = K, n: int = N) -> None:
+    """One bf16 GEMM of m x k by k x n on buffers of the thread's own (freed after), on the
+    default stream; any failing call ends it quietly (torch then sets cuBLAS up itself). The
+    handle is kept for the process's life, as where the set-up was measured."""
     handle = ctypes.c_void_p()
     if cublas.cublasCreate_v2(ctypes.byref(handle)) != 0:
         return
     buffers = []
     try:
-        for size in (M * K * 2, K * N * 2, M * N * 2):
+        for size in (m * k * 2, k * n * 2, m * n * 2):
             pointer = ctypes.c_uint64()
             if driver.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)) != 0:
                 return
@@ -99,8 +109,8 @@ def first_gemm(driver, cublas) -> None:
         a, b, c = (ctypes.c_void_p(p.value) for p in buffers)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         # column-major: C^T (N x M) = B^T (N x K) A^T (K x M), the row-major C = A B
-        cublas.cublasGemmEx(handle, OP_N, OP_N, N, M, K, ctypes.byref(alpha), b, BF16, N, a,
-                            BF16, K, ctypes.byref(beta), c, BF16, N, COMPUTE_32F, GEMM_DEFAULT)
+        cublas.cublasGemmEx(handle, OP_N, OP_N, n, m, k, ctypes.byref(alpha), b, BF16, n, a,
+                            BF16, k, ctypes.byref(beta), c, BF16, n, COMPUTE_32F, GEMM_DEFAULT)
         driver.cuCtxSynchronize()
     finally:
         for pointer in buffers:
