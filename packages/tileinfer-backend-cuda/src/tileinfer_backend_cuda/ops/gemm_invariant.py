@@ -124,9 +124,9 @@ def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
                 load: int, token_tiles: int, device: int, settings: dict | None = None,
-                parts: int = 8, chunk: int = 1) -> dict:
+                parts: int = 8, chunk: int = 1, blocked: bool = False) -> dict:
     """Row warps, row tiles, stages, steps a stage, split, the walk and the L2 hint of a launch
-    of n rows (parts and chunk: the order's, for walk_k's stages):
+    of n rows (parts, chunk and blocked: the order's; walk_k walks interleaved parts only):
     the table's or the heuristic's (4 warps of one tile, 4 stages of one step; a block per run
     where the row tiles alone leave the GPU half empty), then the experiments'; or, for a
     batched step (``settings``: a BATCHED_GEMM_TABLE entry), the heuristic's and the entry's.
@@ -146,7 +146,8 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     if cfg["split"] and (runs == 1 or not GemvScratch.holds(runs * mats * n * o_rows, tiles)):
         cfg["split"] = False
     cfg["token_warps"] = min(cfg.get("token_warps", 1), token_tiles)  # whole tiles a warp
-    if cfg.get("walk_k"):
+    cfg["walk_k"] = bool(cfg.get("walk_k")) and not blocked
+    if cfg["walk_k"]:
         cycle = walk_cycle(parts, runs, cfg["split"], chunk)
         cfg["stage_steps"] = cdiv(cfg.get("stage_steps", 1), cycle) * cycle
     limit = smem_limit(device) - 1024  # room for the static shared memory
@@ -166,7 +167,7 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
                    ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"],
                    STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
                    SPLIT=int(bool(cfg["split"])))
-    if cfg.get("walk_k") and not base.get("BLOCKED_PARTS"):
+    if cfg.get("walk_k"):
         defines["WALK_K"] = 1
     if cfg.get("token_warps", 1) > 1:
         defines["TOKEN_WARPS"] = cfg["token_warps"]
@@ -187,7 +188,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     int8 = bool(base["W_INT8"])
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
-                      settings, parts, base.get("PART_CHUNK", 1))
+                      settings, parts, base.get("PART_CHUNK", 1), bool(base.get("BLOCKED_PARTS")))
     scratch = counters = None
     if cfg["split"]:
         buffers = GEMV_SCRATCH.get(device)

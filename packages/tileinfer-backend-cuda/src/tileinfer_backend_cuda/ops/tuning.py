@@ -22,7 +22,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
-  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
+  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``, ``walk_k``,
+  ``token_warps``: gemm_invariant.py), ``min_rows`` (the fewest
   rows of a batch-invariant launch it takes; more than 64 keeps every launch on gemv.cu),
   ``blocked`` (the parts' K steps contiguous, in gemv.cu's batch-invariant builds too) and
   ``chunk`` (the interleaved parts' K steps in chunks of this many, likewise).
