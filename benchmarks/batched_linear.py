@@ -32,8 +32,7 @@ warps swept too, and prints ``FP8_GEMV_TABLE`` entries (the LM head stays bf16 a
 
 ``--gemm-sweep N``: gemm_invariant.cu (the CUDA backend's batch-invariant steps of many rows) at
 N rows under row warps x stages x steps a stage x split x the parts' layout (``--gemm-layouts``:
-``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``, ``walkW``
-(interleaved, read in K order by warps splitting the token tiles W ways)), per matrix: the
+``interleaved``, ``chunkG`` (interleaved in chunks of G steps), ``blocked``), per matrix: the
 batched path's time (cuBLAS), the shipped invariant path's and the best, the best of each
 layout beside gemv.cu's 1-row step in that layout (the order a layout gives both kernels: what
 it costs a single sequence), then ``INVARIANT_GEMM_TABLE`` entries (and, with ``--int8``,
@@ -296,21 +295,15 @@ LAYOUTS = {"interleaved": {"blocked": False, "chunk": 1}, "blocked": {"blocked":
 
 
 def parts_layout(name: str) -> dict:
-    """A --gemm-layouts name as the "invariant_gemm" settings that give it: walkW is the
-    interleaved layout read in K order (walk_k) by warps that split the token tiles W ways."""
+    """A --gemm-layouts name as the "invariant_gemm" settings that give it."""
     if name.startswith("chunk"):
         return {"blocked": False, "chunk": int(name.removeprefix("chunk"))}
-    if name.startswith("walk"):
-        return {"blocked": False, "chunk": 1, "walk_k": True,
-                "token_warps": int(name.removeprefix("walk"))}
     return dict(LAYOUTS[name])
 
 
 def layout_name(cfg: dict) -> str:
     if cfg.get("blocked"):
         return "blocked"
-    if cfg.get("walk_k"):
-        return f"walk{cfg['token_warps']}"
     return "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
 
 
@@ -318,8 +311,7 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
                  layouts=("interleaved", "blocked")) -> list[dict]:
     """gemm_invariant.cu's launches at one matrix and n rows that fit in a block: row warps x row
     tiles (a single matrix: two tiles a warp spill the SwiGLU's registers) x stages x steps a
-    stage x split (narrow weights: the runs in blocks of their own or not) x parts layout. The
-    walkW layouts take 1, 2 or 4 row warps (at most 512 threads) and whole rounds a stage."""
+    stage x split (narrow weights: the runs in blocks of their own or not) x parts layout."""
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
     o_rows, k_dim, int8, epilogue = key
@@ -329,25 +321,16 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     splits = (True, False) if gemm_invariant.invariant_runs(o_rows, epilogue, parts) > 1 else (
         False,)
     row_tiles = (1,) if epilogue == "swiglu" else (1, 2)
-    runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
     configs = []
-    for row_warps, tiles_a_warp in itertools.product((1, 2, 4, 8), row_tiles):
+    for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
         for stages in stages_options:
             for stage_steps in steps_options:
                 for split, layout in itertools.product(splits, layouts):
                     cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
                            "stage_steps": stage_steps, "split": split,
                            **parts_layout(layout), "min_rows": 1}
-                    if cfg.get("walk_k"):
-                        cycle = gemm_invariant.walk_cycle(parts, runs, split, 1)
-                        cfg["stage_steps"] = -(-stage_steps // cycle) * cycle
-                        cfg["token_warps"] = min(cfg["token_warps"], tiles)
-                        if row_warps > 4 or gemm_invariant.threads(cfg) > 512:
-                            continue
-                    elif row_warps < 4:
-                        continue
-                    if (gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles)
-                            <= SMEM_LIMIT and cfg not in configs):
+                    if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
+                                                      tiles) <= SMEM_LIMIT:
                         configs.append(cfg)
     return configs
 

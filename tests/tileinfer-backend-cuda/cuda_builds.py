@@ -78,13 +78,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, ROW_TILES=2, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", W_INT8=1, OUT_DTYPE="float", ROUND_BF16=0, EPILOGUE=2, PARTS=8,
         RUNS=4, SPLIT=0, ROW_TILES=2, NT=4)
-    # the K-order walk (a running sum a part) with warps splitting the token tiles
-    add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, WALK_K=1, TOKEN_WARPS=4, ROW_WARPS=2,
-        STAGES=3, STAGE_STEPS=8, NT=8, PDL=1)
-    add("gemm_invariant.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=1, SPLIT=0,
-        WALK_K=1, TOKEN_WARPS=8, ROW_WARPS=1, STAGES=2, STAGE_STEPS=8, NT=8)
-    add("gemm_invariant.cu", OUT_DTYPE="float", PARTS=8, RUNS=4, SPLIT=0, WALK_K=1, TOKEN_WARPS=2,
-        ROW_TILES=2, STAGES=2, STAGE_STEPS=8, NT=4)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

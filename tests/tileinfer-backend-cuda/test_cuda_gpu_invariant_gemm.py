@@ -29,22 +29,16 @@ def _experiment(settings):
                                   {"min_rows": 17, "row_tiles": 2, "stage_steps": 2},
                                   {"min_rows": 17, "row_tiles": 2, "split": False, "stages": 3},
                                   {"min_rows": 17, "chunk": 4, "stage_steps": 2},
-                                  {"min_rows": 17, "chunk": 8, "split": False},
-                                  {"min_rows": 17, "walk_k": True, "token_warps": 4,
-                                   "row_warps": 2, "stage_steps": 8, "stages": 3},
-                                  {"min_rows": 17, "walk_k": True, "token_warps": 8,
-                                   "row_warps": 1, "stages": 2, "split": False}],
+                                  {"min_rows": 17, "chunk": 8, "split": False}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
-                              "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "walk-tw4",
-                              "walk-tw8-unsplit"])
+                              "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, int8):
     """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
     chunks); K 96: parts without steps (their zero sums are added too). With "blocked" both
-    kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many; with
-    "walk_k" the GEMM reads K in order with a running sum a part, its warps split the tokens."""
+    kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 

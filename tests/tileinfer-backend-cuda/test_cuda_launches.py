@@ -275,35 +275,6 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
             k.defines["NT"]) for k in launches)
 
 
-def test_walk_k_launches_whole_rounds_a_stage_and_token_warps_threads(launches):
-    """walk_k (K in order, a running sum a part): a stage's steps round up to whole rounds of the
-    block's parts (its run's when split), the block has row warps x token warps warps; with
-    contiguous parts there is no such walk."""
-    from tileinfer.backend.hookspecs import Invariance
-
-    w, s = _weight(4096, 4096, False)
-    wg, sg = _weight(2 * 14336, 4096, False)
-    x = torch.randn(64, 4096).to(BF)
-    walk = {"min_rows": 17, "walk_k": True, "token_warps": 4, "row_warps": 2, "stage_steps": 3,
-            "stages": 2}
-    with tuning.experiment({"invariant_gemm": walk}):
-        OPS["linear"](torch.empty(64, 4096, dtype=BF), x, w, s, Invariance.BATCH)
-        OPS["linear_swiglu"](torch.empty(64, 14336, dtype=BF), x, wg, sg,
-                             torch.empty(64, 2 * 14336, dtype=BF), Invariance.BATCH)
-    narrow, swiglu = launches
-    for k in launches:
-        assert (k.defines["WALK_K"], k.defines["TOKEN_WARPS"], k.block) == (1, 4, (2 * 4 * 32,))
-    parts, runs = narrow.defines["PARTS"], narrow.defines["RUNS"]
-    assert narrow.defines["SPLIT"] == 1 and runs > 1
-    assert narrow.defines["STAGE_STEPS"] % (parts // runs) == 0 < narrow.defines["STAGE_STEPS"]
-    assert swiglu.defines["SPLIT"] == 0
-    assert swiglu.defines["STAGE_STEPS"] == swiglu.defines["PARTS"]  # 3 up to one round
-    launches.clear()
-    with tuning.experiment({"invariant_gemm": {**walk, "blocked": True}}):
-        OPS["linear"](torch.empty(64, 4096, dtype=BF), x, w, s, Invariance.BATCH)
-    assert "WALK_K" not in launches[0].defines and launches[0].defines["BLOCKED_PARTS"] == 1
-
-
 def test_batched_int8_steps_take_gemm_invariant_for_the_table_s_weights(launches, monkeypatch):
     """Outside the batch-invariant mode, an INT8 weight with a BATCHED_GEMM_TABLE entry runs its
     steps of BATCHED_MIN_ROWS..64 rows on gemm_invariant.cu with the entry's settings and parts

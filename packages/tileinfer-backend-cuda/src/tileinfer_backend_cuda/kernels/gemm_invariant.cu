@@ -15,13 +15,6 @@
 // share each step's x chunks through shared memory, and walk the parts one after another: the
 // block's steps in part order, a part's sum added to its run's when the part ends.
 //
-// WALK_K = 1 walks the block's steps in K order instead, every part at once (interleaved parts
-// only): round r takes the steps of the block's parts in that round, contiguous in K, each added
-// to its own part's running sum (PART_SUMS sets), and the parts' sums join their runs at the end:
-// the same sums, the weight read along its rows. TOKEN_WARPS > 1 splits the token tiles between
-// warps (ROW_WARPS x TOKEN_WARPS warps; the first token warp of a row warp copies its weight
-// chunks, every token warp reads them), so that a warp holds NT / TOKEN_WARPS tiles' sums a part.
-//
 // SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so):
 // a block writes its run's sums to the scratch [run][mat][token][O]; the last of a row tile's
 // blocks to arrive (last_split_to_arrive, a counter per row tile) adds the runs in order,
@@ -32,16 +25,16 @@
 // and its x chunks of every token tile (copied by all threads, read by every warp). One barrier a
 // stage (its copies have landed for everyone, and the stage read before may be refilled).
 //
-// Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS *
-// TOKEN_WARPS * 32 threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS
-// * ROW_TILES + NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
+// Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
+// threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
+// NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS and PART_CHUNK (the order of the sums: gemv.cu's WARPS,
 // RUNS, BLOCKED_PARTS and PART_CHUNK), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT
-// (0/1), WALK_K (0/1), TOKEN_WARPS, STREAM_L2_256B, PDL (0/1).
+// (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -87,23 +80,15 @@
 #ifndef PDL
 #define PDL 0
 #endif
-#ifndef WALK_K
-#define WALK_K 0
-#endif
-#ifndef TOKEN_WARPS
-#define TOKEN_WARPS 1
-#endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
-static_assert(NT % TOKEN_WARPS == 0, "TOKEN_WARPS: whole token tiles a warp");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int WT = MATS * ROW_TILES;         // 16-row tiles a warp owns: ROW_TILES of each matrix
 constexpr int WARP_ROWS = 16 * ROW_TILES;
 constexpr int BLOCK_ROWS = WARP_ROWS * ROW_WARPS;
-constexpr int NTW = NT / TOKEN_WARPS;  // token tiles a warp
-constexpr int THREADS = ROW_WARPS * TOKEN_WARPS * 32;
+constexpr int THREADS = ROW_WARPS * 32;
 constexpr int PER_RUN = PARTS / RUNS;
 // gemv.cu's lane and step geometry (gemv_frag.cuh reads these names).
 constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
@@ -128,7 +113,22 @@ typedef bf16_t x_t;
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, PartWalk (BLOCKED_PARTS, PART_CHUNK)
-#include "gemm_walk.cuh"      // Sums, fold, the K-order walk (WALK_K)
+
+// A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
+typedef float Sums[WT][NT][4];
+
+// into += from; from = 0 (a part's sum joins its run's, a run's the block's).
+__device__ __forceinline__ void fold(Sums& into, Sums& from) {
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                into[m][j][e] += from[m][j][e];
+                from[m][j][e] = 0.0f;
+            }
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -137,21 +137,15 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                int* __restrict__ counters) {
     extern __shared__ uint4 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row_warp = TOKEN_WARPS > 1 ? warp % ROW_WARPS : warp;
-    const int token_warp = TOKEN_WARPS > 1 ? warp / ROW_WARPS : 0;
     const int g = lane >> 2, t = lane & 3;
     const int block_base = blockIdx.x * BLOCK_ROWS;
-    const int warp_base = block_base + WARP_ROWS * row_warp;
+    const int warp_base = block_base + WARP_ROWS * warp;
     // This block's runs and parts.
     const int run_lo = SPLIT ? blockIdx.y : 0, run_hi = SPLIT ? blockIdx.y + 1 : RUNS;
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
     const int steps = (K + STEP_K - 1) / STEP_K;
-#if WALK_K
-    const int total = walk_slots(steps);  // the block's slots
-#else
     int total = 0;  // the block's steps
     for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps, PARTS);
-#endif
 
     // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped). Tile m:
     // matrix m / ROW_TILES, rows warp_base + 16 (m % ROW_TILES) + g (and + 8).
@@ -168,10 +162,9 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 
     // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
     auto issue_w = [&](int s, int k) {
-        if (token_warp != 0) return;  // the row warp's first token warp copies for all
         const bool valid = k + t * LANE_K < K;
         const int kk = valid ? k : 0;
-        const u32 cells = slot_addr(s) + (u32)((row_warp * 2 * WT) * 32 + lane) * 16;
+        const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
 #pragma unroll
         for (int m = 0; m < WT; ++m) {
             copy_w(cells + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
@@ -204,7 +197,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
 
-    Sums acc[PART_SUMS] = {}, run = {};
+    Sums acc = {}, run = {};
 #if !SPLIT && RUNS > 1
     Sums sum = {};
 #endif
@@ -218,12 +211,11 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
-            const int step = WALK_K ? walk_step(i, part_lo) : c.step;
-            if (i < total && (!WALK_K || step < steps)) {
-                if (weights) issue_w(i % SLOTS, step * STEP_K);
-                if (xs) issue_x(i % SLOTS, step * STEP_K);
+            if (i < total) {
+                if (weights) issue_w(i % SLOTS, c.step * STEP_K);
+                if (xs) issue_x(i % SLOTS, c.step * STEP_K);
             }
-            if (!WALK_K) c.advance(part_hi, steps, PARTS);
+            c.advance(part_hi, steps, PARTS);
         }
     };
 #if PDL
@@ -248,7 +240,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     int next_part = part_lo;  // the first part whose sum has not been added
     auto close_parts = [&](int upto) {  // add the sums of the parts before `upto`
         for (; next_part < upto; ++next_part) {
-            fold(run, acc[0]);
+            fold(run, acc);
 #if !SPLIT && RUNS > 1
             if ((next_part + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
 #endif
@@ -264,49 +256,29 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i >= total) break;
-#if WALK_K
-            if (walk_step(i, part_lo) >= steps) continue;  // past K: no step, no copies
-            Sums& part = acc[u % CYCLE / PART_CHUNK];
-#else
             close_parts(read.part);  // the parts that ended before this step
-            Sums& part = acc[0];
-#endif
             const uint4* slot = stages + (i % SLOTS) * SLOT_CELLS;
-            const uint4* wcells = slot + row_warp * 2 * WT * 32 + lane;
+            const uint4* wcells = slot + warp * 2 * WT * 32 + lane;
             Frag f[WT];
 #pragma unroll
             for (int m = 0; m < WT; ++m)
                 to_frag(f[m], wcells[(2 * m) * 32], wcells[(2 * m + 1) * 32]);
 #pragma unroll
-            for (int jj = 0; jj < NTW; ++jj) {
-                const int j = token_warp * NTW + jj;
+            for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
 #pragma unroll
                 for (int v = 0; v < XVECS; ++v) xv[v] = slot[W_CELLS + (j * XVECS + v) * 32 + lane];
 #pragma unroll
-                for (int m = 0; m < WT; ++m) step_mma(part[m][jj], f[m], xv);
+                for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
             }
-#if !WALK_K
             read.advance(part_hi, steps, PARTS);
-#endif
         }
     }
     cp_async_wait<0>();
-#if WALK_K
-    // The parts' sums join their runs in part order, as close_parts adds them.
-#pragma unroll
-    for (int q = 0; q < PART_SUMS; ++q) {
-        fold(run, acc[q]);
-#if !SPLIT && RUNS > 1
-        if ((q + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
-#endif
-    }
-#else
     close_parts(part_hi);
-#endif
 
-    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8 (token_warp NTW + j)
-    // + 2t, + 1; [m][j][2..3] = row g + 8, the same tokens.
+    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
+    // [m][j][2..3] = row g + 8, the same tokens.
     // out[tok][row] from the row's sums, one per matrix: gemv.cu's scales and epilogue.
     auto finish = [&](int tok, int row, const float (&s)[MATS]) {
         float v[MATS];
@@ -328,10 +300,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
     for (int m = 0; m < WT; ++m)
 #pragma unroll
-        for (int j = 0; j < NTW; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * (token_warp * NTW + j) + 2 * t + (e & 1);
+                const int tok = 8 * j + 2 * t + (e & 1);
                 const int row = warp_base + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
                 if (tok < n && row < O)
                     scratch[((i64)(run_lo * MATS + m / ROW_TILES) * n + tok) * O + row] =
@@ -377,10 +349,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll
-        for (int j = 0; j < NTW; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * (token_warp * NTW + j) + 2 * t + (e & 1);
+                const int tok = 8 * j + 2 * t + (e & 1);
                 const int row = warp_base + 16 * r + g + (e >> 1) * 8;
                 if (tok >= n || row >= O) continue;
                 float s[MATS];

@@ -11,11 +11,9 @@ that a launch can give each run a block of its own (SPLIT) and still fill the GP
 one run (their row tiles fill it alone).
 
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
-steps a stage, split or not, the walk (the parts one after another, or ``walk_k``: K in order
-with a running sum a part, ``token_warps`` warps splitting the token tiles); from
-``INVARIANT_GEMM_TABLE`` (benchmark winners), else the heuristic; the experiment switch
-``"invariant_gemm"`` (tuning.py) overrides any of them and ``min_rows``. None of them changes a
-row's bits.
+steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
+heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any of them and
+``min_rows``. None of them changes a row's bits.
 """
 
 from __future__ import annotations
@@ -97,16 +95,6 @@ def lane_k(int8: bool, load: int) -> int:
     return load if int8 else 8
 
 
-def walk_cycle(parts: int, runs: int, split: bool, chunk: int) -> int:
-    """With walk_k, the steps of a block's round of its parts (its run's or all): a stage holds a
-    multiple of them, so that each slot's part is known when the kernel is compiled."""
-    return (parts // runs if split else parts) * chunk
-
-
-def threads(cfg: dict) -> int:
-    return 32 * cfg["row_warps"] * cfg.get("token_warps", 1)
-
-
 def block_rows(cfg: dict) -> int:
     """Output rows of a block: ROW_WARPS warps of ROW_TILES 16-row tiles."""
     return 16 * cfg["row_warps"] * cfg.get("row_tiles", 1)
@@ -123,10 +111,8 @@ def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
-                load: int, token_tiles: int, device: int, settings: dict | None = None,
-                parts: int = 8, chunk: int = 1, blocked: bool = False) -> dict:
-    """Row warps, row tiles, stages, steps a stage, split, the walk and the L2 hint of a launch
-    of n rows (parts, chunk and blocked: the order's; walk_k walks interleaved parts only):
+                load: int, token_tiles: int, device: int, settings: dict | None = None) -> dict:
+    """Row warps, row tiles, stages, steps a stage, split and the L2 hint of a launch of n rows:
     the table's or the heuristic's (4 warps of one tile, 4 stages of one step; a block per run
     where the row tiles alone leave the GPU half empty), then the experiments'; or, for a
     batched step (``settings``: a BATCHED_GEMM_TABLE entry), the heuristic's and the entry's.
@@ -145,11 +131,6 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     mats = 2 if epilogue == "swiglu" else 1
     if cfg["split"] and (runs == 1 or not GemvScratch.holds(runs * mats * n * o_rows, tiles)):
         cfg["split"] = False
-    cfg["token_warps"] = min(cfg.get("token_warps", 1), token_tiles)  # whole tiles a warp
-    cfg["walk_k"] = bool(cfg.get("walk_k")) and not blocked
-    if cfg["walk_k"]:
-        cycle = walk_cycle(parts, runs, cfg["split"], chunk)
-        cfg["stage_steps"] = cdiv(cfg.get("stage_steps", 1), cycle) * cycle
     limit = smem_limit(device) - 1024  # room for the static shared memory
     while cfg["stages"] > 2 and gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles) > limit:
         cfg["stages"] -= 1
@@ -167,10 +148,6 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
                    ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"],
                    STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
                    SPLIT=int(bool(cfg["split"])))
-    if cfg.get("walk_k"):
-        defines["WALK_K"] = 1
-    if cfg.get("token_warps", 1) > 1:
-        defines["TOKEN_WARPS"] = cfg["token_warps"]
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
     if base.get("PDL"):
@@ -188,7 +165,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     int8 = bool(base["W_INT8"])
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
-                      settings, parts, base.get("PART_CHUNK", 1), bool(base.get("BLOCKED_PARTS")))
+                      settings)
     scratch = counters = None
     if cfg["split"]:
         buffers = GEMV_SCRATCH.get(device)
@@ -199,7 +176,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     defines = gemm_defines(cfg, base, parts, runs, token_tiles)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff" + "pp", device, defines)
     k.launch((cdiv(o_rows, block_rows(cfg)), runs if cfg["split"] else 1),
-             (threads(cfg),),
+             (cfg["row_warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
               scratch, counters),
              gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles), pdl=bool(base.get("PDL")))

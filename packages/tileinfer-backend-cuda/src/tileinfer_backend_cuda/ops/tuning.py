@@ -22,8 +22,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
-  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``, ``walk_k``,
-  ``token_warps``: gemm_invariant.py), ``min_rows`` (the fewest
+  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
   rows of a batch-invariant launch it takes; more than 64 keeps every launch on gemv.cu),
   ``blocked`` (the parts' K steps contiguous, in gemv.cu's batch-invariant builds too) and
   ``chunk`` (the interleaved parts' K steps in chunks of this many, likewise).
@@ -45,8 +44,7 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk", "walk_k",
-                                  "token_warps"})
+                                  "l2_256b", "min_rows", "blocked", "chunk"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
