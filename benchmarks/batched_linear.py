@@ -121,20 +121,25 @@ def matrix_key(model, name: str) -> tuple:
 SMEM_LIMIT = 227 * 1024
 
 
+# --mma-sweep's warps, ring stages and row groups (--mma-warps, --mma-stages, --mma-groups)
+MMA_SWEEP = {"warps": (4, 8, 16), "stages": (2, 3, 4, 6), "groups": (1,)}
+
+
 def mma_configs(key, token_tiles: int, fp8: bool = False) -> list[dict]:
     """gemv.cu's sweep at one matrix: warps splitting K x ring stages x 16-row tiles a warp x the
-    L2 prefetch hint, those that fit in shared memory (with several token tiles and weight
-    tiles, also with x read once for a warp's tiles: X_REUSE); and the register stream (REGS
-    steps a round instead of the ring) x warps x tiles."""
+    L2 prefetch hint (x row groups a block), those that fit in shared memory (with several token
+    tiles and weight tiles, also with x read once for a warp's tiles: X_REUSE); and the register
+    stream (REGS steps a round instead of the ring) x warps x tiles."""
     from tileinfer_backend_cuda.ops import linear
 
     _, k_dim, int8, epilogue = key
     configs = []
-    for warps in (4, 8, 16):
-        for stages in (2, 3, 4, 6):
+    for warps in MMA_SWEEP["warps"]:
+        for stages, groups in itertools.product(MMA_SWEEP["stages"], MMA_SWEEP["groups"]):
             for tiles in (1, 2, 4):
-                candidates = [{"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2}
-                              for l2 in (False, True)]
+                grouped = {"groups": groups} if groups > 1 else {}
+                candidates = [{"warps": warps, "stages": stages, "tiles": tiles, "l2_256b": l2,
+                               **grouped} for l2 in (False, True)]
                 if token_tiles > 1 and (tiles > 1 or epilogue == "swiglu"):
                     candidates.append({"warps": warps, "stages": stages, "tiles": tiles,
                                        "l2_256b": True, "xreuse": True})
@@ -194,6 +199,11 @@ def mma_sweep(model, n: int):
             best_s, best = shipped, None
         row = dict(matrix=name, key=list(key), rows=n, shipped_ms=round(shipped * 1e3, 4),
                    best_ms=round(best_s * 1e3, 4), best=best, configs=len(timed) - 1)
+        for warps in MMA_SWEEP["warps"]:  # the best at each count of warps splitting K
+            of = [t for t in timed[1:] if t[1]["warps"] == warps]
+            if of:
+                s, cfg = min(of, key=lambda t: t[0])
+                row[f"best_warps{warps}"] = [round(s * 1e3, 4), cfg]
         print(json.dumps(row), flush=True)
         if best is not None and fp8:
             table[key[0], key[1], key[3]] = best
@@ -336,9 +346,19 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
 
 
 def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
-               layouts=("interleaved", "blocked")):
+               layouts=("interleaved", "blocked"), parts: int | None = None):
     """--gemm-sweep N: gemm_invariant.cu's launches at N rows per matrix against the batched path
-    and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries."""
+    and the shipped invariant path; prints INVARIANT_GEMM_TABLE entries. parts (--gemm-parts):
+    every weight's K split into that many parts (gemv.cu's warps) instead of its 8-row build's,
+    in gemv.cu's invariant steps as in the GEMM's."""
+    from tileinfer_backend_cuda.ops import tuning
+
+    forced = {"gemv": {"warps": parts}} if parts else {}
+    with tuning.experiment(forced):
+        _gemm_sweep(model, n, stages_options, steps_options, layouts, forced)
+
+
+def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
     from cuda_kernels import precompile
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
@@ -364,10 +384,10 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     one_row = {name: {layout_name(c): t for t, c in timed[1:]} for name, _, _, timed in
                timed_invariant_matrices(model, 1, {name: [{**parts_layout(lay), "min_rows": 65}
                                                           for lay in layouts] for name in names},
-                                        lambda cfg: {"invariant_gemm": cfg})}
+                                        lambda cfg: {"invariant_gemm": cfg, **forced})}
     table, batched_table, totals = {}, {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
-            model, n, sweeps, lambda cfg: {"invariant_gemm": cfg}):
+            model, n, sweeps, lambda cfg: {"invariant_gemm": cfg, **forced}):
         shipped = timed[0][0]
         best_s, best = min(timed[1:], key=lambda t: t[0]) if len(timed) > 1 else (shipped, None)
         for label, seconds in (("batched", base), ("invariant", shipped), ("best", best_s)):
@@ -429,7 +449,14 @@ def main():
     p.add_argument("--gemm-layouts", default="interleaved,blocked",
                    help="--gemm-sweep's parts layouts: interleaved, chunkG (G a power of two), "
                         "blocked")
+    p.add_argument("--gemm-parts", type=int, help="--gemm-sweep with K in this many parts "
+                   "(gemv.cu's warps) for every weight")
+    p.add_argument("--mma-warps", default="4,8,16", help="--mma-sweep's warps splitting K")
+    p.add_argument("--mma-stages", default="2,3,4,6", help="--mma-sweep's ring stages")
+    p.add_argument("--mma-groups", default="1", help="--mma-sweep's row groups a block")
     args = p.parse_args()
+    for name in ("warps", "stages", "groups"):
+        MMA_SWEEP[name] = tuple(int(v) for v in getattr(args, f"mma_{name}").split(","))
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)
@@ -437,7 +464,7 @@ def main():
         return gemm_sweep(model, args.gemm_sweep,
                           [int(v) for v in args.gemm_stages.split(",")],
                           [int(v) for v in args.gemm_steps.split(",")],
-                          args.gemm_layouts.split(","))
+                          args.gemm_layouts.split(","), args.gemm_parts)
     if args.mma_sweep:
         if args.invariant:
             return invariant_sweep(model, args.mma_sweep)

@@ -398,11 +398,13 @@ def test_compile_builds_hold_the_default_decode_builds():
 @pytest.mark.parametrize("rows,k_dim,epilogue", SHAPES)
 def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, rows, k_dim, epilogue,
                                                       int8):
-    """Batch-invariant steps: every token-tile count runs gemv.cu with the weight's 8-row
-    build's warps (what orders a row's sum), within a block's shared memory."""
+    """Batch-invariant steps: every token-tile count runs gemv.cu with the weight's parts (what
+    orders a row's sum: INVARIANT_PARTS', else the 8-row build's warps), within a block's
+    shared memory."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
-    warps = tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
+    warps = (invariant_tuning.INVARIANT_PARTS.get((rows, k_dim, int8, epilogue))
+             or tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"])
     fitting = []
     for tiles in (1, 2, 4, 8):
         cfg = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
@@ -433,6 +435,29 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
                                            warps, cfg["runs"], tiles)["PART_CHUNK"] == 4
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
+
+
+def test_weights_summed_in_one_part_take_the_gemm_at_every_launch_of_many_rows(fake_gpu,
+                                                                             monkeypatch):
+    """INVARIANT_PARTS' weights (bf16 only: INT8 and FP8 keep their builds' warps) run their
+    batch-invariant launches of MIN_ROWS rows or more on gemm_invariant.cu with one part and
+    one run (no split of K anywhere), and their 1-row steps on gemv.cu with one warp a row
+    tile; an experiment's gemv settings give the 8-row build's warps back."""
+    monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
+                        SMEM_PER_BLOCK)
+    assert invariant_tuning.INVARIANT_PARTS
+    for key, parts in invariant_tuning.INVARIANT_PARTS.items():
+        rows, k_dim, int8, epilogue = key
+        assert parts == 1 and not int8
+        assert gemm_invariant.takes(*key, gemm_invariant.MIN_ROWS)
+        assert gemm_invariant.invariant_runs(rows, epilogue, parts) == 1
+        one_row = linear.invariant_gemv_config(*key, 0, 1)
+        assert one_row["warps"] == 1 and one_row["runs"] == 1
+        assert linear.invariant_gemv_config(rows, k_dim, True, epilogue, 0, 1)["warps"] == (
+            tuning.gemv_config(rows, k_dim, True, epilogue, 0, kernel="mma")["warps"])
+        with tuning.experiment({"gemv": {"stages": 4}}):
+            assert linear.invariant_gemv_config(*key, 0, 1)["warps"] == tuning.gemv_config(
+                *key, 0, kernel="mma")["warps"] > 1
 
 
 def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu, monkeypatch):

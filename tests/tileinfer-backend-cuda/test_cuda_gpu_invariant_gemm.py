@@ -29,16 +29,20 @@ def _experiment(settings):
                                   {"min_rows": 17, "row_tiles": 2, "stage_steps": 2},
                                   {"min_rows": 17, "row_tiles": 2, "split": False, "stages": 3},
                                   {"min_rows": 17, "chunk": 4, "stage_steps": 2},
-                                  {"min_rows": 17, "chunk": 8, "split": False}],
+                                  {"min_rows": 17, "chunk": 8, "split": False},
+                                  {"min_rows": 17, "parts": 1, "stage_steps": 2},
+                                  {"min_rows": 17, "parts": 2, "blocked": True}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
-                              "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit"])
+                              "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
+                              "parts2-blocked"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, int8):
     """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
     chunks); K 96: parts without steps (their zero sums are added too). With "blocked" both
-    kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many."""
+    kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many; with
+    "parts" K is split into that many parts (gemv.cu's warps) instead of the weight's default."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -60,14 +64,18 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
                                batch_invariant=batch)
             cuda.linear_xielu(dest["xielu"], x[rows], wo, so, XIELU, batch_invariant=batch)
 
+        parts = gemm.get("parts")
+        settings = {"invariant_gemm": {k: v for k, v in gemm.items() if k != "parts"},
+                    **({"gemv": {"warps": parts}} if parts else {})}
         blocked = int(gemm.get("blocked", False))
         chunk = 1 if blocked else gemm.get("chunk", 1)
 
-        def in_order(m):  # a build that takes the K steps in this layout
+        def in_order(m):  # a build that takes the K steps in this layout (and parts)
             return (m.defines.get("BLOCKED_PARTS", 0) == blocked
-                    and m.defines.get("PART_CHUNK", 1) == chunk)
+                    and m.defines.get("PART_CHUNK", 1) == chunk
+                    and parts in (None, m.defines.get("WARPS", m.defines.get("PARTS"))))
 
-        with _experiment({"invariant_gemm": gemm}):
+        with _experiment(settings):
             run(slice(0, n), outs)
             tiles = tuning.mma_token_tiles(min(n, 64))
             ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]

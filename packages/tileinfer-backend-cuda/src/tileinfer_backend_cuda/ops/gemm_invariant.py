@@ -39,9 +39,14 @@ NARROW_ROWS = 8192
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
 # "stage_steps", "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
-# beat gemv.cu. None has in the interleaved layout that BLOCKED_PARTS keeps
-# (benchmarks/RESULTS.md, 2026-12-06).
-INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {}
+# beat gemv.cu: llama3-8b's gate/up and lm_head, whose sums are in one part (INVARIANT_PARTS);
+# in the 8 interleaved parts none did (H100, benchmarks/RESULTS.md, 2026-12-06).
+INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
+    (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
+                                     "stage_steps": 2, "split": False},
+    (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
+                                    "stage_steps": 2, "split": False},
+}
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
 BATCHED_MIN_ROWS = 24

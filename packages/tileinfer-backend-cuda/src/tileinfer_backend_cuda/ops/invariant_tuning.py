@@ -1,8 +1,8 @@
-"""gemv.cu's builds for batch-invariant steps (``Invariance.BATCH``) of 9..64 rows (token tiles
-2, 4, 8), per weight shape and token tiles: stages, tiles, regs and row groups (GROUPS) only,
-since the warps that split K are the weight's own 8-row build's at every row count
-(ops/linear.py invariant_gemv_config reads them). And the builds of FP8 weights, whose every
-step runs gemv.cu's FP8 build on one configuration per weight, warps included."""
+"""gemv.cu's builds for batch-invariant steps (``Invariance.BATCH``), per weight shape and token
+tiles: stages, tiles, regs and row groups (GROUPS) only, since the warps that split K (the parts
+of a row's sum) are fixed per weight at every row count: INVARIANT_PARTS', else the weight's own
+8-row build's (ops/linear.py invariant_gemv_config reads them). And the builds of FP8 weights,
+whose every step runs gemv.cu's FP8 build on one configuration per weight, warps included."""
 
 from __future__ import annotations
 
@@ -10,6 +10,12 @@ from __future__ import annotations
 # benchmarks/RESULTS.md, 2026-12-03, "Row groups in gemv.cu for batch-invariant steps"); other
 # shapes get the batched table's or gemv_heuristic's stages and tiles.
 INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
+    # K in one part (INVARIANT_PARTS): `--mma-sweep 1 --mma-warps 1,2 --mma-stages 4,8,12
+    # --mma-groups 2,4,8` (H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part")
+    (14336, 4096, False, 'swiglu', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
+    (128256, 4096, False, 'none', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
+    (14336, 4096, False, 'swiglu', 2): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
+    (128256, 4096, False, 'none', 2): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
     (6144, 4096, False, 'none', 4): {'groups': 1, 'stages': 2, 'tiles': 1, 'l2_256b': True},
     (4096, 4096, False, 'none', 4): {'groups': 1, 'stages': 4, 'tiles': 2, 'l2_256b': True},
     (14336, 4096, False, 'swiglu', 4): {'groups': 2, 'stages': 2, 'tiles': 2, 'l2_256b': True},
@@ -21,6 +27,16 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 4, 'l2_256b': True},
 }
 
+# (output rows, K, int8, epilogue) -> the parts of a row's sum in batch-invariant steps, where
+# not the 8-row build's warps: one part (K in order, one sum: the order of a GEMM without a split
+# of K) for the wide weights whose 1-row step keeps the GPU busy without splitting K, so that
+# gemm_invariant.cu's launches of many rows read along the rows at cuBLAS's speed (llama3-8b's
+# gate/up and lm_head: 2.82 and 0.38 ms a step at 64 rows against cuBLAS's 2.90 and 0.40; their
+# 1-row steps 7% and 4% slower than the 8-warp build's; H100, RESULTS.md, 2026-12-06).
+INVARIANT_PARTS: dict[tuple[int, int, bool, str], int] = {
+    (14336, 4096, False, 'swiglu'): 1,
+    (128256, 4096, False, 'none'): 1,
+}
 
 # FP8 weights (ops/linear_fp8.py), per (output rows, K, epilogue): the winners of
 # `benchmarks/batched_linear.py --fp8 --mma-sweep 1` (llama3-8b, benchmarks/RESULTS.md,

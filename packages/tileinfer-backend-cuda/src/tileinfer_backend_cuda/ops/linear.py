@@ -18,16 +18,14 @@ sum is rounded once, to the output's dtype.
 
 Shapes: x (n, K) bf16 with unit stride along K; weight (O, K) bf16, or int8 with a float32 scale
 per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows).
-Configurations come from tuning.py and never depend on n, so a row's sum is the same at 1 and at
-8 tokens.
+Configurations come from tuning.py and never depend on n: a row's sum is the same at 1 and 8 tokens.
 
 Batched steps of 24..64 rows of the weights in gemm_invariant.BATCHED_GEMM_TABLE (INT8 ones,
 where gemv.cu's 8 token tiles are the default) take gemm_invariant.cu instead, a GEMM's tiling.
 
-Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu
-(``invariant_gemv``), with the warps that split K and the runs that add their sums fixed per
-weight (docs/determinism.md), or, for launches of many rows, gemm_invariant.cu, which adds the
-same sums in the same order (gemm_invariant.py).
+Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu (invariant_gemv)
+with K's parts (its warps) and the runs that add their sums fixed per weight (determinism.md),
+or, for launches of many rows, gemm_invariant.cu: the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, al
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise, gemm_invariant
 from .cublas import cublas
-from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE
+from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, INVARIANT_PARTS
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
                      gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
@@ -237,13 +235,15 @@ INVARIANT_LAUNCH_ROWS = 64
 def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
                           token_tiles: int, fp8: bool = False) -> dict | None:
     """gemv.cu's build for token_tiles tiles of a batch-invariant step: INVARIANT_GEMV_TABLE's
-    (else the batched table's or heuristic's) stages, 16-row tiles and row groups for that many
-    token tiles, with the warps of the weight's 8-row build at every count; row groups, stages,
-    then tiles come down until a block has at most 1,024 threads and fits in shared memory. None
-    when even that does not fit (fewer token tiles then do: one token tile always fits, as the
-    weight's own 8-row build). fp8: FP8_GEMV_TABLE's build, warps included, where it has one."""
-    warps = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
-    entry = INVARIANT_GEMV_TABLE.get((o_rows, k_dim, bool(int8), epilogue, token_tiles))
+    (else the batched table's or heuristic's) stages, 16-row tiles and row groups, with the
+    weight's parts (INVARIANT_PARTS', else its 8-row build's warps) at every count; row groups,
+    stages, then tiles come down until a block has at most 1,024 threads and fits in shared
+    memory. None when even that does not fit (fewer token tiles then do: one always fits).
+    fp8: FP8_GEMV_TABLE's build, warps included, where it has one."""
+    key = (o_rows, k_dim, bool(int8), epilogue)
+    parts = None if fp8 or experiments["gemv"] else INVARIANT_PARTS.get(key)
+    warps = parts or gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
+    entry = INVARIANT_GEMV_TABLE.get(key + (token_tiles,))
     if fp8 and (o_rows, k_dim, epilogue) in FP8_GEMV_TABLE and not experiments["gemv"]:
         entry = FP8_GEMV_TABLE[o_rows, k_dim, epilogue]
         warps = entry["warps"]
