@@ -5,10 +5,10 @@ gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch 
 experiment switch's ``"invariant_gemm"`` (``takes``).
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
-the weight's 8-row build's), which K steps each part takes (``blocked_parts``, ``part_chunk``)
-and ``invariant_runs`` (runs of parts, added run by run). Narrow weights take 4 or 2 runs so
-that a launch can give each run a block of its own (SPLIT) and still fill the GPU; wide ones take
-one run (their row tiles fill it alone).
+invariant_tuning.INVARIANT_PARTS', else the weight's 8-row build's), which K steps each part takes
+(``blocked_parts``, ``part_chunk``) and ``invariant_runs`` (runs of parts, added run by run).
+Narrow weights take 4 or 2 runs so that a launch can give each run a block of its own (SPLIT) and
+still fill the GPU; wide ones take one run (their row tiles fill it alone).
 
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
 steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
