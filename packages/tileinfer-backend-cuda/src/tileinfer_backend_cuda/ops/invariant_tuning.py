@@ -30,9 +30,9 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 # (output rows, K, int8, epilogue) -> the parts of a row's sum in batch-invariant steps, where
 # not the 8-row build's warps: one part (K in order, one sum: the order of a GEMM without a split
 # of K) for the wide weights whose 1-row step keeps the GPU busy without splitting K, so that
-# gemm_invariant.cu's launches of many rows read along the rows at cuBLAS's speed (llama3-8b's
-# gate/up and lm_head: 2.82 and 0.38 ms a step at 64 rows against cuBLAS's 2.90 and 0.40; their
-# 1-row steps 7% and 4% slower than the 8-warp build's; H100, RESULTS.md, 2026-12-06).
+# gemm_invariant.cu's launches of many rows read along the rows as fast as cuBLAS, for a slightly
+# slower 1-row step (llama3-8b's gate/up and lm_head; benchmarks/RESULTS.md, 2026-12-06, "K in
+# one part").
 INVARIANT_PARTS: dict[tuple[int, int, bool, str], int] = {
     (14336, 4096, False, 'swiglu'): 1,
     (128256, 4096, False, 'none'): 1,
