@@ -18,6 +18,8 @@ leaves the copied stretch paid for a whole step that nothing paid back.
 
 from __future__ import annotations
 
+from .ngram import NgramProposer
+
 KEPT = 5  # the latest measurements kept of each row count
 
 
@@ -31,17 +33,21 @@ def record_step_seconds(step_seconds: dict, n: int, seconds: float):
 
 class DraftPolicy:
     """The drafting decisions of one pipelined speculative generation (see the module
-    docstring). The thresholds come from the proposer's attributes where it has them."""
+    docstring). The thresholds come from the proposer's attributes where it has them, else
+    NgramProposer's (the values tuned for prompt lookup)."""
 
     def __init__(self, proposer, step_seconds: dict):
+        def setting(name):
+            return getattr(proposer, name, getattr(NgramProposer, name))
+
         self.k = proposer.k
-        self.adaptive = getattr(proposer, "adaptive", True)
-        self.smoothing = getattr(proposer, "smoothing", 0.25)
-        self.draft_threshold = getattr(proposer, "draft_threshold", 0.55)
-        self.trust_threshold = getattr(proposer, "trust_threshold", 0.5)
-        self.min_gain = getattr(proposer, "min_gain", 1.1)
-        self.prior_misses = getattr(proposer, "prior_misses", 1.0)  # in guesses' weights
-        self.row_cost = getattr(proposer, "row_cost", None)  # None: measured
+        self.adaptive = setting("adaptive")
+        self.smoothing = setting("smoothing")
+        self.draft_threshold = setting("draft_threshold")
+        self.trust_threshold = setting("trust_threshold")
+        self.min_gain = setting("min_gain")
+        self.prior_misses = setting("prior_misses")  # in guesses' weights
+        self.row_cost = setting("row_cost")  # None: measured
         self.step_seconds = step_seconds
         self.hit_rate = 0.0  # how often the guesses came true lately (a moving average)
         self.trust_rate = 0.0  # the same with the prior's misses: what chaining rests on
