@@ -96,6 +96,14 @@ def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool
             or (o_rows, k_dim, bool(int8), epilogue) in INVARIANT_GEMM_TABLE)
 
 
+def batched_settings(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> dict | None:
+    """The BATCHED_GEMM_TABLE entry with which gemm_invariant.cu runs a batched step (outside
+    the batch-invariant mode) of `rows` rows of this weight, or None (gemv.cu's token tiles)."""
+    if rows < BATCHED_MIN_ROWS:
+        return None
+    return BATCHED_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
+
+
 def lane_k(int8: bool, load: int) -> int:
     return load if int8 else 8
 

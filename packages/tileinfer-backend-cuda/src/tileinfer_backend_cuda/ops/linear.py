@@ -158,8 +158,8 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
         if k_dim % rows_lane_k(int8) == 0:  # rows start 16-byte aligned
             return _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows)
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
-    entry = gemm_invariant.BATCHED_GEMM_TABLE.get((o_rows, k_dim, int8, epilogue))
-    if batched and n >= gemm_invariant.BATCHED_MIN_ROWS and entry is not None:
+    entry = gemm_invariant.batched_settings(o_rows, k_dim, int8, epilogue, n) if batched else None
+    if entry is not None:
         # a batched step, no order to keep: gemm_invariant.cu in the entry's parts layout
         base = gemv_defines({"warps": cfg["warps"], "stages": 2, "blocked": entry.get("blocked"),
                              "chunk": entry.get("chunk", 1)}, int8, int8_load(k_dim), epilogue,
