@@ -225,6 +225,8 @@ def timed_invariant_matrices(model, n: int, sweeps: dict, settings_of):
     ops = get_backend("cuda")
     batched = matrix_calls(model, ops, n)
     for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
+        if name not in sweeps:
+            continue
         base = time_configs(batched[name], [], None)[0][0]
         yield name, matrix_key(model, name), base, time_configs(calls, sweeps[name], settings_of)
 
@@ -312,9 +314,18 @@ def parts_layout(name: str) -> dict:
 
 
 def layout_name(cfg: dict) -> str:
+    """The parts' layout of a setting, and its runs where the setting names them."""
     if cfg.get("blocked"):
-        return "blocked"
-    return "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
+        name = "blocked"
+    else:
+        name = "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
+    return f"{name}-runs{cfg['runs']}" if cfg.get("runs") else name
+
+
+# --gemm-sweep's runs of the parts (None: the weight's own, invariant_runs), row warps and 16-row
+# tiles a warp (--gemm-runs, --gemm-warps, --gemm-tiles)
+GEMM_SWEEP = {"runs": (None,), "warps": (4, 8), "tiles": (1, 2), "splits": (True, False)}
+SPLITS = {"split": True, "unsplit": False}  # --gemm-splits's names
 
 
 def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
@@ -328,20 +339,22 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     load = linear.int8_load(k_dim)
     tiles = tuning.mma_token_tiles(min(n, 64))
     parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
-    splits = (True, False) if gemm_invariant.invariant_runs(o_rows, epilogue, parts) > 1 else (
-        False,)
-    row_tiles = (1,) if epilogue == "swiglu" else (1, 2)
+    row_tiles = (1,) if epilogue == "swiglu" else GEMM_SWEEP["tiles"]
     configs = []
-    for row_warps, tiles_a_warp in itertools.product((4, 8), row_tiles):
-        for stages in stages_options:
-            for stage_steps in steps_options:
-                for split, layout in itertools.product(splits, layouts):
-                    cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
-                           "stage_steps": stage_steps, "split": split,
-                           **parts_layout(layout), "min_rows": 1}
-                    if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue,
-                                                      tiles) <= SMEM_LIMIT:
-                        configs.append(cfg)
+    for runs in GEMM_SWEEP["runs"]:
+        if runs and parts % runs:
+            continue
+        named = {"runs": runs} if runs else {}
+        if not runs:
+            runs = gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, parts)
+        splits = GEMM_SWEEP["splits"] if runs > 1 else (False,)
+        for row_warps, tiles_a_warp, stages, stage_steps, split, layout in itertools.product(
+                GEMM_SWEEP["warps"], row_tiles, stages_options, steps_options, splits, layouts):
+            cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
+                   "stage_steps": stage_steps, "split": split, **parts_layout(layout),
+                   **named, "min_rows": 1}
+            if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) <= SMEM_LIMIT:
+                configs.append(cfg)
     return configs
 
 
@@ -363,15 +376,15 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
     from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
 
     device = torch.cuda.current_device()
-    names = ["qkv", "o", "gate_up", "down", "lm_head"]
+    names = GEMM_SWEEP.get("matrices") or ["qkv", "o", "gate_up", "down", "lm_head"]
     sweeps, jobs = {}, {}
     tiles = tuning.mma_token_tiles(min(n, 64))
     for name in names:
         o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
         sweeps[name] = gemm_configs(key, n, stages_options, steps_options, layouts)
         parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
-        runs = gemm_invariant.invariant_runs(o_rows, epilogue, parts)
         for cfg in sweeps[name]:
+            runs = cfg.get("runs") or gemm_invariant.invariant_runs(*key, parts)
             base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"],
                                         "chunk": cfg.get("chunk", 1)},
                                        int8, linear.int8_load(k_dim), epilogue,
@@ -380,10 +393,12 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
             defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
     precompile(list(jobs.values()))
-    # gemv.cu's 1-row step in each layout (min_rows past 64: no launch on gemm_invariant.cu)
-    one_row = {name: {layout_name(c): t for t, c in timed[1:]} for name, _, _, timed in
-               timed_invariant_matrices(model, 1, {name: [{**parts_layout(lay), "min_rows": 65}
-                                                          for lay in layouts] for name in names},
+    # gemv.cu's 1-row step in each layout and runs (min_rows past 64: no gemm_invariant.cu)
+    orders = [{**parts_layout(lay), **({"runs": runs} if runs else {}), "min_rows": 65}
+              for lay in layouts for runs in GEMM_SWEEP["runs"]]
+    one_row = {name: {"shipped": timed[0][0], **{layout_name(c): t for t, c in timed[1:]}}
+               for name, _, _, timed in
+               timed_invariant_matrices(model, 1, {name: orders for name in names},
                                         lambda cfg: {"invariant_gemm": cfg, **forced})}
     table, batched_table, totals = {}, {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
@@ -451,12 +466,27 @@ def main():
                         "blocked")
     p.add_argument("--gemm-parts", type=int, help="--gemm-sweep with K in this many parts "
                    "(gemv.cu's warps) for every weight")
+    p.add_argument("--gemm-runs", default="",
+                   help="--gemm-sweep's runs of the parts (comma list; each weight's own if "
+                        "empty): the order of the sums, in gemv.cu's 1-row step too")
+    p.add_argument("--gemm-warps", default="4,8", help="--gemm-sweep's row warps a block")
+    p.add_argument("--gemm-tiles", default="1,2", help="--gemm-sweep's 16-row tiles a warp")
+    p.add_argument("--gemm-splits", default="split,unsplit",
+                   help="--gemm-sweep's launches of runs > 1: split (a block a run, a cluster a "
+                        "row tile), unsplit (a block all runs)")
+    p.add_argument("--gemm-matrices", default="", help="--gemm-sweep's matrices (all if empty)")
     p.add_argument("--mma-warps", default="4,8,16", help="--mma-sweep's warps splitting K")
     p.add_argument("--mma-stages", default="2,3,4,6", help="--mma-sweep's ring stages")
     p.add_argument("--mma-groups", default="1", help="--mma-sweep's row groups a block")
     args = p.parse_args()
     for name in ("warps", "stages", "groups"):
         MMA_SWEEP[name] = tuple(int(v) for v in getattr(args, f"mma_{name}").split(","))
+    GEMM_SWEEP.update(runs=tuple(int(v) for v in args.gemm_runs.split(",")) if args.gemm_runs
+                      else (None,),
+                      warps=tuple(int(v) for v in args.gemm_warps.split(",")),
+                      tiles=tuple(int(v) for v in args.gemm_tiles.split(",")),
+                      matrices=[m for m in args.gemm_matrices.split(",") if m],
+                      splits=tuple(SPLITS[v] for v in args.gemm_splits.split(",")))
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)

@@ -78,6 +78,9 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, ROW_TILES=2, STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", W_INT8=1, OUT_DTYPE="float", ROUND_BF16=0, EPILOGUE=2, PARTS=8,
         RUNS=4, SPLIT=0, ROW_TILES=2, NT=4)
+    add("gemm_invariant.cu", PARTS=8, RUNS=8, SPLIT=1, BLOCKED_PARTS=1, ROW_WARPS=8, ROW_TILES=2,
+        STAGE_STEPS=2, PDL=1)
+    add("gemm_invariant.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=2, SPLIT=1, NT=4)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

@@ -36,6 +36,7 @@ def fake_gpu(monkeypatch):
     """An H200-sized device 0 (132 SMs) for the heuristics, empty rows and mma tables and no
     experiments."""
     monkeypatch.setitem(common._device_properties, (0, "multi_processor_count"), 132)
+    monkeypatch.setitem(tuning._pdl_arch, 0, True)  # sm_90: PDL and clusters
     monkeypatch.setattr(tuning, "GEMV_ROWS_TABLE", {})
     monkeypatch.setattr(tuning, "MMA_GEMV_TABLE", {})
     with tuning.experiment({}):
@@ -399,12 +400,15 @@ def test_compile_builds_hold_the_default_decode_builds():
 def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, rows, k_dim, epilogue,
                                                       int8):
     """Batch-invariant steps: every token-tile count runs gemv.cu with the weight's parts (what
-    orders a row's sum: INVARIANT_PARTS', else the 8-row build's warps), within a block's
-    shared memory."""
+    orders a row's sum: INVARIANT_ORDER's, else the 8-row build's warps) and its parts' layout
+    and runs (INVARIANT_ORDER's, else the defaults), within a block's shared memory."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
-    warps = (invariant_tuning.INVARIANT_PARTS.get((rows, k_dim, int8, epilogue))
+    key = (rows, k_dim, int8, epilogue)
+    order = invariant_tuning.INVARIANT_ORDER.get(key, {})
+    warps = (order.get("parts")
              or tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"])
+    blocked = order.get("blocked", gemm_invariant.BLOCKED_PARTS)
     fitting = []
     for tiles in (1, 2, 4, 8):
         cfg = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
@@ -413,14 +417,14 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
             continue
         fitting.append(tiles)
         assert cfg["warps"] == warps and cfg["kernel"] == "mma"
-        assert cfg["runs"] == gemm_invariant.invariant_runs(rows, epilogue, warps)
-        assert warps % cfg["runs"] == 0
-        assert cfg["blocked"] == gemm_invariant.BLOCKED_PARTS
-        with tuning.experiment({"invariant_gemm": {"blocked": not gemm_invariant.BLOCKED_PARTS}}):
+        assert cfg["runs"] == gemm_invariant.invariant_runs(*key, warps)
+        assert warps % cfg["runs"] == 0 and cfg["runs"] == order.get("runs", cfg["runs"])
+        assert cfg["blocked"] == blocked
+        with tuning.experiment({"invariant_gemm": {"blocked": not blocked}}):
             flipped = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
         d = linear.gemv_defines(flipped, int8, linear.int8_load(k_dim), epilogue, "bf16_t", True,
                                 tiles)
-        assert d.get("BLOCKED_PARTS", 0) == int(not gemm_invariant.BLOCKED_PARTS)
+        assert d.get("BLOCKED_PARTS", 0) == int(not blocked)
         assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
                                            warps, cfg["runs"], tiles).get("BLOCKED_PARTS", 0) == (
             d.get("BLOCKED_PARTS", 0))
@@ -439,18 +443,20 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
 
 def test_weights_summed_in_one_part_take_the_gemm_at_every_launch_of_many_rows(fake_gpu,
                                                                              monkeypatch):
-    """INVARIANT_PARTS' weights (bf16 only: INT8 and FP8 keep their builds' warps) run their
-    batch-invariant launches of MIN_ROWS rows or more on gemm_invariant.cu with one part and
-    one run (no split of K anywhere), and their 1-row steps on gemv.cu with one warp a row
-    tile; an experiment's gemv settings give the 8-row build's warps back."""
+    """INVARIANT_ORDER's weights in one part (bf16 only: INT8 and FP8 keep their builds' warps)
+    run their batch-invariant launches of MIN_ROWS rows or more on gemm_invariant.cu with one
+    part and one run (no split of K anywhere), and their 1-row steps on gemv.cu with one warp a
+    row tile; an experiment's gemv settings give the 8-row build's warps back."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
-    assert invariant_tuning.INVARIANT_PARTS
-    for key, parts in invariant_tuning.INVARIANT_PARTS.items():
+    one_part = {key: order["parts"] for key, order in invariant_tuning.INVARIANT_ORDER.items()
+                if "parts" in order}
+    assert one_part
+    for key, parts in one_part.items():
         rows, k_dim, int8, epilogue = key
         assert parts == 1 and not int8
         assert gemm_invariant.takes(*key, gemm_invariant.MIN_ROWS)
-        assert gemm_invariant.invariant_runs(rows, epilogue, parts) == 1
+        assert gemm_invariant.invariant_runs(*key, parts) == 1
         one_row = linear.invariant_gemv_config(*key, 0, 1)
         assert one_row["warps"] == 1 and one_row["runs"] == 1
         assert linear.invariant_gemv_config(rows, k_dim, True, epilogue, 0, 1)["warps"] == (
@@ -482,26 +488,38 @@ def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu
 
 
 def test_invariant_runs_split_narrow_single_matrices_only():
-    """The runs of a weight's sum: 4 (or 2) for a narrow single matrix whose parts divide into
-    them, 1 for SwiGLU's pair and for wide outputs (their row tiles fill the GPU)."""
-    runs = gemm_invariant.invariant_runs
+    """The runs of a weight's sum: INVARIANT_ORDER's where they divide its parts, else 4 (or 2)
+    for a narrow single matrix whose parts divide into them, 1 for SwiGLU's pair and for wide
+    outputs (their row tiles fill the GPU); the experiment switch's before either."""
+    def runs(o_rows, epilogue, parts, k_dim=4096):
+        return gemm_invariant.invariant_runs(o_rows, k_dim, False, epilogue, parts)
+
     assert [runs(4096, "none", p) for p in (16, 8, 4, 2, 1)] == [4, 4, 4, 2, 1]
     assert runs(6, "none", 6) == 2 and runs(9, "xielu", 3) == 1
     assert runs(14336, "swiglu", 8) == runs(128256, "none", 8) == 1
     assert runs(gemm_invariant.NARROW_ROWS, "none", 8) == 4
     assert runs(gemm_invariant.NARROW_ROWS + 1, "none", 8) == 1
+    ordered = {k: o["runs"] for k, o in invariant_tuning.INVARIANT_ORDER.items() if "runs" in o}
+    assert ordered
+    for (o_rows, k_dim, int8, epilogue), count in ordered.items():
+        assert gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, 16) == count
+        assert gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, 3) == 1
+    with tuning.experiment({"invariant_gemm": {"runs": 2}}):
+        assert runs(128256, "none", 8) == 2 and runs(4096, "none", 3) == 1
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("rows,k_dim,epilogue", SHAPES)
 def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypatch, rows, k_dim,
                                                               epilogue, int8):
-    """gemm_invariant.cu's launch at 17..64 rows fits a block's shared memory; it splits by run
-    only where the weight has runs, and only while the scratch holds every run's sums."""
+    """gemm_invariant.cu's launch at 17..64 rows fits a block's shared memory (the ring, and a
+    split launch's sums after it); it splits by run only where the weight has 2..MAX_CLUSTER
+    runs, and only on sm_90 (clusters)."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
+    monkeypatch.setattr(gemm_invariant, "INVARIANT_GEMM_TABLE", {})
     parts = tuning.gemv_config(rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
-    runs = gemm_invariant.invariant_runs(rows, epilogue, parts)
+    runs = gemm_invariant.invariant_runs(rows, k_dim, int8, epilogue, parts)
     load = linear.int8_load(k_dim)
     for n in (17, 64):
         tiles = tuning.mma_token_tiles(n)
@@ -514,10 +532,16 @@ def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypa
             parts, runs, tiles)
         assert (d["PARTS"], d["RUNS"], d["NT"], d["SPLIT"], d["PDL"]) == (
             parts, runs, tiles, int(runs > 1), 1)
-    mats = 2 if epilogue == "swiglu" else 1
-    too_many = common.GemvScratch.PARTIALS // (max(runs, 1) * mats * rows) + 1
-    cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, too_many, load, 8, 0)
-    assert not cfg["split"]
+        if cfg["split"]:
+            mats = 2 if epilogue == "swiglu" else 1
+            assert gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) >= (
+                mats * 8 * tiles * gemm_invariant.block_rows(cfg) * 4)
+    many = gemm_invariant.MAX_CLUSTER * 2
+    assert not gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, many, 64, load, 8, 0)[
+        "split"]
+    monkeypatch.setitem(tuning._pdl_arch, 0, False)  # an sm_80 GPU: no clusters
+    assert not gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)[
+        "split"]
     with tuning.experiment({"invariant_gemm": {"split": False, "row_warps": 8, "stages": 3}}):
         cfg = gemm_invariant.gemm_config(rows, k_dim, int8, epilogue, runs, 64, load, 8, 0)
     assert (cfg["split"], cfg["row_warps"]) == (False, 8) and cfg["stages"] <= 3

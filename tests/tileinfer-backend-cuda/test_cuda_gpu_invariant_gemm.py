@@ -1,7 +1,7 @@
 """gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..100 rows bitwise equal
 to the same rows' 1-row steps on gemv.cu (what makes a request's output independent of the
-batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run and
-not; and close to ref."""
+batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run (a
+cluster a row tile) and not; and close to ref."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ def _experiment(settings):
                                   {"min_rows": 17, "chunk": 4, "stage_steps": 2},
                                   {"min_rows": 17, "chunk": 8, "split": False},
                                   {"min_rows": 17, "parts": 1, "stage_steps": 2},
-                                  {"min_rows": 17, "parts": 2, "blocked": True}],
+                                  {"min_rows": 17, "parts": 2, "blocked": True},
+                                  {"min_rows": 17, "blocked": True, "runs": 8, "row_warps": 8,
+                                   "row_tiles": 2, "split": True}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
-                              "parts2-blocked"])
+                              "parts2-blocked", "blocked-runs8"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -94,15 +96,13 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
 
 
 def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
-    """A narrow weight's split launch (grid.y = runs, the split-K scratch and counters) inside a
-    CUDA graph: replays give the eager launch's bits (the counters re-armed each time)."""
+    """A narrow weight's split launch (grid.y = runs, a cluster a row tile) inside a CUDA graph:
+    replays give the eager launch's bits."""
     from tileinfer.backend.hookspecs import Invariance
-    from tileinfer_backend_cuda.ops import common
 
     g = torch.Generator().manual_seed(3)
     w, _ = weight(4096, 4096, g, False)
     x = torch.randn(64, 4096, generator=g).to(torch.bfloat16).to(DEV)
-    common.reserve_scratch(torch.cuda.current_device())
     eager = torch.empty(64, 4096, dtype=torch.bfloat16, device=DEV)
     out = torch.zeros_like(eager)
     stream = torch.cuda.Stream()

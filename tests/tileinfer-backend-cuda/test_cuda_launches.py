@@ -222,8 +222,8 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
     """Invariance.BATCH: gemv.cu for the weights without an INVARIANT_GEMM_TABLE entry; with one
     (here: the experiment switch, for every weight) gemv.cu up to min_rows - 1 rows, then
     gemm_invariant.cu in launches of 64 rows with the gemv.cu build's order (PARTS = its warps,
-    RUNS its runs); narrow weights split by run (grid.y) on the split-K scratch, SwiGLU's does
-    not."""
+    RUNS its runs); narrow weights split by run (grid.y, a row tile's runs in a cluster), SwiGLU's
+    does not."""
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
@@ -258,19 +258,19 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
         assert [k.args[4] for k in launches] == ([64, n - 64] if n > 64 else [n]) * 2
         narrow, swiglu = launches[0], launches[per_weight]
         warps = tuning.gemv_config(4096, 4096, int8, "none", 0, kernel="mma")["warps"]
-        runs = gemm_invariant.invariant_runs(4096, "none", warps)
+        runs = gemm_invariant.invariant_runs(4096, 4096, int8, "none", warps)
         assert (narrow.defines["PARTS"], narrow.defines["RUNS"], narrow.defines["SPLIT"]) == (
             warps, runs, 1)
         assert narrow.grid == (4096 // (16 * narrow.defines["ROW_WARPS"]
                                         * narrow.defines["ROW_TILES"]), runs)
-        assert narrow.args[-2] is common.GEMV_SCRATCH.get(0)[0]
         assert narrow.defines["NT"] == tuning.mma_token_tiles(min(n, 64))
         assert (swiglu.defines["RUNS"], swiglu.defines["SPLIT"], swiglu.defines["EPILOGUE"]) == (
             1, 0, 1)
-        assert swiglu.grid[1] == 1 and swiglu.args[-2] is None
+        assert swiglu.grid[1] == 1
         assert all(k.pdl and k.smem == gemm_invariant.gemm_smem_bytes(
             {"stages": k.defines["STAGES"], "row_warps": k.defines["ROW_WARPS"],
-             "row_tiles": k.defines["ROW_TILES"], "stage_steps": k.defines["STAGE_STEPS"]}, int8,
+             "row_tiles": k.defines["ROW_TILES"], "stage_steps": k.defines["STAGE_STEPS"],
+             "split": bool(k.defines["SPLIT"])}, int8,
             k.defines["INT8_LOAD"], "swiglu" if k.defines["EPILOGUE"] == 1 else "none",
             k.defines["NT"]) for k in launches)
 

@@ -2,7 +2,7 @@
 // tokens, with gemv.cu's sums to the bit: a row and token gets the same value here as from
 // gemv.cu's batch-invariant build of the same weight at any number of rows (1 included), so a
 // step can take either kernel. Same contract and arguments as gemv.cu (bf16 or INT8 weights, no
-// FP8), plus gemv.cu's split-K scratch.
+// FP8).
 //
 // gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
 // steps p, p + PARTS, ..., in chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS:
@@ -15,10 +15,10 @@
 // share each step's x chunks through shared memory, and walk the parts one after another: the
 // block's steps in part order, a part's sum added to its run's when the part ends.
 //
-// SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so):
-// a block writes its run's sums to the scratch [run][mat][token][O]; the last of a row tile's
-// blocks to arrive (last_split_to_arrive, a counter per row tile) adds the runs in order,
-// finishes the rows and re-arms its counter. SPLIT = 0: a block adds its runs itself.
+// SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so),
+// a row tile's RUNS blocks in one cluster (sm_90): each block keeps its run's sums in its shared
+// memory, then finishes a slice of the tile's outputs, adding the runs' sums from the cluster's
+// blocks (distributed shared memory) in run order. SPLIT = 0: a block adds its runs itself.
 //
 // Pipeline: STAGES stages of shared memory, each STAGE_STEPS slots of one step: the step's weight
 // chunks of every warp (a lane copies and reads its own cells: the fragments of gemv.cu's lane)
@@ -27,7 +27,8 @@
 //
 // Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
 // threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
-// NT * XVECS) * 32 * 16 bytes (gemm_smem_bytes in ops/gemm_invariant.py).
+// NT * XVECS) * 32 * 16 bytes, with SPLIT at least the run's sums' (gemm_smem_bytes in
+// ops/gemm_invariant.py).
 // Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
 // pdl_wait, their x copies and every global write after it.
 //
@@ -130,11 +131,16 @@ __device__ __forceinline__ void fold(Sums& into, Sums& from) {
             }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+#if SPLIT
+#define CLUSTER_DIMS __cluster_dims__(1, RUNS, 1)  // a row tile's runs (grid.y) in one cluster
+#else
+#define CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
                const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride,
-               float alpha_p, float alpha_n, float beta, float eps, float* __restrict__ scratch,
-               int* __restrict__ counters) {
+               float alpha_p, float alpha_n, float beta, float eps) {
     extern __shared__ uint4 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -224,7 +230,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         PartWalk c = fill;
         for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, c, true, false);
     }
-    pdl_wait();  // x, the output and the scratch belong to the previous kernels from here on
+    pdl_wait();  // x and the output belong to the previous kernels from here on
     for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, fill, false, true);
     cp_async_commit();
     for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
@@ -296,7 +302,11 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #endif
 
 #if SPLIT
-    // The run's sums to the scratch [run][mat][token][O], tokens < n only.
+    // The run's sums to this block's shared memory, [mat][token][row of the tile], once every
+    // warp is done with the ring; then block q of the cluster finishes outputs q THREADS + i,
+    // (q + RUNS) THREADS + i, ... (output idx: token idx / BLOCK_ROWS, row idx % BLOCK_ROWS).
+    __syncthreads();
+    float* sums = reinterpret_cast<float*>(stages);
 #pragma unroll
     for (int m = 0; m < WT; ++m)
 #pragma unroll
@@ -304,36 +314,32 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int tok = 8 * j + 2 * t + (e & 1);
-                const int row = warp_base + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
-                if (tok < n && row < O)
-                    scratch[((i64)(run_lo * MATS + m / ROW_TILES) * n + tok) * O + row] =
-                        done[m][j][e];
+                const int r = WARP_ROWS * warp + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
+                sums[((m / ROW_TILES) * 8 * NT + tok) * BLOCK_ROWS + r] = done[m][j][e];
             }
-    if (!last_split_to_arrive(counters + blockIdx.x, RUNS)) return;
-    // Output idx -> (token idx / BLOCK_ROWS, row idx % BLOCK_ROWS): consecutive threads read and
-    // write consecutive rows. A thread takes TAIL_UNROLL outputs at a time and issues all their
-    // runs' loads before it adds any: the tail is bound by the scratch's L2 latency, not its bytes.
+    cluster_sync();  // every run's sums are in place
+    // A thread takes TAIL_UNROLL outputs at a time and loads all their runs' sums before it adds
+    // any: the tail is bound by the other SMs' latency, not by bytes.
     constexpr int TAIL_UNROLL = 8;
     const int outputs = BLOCK_ROWS * n;
-    for (int base = threadIdx.x; base < outputs; base += THREADS * TAIL_UNROLL) {
+    for (int base = run_lo * THREADS + threadIdx.x; base < outputs;
+         base += RUNS * THREADS * TAIL_UNROLL) {
         float part[TAIL_UNROLL][RUNS][MATS];
 #pragma unroll
         for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = base + u * THREADS;
-            const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
-            const bool live = idx < outputs && row < O;
+            const int idx = min(base + u * RUNS * THREADS, outputs - 1);
+            const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS;
 #pragma unroll
             for (int q = 0; q < RUNS; ++q)
 #pragma unroll
-                for (int m = 0; m < MATS; ++m)  // L2: other SMs wrote them
-                    part[u][q][m] =
-                        live ? __ldcg(scratch + ((i64)(q * MATS + m) * n + tok) * O + row) : 0.0f;
+                for (int m = 0; m < MATS; ++m)
+                    part[u][q][m] = cluster_load(sums + (m * 8 * NT + tok) * BLOCK_ROWS + r, q);
         }
 #pragma unroll
         for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = base + u * THREADS;
-            const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
-            if (idx >= outputs || row >= O) continue;
+            const int idx = base + u * RUNS * THREADS;
+            const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS;
+            if (idx >= outputs || block_base + r >= O) continue;
             float s[MATS];
 #pragma unroll
             for (int m = 0; m < MATS; ++m) {
@@ -341,10 +347,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
                 for (int q = 0; q < RUNS; ++q) s[m] += part[u][q][m];
             }
-            finish(tok, row, s);
+            finish(tok, block_base + r, s);
         }
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+    cluster_sync();  // this block's sums stay until the cluster has read them
 #else
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)

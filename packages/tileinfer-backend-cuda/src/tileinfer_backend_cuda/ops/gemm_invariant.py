@@ -5,10 +5,11 @@ gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch 
 experiment switch's ``"invariant_gemm"`` (``takes``).
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
-invariant_tuning.INVARIANT_PARTS', else the weight's 8-row build's), which K steps each part takes
-(``blocked_parts``, ``part_chunk``) and ``invariant_runs`` (runs of parts, added run by run).
-Narrow weights take 4 or 2 runs so that a launch can give each run a block of its own (SPLIT) and
-still fill the GPU; wide ones take one run (their row tiles fill it alone).
+invariant_tuning.INVARIANT_ORDER's, else the weight's 8-row build's), which K steps each part
+takes (``blocked_parts``, ``part_chunk``) and ``invariant_runs`` (runs of parts, added run by
+run). Narrow weights take several runs so that a launch can give each run a block of its own
+(SPLIT: a row tile's runs in one cluster, sm_90) and still fill the GPU; wide ones take one run
+(their row tiles fill it alone).
 
 Launch configuration (``gemm_config``): warps a block and 16-row tiles a warp, ring stages and
 steps a stage, split or not; from ``INVARIANT_GEMM_TABLE`` (benchmark winners), else the
@@ -18,8 +19,9 @@ heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any 
 
 from __future__ import annotations
 
-from .common import GEMV_SCRATCH, GemvScratch, cdiv, dev, kernel, num_sms, smem_limit
-from .tuning import experiments
+from .common import cdiv, dev, kernel, num_sms, smem_limit
+from .invariant_tuning import INVARIANT_ORDER
+from .tuning import experiments, sm90
 
 # Launches of fewer rows stay on gemv.cu (same bits).
 MIN_ROWS = 17
@@ -35,17 +37,26 @@ BLOCKED_PARTS = False
 PART_CHUNK = 1
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
+# The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
+MAX_CLUSTER = 8
 
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
-# "stage_steps", "split"): the weights whose batch-invariant launches of MIN_ROWS rows or more run
-# gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
-# beat gemv.cu: llama3-8b's gate/up and lm_head, whose sums are in one part (INVARIANT_PARTS);
-# in the 8 interleaved parts none did (H100, benchmarks/RESULTS.md, 2026-12-06).
+# "stage_steps", "split") and "min_rows" (else MIN_ROWS): the weights whose batch-invariant
+# launches of that many rows or more run gemm_invariant.cu, with the winners of
+# `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the orders of
+# INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100, benchmarks/RESULTS.md,
+# 2026-12-06, "K in one part"), qkv and down from 33 rows (contiguous parts, a cluster a row
+# tile; at 32 rows gemv.cu was faster: benchmarks/RESULTS.md, 2026-12-07, "A cluster a row
+# tile"). In gemv.cu's default order (8 interleaved parts) none did.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False},
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
+    (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 1, "stages": 3,
+                                  "stage_steps": 2, "split": True, "min_rows": 33},
+    (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 1, "stages": 3,
+                                   "stage_steps": 2, "split": True, "min_rows": 33},
 }
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
@@ -64,9 +75,14 @@ BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
 }
 
 
-def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
+def invariant_runs(o_rows: int, k_dim: int, int8: bool, epilogue: str, parts: int) -> int:
     """Runs of gemv.cu's batch-invariant sum for a weight of o_rows output rows summed in
-    `parts` parts (its warps): 4 (or 2) for a narrow single matrix, else 1."""
+    `parts` parts (its warps), where they divide them: the experiment switch's ``"runs"``, else
+    INVARIANT_ORDER's, else 4 (or 2) for a narrow single matrix and 1 for the others."""
+    for runs in (experiments["invariant_gemm"].get("runs"),
+                 INVARIANT_ORDER.get((o_rows, k_dim, bool(int8), epilogue), {}).get("runs")):
+        if runs and parts % runs == 0:
+            return int(runs)
     if epilogue == "swiglu" or o_rows > NARROW_ROWS:
         return 1
     for runs in (4, 2):
@@ -75,8 +91,11 @@ def invariant_runs(o_rows: int, epilogue: str, parts: int) -> int:
     return 1
 
 
-def blocked_parts() -> bool:
-    return bool(experiments["invariant_gemm"].get("blocked", BLOCKED_PARTS))
+def blocked_parts(key: tuple) -> bool:
+    """Whether the parts of this weight's (output rows, K, int8, epilogue) batch-invariant sums
+    take contiguous K steps: the experiment switch's, else INVARIANT_ORDER's, else BLOCKED_PARTS."""
+    order = INVARIANT_ORDER.get((key[0], key[1], bool(key[2]), key[3]), {})
+    return bool(experiments["invariant_gemm"].get("blocked", order.get("blocked", BLOCKED_PARTS)))
 
 
 def part_chunk() -> int:
@@ -89,11 +108,12 @@ def min_rows() -> int:
 
 def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool:
     """Whether gemm_invariant.cu runs a batch-invariant launch of `rows` rows of this weight
-    (else gemv.cu, the same bits)."""
-    if rows < min_rows():
-        return False
-    return (bool(experiments["invariant_gemm"])
-            or (o_rows, k_dim, bool(int8), epilogue) in INVARIANT_GEMM_TABLE)
+    (else gemv.cu, the same bits): the experiment switch's weights from its ``min_rows``, the
+    table's from their entry's (else MIN_ROWS)."""
+    if experiments["invariant_gemm"]:
+        return rows >= min_rows()
+    entry = INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
+    return entry is not None and rows >= entry.get("min_rows", MIN_ROWS)
 
 
 def batched_settings(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> dict | None:
@@ -115,12 +135,16 @@ def block_rows(cfg: dict) -> int:
 
 def gemm_smem_bytes(cfg: dict, int8: bool, load: int, epilogue: str, token_tiles: int) -> int:
     """STAGES x STAGE_STEPS slots of (ROW_WARPS x 2 x MATS x ROW_TILES weight cells + NT x XVECS
-    x cells) x 32 lanes x 16 bytes."""
+    x cells) x 32 lanes x 16 bytes; a split launch keeps the run's float sums there afterwards,
+    [MATS][8 NT tokens][block rows], if they need more."""
     mats = 2 if epilogue == "swiglu" else 1
     xvecs = lane_k(int8, load) // 8
     slots = cfg["stages"] * cfg.get("stage_steps", 1)
     w_cells = cfg["row_warps"] * 2 * mats * cfg.get("row_tiles", 1)
-    return slots * (w_cells + token_tiles * xvecs) * 32 * 16
+    ring = slots * (w_cells + token_tiles * xvecs) * 32 * 16
+    if cfg.get("split"):
+        return max(ring, mats * 8 * token_tiles * block_rows(cfg) * 4)
+    return ring
 
 
 def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n: int,
@@ -129,21 +153,22 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     the table's or the heuristic's (4 warps of one tile, 4 stages of one step; a block per run
     where the row tiles alone leave the GPU half empty), then the experiments'; or, for a
     batched step (``settings``: a BATCHED_GEMM_TABLE entry), the heuristic's and the entry's.
-    SwiGLU keeps one tile a warp; stages come down until the block fits."""
+    A split needs sm_90's clusters and at most MAX_CLUSTER runs. SwiGLU keeps one tile a warp;
+    stages come down until the block fits."""
     cfg = {"row_warps": 4, "stages": 4, "l2_256b": True}
     if settings is None:
         cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
-        cfg.update({k: v for k, v in experiments["invariant_gemm"].items() if k != "min_rows"})
+        cfg.update(experiments["invariant_gemm"])
+        for order in ("min_rows", "runs", "blocked", "chunk"):  # not launch settings
+            cfg.pop(order, None)
     else:
         cfg.update({k: v for k, v in settings.items() if k not in ("blocked", "chunk")})
     if epilogue == "swiglu":
         cfg["row_tiles"] = 1  # two matrices' tiles already; four would spill the sums' registers
     tiles = cdiv(o_rows, block_rows(cfg))
     if "split" not in cfg:
-        cfg["split"] = runs > 1 and tiles < 2 * num_sms(device)
-    mats = 2 if epilogue == "swiglu" else 1
-    if cfg["split"] and (runs == 1 or not GemvScratch.holds(runs * mats * n * o_rows, tiles)):
-        cfg["split"] = False
+        cfg["split"] = tiles < 2 * num_sms(device)
+    cfg["split"] = bool(cfg["split"]) and 1 < runs <= MAX_CLUSTER and sm90(device)
     limit = smem_limit(device) - 1024  # room for the static shared memory
     while cfg["stages"] > 2 and gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles) > limit:
         cfg["stages"] -= 1
@@ -160,7 +185,7 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],
                    ROW_TILES=cfg.get("row_tiles", 1), STAGES=cfg["stages"],
                    STAGE_STEPS=cfg.get("stage_steps", 1), NT=token_tiles,
-                   SPLIT=int(bool(cfg["split"])))
+                   SPLIT=int(cfg["split"]))
     if cfg.get("l2_256b"):
         defines["STREAM_L2_256B"] = None
     if base.get("PDL"):
@@ -179,17 +204,9 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
-    scratch = counters = None
-    if cfg["split"]:
-        buffers = GEMV_SCRATCH.get(device)
-        if buffers is None:  # first reserved inside a graph capture: the same sums unsplit
-            cfg["split"] = False
-        else:
-            scratch, counters = buffers
     defines = gemm_defines(cfg, base, parts, runs, token_tiles)
-    k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff" + "pp", device, defines)
+    k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff", device, defines)
     k.launch((cdiv(o_rows, block_rows(cfg)), runs if cfg["split"] else 1),
              (cfg["row_warps"] * 32,),
-             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
-              scratch, counters),
+             (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
              gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles), pdl=bool(base.get("PDL")))

@@ -1,6 +1,6 @@
 """gemv.cu's builds for batch-invariant steps (``Invariance.BATCH``), per weight shape and token
 tiles: stages, tiles, regs and row groups (GROUPS) only, since the warps that split K (the parts
-of a row's sum) are fixed per weight at every row count: INVARIANT_PARTS', else the weight's own
+of a row's sum) are fixed per weight at every row count: INVARIANT_ORDER's, else the weight's own
 8-row build's (ops/linear.py invariant_gemv_config reads them). And the builds of FP8 weights,
 whose every step runs gemv.cu's FP8 build on one configuration per weight, warps included."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 # benchmarks/RESULTS.md, 2026-12-03, "Row groups in gemv.cu for batch-invariant steps"); other
 # shapes get the batched table's or gemv_heuristic's stages and tiles.
 INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
-    # K in one part (INVARIANT_PARTS): `--mma-sweep 1 --mma-warps 1,2 --mma-stages 4,8,12
+    # K in one part (INVARIANT_ORDER): `--mma-sweep 1 --mma-warps 1,2 --mma-stages 4,8,12
     # --mma-groups 2,4,8` (H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part")
     (14336, 4096, False, 'swiglu', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
     (128256, 4096, False, 'none', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
@@ -27,15 +27,21 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (128256, 4096, False, 'none', 8): {'groups': 1, 'stages': 3, 'tiles': 4, 'l2_256b': True},
 }
 
-# (output rows, K, int8, epilogue) -> the parts of a row's sum in batch-invariant steps, where
-# not the 8-row build's warps: one part (K in order, one sum: the order of a GEMM without a split
-# of K) for the wide weights whose 1-row step keeps the GPU busy without splitting K, so that
-# gemm_invariant.cu's launches of many rows read along the rows as fast as cuBLAS, for a slightly
-# slower 1-row step (llama3-8b's gate/up and lm_head; benchmarks/RESULTS.md, 2026-12-06, "K in
-# one part").
-INVARIANT_PARTS: dict[tuple[int, int, bool, str], int] = {
-    (14336, 4096, False, 'swiglu'): 1,
-    (128256, 4096, False, 'none'): 1,
+# (output rows, K, int8, epilogue) -> the order of a row's sum in batch-invariant steps where it
+# is not the default (the 8-row build's warps as parts, interleaved, gemm_invariant.invariant_runs'
+# runs): "parts" (1: K in order, one sum: the order of a GEMM without a split of K) for the wide
+# weights whose 1-row step keeps the GPU busy without splitting K, so that gemm_invariant.cu's
+# launches of many rows read along the rows as fast as cuBLAS, for a slightly slower 1-row step
+# (llama3-8b's gate/up and lm_head; benchmarks/RESULTS.md, 2026-12-06, "K in one part");
+# "blocked" (contiguous parts) and "runs" for narrow weights whose split launches on
+# gemm_invariant.cu beat gemv.cu at 64 rows, a contiguous range of K a block, while gemv.cu's
+# 1-row step keeps its speed (llama3-8b's qkv and down; benchmarks/RESULTS.md, 2026-12-07,
+# "A cluster a row tile").
+INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
+    (14336, 4096, False, 'swiglu'): {'parts': 1},
+    (128256, 4096, False, 'none'): {'parts': 1},
+    (6144, 4096, False, 'none'): {'blocked': True, 'runs': 4},
+    (4096, 14336, False, 'none'): {'blocked': True, 'runs': 8},
 }
 
 # FP8 weights (ops/linear_fp8.py), per (output rows, K, epilogue): the winners of

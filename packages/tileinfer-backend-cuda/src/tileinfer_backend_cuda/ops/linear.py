@@ -38,7 +38,7 @@ from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, al
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise, gemm_invariant
 from .cublas import cublas
-from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, INVARIANT_PARTS
+from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, INVARIANT_ORDER
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
                      gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
@@ -166,8 +166,8 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
                             DTYPE_NAMES[out.dtype], pdl(device), token_tiles)
         return gemm_invariant.gemm_invariant(
             out, x, weight, weight_scale, xielu_params, base, cfg["warps"],
-            gemm_invariant.invariant_runs(o_rows, epilogue, cfg["warps"]), token_tiles, o_rows,
-            epilogue, settings=entry)
+            gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, cfg["warps"]),
+            token_tiles, o_rows, epilogue, settings=entry)
     gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles)
 
 
@@ -236,12 +236,12 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
                           token_tiles: int, fp8: bool = False) -> dict | None:
     """gemv.cu's build for token_tiles tiles of a batch-invariant step: INVARIANT_GEMV_TABLE's
     (else the batched table's or heuristic's) stages, 16-row tiles and row groups, with the
-    weight's parts (INVARIANT_PARTS', else its 8-row build's warps) at every count; row groups,
+    weight's parts (INVARIANT_ORDER's, else its 8-row build's warps) at every count; row groups,
     stages, then tiles come down until a block has at most 1,024 threads and fits in shared
     memory. None when even that does not fit (fewer token tiles then do: one always fits).
     fp8: FP8_GEMV_TABLE's build, warps included, where it has one."""
     key = (o_rows, k_dim, bool(int8), epilogue)
-    parts = None if fp8 or experiments["gemv"] else INVARIANT_PARTS.get(key)
+    parts = None if fp8 or experiments["gemv"] else INVARIANT_ORDER.get(key, {}).get("parts")
     warps = parts or gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
     entry = INVARIANT_GEMV_TABLE.get(key + (token_tiles,))
     if fp8 and (o_rows, k_dim, epilogue) in FP8_GEMV_TABLE and not experiments["gemv"]:
@@ -252,8 +252,8 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
                             token_tiles=token_tiles)
     cfg = dict(entry, warps=warps, kernel="mma")
     if not fp8:
-        cfg["runs"] = gemm_invariant.invariant_runs(o_rows, epilogue, warps)
-        cfg["blocked"] = gemm_invariant.blocked_parts()
+        cfg["runs"] = gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, warps)
+        cfg["blocked"] = gemm_invariant.blocked_parts(key)
         cfg["chunk"] = gemm_invariant.part_chunk()
     limit = smem_limit(device) - 1024  # room for the static shared memory
 

@@ -25,7 +25,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
   rows of a batch-invariant launch it takes; more than 64 keeps every launch on gemv.cu),
   ``blocked`` (the parts' K steps contiguous, in gemv.cu's batch-invariant builds too) and
-  ``chunk`` (the interleaved parts' K steps in chunks of this many, likewise).
+  ``chunk`` (the interleaved parts' K steps in chunks of this many, likewise) and ``runs`` (the
+  runs of every weight's parts, where they divide them: gemm_invariant.invariant_runs).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk"})
+                                  "l2_256b", "min_rows", "blocked", "chunk", "runs"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
@@ -140,13 +141,18 @@ def experiment(settings):
 _pdl_arch: dict[int, bool] = {}
 
 
-def pdl(device: int) -> bool:
-    """Launch the decode path's kernels with programmatic dependent launch (each launch overlaps
-    the previous kernel's end): where the GPU has griddepcontrol (sm_90 and newer)."""
+def sm90(device: int) -> bool:
+    """Whether the GPU is sm_90 or newer (griddepcontrol, thread block clusters)."""
     ok = _pdl_arch.get(device)
     if ok is None:
         ok = _pdl_arch[device] = int(compiler.device_arch(device)[3:].rstrip("af")) >= 90
-    return ok and experiments["pdl"]
+    return ok
+
+
+def pdl(device: int) -> bool:
+    """Launch the decode path's kernels with programmatic dependent launch (each launch overlaps
+    the previous kernel's end): where the GPU has griddepcontrol (sm_90 and newer)."""
+    return sm90(device) and experiments["pdl"]
 
 
 def attention_config() -> dict:
