@@ -46,8 +46,8 @@ MAX_CLUSTER = 8
 # `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the orders of
 # INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100, benchmarks/RESULTS.md,
 # 2026-12-06, "K in one part"), qkv and down from 33 rows (contiguous parts, a cluster a row
-# tile; at 32 rows gemv.cu was faster: benchmarks/RESULTS.md, 2026-12-07, "A cluster a row
-# tile"). In gemv.cu's default order (8 interleaved parts) none did.
+# tile; at 32 rows gemv.cu was faster: benchmarks/RESULTS.md, 2026-12-06 (late), "a cluster a
+# row tile"). In gemv.cu's default order (8 interleaved parts) none did.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False},
