@@ -23,10 +23,9 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
-  rows of a batch-invariant launch it takes; more than 64 keeps every launch on gemv.cu),
-  ``blocked`` (the parts' K steps contiguous, in gemv.cu's batch-invariant builds too) and
-  ``chunk`` (the interleaved parts' K steps in chunks of this many, likewise) and ``runs`` (the
-  runs of every weight's parts, where they divide them: gemm_invariant.invariant_runs).
+  rows of a batch-invariant launch it takes; past 64 every launch is gemv.cu's), and every
+  weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (interleaved parts in
+  chunks of this many K steps), ``runs`` (where they divide the parts).
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def _checked(settings) -> dict:
 # builds stop beating it. INT8: one read of the weight for all 64 rows beats gemv.cu on 8-row
 # pieces (a read per piece) and gemm.cu (prefill tiles).
 # Figures: benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost in gemv.cu".
-# FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above (when
-# the step need not be batch-invariant).
+# FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above.
 WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64, "fp8": 16}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
@@ -143,15 +141,13 @@ _pdl_arch: dict[int, bool] = {}
 
 def sm90(device: int) -> bool:
     """Whether the GPU is sm_90 or newer (griddepcontrol, thread block clusters)."""
-    ok = _pdl_arch.get(device)
-    if ok is None:
-        ok = _pdl_arch[device] = int(compiler.device_arch(device)[3:].rstrip("af")) >= 90
-    return ok
+    if device not in _pdl_arch:
+        _pdl_arch[device] = int(compiler.device_arch(device)[3:].rstrip("af")) >= 90
+    return _pdl_arch[device]
 
 
 def pdl(device: int) -> bool:
-    """Launch the decode path's kernels with programmatic dependent launch (each launch overlaps
-    the previous kernel's end): where the GPU has griddepcontrol (sm_90 and newer)."""
+    """Programmatic dependent launch (a launch overlaps the kernel before) where the GPU has it."""
     return sm90(device) and experiments["pdl"]
 
 
