@@ -487,6 +487,26 @@ def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu
         "GROUPS", 1) == cfg["groups"]
 
 
+def test_weights_over_4_gb_stay_off_the_gemm(fake_gpu, monkeypatch):
+    """gemm_invariant.cu addresses a weight's rows by 32-bit byte offsets: a weight of 4 GB or
+    more (a SwiGLU pair counted whole) runs gemv.cu even where a table or the experiment switch
+    names it, batch-invariant or batched."""
+    big = (262144, 8192, False, "none")  # 4 GB of bf16
+    pair = (131072, 8192, False, "swiglu")  # two 2 GB matrices
+    small = (131072 - 16, 8192, False, "none")
+    assert not gemm_invariant.fits(*big) and not gemm_invariant.fits(*pair)
+    assert gemm_invariant.fits(*small) and gemm_invariant.fits(262144, 8192, True, "none")
+    assert not gemm_invariant.fits(524288, 8192, True, "none")  # INT8: one byte a weight
+    for key in (big, pair, small):
+        monkeypatch.setitem(gemm_invariant.INVARIANT_GEMM_TABLE, key, {"split": False})
+        monkeypatch.setitem(gemm_invariant.BATCHED_GEMM_TABLE, key, {"split": False})
+        expected = key == small
+        assert gemm_invariant.takes(*key, 64) is expected
+        assert (gemm_invariant.batched_settings(*key, 64) is not None) is expected
+        with tuning.experiment({"invariant_gemm": {"min_rows": 17}}):
+            assert gemm_invariant.takes(*key, 64) is expected
+
+
 def test_invariant_runs_split_narrow_single_matrices_only():
     """The runs of a weight's sum: INVARIANT_ORDER's where they divide its parts, else 4 (or 2)
     for a narrow single matrix whose parts divide into them, 1 for SwiGLU's pair and for wide

@@ -98,7 +98,7 @@ constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;
 constexpr int XVECS = LANE_K / 8;
 // A step's slot: [warp][2 * WT][lane] weight cells (rows g and g + 8 of each tile), then
 // [token tile][XVECS][lane] x cells; 16 bytes each. Step i of the block's walk takes slot
-// i % SLOTS (stage i / STAGE_STEPS % STAGES).
+// i % SLOTS: step u of ring stage (i / STAGE_STEPS) % STAGES.
 constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
 constexpr int X_CELLS = NT * XVECS * 32;
 constexpr int SLOT_CELLS = W_CELLS + X_CELLS;
@@ -153,44 +153,50 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     int total = 0;  // the block's steps
     for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps, PARTS);
 
-    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped). Tile m:
-    // matrix m / ROW_TILES, rows warp_base + 16 (m % ROW_TILES) + g (and + 8).
-    const w_t* wrow[WT][2];
+    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped), as
+    // byte offsets from w (the host keeps the weight under 4 GB: gemm_invariant.fits). Tile m:
+    // matrix m / ROW_TILES, rows warp_base + 16 (m % ROW_TILES) + g (and + 8). A step's copy adds
+    // its k to them, one 32-bit and one 64-bit add an address (with 64-bit row pointers ptxas
+    // recomputes each from the row and K at every step).
+    const char* wbytes = reinterpret_cast<const char*>(w);
+    u32 wrow[WT][2];
 #pragma unroll
-    for (int m = 0; m < WT; ++m) {
-        const int row = warp_base + 16 * (m % ROW_TILES) + g;
-        const i64 mat_base = (i64)(m / ROW_TILES) * O;
-        wrow[m][0] = w + (mat_base + min(row, O - 1)) * K + t * LANE_K;
-        wrow[m][1] = w + (mat_base + min(row + 8, O - 1)) * K + t * LANE_K;
-    }
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const i64 row = min(warp_base + 16 * (m % ROW_TILES) + g + 8 * h, O - 1);
+            wrow[m][h] = (u32)((((m / ROW_TILES) * O + row) * K + t * LANE_K) * sizeof(w_t));
+        }
     const u32 base_addr = smem_addr(stages);
     auto slot_addr = [&](int s) { return base_addr + (u32)(s * SLOT_CELLS * 16); };
 
     // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
     auto issue_w = [&](int s, int k) {
         const bool valid = k + t * LANE_K < K;
-        const int kk = valid ? k : 0;
+        const u32 kb = valid ? (u32)(k * sizeof(w_t)) : 0u;
         const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
 #pragma unroll
-        for (int m = 0; m < WT; ++m) {
-            copy_w(cells + (2 * m) * 32 * 16, wrow[m][0] + kk, valid);
-            copy_w(cells + (2 * m + 1) * 32 * 16, wrow[m][1] + kk, valid);
-        }
+        for (int m = 0; m < WT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                copy_w(cells + (2 * m + h) * 32 * 16, (const w_t*)(wbytes + (wrow[m][h] + kb)),
+                       valid);
     };
     // This thread's x cells, c = threadIdx.x + q THREADS (cell c: token tile j, chunk v, lane
     // (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]): their rows, their chunks' offsets in a
     // step, computed once.
     constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
-    const x_t* xrow[X_PER_THREAD];
-    int xlane_k[X_PER_THREAD], xchunk[X_PER_THREAD];
+    const char* xbytes = reinterpret_cast<const char*>(x);
+    u32 xrow[X_PER_THREAD], xchunk[X_PER_THREAD];  // byte offsets: from x, in the row
+    int xlane_k[X_PER_THREAD];
 #pragma unroll
     for (int q = 0; q < X_PER_THREAD; ++q) {
         const int c = min((int)threadIdx.x + q * THREADS, X_CELLS - 1);
         const int j = c / (XVECS * 32), v = c / 32 % XVECS, cl = c % 32;
         const int gx = cl >> 2, tx = cl & 3;
-        xrow[q] = x + (i64)min(8 * j + gx, n - 1) * x_stride;
         xlane_k[q] = tx * LANE_K;
-        xchunk[q] = tx * LANE_K + 8 * v;
+        xrow[q] = (u32)(min(8 * j + gx, n - 1) * x_stride * sizeof(x_t));
+        xchunk[q] = (u32)((tx * LANE_K + 8 * v) * sizeof(x_t));
     }
     auto issue_x = [&](int s, int k) {
         const u32 cells = slot_addr(s) + (u32)(W_CELLS + threadIdx.x) * 16;
@@ -198,7 +204,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int q = 0; q < X_PER_THREAD; ++q) {
             if (X_CELLS % THREADS != 0 && (int)threadIdx.x + q * THREADS >= X_CELLS) break;
             const bool valid = k + xlane_k[q] < K;
-            cp_async_ca16(cells + (u32)(q * THREADS) * 16, xrow[q] + (valid ? k + xchunk[q] : 0),
+            const u32 kb = valid ? (u32)(k * sizeof(x_t)) + xchunk[q] : 0u;
+            cp_async_ca16(cells + (u32)(q * THREADS) * 16, xbytes + (xrow[q] + kb),
                           valid ? 16 : 0);
         }
     };
@@ -212,14 +219,15 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     fill.enter(part_hi, steps, PARTS);
     PartWalk read = fill;
     const int stage_count = (total + STAGE_STEPS - 1) / STAGE_STEPS;
-    // Stage st's copies (its steps that exist), the walk `c` moved past them.
-    auto issue_stage = [&](int st, PartWalk& c, bool weights, bool xs) {
+    // Stage st's copies (its steps that exist) into ring stage r (st % STAGES), the walk `c`
+    // moved past them.
+    auto issue_stage = [&](int st, int r, PartWalk& c, bool weights, bool xs) {
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i < total) {
-                if (weights) issue_w(i % SLOTS, c.step * STEP_K);
-                if (xs) issue_x(i % SLOTS, c.step * STEP_K);
+                if (weights) issue_w(r * STAGE_STEPS + u, c.step * STEP_K);
+                if (xs) issue_x(r * STAGE_STEPS + u, c.step * STEP_K);
             }
             c.advance(part_hi, steps, PARTS);
         }
@@ -228,15 +236,15 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     pdl_launch_dependents();
     {
         PartWalk c = fill;
-        for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, c, true, false);
+        for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, st, c, true, false);
     }
     pdl_wait();  // x and the output belong to the previous kernels from here on
-    for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, fill, false, true);
+    for (int st = 0; st < STAGES - 1; ++st) issue_stage(st, st, fill, false, true);
     cp_async_commit();
     for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
 #else
     for (int st = 0; st < STAGES - 1; ++st) {
-        issue_stage(st, fill, true, true);
+        issue_stage(st, st, fill, true, true);
         cp_async_commit();
     }
 #endif
@@ -253,17 +261,18 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
 
-    for (int st = 0; st < stage_count; ++st) {
+    // Ring stages of stage st and of st + STAGES - 1 (st - 1's), kept as counters: no division.
+    for (int st = 0, read_r = 0, fill_r = STAGES - 1; st < stage_count; ++st) {
         cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
         __syncthreads();              // everyone's; and stage st - 1's slots are free
-        issue_stage(st + STAGES - 1, fill, true, true);  // into stage st - 1's slots
+        issue_stage(st + STAGES - 1, fill_r, fill, true, true);  // into stage st - 1's slots
         cp_async_commit();
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i >= total) break;
             close_parts(read.part);  // the parts that ended before this step
-            const uint4* slot = stages + (i % SLOTS) * SLOT_CELLS;
+            const uint4* slot = stages + (read_r * STAGE_STEPS + u) * SLOT_CELLS;
             const uint4* wcells = slot + warp * 2 * WT * 32 + lane;
             Frag f[WT];
 #pragma unroll
@@ -279,6 +288,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             }
             read.advance(part_hi, steps, PARTS);
         }
+        read_r = read_r + 1 == STAGES ? 0 : read_r + 1;
+        fill_r = fill_r + 1 == STAGES ? 0 : fill_r + 1;
     }
     cp_async_wait<0>();
     close_parts(part_hi);

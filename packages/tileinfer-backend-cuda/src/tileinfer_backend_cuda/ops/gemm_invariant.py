@@ -106,10 +106,18 @@ def min_rows() -> int:
     return int(experiments["invariant_gemm"].get("min_rows", MIN_ROWS))
 
 
+def fits(o_rows: int, k_dim: int, int8: bool, epilogue: str) -> bool:
+    """Whether the weight is under 4 GB: the kernel addresses its rows by 32-bit offsets."""
+    mats = 2 if epilogue == "swiglu" else 1
+    return mats * o_rows * k_dim * (1 if int8 else 2) < 2**32
+
+
 def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool:
     """Whether gemm_invariant.cu runs a batch-invariant launch of `rows` rows of this weight
     (else gemv.cu, the same bits): the experiment switch's weights from its ``min_rows``, the
-    table's from their entry's (else MIN_ROWS)."""
+    table's from their entry's (else MIN_ROWS); none over 4 GB (``fits``)."""
+    if not fits(o_rows, k_dim, int8, epilogue):
+        return False
     if experiments["invariant_gemm"]:
         return rows >= min_rows()
     entry = INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
@@ -119,7 +127,7 @@ def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool
 def batched_settings(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> dict | None:
     """The BATCHED_GEMM_TABLE entry with which gemm_invariant.cu runs a batched step (outside
     the batch-invariant mode) of `rows` rows of this weight, or None (gemv.cu's token tiles)."""
-    if rows < BATCHED_MIN_ROWS:
+    if rows < BATCHED_MIN_ROWS or not fits(o_rows, k_dim, int8, epilogue):
         return None
     return BATCHED_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
 
