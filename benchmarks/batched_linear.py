@@ -307,10 +307,14 @@ LAYOUTS = {"interleaved": {"blocked": False, "chunk": 1}, "blocked": {"blocked":
 
 
 def parts_layout(name: str) -> dict:
-    """A --gemm-layouts name as the "invariant_gemm" settings that give it."""
-    if name.startswith("chunk"):
-        return {"blocked": False, "chunk": int(name.removeprefix("chunk"))}
-    return dict(LAYOUTS[name])
+    """A --gemm-layouts name as the "invariant_gemm" settings that give it ("-nk": products of
+    neighbouring k, gemv_nk.cuh)."""
+    base = name.removesuffix("-nk")
+    if base.startswith("chunk"):
+        layout = {"blocked": False, "chunk": int(base.removeprefix("chunk"))}
+    else:
+        layout = dict(LAYOUTS[base])
+    return {**layout, "nk": True} if name.endswith("-nk") else layout
 
 
 def layout_name(cfg: dict) -> str:
@@ -319,6 +323,7 @@ def layout_name(cfg: dict) -> str:
         name = "blocked"
     else:
         name = "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
+    name += "-nk" if cfg.get("nk") else ""
     return f"{name}-runs{cfg['runs']}" if cfg.get("runs") else name
 
 
@@ -386,7 +391,7 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
         for cfg in sweeps[name]:
             runs = cfg.get("runs") or gemm_invariant.invariant_runs(*key, parts)
             base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"],
-                                        "chunk": cfg.get("chunk", 1)},
+                                        "chunk": cfg.get("chunk", 1), "nk": cfg.get("nk")},
                                        int8, linear.int8_load(k_dim), epilogue,
                                        "float" if name == "lm_head" else "bf16_t",
                                        tuning.pdl(device), tiles)
@@ -463,7 +468,7 @@ def main():
     p.add_argument("--gemm-steps", default="1,2,4", help="--gemm-sweep's K steps a stage")
     p.add_argument("--gemm-layouts", default="interleaved,blocked",
                    help="--gemm-sweep's parts layouts: interleaved, chunkG (G a power of two), "
-                        "blocked")
+                        "blocked; each with -nk for products of neighbouring k")
     p.add_argument("--gemm-parts", type=int, help="--gemm-sweep with K in this many parts "
                    "(gemv.cu's warps) for every weight")
     p.add_argument("--gemm-runs", default="",

@@ -58,6 +58,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_INT8=1, ROUND_BF16=0, WARPS=16, STAGES=2, REGS=2, RUNS=2, BLOCKED_PARTS=1)
     add("gemv.cu", WARPS=8, STAGES=4, NT=2, BLOCKED_PARTS=1, PDL=1)
     add("gemv.cu", WARPS=8, STAGES=4, NT=2, PART_CHUNK=4, RUNS=4)
+    add("gemv.cu", WARPS=8, STAGES=4, NT=8, TILES=2, BLOCKED_PARTS=1, NK_PRODUCTS=1, RUNS=4, PDL=1)
+    add("gemv.cu", WARPS=1, STAGES=12, GROUPS=4, EPILOGUE=1, NK_PRODUCTS=1)
 
     # gemm_invariant.cu (batch-invariant steps of many rows): each weight dtype, epilogue and
     # output, split and not, runs, token tiles, warps, stages, PDL
@@ -81,6 +83,10 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", PARTS=8, RUNS=8, SPLIT=1, BLOCKED_PARTS=1, ROW_WARPS=8, ROW_TILES=2,
         STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=2, SPLIT=1, NT=4)
+    add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, BLOCKED_PARTS=1, NK_PRODUCTS=1,
+        STAGE_STEPS=2, PDL=1)
+    add("gemm_invariant.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, NK_PRODUCTS=1, ROW_WARPS=8,
+        NT=2)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

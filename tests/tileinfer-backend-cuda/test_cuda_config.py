@@ -437,6 +437,16 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
         assert d["PART_CHUNK"] == 4 and "BLOCKED_PARTS" not in d
         assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
                                            warps, cfg["runs"], tiles)["PART_CHUNK"] == 4
+        # Products of neighbouring k: bf16 only, in both kernels' builds, and never REGS (the
+        # fragments come through ldmatrix from the ring).
+        assert not cfg["nk"]
+        with tuning.experiment({"invariant_gemm": {"nk": True}}):
+            nk = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
+        d = linear.gemv_defines(nk, int8, linear.int8_load(k_dim), epilogue, "bf16_t", True, tiles)
+        assert d.get("NK_PRODUCTS", 0) == int(not int8) and ("REGS" not in d or int8)
+        assert gemm_invariant.gemm_defines({"row_warps": 4, "stages": 4, "split": False}, d,
+                                           warps, cfg["runs"], tiles).get("NK_PRODUCTS", 0) == (
+            int(not int8))
         assert linear.gemv_smem_bytes(cfg, k_dim, int8, epilogue, tiles) <= SMEM_PER_BLOCK - 1024
     assert fitting[0] == 1 and fitting == [1, 2, 4, 8][:len(fitting)]
 

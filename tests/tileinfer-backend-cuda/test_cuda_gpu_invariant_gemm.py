@@ -33,10 +33,13 @@ def _experiment(settings):
                                   {"min_rows": 17, "parts": 1, "stage_steps": 2},
                                   {"min_rows": 17, "parts": 2, "blocked": True},
                                   {"min_rows": 17, "blocked": True, "runs": 8, "row_warps": 8,
+                                   "row_tiles": 2, "split": True},
+                                  {"min_rows": 17, "nk": True, "stage_steps": 2},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 8,
                                    "row_tiles": 2, "split": True}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
-                              "parts2-blocked", "blocked-runs8"])
+                              "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -71,10 +74,12 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
                     **({"gemv": {"warps": parts}} if parts else {})}
         blocked = int(gemm.get("blocked", False))
         chunk = 1 if blocked else gemm.get("chunk", 1)
+        nk = int(gemm.get("nk", False) and not int8)
 
-        def in_order(m):  # a build that takes the K steps in this layout (and parts)
+        def in_order(m):  # a build that takes the K steps in this layout (and parts, products)
             return (m.defines.get("BLOCKED_PARTS", 0) == blocked
                     and m.defines.get("PART_CHUNK", 1) == chunk
+                    and m.defines.get("NK_PRODUCTS", 0) == nk
                     and parts in (None, m.defines.get("WARPS", m.defines.get("PARTS"))))
 
         with _experiment(settings):

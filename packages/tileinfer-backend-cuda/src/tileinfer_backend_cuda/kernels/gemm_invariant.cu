@@ -1,19 +1,16 @@
 // Batch-invariant GEMM for batched decode steps: out (n, O) = x (n, K) @ W.T for n <= 8 * NT
 // tokens, with gemv.cu's sums to the bit: a row and token gets the same value here as from
 // gemv.cu's batch-invariant build of the same weight at any number of rows (1 included), so a
-// step can take either kernel. Same contract and arguments as gemv.cu (bf16 or INT8 weights, no
-// FP8).
+// step can take either kernel. Same contract and arguments as gemv.cu (bf16 or INT8 weights).
 //
 // gemv.cu's sum of a row: its K steps (STEP_K wide) are dealt to PARTS warps (part p takes the
 // steps p, p + PARTS, ..., in chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS:
 // gemv_parts.cuh); each part's steps go through the tensor cores in order from zero (the same
-// fragments: gemv_frag.cuh); the parts' sums are added in RUNS runs of PARTS / RUNS parts, each
-// run from zero in part order, then the runs in order. gemv.cu spreads the parts over
-// the warps of a block, which at 64 tokens makes every warp read all tokens' x for its 16 rows.
-// Here a block's warps split the rows instead (ROW_WARPS warps of ROW_TILES 16-row tiles each,
-// of each matrix: with more tiles a warp, each x chunk read from shared memory serves more rows),
-// share each step's x chunks through shared memory, and walk the parts one after another: the
-// block's steps in part order, a part's sum added to its run's when the part ends.
+// products: gemv_frag.cuh, or gemv_nk.cuh with NK_PRODUCTS); the parts' sums are added in RUNS
+// runs of PARTS / RUNS parts, each run from zero in part order, then the runs in order. Here a
+// block's warps split the rows instead of K (ROW_WARPS warps of ROW_TILES 16-row tiles of each
+// matrix), share each step's x chunks through shared memory, and walk the parts one after
+// another: the block's steps in part order, a part's sum added to its run's when the part ends.
 //
 // SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so),
 // a row tile's RUNS blocks in one cluster (sm_90): each block keeps its run's sums in its shared
@@ -21,21 +18,18 @@
 // blocks (distributed shared memory) in run order. SPLIT = 0: a block adds its runs itself.
 //
 // Pipeline: STAGES stages of shared memory, each STAGE_STEPS slots of one step: the step's weight
-// chunks of every warp (a lane copies and reads its own cells: the fragments of gemv.cu's lane)
-// and its x chunks of every token tile (copied by all threads, read by every warp). One barrier a
-// stage (its copies have landed for everyone, and the stage read before may be refilled).
+// chunks of every warp (a lane copies its own cells, gemv.cu's lane's) and its x chunks of every
+// token tile (copied by all threads, read by every warp). One barrier a stage (its copies have
+// landed for everyone, and the stage read before may be refilled).
 //
 // Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
-// threads; dynamic shared memory: STAGES * STAGE_STEPS * (ROW_WARPS * 2 * MATS * ROW_TILES +
-// NT * XVECS) * 32 * 16 bytes, with SPLIT at least the run's sums' (gemm_smem_bytes in
-// ops/gemm_invariant.py).
-// Programmatic dependent launch (PDL = 1) as in gemv.cu: the first stages' weight copies before
-// pdl_wait, their x copies and every global write after it.
+// threads; dynamic shared memory: gemm_smem_bytes in ops/gemm_invariant.py. PDL = 1 as in
+// gemv.cu: the first stages' weight copies before pdl_wait, x and every global write after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
-// ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS and PART_CHUNK (the order of the sums: gemv.cu's WARPS,
-// RUNS, BLOCKED_PARTS and PART_CHUNK), ROW_WARPS, ROW_TILES, STAGES, STAGE_STEPS, NT, SPLIT
-// (0/1), STREAM_L2_256B, PDL (0/1).
+// ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS (the order of the sums:
+// gemv.cu's WARPS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS), ROW_WARPS, ROW_TILES,
+// STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -112,6 +106,7 @@ typedef bf16_t w_t;
 typedef bf16_t x_t;
 
 #include "gemv_frag.cuh"      // copy_w, Frag, to_frag, step_mma
+#include "gemv_nk.cuh"        // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, PartWalk (BLOCKED_PARTS, PART_CHUNK)
 
@@ -168,13 +163,14 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             wrow[m][h] = (u32)((((m / ROW_TILES) * O + row) * K + t * LANE_K) * sizeof(w_t));
         }
     const u32 base_addr = smem_addr(stages);
+    const int my_cell = NK_PRODUCTS ? nk_cell(g, t) : lane;  // this lane's cell of a part
     auto slot_addr = [&](int s) { return base_addr + (u32)(s * SLOT_CELLS * 16); };
 
     // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
     auto issue_w = [&](int s, int k) {
         const bool valid = k + t * LANE_K < K;
         const u32 kb = valid ? (u32)(k * sizeof(w_t)) : 0u;
-        const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + lane) * 16;
+        const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + my_cell) * 16;
 #pragma unroll
         for (int m = 0; m < WT; ++m)
 #pragma unroll
@@ -188,6 +184,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
     const char* xbytes = reinterpret_cast<const char*>(x);
     u32 xrow[X_PER_THREAD], xchunk[X_PER_THREAD];  // byte offsets: from x, in the row
+    int xcell[X_PER_THREAD];                       // the cell after the weight cells
     int xlane_k[X_PER_THREAD];
 #pragma unroll
     for (int q = 0; q < X_PER_THREAD; ++q) {
@@ -196,17 +193,17 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         const int gx = cl >> 2, tx = cl & 3;
         xlane_k[q] = tx * LANE_K;
         xrow[q] = (u32)(min(8 * j + gx, n - 1) * x_stride * sizeof(x_t));
+        xcell[q] = (j * XVECS + v) * 32 + (NK_PRODUCTS ? nk_cell(gx, tx) : cl);
         xchunk[q] = (u32)((tx * LANE_K + 8 * v) * sizeof(x_t));
     }
     auto issue_x = [&](int s, int k) {
-        const u32 cells = slot_addr(s) + (u32)(W_CELLS + threadIdx.x) * 16;
+        const u32 cells = slot_addr(s) + (u32)W_CELLS * 16;
 #pragma unroll
         for (int q = 0; q < X_PER_THREAD; ++q) {
             if (X_CELLS % THREADS != 0 && (int)threadIdx.x + q * THREADS >= X_CELLS) break;
             const bool valid = k + xlane_k[q] < K;
             const u32 kb = valid ? (u32)(k * sizeof(x_t)) + xchunk[q] : 0u;
-            cp_async_ca16(cells + (u32)(q * THREADS) * 16, xbytes + (xrow[q] + kb),
-                          valid ? 16 : 0);
+            cp_async_ca16(cells + (u32)xcell[q] * 16, xbytes + (xrow[q] + kb), valid ? 16 : 0);
         }
     };
 
@@ -272,6 +269,22 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             const int i = st * STAGE_STEPS + u;
             if (i >= total) break;
             close_parts(read.part);  // the parts that ended before this step
+#if NK_PRODUCTS
+            const u32 parts = slot_addr(read_r * STAGE_STEPS + u);  // part i: cells 32 i ..
+            u32 a[WT][2][4];
+#pragma unroll
+            for (int m = 0; m < WT; ++m) {
+                const u32 tile = parts + (u32)(warp * 2 * WT + 2 * m) * 512;
+                nk_a(a[m], tile, tile + 512, lane);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                u32 b[4];
+                nk_b(b, parts + (u32)(W_CELLS + 32 * j) * 16, lane);
+#pragma unroll
+                for (int m = 0; m < WT; ++m) nk_mma(acc[m][j], a[m], b);
+            }
+#else
             const uint4* slot = stages + (read_r * STAGE_STEPS + u) * SLOT_CELLS;
             const uint4* wcells = slot + warp * 2 * WT * 32 + lane;
             Frag f[WT];
@@ -286,6 +299,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
                 for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
             }
+#endif
             read.advance(part_hi, steps, PARTS);
         }
         read_r = read_r + 1 == STAGES ? 0 : read_r + 1;

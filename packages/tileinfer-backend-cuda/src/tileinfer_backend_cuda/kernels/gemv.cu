@@ -3,11 +3,10 @@
 // or (W_FP8) the FP8 product of tileinfer/backend/fp8.py: W e4m3 with row scales, x the e4m3
 // values of the input (fp8_quant.cu) with one float32 scale per token row (x_scale).
 //
-// At decode the weight is read once per token and nothing else matters: the kernel is a stream
-// over W that must keep enough bytes in flight to reach the memory bandwidth (Little's law:
-// about 4.8 TB/s x ~1 us, some 40 KB per SM). Register loads do not do that reliably: ptxas
-// schedules each load next to its first use. So every warp streams its share of W through a
-// private ring of STAGES slots in shared memory with cp.async (16-byte copies, no registers held,
+// At decode the kernel is a stream over W that must keep enough bytes in flight to reach the
+// memory bandwidth (Little's law: some 40 KB per SM). Register loads do not do that reliably
+// (ptxas schedules each load next to its first use), so every warp streams its share of W
+// through a private ring of STAGES slots in shared memory with cp.async (16-byte copies,
 // STAGES - 1 steps of 1 KB ahead), and reads each slot back once its copy group has landed.
 // WARPS warps of a block split K between them (an in-block split-K, reduced through shared
 // memory in a fixed order), so narrow outputs still put many loads in flight.
@@ -19,50 +18,42 @@
 // it as a step of 8 does, plus NT x chunks a lane and step. A dot product does not care in
 // which order k is summed, so the fragments come straight from the 16-byte chunks: lane
 // (g = lane / 4, t = lane % 4) copies W[row g][k + 8t .. k + 8t + 8), W[row g + 8][same] and
-// x[token g][same]; the first four
-// weight pairs of each row are the A fragment of one mma and the x pairs at the same k its B
-// fragment, the next four pairs the second mma (layouts: mma_bf16_16816 in common.cuh). With
+// x[token g][same]; the first four weight pairs of each row are the A fragment of one mma and
+// the x pairs at the same k its B fragment, the next four pairs the second mma (layouts:
+// mma_bf16_16816 in common.cuh; NK_PRODUCTS, gemv_nk.cuh: 16 neighbouring k a mma). With
 // INT8 weights a lane takes 16 int8 per row (64 k per warp step), converted exactly to bf16 in
 // registers; the per-row scale multiplies the float32 sum. With FP8 a lane takes 16 e4m3 of each
 // weight row and 16 e4m3 of x, both converted exactly to f16 (cvt, two values an instruction)
 // for f16 mma's; the sum is scaled by x_scale[token], then by the row's scale.
 //
-// TILES tiles of 16 output rows per warp share each step's x chunks: the x a warp step reads
-// (8 token rows) is half the weight bytes of one tile, and x comes from L2 for every block, so
-// with 8 tokens one tile a warp moves 1.5x the weight's bytes into the SM, two tiles 1.25x.
+// TILES tiles of 16 output rows per warp share each step's x chunks (from L2 for every block:
+// with 8 tokens, x is half a tile's weight bytes).
 //
-// REGS > 0 streams the weight through registers instead of the ring, as gemv_rows.cu does: a
-// warp works in rounds of REGS steps, and the weight chunks of round j + 1 are requested
-// (ld.global.nc, not kept in L1) before the mma's of round j, from two register buffers (the
-// loop unrolled by two so that neither is copied); the x chunks of a step are read when its
-// mma's run (__ldg: L1 hits after the first warp). Same fragments, same k order per warp.
+// REGS > 0 streams the weight through registers instead of the ring, as gemv_rows.cu does: the
+// weight chunks of round j + 1 (REGS steps) are requested (ld.global.nc) before the mma's of
+// round j, from two register buffers; x is read when its mma's run (__ldg: L1 hits after the
+// first warp). Same fragments, same k order per warp.
 //
 // X_REUSE = 1 (the ring only) reads a step's x chunks from the ring once for all of the warp's
-// tiles, holding the tiles' fragments meanwhile: at 64 token rows x is four times a tile's
-// weight bytes, and the default order reads it once per tile.
+// tiles (at 64 token rows x is four times a tile's weight bytes), holding their fragments.
 //
 // GROUPS > 1 puts GROUPS groups of WARPS warps in a block, each group on its own 16 * TILES
 // rows: warp w of every group walks the same K steps at the same pace, so each step's x chunks
-// come from L2 once per block and from L1 for the other groups (x's L2 traffic divided by
-// GROUPS; the ring's shared-memory traffic stays per warp). A row's sum is the same as with one
-// group: groups change which rows share a block, not the order of any sum.
+// come from L2 once per block and from L1 for the other groups. Groups change which rows share
+// a block, not the order of any sum.
 //
-// The block's sums (WARPS partial sums of every row and token) meet in shared memory: the ring's,
-// reused once every copy has landed (the dynamic size is the larger of the two, gemv_smem_bytes
-// in ops/linear.py; with REGS only the partial sums). They are added in RUNS runs of WARPS / RUNS
-// warps: each run's sum from zero in warp order, then the runs' sums in order (RUNS = 1: all
-// warps in order). The batch-invariant builds take RUNS > 1 for the weights that
-// gemm_invariant.cu splits across blocks by run: the same sums in the same order.
+// The block's sums (WARPS partial sums of every row and token) meet in shared memory, the ring's
+// once every copy has landed (gemv_smem_bytes in ops/linear.py: the larger of the two). They are
+// added in RUNS runs of WARPS / RUNS warps: each run's sum from zero in warp order, then the
+// runs' sums in order, as gemm_invariant.cu adds them where it splits a weight by run.
 //
-// Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (for SwiGLU,
-// gate rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads; dynamic
-// shared memory: gemv_smem_bytes() in ops/linear.py.
+// Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (SwiGLU: gate
+// rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads.
 //
-// Programmatic dependent launch (PDL = 1, launched with PDL): the weight does not depend on
-// the previous kernel, x does. The prologue issues the first STAGES - 1 steps' weight copies,
-// then waits for the previous grid (pdl_wait), then issues those steps' x copies; the prologue
-// is one commit group (padded with empty groups, so the steady state's counting is unchanged),
-// so step 0 waits for the whole prologue, issued at once. Every output write follows pdl_wait.
+// Programmatic dependent launch (PDL = 1): the prologue issues the first STAGES - 1 steps'
+// weight copies, waits for the previous grid (pdl_wait), then issues their x copies, all one
+// commit group (padded with empty groups, so the steady state's counting is unchanged). Every
+// output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), W_FP8 (0/1; sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk;
 // 8 when K % 16 != 0), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
@@ -70,7 +61,7 @@
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
 // BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PART_CHUNK
-// (interleaved steps a chunk), PDL (0/1).
+// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -151,9 +142,11 @@ typedef bf16_t x_t;
 #endif
 
 #include "gemv_frag.cuh"  // copy_w, Frag, to_frag, step_mma
+#include "gemv_nk.cuh"    // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS, PART_CHUNK)
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
+static_assert(!(REGS && NK_PRODUCTS), "NK_PRODUCTS: the ring only");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -255,7 +248,8 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     }
     __syncthreads();  // the ring's shared memory holds the partial sums from here on
 #else
-    uint4* my_ring = ring + (i64)wid * STAGES * PARTS * 32 + lane;
+    const int my_cell = NK_PRODUCTS ? nk_cell(g, t) : lane;  // this lane's cell of a part
+    uint4* my_ring = ring + (i64)wid * STAGES * PARTS * 32 + my_cell;
     const u32 my_ring_addr = smem_addr(my_ring);
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
@@ -308,7 +302,20 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
         cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)
         const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
-#if X_REUSE
+#if NK_PRODUCTS
+        __syncwarp();  // every lane's copies of step i have landed: ldmatrix reads them all
+        const u32 parts = smem_addr(ring + ((i64)wid * STAGES + i % STAGES) * PARTS * 32);
+        u32 a[WT][2][4];
+#pragma unroll
+        for (int m = 0; m < WT; ++m) nk_a(a[m], parts + 1024 * m, parts + 1024 * m + 512, lane);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            u32 b[4];
+            nk_b(b, parts + (2 * WT + j) * 512, lane);
+#pragma unroll
+            for (int m = 0; m < WT; ++m) nk_mma(acc[m][j], a[m], b);
+        }
+#elif X_REUSE
         // Every tile's fragments first, then each token tile's x chunks read once for all of
         // them (the other order reads x from the ring once per tile). The same mma's on every
         // accumulator, in the same k order: only the order across accumulators changes.

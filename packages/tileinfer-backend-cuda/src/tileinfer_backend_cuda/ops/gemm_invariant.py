@@ -98,6 +98,13 @@ def blocked_parts(key: tuple) -> bool:
     return bool(experiments["invariant_gemm"].get("blocked", order.get("blocked", BLOCKED_PARTS)))
 
 
+def nk_products(key: tuple) -> bool:
+    """Whether this bf16 weight's batch-invariant sums take products of 16 neighbouring k
+    (gemv_nk.cuh): the experiment switch's "nk", else INVARIANT_ORDER's; never INT8 or FP8."""
+    order = INVARIANT_ORDER.get((key[0], key[1], bool(key[2]), key[3]), {})
+    return not key[2] and bool(experiments["invariant_gemm"].get("nk", order.get("nk", False)))
+
+
 def part_chunk() -> int:
     return int(experiments["invariant_gemm"].get("chunk", PART_CHUNK))
 
@@ -167,7 +174,7 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     if settings is None:
         cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
         cfg.update(experiments["invariant_gemm"])
-        for order in ("min_rows", "runs", "blocked", "chunk"):  # not launch settings
+        for order in ("min_rows", "runs", "blocked", "chunk", "nk"):  # not launch settings
             cfg.pop(order, None)
     else:
         cfg.update({k: v for k, v in settings.items() if k not in ("blocked", "chunk")})
@@ -187,7 +194,7 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
     """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
     ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
-    for order in ("BLOCKED_PARTS", "PART_CHUNK"):  # which K steps each part takes
+    for order in ("BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):  # which k go where
         if order in base:
             defines[order] = base[order]
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],

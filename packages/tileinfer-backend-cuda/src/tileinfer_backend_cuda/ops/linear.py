@@ -8,24 +8,21 @@ take one kernel and configuration per weight at every token count, so that a spe
 row equals the 1-token step's bit for bit: gemv_rows.cu for large weights (the fastest stream at
 one token) and gemv.cu for small ones (tuning.single_sequence_family), where its tensor cores
 make the extra rows of a verify step almost free. Batched steps of 2..8 rows take gemv.cu, which
-reads each weight once for all 8 token slots (gemv_rows.cu's CUDA-core work grows with every
-token row: benchmarks/RESULTS.md, 2026-12-01, "the batched engine, pipelined"). gemv.cu also
-runs where gemv_rows.cu cannot (INT8 weights with K % 16 != 0).
+reads each weight once for all 8 token slots (benchmarks/RESULTS.md, 2026-12-01, "the batched
+engine, pipelined"), as do INT8 weights with K % 16 != 0.
 
 Rounding (the linear contract): a bf16 weight's sum is rounded to bf16 (ROUND_BF16) except when
 the output is float32 (the logits), which gets the float32 sum itself; an INT8 weight's scaled
 sum is rounded once, to the output's dtype.
 
 Shapes: x (n, K) bf16 with unit stride along K; weight (O, K) bf16, or int8 with a float32 scale
-per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows).
-Configurations come from tuning.py and never depend on n: a row's sum is the same at 1 and 8 tokens.
+per row; out (n, O) bf16 or float32 (SwiGLU: weight (2 * O, K), gate rows over up rows). No
+configuration (tuning.py) depends on n: a row's sum is the same at 1 and 8 tokens.
 
-Batched steps of 24..64 rows of the weights in gemm_invariant.BATCHED_GEMM_TABLE (INT8 ones,
-where gemv.cu's 8 token tiles are the default) take gemm_invariant.cu instead, a GEMM's tiling.
-
-Batch-invariant steps (``Invariance.BATCH``) of any number of rows take gemv.cu (invariant_gemv)
-with K's parts (its warps) and the runs that add their sums fixed per weight (determinism.md),
-or, for launches of many rows, gemm_invariant.cu: the same sums in the same order.
+Batched steps of 24..64 rows of the weights in gemm_invariant.BATCHED_GEMM_TABLE (INT8 ones)
+take gemm_invariant.cu instead. Batch-invariant steps (``Invariance.BATCH``) of any number of
+rows take gemv.cu (invariant_gemv) in an order fixed per weight (determinism.md), or, for
+launches of many rows, gemm_invariant.cu: the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -67,8 +64,9 @@ def int8_load(k_dim: int) -> int:
 
 def gemv_regs(config: dict, int8: bool, load: int) -> int:
     """gemv.cu's REGS of a configuration: its "regs" (steps a register round; 0 streams through
-    the ring), where the weight comes in 16-byte chunks (not INT8 loaded 8 bytes at a time)."""
-    return int(config.get("regs", 0)) if not (int8 and load != 16) else 0
+    the ring), where the weight comes in 16-byte chunks (not INT8 loaded 8 bytes at a time) and
+    its products are not of neighbouring k ("nk": ldmatrix reads them from the ring)."""
+    return int(config.get("regs", 0)) if not (int8 and load != 16 or config.get("nk")) else 0
 
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
@@ -114,6 +112,8 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["GROUPS"] = cfg["groups"]
     if cfg.get("runs", 1) > 1:
         defines["RUNS"] = cfg["runs"]  # the warps' sums in runs (gemm_invariant.py)
+    if cfg.get("nk") and not int8:
+        defines["NK_PRODUCTS"] = 1  # products of 16 neighbouring k (gemv_nk.cuh)
     if cfg.get("blocked"):
         defines["BLOCKED_PARTS"] = 1  # each warp's K steps contiguous (gemv_parts.cuh)
     elif cfg.get("chunk", 1) > 1:
@@ -253,8 +253,8 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     cfg = dict(entry, warps=warps, kernel="mma")
     if not fp8:
         cfg["runs"] = gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, warps)
-        cfg["blocked"] = gemm_invariant.blocked_parts(key)
-        cfg["chunk"] = gemm_invariant.part_chunk()
+        cfg.update(blocked=gemm_invariant.blocked_parts(key), chunk=gemm_invariant.part_chunk(),
+                   nk=gemm_invariant.nk_products(key))
     limit = smem_limit(device) - 1024  # room for the static shared memory
 
     def smem():

@@ -25,7 +25,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
   rows of a batch-invariant launch it takes; past 64 every launch is gemv.cu's), and every
   weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (interleaved parts in
-  chunks of this many K steps), ``runs`` (where they divide the parts).
+  chunks of this many K steps), ``runs`` (where they divide the parts), ``nk`` (gemv_nk.cuh).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk", "runs"})
+                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
