@@ -517,6 +517,24 @@ def test_weights_over_4_gb_stay_off_the_gemm(fake_gpu, monkeypatch):
             assert gemm_invariant.takes(*key, 64) is expected
 
 
+def test_order_experiments_keep_the_tables_routing(fake_gpu):
+    """An experiment that sets only the order of the sums (blocked, chunk, runs, nk) leaves which
+    launches run gemm_invariant.cu to INVARIANT_GEMM_TABLE (so a step can be timed end to end in
+    another order); a launch setting or min_rows sends every weight's launches there."""
+    listed = next(k for k, e in gemm_invariant.INVARIANT_GEMM_TABLE.items() if "min_rows" in e)
+    least = gemm_invariant.INVARIANT_GEMM_TABLE[listed]["min_rows"]
+    other = (4096, 4096, False, "none")
+    assert other not in gemm_invariant.INVARIANT_GEMM_TABLE
+    for order in ({"nk": True}, {"blocked": True, "runs": 2}, {"chunk": 4}):
+        with tuning.experiment({"invariant_gemm": order}):
+            assert not gemm_invariant.takes(*other, 64)
+            assert gemm_invariant.takes(*listed, least) and not gemm_invariant.takes(*listed,
+                                                                                     least - 1)
+    for forced in ({"nk": True, "min_rows": 17}, {"stages": 3}):
+        with tuning.experiment({"invariant_gemm": forced}):
+            assert gemm_invariant.takes(*other, 64) and gemm_invariant.takes(*listed, 17)
+
+
 def test_invariant_runs_split_narrow_single_matrices_only():
     """The runs of a weight's sum: INVARIANT_ORDER's where they divide its parts, else 4 (or 2)
     for a narrow single matrix whose parts divide into them, 1 for SwiGLU's pair and for wide

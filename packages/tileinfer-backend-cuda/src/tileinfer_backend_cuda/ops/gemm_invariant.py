@@ -37,6 +37,8 @@ BLOCKED_PARTS = False
 PART_CHUNK = 1
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
+# The experiment switch's keys that set the order of the sums, not where a launch runs.
+ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
 MAX_CLUSTER = 8
 
@@ -121,11 +123,12 @@ def fits(o_rows: int, k_dim: int, int8: bool, epilogue: str) -> bool:
 
 def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool:
     """Whether gemm_invariant.cu runs a batch-invariant launch of `rows` rows of this weight
-    (else gemv.cu, the same bits): the experiment switch's weights from its ``min_rows``, the
-    table's from their entry's (else MIN_ROWS); none over 4 GB (``fits``)."""
+    (else gemv.cu, the same bits): under the experiment switch's launch settings (or min_rows)
+    every weight from its ``min_rows``, else the table's from their entry's (else MIN_ROWS), an
+    experiment of the order alone (ORDER_KEYS) keeping the table's; none over 4 GB (``fits``)."""
     if not fits(o_rows, k_dim, int8, epilogue):
         return False
-    if experiments["invariant_gemm"]:
+    if set(experiments["invariant_gemm"]) - ORDER_KEYS:
         return rows >= min_rows()
     entry = INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
     return entry is not None and rows >= entry.get("min_rows", MIN_ROWS)
@@ -174,8 +177,8 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     if settings is None:
         cfg.update(INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue), {}))
         cfg.update(experiments["invariant_gemm"])
-        for order in ("min_rows", "runs", "blocked", "chunk", "nk"):  # not launch settings
-            cfg.pop(order, None)
+        for key in ORDER_KEYS | {"min_rows"}:  # not launch settings
+            cfg.pop(key, None)
     else:
         cfg.update({k: v for k, v in settings.items() if k not in ("blocked", "chunk")})
     if epilogue == "swiglu":
