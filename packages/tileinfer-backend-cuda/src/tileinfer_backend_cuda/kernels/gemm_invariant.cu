@@ -90,13 +90,12 @@ constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;
 constexpr int XVECS = LANE_K / 8;
-// A step's slot: [warp][2 * WT][lane] weight cells (rows g and g + 8 of each tile), then
-// [token tile][XVECS][lane] x cells; 16 bytes each. Step i of the block's walk takes slot
-// i % SLOTS: step u of ring stage (i / STAGE_STEPS) % STAGES.
+// A step's slot: [warp][2 * WT][lane's cell] weight cells (rows g and g + 8 of each tile), then
+// [token tile][XVECS][lane's cell] x cells, 16 bytes each (cells: gemv_nk.cuh). Step i takes
+// step i % STAGE_STEPS of ring stage (i / STAGE_STEPS) % STAGES.
 constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
 constexpr int X_CELLS = NT * XVECS * 32;
 constexpr int SLOT_CELLS = W_CELLS + X_CELLS;
-constexpr int SLOTS = STAGES * STAGE_STEPS;
 
 #if W_INT8
 typedef signed char w_t;
@@ -184,7 +183,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
     const char* xbytes = reinterpret_cast<const char*>(x);
     u32 xrow[X_PER_THREAD], xchunk[X_PER_THREAD];  // byte offsets: from x, in the row
-    int xcell[X_PER_THREAD];                       // the cell after the weight cells
+    int xcell[X_PER_THREAD];                       // among the slot's x cells
     int xlane_k[X_PER_THREAD];
 #pragma unroll
     for (int q = 0; q < X_PER_THREAD; ++q) {

@@ -36,7 +36,8 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 # "blocked" (contiguous parts) and "runs" for narrow weights whose split launches on
 # gemm_invariant.cu beat gemv.cu at 64 rows, a contiguous range of K a block, while gemv.cu's
 # 1-row step keeps its speed (llama3-8b's qkv and down; benchmarks/RESULTS.md, 2026-12-06
-# (late), "a cluster a row tile").
+# (late), "a cluster a row tile"); "nk" (bf16: products of neighbouring k, gemv_nk.cuh) for none
+# until a GPU has timed it.
 INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, 'swiglu'): {'parts': 1},
     (128256, 4096, False, 'none'): {'parts': 1},
