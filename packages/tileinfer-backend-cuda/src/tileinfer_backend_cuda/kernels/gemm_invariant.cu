@@ -91,8 +91,8 @@ constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;
 constexpr int XVECS = LANE_K / 8;
 // A step's slot: [warp][2 * WT][lane's cell] weight cells (rows g and g + 8 of each tile), then
-// [token tile][XVECS][lane's cell] x cells, 16 bytes each (cells: gemv_nk.cuh). Step i takes
-// step i % STAGE_STEPS of ring stage (i / STAGE_STEPS) % STAGES.
+// [token tile][XVECS][lane's cell] x cells, 16 bytes each (cell: the lane, or nk_cell). Step i
+// takes step i % STAGE_STEPS of ring stage (i / STAGE_STEPS) % STAGES.
 constexpr int W_CELLS = ROW_WARPS * 2 * WT * 32;
 constexpr int X_CELLS = NT * XVECS * 32;
 constexpr int SLOT_CELLS = W_CELLS + X_CELLS;
