@@ -3,10 +3,11 @@ addresses are integer arithmetic, so the system's C++ compiler builds them with 
 qualifiers defined away and ldmatrix simulated (lane i's address gives row i % 8 of matrix
 i / 8; thread (g, t) receives 32-bit word t of row g of each matrix). Every lane's chunk of a
 row (k 8t .. 8t + 7 of a 32-k step, rows g and g + 8, and of a token) is copied to its cell
-(``nk_cell``), then ``nk_a`` and ``nk_b`` must hand each thread the mma fragments of product p
-= k 16p .. 16p + 15 in mma.m16n8k16's layout (a0: row g, k 2t, 2t + 1; a1: row g + 8; a2, a3:
-k + 8; b0: token g, k 2t, 2t + 1; b1: k + 8), and the eight rows of every matrix must sit in
-eight different 16-byte bank groups. A wrong cell, swizzle or matrix order fails here."""
+(``nk_cell``), then ``nk_a`` and ``nk_b`` (at ``nk_lane``'s rows) must hand each thread the
+mma fragments of product p = k 16p .. 16p + 15 in mma.m16n8k16's layout (a0: row g, k 2t,
+2t + 1; a1: row g + 8; a2, a3: k + 8; b0: token g, k 2t, 2t + 1; b1: k + 8), and the eight rows
+of every matrix must sit in eight different 16-byte bank groups. A wrong cell, swizzle or
+matrix order fails here."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ int main() {
         for (int j = 0; j < i; ++j) bad += nk_cell(i / 4, i % 4) == nk_cell(j / 4, j % 4);
     for (lane_now = 0; lane_now < 32; ++lane_now) {
         u32 a[2][4];
-        nk_a(a, pa, pb, lane_now);
+        nk_a(a, pa, nk_lane(lane_now));  // rows g + 8: the next part, pb
     }
     for (int p = 0; p < 2; ++p) {
         bad += banks_bad(p);
@@ -80,7 +81,7 @@ int main() {
     }
     for (lane_now = 0; lane_now < 32; ++lane_now) {
         u32 b[4];
-        nk_b(b, px, lane_now);
+        nk_b(b, px, nk_lane(lane_now));
     }
     bad += banks_bad(2);
     for (int c = 0; c < 4; ++c)  // b[c]: k 8c + 2t: product c / 2's b0 (c even) or b1

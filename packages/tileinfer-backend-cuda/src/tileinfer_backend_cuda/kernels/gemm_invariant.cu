@@ -163,6 +163,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     const u32 base_addr = smem_addr(stages);
     const int my_cell = NK_PRODUCTS ? nk_cell(g, t) : lane;  // this lane's cell of a part
+    const NkLane nk = nk_lane(lane);
     auto slot_addr = [&](int s) { return base_addr + (u32)(s * SLOT_CELLS * 16); };
 
     // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
@@ -273,13 +274,12 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
             u32 a[WT][2][4];
 #pragma unroll
             for (int m = 0; m < WT; ++m) {
-                const u32 tile = parts + (u32)(warp * 2 * WT + 2 * m) * 512;
-                nk_a(a[m], tile, tile + 512, lane);
+                nk_a(a[m], parts + (u32)(warp * 2 * WT + 2 * m) * 512, nk);
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 u32 b[4];
-                nk_b(b, parts + (u32)(W_CELLS + 32 * j) * 16, lane);
+                nk_b(b, parts + (u32)(W_CELLS + 32 * j) * 16, nk);
 #pragma unroll
                 for (int m = 0; m < WT; ++m) nk_mma(acc[m][j], a[m], b);
             }

@@ -249,12 +249,13 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     __syncthreads();  // the ring's shared memory holds the partial sums from here on
 #else
     const int my_cell = NK_PRODUCTS ? nk_cell(g, t) : lane;  // this lane's cell of a part
+    const NkLane nk = nk_lane(lane);                          // its ldmatrix rows (NK only)
     uint4* my_ring = ring + (i64)wid * STAGES * PARTS * 32 + my_cell;
     const u32 my_ring_addr = smem_addr(my_ring);
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
-    // as one commit group. Every call commits a group, so "group i done" is a fixed count.
-    // issue_w / issue_x: the weight / x half of step i (PDL's prologue splits them).
+    // one commit group a call ("group i done" is a fixed count); issue_w / issue_x: the weight /
+    // x half of step i (PDL's prologue splits them).
     auto issue_w = [&](int i) {
         const int k = step_k(i);
         const bool valid = in_range(i, k);
@@ -307,18 +308,17 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
         const u32 parts = smem_addr(ring + ((i64)wid * STAGES + i % STAGES) * PARTS * 32);
         u32 a[WT][2][4];
 #pragma unroll
-        for (int m = 0; m < WT; ++m) nk_a(a[m], parts + 1024 * m, parts + 1024 * m + 512, lane);
+        for (int m = 0; m < WT; ++m) nk_a(a[m], parts + 1024 * m, nk);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             u32 b[4];
-            nk_b(b, parts + (2 * WT + j) * 512, lane);
+            nk_b(b, parts + (2 * WT + j) * 512, nk);
 #pragma unroll
             for (int m = 0; m < WT; ++m) nk_mma(acc[m][j], a[m], b);
         }
 #elif X_REUSE
         // Every tile's fragments first, then each token tile's x chunks read once for all of
-        // them (the other order reads x from the ring once per tile). The same mma's on every
-        // accumulator, in the same k order: only the order across accumulators changes.
+        // them: the same mma's on every accumulator, in the same k order.
         Frag f[WT];
 #pragma unroll
         for (int m = 0; m < WT; ++m) to_frag(f[m], stage[(2 * m) * 32], stage[(2 * m + 1) * 32]);

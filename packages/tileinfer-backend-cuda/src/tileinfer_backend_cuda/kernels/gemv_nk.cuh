@@ -24,23 +24,32 @@ static_assert(!NK_PRODUCTS || (!W_INT8 && !W_FP8), "NK_PRODUCTS: bf16 weights");
 
 __device__ __forceinline__ int nk_cell(int g, int t) { return 4 * g + (t ^ ((g >> 1) & 3)); }
 
-// The A fragments of one step of a 16-row tile whose rows g and g + 8 are the parts at shared
-// addresses pa and pb: a[p] = product p's (ldmatrix.x4: lane i gives row i % 8 of matrix i / 8,
-// the matrices (rows 0-7, chunk 2p), (rows 8-15, chunk 2p), (rows 0-7, chunk 2p + 1), (rows 8-15,
-// chunk 2p + 1): a0..a3).
-__device__ __forceinline__ void nk_a(u32 (&a)[2][4], u32 pa, u32 pb, int lane) {
+// This lane's ldmatrix rows as byte offsets (computed once): a[p] from a 16-row tile's first
+// part (rows g; rows g + 8 are the next part, 512 bytes on), b from a token tile's part.
+// ldmatrix.x4: lane i gives row i % 8 of matrix i / 8. A's matrices of product p: (rows 0-7,
+// chunk 2p), (rows 8-15, chunk 2p), (rows 0-7, chunk 2p + 1), (rows 8-15, chunk 2p + 1): a0..a3;
+// B's: chunks 0..3 of tokens 0-7, product p taking b[2p], b[2p + 1].
+struct NkLane {
+    u32 a[2], b;
+};
+__device__ __forceinline__ NkLane nk_lane(int lane) {
     const int mi = lane >> 3, r = lane & 7;
-    const u32 part = (mi & 1) ? pb : pa;
+    NkLane l;
 #pragma unroll
-    for (int p = 0; p < 2; ++p)
-        ldmatrix_x4(a[p][0], a[p][1], a[p][2], a[p][3],
-                    part + (u32)nk_cell(r, 2 * p + (mi >> 1)) * 16);
+    for (int p = 0; p < 2; ++p) l.a[p] = (mi & 1) * 512 + nk_cell(r, 2 * p + (mi >> 1)) * 16;
+    l.b = nk_cell(r, mi) * 16;
+    return l;
 }
 
-// The B fragments of one step of a token tile whose x is the part at px: b[c] = chunk c's
-// matrix (tokens 0-7); product p takes b[2p], b[2p + 1].
-__device__ __forceinline__ void nk_b(u32 (&b)[4], u32 px, int lane) {
-    ldmatrix_x4(b[0], b[1], b[2], b[3], px + (u32)nk_cell(lane & 7, lane >> 3) * 16);
+// The A fragments of one step of the 16-row tile whose first part is at shared address tile.
+__device__ __forceinline__ void nk_a(u32 (&a)[2][4], u32 tile, const NkLane& l) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) ldmatrix_x4(a[p][0], a[p][1], a[p][2], a[p][3], tile + l.a[p]);
+}
+
+// The B fragments of one step of the token tile whose x is the part at shared address px.
+__device__ __forceinline__ void nk_b(u32 (&b)[4], u32 px, const NkLane& l) {
+    ldmatrix_x4(b[0], b[1], b[2], b[3], px + l.b);
 }
 
 // acc += the step's two products, in order.
