@@ -300,6 +300,41 @@ def test_batched_int8_steps_take_gemm_invariant_for_the_table_s_weights(launches
         assert launches[0].grid == (4096 // (16 * 8), 1)
 
 
+def test_batched_bf16_steps_take_gemm_invariant_for_the_table_s_weights(launches, monkeypatch):
+    """bf16 weights too: a BATCHED_GEMM_TABLE entry sends a batched step of BATCHED_MIN_ROWS..64
+    rows (plain, SwiGLU with its epilogue fused, float32 logits) to gemm_invariant.cu in the
+    entry's layout (products of neighbouring k here) instead of cuBLAS; 65 rows, and a weight
+    without an entry, go to cuBLAS as before."""
+    blas = torch.backends.cuda.preferred_blas_library  # the fixture's BlasLibrary
+    monkeypatch.setattr(linear.torch, "mm", blas.mm)
+    w, wg = torch.randn(4096, 4096).to(BF), torch.randn(2 * 14336, 4096).to(BF)
+    other = torch.randn(6144, 4096).to(BF)
+    entry = {"nk": True, "blocked": True, "stages": 3, "split": False, "row_warps": 8}
+    monkeypatch.setattr(gemm_invariant, "BATCHED_GEMM_TABLE", {
+        (4096, 4096, False, "none"): entry, (14336, 4096, False, "swiglu"): entry})
+    for n in (gemm_invariant.BATCHED_MIN_ROWS, 64, 65):
+        launches.clear()
+        blas.at_mm.clear()
+        x = torch.randn(n, 4096).to(BF)
+        OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, None, False)
+        OPS["linear"](torch.empty(n, 4096, dtype=torch.float32), x, w, None, False)
+        OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, None,
+                             torch.empty(n, 2 * 14336, dtype=BF), False)
+        OPS["linear"](torch.empty(n, 6144, dtype=BF), x, other, None, False)
+        files = [k.file for k in launches]
+        if n > 64:
+            assert files == ["elementwise.cu"] and len(blas.at_mm) == 4  # silu_mul after mm
+            continue
+        assert files == ["gemm_invariant.cu"] * 3 and len(blas.at_mm) == 1
+        for k in launches:
+            d = k.defines
+            assert (d["NK_PRODUCTS"], d["BLOCKED_PARTS"], d["STAGES"], d["ROW_WARPS"]) == (
+                1, 1, 3, 8)
+            assert d["NT"] == tuning.mma_token_tiles(n) and k.args[4] == n
+        assert [k.defines["EPILOGUE"] for k in launches] == [0, 0, 1]
+        assert [k.defines["OUT_DTYPE"] for k in launches] == ["bf16_t", "float", "bf16_t"]
+
+
 def _step(q_lens, contexts, heads=32, kv_heads=8, head_dim=128, kind="int8", qk_norm=True):
     n, page = sum(q_lens), 16
     shape = (400, page, kv_heads, head_dim)

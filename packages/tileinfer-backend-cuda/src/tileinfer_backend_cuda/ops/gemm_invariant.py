@@ -64,11 +64,12 @@ INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
 BATCHED_MIN_ROWS = 24
 # (output rows, K, int8, epilogue) -> the launch settings and the parts' layout ("blocked",
-# "chunk") of batched steps of BATCHED_MIN_ROWS..64 rows outside the batch-invariant mode, where
-# no order is kept and the fastest layout may run: the weights (INT8: their default there is
-# gemv.cu's 8 token tiles) for which `benchmarks/batched_linear.py --int8 --gemm-sweep 64` found
-# gemm_invariant.cu faster (its BATCHED_GEMM_TABLE entries): llama3-8b's INT8 gate/up and
-# lm_head on an H100 (benchmarks/RESULTS.md, 2026-12-06 (night)).
+# "chunk", "nk") of batched steps of BATCHED_MIN_ROWS..64 rows outside the batch-invariant mode,
+# where no order is kept and the fastest layout may run: the weights for which
+# `benchmarks/batched_linear.py [--int8] --gemm-sweep 64` found gemm_invariant.cu faster than
+# the default path there (INT8: gemv.cu's 8 token tiles; bf16: cuBLAS) (its BATCHED_GEMM_TABLE
+# entries): llama3-8b's INT8 gate/up and lm_head on an H100 (benchmarks/RESULTS.md, 2026-12-06
+# (night)).
 BATCHED_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, True, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 3,
                                     "stage_steps": 2, "split": False, "chunk": 4},
@@ -180,7 +181,7 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
         for key in ORDER_KEYS | {"min_rows"}:  # not launch settings
             cfg.pop(key, None)
     else:
-        cfg.update({k: v for k, v in settings.items() if k not in ("blocked", "chunk")})
+        cfg.update({k: v for k, v in settings.items() if k not in ORDER_KEYS})
     if epilogue == "swiglu":
         cfg["row_tiles"] = 1  # two matrices' tiles already; four would spill the sums' registers
     tiles = cdiv(o_rows, block_rows(cfg))

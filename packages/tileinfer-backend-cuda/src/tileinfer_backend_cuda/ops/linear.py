@@ -145,7 +145,8 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
 def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
          invariant=True):
     """The GEMV of a gemv_ok call: up to GEMV_MAX_TOKENS rows (gemv_rows.cu, or gemv.cu when
-    batched: not invariant), or up to wide_max_tokens rows (gemv.cu with 2, 4 or 8 token tiles)."""
+    batched: not invariant), up to wide_max_tokens rows (gemv.cu with 2, 4 or 8 token tiles), or
+    a batched step of a BATCHED_GEMM_TABLE weight (gemm_invariant.cu in the entry's layout)."""
     n, k_dim = x.shape
     int8 = weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
@@ -160,10 +161,9 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
         cfg = gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")
     entry = gemm_invariant.batched_settings(o_rows, k_dim, int8, epilogue, n) if batched else None
     if entry is not None:
-        # a batched step, no order to keep: gemm_invariant.cu in the entry's parts layout
-        base = gemv_defines({"warps": cfg["warps"], "stages": 2, "blocked": entry.get("blocked"),
-                             "chunk": entry.get("chunk", 1)}, int8, int8_load(k_dim), epilogue,
-                            DTYPE_NAMES[out.dtype], pdl(device), token_tiles)
+        layout = {k: entry[k] for k in ("blocked", "chunk", "nk") if k in entry}  # no order kept
+        base = gemv_defines({"warps": cfg["warps"], "stages": 2, **layout}, int8, int8_load(k_dim),
+                            epilogue, DTYPE_NAMES[out.dtype], pdl(device), token_tiles)
         return gemm_invariant.gemm_invariant(
             out, x, weight, weight_scale, xielu_params, base, cfg["warps"],
             gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, cfg["warps"]),
@@ -310,10 +310,9 @@ def gemm(out, x, weight, weight_scale):
 
 def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
     """out = x @ W.T with the kernel that fits; False when none does."""
-    if x.dim() != 2 or out.dim() != 2 or x.shape[0] != out.shape[0] or out.shape[1] != weight.shape[0]:
+    if x.dim() != 2 or out.dim() != 2 or tuple(out.shape) != (x.shape[0], weight.shape[0]):
         return False
-    n = x.shape[0]
-    if n == 0:
+    if (n := x.shape[0]) == 0:
         return True
     if gemv_ok(out, x, weight, weight_scale):
         if _gemv_takes(n, weight):
@@ -333,11 +332,12 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
     return False
 
 
-def _gemv_takes(n: int, weight) -> bool:
-    """Whether a GEMV runs an n-row step: up to GEMV_MAX_TOKENS rows, and up to the weight
-    dtype's wide_max_tokens (no row of a step above INVARIANT_MAX_ROWS has to equal its 1-row
-    step, so the flag does not matter there)."""
-    return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(weight.dtype == torch.int8)
+def _gemv_takes(n: int, weight, epilogue: str = "none") -> bool:
+    """Whether gemv() runs an n-row step: up to GEMV_MAX_TOKENS rows, up to the weight dtype's
+    wide_max_tokens, and a batched step BATCHED_GEMM_TABLE gives gemm_invariant.cu."""
+    int8, o_rows = weight.dtype == torch.int8, weight.shape[0] // (2 if epilogue == "swiglu" else 1)
+    return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(int8) or n <= INVARIANT_LAUNCH_ROWS and (
+        gemm_invariant.batched_settings(o_rows, weight.shape[1], int8, epilogue, n) is not None)
 
 
 def _invariant_ok(out, x, weight, weight_scale, epilogue="none") -> bool:
@@ -369,7 +369,7 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant=True):
             return fallback("linear_swiglu", "batch-invariant layout", out, x, weight,
                             weight_scale, gate_up, batch_invariant)
         return invariant_gemv(out, x, weight, weight_scale, "swiglu")
-    if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
+    if (x.dim() == 2 and _gemv_takes(n, weight, "swiglu") and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "swiglu", invariant=batch_invariant)
     if (gate_up.dtype == x.dtype and gate_up.is_contiguous()
@@ -390,7 +390,7 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
                             weight_scale, xielu, batch_invariant)
         return invariant_gemv(out, x, weight, weight_scale, "xielu",
                               (s.alpha_p, s.alpha_n, s.beta, s.eps))
-    if (x.dim() == 2 and _gemv_takes(n, weight) and out.dtype == torch.bfloat16
+    if (x.dim() == 2 and _gemv_takes(n, weight, "xielu") and out.dtype == torch.bfloat16
             and gemv_ok(out, x, weight, weight_scale)):
         return gemv(out, x, weight, weight_scale, "xielu", (s.alpha_p, s.alpha_n, s.beta, s.eps),
                     invariant=batch_invariant)
