@@ -175,8 +175,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
         }
     }
     // Warp `warp` takes the steps of part `warp` (gemv_parts.cuh: warp, warp + WARPS, ..., in
-    // chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS); step s covers k in
-    // [s, s + 1) * STEP_K.
+    // chunks of PART_CHUNK, or a contiguous range with BLOCKED_PARTS), step s k [s, s + 1) STEP_K.
     const int steps = (K + STEP_K - 1) / STEP_K;
     const int my_steps = part_steps(warp, steps, WARPS);
     float acc[WT][NT][4];
@@ -300,6 +299,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
 #endif
     for (int i = 0; i < my_steps; ++i) {
+        if (NK_PRODUCTS) __syncwarp();  // every lane's ldmatrix reads of step i - 1 are done
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
         cp_async_wait<STAGES - 1>();    // step i's group has landed (this lane's own copies)
         const uint4* stage = my_ring + (i % STAGES) * PARTS * 32;
