@@ -395,7 +395,7 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
                                        int8, linear.int8_load(k_dim), epilogue,
                                        "float" if name == "lm_head" else "bf16_t",
                                        tuning.pdl(device), tiles)
-            defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles)
+            defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles, k_dim)
             jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
     precompile(list(jobs.values()))
     # gemv.cu's 1-row step in each layout and runs (min_rows past 64: no gemm_invariant.cu)

@@ -84,7 +84,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
         STAGE_STEPS=2, PDL=1)
     add("gemm_invariant.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=2, SPLIT=1, NT=4)
     add("gemm_invariant.cu", PARTS=8, RUNS=4, SPLIT=1, BLOCKED_PARTS=1, NK_PRODUCTS=1,
-        STAGE_STEPS=2, PDL=1)
+        STAGE_STEPS=2, PDL=1, K_ALIGNED=1)
     add("gemm_invariant.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, NK_PRODUCTS=1, ROW_WARPS=8,
         NT=2)
 

@@ -575,11 +575,15 @@ def test_invariant_gemm_launches_fit_and_split_only_with_runs(fake_gpu, monkeypa
         assert gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) <= (
             SMEM_PER_BLOCK - 1024)
         assert cfg["split"] == (runs > 1)  # the llama shapes' narrow row tiles are few
-        d = gemm_invariant.gemm_defines(cfg, linear.gemv_defines(
-            {"warps": parts, "stages": 2}, int8, load, epilogue, "bf16_t", True, tiles),
-            parts, runs, tiles)
+        base = linear.gemv_defines({"warps": parts, "stages": 2}, int8, load, epilogue,
+                                   "bf16_t", True, tiles)
+        d = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles, k_dim)
         assert (d["PARTS"], d["RUNS"], d["NT"], d["SPLIT"], d["PDL"]) == (
             parts, runs, tiles, int(runs > 1), 1)
+        step_k = 4 * (load if int8 else 8)  # a K step: 4 lanes' chunks
+        assert d.get("K_ALIGNED", 0) == int(k_dim % step_k == 0)
+        ragged = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles, k_dim + 8)
+        assert "K_ALIGNED" not in ragged  # K 8 past a step: its last step part empty
         if cfg["split"]:
             mats = 2 if epilogue == "swiglu" else 1
             assert gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) >= (

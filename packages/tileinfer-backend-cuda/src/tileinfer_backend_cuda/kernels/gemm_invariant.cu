@@ -29,7 +29,7 @@
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS (the order of the sums:
 // gemv.cu's WARPS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS), ROW_WARPS, ROW_TILES,
-// STAGES, STAGE_STEPS, NT, SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+// STAGES, STAGE_STEPS, NT, SPLIT (0/1), K_ALIGNED (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -71,6 +71,9 @@
 #endif
 #ifndef SPLIT
 #define SPLIT 0
+#endif
+#ifndef K_ALIGNED
+#define K_ALIGNED 0  // 1: K is a multiple of STEP_K, so every chunk of every step holds data
 #endif
 #ifndef PDL
 #define PDL 0
@@ -147,11 +150,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     int total = 0;  // the block's steps
     for (int p = part_lo; p < part_hi; ++p) total += part_steps(p, steps, PARTS);
 
-    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped), as
-    // byte offsets from w (the host keeps the weight under 4 GB: gemm_invariant.fits). Tile m:
-    // matrix m / ROW_TILES, rows warp_base + 16 (m % ROW_TILES) + g (and + 8). A step's copy adds
-    // its k to them, one 32-bit and one 64-bit add an address (with 64-bit row pointers ptxas
-    // recomputes each from the row and K at every step).
+    // This lane's weight rows (rows past O read row O - 1 again; their sums are dropped) as byte
+    // offsets from w (under 4 GB: gemm_invariant.fits), to which a step's copy adds its k (ptxas
+    // recomputes 64-bit row pointers every step). Tile m: matrix m / ROW_TILES, rows warp_base +
+    // 16 (m % ROW_TILES) + g (and + 8).
     const char* wbytes = reinterpret_cast<const char*>(w);
     u32 wrow[WT][2];
 #pragma unroll
@@ -168,7 +170,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 
     // Copies of one step (at k) into slot s; a lane's chunk past K is zeros, as in gemv.cu.
     auto issue_w = [&](int s, int k) {
-        const bool valid = k + t * LANE_K < K;
+        const bool valid = K_ALIGNED || k + t * LANE_K < K;
         const u32 kb = valid ? (u32)(k * sizeof(w_t)) : 0u;
         const u32 cells = slot_addr(s) + (u32)((warp * 2 * WT) * 32 + my_cell) * 16;
 #pragma unroll
@@ -179,8 +181,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
                        valid);
     };
     // This thread's x cells, c = threadIdx.x + q THREADS (cell c: token tile j, chunk v, lane
-    // (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]): their rows, their chunks' offsets in a
-    // step, computed once.
+    // (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]), their rows and offsets computed once.
     constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
     const char* xbytes = reinterpret_cast<const char*>(x);
     u32 xrow[X_PER_THREAD], xchunk[X_PER_THREAD];  // byte offsets: from x, in the row
@@ -201,7 +202,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
 #pragma unroll
         for (int q = 0; q < X_PER_THREAD; ++q) {
             if (X_CELLS % THREADS != 0 && (int)threadIdx.x + q * THREADS >= X_CELLS) break;
-            const bool valid = k + xlane_k[q] < K;
+            const bool valid = K_ALIGNED || k + xlane_k[q] < K;
             const u32 kb = valid ? (u32)(k * sizeof(x_t)) + xchunk[q] : 0u;
             cp_async_ca16(cells + (u32)xcell[q] * 16, xbytes + (xrow[q] + kb), valid ? 16 : 0);
         }
@@ -216,8 +217,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     fill.enter(part_hi, steps, PARTS);
     PartWalk read = fill;
     const int stage_count = (total + STAGE_STEPS - 1) / STAGE_STEPS;
-    // Stage st's copies (its steps that exist) into ring stage r (st % STAGES), the walk `c`
-    // moved past them.
+    // Stage st's copies (its steps that exist) into ring stage r (st % STAGES); `c` moves on.
     auto issue_stage = [&](int st, int r, PartWalk& c, bool weights, bool xs) {
 #pragma unroll
         for (int u = 0; u < STAGE_STEPS; ++u) {

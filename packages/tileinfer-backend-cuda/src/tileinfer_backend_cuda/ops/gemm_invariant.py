@@ -194,9 +194,11 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     return cfg
 
 
-def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
+def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
+                 k_dim: int = 0) -> dict:
     """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
-    ROUND_BF16 and PDL (base), the sums' order, the launch's build."""
+    ROUND_BF16 and PDL (base), the sums' order, the launch's build; K_ALIGNED where k_dim is a
+    multiple of a K step (no chunk of any step past K)."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     for order in ("BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):  # which k go where
         if order in base:
@@ -209,6 +211,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int)
         defines["STREAM_L2_256B"] = None
     if base.get("PDL"):
         defines["PDL"] = 1
+    if k_dim and k_dim % (4 * lane_k(bool(base["W_INT8"]), base["INT8_LOAD"])) == 0:
+        defines["K_ALIGNED"] = 1
     return defines
 
 
@@ -223,7 +227,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
-    defines = gemm_defines(cfg, base, parts, runs, token_tiles)
+    defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff", device, defines)
     k.launch((cdiv(o_rows, block_rows(cfg)), runs if cfg["split"] else 1),
              (cfg["row_warps"] * 32,),
