@@ -24,8 +24,8 @@ static_assert(!NK_PRODUCTS || (!W_INT8 && !W_FP8), "NK_PRODUCTS: bf16 weights");
 
 __device__ __forceinline__ int nk_cell(int g, int t) { return 4 * g + (t ^ ((g >> 1) & 3)); }
 
-// This lane's ldmatrix rows as byte offsets (computed once): a[p] from a 16-row tile's first
-// part (rows g; rows g + 8 are the next part, 512 bytes on), b from a token tile's part.
+// This lane's ldmatrix rows as byte offsets (nk_lane, once a kernel): a[p] from a 16-row
+// tile's first part (rows g; rows g + 8: the next part, 512 bytes on), b from a token tile's.
 // ldmatrix.x4: lane i gives row i % 8 of matrix i / 8. A's matrices of product p: (rows 0-7,
 // chunk 2p), (rows 8-15, chunk 2p), (rows 0-7, chunk 2p + 1), (rows 8-15, chunk 2p + 1): a0..a3;
 // B's: chunks 0..3 of tokens 0-7, product p taking b[2p], b[2p + 1].
