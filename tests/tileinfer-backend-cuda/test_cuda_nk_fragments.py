@@ -11,12 +11,7 @@ matrix order fails here."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
-import pytest
-
-from tileinfer_backend_cuda.compiler import KERNEL_DIR
+from host_check import run_host_check
 
 CHECK = r"""
 #include <cstdint>
@@ -94,13 +89,4 @@ int main() {
 
 
 def test_nk_fragments_are_mma_layouts_of_neighbouring_k(tmp_path):
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no C++ compiler on this machine")
-    source = tmp_path / "check.cpp"
-    source.write_text(CHECK)
-    binary = tmp_path / "check"
-    subprocess.run([compiler, "-std=c++17", "-O1", f"-I{KERNEL_DIR}", "-o", str(binary),
-                    str(source)], check=True, capture_output=True)
-    result = subprocess.run([str(binary)], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "0", result.stdout
+    run_host_check(tmp_path, CHECK)

@@ -7,12 +7,9 @@ order, and the interleaved layout of one-step chunks is the dealing ``p, p + par
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
-from tileinfer_backend_cuda.compiler import KERNEL_DIR
+from host_check import run_host_check
 
 CHECK = r"""
 #include <algorithm>
@@ -62,14 +59,4 @@ int main() {
 @pytest.mark.parametrize("blocked,chunk", [(0, 1), (0, 2), (0, 4), (0, 8), (1, 1)],
                          ids=["interleaved", "chunk2", "chunk4", "chunk8", "blocked"])
 def test_every_k_step_is_one_parts_in_walk_order(tmp_path, blocked, chunk):
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no C++ compiler on this machine")
-    source = tmp_path / "check.cpp"
-    source.write_text(CHECK)
-    binary = tmp_path / "check"
-    subprocess.run([compiler, "-std=c++17", "-O1", f"-I{KERNEL_DIR}",
-                    f"-DBLOCKED_PARTS={blocked}", f"-DPART_CHUNK={chunk}", "-o", str(binary),
-                    str(source)], check=True, capture_output=True)
-    result = subprocess.run([str(binary)], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "0", result.stdout
+    run_host_check(tmp_path, CHECK, f"-DBLOCKED_PARTS={blocked}", f"-DPART_CHUNK={chunk}")
