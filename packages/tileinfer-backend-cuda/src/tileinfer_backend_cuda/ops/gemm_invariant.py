@@ -20,7 +20,7 @@ heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any 
 from __future__ import annotations
 
 from .common import cdiv, dev, kernel, num_sms, smem_limit
-from .invariant_tuning import INVARIANT_ORDER
+from .invariant_tuning import invariant_order
 from .tuning import experiments, sm90
 
 # Launches of fewer rows stay on gemv.cu (same bits).
@@ -83,7 +83,7 @@ def invariant_runs(o_rows: int, k_dim: int, int8: bool, epilogue: str, parts: in
     `parts` parts (its warps), where they divide them: the experiment switch's ``"runs"``, else
     INVARIANT_ORDER's, else 4 (or 2) for a narrow single matrix and 1 for the others."""
     for runs in (experiments["invariant_gemm"].get("runs"),
-                 INVARIANT_ORDER.get((o_rows, k_dim, bool(int8), epilogue), {}).get("runs")):
+                 invariant_order(o_rows, k_dim, int8, epilogue).get("runs")):
         if runs and parts % runs == 0:
             return int(runs)
     if epilogue == "swiglu" or o_rows > NARROW_ROWS:
@@ -97,14 +97,14 @@ def invariant_runs(o_rows: int, k_dim: int, int8: bool, epilogue: str, parts: in
 def blocked_parts(key: tuple) -> bool:
     """Whether the parts of this weight's (output rows, K, int8, epilogue) batch-invariant sums
     take contiguous K steps: the experiment switch's, else INVARIANT_ORDER's, else BLOCKED_PARTS."""
-    order = INVARIANT_ORDER.get((key[0], key[1], bool(key[2]), key[3]), {})
+    order = invariant_order(*key)
     return bool(experiments["invariant_gemm"].get("blocked", order.get("blocked", BLOCKED_PARTS)))
 
 
 def nk_products(key: tuple) -> bool:
     """Whether this bf16 weight's batch-invariant sums take products of 16 neighbouring k
     (gemv_nk.cuh): the experiment switch's "nk", else INVARIANT_ORDER's; never INT8 or FP8."""
-    order = INVARIANT_ORDER.get((key[0], key[1], bool(key[2]), key[3]), {})
+    order = invariant_order(*key)
     return not key[2] and bool(experiments["invariant_gemm"].get("nk", order.get("nk", False)))
 
 

@@ -45,6 +45,12 @@ INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
     (4096, 14336, False, 'none'): {'blocked': True, 'runs': 8},
 }
 
+
+def invariant_order(o_rows: int, k_dim: int, int8: bool, epilogue: str) -> dict:
+    """The weight's INVARIANT_ORDER entry ({} where it keeps the default order)."""
+    return INVARIANT_ORDER.get((o_rows, k_dim, bool(int8), epilogue), {})
+
+
 # FP8 weights (ops/linear_fp8.py), per (output rows, K, epilogue): the winners of
 # `benchmarks/batched_linear.py --fp8 --mma-sweep 1` (llama3-8b, benchmarks/RESULTS.md,
 # 2026-12-03, "FP8 weights on cuda"); at more token tiles invariant_gemv_config lowers row

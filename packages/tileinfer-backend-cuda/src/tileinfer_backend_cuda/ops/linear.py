@@ -35,7 +35,7 @@ from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, al
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise, gemm_invariant
 from .cublas import cublas
-from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, INVARIANT_ORDER
+from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, invariant_order
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
                      gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
@@ -241,7 +241,7 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
     memory. None when even that does not fit (fewer token tiles then do: one always fits).
     fp8: FP8_GEMV_TABLE's build, warps included, where it has one."""
     key = (o_rows, k_dim, bool(int8), epilogue)
-    parts = None if fp8 or experiments["gemv"] else INVARIANT_ORDER.get(key, {}).get("parts")
+    parts = None if fp8 or experiments["gemv"] else invariant_order(*key).get("parts")
     warps = parts or gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
     entry = INVARIANT_GEMV_TABLE.get(key + (token_tiles,))
     if fp8 and (o_rows, k_dim, epilogue) in FP8_GEMV_TABLE and not experiments["gemv"]:
