@@ -214,7 +214,8 @@ __device__ __forceinline__ float cluster_load(const float* p, int rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     u32 remote;
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-    asm("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));  // after cluster_sync
+    // volatile with a memory clobber: never moved above the cluster_sync it must follow
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
 #endif
     return v;
 }
