@@ -517,6 +517,18 @@ def test_weights_over_4_gb_stay_off_the_gemm(fake_gpu, monkeypatch):
             assert gemm_invariant.takes(*key, 64) is expected
 
 
+def test_steps_past_a_block_of_rows_take_the_gemm_for_every_weight(fake_gpu):
+    """A batch-invariant step of more than BLOCK_ROWS rows (a prefill) runs gemm_invariant.cu for
+    every weight under 4 GB, in the table or not: one launch reads the weight once for all its
+    blocks of rows, where gemv.cu would read it once a block."""
+    other = (4096, 4096, False, "none")
+    assert other not in gemm_invariant.INVARIANT_GEMM_TABLE
+    rows = gemm_invariant.BLOCK_ROWS
+    assert not gemm_invariant.takes(*other, rows) and gemm_invariant.takes(*other, rows + 1)
+    assert gemm_invariant.takes(4096, 14336, True, "swiglu", 4 * rows)
+    assert not gemm_invariant.takes(262144, 8192, False, "none", 4 * rows)  # 4 GB
+
+
 def test_order_experiments_keep_the_tables_routing(fake_gpu):
     """An experiment that sets only the order of the sums (blocked, chunk, runs, nk) leaves which
     launches run gemm_invariant.cu to INVARIANT_GEMM_TABLE (so a step can be timed end to end in

@@ -221,9 +221,9 @@ def test_int8_gemv_with_k_not_a_multiple_of_16_runs_the_mma_kernel(launches):
 def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monkeypatch, int8):
     """Invariance.BATCH: gemv.cu for the weights without an INVARIANT_GEMM_TABLE entry; with one
     (here: the experiment switch, for every weight) gemv.cu up to min_rows - 1 rows, then
-    gemm_invariant.cu in launches of 64 rows with the gemv.cu build's order (PARTS = its warps,
-    RUNS its runs); narrow weights split by run (grid.y, a row tile's runs in a cluster), SwiGLU's
-    does not."""
+    gemm_invariant.cu in one launch (grid.x: blocks of 64 rows) with the gemv.cu build's order
+    (PARTS = its warps, RUNS its runs); narrow weights split by run (grid.y: a row tile's runs,
+    neighbours in a cluster), SwiGLU's does not. Past 64 rows every weight takes the GEMM."""
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
@@ -238,6 +238,9 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
     OPS["linear"](torch.empty(64, 4096, dtype=BF), x, w, s, batch)
     assert [(k.file, k.defines["STAGES"]) for k in launches] == [("gemm_invariant.cu", 3)]
     monkeypatch.delitem(gemm_invariant.INVARIANT_GEMM_TABLE, (4096, 4096, int8, "none"))
+    launches.clear()
+    OPS["linear"](torch.empty(65, 4096, dtype=BF), torch.randn(65, 4096).to(BF), w, s, batch)
+    assert [(k.file, k.grid[0]) for k in launches] == [("gemm_invariant.cu", 2)]  # no entry
     least = 17
     for n in (least - 1, least, 100):
         launches.clear()
@@ -253,20 +256,19 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
             assert launches[0].defines.get("RUNS", 1) == cfg["runs"] > 1
             assert launches[1].defines.get("RUNS", 1) == 1
             continue
-        per_weight = 2 if n > 64 else 1
-        assert [k.file for k in launches] == ["gemm_invariant.cu"] * (2 * per_weight)
-        assert [k.args[4] for k in launches] == ([64, n - 64] if n > 64 else [n]) * 2
-        narrow, swiglu = launches[0], launches[per_weight]
+        assert [k.file for k in launches] == ["gemm_invariant.cu"] * 2
+        assert [(k.args[4], k.grid[0]) for k in launches] == [(n, -(-n // 64))] * 2
+        narrow, swiglu = launches
         warps = tuning.gemv_config(4096, 4096, int8, "none", 0, kernel="mma")["warps"]
         runs = gemm_invariant.invariant_runs(4096, 4096, int8, "none", warps)
         assert (narrow.defines["PARTS"], narrow.defines["RUNS"], narrow.defines["SPLIT"]) == (
             warps, runs, 1)
-        assert narrow.grid == (4096 // (16 * narrow.defines["ROW_WARPS"]
-                                        * narrow.defines["ROW_TILES"]), runs)
+        assert narrow.grid[1] == 4096 // (16 * narrow.defines["ROW_WARPS"]
+                                          * narrow.defines["ROW_TILES"]) * runs
         assert narrow.defines["NT"] == tuning.mma_token_tiles(min(n, 64))
         assert (swiglu.defines["RUNS"], swiglu.defines["SPLIT"], swiglu.defines["EPILOGUE"]) == (
             1, 0, 1)
-        assert swiglu.grid[1] == 1
+        assert swiglu.grid[1] == 14336 // (16 * swiglu.defines["ROW_WARPS"])
         assert all(k.pdl and k.smem == gemm_invariant.gemm_smem_bytes(
             {"stages": k.defines["STAGES"], "row_warps": k.defines["ROW_WARPS"],
              "row_tiles": k.defines["ROW_TILES"], "stage_steps": k.defines["STAGE_STEPS"],
@@ -297,7 +299,7 @@ def test_batched_int8_steps_take_gemm_invariant_for_the_table_s_weights(launches
         d = launches[0].defines
         assert (d["BLOCKED_PARTS"], d["STAGES"], d["SPLIT"], d["ROW_WARPS"]) == (1, 3, 0, 8)
         assert d["NT"] == tuning.mma_token_tiles(n) and launches[0].args[4] == n
-        assert launches[0].grid == (4096 // (16 * 8), 1)
+        assert launches[0].grid == (1, 4096 // (16 * 8))  # one block of rows; the row tiles
 
 
 def test_batched_bf16_steps_take_gemm_invariant_for_the_table_s_weights(launches, monkeypatch):

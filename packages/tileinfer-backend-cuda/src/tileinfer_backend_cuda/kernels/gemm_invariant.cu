@@ -1,4 +1,4 @@
-// Batch-invariant GEMM for batched decode steps: out (n, O) = x (n, K) @ W.T for n <= 8 * NT
+// Batch-invariant GEMM for batched steps: out (n, O) = x (n, K) @ W.T in blocks of 8 * NT
 // tokens, with gemv.cu's sums to the bit: a row and token gets the same value here as from
 // gemv.cu's batch-invariant build of the same weight at any number of rows (1 included), so a
 // step can take either kernel. Same contract and arguments as gemv.cu (bf16 or INT8 weights).
@@ -12,7 +12,7 @@
 // matrix), share each step's x chunks through shared memory, and walk the parts one after
 // another: the block's steps in part order, a part's sum added to its run's when the part ends.
 //
-// SPLIT = 1 puts each run in a block of its own (grid.y = RUNS; narrow weights fill the GPU so),
+// SPLIT = 1 puts each run in a block of its own (narrow weights fill the GPU so),
 // a row tile's RUNS blocks in one cluster (sm_90): each block keeps its run's sums in its shared
 // memory, then finishes a slice of the tile's outputs, adding the runs' sums from the cluster's
 // blocks (distributed shared memory) in run order. SPLIT = 0: a block adds its runs itself.
@@ -22,9 +22,10 @@
 // token tile (copied by all threads, read by every warp). One barrier a stage (its copies have
 // landed for everyone, and the stage read before may be refilled).
 //
-// Grid: (ceil(O / (16 * ROW_TILES * ROW_WARPS)), SPLIT ? RUNS : 1); block: ROW_WARPS * 32
-// threads; dynamic shared memory: gemm_smem_bytes in ops/gemm_invariant.py. PDL = 1 as in
-// gemv.cu: the first stages' weight copies before pdl_wait, x and every global write after it.
+// Grid: (token blocks of 8 NT, row tiles of 16 ROW_TILES ROW_WARPS x (SPLIT ? RUNS : 1)), y = row
+// tile RUNS + run: a row tile's token blocks run together (its weight from L2 after the first);
+// block: ROW_WARPS * 32 threads; dynamic shared memory: gemm_smem_bytes (ops/gemm_invariant.py).
+// PDL = 1 as in gemv.cu: the first stages' weight copies before pdl_wait, x and writes after it.
 //
 // Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS (the order of the sums:
@@ -141,10 +142,14 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     extern __shared__ uint4 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int block_base = blockIdx.x * BLOCK_ROWS;
+    const int block_base = (SPLIT ? blockIdx.y / RUNS : blockIdx.y) * BLOCK_ROWS;
     const int warp_base = block_base + WARP_ROWS * warp;
-    // This block's runs and parts.
-    const int run_lo = SPLIT ? blockIdx.y : 0, run_hi = SPLIT ? blockIdx.y + 1 : RUNS;
+    // This block's tokens: x, out and n from its token block's first row on.
+    x += (i64)blockIdx.x * 8 * NT * x_stride;
+    out += (i64)blockIdx.x * 8 * NT * O;
+    n = min(n - (int)blockIdx.x * 8 * NT, 8 * NT);
+    // This block's runs (its rank in the cluster) and parts.
+    const int run_lo = SPLIT ? blockIdx.y % RUNS : 0, run_hi = SPLIT ? run_lo + 1 : RUNS;
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
     const int steps = (K + STEP_K - 1) / STEP_K;
     int total = 0;  // the block's steps
@@ -317,12 +322,10 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
     };
 
-#if SPLIT
-    Sums& done = run;  // this block's run
-#elif RUNS > 1
+#if !SPLIT && RUNS > 1
     Sums& done = sum;
 #else
-    Sums& done = run;  // one run: its sum is the row's (0 + run == run)
+    Sums& done = run;  // this block's run, or the one run (its sum is the row's: 0 + run == run)
 #endif
 
 #if SPLIT

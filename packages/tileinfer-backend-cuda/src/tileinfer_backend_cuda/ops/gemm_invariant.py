@@ -39,6 +39,8 @@ PART_CHUNK = 1
 NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
+# Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
+BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
 MAX_CLUSTER = 8
 
@@ -123,12 +125,16 @@ def fits(o_rows: int, k_dim: int, int8: bool, epilogue: str) -> bool:
 
 
 def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool:
-    """Whether gemm_invariant.cu runs a batch-invariant launch of `rows` rows of this weight
-    (else gemv.cu, the same bits): under the experiment switch's launch settings (or min_rows)
-    every weight from its ``min_rows``, else the table's from their entry's (else MIN_ROWS), an
-    experiment of the order alone (ORDER_KEYS) keeping the table's; none over 4 GB (``fits``)."""
+    """Whether gemm_invariant.cu runs a batch-invariant step of `rows` rows of this weight (else
+    gemv.cu, the same bits, a launch a block of rows): every weight past a block of BLOCK_ROWS
+    (prefill: one launch reads the weight once for all its rows); under the experiment switch's
+    launch settings (or min_rows) every weight from its ``min_rows``, else the table's from
+    their entry's (else MIN_ROWS), an experiment of the order alone (ORDER_KEYS) keeping the
+    table's; none over 4 GB (``fits``)."""
     if not fits(o_rows, k_dim, int8, epilogue):
         return False
+    if rows > BLOCK_ROWS:
+        return True
     if set(experiments["invariant_gemm"]) - ORDER_KEYS:
         return rows >= min_rows()
     entry = INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
@@ -219,8 +225,9 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
 def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts: int,
                    runs: int, token_tiles: int, o_rows: int, epilogue: str,
                    settings: dict | None = None):
-    """One launch of at most 8 x token_tiles rows; base: the gemv.cu build's defines (its
-    order); settings: a batched step's BATCHED_GEMM_TABLE entry (gemm_config)."""
+    """One launch of any number of rows, in blocks of 8 x token_tiles; base: the gemv.cu
+    build's defines (its order); settings: a batched step's BATCHED_GEMM_TABLE entry
+    (gemm_config)."""
     n, k_dim = x.shape
     device = dev(out)
     int8 = bool(base["W_INT8"])
@@ -229,7 +236,8 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
                       settings)
     defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff", device, defines)
-    k.launch((cdiv(o_rows, block_rows(cfg)), runs if cfg["split"] else 1),
+    row_blocks = cdiv(o_rows, block_rows(cfg)) * (runs if cfg["split"] else 1)  # y: tile, run
+    k.launch((cdiv(n, 8 * token_tiles), row_blocks),
              (cfg["row_warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params),
              gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles), pdl=bool(base.get("PDL")))

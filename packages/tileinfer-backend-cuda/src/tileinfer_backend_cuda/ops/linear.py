@@ -194,8 +194,8 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
 def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
                    x_scale=None):
     """A batch-invariant step (Invariance.BATCH) of any number of rows: launches of at most
-    INVARIANT_LAUNCH_ROWS rows, on gemv.cu's invariant_gemv_config build, or (launches of many
-    rows of the weights gemm_invariant.takes) on gemm_invariant.cu with the same sums. What
+    gemm_invariant.BLOCK_ROWS rows on gemv.cu's invariant_gemv_config build, or (steps of many
+    rows: gemm_invariant.takes) one launch of gemm_invariant.cu with the same sums. What
     orders a row's sum depends on the weight alone: gemv.cu's warps (each sums its K steps on
     the tensor cores; which steps: gemv_parts.cuh) and its runs (the warps' sums added run by
     run, each run in warp order). x_scale: the FP8 build's (x the quantized rows,
@@ -205,31 +205,22 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     int8 = fp8 or weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
-    launch_tiles = token_tiles = mma_token_tiles(min(n, INVARIANT_LAUNCH_ROWS))
+    launch_tiles = token_tiles = mma_token_tiles(min(n, gemm_invariant.BLOCK_ROWS))
     cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
     while cfg is None:  # the weight's warps with this many token tiles need too much memory
         token_tiles //= 2
         cfg = invariant_gemv_config(o_rows, k_dim, int8, epilogue, device, token_tiles, fp8)
-    use_gemm = not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue,
-                                                 min(n, INVARIANT_LAUNCH_ROWS))
-    if use_gemm:  # its own shared memory: every launch of the full width
-        token_tiles = launch_tiles
+    if not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue, n):
+        # its own shared memory: the full width
         base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
-                            pdl(device), token_tiles)
+                            pdl(device), launch_tiles)
+        return gemm_invariant.gemm_invariant(out, x, weight, weight_scale, xielu_params, base,
+                                             cfg["warps"], cfg.get("runs", 1), launch_tiles,
+                                             o_rows, epilogue)
     for start in range(0, n, 8 * token_tiles):
         stop = min(n, start + 8 * token_tiles)
-        if use_gemm:
-            gemm_invariant.gemm_invariant(out[start:stop], x[start:stop], weight, weight_scale,
-                                          xielu_params, base, cfg["warps"], cfg.get("runs", 1),
-                                          token_tiles, o_rows, epilogue)
-        else:
-            gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue,
-                     xielu_params, cfg, token_tiles,
-                     None if x_scale is None else x_scale[start:stop])
-
-
-# gemv.cu's widest build: 8 token tiles of 8 rows.
-INVARIANT_LAUNCH_ROWS = 64
+        gemv_mma(out[start:stop], x[start:stop], weight, weight_scale, epilogue, xielu_params,
+                 cfg, token_tiles, None if x_scale is None else x_scale[start:stop])
 
 
 def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, device: int,
@@ -336,7 +327,8 @@ def _gemv_takes(n: int, weight, epilogue: str = "none") -> bool:
     """Whether gemv() runs an n-row step: up to GEMV_MAX_TOKENS rows, up to the weight dtype's
     wide_max_tokens, and a batched step BATCHED_GEMM_TABLE gives gemm_invariant.cu."""
     int8, o_rows = weight.dtype == torch.int8, weight.shape[0] // (2 if epilogue == "swiglu" else 1)
-    return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(int8) or n <= INVARIANT_LAUNCH_ROWS and (
+    return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(int8) or (
+        n <= gemm_invariant.BLOCK_ROWS and
         gemm_invariant.batched_settings(o_rows, weight.shape[1], int8, epilogue, n) is not None)
 
 
