@@ -439,7 +439,7 @@ def test_invariant_gemv_builds_keep_the_weights_warps(fake_gpu, monkeypatch, row
                                            warps, cfg["runs"], tiles)["PART_CHUNK"] == 4
         # Products of neighbouring k: bf16 only, in both kernels' builds, and never REGS (the
         # fragments come through ldmatrix from the ring).
-        assert not cfg["nk"]
+        assert cfg["nk"] == (order.get("nk", False) and not int8)
         with tuning.experiment({"invariant_gemm": {"nk": True}}):
             nk = linear.invariant_gemv_config(rows, k_dim, int8, epilogue, 0, tiles)
         d = linear.gemv_defines(nk, int8, linear.int8_load(k_dim), epilogue, "bf16_t", True, tiles)
@@ -484,6 +484,9 @@ def test_invariant_table_entries_keep_the_weights_warps_and_fit_a_block(fake_gpu
     key = (4096, 14336, False, "none")  # a 16-warp weight
     warps = tuning.gemv_config(*key, 0, kernel="mma")["warps"]
     assert warps == 16
+    # its order without products of neighbouring k, which never take REGS
+    order = {k: v for k, v in invariant_tuning.INVARIANT_ORDER.get(key, {}).items() if k != "nk"}
+    monkeypatch.setitem(invariant_tuning.INVARIANT_ORDER, key, order)
     monkeypatch.setitem(invariant_tuning.INVARIANT_GEMV_TABLE, key + (8,),
                         {"groups": 4, "stages": 2, "tiles": 1, "regs": 2})
     cfg = linear.invariant_gemv_config(*key, 0, 8)

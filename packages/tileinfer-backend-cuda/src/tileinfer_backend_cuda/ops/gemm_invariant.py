@@ -49,17 +49,18 @@ MAX_CLUSTER = 8
 # launches of that many rows or more run gemm_invariant.cu, with the winners of
 # `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the orders of
 # INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100, benchmarks/RESULTS.md,
-# 2026-12-06, "K in one part"), qkv and down from 33 rows (contiguous parts, a cluster a row
-# tile; at 32 rows gemv.cu was faster: benchmarks/RESULTS.md, 2026-12-06 (late), "a cluster a
-# row tile"). In gemv.cu's default order (8 interleaved parts) none did.
+# 2026-12-06, "K in one part"), qkv from 17 rows and down from 33 (contiguous parts, products of
+# neighbouring k, a cluster a row tile; gemv.cu was faster for down at 32 rows, slower for qkv:
+# benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k"). In gemv.cu's
+# default order (8 interleaved parts) none did.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False},
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
-    (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 1, "stages": 3,
-                                  "stage_steps": 2, "split": True, "min_rows": 33},
-    (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 1, "stages": 3,
+    (6144, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
+                                  "stage_steps": 2, "split": True},
+    (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                    "stage_steps": 2, "split": True, "min_rows": 33},
 }
 

@@ -36,13 +36,14 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 # "blocked" (contiguous parts) and "runs" for narrow weights whose split launches on
 # gemm_invariant.cu beat gemv.cu at 64 rows, a contiguous range of K a block, while gemv.cu's
 # 1-row step keeps its speed (llama3-8b's qkv and down; benchmarks/RESULTS.md, 2026-12-06
-# (late), "a cluster a row tile"); "nk" (bf16: products of neighbouring k, gemv_nk.cuh) for none
-# until a GPU has timed it.
+# (late), "a cluster a row tile"); "nk" (bf16: products of neighbouring k, gemv_nk.cuh) for qkv
+# and down, whose GEMM it speeds at 64 rows at no cost to their 1-row steps, with 4 runs
+# (benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k").
 INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, 'swiglu'): {'parts': 1},
     (128256, 4096, False, 'none'): {'parts': 1},
-    (6144, 4096, False, 'none'): {'blocked': True, 'runs': 4},
-    (4096, 14336, False, 'none'): {'blocked': True, 'runs': 8},
+    (6144, 4096, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
+    (4096, 14336, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
 }
 
 
