@@ -182,16 +182,14 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int m = 0; m < WT; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                copy_w(cells + (2 * m + h) * 32 * 16, (const w_t*)(wbytes + (wrow[m][h] + kb)),
-                       valid);
+                copy_w(cells + (2 * m + h) * 512, (const w_t*)(wbytes + (wrow[m][h] + kb)), valid);
     };
     // This thread's x cells, c = threadIdx.x + q THREADS (cell c: token tile j, chunk v, lane
     // (gx, tx): x[token 8j + gx][k + tx LANE_K + 8v ..]), their rows and offsets computed once.
     constexpr int X_PER_THREAD = (X_CELLS + THREADS - 1) / THREADS;
     const char* xbytes = reinterpret_cast<const char*>(x);
     u32 xrow[X_PER_THREAD], xchunk[X_PER_THREAD];  // byte offsets: from x, in the row
-    int xcell[X_PER_THREAD];                       // among the slot's x cells
-    int xlane_k[X_PER_THREAD];
+    int xcell[X_PER_THREAD], xlane_k[X_PER_THREAD];  // among the slot's x cells; k in a step
 #pragma unroll
     for (int q = 0; q < X_PER_THREAD; ++q) {
         const int c = min((int)threadIdx.x + q * THREADS, X_CELLS - 1);
@@ -312,9 +310,8 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     cp_async_wait<0>();
     close_parts(part_hi);
 
-    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1;
-    // [m][j][2..3] = row g + 8, the same tokens.
-    // out[tok][row] from the row's sums, one per matrix: gemv.cu's scales and epilogue.
+    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1; [m][j][2..3]
+    // = row g + 8. out[tok][row] from the row's sums, one a matrix: gemv.cu's scales, epilogue.
     auto finish = [&](int tok, int row, const float (&s)[MATS]) {
         float v[MATS];
 #pragma unroll
