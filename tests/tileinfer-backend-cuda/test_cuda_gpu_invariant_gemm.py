@@ -36,10 +36,15 @@ def _experiment(settings):
                                    "row_tiles": 2, "split": True},
                                   {"min_rows": 17, "nk": True, "stage_steps": 2},
                                   {"min_rows": 17, "nk": True, "blocked": True, "runs": 8,
-                                   "row_tiles": 2, "split": True}],
+                                   "row_tiles": 2, "split": True},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "wgmma": True,
+                                   "split": False, "row_warps": 8, "stages": 3}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
-                              "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8"])
+                              "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
+                              "wgmma-runs4", "wgmma-unsplit-wg2"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -87,6 +92,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             tiles = tuning.mma_token_tiles(min(n, 64))
             ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
             assert ran, "gemm_invariant.cu did not run"
+            if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # the plain and logits rows
+                assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
             for j in range(n):  # 1-row steps: gemv.cu
                 one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
                        for name, t in outs.items()}

@@ -12,7 +12,8 @@ import torch
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
 from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise,
-                                        gemm_invariant, kv, linear, norm, sampling, tuning)
+                                        gemm_invariant, gemm_wgmma, kv, linear, norm, sampling,
+                                        tuning)
 
 BF = torch.bfloat16
 
@@ -57,7 +58,7 @@ def launches(monkeypatch):
         def launch(self, grid, block, args, smem=0, stream=None, pdl=False):
             log.append(Launch(*self.spec, tuple(grid), tuple(block), args, smem, pdl))
 
-    for mod in (attention, elementwise, gemm_invariant, kv, linear, norm, sampling):
+    for mod in (attention, elementwise, gemm_invariant, gemm_wgmma, kv, linear, norm, sampling):
         monkeypatch.setattr(mod, "kernel", Recorder)
         if hasattr(mod, "dev"):
             monkeypatch.setattr(mod, "dev", lambda t: 0)
@@ -416,3 +417,38 @@ def test_sampling(launches):
     # The plain greedy call adds up nothing; the one with sums hands the kernel its buffers.
     assert launches[0].args[-2:] == (None, None)
     assert launches[4].args[-2] is sums and launches[4].args[-1] is not None
+
+
+def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
+    """The "wgmma" launch setting: a bf16 weight in contiguous parts of products of neighbouring
+    k, without epilogue and with K a multiple of 64, runs gemm_wgmma.cu (built for sm_90a) on
+    gemm_invariant.cu's grid (token blocks; row tiles of 64 rows a warpgroup x runs) and the
+    weight's parts and runs; INT8 weights, the default order, SwiGLU and other GPUs than Hopper
+    stay on gemm_invariant.cu."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    batch = Invariance.BATCH
+    x = torch.randn(100, 4096).to(BF)
+    nk = {"nk": True, "blocked": True, "runs": 4}
+    for order, int8, hopper, expected in ((nk, False, True, "gemm_wgmma.cu"),
+                                          (nk, True, True, "gemm_invariant.cu"),
+                                          ({"runs": 4}, False, True, "gemm_invariant.cu"),
+                                          (nk, False, False, "gemm_invariant.cu")):
+        monkeypatch.setitem(gemm_wgmma._hopper, 0, hopper)
+        w, s = _weight(4096, 4096, int8)
+        wg, sg = _weight(2 * 4096, 4096, int8)
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": {"wgmma": True, **order}}):
+            OPS["linear"](torch.empty(100, 4096, dtype=BF), x, w, s, batch)
+            OPS["linear_swiglu"](torch.empty(100, 4096, dtype=BF), x, wg, sg,
+                                 torch.empty(100, 2 * 4096, dtype=BF), batch)
+        assert [k.file for k in launches] == [expected, "gemm_invariant.cu"]
+        if expected == "gemm_wgmma.cu":
+            k = launches[0]
+            warps = tuning.gemv_config(4096, 4096, False, "none", 0, kernel="mma")["warps"]
+            assert k.extra == () and "ARCH_SPECIFIC" in k.defines
+            assert (k.defines["PARTS"], k.defines["RUNS"], k.defines["SPLIT"], k.defines["WG"],
+                    k.defines["NT"]) == (warps, 4, 1, 1, 8)
+            assert k.grid == (2, 4096 // 64 * 4) and k.block == (128,) and k.args[4] == 100
+            assert k.smem == gemm_wgmma.smem_bytes({"row_warps": 4, "split": True,
+                                                    "stages": k.defines["STAGES"]}, 8)

@@ -3,9 +3,10 @@
 Kernels are ``.cu`` files in ``kernels/`` (package data). ``compile_cubin`` compiles one file with
 NVRTC (``cuda.bindings.nvrtc``) straight to a cubin for the GPU's architecture (``-arch=sm_90`` on
 an H200): never to PTX, since PTX from an NVRTC newer than the driver cannot be loaded. Variants
-are made with ``-D`` defines (head_dim, dtypes, tile sizes). Cubins are cached on disk under
-``$TILEINFER_CACHE`` (default ``~/.cache/tileinfer/cuda``), keyed by a hash of the source, the
-shared header, the options, the NVRTC version and the architecture.
+are made with ``-D`` defines (head_dim, dtypes, tile sizes); a build that defines
+``ARCH_SPECIFIC`` is compiled for the architecture's arch-specific target (``sm_90a``: wgmma).
+Cubins are cached on disk under ``$TILEINFER_CACHE`` (default ``~/.cache/tileinfer/cuda``), keyed
+by a hash of the source, the shared header, the options, the NVRTC version and the architecture.
 
 ``load_module`` loads a cubin once per process and device with the driver API
 (``cuModuleLoadData``); ``Kernel.launch`` calls ``cuLaunchKernel`` on
@@ -122,6 +123,8 @@ def _headers() -> dict[str, str]:
 
 
 def build_options(arch: str, defines: dict | None = None, extra: tuple = ()) -> list[str]:
+    if defines and "ARCH_SPECIFIC" in defines and not arch.endswith("a"):
+        arch += "a"  # the build uses the GPU's arch-specific instructions (wgmma: sm_90a)
     opts = [f"-arch={arch}", *BASE_OPTIONS, *extra]
     for key in sorted(defines or {}):
         value = defines[key]

@@ -1,8 +1,9 @@
 """gemm_invariant.cu: the batched rows of a batch-invariant step (``Invariance.BATCH``), with
 gemv.cu's sums to the bit, so that linear.invariant_gemv can hand it any launch of at least
 ``min_rows`` rows (bf16 and INT8 weights; FP8 stays on gemv.cu). It runs the weights of
-``INVARIANT_GEMM_TABLE`` (where a sweep found it faster than gemv.cu), or every weight under the
-experiment switch's ``"invariant_gemm"`` (``takes``).
+``INVARIANT_GEMM_TABLE`` (where a sweep found it faster than gemv.cu), every weight's steps of
+more than 64 rows, or every weight under the experiment switch's ``"invariant_gemm"``
+(``takes``). A launch with the setting ``"wgmma"`` whose order gemm_wgmma.cu keeps runs there.
 
 The order of a row's sum is fixed per weight by gemv.cu's invariant build: its warps (``parts``,
 invariant_tuning.INVARIANT_ORDER's, else the weight's 8-row build's), which K steps each part
@@ -19,6 +20,7 @@ heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any 
 
 from __future__ import annotations
 
+from . import gemm_wgmma
 from .common import cdiv, dev, kernel, num_sms, smem_limit
 from .invariant_tuning import invariant_order
 from .tuning import experiments, sm90
@@ -39,6 +41,8 @@ PART_CHUNK = 1
 NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
+# Its keys that keep the table's routing: the order's, and which kernel runs a launch.
+ROUTE_KEEPING = ORDER_KEYS | {"wgmma"}
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
@@ -130,13 +134,13 @@ def takes(o_rows: int, k_dim: int, int8: bool, epilogue: str, rows: int) -> bool
     gemv.cu, the same bits, a launch a block of rows): every weight past a block of BLOCK_ROWS
     (prefill: one launch reads the weight once for all its rows); under the experiment switch's
     launch settings (or min_rows) every weight from its ``min_rows``, else the table's from
-    their entry's (else MIN_ROWS), an experiment of the order alone (ORDER_KEYS) keeping the
-    table's; none over 4 GB (``fits``)."""
+    their entry's (else MIN_ROWS), an experiment of the order or the kernel alone
+    (ROUTE_KEEPING) keeping the table's; none over 4 GB (``fits``)."""
     if not fits(o_rows, k_dim, int8, epilogue):
         return False
     if rows > BLOCK_ROWS:
         return True
-    if set(experiments["invariant_gemm"]) - ORDER_KEYS:
+    if set(experiments["invariant_gemm"]) - ROUTE_KEEPING:
         return rows >= min_rows()
     entry = INVARIANT_GEMM_TABLE.get((o_rows, k_dim, bool(int8), epilogue))
     return entry is not None and rows >= entry.get("min_rows", MIN_ROWS)
@@ -235,6 +239,11 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
+    if gemm_wgmma.takes(cfg, base, epilogue, k_dim, token_tiles, device):
+        limit = smem_limit(device) - 1024  # room for the static shared memory
+        while cfg["stages"] > 2 and gemm_wgmma.smem_bytes(cfg, token_tiles) > limit:
+            cfg["stages"] -= 1
+        return gemm_wgmma.launch(out, x, weight, cfg, base, parts, runs, token_tiles, device)
     defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff", device, defines)
     row_blocks = cdiv(o_rows, block_rows(cfg)) * (runs if cfg["split"] else 1)  # y: tile, run

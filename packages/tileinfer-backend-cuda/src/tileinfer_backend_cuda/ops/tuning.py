@@ -1,10 +1,8 @@
 """Launch configurations: the per-shape tables, the heuristics for shapes not in them, and the one
-benchmark-only switch that overrides them.
-
-Measured figures behind the tables are in benchmarks/RESULTS.md; the design reasons in
-docs/cuda-kernels.md. No configuration depends on a step's token count: a row of a speculative
-verify step must equal the same row of a 1-token step bit for bit (greedy speculative decoding
-relies on it).
+benchmark-only switch that overrides them. Measured figures behind the tables are in
+benchmarks/RESULTS.md; the design reasons in docs/cuda-kernels.md. No configuration depends on a
+step's token count: a row of a speculative verify step must equal the same row of a 1-token step
+bit for bit (greedy speculative decoding relies on it).
 
 The switch: ``TILEINFER_CUDA_EXPERIMENTS``, a JSON object read at import (benchmarks and tests
 change it with ``set_experiments`` / ``experiment``), with the keys
@@ -22,8 +20,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
-  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``), ``min_rows`` (the fewest
-  rows of a batch-invariant launch it takes; past 64 every launch is gemv.cu's), and every
+  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; ``wgmma``: gemm_wgmma.cu
+  where it keeps the order), ``min_rows`` (the fewest rows of a launch it takes), and every
   weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (interleaved parts in
   chunks of this many K steps), ``runs`` (where they divide the parts), ``nk`` (gemv_nk.cuh).
 """
@@ -44,7 +42,8 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk"})
+                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk",
+                                  "wgmma"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",

@@ -1,0 +1,317 @@
+// gemm_invariant.cu's sums on Hopper's warpgroup products (wgmma, sm_90a: built with
+// ARCH_SPECIFIC), for the weights whose batch-invariant order takes products of neighbouring k
+// (NK_PRODUCTS) in contiguous parts (BLOCKED_PARTS): the same sums in the same order, so a row
+// gets gemv.cu's bits. bf16 weights, no epilogue, K a multiple of 64 (ops/gemm_wgmma.py).
+//
+// The order (gemm_invariant.cu's header): K in steps of 32; part p takes the contiguous steps
+// p per .. p per + per - 1 (per = ceil(steps / PARTS)) and adds their products of 16 neighbouring
+// k in order from zero; the parts' sums are added in RUNS runs, each from zero in part order,
+// then the runs in order. wgmma adds a product of 16 k to mma.sync's bits whatever its tile
+// shape (benchmarks/wgmma_bits.cu).
+//
+// A block: WG warpgroups of 64 weight rows each, against the 8 NT tokens of its token block.
+// Both operands come from shared memory through descriptors, in K-major core matrices of 8 rows
+// x 8 k (16 bytes a row, 128 a matrix, no swizzle): a stage of 64 k holds chunk c (its k 8c ..
+// 8c + 7) of row r at c ROWS 16 + r 16 bytes (ROWS: the block's weight rows, or its tokens), so
+// a descriptor's leading offset (a product's k 0..7 to its k 8..15) is ROWS 16 bytes and its
+// stride offset (8 rows to the next 8) 128. STAGES stages through cp.async, one barrier a stage; a
+// part's products stay in flight until the part ends (its sum is then added to its run's).
+//
+// Grid, clusters and the split tail as gemm_invariant.cu's: (token blocks of 8 NT, row tiles x
+// (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the tile's
+// outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
+// memory: gemm_wgmma.smem_bytes. PDL as gemm_invariant.cu.
+//
+// Defines: OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2), STAGES, NT (4 or 8), SPLIT (0/1),
+// STREAM_L2_256B, PDL (0/1).
+#include "common.cuh"
+
+#define W_INT8 0
+#define W_FP8 0
+#define EPILOGUE 0
+#ifndef OUT_DTYPE
+#define OUT_DTYPE bf16_t
+#endif
+#ifndef ROUND_BF16
+#define ROUND_BF16 1
+#endif
+#ifndef PARTS
+#define PARTS 8
+#endif
+#ifndef RUNS
+#define RUNS 1
+#endif
+#ifndef WG
+#define WG 1
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef NT
+#define NT 8
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#ifndef PDL
+#define PDL 0
+#endif
+typedef OUT_DTYPE out_t;
+static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
+static_assert(STAGES >= 2, "a stage in use and one being filled");
+static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
+
+constexpr int MATS = 1;
+constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG, TOKENS = 8 * NT;
+constexpr int PER_RUN = PARTS / RUNS;
+constexpr int W_STAGE = BLOCK_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
+constexpr int WQ = BLOCK_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
+static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
+
+#include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
+
+// A shared-memory operand: K-major core matrices, no swizzle (the header's layout).
+__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead, u32 stride) {
+    return (unsigned long long)((addr >> 4) & 0x3FFF)
+           | ((unsigned long long)((lead >> 4) & 0x3FFF) << 16)
+           | ((unsigned long long)((stride >> 4) & 0x3FFF) << 32);
+}
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// This thread's cp.async writes, made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// d (64 rows x 8 NT tokens, mma.sync's accumulator layout per warp and token tile) += A B.
+__device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long long a,
+                                              unsigned long long b) {
+#if NT == 8
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "%16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(a), "l"(b), "r"(1));
+#endif
+}
+
+typedef float Sums[NT][4];
+
+// into += from; from = 0 (a part's sum joins its run's, a run's the block's).
+__device__ __forceinline__ void fold(Sums& into, Sums& from) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            into[j][e] += from[j][e];
+            from[j][e] = 0.0f;
+        }
+}
+
+#if SPLIT
+#define CLUSTER_DIMS __cluster_dims__(1, RUNS, 1)  // a row tile's runs (grid.y) in one cluster
+#else
+#define CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
+gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+           const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride,
+           float alpha_p, float alpha_n, float beta, float eps) {
+    extern __shared__ uint4 ring[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int block_base = (SPLIT ? blockIdx.y / RUNS : blockIdx.y) * BLOCK_ROWS;
+    x += (i64)blockIdx.x * TOKENS * x_stride;
+    out += (i64)blockIdx.x * TOKENS * O;
+    n = min(n - (int)blockIdx.x * TOKENS, TOKENS);
+    const int run_lo = SPLIT ? blockIdx.y % RUNS : 0, run_hi = SPLIT ? run_lo + 1 : RUNS;
+    const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
+    const int steps = K / 32, per = (steps + PARTS - 1) / PARTS;
+    // This block's steps (its parts' are contiguous), two a stage.
+    const int first = min(steps, part_lo * per), last = min(steps, part_hi * per);
+    const int stage_count = (last - first + 1) / 2;
+
+    // This thread's chunks of a stage: q = threadIdx.x + i THREADS; 32 neighbouring q take 8 rows
+    // (q % 8) x 4 chunks (q / 8 % 4) of a row group ((q / 32) / 2) and chunk half ((q / 32) % 2),
+    // so a quarter warp writes 8 rows' chunk: 128 bytes in a row, no bank conflict.
+    const u32 base = smem_addr(ring);
+    const bf16_t* wsrc[WQ];
+    const bf16_t* xsrc[XQ];
+    u32 wdst[WQ], xdst[XQ];
+    int wk[WQ], xk[XQ];
+#pragma unroll
+    for (int i = 0; i < WQ; ++i) {
+        const int q = threadIdx.x + i * THREADS, r = (q >> 6) * 8 + (q & 7);
+        const int c = ((q >> 5) & 1) * 4 + ((q >> 3) & 3);
+        wsrc[i] = w + (i64)min(block_base + r, O - 1) * K + 8 * c;  // rows past O: dropped
+        wdst[i] = (u32)(c * BLOCK_ROWS * 16 + r * 16);
+        wk[i] = 8 * c;
+    }
+#pragma unroll
+    for (int i = 0; i < XQ; ++i) {
+        const int q = threadIdx.x + i * THREADS, r = (q >> 6) * 8 + (q & 7);
+        const int c = ((q >> 5) & 1) * 4 + ((q >> 3) & 3);
+        xsrc[i] = x + (i64)min(r, n - 1) * x_stride + 8 * c;  // tokens past n: dropped
+        xdst[i] = (u32)(W_STAGE + c * TOKENS * 16 + r * 16);
+        xk[i] = 8 * c;
+    }
+    // Stage st's copies into ring slot `slot` (chunks past K: zeros; a last stage's second step
+    // past the block's steps is copied but not added).
+    auto issue = [&](int st, int slot, bool weights, bool xs) {
+        if (st >= stage_count) return;
+        const int k0 = (first + 2 * st) * 32;
+        const u32 dst = base + (u32)(slot * STAGE_BYTES);
+#pragma unroll
+        for (int i = 0; i < WQ; ++i) {
+            const bool valid = k0 + wk[i] < K;
+            if (weights) cp_async_cg16(dst + wdst[i], wsrc[i] + (valid ? k0 : 0), valid ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < XQ; ++i) {
+            const bool valid = k0 + xk[i] < K;
+            if (xs) cp_async_ca16(dst + xdst[i], xsrc[i] + (valid ? k0 : 0), valid ? 16 : 0);
+        }
+    };
+#if PDL
+    pdl_launch_dependents();
+    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, true, false);
+    pdl_wait();  // x and the output belong to the previous kernels from here on
+    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, false, true);
+    cp_async_commit();
+    for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
+#else
+    for (int st = 0; st < STAGES - 1; ++st) {
+        issue(st, st, true, true);
+        cp_async_commit();
+    }
+#endif
+
+    Sums acc = {}, run = {};
+#if !SPLIT && RUNS > 1
+    Sums sum = {};
+#endif
+    int next_part = part_lo;  // the first part whose sum has not been added
+    auto close_parts = [&](int upto) {  // add the sums of the parts before `upto` (empty: zero)
+        if (next_part >= upto) return;
+        wgmma_wait_all();
+        for (; next_part < upto; ++next_part) {
+            fold(run, acc);
+#if !SPLIT && RUNS > 1
+            if ((next_part + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
+#endif
+        }
+    };
+    const u32 a_row = (u32)(64 * (warp >> 2) * 16);  // this warpgroup's first row in a stage
+    for (int st = 0, slot = 0; st < stage_count; ++st) {
+        cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
+        fence_proxy_async();
+        wgmma_wait_all();             // this warp's products of the stage before are done
+        __syncthreads();              // everyone's: st's slot is full, st - 1's may be refilled
+        issue(st + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1, true, true);
+        cp_async_commit();
+        const u32 stage = base + (u32)(slot * STAGE_BYTES);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int s = first + 2 * st + u;
+            if (s >= last) break;
+            close_parts(s / per);  // the parts that ended before this step
+            wgmma_fence();
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {  // product p: chunks 4u + 2p, 4u + 2p + 1
+                const int c = 4 * u + 2 * p;
+                wgmma_product(acc,
+                              wgmma_desc(stage + c * BLOCK_ROWS * 16 + a_row, BLOCK_ROWS * 16, 128),
+                              wgmma_desc(stage + W_STAGE + c * TOKENS * 16, TOKENS * 16, 128));
+            }
+            wgmma_commit();
+        }
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+    cp_async_wait<0>();
+    wgmma_wait_all();
+    close_parts(part_hi);
+
+    // out[tok][row] from a row's sum (mma.sync's layout: [j][0..1] row g, tokens 8j + 2t, + 1;
+    // [j][2..3] row g + 8), with gemv.cu's rounding.
+    auto finish = [&](int tok, int row, float s) {
+        const float v[1] = {scaled_sum(s, 0, tok, row, O, w_scale, nullptr)};
+        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
+    };
+#if SPLIT
+    // The run's sums to shared memory [token][row of the tile]; block q of the cluster then
+    // finishes outputs q THREADS + i, (q + RUNS) THREADS + i, ..., adding the runs' in order.
+    __syncthreads();
+    float* sums = reinterpret_cast<float*>(ring);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            sums[(8 * j + 2 * t + (e & 1)) * BLOCK_ROWS + 16 * warp + g + (e >> 1) * 8] = run[j][e];
+    cluster_sync();  // every run's sums are in place
+    constexpr int TAIL_UNROLL = 8;  // the loads of 8 outputs before their adds (remote latency)
+    const int outputs = BLOCK_ROWS * n;
+    for (int at = run_lo * THREADS + threadIdx.x; at < outputs;
+         at += RUNS * THREADS * TAIL_UNROLL) {
+        float part[TAIL_UNROLL][RUNS];
+#pragma unroll
+        for (int u = 0; u < TAIL_UNROLL; ++u) {
+            const int idx = min(at + u * RUNS * THREADS, outputs - 1);
+#pragma unroll
+            for (int q = 0; q < RUNS; ++q) part[u][q] = cluster_load(sums + idx, q);
+        }
+#pragma unroll
+        for (int u = 0; u < TAIL_UNROLL; ++u) {
+            const int idx = at + u * RUNS * THREADS, row = block_base + idx % BLOCK_ROWS;
+            if (idx >= outputs || row >= O) continue;
+            float s = 0.0f;
+#pragma unroll
+            for (int q = 0; q < RUNS; ++q) s += part[u][q];
+            finish(idx / BLOCK_ROWS, row, s);
+        }
+    }
+    cluster_sync();  // this block's sums stay until the cluster has read them
+#else
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int tok = 8 * j + 2 * t + (e & 1);
+            const int row = block_base + 16 * warp + g + (e >> 1) * 8;
+            if (tok >= n || row >= O) continue;
+#if RUNS > 1
+            finish(tok, row, sum[j][e]);
+#else
+            finish(tok, row, 0.0f + run[j][e]);  // one run: 0 + the run's sum
+#endif
+        }
+#endif
+}
