@@ -68,14 +68,8 @@ constexpr int W_STAGE = BLOCK_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128; 
 constexpr int WQ = BLOCK_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
-#include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
-
-// A shared-memory operand: K-major core matrices, no swizzle (the header's layout).
-__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead, u32 stride) {
-    return (unsigned long long)((addr >> 4) & 0x3FFF)
-           | ((unsigned long long)((lead >> 4) & 0x3FFF) << 16)
-           | ((unsigned long long)((stride >> 4) & 0x3FFF) << 32);
-}
+#include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
+#include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -160,9 +154,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     const int first = min(steps, part_lo * per), last = min(steps, part_hi * per);
     const int stage_count = (last - first + 1) / 2;
 
-    // This thread's chunks of a stage: q = threadIdx.x + i THREADS; 32 neighbouring q take 8 rows
-    // (q % 8) x 4 chunks (q / 8 % 4) of a row group ((q / 32) / 2) and chunk half ((q / 32) % 2),
-    // so a quarter warp writes 8 rows' chunk: 128 bytes in a row, no bank conflict.
+    // This thread's chunks of a stage: copies q = threadIdx.x + i THREADS (wgmma_chunk).
     const u32 base = smem_addr(ring);
     const bf16_t* wsrc[WQ];
     const bf16_t* xsrc[XQ];
@@ -170,19 +162,17 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     int wk[WQ], xk[XQ];
 #pragma unroll
     for (int i = 0; i < WQ; ++i) {
-        const int q = threadIdx.x + i * THREADS, r = (q >> 6) * 8 + (q & 7);
-        const int c = ((q >> 5) & 1) * 4 + ((q >> 3) & 3);
-        wsrc[i] = w + (i64)min(block_base + r, O - 1) * K + 8 * c;  // rows past O: dropped
-        wdst[i] = (u32)(c * BLOCK_ROWS * 16 + r * 16);
-        wk[i] = 8 * c;
+        const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
+        wsrc[i] = w + (i64)min(block_base + q.row, O - 1) * K + 8 * q.chunk;  // past O: dropped
+        wdst[i] = wgmma_cell(q.row, q.chunk, BLOCK_ROWS);
+        wk[i] = 8 * q.chunk;
     }
 #pragma unroll
     for (int i = 0; i < XQ; ++i) {
-        const int q = threadIdx.x + i * THREADS, r = (q >> 6) * 8 + (q & 7);
-        const int c = ((q >> 5) & 1) * 4 + ((q >> 3) & 3);
-        xsrc[i] = x + (i64)min(r, n - 1) * x_stride + 8 * c;  // tokens past n: dropped
-        xdst[i] = (u32)(W_STAGE + c * TOKENS * 16 + r * 16);
-        xk[i] = 8 * c;
+        const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
+        xsrc[i] = x + (i64)min(q.row, n - 1) * x_stride + 8 * q.chunk;  // past n: dropped
+        xdst[i] = W_STAGE + wgmma_cell(q.row, q.chunk, TOKENS);
+        xk[i] = 8 * q.chunk;
     }
     // Stage st's copies into ring slot `slot` (chunks past K: zeros; a last stage's second step
     // past the block's steps is copied but not added).
@@ -230,7 +220,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 #endif
         }
     };
-    const u32 a_row = (u32)(64 * (warp >> 2) * 16);  // this warpgroup's first row in a stage
+    const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
     for (int st = 0, slot = 0; st < stage_count; ++st) {
         cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
         fence_proxy_async();
@@ -246,12 +236,9 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             close_parts(s / per);  // the parts that ended before this step
             wgmma_fence();
 #pragma unroll
-            for (int p = 0; p < 2; ++p) {  // product p: chunks 4u + 2p, 4u + 2p + 1
-                const int c = 4 * u + 2 * p;
-                wgmma_product(acc,
-                              wgmma_desc(stage + c * BLOCK_ROWS * 16 + a_row, BLOCK_ROWS * 16, 128),
-                              wgmma_desc(stage + W_STAGE + c * TOKENS * 16, TOKENS * 16, 128));
-            }
+            for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
+                wgmma_product(acc, wgmma_operand(stage, 2 * u + p, a_row, BLOCK_ROWS),
+                              wgmma_operand(stage + W_STAGE, 2 * u + p, 0, TOKENS));
             wgmma_commit();
         }
         slot = slot + 1 == STAGES ? 0 : slot + 1;

@@ -1,0 +1,75 @@
+"""gemm_wgmma_layout.cuh run on the host: the copies' placement (``wgmma_chunk``,
+``wgmma_cell``) against the descriptors gemm_wgmma.cu hands wgmma (``wgmma_operand``), read the
+way the PTX ISA describes a K-major operand without swizzle: the descriptor's start address,
+leading byte offset (LBO) and stride byte offset (SBO) in 16-byte units in bits 0-13, 16-29 and
+32-45, and element (m, k) of the 64- or N-row operand at start + (m / 8) SBO + (k / 8) LBO +
+(m % 8) 16 + (k % 8) 2. Each row's chunks are labelled row * 64 + k as the copies place them;
+every product (k 16 kk .. 16 kk + 15) of every warpgroup's rows and of the tokens must read the
+labels of its own rows and k; the copies must cover each row's 8 chunks once, and a quarter
+warp's 8 copies must land in 8 different 16-byte bank groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from host_check import run_host_check
+
+CHECK = r"""
+#include <cstdint>
+#include <cstdio>
+typedef uint32_t u32;
+#define __device__
+#define __forceinline__ inline
+#include "gemm_wgmma_layout.cuh"
+
+static uint16_t smem[64 * 1024];  // bf16 elements
+
+int check(int rows, int groups) {  // a region of `rows` rows, read `groups` x 64 rows at a time
+    int bad = 0;
+    static int placed[256][8];
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < 8; ++c) placed[r][c] = 0;
+    for (int q = 0; q < rows * 8; ++q) {
+        const WgmmaChunk w = wgmma_chunk(q);
+        if (w.row < 0 || w.row >= rows || w.chunk < 0 || w.chunk >= 8) { ++bad; continue; }
+        ++placed[w.row][w.chunk];
+        for (int e = 0; e < 8; ++e)
+            smem[wgmma_cell(w.row, w.chunk, rows) / 2 + e] = (uint16_t)(w.row * 64 + 8 * w.chunk + e);
+    }
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < 8; ++c) bad += placed[r][c] != 1;
+    for (int q0 = 0; q0 < rows * 8; q0 += 8) {  // a quarter warp's copies
+        int used = 0;
+        for (int q = q0; q < q0 + 8; ++q) {
+            const WgmmaChunk w = wgmma_chunk(q);
+            used |= 1 << (wgmma_cell(w.row, w.chunk, rows) / 16 % 8);
+        }
+        bad += used != 0xff;
+    }
+    const int span = groups ? 64 : rows;  // the rows one operand covers
+    for (int row0 = 0; row0 < rows; row0 += span)
+        for (int kk = 0; kk < 4; ++kk) {
+            const unsigned long long d = wgmma_operand(0, kk, row0, rows);
+            const u32 start = (u32)(d & 0x3FFF) * 16, lbo = (u32)(d >> 16 & 0x3FFF) * 16;
+            const u32 sbo = (u32)(d >> 32 & 0x3FFF) * 16;
+            bad += (int)(d >> 62) != 0;  // no swizzle
+            for (int m = 0; m < span; ++m)
+                for (int k = 0; k < 16; ++k) {
+                    const u32 at = start + m / 8 * sbo + k / 8 * lbo + m % 8 * 16 + k % 8 * 2;
+                    bad += smem[at / 2] != (uint16_t)((row0 + m) * 64 + 16 * kk + k);
+                }
+        }
+    return bad;
+}
+
+int main() {
+    printf("%d\n", check(ROWS, GROUPS));
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("rows,groups", [(64, 1), (128, 1), (64, 0), (32, 0)],
+                         ids=["weights-wg1", "weights-wg2", "tokens-64", "tokens-32"])
+def test_descriptors_read_what_the_copies_placed(tmp_path, rows, groups):
+    run_host_check(tmp_path, CHECK, f"-DROWS={rows}", f"-DGROUPS={groups}")
