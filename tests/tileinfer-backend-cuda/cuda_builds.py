@@ -88,12 +88,18 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_invariant.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, NK_PRODUCTS=1, ROW_WARPS=8,
         NT=2)
 
-    # gemm_wgmma.cu (sm_90a): split and not, one and two warpgroups, n64 and n32, outputs, PDL
+    # gemm_wgmma.cu (sm_90a): split and not, warpgroups, n64 and n32, epilogues, outputs, PDL
     add("gemm_wgmma.cu", PARTS=8, RUNS=4, SPLIT=1, WG=1, NT=8, STAGES=4, STREAM_L2_256B=None,
         PDL=1, ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", PARTS=16, RUNS=4, SPLIT=0, WG=2, NT=4, STAGES=3, OUT_DTYPE="float",
         ROUND_BF16=0, ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", PARTS=8, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=2, ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, WG=2, NT=8, STAGES=4, PDL=1,
+        ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", EPILOGUE=1, PARTS=8, RUNS=4, SPLIT=1, WG=1, NT=4, STAGES=3,
+        ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", EPILOGUE=2, PARTS=8, RUNS=2, SPLIT=1, WG=1, NT=8, STAGES=3,
+        ARCH_SPECIFIC=None)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

@@ -1,7 +1,8 @@
 """gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..100 rows bitwise equal
 to the same rows' 1-row steps on gemv.cu (what makes a request's output independent of the
 batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run (a
-cluster a row tile) and not; and close to ref."""
+cluster a row tile) and not, on mma.sync and on Hopper's wgmma (gemm_wgmma.cu); and close to
+ref."""
 
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def _experiment(settings):
                                   {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
                                    "wgmma": True},
                                   {"min_rows": 17, "nk": True, "blocked": True, "wgmma": True,
-                                   "split": False, "row_warps": 8, "stages": 3}],
+                                   "split": False, "row_warps": 8, "stages": 3},
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
-                              "wgmma-runs4", "wgmma-unsplit-wg2"])
+                              "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -52,7 +54,9 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     """3000 rows: the last row tile partly past O; K 1032: a last step partly past K (INT8: 8-byte
     chunks); K 96: parts without steps (their zero sums are added too). With "blocked" both
     kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many; with
-    "parts" K is split into that many parts (gemv.cu's warps) instead of the weight's default."""
+    "parts" K is split into that many parts (gemv.cu's warps) instead of the weight's default;
+    with "wgmma" the launches whose order gemm_wgmma.cu keeps (bf16, products of neighbouring k
+    in contiguous parts or one part, K a multiple of 64) run there."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -90,10 +94,11 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
         with _experiment(settings):
             run(slice(0, n), outs)
             tiles = tuning.mma_token_tiles(min(n, 64))
-            ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
-            assert ran, "gemm_invariant.cu did not run"
-            if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # the plain and logits rows
+            if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
                 assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
+            else:
+                ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
+                assert ran, "gemm_invariant.cu did not run"
             for j in range(n):  # 1-row steps: gemv.cu
                 one = {name: torch.empty(1, out_f, dtype=t.dtype, device=DEV)
                        for name, t in outs.items()}

@@ -420,11 +420,11 @@ def test_sampling(launches):
 
 
 def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
-    """The "wgmma" launch setting: a bf16 weight in contiguous parts of products of neighbouring
-    k, without epilogue and with K a multiple of 64, runs gemm_wgmma.cu (built for sm_90a) on
-    gemm_invariant.cu's grid (token blocks; row tiles of 64 rows a warpgroup x runs) and the
-    weight's parts and runs; INT8 weights, the default order, SwiGLU and other GPUs than Hopper
-    stay on gemm_invariant.cu."""
+    """The "wgmma" launch setting: bf16 weights in contiguous parts of products of neighbouring
+    k, with K a multiple of 64, run gemm_wgmma.cu (built for sm_90a) on gemm_invariant.cu's grid
+    (token blocks; row tiles of 64 rows a warpgroup x runs), with the weight's parts, runs and
+    epilogue (SwiGLU: both matrices' tiles in a block); INT8 weights, the default order and
+    other GPUs than Hopper stay on gemm_invariant.cu."""
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
@@ -442,13 +442,15 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
             OPS["linear"](torch.empty(100, 4096, dtype=BF), x, w, s, batch)
             OPS["linear_swiglu"](torch.empty(100, 4096, dtype=BF), x, wg, sg,
                                  torch.empty(100, 2 * 4096, dtype=BF), batch)
-        assert [k.file for k in launches] == [expected, "gemm_invariant.cu"]
-        if expected == "gemm_wgmma.cu":
-            k = launches[0]
-            warps = tuning.gemv_config(4096, 4096, False, "none", 0, kernel="mma")["warps"]
-            assert k.extra == () and "ARCH_SPECIFIC" in k.defines
-            assert (k.defines["PARTS"], k.defines["RUNS"], k.defines["SPLIT"], k.defines["WG"],
-                    k.defines["NT"]) == (warps, 4, 1, 1, 8)
-            assert k.grid == (2, 4096 // 64 * 4) and k.block == (128,) and k.args[4] == 100
+        assert [k.file for k in launches] == [expected] * 2
+        if expected != "gemm_wgmma.cu":
+            continue
+        warps = tuning.gemv_config(4096, 4096, False, "none", 0, kernel="mma")["warps"]
+        for k, epilogue, mats in zip(launches, (0, 1), (1, 2)):  # the switch's 4 runs, split
+            d = k.defines
+            assert k.extra == () and "ARCH_SPECIFIC" in d and d["EPILOGUE"] == epilogue
+            assert (d["RUNS"], d["SPLIT"], d["WG"], d["NT"]) == (4, 1, 1, 8) and k.args[4] == 100
+            assert k.grid == (2, 4096 // 64 * 4) and k.block == (128,) and k.args[6] == 4096
             assert k.smem == gemm_wgmma.smem_bytes({"row_warps": 4, "split": True,
-                                                    "stages": k.defines["STAGES"]}, 8)
+                                                    "stages": d["STAGES"]}, 8, mats)
+        assert launches[0].defines["PARTS"] == warps

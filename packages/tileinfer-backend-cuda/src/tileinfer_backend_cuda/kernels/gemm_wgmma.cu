@@ -1,7 +1,8 @@
 // gemm_invariant.cu's sums on Hopper's warpgroup products (wgmma, sm_90a: built with
 // ARCH_SPECIFIC), for the weights whose batch-invariant order takes products of neighbouring k
-// (NK_PRODUCTS) in contiguous parts (BLOCKED_PARTS): the same sums in the same order, so a row
-// gets gemv.cu's bits. bf16 weights, no epilogue, K a multiple of 64 (ops/gemm_wgmma.py).
+// (NK_PRODUCTS) in contiguous parts (BLOCKED_PARTS, or one part): the same sums in the same
+// order, so a row gets gemv.cu's bits. bf16 weights, K a multiple of 64 (ops/gemm_wgmma.py); the
+// epilogues and outputs of gemm_invariant.cu (SwiGLU: gate and up tiles, two sums a row).
 //
 // The order (gemm_invariant.cu's header): K in steps of 32; part p takes the contiguous steps
 // p per .. p per + per - 1 (per = ceil(steps / PARTS)) and adds their products of 16 neighbouring
@@ -9,26 +10,27 @@
 // then the runs in order. wgmma adds a product of 16 k to mma.sync's bits whatever its tile
 // shape (benchmarks/wgmma_bits.cu).
 //
-// A block: WG warpgroups of 64 weight rows each, against the 8 NT tokens of its token block.
-// Both operands come from shared memory through descriptors, in K-major core matrices of 8 rows
-// x 8 k (16 bytes a row, 128 a matrix, no swizzle): a stage of 64 k holds chunk c (its k 8c ..
-// 8c + 7) of row r at c ROWS 16 + r 16 bytes (ROWS: the block's weight rows, or its tokens), so
-// a descriptor's leading offset (a product's k 0..7 to its k 8..15) is ROWS 16 bytes and its
-// stride offset (8 rows to the next 8) 128. STAGES stages through cp.async, one barrier a stage; a
-// part's products stay in flight until the part ends (its sum is then added to its run's).
+// A block: WG warpgroups of 64 weight rows each (of each matrix), against the 8 NT tokens of its
+// token block. Both operands come from shared memory through descriptors, in K-major core
+// matrices of 8 rows x 8 k, no swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds chunk c
+// (its k 8c .. 8c + 7) of row r at c ROWS 16 + r 16 bytes (ROWS: the block's weight rows of
+// every matrix, or its tokens). STAGES stages through cp.async, one barrier a stage; a part's
+// products stay in flight until the part ends (its sum is then added to its run's).
 //
 // Grid, clusters and the split tail as gemm_invariant.cu's: (token blocks of 8 NT, row tiles x
 // (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the tile's
 // outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
 // memory: gemm_wgmma.smem_bytes. PDL as gemm_invariant.cu.
 //
-// Defines: OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2), STAGES, NT (4 or 8), SPLIT (0/1),
-// STREAM_L2_256B, PDL (0/1).
+// Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
+// STAGES, NT (4 or 8), SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #define W_INT8 0
 #define W_FP8 0
+#ifndef EPILOGUE
 #define EPILOGUE 0
+#endif
 #ifndef OUT_DTYPE
 #define OUT_DTYPE bf16_t
 #endif
@@ -61,11 +63,12 @@ static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 
-constexpr int MATS = 1;
+constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG, TOKENS = 8 * NT;
+constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
 constexpr int PER_RUN = PARTS / RUNS;
-constexpr int W_STAGE = BLOCK_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
-constexpr int WQ = BLOCK_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
+constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
+constexpr int WQ = W_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
@@ -117,17 +120,19 @@ __device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long l
 #endif
 }
 
-typedef float Sums[NT][4];
+typedef float Sums[MATS][NT][4];  // a warp's sums of one kind: [matrix][token tile][element]
 
 // into += from; from = 0 (a part's sum joins its run's, a run's the block's).
 __device__ __forceinline__ void fold(Sums& into, Sums& from) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int m = 0; m < MATS; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            into[j][e] += from[j][e];
-            from[j][e] = 0.0f;
-        }
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                into[m][j][e] += from[m][j][e];
+                from[m][j][e] = 0.0f;
+            }
 }
 
 #if SPLIT
@@ -163,8 +168,9 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 #pragma unroll
     for (int i = 0; i < WQ; ++i) {
         const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
-        wsrc[i] = w + (i64)min(block_base + q.row, O - 1) * K + 8 * q.chunk;  // past O: dropped
-        wdst[i] = wgmma_cell(q.row, q.chunk, BLOCK_ROWS);
+        const int m = q.row / BLOCK_ROWS, r = min(block_base + q.row % BLOCK_ROWS, O - 1);
+        wsrc[i] = w + ((i64)m * O + r) * K + 8 * q.chunk;  // rows past O: dropped
+        wdst[i] = wgmma_cell(q.row, q.chunk, W_ROWS);
         wk[i] = 8 * q.chunk;
     }
 #pragma unroll
@@ -237,8 +243,11 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             wgmma_fence();
 #pragma unroll
             for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
-                wgmma_product(acc, wgmma_operand(stage, 2 * u + p, a_row, BLOCK_ROWS),
-                              wgmma_operand(stage + W_STAGE, 2 * u + p, 0, TOKENS));
+#pragma unroll
+                for (int m = 0; m < MATS; ++m)
+                    wgmma_product(acc[m],
+                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row, W_ROWS),
+                                  wgmma_operand(stage + W_STAGE, 2 * u + p, 0, TOKENS));
             wgmma_commit();
         }
         slot = slot + 1 == STAGES ? 0 : slot + 1;
@@ -247,41 +256,53 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     wgmma_wait_all();
     close_parts(part_hi);
 
-    // out[tok][row] from a row's sum (mma.sync's layout: [j][0..1] row g, tokens 8j + 2t, + 1;
-    // [j][2..3] row g + 8), with gemv.cu's rounding.
-    auto finish = [&](int tok, int row, float s) {
-        const float v[1] = {scaled_sum(s, 0, tok, row, O, w_scale, nullptr)};
+    // out[tok][row] from a row's sums, one a matrix (mma.sync's layout: [m][j][0..1] row g,
+    // tokens 8j + 2t, + 1; [m][j][2..3] row g + 8): gemv.cu's scales, epilogue and rounding.
+    auto finish = [&](int tok, int row, const float (&s)[MATS]) {
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, nullptr);
         out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
     };
 #if SPLIT
-    // The run's sums to shared memory [token][row of the tile]; block q of the cluster then
-    // finishes outputs q THREADS + i, (q + RUNS) THREADS + i, ..., adding the runs' in order.
+    // The run's sums to shared memory [matrix][token][row of the tile]; block q of the cluster
+    // then finishes outputs q THREADS + i, (q + RUNS) THREADS + i, ..., adding the runs' in order.
     __syncthreads();
     float* sums = reinterpret_cast<float*>(ring);
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int m = 0; m < MATS; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            sums[(8 * j + 2 * t + (e & 1)) * BLOCK_ROWS + 16 * warp + g + (e >> 1) * 8] = run[j][e];
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                sums[(m * TOKENS + 8 * j + 2 * t + (e & 1)) * BLOCK_ROWS + 16 * warp + g
+                     + (e >> 1) * 8] = run[m][j][e];
     cluster_sync();  // every run's sums are in place
     constexpr int TAIL_UNROLL = 8;  // the loads of 8 outputs before their adds (remote latency)
     const int outputs = BLOCK_ROWS * n;
     for (int at = run_lo * THREADS + threadIdx.x; at < outputs;
          at += RUNS * THREADS * TAIL_UNROLL) {
-        float part[TAIL_UNROLL][RUNS];
+        float part[TAIL_UNROLL][RUNS][MATS];
 #pragma unroll
         for (int u = 0; u < TAIL_UNROLL; ++u) {
             const int idx = min(at + u * RUNS * THREADS, outputs - 1);
 #pragma unroll
-            for (int q = 0; q < RUNS; ++q) part[u][q] = cluster_load(sums + idx, q);
+            for (int q = 0; q < RUNS; ++q)
+#pragma unroll
+                for (int m = 0; m < MATS; ++m)
+                    part[u][q][m] = cluster_load(sums + m * TOKENS * BLOCK_ROWS + idx, q);
         }
 #pragma unroll
         for (int u = 0; u < TAIL_UNROLL; ++u) {
             const int idx = at + u * RUNS * THREADS, row = block_base + idx % BLOCK_ROWS;
             if (idx >= outputs || row >= O) continue;
-            float s = 0.0f;
+            float s[MATS];
 #pragma unroll
-            for (int q = 0; q < RUNS; ++q) s += part[u][q];
+            for (int m = 0; m < MATS; ++m) {
+                s[m] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < RUNS; ++q) s[m] += part[u][q][m];
+            }
             finish(idx / BLOCK_ROWS, row, s);
         }
     }
@@ -294,11 +315,16 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             const int tok = 8 * j + 2 * t + (e & 1);
             const int row = block_base + 16 * warp + g + (e >> 1) * 8;
             if (tok >= n || row >= O) continue;
+            float s[MATS];
+#pragma unroll
+            for (int m = 0; m < MATS; ++m) {
 #if RUNS > 1
-            finish(tok, row, sum[j][e]);
+                s[m] = sum[m][j][e];
 #else
-            finish(tok, row, 0.0f + run[j][e]);  // one run: 0 + the run's sum
+                s[m] = 0.0f + run[m][j][e];  // one run: 0 + the run's sum
 #endif
+            }
+            finish(tok, row, s);
         }
 #endif
 }

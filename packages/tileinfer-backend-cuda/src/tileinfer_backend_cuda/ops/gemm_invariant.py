@@ -239,11 +239,13 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
-    if gemm_wgmma.takes(cfg, base, epilogue, k_dim, token_tiles, device):
+    if gemm_wgmma.takes(cfg, base, parts, k_dim, token_tiles, device):
         limit = smem_limit(device) - 1024  # room for the static shared memory
-        while cfg["stages"] > 2 and gemm_wgmma.smem_bytes(cfg, token_tiles) > limit:
+        mats = gemm_wgmma.mats(base)
+        while cfg["stages"] > 2 and gemm_wgmma.smem_bytes(cfg, token_tiles, mats) > limit:
             cfg["stages"] -= 1
-        return gemm_wgmma.launch(out, x, weight, cfg, base, parts, runs, token_tiles, device)
+        return gemm_wgmma.launch(out, x, weight, xielu_params, cfg, base, parts, runs,
+                                 token_tiles, o_rows, device)
     defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)
     k = kernel("gemm_invariant.cu", "gemm_invariant", "ppppiiiqffff", device, defines)
     row_blocks = cdiv(o_rows, block_rows(cfg)) * (runs if cfg["split"] else 1)  # y: tile, run

@@ -1,7 +1,7 @@
 """gemm_wgmma.cu: gemm_invariant.cu's sums on Hopper's wgmma, for the launches whose order it
-keeps: bf16 weights summed in contiguous parts of products of neighbouring k (INVARIANT_ORDER's
-"blocked" and "nk"), no epilogue, K a multiple of 64, 4 or 8 token tiles, on sm_90 (wgmma is
-Hopper's; the cubin sm_90a's). A launch setting of gemm_invariant.cu (``"wgmma": True`` in an
+keeps: bf16 weights summed in contiguous parts (INVARIANT_ORDER's "blocked", or one part) of
+products of neighbouring k ("nk"), K a multiple of 64, 4 or 8 token tiles, on sm_90 (wgmma is
+Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting of gemm_invariant.cu (``"wgmma": True`` in an
 INVARIANT_GEMM_TABLE entry or the experiment switch), which keeps its other settings:
 ``row_warps`` gives the warpgroups (4 warps each, 64 weight rows), ``stages`` the ring's stages
 of 64 k, ``split`` the split by run."""
@@ -21,12 +21,11 @@ def hopper(device: int) -> bool:
     return _hopper[device]
 
 
-def takes(cfg: dict, base: dict, epilogue: str, k_dim: int, token_tiles: int,
-          device: int) -> bool:
-    """Whether a gemm_invariant.cu launch of settings cfg and gemv.cu build base (its order) runs
-    here: the switch is on and the kernel keeps the order."""
-    return (bool(cfg.get("wgmma")) and not base["W_INT8"] and epilogue == "none"
-            and base.get("NK_PRODUCTS") == 1 and base.get("BLOCKED_PARTS") == 1
+def takes(cfg: dict, base: dict, parts: int, k_dim: int, token_tiles: int, device: int) -> bool:
+    """Whether a gemm_invariant.cu launch of settings cfg and gemv.cu build base (its order: K in
+    `parts` parts) runs here: the switch is on and the kernel keeps the order."""
+    return (bool(cfg.get("wgmma")) and not base["W_INT8"] and base.get("NK_PRODUCTS") == 1
+            and (base.get("BLOCKED_PARTS") == 1 or parts == 1)
             and k_dim % STAGE_K == 0 and token_tiles in (4, 8) and hopper(device))
 
 
@@ -34,16 +33,17 @@ def warpgroups(cfg: dict) -> int:
     return max(1, cfg["row_warps"] // 4)
 
 
-def smem_bytes(cfg: dict, token_tiles: int) -> int:
-    """STAGES x (block rows + tokens) x 128 bytes (64 k of bf16 a row); a split launch keeps the
-    run's float sums there afterwards, [tokens][block rows], if they need more."""
+def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
+    """STAGES x (mats x block rows + tokens) x 128 bytes (64 k of bf16 a row; mats: 2 with
+    SwiGLU); a split launch keeps the run's float sums there afterwards, [mats][tokens][block
+    rows], if they need more."""
     rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles
-    ring = cfg["stages"] * (rows + tokens) * STAGE_K * 2
-    return max(ring, tokens * rows * 4) if cfg["split"] else ring
+    ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2
+    return max(ring, mats * tokens * rows * 4) if cfg["split"] else ring
 
 
 def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
-    out = {k: base[k] for k in ("OUT_DTYPE", "ROUND_BF16")}
+    out = {k: base[k] for k in ("EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     out.update(PARTS=parts, RUNS=runs, WG=warpgroups(cfg), STAGES=cfg["stages"], NT=token_tiles,
                SPLIT=int(cfg["split"]), ARCH_SPECIFIC=None)
     if cfg.get("l2_256b"):
@@ -53,14 +53,18 @@ def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> d
     return out
 
 
-def launch(out, x, weight, cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
-           device: int):
-    """One launch of any number of rows (grid as gemm_invariant.cu's)."""
+def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs: int,
+           token_tiles: int, o_rows: int, device: int):
+    """One launch of any number of rows (grid as gemm_invariant.cu's); o_rows: the output rows
+    of each matrix."""
     n, k_dim = x.shape
-    o_rows = weight.shape[0]
     k = kernel("gemm_wgmma.cu", "gemm_wgmma", "ppppiiiqffff", device,
                defines(cfg, base, parts, runs, token_tiles))
     row_blocks = cdiv(o_rows, 64 * warpgroups(cfg)) * (runs if cfg["split"] else 1)
     k.launch((cdiv(n, 8 * token_tiles), row_blocks), (128 * warpgroups(cfg),),
-             (out, x, weight, None, n, k_dim, o_rows, x.stride(0), 0.0, 0.0, 0.0, 0.0),
-             smem_bytes(cfg, token_tiles), pdl=bool(base.get("PDL")))
+             (out, x, weight, None, n, k_dim, o_rows, x.stride(0), *xielu_params),
+             smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
+
+
+def mats(base: dict) -> int:
+    return 2 if base["EPILOGUE"] == 1 else 1  # SwiGLU: gate and up
