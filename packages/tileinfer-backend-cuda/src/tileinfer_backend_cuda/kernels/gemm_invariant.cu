@@ -112,28 +112,7 @@ typedef bf16_t x_t;
 #include "gemv_nk.cuh"        // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, PartWalk (BLOCKED_PARTS, PART_CHUNK)
-
-// A warp's sums of one kind (a part's, a run's, the block's): [tile][token tile][mma element].
-typedef float Sums[WT][NT][4];
-
-// into += from; from = 0 (a part's sum joins its run's, a run's the block's).
-__device__ __forceinline__ void fold(Sums& into, Sums& from) {
-#pragma unroll
-    for (int m = 0; m < WT; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                into[m][j][e] += from[m][j][e];
-                from[m][j][e] = 0.0f;
-            }
-}
-
-#if SPLIT
-#define CLUSTER_DIMS __cluster_dims__(1, RUNS, 1)  // a row tile's runs (grid.y) in one cluster
-#else
-#define CLUSTER_DIMS
-#endif
+#include "gemm_store.cuh"     // Sums, fold, CLUSTER_DIMS, store_sums
 
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -310,91 +289,9 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     cp_async_wait<0>();
     close_parts(part_hi);
 
-    // Accumulator layout (mma_bf16_16816): [m][j][0..1] = row g, tokens 8j + 2t, + 1; [m][j][2..3]
-    // = row g + 8. out[tok][row] from the row's sums, one a matrix: gemv.cu's scales, epilogue.
-    auto finish = [&](int tok, int row, const float (&s)[MATS]) {
-        float v[MATS];
-#pragma unroll
-        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, nullptr);
-        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
-    };
-
 #if !SPLIT && RUNS > 1
-    Sums& done = sum;
-#else
-    Sums& done = run;  // this block's run, or the one run (its sum is the row's: 0 + run == run)
-#endif
-
-#if SPLIT
-    // The run's sums to this block's shared memory, [mat][token][row of the tile], once every
-    // warp is done with the ring; then block q of the cluster finishes outputs q THREADS + i,
-    // (q + RUNS) THREADS + i, ... (output idx: token idx / BLOCK_ROWS, row idx % BLOCK_ROWS).
-    __syncthreads();
-    float* sums = reinterpret_cast<float*>(stages);
-#pragma unroll
-    for (int m = 0; m < WT; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * j + 2 * t + (e & 1);
-                const int r = WARP_ROWS * warp + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
-                sums[((m / ROW_TILES) * 8 * NT + tok) * BLOCK_ROWS + r] = done[m][j][e];
-            }
-    cluster_sync();  // every run's sums are in place
-    // A thread takes TAIL_UNROLL outputs at a time and loads all their runs' sums before it adds
-    // any: the tail is bound by the other SMs' latency, not by bytes.
-    constexpr int TAIL_UNROLL = 8;
-    const int outputs = BLOCK_ROWS * n;
-    for (int base = run_lo * THREADS + threadIdx.x; base < outputs;
-         base += RUNS * THREADS * TAIL_UNROLL) {
-        float part[TAIL_UNROLL][RUNS][MATS];
-#pragma unroll
-        for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = min(base + u * RUNS * THREADS, outputs - 1);
-            const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS;
-#pragma unroll
-            for (int q = 0; q < RUNS; ++q)
-#pragma unroll
-                for (int m = 0; m < MATS; ++m)
-                    part[u][q][m] = cluster_load(sums + (m * 8 * NT + tok) * BLOCK_ROWS + r, q);
-        }
-#pragma unroll
-        for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = base + u * RUNS * THREADS;
-            const int tok = idx / BLOCK_ROWS, r = idx % BLOCK_ROWS;
-            if (idx >= outputs || block_base + r >= O) continue;
-            float s[MATS];
-#pragma unroll
-            for (int m = 0; m < MATS; ++m) {
-                s[m] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < RUNS; ++q) s[m] += part[u][q][m];
-            }
-            finish(tok, block_base + r, s);
-        }
-    }
-    cluster_sync();  // this block's sums stay until the cluster has read them
-#else
-#pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * j + 2 * t + (e & 1);
-                const int row = warp_base + 16 * r + g + (e >> 1) * 8;
-                if (tok >= n || row >= O) continue;
-                float s[MATS];
-#pragma unroll
-                for (int m = 0; m < MATS; ++m) {
-#if RUNS > 1
-                    s[m] = done[m * ROW_TILES + r][j][e];
-#else
-                    s[m] = 0.0f + done[m * ROW_TILES + r][j][e];  // one run: 0 + the run's sum
-#endif
-                }
-                finish(tok, row, s);
-            }
+    store_sums(sum, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta, eps);
+#else  // this block's run, or the one run (its sum is the row's: 0 + run == run)
+    store_sums(run, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta, eps);
 #endif
 }

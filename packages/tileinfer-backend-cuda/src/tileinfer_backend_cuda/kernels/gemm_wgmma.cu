@@ -17,9 +17,9 @@
 // every matrix, or its tokens). STAGES stages through cp.async, one barrier a stage; a part's
 // products stay in flight until the part ends (its sum is then added to its run's).
 //
-// Grid, clusters and the split tail as gemm_invariant.cu's: (token blocks of 8 NT, row tiles x
-// (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the tile's
-// outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
+// Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT, row
+// tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
+// tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
 // memory: gemm_wgmma.smem_bytes. PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
@@ -65,6 +65,7 @@ static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG, TOKENS = 8 * NT;
+constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm_store.cuh)
 constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
 constexpr int PER_RUN = PARTS / RUNS;
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
@@ -73,6 +74,7 @@ static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of 
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand
+#include "gemm_store.cuh"         // Sums, fold, CLUSTER_DIMS, store_sums
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -120,34 +122,12 @@ __device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long l
 #endif
 }
 
-typedef float Sums[MATS][NT][4];  // a warp's sums of one kind: [matrix][token tile][element]
-
-// into += from; from = 0 (a part's sum joins its run's, a run's the block's).
-__device__ __forceinline__ void fold(Sums& into, Sums& from) {
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                into[m][j][e] += from[m][j][e];
-                from[m][j][e] = 0.0f;
-            }
-}
-
-#if SPLIT
-#define CLUSTER_DIMS __cluster_dims__(1, RUNS, 1)  // a row tile's runs (grid.y) in one cluster
-#else
-#define CLUSTER_DIMS
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
            const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride,
            float alpha_p, float alpha_n, float beta, float eps) {
     extern __shared__ uint4 ring[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int block_base = (SPLIT ? blockIdx.y / RUNS : blockIdx.y) * BLOCK_ROWS;
     x += (i64)blockIdx.x * TOKENS * x_stride;
     out += (i64)blockIdx.x * TOKENS * O;
@@ -256,75 +236,9 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     wgmma_wait_all();
     close_parts(part_hi);
 
-    // out[tok][row] from a row's sums, one a matrix (mma.sync's layout: [m][j][0..1] row g,
-    // tokens 8j + 2t, + 1; [m][j][2..3] row g + 8): gemv.cu's scales, epilogue and rounding.
-    auto finish = [&](int tok, int row, const float (&s)[MATS]) {
-        float v[MATS];
-#pragma unroll
-        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, nullptr);
-        out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
-    };
-#if SPLIT
-    // The run's sums to shared memory [matrix][token][row of the tile]; block q of the cluster
-    // then finishes outputs q THREADS + i, (q + RUNS) THREADS + i, ..., adding the runs' in order.
-    __syncthreads();
-    float* sums = reinterpret_cast<float*>(ring);
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                sums[(m * TOKENS + 8 * j + 2 * t + (e & 1)) * BLOCK_ROWS + 16 * warp + g
-                     + (e >> 1) * 8] = run[m][j][e];
-    cluster_sync();  // every run's sums are in place
-    constexpr int TAIL_UNROLL = 8;  // the loads of 8 outputs before their adds (remote latency)
-    const int outputs = BLOCK_ROWS * n;
-    for (int at = run_lo * THREADS + threadIdx.x; at < outputs;
-         at += RUNS * THREADS * TAIL_UNROLL) {
-        float part[TAIL_UNROLL][RUNS][MATS];
-#pragma unroll
-        for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = min(at + u * RUNS * THREADS, outputs - 1);
-#pragma unroll
-            for (int q = 0; q < RUNS; ++q)
-#pragma unroll
-                for (int m = 0; m < MATS; ++m)
-                    part[u][q][m] = cluster_load(sums + m * TOKENS * BLOCK_ROWS + idx, q);
-        }
-#pragma unroll
-        for (int u = 0; u < TAIL_UNROLL; ++u) {
-            const int idx = at + u * RUNS * THREADS, row = block_base + idx % BLOCK_ROWS;
-            if (idx >= outputs || row >= O) continue;
-            float s[MATS];
-#pragma unroll
-            for (int m = 0; m < MATS; ++m) {
-                s[m] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < RUNS; ++q) s[m] += part[u][q][m];
-            }
-            finish(idx / BLOCK_ROWS, row, s);
-        }
-    }
-    cluster_sync();  // this block's sums stay until the cluster has read them
-#else
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int tok = 8 * j + 2 * t + (e & 1);
-            const int row = block_base + 16 * warp + g + (e >> 1) * 8;
-            if (tok >= n || row >= O) continue;
-            float s[MATS];
-#pragma unroll
-            for (int m = 0; m < MATS; ++m) {
-#if RUNS > 1
-                s[m] = sum[m][j][e];
-#else
-                s[m] = 0.0f + run[m][j][e];  // one run: 0 + the run's sum
-#endif
-            }
-            finish(tok, row, s);
-        }
+#if !SPLIT && RUNS > 1
+    store_sums(sum, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
+#else  // this block's run, or the one run (its sum is the row's: 0 + run == run)
+    store_sums(run, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
 #endif
 }
