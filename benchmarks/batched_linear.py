@@ -405,7 +405,8 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
                for name, _, _, timed in
                timed_invariant_matrices(model, 1, {name: orders for name in names},
                                         lambda cfg: {"invariant_gemm": cfg, **forced})}
-    table, batched_table, totals = {}, {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
+    table, orders, batched_table = {}, {}, {}
+    totals = {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
             model, n, sweeps, lambda cfg: {"invariant_gemm": cfg, **forced}):
         shipped = timed[0][0]
@@ -425,16 +426,18 @@ def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
                    **{f"best_{k}": [round(t * 1e3, 4), c] for k, (t, c) in by_layout.items()},
                    **{f"gemv_1_row_{k}_ms": round(t * 1e3, 4) for k, t in one_row[name].items()})
         print(json.dumps(row), flush=True)
-        if best is not None and best_s < shipped:
-            table[key] = {k: v for k, v in best.items()
-                          if k not in ("min_rows", "blocked", "chunk")}
+        if best is not None and best_s < shipped:  # launch settings; the order apart
+            order_keys = gemm_invariant.ORDER_KEYS
+            table[key] = {k: v for k, v in best.items() if k not in order_keys | {"min_rows"}}
+            orders[key] = {k: v for k, v in best.items() if k in order_keys}
         if best is not None and best_s < base:  # faster than the default path (INT8: gemv.cu)
             batched_table[key] = {k: v for k, v in best.items() if k not in ("min_rows", "runs")}
     print(json.dumps({"rows": n, **{f"{k}_ms": round(v * 1e3, 4) for k, v in totals.items()}}),
           flush=True)
-    print("INVARIANT_GEMM_TABLE entries:", file=sys.stderr)
+    print("INVARIANT_GEMM_TABLE entries, and the INVARIANT_ORDER they were timed in:",
+          file=sys.stderr)
     for key, cfg in table.items():
-        print(f"    {key}: {cfg},", file=sys.stderr)
+        print(f"    {key}: {cfg},  # order {orders[key]}", file=sys.stderr)
     if batched_table:
         print("BATCHED_GEMM_TABLE entries (beat the default path, any parts layout):",
               file=sys.stderr)
