@@ -6,7 +6,9 @@ leading byte offset (LBO) and stride byte offset (SBO) in 16-byte units in bits 
 (m % 8) 16 + (k % 8) 2. Each row's chunks are labelled row * 64 + k as the copies place them;
 every product (k 16 kk .. 16 kk + 15) of every warpgroup's rows and of the tokens must read the
 labels of its own rows and k; the copies must cover each row's 8 chunks once, and a quarter
-warp's 8 copies must land in 8 different 16-byte bank groups."""
+warp's 8 copies must land in 8 different 16-byte bank groups. And ``wgmma_steps``' walk (a
+block's steps in order, a part closed before the first step of a later one, empty parts closed
+too) must be gemm_invariant.cu's walk over gemv_parts.cuh's contiguous parts, event by event."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import pytest
 from host_check import run_host_check
 
 CHECK = r"""
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 typedef uint32_t u32;
+using std::min;
 #define __device__
 #define __forceinline__ inline
 #include "gemm_wgmma_layout.cuh"
@@ -73,3 +77,66 @@ int main() {
                          ids=["weights-wg1", "weights-wg2", "tokens-64", "tokens-32"])
 def test_descriptors_read_what_the_copies_placed(tmp_path, rows, groups):
     run_host_check(tmp_path, CHECK, f"-DROWS={rows}", f"-DGROUPS={groups}")
+
+
+WALK = r"""
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+typedef uint32_t u32;
+using std::max;
+using std::min;
+#define __device__
+#define __forceinline__ inline
+#define BLOCKED_PARTS 1
+#include "gemv_parts.cuh"
+#include "gemm_wgmma_layout.cuh"
+
+// Events of a block's walk over the parts [lo, hi): step s as s, part p closed as -1 - p.
+std::vector<int> wgmma_walk(int lo, int hi, int steps, int parts) {
+    std::vector<int> ev;
+    const WgmmaSteps w = wgmma_steps(lo, hi, steps, parts);
+    int next = lo;
+    auto close = [&](int upto) { for (; next < upto; ++next) ev.push_back(-1 - next); };
+    for (int s = w.first; s < w.last; ++s) {
+        close(s / w.per);
+        ev.push_back(s);
+    }
+    close(hi);
+    return ev;
+}
+std::vector<int> invariant_walk(int lo, int hi, int steps, int parts) {  // gemm_invariant.cu's
+    std::vector<int> ev;
+    int total = 0, next = lo;
+    for (int p = lo; p < hi; ++p) total += part_steps(p, steps, parts);
+    PartWalk read{lo, 0, 0};
+    read.enter(hi, steps, parts);
+    auto close = [&](int upto) { for (; next < upto; ++next) ev.push_back(-1 - next); };
+    for (int i = 0; i < total; ++i) {
+        close(read.part);
+        ev.push_back(read.step);
+        read.advance(hi, steps, parts);
+    }
+    close(hi);
+    return ev;
+}
+int main() {
+    int bad = 0;
+    for (int steps = 1; steps <= 40; ++steps)
+        for (int parts : {1, 2, 4, 8, 16})
+            for (int runs : {1, 2, 4})
+                if (parts % runs == 0)
+                    for (int r = 0; r < runs; ++r) {
+                        const int lo = r * parts / runs, hi = (r + 1) * parts / runs;
+                        bad += wgmma_walk(lo, hi, steps, parts) != invariant_walk(lo, hi, steps,
+                                                                                  parts);
+                    }
+    printf("%d\n", bad);
+    return 0;
+}
+"""
+
+
+def test_the_walk_over_k_is_gemm_invariant_s(tmp_path):
+    run_host_check(tmp_path, WALK)

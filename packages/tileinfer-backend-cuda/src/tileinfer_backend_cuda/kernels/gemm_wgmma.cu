@@ -73,7 +73,7 @@ constexpr int WQ = W_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
-#include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand
+#include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand, wgmma_steps
 #include "gemm_store.cuh"         // Sums, fold, CLUSTER_DIMS, store_sums
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -134,9 +134,9 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     n = min(n - (int)blockIdx.x * TOKENS, TOKENS);
     const int run_lo = SPLIT ? blockIdx.y % RUNS : 0, run_hi = SPLIT ? run_lo + 1 : RUNS;
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
-    const int steps = K / 32, per = (steps + PARTS - 1) / PARTS;
     // This block's steps (its parts' are contiguous), two a stage.
-    const int first = min(steps, part_lo * per), last = min(steps, part_hi * per);
+    const WgmmaSteps walk = wgmma_steps(part_lo, part_hi, K / 32, PARTS);
+    const int first = walk.first, last = walk.last, per = walk.per;
     const int stage_count = (last - first + 1) / 2;
 
     // This thread's chunks of a stage: copies q = threadIdx.x + i THREADS (wgmma_chunk).

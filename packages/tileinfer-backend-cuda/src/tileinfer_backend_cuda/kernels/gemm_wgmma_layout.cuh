@@ -1,5 +1,6 @@
-// gemm_wgmma.cu's shared-memory layout, integer arithmetic alone (checked on the host against the
-// PTX description of wgmma's descriptors: tests/tileinfer-backend-cuda/test_cuda_wgmma_layout.py).
+// gemm_wgmma.cu's shared-memory layout and walk over K, integer arithmetic alone (checked on the
+// host: tests/tileinfer-backend-cuda/test_cuda_wgmma_layout.py, against the PTX description of
+// wgmma's descriptors and against gemv_parts.cuh's walk).
 // A ring stage holds 64 k of `rows` rows (the block's weight rows, or its tokens) in K-major core
 // matrices of 8 rows x 8 k, no swizzle: chunk c (k 8c .. 8c + 7) of row r at wgmma_cell(r, c).
 #pragma once
@@ -34,4 +35,16 @@ __device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead, u32
 __device__ __forceinline__ unsigned long long wgmma_operand(u32 region, int kk, int row0,
                                                             int rows) {
     return wgmma_desc(region + wgmma_cell(row0, 2 * kk, rows), (u32)(rows * 16), 128u);
+}
+
+// The K steps (32 k each) a block adds, [first, last), when it adds the contiguous parts
+// [part_lo, part_hi) of `parts` (BLOCKED_PARTS, or one part): part p takes the steps p per ..
+// p per + per - 1 (per = ceil(steps / parts)), so step s belongs to part s / per.
+struct WgmmaSteps {
+    int first, last, per;
+};
+__device__ __forceinline__ WgmmaSteps wgmma_steps(int part_lo, int part_hi, int steps,
+                                                  int parts) {
+    const int per = (steps + parts - 1) / parts;
+    return {min(steps, part_lo * per), min(steps, part_hi * per), per};
 }
