@@ -1,6 +1,7 @@
 // gemm_wgmma.cu's shared-memory layout and walk over K, integer arithmetic alone (checked on the
 // host: tests/tileinfer-backend-cuda/test_cuda_wgmma_layout.py, against the PTX description of
 // wgmma's descriptors and against gemv_parts.cuh's walk).
+//
 // A ring stage holds 64 k of `rows` rows (the block's weight rows, or its tokens) in K-major core
 // matrices of 8 rows x 8 k, no swizzle: chunk c (k 8c .. 8c + 7) of row r at wgmma_cell(r, c).
 #pragma once

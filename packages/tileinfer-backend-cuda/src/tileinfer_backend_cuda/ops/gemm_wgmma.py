@@ -1,10 +1,10 @@
 """gemm_wgmma.cu: gemm_invariant.cu's sums on Hopper's wgmma, for the launches whose order it
 keeps: bf16 weights summed in contiguous parts (INVARIANT_ORDER's "blocked", or one part) of
 products of neighbouring k ("nk"), K a multiple of 64, 4 or 8 token tiles, on sm_90 (wgmma is
-Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting of gemm_invariant.cu (``"wgmma": True`` in an
-INVARIANT_GEMM_TABLE entry or the experiment switch), which keeps its other settings:
-``row_warps`` gives the warpgroups (4 warps each, 64 weight rows), ``stages`` the ring's stages
-of 64 k, ``split`` the split by run."""
+Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting
+of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
+switch), which keeps its other settings: ``row_warps`` gives the warpgroups (4 warps each, 64
+weight rows of each matrix), ``stages`` the ring's stages of 64 k, ``split`` the split by run."""
 
 from __future__ import annotations
 
