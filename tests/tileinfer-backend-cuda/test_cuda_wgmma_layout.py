@@ -38,7 +38,8 @@ int check(int rows, int groups) {  // a region of `rows` rows, read `groups` x 6
         if (w.row < 0 || w.row >= rows || w.chunk < 0 || w.chunk >= 8) { ++bad; continue; }
         ++placed[w.row][w.chunk];
         for (int e = 0; e < 8; ++e)
-            smem[wgmma_cell(w.row, w.chunk, rows) / 2 + e] = (uint16_t)(w.row * 64 + 8 * w.chunk + e);
+            smem[wgmma_cell(w.row, w.chunk, rows) / 2 + e] =
+                (uint16_t)(w.row * 64 + 8 * w.chunk + e);
     }
     for (int r = 0; r < rows; ++r)
         for (int c = 0; c < 8; ++c) bad += placed[r][c] != 1;
