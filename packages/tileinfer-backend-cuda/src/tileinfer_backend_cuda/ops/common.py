@@ -151,12 +151,7 @@ class GemvScratch(DeviceScratch):
     def fits(cls, splits: int, mats: int, n_rows: int) -> bool:
         """Room for a launch: partials of every split, mat and token slot; a counter per row tile
         (n_rows bounds the tiles for every rows value)."""
-        return cls.holds(splits * mats * GEMV_MAX_TOKENS * n_rows, n_rows)
-
-    @classmethod
-    def holds(cls, partials: int, tiles: int) -> bool:
-        """Room for a launch of any kernel on it: `partials` floats, `tiles` counters."""
-        return partials <= cls.PARTIALS and tiles <= cls.COUNTERS
+        return splits * mats * GEMV_MAX_TOKENS * n_rows <= cls.PARTIALS and n_rows <= cls.COUNTERS
 
 
 class ArgmaxScratch(DeviceScratch):
