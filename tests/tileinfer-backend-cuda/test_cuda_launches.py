@@ -426,6 +426,7 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
     epilogue (SwiGLU: both matrices' tiles in a block); INT8 weights, the default order and
     other GPUs than Hopper stay on gemm_invariant.cu."""
     from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
 
     batch = Invariance.BATCH
     x = torch.randn(100, 4096).to(BF)
@@ -434,7 +435,7 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
                                           (nk, True, True, "gemm_invariant.cu"),
                                           ({"runs": 4}, False, True, "gemm_invariant.cu"),
                                           (nk, False, False, "gemm_invariant.cu")):
-        monkeypatch.setitem(gemm_wgmma._hopper, 0, hopper)
+        monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90" if hopper else "sm_100")
         w, s = _weight(4096, 4096, int8)
         wg, sg = _weight(2 * 4096, 4096, int8)
         launches.clear()

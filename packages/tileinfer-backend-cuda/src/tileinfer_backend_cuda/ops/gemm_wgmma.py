@@ -12,13 +12,10 @@ from .. import compiler
 from .common import cdiv, kernel
 
 STAGE_K = 64  # K a stage; K must be a multiple of it
-_hopper: dict[int, bool] = {}  # device -> sm_90 (wgmma is Hopper's alone)
 
 
 def hopper(device: int) -> bool:
-    if device not in _hopper:
-        _hopper[device] = compiler.device_arch(device).rstrip("a") == "sm_90"
-    return _hopper[device]
+    return compiler.device_arch(device) == "sm_90"  # wgmma is Hopper's alone
 
 
 def takes(cfg: dict, base: dict, parts: int, k_dim: int, token_tiles: int, device: int) -> bool:
