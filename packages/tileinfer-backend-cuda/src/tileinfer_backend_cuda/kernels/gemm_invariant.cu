@@ -112,7 +112,7 @@ typedef bf16_t x_t;
 #include "gemv_nk.cuh"        // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, PartWalk (BLOCKED_PARTS, PART_CHUNK)
-#include "gemm_store.cuh"     // Sums, fold, CLUSTER_DIMS, store_sums
+#include "gemm_store.cuh"     // Sums, fold, close_parts, CLUSTER_DIMS, store_sums
 
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -190,10 +190,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         }
     };
 
-    Sums acc = {}, run = {};
-#if !SPLIT && RUNS > 1
-    Sums sum = {};
-#endif
+    Sums acc = {}, run = {}, sum = {};  // a part's, its run's, the block's (close_parts)
 
     PartWalk fill{part_lo, 0, 0};
     fill.enter(part_hi, steps, PARTS);
@@ -228,17 +225,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     }
 #endif
 
-    // The parts' ends: a part's sum joins its run's (and an ended run joins the block's sum).
-    // Empty parts add their zero too, as gemv.cu's warps without steps do.
     int next_part = part_lo;  // the first part whose sum has not been added
-    auto close_parts = [&](int upto) {  // add the sums of the parts before `upto`
-        for (; next_part < upto; ++next_part) {
-            fold(run, acc);
-#if !SPLIT && RUNS > 1
-            if ((next_part + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
-#endif
-        }
-    };
 
     // Ring stages of stage st and of st + STAGES - 1 (st - 1's), kept as counters: no division.
     for (int st = 0, read_r = 0, fill_r = STAGES - 1; st < stage_count; ++st) {
@@ -250,7 +237,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         for (int u = 0; u < STAGE_STEPS; ++u) {
             const int i = st * STAGE_STEPS + u;
             if (i >= total) break;
-            close_parts(read.part);  // the parts that ended before this step
+            close_parts(next_part, read.part, acc, run, sum);  // those that ended before it
 #if NK_PRODUCTS
             const u32 parts = slot_addr(read_r * STAGE_STEPS + u);  // part i: cells 32 i ..
             u32 a[WT][2][4];
@@ -287,11 +274,7 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
         fill_r = fill_r + 1 == STAGES ? 0 : fill_r + 1;
     }
     cp_async_wait<0>();
-    close_parts(part_hi);
-
-#if !SPLIT && RUNS > 1
-    store_sums(sum, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta, eps);
-#else  // this block's run, or the one run (its sum is the row's: 0 + run == run)
-    store_sums(run, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta, eps);
-#endif
+    close_parts(next_part, part_hi, acc, run, sum);
+    store_sums(run, sum, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta,
+               eps);
 }

@@ -1,9 +1,9 @@
 // The sums of gemm_invariant.cu's and gemm_wgmma.cu's blocks and their end (included after a
-// kernel's WT, NT, MATS, ROW_TILES, WARP_ROWS, BLOCK_ROWS, THREADS, RUNS, SPLIT and out_t, and
-// after gemv_epilogue.cuh): a warp's sums of one kind, their fold, and store_sums, which writes
-// the block's sums to out through gemv.cu's scales, epilogue and rounding: directly, or (SPLIT)
-// through the cluster, each block finishing a slice of its row tile's outputs from the runs'
-// sums in the cluster's shared memory, in run order.
+// kernel's WT, NT, MATS, ROW_TILES, WARP_ROWS, BLOCK_ROWS, THREADS, RUNS, PER_RUN, SPLIT and
+// out_t, and after gemv_epilogue.cuh): a warp's sums of one kind, their fold, close_parts (the
+// parts' ends), and store_sums, which writes the block's sums to out through gemv.cu's scales,
+// epilogue and rounding: directly, or (SPLIT) through the cluster, each block finishing a slice
+// of its row tile's outputs from the runs' sums in the cluster's shared memory, in run order.
 //
 // A warp's sums: [tile m][token tile j][mma element e] in mma.sync's accumulator layout
 // (wgmma's per warp too): e 0, 1 = row g, tokens 8j + 2t, + 1; e 2, 3 = row g + 8; tile m is
@@ -25,18 +25,36 @@ __device__ __forceinline__ void fold(Sums& into, Sums& from) {
             }
 }
 
+// The parts from `next` to `upto` have ended: each part's sum (acc) joins its run's (run), an
+// ended run's joins the block's (sum: unsplit with several runs; else unused). Empty parts add
+// their zero too, as gemv.cu's warps without steps do.
+__device__ __forceinline__ void close_parts(int& next, int upto, Sums& acc, Sums& run, Sums& sum) {
+    for (; next < upto; ++next) {
+        fold(run, acc);
+#if !SPLIT && RUNS > 1
+        if ((next + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
+#endif
+    }
+}
+
 #if SPLIT
 #define CLUSTER_DIMS __cluster_dims__(1, RUNS, 1)  // a row tile's runs (grid.y) in one cluster
 #else
 #define CLUSTER_DIMS
 #endif
 
-// out[tok][row] for the block's rows from block_base and its n tokens, from `done`: the sum of
-// the block's run (SPLIT; smem: the block's shared memory, free of its ring) or of all runs.
-__device__ __forceinline__ void store_sums(Sums& done, out_t* __restrict__ out,
+// out[tok][row] for the block's rows from block_base and its n tokens, from close_parts' sums:
+// the block's run (SPLIT, or one run: its sum is the row's, 0 + run == run) or all runs' (sum).
+// smem: the block's shared memory, free of its ring.
+__device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restrict__ out,
                                            const float* __restrict__ w_scale, int n, int O,
                                            int block_base, int run_lo, void* smem, float alpha_p,
                                            float alpha_n, float beta, float eps) {
+#if !SPLIT && RUNS > 1
+    Sums& done = sum;
+#else
+    Sums& done = run;
+#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     auto finish = [&](int tok, int row, const float (&s)[MATS]) {

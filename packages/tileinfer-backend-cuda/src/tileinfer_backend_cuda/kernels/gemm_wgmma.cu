@@ -74,7 +74,7 @@ static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of 
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand, wgmma_steps
-#include "gemm_store.cuh"         // Sums, fold, CLUSTER_DIMS, store_sums
+#include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -191,20 +191,12 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     }
 #endif
 
-    Sums acc = {}, run = {};
-#if !SPLIT && RUNS > 1
-    Sums sum = {};
-#endif
+    Sums acc = {}, run = {}, sum = {};  // a part's, its run's, the block's (close_parts)
     int next_part = part_lo;  // the first part whose sum has not been added
-    auto close_parts = [&](int upto) {  // add the sums of the parts before `upto` (empty: zero)
+    auto close = [&](int upto) {  // the parts before `upto`, once their products have landed
         if (next_part >= upto) return;
         wgmma_wait_all();
-        for (; next_part < upto; ++next_part) {
-            fold(run, acc);
-#if !SPLIT && RUNS > 1
-            if ((next_part + 1) % PER_RUN == 0) fold(sum, run);  // a run ends
-#endif
-        }
+        close_parts(next_part, upto, acc, run, sum);
     };
     const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
     for (int st = 0, slot = 0; st < stage_count; ++st) {
@@ -219,7 +211,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         for (int u = 0; u < 2; ++u) {
             const int s = first + 2 * st + u;
             if (s >= last) break;
-            close_parts(s / per);  // the parts that ended before this step
+            close(s / per);  // the parts that ended before this step
             wgmma_fence();
 #pragma unroll
             for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
@@ -234,11 +226,6 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     }
     cp_async_wait<0>();
     wgmma_wait_all();
-    close_parts(part_hi);
-
-#if !SPLIT && RUNS > 1
-    store_sums(sum, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
-#else  // this block's run, or the one run (its sum is the row's: 0 + run == run)
-    store_sums(run, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
-#endif
+    close(part_hi);
+    store_sums(run, sum, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
 }
