@@ -93,7 +93,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
         PDL=1, ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", PARTS=16, RUNS=4, SPLIT=0, WG=2, NT=4, STAGES=3, OUT_DTYPE="float",
         ROUND_BF16=0, ARCH_SPECIFIC=None)
-    add("gemm_wgmma.cu", PARTS=8, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=3, ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", PARTS=8, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=2, ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, WG=2, NT=8, STAGES=4, PDL=1,
         ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", EPILOGUE=1, PARTS=8, RUNS=4, SPLIT=1, WG=1, NT=4, STAGES=3,

@@ -14,18 +14,13 @@
 // token block. Both operands come from shared memory through descriptors, in K-major core
 // matrices of 8 rows x 8 k, no swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds chunk c
 // (its k 8c .. 8c + 7) of row r at c ROWS 16 + r 16 bytes (ROWS: the block's weight rows of
-// every matrix, or its tokens). A ring of STAGES stages filled through cp.async: STAGES - 2
-// stages of copies in flight, one stage's products in flight on the tensor cores while the next
-// stage's are issued, one barrier a stage. A stage's copies are awaited on an mbarrier of its
-// slot (cp.async.mbarrier.arrive), not with cp.async.wait_group and a proxy fence: that fence
-// also waits for the later stages' copies, which left one stage in flight. A part's products
-// stay in flight until the part ends (its sum is then added to its run's).
+// every matrix, or its tokens). STAGES stages through cp.async, one barrier a stage; a part's
+// products stay in flight until the part ends (its sum is then added to its run's).
 //
 // Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT, row
 // tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
 // tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
-// memory (gemm_wgmma.smem_bytes): the ring (or, split, the run's sums after it, if larger), then
-// the slots' mbarriers. PDL as gemm_invariant.cu.
+// memory: gemm_wgmma.smem_bytes. PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
 // STAGES, NT (4 or 8), SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
@@ -65,7 +60,7 @@
 #endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
-static_assert(STAGES >= 3, "a stage being filled, one in the products, one finishing them");
+static_assert(STAGES >= 2, "a stage in use and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
@@ -75,9 +70,6 @@ constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's 
 constexpr int PER_RUN = PARTS / RUNS;
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
 constexpr int WQ = W_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
-constexpr int AHEAD = STAGES - 2;  // stages of copies in flight
-constexpr int SUM_BYTES = SPLIT ? MATS * TOKENS * BLOCK_ROWS * 4 : 0;  // store_sums's
-constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYTES : SUM_BYTES;
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
@@ -92,23 +84,9 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait_all() {
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_one() {  // all but the last committed group done
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-// An arrival on the barrier once this thread's cp.async copies so far have landed (a phase
-// completes with THREADS arrivals).
-__device__ __forceinline__ void mbar_arrive_copies(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
-    u32 done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
+// This thread's cp.async writes, made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // d (64 rows x 8 NT tokens, mma.sync's accumulator layout per warp and token tile) += A B.
@@ -199,24 +177,17 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             if (xs) cp_async_ca16(dst + xdst[i], xsrc[i] + (valid ? k0 : 0), valid ? 16 : 0);
         }
     };
-    // Slot i's barrier: a phase a fill (stage st's copies, slot st % STAGES, phase st / STAGES).
-    auto bar = [&](int slot) { return base + (u32)(BAR_OFFSET + 8 * slot); };
-    auto arrive = [&](int st, int slot) { if (st < stage_count) mbar_arrive_copies(bar(slot)); };
-    if (threadIdx.x == 0)
-        for (int i = 0; i < STAGES; ++i) mbar_init(bar(i), THREADS);
-    __syncthreads();
 #if PDL
     pdl_launch_dependents();
-    for (int st = 0; st < AHEAD; ++st) issue(st, st, true, false);
+    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, true, false);
     pdl_wait();  // x and the output belong to the previous kernels from here on
-    for (int st = 0; st < AHEAD; ++st) {
-        issue(st, st, false, true);
-        arrive(st, st);
-    }
+    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, false, true);
+    cp_async_commit();
+    for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
 #else
-    for (int st = 0; st < AHEAD; ++st) {
+    for (int st = 0; st < STAGES - 1; ++st) {
         issue(st, st, true, true);
-        arrive(st, st);
+        cp_async_commit();
     }
 #endif
 
@@ -224,19 +195,17 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     int next_part = part_lo;  // the first part whose sum has not been added
     auto close = [&](int upto) {  // the parts before `upto`, once their products have landed
         if (next_part >= upto) return;
-        wgmma_commit();  // the stage's products so far
         wgmma_wait_all();
         close_parts(next_part, upto, acc, run, sum);
     };
     const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
-    for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
-        mbar_wait(bar(slot), phase);  // stage st's copies (everyone's) have landed
-        // Every warpgroup has waited for its products of stage st - 2 (wgmma_wait_one below):
-        // that stage's slot, st + AHEAD's, may be refilled.
-        __syncthreads();
-        const int fill = slot + AHEAD >= STAGES ? slot + AHEAD - STAGES : slot + AHEAD;
-        issue(st + AHEAD, fill, true, true);
-        arrive(st + AHEAD, fill);
+    for (int st = 0, slot = 0; st < stage_count; ++st) {
+        cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
+        fence_proxy_async();
+        wgmma_wait_all();             // this warp's products of the stage before are done
+        __syncthreads();              // everyone's: st's slot is full, st - 1's may be refilled
+        issue(st + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1, true, true);
+        cp_async_commit();
         const u32 stage = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -251,11 +220,9 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
                     wgmma_product(acc[m],
                                   wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row, W_ROWS),
                                   wgmma_operand(stage + W_STAGE, 2 * u + p, 0, TOKENS));
+            wgmma_commit();
         }
-        wgmma_commit();
-        wgmma_wait_one();  // stage st - 1's products are done, st's may run on
         slot = slot + 1 == STAGES ? 0 : slot + 1;
-        phase ^= slot == 0;
     }
     cp_async_wait<0>();
     wgmma_wait_all();

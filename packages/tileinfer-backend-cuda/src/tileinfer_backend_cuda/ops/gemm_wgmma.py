@@ -4,8 +4,7 @@ products of neighbouring k ("nk"), K a multiple of 64, 4 or 8 token tiles, on sm
 Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting
 of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
 switch), which keeps its other settings: ``row_warps`` gives the warpgroups (4 warps each, 64
-weight rows of each matrix), ``stages`` the ring's stages of 64 k (3 or more), ``split`` the
-split by run."""
+weight rows of each matrix), ``stages`` the ring's stages of 64 k, ``split`` the split by run."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def takes(cfg: dict, base: dict, parts: int, k_dim: int, token_tiles: int, devic
     `parts` parts) runs here: the switch is on and the kernel keeps the order."""
     return (bool(cfg.get("wgmma")) and not base["W_INT8"] and base.get("NK_PRODUCTS") == 1
             and (base.get("BLOCKED_PARTS") == 1 or parts == 1)
-            and k_dim % STAGE_K == 0 and token_tiles in (4, 8) and cfg["stages"] >= 3
-            and hopper(device))
+            and k_dim % STAGE_K == 0 and token_tiles in (4, 8) and hopper(device))
 
 
 def warpgroups(cfg: dict) -> int:
@@ -35,11 +33,10 @@ def warpgroups(cfg: dict) -> int:
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
     """STAGES x (mats x block rows + tokens) x 128 bytes (64 k of bf16 a row; mats: 2 with
     SwiGLU); a split launch keeps the run's float sums there afterwards, [mats][tokens][block
-    rows], if they need more; then an 8-byte mbarrier a stage."""
+    rows], if they need more."""
     rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles
     ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2
-    data = max(ring, mats * tokens * rows * 4) if cfg["split"] else ring
-    return data + 8 * cfg["stages"]
+    return max(ring, mats * tokens * rows * 4) if cfg["split"] else ring
 
 
 def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
