@@ -1,14 +1,16 @@
 """gemm_wgmma_layout.cuh run on the host: the copies' placement (``wgmma_chunk``,
 ``wgmma_cell``) against the descriptors gemm_wgmma.cu hands wgmma (``wgmma_operand``), read the
-way the PTX ISA describes a K-major operand without swizzle: the descriptor's start address,
-leading byte offset (LBO) and stride byte offset (SBO) in 16-byte units in bits 0-13, 16-29 and
-32-45, and element (m, k) of the 64- or N-row operand at start + (m / 8) SBO + (k / 8) LBO +
-(m % 8) 16 + (k % 8) 2. Each row's chunks are labelled row * 64 + k as the copies place them;
-every product (k 16 kk .. 16 kk + 15) of every warpgroup's rows and of the tokens must read the
-labels of its own rows and k; the copies must cover each row's 8 chunks once, and a quarter
-warp's 8 copies must land in 8 different 16-byte bank groups. And ``wgmma_steps``' walk (a
-block's steps in order, a part closed before the first step of a later one, empty parts closed
-too) must be gemm_invariant.cu's walk over gemv_parts.cuh's contiguous parts, event by event."""
+way the PTX ISA describes a K-major operand with the 128-byte swizzle: the descriptor's start
+address and stride byte offset (SBO) in 16-byte units in bits 0-13 and 32-45, layout type 1 in
+bits 62-63, and element (m, k) of the 64- or N-row operand at swizzle(start + (m / 8) SBO +
+(m % 8) 128 + 2 k), where the swizzle XORs address bits 4-6 with bits 7-9 (the leading byte
+offset is not read: the product's 32 bytes of a row lie inside its 128). Each row's chunks are
+labelled row * 64 + k as the copies place them; every product (k 16 kk .. 16 kk + 15) of every
+warpgroup's rows and of the tokens must read the labels of its own rows and k; the copies must
+cover each row's 8 chunks once, and a quarter warp's 8 copies must land in 8 different 16-byte
+bank groups. And ``wgmma_steps``' walk (a block's steps in order, a part closed before the first
+step of a later one, empty parts closed too) must be gemm_invariant.cu's walk over
+gemv_parts.cuh's contiguous parts, event by event."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ int check(int rows, int groups) {  // a region of `rows` rows, read `groups` x 6
         if (w.row < 0 || w.row >= rows || w.chunk < 0 || w.chunk >= 8) { ++bad; continue; }
         ++placed[w.row][w.chunk];
         for (int e = 0; e < 8; ++e)
-            smem[wgmma_cell(w.row, w.chunk, rows) / 2 + e] =
+            smem[wgmma_cell(w.row, w.chunk) / 2 + e] =
                 (uint16_t)(w.row * 64 + 8 * w.chunk + e);
     }
     for (int r = 0; r < rows; ++r)
@@ -47,20 +49,20 @@ int check(int rows, int groups) {  // a region of `rows` rows, read `groups` x 6
         int used = 0;
         for (int q = q0; q < q0 + 8; ++q) {
             const WgmmaChunk w = wgmma_chunk(q);
-            used |= 1 << (wgmma_cell(w.row, w.chunk, rows) / 16 % 8);
+            used |= 1 << (wgmma_cell(w.row, w.chunk) / 16 % 8);
         }
         bad += used != 0xff;
     }
     const int span = groups ? 64 : rows;  // the rows one operand covers
     for (int row0 = 0; row0 < rows; row0 += span)
         for (int kk = 0; kk < 4; ++kk) {
-            const unsigned long long d = wgmma_operand(0, kk, row0, rows);
-            const u32 start = (u32)(d & 0x3FFF) * 16, lbo = (u32)(d >> 16 & 0x3FFF) * 16;
-            const u32 sbo = (u32)(d >> 32 & 0x3FFF) * 16;
-            bad += (int)(d >> 62) != 0;  // no swizzle
+            const unsigned long long d = wgmma_operand(0, kk, row0);
+            const u32 start = (u32)(d & 0x3FFF) * 16, sbo = (u32)(d >> 32 & 0x3FFF) * 16;
+            bad += (int)(d >> 62) != 1 || (int)(d >> 49 & 7) != 0;  // 128-byte swizzle, aligned
             for (int m = 0; m < span; ++m)
                 for (int k = 0; k < 16; ++k) {
-                    const u32 at = start + m / 8 * sbo + k / 8 * lbo + m % 8 * 16 + k % 8 * 2;
+                    const u32 plain = start + m / 8 * sbo + m % 8 * 128 + 2 * k;
+                    const u32 at = plain ^ ((plain >> 7 & 7) << 4);
                     bad += smem[at / 2] != (uint16_t)((row0 + m) * 64 + 16 * kk + k);
                 }
         }

@@ -11,16 +11,17 @@
 // shape (benchmarks/wgmma_bits.cu).
 //
 // A block: WG warpgroups of 64 weight rows each (of each matrix), against the 8 NT tokens of its
-// token block. Both operands come from shared memory through descriptors, in K-major core
-// matrices of 8 rows x 8 k, no swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds chunk c
-// (its k 8c .. 8c + 7) of row r at c ROWS 16 + r 16 bytes (ROWS: the block's weight rows of
-// every matrix, or its tokens). STAGES stages through cp.async, one barrier a stage; a part's
-// products stay in flight until the part ends (its sum is then added to its run's).
+// token block. Both operands come from shared memory through descriptors, in wgmma's K-major
+// layout with the 128-byte swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds each row's
+// 128 bytes in a row of its own, the block's weight rows of every matrix, then its tokens.
+// STAGES stages through cp.async, one barrier a stage; a part's products stay in flight until
+// the part ends (its sum is then added to its run's).
 //
 // Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT, row
 // tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
 // tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
-// memory: gemm_wgmma.smem_bytes. PDL as gemm_invariant.cu.
+// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary). PDL as
+// gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
 // STAGES, NT (4 or 8), SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
@@ -73,8 +74,10 @@ constexpr int WQ = W_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
-#include "gemm_wgmma_layout.cuh"  // wgmma_cell, wgmma_chunk, wgmma_operand, wgmma_steps
+#include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_chunk, wgmma_operand, ..
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
+static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
+              "every region of every stage on a period of the swizzle");
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -140,7 +143,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     const int stage_count = (last - first + 1) / 2;
 
     // This thread's chunks of a stage: copies q = threadIdx.x + i THREADS (wgmma_chunk).
-    const u32 base = smem_addr(ring);
+    const u32 base = (smem_addr(ring) + WGMMA_ALIGN - 1) & ~(u32)(WGMMA_ALIGN - 1);
     const bf16_t* wsrc[WQ];
     const bf16_t* xsrc[XQ];
     u32 wdst[WQ], xdst[XQ];
@@ -150,14 +153,14 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
         const int m = q.row / BLOCK_ROWS, r = min(block_base + q.row % BLOCK_ROWS, O - 1);
         wsrc[i] = w + ((i64)m * O + r) * K + 8 * q.chunk;  // rows past O: dropped
-        wdst[i] = wgmma_cell(q.row, q.chunk, W_ROWS);
+        wdst[i] = wgmma_cell(q.row, q.chunk);
         wk[i] = 8 * q.chunk;
     }
 #pragma unroll
     for (int i = 0; i < XQ; ++i) {
         const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
         xsrc[i] = x + (i64)min(q.row, n - 1) * x_stride + 8 * q.chunk;  // past n: dropped
-        xdst[i] = W_STAGE + wgmma_cell(q.row, q.chunk, TOKENS);
+        xdst[i] = W_STAGE + wgmma_cell(q.row, q.chunk);
         xk[i] = 8 * q.chunk;
     }
     // Stage st's copies into ring slot `slot` (chunks past K: zeros; a last stage's second step
@@ -218,8 +221,8 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 #pragma unroll
                 for (int m = 0; m < MATS; ++m)
                     wgmma_product(acc[m],
-                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row, W_ROWS),
-                                  wgmma_operand(stage + W_STAGE, 2 * u + p, 0, TOKENS));
+                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
+                                  wgmma_operand(stage + W_STAGE, 2 * u + p, 0));
             wgmma_commit();
         }
         slot = slot + 1 == STAGES ? 0 : slot + 1;

@@ -2,40 +2,43 @@
 // host: tests/tileinfer-backend-cuda/test_cuda_wgmma_layout.py, against the PTX description of
 // wgmma's descriptors and against gemv_parts.cuh's walk).
 //
-// A ring stage holds 64 k of `rows` rows (the block's weight rows, or its tokens) in K-major core
-// matrices of 8 rows x 8 k, no swizzle: chunk c (k 8c .. 8c + 7) of row r at wgmma_cell(r, c).
+// A ring stage holds 64 k (128 bytes) of each of its rows (the block's weight rows, or its
+// tokens) in wgmma's K-major layout with the 128-byte swizzle: row r in the 128 bytes from
+// r 128, its chunk c (k 8c .. 8c + 7) at 16-byte position c ^ (r % 8) among them. The swizzle
+// is on the shared address itself, so each region starts on 1024 bytes (8 rows).
 #pragma once
 
-// Byte offset of row r's chunk c in a region of `rows` rows: the chunks c of all rows together.
-__device__ __forceinline__ u32 wgmma_cell(int r, int c, int rows) {
-    return (u32)(c * rows * 16 + r * 16);
+constexpr int WGMMA_ALIGN = 1024;  // a region's alignment: one period of the swizzle
+
+// Byte offset of row r's chunk c in a region.
+__device__ __forceinline__ u32 wgmma_cell(int r, int c) {
+    return (u32)(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
-// The row and chunk that copy q of a stage takes (q < 8 rows): 32 neighbouring q take 8 rows
-// (q % 8) x 4 chunks (q / 8 % 4) of row group q / 64 and chunk half q / 32 % 2. A quarter warp
-// writes one chunk of 8 rows, 128 neighbouring bytes (no bank conflict); a warp reads 64
-// neighbouring bytes of each of 8 rows.
+// The row and chunk that copy q of a stage takes: 8 neighbouring q take one row's 8 chunks, so
+// a quarter warp reads 128 neighbouring bytes of a row and writes one 128-byte row of the stage
+// (its 8 chunks in 8 different bank groups).
 struct WgmmaChunk {
     int row, chunk;
 };
 __device__ __forceinline__ WgmmaChunk wgmma_chunk(int q) {
-    return {(q >> 6) * 8 + (q & 7), ((q >> 5) & 1) * 4 + ((q >> 3) & 3)};
+    return {q >> 3, q & 7};
 }
 
-// A shared-memory operand descriptor: start address, leading byte offset (between the core
-// matrices of k 0..7 and 8..15), stride byte offset (between core matrices of 8 rows), each in
-// 16-byte units in bits 0-13, 16-29 and 32-45; layout 0 (no swizzle) in bits 62-63.
-__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead, u32 stride) {
-    return (unsigned long long)((addr >> 4) & 0x3FFF)
-           | ((unsigned long long)((lead >> 4) & 0x3FFF) << 16)
-           | ((unsigned long long)((stride >> 4) & 0x3FFF) << 32);
+// A shared-memory operand descriptor: start address, leading byte offset (unused by K-major
+// swizzled operands: 16 bytes, as CUTLASS sets it), stride byte offset (between groups of 8
+// rows: 1024 bytes), each in 16-byte units in bits 0-13, 16-29 and 32-45; layout 1 (128-byte
+// swizzle) in bits 62-63; base offset 0 (bits 49-51: the regions are aligned).
+__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr) {
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16)
+           | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// The operand of product kk (k 16 kk .. 16 kk + 15 of the stage) for the rows from row0 of a
-// region of `rows` rows at shared address `region`.
-__device__ __forceinline__ unsigned long long wgmma_operand(u32 region, int kk, int row0,
-                                                            int rows) {
-    return wgmma_desc(region + wgmma_cell(row0, 2 * kk, rows), (u32)(rows * 16), 128u);
+// The operand of product kk (k 16 kk .. 16 kk + 15 of the stage) for the rows from row0 (a
+// multiple of 8) of the region at shared address `region`: wgmma applies the swizzle to the
+// start plus each row's offset, so the product's k are its 32 bytes from 32 kk.
+__device__ __forceinline__ unsigned long long wgmma_operand(u32 region, int kk, int row0) {
+    return wgmma_desc(region + (u32)(row0 * 128 + kk * 32));
 }
 
 // The K steps (32 k each) a block adds, [first, last), when it adds the contiguous parts

@@ -12,6 +12,7 @@ from .. import compiler
 from .common import cdiv, kernel
 
 STAGE_K = 64  # K a stage; K must be a multiple of it
+SWIZZLE_ALIGN = 1024  # the ring's alignment (gemm_wgmma_layout.cuh's WGMMA_ALIGN)
 
 
 def hopper(device: int) -> bool:
@@ -32,10 +33,10 @@ def warpgroups(cfg: dict) -> int:
 
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
     """STAGES x (mats x block rows + tokens) x 128 bytes (64 k of bf16 a row; mats: 2 with
-    SwiGLU); a split launch keeps the run's float sums there afterwards, [mats][tokens][block
-    rows], if they need more."""
+    SwiGLU) from the first 1024-byte boundary (SWIZZLE_ALIGN); a split launch keeps the run's
+    float sums there afterwards, [mats][tokens][block rows], if they need more."""
     rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles
-    ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2
+    ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2 + SWIZZLE_ALIGN
     return max(ring, mats * tokens * rows * 4) if cfg["split"] else ring
 
 
