@@ -25,10 +25,11 @@ __device__ __forceinline__ WgmmaChunk wgmma_chunk(int q) {
     return {q >> 3, q & 7};
 }
 
-// A shared-memory operand descriptor: start address, leading byte offset (unused by K-major
-// swizzled operands: 16 bytes, as CUTLASS sets it), stride byte offset (between groups of 8
-// rows: 1024 bytes), each in 16-byte units in bits 0-13, 16-29 and 32-45; layout 1 (128-byte
-// swizzle) in bits 62-63; base offset 0 (bits 49-51: the regions are aligned).
+// A shared-memory operand descriptor: start address, leading byte offset (not read for a
+// K-major swizzled operand whose k fit in the swizzle's row: set to 16 bytes), stride byte
+// offset (between groups of 8 rows: 1024 bytes), each in 16-byte units in bits 0-13, 16-29
+// and 32-45; layout 1 (128-byte swizzle) in bits 62-63; base offset 0 (bits 49-51: the
+// regions are aligned).
 __device__ __forceinline__ unsigned long long wgmma_desc(u32 addr) {
     return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16)
            | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
