@@ -324,6 +324,7 @@ def layout_name(cfg: dict) -> str:
     else:
         name = "interleaved" if cfg.get("chunk", 1) == 1 else f"chunk{cfg['chunk']}"
     name += ("-nk" if cfg.get("nk") else "") + ("-wgmma" if cfg.get("wgmma") else "")
+    name += "-tma" if cfg.get("tma") else ""
     return f"{name}-runs{cfg['runs']}" if cfg.get("runs") else name
 
 
@@ -345,6 +346,7 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
     tiles = tuning.mma_token_tiles(min(n, 64))
     parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, 0, kernel="mma")["warps"]
     row_tiles = (1,) if epilogue == "swiglu" else GEMM_SWEEP["tiles"]
+    kernels = {k: True for k in ("wgmma", "tma") if GEMM_SWEEP.get(k)}  # --gemm-wgmma, --gemm-tma
     configs = []
     for runs in GEMM_SWEEP["runs"]:
         if runs and parts % runs:
@@ -357,7 +359,7 @@ def gemm_configs(key, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
                 GEMM_SWEEP["warps"], row_tiles, stages_options, steps_options, splits, layouts):
             cfg = {"row_warps": row_warps, "row_tiles": tiles_a_warp, "stages": stages,
                    "stage_steps": stage_steps, "split": split, **parts_layout(layout),
-                   **named, "min_rows": 1, **({"wgmma": True} if GEMM_SWEEP.get("wgmma") else {})}
+                   **named, "min_rows": 1, **kernels}
             if gemm_invariant.gemm_smem_bytes(cfg, int8, load, epilogue, tiles) <= SMEM_LIMIT:
                 configs.append(cfg)
     return configs
@@ -485,6 +487,8 @@ def main():
     p.add_argument("--gemm-matrices", default="", help="--gemm-sweep's matrices (all if empty)")
     p.add_argument("--gemm-wgmma", action="store_true", help="--gemm-sweep's launches with the "
                    "wgmma setting (gemm_wgmma.cu where it keeps the order: -nk layouts, bf16)")
+    p.add_argument("--gemm-tma", action="store_true", help="with --gemm-wgmma: its weights "
+                   "by TMA (the tma setting)")
     p.add_argument("--mma-warps", default="4,8,16", help="--mma-sweep's warps splitting K")
     p.add_argument("--mma-stages", default="2,3,4,6", help="--mma-sweep's ring stages")
     p.add_argument("--mma-groups", default="1", help="--mma-sweep's row groups a block")
@@ -497,7 +501,7 @@ def main():
                       tiles=tuple(int(v) for v in args.gemm_tiles.split(",")),
                       matrices=[m for m in args.gemm_matrices.split(",") if m],
                       splits=tuple(SPLITS[v] for v in args.gemm_splits.split(",")),
-                      wgmma=args.gemm_wgmma)
+                      wgmma=args.gemm_wgmma, tma=args.gemm_tma)
     rows = [int(r) for r in args.rows.split(",")]
     quantize = "int8" if args.int8 else "fp8" if args.fp8 else None
     model = random_model(shape_config(args.shape), backend="ref", quantize=quantize, max_len=256)

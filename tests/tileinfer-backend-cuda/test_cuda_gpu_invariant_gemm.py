@@ -1,8 +1,8 @@
 """gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..100 rows bitwise equal
 to the same rows' 1-row steps on gemv.cu (what makes a request's output independent of the
 batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run (a
-cluster a row tile) and not, on mma.sync and on Hopper's wgmma (gemm_wgmma.cu); and close to
-ref."""
+cluster a row tile) and not, on mma.sync and on Hopper's wgmma (gemm_wgmma.cu, its weights by
+cp.async or TMA); and close to ref."""
 
 from __future__ import annotations
 
@@ -42,11 +42,16 @@ def _experiment(settings):
                                    "wgmma": True},
                                   {"min_rows": 17, "nk": True, "blocked": True, "wgmma": True,
                                    "split": False, "row_warps": 8, "stages": 3},
-                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True}],
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "tma": True, "row_warps": 8},
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
+                                   "tma": True, "split": False}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
-                              "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1"])
+                              "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1",
+                              "wgmma-tma-runs4-wg2", "wgmma-tma-parts1"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])

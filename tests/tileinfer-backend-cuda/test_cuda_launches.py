@@ -455,3 +455,82 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
             assert k.smem == gemm_wgmma.smem_bytes({"row_warps": 4, "split": True,
                                                     "stages": d["STAGES"]}, 8, mats)
         assert launches[0].defines["PARTS"] == warps
+
+
+def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):
+    """The "tma" setting beside "wgmma": gemm_wgmma.cu built with TMA and handed the weight's
+    tensor map (ops/tensor_map.py, boxes of its 64 rows a warpgroup), one map a weight and box
+    made once, with room for an mbarrier a stage after the shared memory it had; the weight
+    pointer still passed; without the setting no map."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+    from tileinfer_backend_cuda.ops import tensor_map
+
+    made = []
+
+    def fake_map(w, box_rows):
+        made.append((w.data_ptr(), tuple(w.shape), box_rows))
+        return torch.zeros(16, dtype=torch.int64)
+
+    monkeypatch.setattr(tensor_map, "_encode", fake_map)
+    monkeypatch.setattr(tensor_map, "_maps", {})
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    x = torch.randn(100, 4096).to(BF)
+    w, _ = _weight(4096, 4096, False)
+    wg, _ = _weight(2 * 4096, 4096, False)
+    nk = {"nk": True, "blocked": True, "runs": 4, "wgmma": True}
+    for tma in (True, False):
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": {**nk, "tma": tma, "row_warps": 8}}):
+            for _ in range(2):
+                OPS["linear"](torch.empty(100, 4096, dtype=BF), x, w, None, Invariance.BATCH)
+                OPS["linear_swiglu"](torch.empty(100, 4096, dtype=BF), x, wg, None,
+                                     torch.empty(100, 2 * 4096, dtype=BF), Invariance.BATCH)
+        assert [k.file for k in launches] == ["gemm_wgmma.cu"] * 4
+        for k, weight, mats in zip(launches, (w, wg) * 2, (1, 2) * 2):
+            assert k.defines["TMA"] == int(tma) and k.defines["WG"] == 2
+            assert k.args[2] is weight and (k.args[3] is not None) == tma
+            cfg = {"row_warps": 8, "split": True, "stages": k.defines["STAGES"]}
+            assert k.smem == gemm_wgmma.smem_bytes(cfg, 8, mats) + (8 * cfg["stages"] if tma
+                                                                       else 0)
+    assert made == [(w.data_ptr(), (4096, 4096), 128), (wg.data_ptr(), (8192, 4096), 128)]
+
+
+def test_a_weight_s_tensor_map_is_its_rows_in_boxes_of_64_k_with_the_128_byte_swizzle(
+        monkeypatch):
+    """cuTensorMapEncodeTiled's arguments (innermost dimension first): bf16, rank 2, the
+    weight's address, dims (K, rows), the row stride in bytes, box (64, box rows), unit element
+    strides, no interleave, the 128-byte swizzle, zeros past the edges; the 16 words of the map
+    come back as int64 on the weight's device (words past 2**63 wrapped)."""
+    from tileinfer_backend_cuda import compiler
+    from tileinfer_backend_cuda.ops import tensor_map
+
+    calls = []
+
+    class Enum:
+        def __getattr__(self, name):
+            return name
+
+    class Driver:
+        CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = Enum()
+        CUtensorMapL2promotion = CUtensorMapFloatOOBfill = Enum()
+        cuuint64_t = cuuint32_t = int
+
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        @staticmethod
+        def cuTensorMapEncodeTiled(*args):
+            calls.append(args)
+            return 0, type("Map", (), {"opaque": [2**64 - 1] + list(range(15))})()
+
+    monkeypatch.setattr(compiler, "_driver", lambda: Driver)
+    monkeypatch.setattr(tensor_map, "_maps", {})
+    w = torch.zeros(300, 4096, dtype=BF)
+    words = tensor_map.weight_map(w, 128)
+    assert tensor_map.weight_map(w, 128) is words and len(calls) == 1
+    assert calls[0] == ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2, w.data_ptr(), [4096, 300],
+                        [8192], [64, 128], [1, 1], "CU_TENSOR_MAP_INTERLEAVE_NONE",
+                        "CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+                        "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
+    assert words.dtype == torch.int64 and words.tolist() == [-1] + list(range(15))

@@ -15,16 +15,18 @@
 // layout with the 128-byte swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds each row's
 // 128 bytes in a row of its own, the block's weight rows of every matrix, then its tokens.
 // STAGES stages through cp.async, one barrier a stage; a part's products stay in flight until
-// the part ends (its sum is then added to its run's).
+// the part ends (its sum is then added to its run's). TMA = 1: a stage's weight rows come in
+// one bulk tensor copy a matrix (tma.cuh) from the tensor map w_map, whose 128-byte swizzle
+// gives the same layout, awaited on the slot's mbarrier; the tokens stay on cp.async.
 //
 // Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT, row
 // tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
 // tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
-// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary). PDL as
-// gemm_invariant.cu.
+// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then with TMA an
+// mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
-// STAGES, NT (4 or 8), SPLIT (0/1), STREAM_L2_256B, PDL (0/1).
+// STAGES, NT (4 or 8), SPLIT (0/1), TMA (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #define W_INT8 0
@@ -59,6 +61,9 @@
 #ifndef PDL
 #define PDL 0
 #endif
+#ifndef TMA
+#define TMA 0
+#endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
@@ -70,14 +75,21 @@ constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm
 constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
 constexpr int PER_RUN = PARTS / RUNS;
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
-constexpr int WQ = W_ROWS * 8 / THREADS, XQ = TOKENS * 8 / THREADS;  // a thread's chunks
+constexpr int XQ = TOKENS * 8 / THREADS;  // a thread's chunks of x (and of the weights: WQ)
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_chunk, wgmma_operand, ..
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
+#include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
 static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
               "every region of every stage on a period of the swizzle");
+#if TMA  // the slots' mbarriers: after the ring, or after the split's sums if they need more
+constexpr int SUM_BYTES = SPLIT ? MATS * TOKENS * BLOCK_ROWS * 4 : 0;
+constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYTES : SUM_BYTES;
+#else
+constexpr int WQ = W_ROWS * 8 / THREADS;
+#endif
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -127,7 +139,7 @@ __device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long l
 
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-           const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride,
+           const void* __restrict__ w_map, int n, int K, int O, i64 x_stride,
            float alpha_p, float alpha_n, float beta, float eps) {
     extern __shared__ uint4 ring[];
     const int warp = threadIdx.x >> 5;
@@ -144,10 +156,20 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 
     // This thread's chunks of a stage: copies q = threadIdx.x + i THREADS (wgmma_chunk).
     const u32 base = (smem_addr(ring) + WGMMA_ALIGN - 1) & ~(u32)(WGMMA_ALIGN - 1);
-    const bf16_t* wsrc[WQ];
     const bf16_t* xsrc[XQ];
-    u32 wdst[WQ], xdst[XQ];
-    int wk[WQ], xk[XQ];
+    u32 xdst[XQ];
+    int xk[XQ];
+#if TMA
+    auto bar = [&](int slot) { return base + (u32)(BAR_OFFSET + 8 * slot); };  // slot's barrier
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) mbar_init(bar(i), 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+#else
+    const bf16_t* wsrc[WQ];
+    u32 wdst[WQ];
+    int wk[WQ];
 #pragma unroll
     for (int i = 0; i < WQ; ++i) {
         const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
@@ -156,6 +178,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         wdst[i] = wgmma_cell(q.row, q.chunk);
         wk[i] = 8 * q.chunk;
     }
+#endif
 #pragma unroll
     for (int i = 0; i < XQ; ++i) {
         const WgmmaChunk q = wgmma_chunk(threadIdx.x + i * THREADS);
@@ -169,11 +192,20 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         if (st >= stage_count) return;
         const int k0 = (first + 2 * st) * 32;
         const u32 dst = base + (u32)(slot * STAGE_BYTES);
+#if TMA  // one copy a matrix of its BLOCK_ROWS rows x 64 k (past K or the rows: zeros)
+        if (weights && threadIdx.x == 0) {
+            mbar_expect_bytes(bar(slot), (u32)W_STAGE);
+            for (int m = 0; m < MATS; ++m)
+                tma_load_2d(dst + (u32)(m * BLOCK_ROWS * 128), w_map, k0, m * O + block_base,
+                            bar(slot));
+        }
+#else
 #pragma unroll
         for (int i = 0; i < WQ; ++i) {
             const bool valid = k0 + wk[i] < K;
             if (weights) cp_async_cg16(dst + wdst[i], wsrc[i] + (valid ? k0 : 0), valid ? 16 : 0);
         }
+#endif
 #pragma unroll
         for (int i = 0; i < XQ; ++i) {
             const bool valid = k0 + xk[i] < K;
@@ -202,9 +234,12 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         close_parts(next_part, upto, acc, run, sum);
     };
     const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
-    for (int st = 0, slot = 0; st < stage_count; ++st) {
+    for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
         cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
         fence_proxy_async();
+#if TMA
+        mbar_wait(bar(slot), phase);  // and its weights
+#endif
         wgmma_wait_all();             // this warp's products of the stage before are done
         __syncthreads();              // everyone's: st's slot is full, st - 1's may be refilled
         issue(st + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1, true, true);
@@ -226,9 +261,10 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             wgmma_commit();
         }
         slot = slot + 1 == STAGES ? 0 : slot + 1;
+        phase ^= slot == 0;
     }
     cp_async_wait<0>();
     wgmma_wait_all();
     close(part_hi);
-    store_sums(run, sum, out, w_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
+    store_sums(run, sum, out, nullptr, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
 }

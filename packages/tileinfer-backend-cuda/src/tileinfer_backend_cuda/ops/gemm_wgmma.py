@@ -4,11 +4,13 @@ products of neighbouring k ("nk"), K a multiple of 64, 4 or 8 token tiles, on sm
 Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting
 of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
 switch), which keeps its other settings: ``row_warps`` gives the warpgroups (4 warps each, 64
-weight rows of each matrix), ``stages`` the ring's stages of 64 k, ``split`` the split by run."""
+weight rows of each matrix), ``stages`` the ring's stages of 64 k, ``split`` the split by run;
+``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
 
 from __future__ import annotations
 
 from .. import compiler
+from . import tensor_map
 from .common import cdiv, kernel
 
 STAGE_K = 64  # K a stage; K must be a multiple of it
@@ -34,16 +36,18 @@ def warpgroups(cfg: dict) -> int:
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
     """STAGES x (mats x block rows + tokens) x 128 bytes (64 k of bf16 a row; mats: 2 with
     SwiGLU) from the first 1024-byte boundary (SWIZZLE_ALIGN); a split launch keeps the run's
-    float sums there afterwards, [mats][tokens][block rows], if they need more."""
+    float sums there afterwards, [mats][tokens][block rows], if they need more; with TMA an
+    8-byte mbarrier a stage follows."""
     rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles
     ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2 + SWIZZLE_ALIGN
-    return max(ring, mats * tokens * rows * 4) if cfg["split"] else ring
+    data = max(ring, mats * tokens * rows * 4 + SWIZZLE_ALIGN) if cfg["split"] else ring
+    return data + (8 * cfg["stages"] if cfg.get("tma") else 0)
 
 
 def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
     out = {k: base[k] for k in ("EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     out.update(PARTS=parts, RUNS=runs, WG=warpgroups(cfg), STAGES=cfg["stages"], NT=token_tiles,
-               SPLIT=int(cfg["split"]), ARCH_SPECIFIC=None)
+               SPLIT=int(cfg["split"]), TMA=int(bool(cfg.get("tma"))), ARCH_SPECIFIC=None)
     if cfg.get("l2_256b"):
         out["STREAM_L2_256B"] = None
     if base.get("PDL"):
@@ -58,9 +62,10 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     n, k_dim = x.shape
     k = kernel("gemm_wgmma.cu", "gemm_wgmma", "ppppiiiqffff", device,
                defines(cfg, base, parts, runs, token_tiles))
+    w_map = tensor_map.weight_map(weight, 64 * warpgroups(cfg)) if cfg.get("tma") else None
     row_blocks = cdiv(o_rows, 64 * warpgroups(cfg)) * (runs if cfg["split"] else 1)
     k.launch((cdiv(n, 8 * token_tiles), row_blocks), (128 * warpgroups(cfg),),
-             (out, x, weight, None, n, k_dim, o_rows, x.stride(0), *xielu_params),
+             (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params),
              smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
 
 

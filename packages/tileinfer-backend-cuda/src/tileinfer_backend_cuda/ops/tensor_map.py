@@ -1,0 +1,40 @@
+"""Tensor maps (Hopper's TMA descriptors) of weights, in device memory for the kernels that copy
+boxes of them (tma.cuh): a bf16 matrix [rows, K] in boxes of `box_rows` rows x 64 k with the
+128-byte swizzle (gemm_wgmma_layout.cuh's layout), zeros past its edges. A map holds only the
+address, shape and box, so one is made per weight and box and kept (128 bytes of device
+memory each); a CUDA graph replays the launch with the same map."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import compiler
+
+BOX_K = 64  # a box's k: 128 bytes of bf16, the swizzle's row
+_maps: dict[tuple, torch.Tensor] = {}
+
+
+def weight_map(w: torch.Tensor, box_rows: int) -> torch.Tensor:
+    """The tensor map of contiguous bf16 `w` for boxes of box_rows x BOX_K, as 16 int64 words
+    on w's device."""
+    key = (w.data_ptr(), tuple(w.shape), box_rows, w.device)
+    if key not in _maps:
+        _maps[key] = _encode(w, box_rows)
+    return _maps[key]
+
+
+def _encode(w: torch.Tensor, box_rows: int) -> torch.Tensor:
+    driver = compiler._driver()
+    rows, k = w.shape
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    tmap = compiler._check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
+        [u64(k), u64(rows)], [u64(k * w.element_size())], [u32(BOX_K), u32(box_rows)],
+        [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        "cuTensorMapEncodeTiled")
+    words = [int(v) for v in tmap.opaque]  # 16 unsigned 64-bit words
+    signed = [v - (1 << 64) if v >= 1 << 63 else v for v in words]
+    return torch.tensor(signed, dtype=torch.int64).to(w.device)
