@@ -2,7 +2,8 @@
 boxes of them (tma.cuh): a bf16 matrix [rows, K] in boxes of `box_rows` rows x 64 k with the
 128-byte swizzle (gemm_wgmma_layout.cuh's layout), zeros past its edges. A map holds only the
 address, shape and box, so one is made per weight and box and kept (128 bytes of device
-memory each); a CUDA graph replays the launch with the same map."""
+memory each); a CUDA graph replays the launch with the same map, made at its warm-up (making one
+copies it to the device, which a capture cannot)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def weight_map(w: torch.Tensor, box_rows: int) -> torch.Tensor:
     on w's device."""
     key = (w.data_ptr(), tuple(w.shape), box_rows, w.device)
     if key not in _maps:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a weight's tensor map is made outside a CUDA graph capture: "
+                               "run the step once before capturing it")
         _maps[key] = _encode(w, box_rows)
     return _maps[key]
 
