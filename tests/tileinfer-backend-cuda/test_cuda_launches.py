@@ -501,7 +501,8 @@ def test_a_weight_s_tensor_map_is_its_rows_in_boxes_of_64_k_with_the_128_byte_sw
     """cuTensorMapEncodeTiled's arguments (innermost dimension first): bf16, rank 2, the
     weight's address, dims (K, rows), the row stride in bytes, box (64, box rows), unit element
     strides, no interleave, the 128-byte swizzle, zeros past the edges; the 16 words of the map
-    come back as int64 on the weight's device (words past 2**63 wrapped)."""
+    come back as int64 on the weight's device (words past 2**63 wrapped); made once, and refused
+    for anything but a contiguous bf16 matrix."""
     from tileinfer_backend_cuda import compiler
     from tileinfer_backend_cuda.ops import tensor_map
 
@@ -534,3 +535,7 @@ def test_a_weight_s_tensor_map_is_its_rows_in_boxes_of_64_k_with_the_128_byte_sw
                         "CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
                         "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
     assert words.dtype == torch.int64 and words.tolist() == [-1] + list(range(15))
+    for wrong in (w.t(), w.float()):  # a map reads rows of contiguous bf16
+        with pytest.raises(ValueError, match="contiguous bf16"):
+            tensor_map.weight_map(wrong, 128)
+    assert len(calls) == 1

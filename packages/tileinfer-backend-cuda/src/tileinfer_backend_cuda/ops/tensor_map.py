@@ -18,6 +18,9 @@ _maps: dict[tuple, torch.Tensor] = {}
 def weight_map(w: torch.Tensor, box_rows: int) -> torch.Tensor:
     """The tensor map of contiguous bf16 `w` for boxes of box_rows x BOX_K, as 16 int64 words
     on w's device."""
+    if not w.is_contiguous() or w.dtype != torch.bfloat16:
+        raise ValueError(f"a tensor map needs a contiguous bf16 matrix, not {w.dtype} with "
+                         f"strides {w.stride()}")
     key = (w.data_ptr(), tuple(w.shape), box_rows, w.device)
     if key not in _maps:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
