@@ -199,8 +199,15 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     if "split" not in cfg:
         cfg["split"] = tiles < 2 * num_sms(device)
     cfg["split"] = bool(cfg["split"]) and 1 < runs <= MAX_CLUSTER and sm90(device)
+    return fit_stages(cfg, lambda c: gemm_smem_bytes(c, int8, load, epilogue, token_tiles),
+                      device)
+
+
+def fit_stages(cfg: dict, smem_bytes, device: int) -> dict:
+    """cfg with its stages brought down (to 2 at least) until smem_bytes(cfg), a block's dynamic
+    shared memory in either GEMM kernel, fits beside the static shared memory."""
     limit = smem_limit(device) - 1024  # room for the static shared memory
-    while cfg["stages"] > 2 and gemm_smem_bytes(cfg, int8, load, epilogue, token_tiles) > limit:
+    while cfg["stages"] > 2 and smem_bytes(cfg) > limit:
         cfg["stages"] -= 1
     return cfg
 
@@ -240,10 +247,8 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
     if gemm_wgmma.takes(cfg, base, parts, k_dim, token_tiles, device):
-        limit = smem_limit(device) - 1024  # room for the static shared memory
         mats = gemm_wgmma.mats(base)
-        while cfg["stages"] > 2 and gemm_wgmma.smem_bytes(cfg, token_tiles, mats) > limit:
-            cfg["stages"] -= 1
+        fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, token_tiles, mats), device)
         return gemm_wgmma.launch(out, x, weight, xielu_params, cfg, base, parts, runs,
                                  token_tiles, o_rows, device)
     defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)
