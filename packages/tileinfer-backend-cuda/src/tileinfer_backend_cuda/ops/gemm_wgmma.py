@@ -62,8 +62,9 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     n, k_dim = x.shape
     k = kernel("gemm_wgmma.cu", "gemm_wgmma", "ppppiiiqffff", device,
                defines(cfg, base, parts, runs, token_tiles))
-    w_map = tensor_map.weight_map(weight, 64 * warpgroups(cfg)) if cfg.get("tma") else None
-    row_blocks = cdiv(o_rows, 64 * warpgroups(cfg)) * (runs if cfg["split"] else 1)
+    block_rows = 64 * warpgroups(cfg)  # of each matrix: a warpgroup's 64
+    w_map = tensor_map.weight_map(weight, block_rows) if cfg.get("tma") else None
+    row_blocks = cdiv(o_rows, block_rows) * (runs if cfg["split"] else 1)
     k.launch((cdiv(n, 8 * token_tiles), row_blocks), (128 * warpgroups(cfg),),
              (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params),
              smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
