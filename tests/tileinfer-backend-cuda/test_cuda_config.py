@@ -524,7 +524,7 @@ def test_steps_past_a_block_of_rows_take_the_gemm_for_every_weight(fake_gpu):
     """A batch-invariant step of more than BLOCK_ROWS rows (a prefill) runs gemm_invariant.cu for
     every weight under 4 GB, in the table or not: one launch reads the weight once for all its
     blocks of rows, where gemv.cu would read it once a block."""
-    other = (4096, 4096, False, "none")
+    other = (4096, 2048, False, "none")
     assert other not in gemm_invariant.INVARIANT_GEMM_TABLE
     rows = gemm_invariant.BLOCK_ROWS
     assert not gemm_invariant.takes(*other, rows) and gemm_invariant.takes(*other, rows + 1)
@@ -538,7 +538,7 @@ def test_order_experiments_keep_the_tables_routing(fake_gpu):
     another order); a launch setting or min_rows sends every weight's launches there."""
     listed = next(k for k, e in gemm_invariant.INVARIANT_GEMM_TABLE.items() if "min_rows" in e)
     least = gemm_invariant.INVARIANT_GEMM_TABLE[listed]["min_rows"]
-    other = (4096, 4096, False, "none")
+    other = (4096, 2048, False, "none")
     assert other not in gemm_invariant.INVARIANT_GEMM_TABLE
     for order in ({"nk": True}, {"blocked": True, "runs": 2}, {"chunk": 4}):
         with tuning.experiment({"invariant_gemm": order}):

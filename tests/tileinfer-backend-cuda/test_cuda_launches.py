@@ -12,8 +12,8 @@ import torch
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
 from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise,
-                                        gemm_invariant, gemm_wgmma, kv, linear, norm, sampling,
-                                        tuning)
+                                        gemm_invariant, gemm_wgmma, invariant_tuning, kv, linear,
+                                        norm, sampling, tuning)
 
 BF = torch.bfloat16
 
@@ -79,6 +79,16 @@ def launches(monkeypatch):
     with tuning.experiment({}):
         yield log
     assert not common.fallback_counts, dict(common.fallback_counts)
+
+
+def _without_shipped_entries(monkeypatch, *shapes):
+    """The tables' entries and orders of these (output rows, K, epilogue) shapes dropped, bf16
+    and INT8: a test's weights in the defaults whatever the tables ship."""
+    for (rows, k_dim, epilogue) in shapes:
+        for int8 in (False, True):
+            key = (rows, k_dim, int8, epilogue)
+            monkeypatch.delitem(gemm_invariant.INVARIANT_GEMM_TABLE, key, raising=False)
+            monkeypatch.delitem(invariant_tuning.INVARIANT_ORDER, key, raising=False)
 
 
 def _weight(rows, cols, int8):
@@ -228,6 +238,7 @@ def test_batch_invariant_steps_take_gemm_invariant_from_its_rows(launches, monke
     from tileinfer.backend.hookspecs import Invariance
 
     batch = Invariance.BATCH
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"), (14336, 4096, "swiglu"))
     w, s = _weight(4096, 4096, int8)
     wg, sg = _weight(2 * 14336, 4096, int8)
     x = torch.randn(64, 4096).to(BF)
@@ -429,6 +440,7 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
     from tileinfer_backend_cuda import compiler
 
     batch = Invariance.BATCH
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
     x = torch.randn(100, 4096).to(BF)
     nk = {"nk": True, "blocked": True, "runs": 4}
     for order, int8, hopper, expected in ((nk, False, True, "gemm_wgmma.cu"),
@@ -455,6 +467,27 @@ def test_wgmma_runs_the_launches_whose_order_it_keeps(launches, monkeypatch):
             assert k.smem == gemm_wgmma.smem_bytes({"row_warps": 4, "split": True,
                                                     "stages": d["STAGES"]}, 8, mats)
         assert launches[0].defines["PARTS"] == warps
+
+
+def test_wgmma_min_rows_keeps_smaller_launches_on_gemm_invariant(launches, monkeypatch):
+    """"wgmma_min_rows": the launches of fewer rows run gemm_invariant.cu with the same settings
+    (its build of the order), those of that many rows or more gemm_wgmma.cu."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    w, _ = _weight(4096, 4096, False)
+    switch = {"nk": True, "blocked": True, "runs": 4, "wgmma": True, "wgmma_min_rows": 33,
+              "min_rows": 17}
+    for n, expected in ((17, "gemm_invariant.cu"), (32, "gemm_invariant.cu"),
+                        (33, "gemm_wgmma.cu"), (64, "gemm_wgmma.cu"), (100, "gemm_wgmma.cu")):
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": switch}):
+            OPS["linear"](torch.empty(n, 4096, dtype=BF), torch.randn(n, 4096).to(BF), w, None,
+                          Invariance.BATCH)
+        assert [k.file for k in launches] == [expected], n
+        assert launches[0].defines["RUNS"] == 4 and launches[0].defines["STAGES"] >= 2
 
 
 def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):

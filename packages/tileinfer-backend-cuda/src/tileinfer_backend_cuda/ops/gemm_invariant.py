@@ -42,30 +42,38 @@ NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # Its keys that keep the table's routing: the order's, and which kernel runs a launch.
-ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma"}
+ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows"}
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
 MAX_CLUSTER = 8
 
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
-# "stage_steps", "split") and "min_rows" (else MIN_ROWS): the weights whose batch-invariant
-# launches of that many rows or more run gemm_invariant.cu, with the winners of
-# `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the orders of
-# INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100, benchmarks/RESULTS.md,
-# 2026-12-06, "K in one part"), qkv from 17 rows and down from 33 (contiguous parts, products of
-# neighbouring k, a cluster a row tile; gemv.cu was faster for down at 32 rows, slower for qkv:
-# benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k"). In gemv.cu's
-# default order (8 interleaved parts) none did.
+# "stage_steps", "split", "wgmma", "tma", "wgmma_min_rows") and "min_rows" (else MIN_ROWS): the
+# weights whose batch-invariant launches of that many rows or more run gemm_invariant.cu, with
+# the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the
+# orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100,
+# benchmarks/RESULTS.md, 2026-12-06, "K in one part"), qkv from 17 rows and down from 33
+# (contiguous parts, products of neighbouring k, a cluster a row tile; gemv.cu was faster for
+# down at 32 rows, slower for qkv: benchmarks/RESULTS.md, 2026-12-06 (final), "products of
+# neighbouring k"). On Hopper qkv, o, down and gate/up run gemm_wgmma.cu (gate/up from 33 rows:
+# at 32 its launch was slower than gemm_invariant.cu's), o from 33 rows (gemv.cu below;
+# benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"). In gemv.cu's default order
+# (8 interleaved parts) none beat gemv.cu.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
-                                     "stage_steps": 2, "split": False},
+                                     "stage_steps": 2, "split": False, "wgmma": True,
+                                     "tma": True, "wgmma_min_rows": 33},
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
-    (6144, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
-                                  "stage_steps": 2, "split": True},
-    (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
-                                   "stage_steps": 2, "split": True, "min_rows": 33},
+    (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 2, "stages": 4,
+                                  "stage_steps": 2, "split": True, "wgmma": True},
+    (4096, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
+                                  "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
+                                  "min_rows": 33},
+    (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
+                                   "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
+                                   "min_rows": 33},
 }
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
@@ -246,7 +254,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     load = base["INT8_LOAD"]
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
-    if gemm_wgmma.takes(cfg, base, parts, k_dim, token_tiles, device):
+    if gemm_wgmma.takes(cfg, base, parts, k_dim, n, token_tiles, device):
         mats = gemm_wgmma.mats(base)
         fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, token_tiles, mats), device)
         return gemm_wgmma.launch(out, x, weight, xielu_params, cfg, base, parts, runs,

@@ -3,9 +3,10 @@ keeps: bf16 weights summed in contiguous parts (INVARIANT_ORDER's "blocked", or 
 products of neighbouring k ("nk"), K a multiple of 64, 4 or 8 token tiles, on sm_90 (wgmma is
 Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A launch setting
 of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
-switch), which keeps its other settings: ``row_warps`` gives the warpgroups (4 warps each, 64
-weight rows of each matrix), ``stages`` the ring's stages of 64 k, ``split`` the split by run;
-``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
+switch, from ``"wgmma_min_rows"`` rows if set), which keeps its other settings: ``row_warps``
+gives the warpgroups (4 warps each, 64 weight rows of each matrix), ``stages`` the ring's stages
+of 64 k, ``split`` the split by run; ``"tma": True`` brings the weight tiles in by TMA
+(ops/tensor_map.py) instead of cp.async."""
 
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ def hopper(device: int) -> bool:
     return compiler.device_arch(device) == "sm_90"  # wgmma is Hopper's alone
 
 
-def takes(cfg: dict, base: dict, parts: int, k_dim: int, token_tiles: int, device: int) -> bool:
-    """Whether a gemm_invariant.cu launch of settings cfg and gemv.cu build base (its order: K in
-    `parts` parts) runs here: the switch is on and the kernel keeps the order."""
-    return (bool(cfg.get("wgmma")) and not base["W_INT8"] and base.get("NK_PRODUCTS") == 1
+def takes(cfg: dict, base: dict, parts: int, k_dim: int, n: int, token_tiles: int,
+          device: int) -> bool:
+    """Whether a gemm_invariant.cu launch of n rows, settings cfg and gemv.cu build base (its
+    order: K in `parts` parts) runs here: the switch is on (from cfg's "wgmma_min_rows" rows) and
+    the kernel keeps the order."""
+    return (bool(cfg.get("wgmma")) and n >= cfg.get("wgmma_min_rows", 0)
+            and not base["W_INT8"] and base.get("NK_PRODUCTS") == 1
             and (base.get("BLOCKED_PARTS") == 1 or parts == 1)
             and k_dim % STAGE_K == 0 and token_tiles in (4, 8) and hopper(device))
 

@@ -38,11 +38,15 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 # 1-row step keeps its speed (llama3-8b's qkv and down; benchmarks/RESULTS.md, 2026-12-06
 # (late), "a cluster a row tile"); "nk" (bf16: products of neighbouring k, gemv_nk.cuh) for qkv
 # and down, whose GEMM it speeds at 64 rows at no cost to their 1-row steps, with 4 runs
-# (benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k").
+# (benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k"); o (contiguous parts,
+# products of neighbouring k, 4 runs) and gate/up (products of neighbouring k) take the orders
+# gemm_wgmma.cu keeps, whose 64-row launches beat gemm_invariant.cu's and gemv.cu's by more than
+# their 1-row steps lose (benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows").
 INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
-    (14336, 4096, False, 'swiglu'): {'parts': 1},
+    (14336, 4096, False, 'swiglu'): {'parts': 1, 'nk': True},
     (128256, 4096, False, 'none'): {'parts': 1},
     (6144, 4096, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
+    (4096, 4096, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
     (4096, 14336, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
 }
 
