@@ -1,4 +1,4 @@
-"""gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..100 rows bitwise equal
+"""gemm_invariant.cu on the GPU: the rows of batch-invariant steps of 17..300 rows bitwise equal
 to the same rows' 1-row steps on gemv.cu (what makes a request's output independent of the
 batch), for bf16 and INT8 weights, the three epilogues and float32 outputs, split by run (a
 cluster a row tile) and not, on mma.sync and on Hopper's wgmma (gemm_wgmma.cu, its weights by
@@ -46,12 +46,19 @@ def _experiment(settings):
                                   {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
                                    "wgmma": True, "tma": True, "row_warps": 8},
                                   {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
-                                   "tma": True, "split": False}],
+                                   "tma": True, "split": False},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "row_warps": 8, "token_groups": 2},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "tma": True, "token_groups": 4},
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
+                                   "tma": True, "split": False, "token_groups": 2}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
                               "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1",
-                              "wgmma-tma-runs4-wg2", "wgmma-tma-parts1"])
+                              "wgmma-tma-runs4-wg2", "wgmma-tma-parts1", "wgmma-tg2-runs4-wg2",
+                              "wgmma-tma-tg4-runs4", "wgmma-tma-tg2-parts1"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -61,7 +68,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     kernels take contiguous K steps per part, with "chunk" interleaved chunks of that many; with
     "parts" K is split into that many parts (gemv.cu's warps) instead of the weight's default;
     with "wgmma" the launches whose order gemm_wgmma.cu keeps (bf16, products of neighbouring k
-    in contiguous parts or one part, K a multiple of 64) run there."""
+    in contiguous parts or one part, K a multiple of 64) run there, with "token_groups" blocks
+    of several groups of 64 tokens in the launches of more than 64 rows (300: four groups)."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -69,7 +77,7 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     g = torch.Generator().manual_seed(out_f + in_f + int8)
     w, scale = weight(2 * out_f, in_f, g, int8)
     wo, so = w[:out_f], None if scale is None else scale[:out_f]
-    for n in (17, 64, 100):
+    for n in (17, 64, 100) + ((300,) if gemm.get("token_groups") else ()):
         x = torch.randn(n, in_f, generator=g).to(torch.bfloat16).to(DEV)
         outs = {name: torch.full((n, out_f), float("nan"), dtype=dtype, device=DEV)
                 for name, dtype in (("linear", torch.bfloat16), ("logits", torch.float32),
@@ -101,6 +109,9 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             tiles = tuning.mma_token_tiles(min(n, 64))
             if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
                 assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
+                if gemm.get("token_groups") and n > 64:
+                    groups = 4 if n > 128 and gemm["token_groups"] == 4 else 2
+                    assert loaded_modules("gemm_wgmma.cu", TG=groups), "no token groups"
             else:
                 ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
                 assert ran, "gemm_invariant.cu did not run"

@@ -490,6 +490,39 @@ def test_wgmma_min_rows_keeps_smaller_launches_on_gemm_invariant(launches, monke
         assert launches[0].defines["RUNS"] == 4 and launches[0].defines["STAGES"] >= 2
 
 
+def test_token_groups_give_a_wgmma_block_several_groups_of_64_tokens(launches, monkeypatch):
+    """"token_groups": a launch of more than 64 rows takes blocks of that many groups of 64
+    tokens (a warpgroup each per 64 weight rows; fewer where half as many hold the rows, a block
+    would pass 4 warpgroups, or 2 with SwiGLU), with shared memory for all its tokens; launches
+    of up to 64 rows keep one group."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"), (4096, 4096, "swiglu"))
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    w, _ = _weight(4096, 4096, False)
+    wg, _ = _weight(2 * 4096, 4096, False)
+    nk = {"nk": True, "blocked": True, "runs": 4, "wgmma": True, "min_rows": 17}
+    for n, warps, groups, swiglu_groups in ((300, 4, 4, 2), (100, 4, 2, 2), (64, 4, 1, 1),
+                                            (300, 8, 2, 1)):
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": {**nk, "token_groups": 4, "row_warps": warps}}):
+            x = torch.randn(n, 4096).to(BF)
+            OPS["linear"](torch.empty(n, 4096, dtype=BF), x, w, None, Invariance.BATCH)
+            OPS["linear_swiglu"](torch.empty(n, 4096, dtype=BF), x, wg, None,
+                                 torch.empty(n, 2 * 4096, dtype=BF), Invariance.BATCH)
+        assert [k.file for k in launches] == ["gemm_wgmma.cu"] * 2
+        for k, g, mats in zip(launches, (groups, swiglu_groups), (1, 2)):
+            wgs = warps // 4
+            assert k.defines["TG"] == g and k.defines["WG"] == wgs and k.defines["NT"] == 8
+            assert k.grid[0] == -(-n // (64 * g)) and k.block == (128 * wgs * g,)
+            cfg = {"row_warps": warps, "split": bool(k.defines["SPLIT"]),
+                   "stages": k.defines["STAGES"], "token_groups": g}
+            assert k.smem == gemm_wgmma.smem_bytes(cfg, 8, mats)
+    assert gemm_wgmma.smem_bytes({"row_warps": 4, "split": False, "stages": 3,
+                                  "token_groups": 2}, 8) == 3 * (64 + 128) * 128 + 1024
+
+
 def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):
     """The "tma" setting beside "wgmma": gemm_wgmma.cu built with TMA and handed the weight's
     tensor map (ops/tensor_map.py, boxes of its 64 rows a warpgroup), one map a weight and box

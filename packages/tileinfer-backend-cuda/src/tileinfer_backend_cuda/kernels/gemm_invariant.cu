@@ -88,6 +88,7 @@ constexpr int WT = MATS * ROW_TILES;         // 16-row tiles a warp owns: ROW_TI
 constexpr int WARP_ROWS = 16 * ROW_TILES;
 constexpr int BLOCK_ROWS = WARP_ROWS * ROW_WARPS;
 constexpr int THREADS = ROW_WARPS * 32;
+constexpr int TOKEN_GROUPS = 1;  // gemm_store.cuh: every warp takes the block's 8 NT tokens
 constexpr int PER_RUN = PARTS / RUNS;
 // gemv.cu's lane and step geometry (gemv_frag.cuh reads these names).
 constexpr int LANE_K = W_INT8 ? INT8_LOAD : 8;

@@ -1,16 +1,21 @@
 // The sums of gemm_invariant.cu's and gemm_wgmma.cu's blocks and their end (included after a
-// kernel's WT, NT, MATS, ROW_TILES, WARP_ROWS, BLOCK_ROWS, THREADS, RUNS, PER_RUN, SPLIT and
-// out_t, and after gemv_epilogue.cuh): a warp's sums of one kind, their fold, close_parts (the
-// parts' ends), and store_sums, which writes the block's sums to out through gemv.cu's scales,
-// epilogue and rounding: directly, or (SPLIT) through the cluster, each block finishing a slice
-// of its row tile's outputs from the runs' sums in the cluster's shared memory, in run order.
+// kernel's WT, NT, MATS, ROW_TILES, WARP_ROWS, BLOCK_ROWS, THREADS, TOKEN_GROUPS, RUNS, PER_RUN,
+// SPLIT and out_t, and after gemv_epilogue.cuh): a warp's sums of one kind, their fold,
+// close_parts (the parts' ends), and store_sums, which writes the block's sums to out through
+// gemv.cu's scales, epilogue and rounding: directly, or (SPLIT) through the cluster, each block
+// finishing a slice of its row tile's outputs from the runs' sums in the cluster's shared memory,
+// in run order.
 //
 // A warp's sums: [tile m][token tile j][mma element e] in mma.sync's accumulator layout
 // (wgmma's per warp too): e 0, 1 = row g, tokens 8j + 2t, + 1; e 2, 3 = row g + 8; tile m is
-// matrix m / ROW_TILES, rows WARP_ROWS warp + 16 (m % ROW_TILES) of the block's tile.
+// matrix m / ROW_TILES, rows WARP_ROWS w + 16 (m % ROW_TILES) of the block's tile, where the
+// block's warps are TOKEN_GROUPS groups of ROW_GROUP_WARPS, warp w of group q taking the tokens
+// from 8 NT q of the block's.
 #pragma once
 
 typedef float Sums[WT][NT][4];
+constexpr int ROW_GROUP_WARPS = THREADS / 32 / TOKEN_GROUPS;
+constexpr int BLOCK_TOKENS = 8 * NT * TOKEN_GROUPS;
 
 // into += from; from = 0 (a part's sum joins its run's, a run's the block's).
 __device__ __forceinline__ void fold(Sums& into, Sums& from) {
@@ -55,8 +60,9 @@ __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restri
 #else
     Sums& done = run;
 #endif
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % ROW_GROUP_WARPS;
     const int g = lane >> 2, t = lane & 3;
+    const int tok0 = (threadIdx.x >> 5) / ROW_GROUP_WARPS * 8 * NT;  // its token group's first
     auto finish = [&](int tok, int row, const float (&s)[MATS]) {
         float v[MATS];
 #pragma unroll
@@ -75,9 +81,9 @@ __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restri
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * j + 2 * t + (e & 1);
+                const int tok = tok0 + 8 * j + 2 * t + (e & 1);
                 const int r = WARP_ROWS * warp + 16 * (m % ROW_TILES) + g + (e >> 1) * 8;
-                sums[((m / ROW_TILES) * 8 * NT + tok) * BLOCK_ROWS + r] = done[m][j][e];
+                sums[((m / ROW_TILES) * BLOCK_TOKENS + tok) * BLOCK_ROWS + r] = done[m][j][e];
             }
     cluster_sync();  // every run's sums are in place
     // A thread takes TAIL_UNROLL outputs at a time and loads all their runs' sums before it adds
@@ -95,7 +101,8 @@ __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restri
             for (int q = 0; q < RUNS; ++q)
 #pragma unroll
                 for (int m = 0; m < MATS; ++m)
-                    part[u][q][m] = cluster_load(sums + (m * 8 * NT + tok) * BLOCK_ROWS + r, q);
+                    part[u][q][m] =
+                        cluster_load(sums + (m * BLOCK_TOKENS + tok) * BLOCK_ROWS + r, q);
         }
 #pragma unroll
         for (int u = 0; u < TAIL_UNROLL; ++u) {
@@ -121,7 +128,7 @@ __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restri
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * j + 2 * t + (e & 1);
+                const int tok = tok0 + 8 * j + 2 * t + (e & 1);
                 const int row = warp_base + 16 * r + g + (e >> 1) * 8;
                 if (tok >= n || row >= O) continue;
                 float s[MATS];

@@ -10,23 +10,25 @@
 // then the runs in order. wgmma adds a product of 16 k to mma.sync's bits whatever its tile
 // shape (benchmarks/wgmma_bits.cu).
 //
-// A block: WG warpgroups of 64 weight rows each (of each matrix), against the 8 NT tokens of its
-// token block. Both operands come from shared memory through descriptors, in wgmma's K-major
-// layout with the 128-byte swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds each row's
-// 128 bytes in a row of its own, the block's weight rows of every matrix, then its tokens.
+// A block: WG x TG warpgroups, WG of 64 weight rows each (of each matrix) for each of TG token
+// groups of 8 NT tokens (the block's token block: more groups, fewer reads of the weight from L2
+// in a launch of many tokens); warpgroup w takes rows 64 (w % WG) and tokens 8 NT (w / WG).
+// Both operands come from shared memory through descriptors, in wgmma's K-major layout with the
+// 128-byte swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds each row's 128 bytes in a row
+// of its own, the block's weight rows of every matrix, then its tokens.
 // STAGES stages through cp.async, one barrier a stage; a part's products stay in flight until
 // the part ends (its sum is then added to its run's). TMA = 1: a stage's weight rows come in
 // one bulk tensor copy a matrix (tma.cuh) from the tensor map w_map, whose 128-byte swizzle
 // gives the same layout, awaited on the slot's mbarrier; the tokens stay on cp.async.
 //
-// Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT, row
+// Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT TG, row
 // tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
 // tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
 // memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then with TMA an
 // mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
-// STAGES, NT (4 or 8), SPLIT (0/1), TMA (0/1), STREAM_L2_256B, PDL (0/1).
+// STAGES, NT (4 or 8), TG (1, 2 or 4), SPLIT (0/1), TMA (0/1), STREAM_L2_256B, PDL (0/1).
 #include "common.cuh"
 
 #define W_INT8 0
@@ -55,6 +57,9 @@
 #ifndef NT
 #define NT 8
 #endif
+#ifndef TG
+#define TG 1
+#endif
 #ifndef SPLIT
 #define SPLIT 0
 #endif
@@ -68,15 +73,18 @@ typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
+static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
-constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG, TOKENS = 8 * NT;
+constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG * TG, TOKENS = 8 * NT * TG;
+constexpr int TOKEN_GROUPS = TG;  // gemm_store.cuh: a warp's tokens from 8 NT (warp / 4 WG)
 constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm_store.cuh)
 constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
 constexpr int PER_RUN = PARTS / RUNS;
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
 constexpr int XQ = TOKENS * 8 / THREADS;  // a thread's chunks of x (and of the weights: WQ)
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
+static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_chunk, wgmma_operand, ..
@@ -233,7 +241,8 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
         wgmma_wait_all();
         close_parts(next_part, upto, acc, run, sum);
     };
-    const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
+    const int a_row = 64 * ((warp >> 2) % WG);  // this warpgroup's first weight row in a stage
+    const int b_row = 8 * NT * ((warp >> 2) / WG);  // and its first token
     for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
         cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
         fence_proxy_async();
@@ -257,7 +266,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
                 for (int m = 0; m < MATS; ++m)
                     wgmma_product(acc[m],
                                   wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
-                                  wgmma_operand(stage + W_STAGE, 2 * u + p, 0));
+                                  wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
             wgmma_commit();
         }
         slot = slot + 1 == STAGES ? 0 : slot + 1;

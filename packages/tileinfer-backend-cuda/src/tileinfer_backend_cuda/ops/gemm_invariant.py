@@ -42,7 +42,7 @@ NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # Its keys that keep the table's routing: the order's, and which kernel runs a launch.
-ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows"}
+ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups"}
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
@@ -256,6 +256,7 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
                       settings)
     if gemm_wgmma.takes(cfg, base, parts, k_dim, n, token_tiles, device):
         mats = gemm_wgmma.mats(base)
+        cfg["token_groups"] = gemm_wgmma.token_groups(cfg, n, token_tiles, mats)
         fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, token_tiles, mats), device)
         return gemm_wgmma.launch(out, x, weight, xielu_params, cfg, base, parts, runs,
                                  token_tiles, o_rows, device)

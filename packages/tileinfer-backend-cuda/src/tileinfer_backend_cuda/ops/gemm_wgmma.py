@@ -5,8 +5,9 @@ Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A
 of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
 switch, from ``"wgmma_min_rows"`` rows if set), which keeps its other settings: ``row_warps``
 gives the warpgroups (4 warps each, 64 weight rows of each matrix), ``stages`` the ring's stages
-of 64 k, ``split`` the split by run; ``"tma": True`` brings the weight tiles in by TMA
-(ops/tensor_map.py) instead of cp.async."""
+of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4) the blocks' groups of 8
+token_tiles tokens in launches of more (token_groups); ``"tma": True`` brings the weight tiles in
+by TMA (ops/tensor_map.py) instead of cp.async."""
 
 from __future__ import annotations
 
@@ -37,12 +38,25 @@ def warpgroups(cfg: dict) -> int:
     return max(1, cfg["row_warps"] // 4)
 
 
+def token_groups(cfg: dict, n: int, token_tiles: int, mats: int = 1) -> int:
+    """A block's groups of 8 token_tiles tokens in a launch of n rows: the setting's
+    "token_groups" (1, 2 or 4), halved while the block would have more than 4 warpgroups (2 with
+    SwiGLU's two matrices: the registers a thread may have in a block of so many) or half as many
+    groups would hold the n rows."""
+    groups = int(cfg.get("token_groups", 1))
+    while groups > 1 and (warpgroups(cfg) * groups * mats > 4
+                          or 8 * token_tiles * groups // 2 >= n):
+        groups //= 2
+    return groups
+
+
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
     """STAGES x (mats x block rows + tokens) x 128 bytes (64 k of bf16 a row; mats: 2 with
-    SwiGLU) from the first 1024-byte boundary (SWIZZLE_ALIGN); a split launch keeps the run's
-    float sums there afterwards, [mats][tokens][block rows], if they need more; with TMA an
-    8-byte mbarrier a stage follows."""
-    rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles
+    SwiGLU; tokens: cfg's "token_groups" of 8 token_tiles) from the first 1024-byte boundary
+    (SWIZZLE_ALIGN); a split launch keeps the run's float sums there afterwards,
+    [mats][tokens][block rows], if they need more; with TMA an 8-byte mbarrier a stage
+    follows."""
+    rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles * cfg.get("token_groups", 1)
     ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2 + SWIZZLE_ALIGN
     data = max(ring, mats * tokens * rows * 4 + SWIZZLE_ALIGN) if cfg["split"] else ring
     return data + (8 * cfg["stages"] if cfg.get("tma") else 0)
@@ -51,7 +65,8 @@ def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
 def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
     out = {k: base[k] for k in ("EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     out.update(PARTS=parts, RUNS=runs, WG=warpgroups(cfg), STAGES=cfg["stages"], NT=token_tiles,
-               SPLIT=int(cfg["split"]), TMA=int(bool(cfg.get("tma"))), ARCH_SPECIFIC=None)
+               TG=cfg.get("token_groups", 1), SPLIT=int(cfg["split"]),
+               TMA=int(bool(cfg.get("tma"))), ARCH_SPECIFIC=None)
     if cfg.get("l2_256b"):
         out["STREAM_L2_256B"] = None
     if base.get("PDL"):
@@ -61,15 +76,16 @@ def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> d
 
 def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs: int,
            token_tiles: int, o_rows: int, device: int):
-    """One launch of any number of rows (grid as gemm_invariant.cu's); o_rows: the output rows
-    of each matrix."""
+    """One launch of any number of rows (grid as gemm_invariant.cu's, token blocks of cfg's
+    "token_groups" groups: token_groups()); o_rows: the output rows of each matrix."""
     n, k_dim = x.shape
     k = kernel("gemm_wgmma.cu", "gemm_wgmma", "ppppiiiqffff", device,
                defines(cfg, base, parts, runs, token_tiles))
     block_rows = 64 * warpgroups(cfg)  # of each matrix: a warpgroup's 64
     w_map = tensor_map.weight_map(weight, block_rows) if cfg.get("tma") else None
     row_blocks = cdiv(o_rows, block_rows) * (runs if cfg["split"] else 1)
-    k.launch((cdiv(n, 8 * token_tiles), row_blocks), (128 * warpgroups(cfg),),
+    groups = cfg.get("token_groups", 1)
+    k.launch((cdiv(n, 8 * token_tiles * groups), row_blocks), (128 * warpgroups(cfg) * groups,),
              (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params),
              smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
 
