@@ -21,11 +21,11 @@
 // one bulk tensor copy a matrix (tma.cuh) from the tensor map w_map, whose 128-byte swizzle
 // gives the same layout, awaited on the slot's mbarrier; the tokens stay on cp.async.
 //
-// Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT TG, row
-// tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of the
-// tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic shared
-// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then with TMA an
-// mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
+// Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT TG,
+// row tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of
+// the tile's outputs from the runs' sums in the cluster's shared memory, in run order. Dynamic
+// shared memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then with TMA
+// an mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
 // STAGES, NT (4 or 8), TG (1, 2 or 4), SPLIT (0/1), TMA (0/1), STREAM_L2_256B, PDL (0/1).

@@ -5,9 +5,9 @@ Hopper's; the cubin sm_90a's); every epilogue and output of gemm_invariant.cu. A
 of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the experiment
 switch, from ``"wgmma_min_rows"`` rows if set), which keeps its other settings: ``row_warps``
 gives the warpgroups (4 warps each, 64 weight rows of each matrix), ``stages`` the ring's stages
-of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4) the blocks' groups of 8
-token_tiles tokens in launches of more (token_groups); ``"tma": True`` brings the weight tiles in
-by TMA (ops/tensor_map.py) instead of cp.async."""
+of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4: ``token_groups()``) a block's
+groups of 8 token_tiles tokens in launches of more rows than one group holds; ``"tma": True``
+brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
 
 from __future__ import annotations
 
