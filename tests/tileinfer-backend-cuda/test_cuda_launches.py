@@ -541,6 +541,7 @@ def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkey
     monkeypatch.setattr(tensor_map, "_encode", fake_map)
     monkeypatch.setattr(tensor_map, "_maps", {})
     monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
     x = torch.randn(100, 4096).to(BF)
     w, _ = _weight(4096, 4096, False)
     wg, _ = _weight(2 * 4096, 4096, False)

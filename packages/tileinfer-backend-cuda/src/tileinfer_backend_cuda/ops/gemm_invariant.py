@@ -49,17 +49,18 @@ BLOCK_ROWS = 64
 MAX_CLUSTER = 8
 
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
-# "stage_steps", "split", "wgmma", "tma", "wgmma_min_rows") and "min_rows" (else MIN_ROWS): the
-# weights whose batch-invariant launches of that many rows or more run gemm_invariant.cu, with
-# the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they beat gemv.cu, in the
-# orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part; H100,
-# benchmarks/RESULTS.md, 2026-12-06, "K in one part"), qkv from 17 rows and down from 33
+# "stage_steps", "split", "wgmma", "tma", "wgmma_min_rows", "token_groups") and "min_rows" (else
+# MIN_ROWS): the weights whose batch-invariant launches of that many rows or more run
+# gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
+# beat gemv.cu, in the orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part;
+# H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part"), qkv from 17 rows and down from 33
 # (contiguous parts, products of neighbouring k, a cluster a row tile; gemv.cu was faster for
 # down at 32 rows, slower for qkv: benchmarks/RESULTS.md, 2026-12-06 (final), "products of
 # neighbouring k"). On Hopper qkv, o, down and gate/up run gemm_wgmma.cu (gate/up from 33 rows:
 # at 32 its launch was slower than gemm_invariant.cu's), o from 33 rows (gemv.cu below;
-# benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"). In gemv.cu's default order
-# (8 interleaved parts) none beat gemv.cu.
+# benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"), their prefills in blocks of up
+# to 4 groups of 64 tokens (6% off a step's linears at 1,024 rows: ibid., "Third call"). In
+# gemv.cu's default order (8 interleaved parts) none beat gemv.cu.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False, "wgmma": True,
@@ -67,13 +68,14 @@ INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
     (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 2, "stages": 4,
-                                  "stage_steps": 2, "split": True, "wgmma": True},
+                                  "stage_steps": 2, "split": True, "wgmma": True,
+                                  "token_groups": 4},
     (4096, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                   "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                  "min_rows": 33},
+                                  "token_groups": 4, "min_rows": 33},
     (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                    "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                   "min_rows": 33},
+                                   "token_groups": 4, "min_rows": 33},
 }
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
