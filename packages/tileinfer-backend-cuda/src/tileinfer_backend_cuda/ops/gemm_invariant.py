@@ -58,9 +58,8 @@ MAX_CLUSTER = 8
 # down at 32 rows, slower for qkv: benchmarks/RESULTS.md, 2026-12-06 (final), "products of
 # neighbouring k"). On Hopper qkv, o, down and gate/up run gemm_wgmma.cu (gate/up from 33 rows:
 # at 32 its launch was slower than gemm_invariant.cu's), o from 33 rows (gemv.cu below;
-# benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"), their prefills in blocks of up
-# to 4 groups of 64 tokens (6% off a step's linears at 1,024 rows: ibid., "Third call"). In
-# gemv.cu's default order (8 interleaved parts) none beat gemv.cu.
+# benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"; "token_groups" changed no
+# prefill there). In gemv.cu's default order (8 interleaved parts) none beat gemv.cu.
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False, "wgmma": True,
@@ -68,14 +67,13 @@ INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
     (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 2, "stages": 4,
-                                  "stage_steps": 2, "split": True, "wgmma": True,
-                                  "token_groups": 4},
+                                  "stage_steps": 2, "split": True, "wgmma": True},
     (4096, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                   "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                  "token_groups": 4, "min_rows": 33},
+                                  "min_rows": 33},
     (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                    "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                   "token_groups": 4, "min_rows": 33},
+                                   "min_rows": 33},
 }
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
