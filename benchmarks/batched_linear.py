@@ -10,6 +10,8 @@ per variant:
   (``batch_invariant=False``: any kernel for n rows);
 - ``<backend>-invariant``: as a single sequence's steps call them (``batch_invariant=True``:
   up to 8 rows each row computed as in a 1-row step, what speculative verification needs);
+- ``<backend>-batch-invariant`` (``--batch-invariant``): in the batch-invariant mode
+  (``Invariance.BATCH``, what ``--deterministic`` runs; n of 1,024: a prefill's linears);
 - ``cublas``: torch.matmul (cuBLAS) for every product, the SwiGLU in torch (bf16 weights only).
 
     python benchmarks/batched_linear.py --shape llama3-8b --backends cuda,triton
@@ -58,13 +60,15 @@ import torch.nn.functional as F
 from timing import time_graph
 
 from tileinfer.backend import get_backend
+from tileinfer.backend.hookspecs import Invariance
 from tileinfer.engine.memory import linear_weight_bytes
 from tileinfer.model.quant import linear_operands
 from tileinfer.model.random_weights import random_model, shape_config
 
 
-def step_calls(model, ops, n: int, invariant: bool | None):
-    """Zero-argument callables running one step's linears at n rows with ``ops`` (None: cuBLAS)."""
+def step_calls(model, ops, n: int, invariant):
+    """Zero-argument callables running one step's linears at n rows with ``ops`` (None: cuBLAS),
+    ``invariant`` their batch_invariant (False, True or Invariance.BATCH)."""
     c, dev, dt = model.config, model.device, model.dtype
     x = torch.randn(n, max(c.hidden_size, c.q_size, c.intermediate_size), device=dev).to(dt)
     qkv = torch.empty(n, c.qkv_size, device=dev, dtype=dt)
@@ -220,8 +224,6 @@ def timed_invariant_matrices(model, n: int, sweeps: dict, settings_of):
     """Per matrix at n rows: (name, key, the batched path's seconds, [(seconds, cfg)]) with the
     shipped batch-invariant path first (cfg None), then each of ``sweeps[name]`` under its
     experiments ``settings_of(cfg)``."""
-    from tileinfer.backend.hookspecs import Invariance
-
     ops = get_backend("cuda")
     batched = matrix_calls(model, ops, n)
     for name, calls in matrix_calls(model, ops, n, Invariance.BATCH).items():
@@ -464,6 +466,8 @@ def main():
     p.add_argument("--invariant", action="store_true",
                    help="also time batch_invariant=True (the single-sequence calls); with "
                         "--mma-sweep, sweep the batch-invariant builds")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time the batch-invariant mode (Invariance.BATCH)")
     p.add_argument("--cublas", action="store_true", help="also time torch.matmul (bf16)")
     p.add_argument("--mma-sweep", type=int, metavar="N",
                    help="sweep gemv.cu's configurations at N rows instead (see above)")
@@ -521,6 +525,8 @@ def main():
         variants.append((name, ops, False))
         if args.invariant:
             variants.append((f"{name}-invariant", ops, True))
+        if args.batch_invariant:
+            variants.append((f"{name}-batch-invariant", ops, Invariance.BATCH))
     if args.cublas and quantize is None:
         variants.append(("cublas", None, None))
     table = {}
