@@ -111,6 +111,13 @@ def builds() -> list[tuple[str, dict, tuple]]:
         ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, WG=1, TG=2, NT=8, STAGES=3,
         TMA=1, ARCH_SPECIFIC=None)
+    # products in flight through the next stage: split by TMA, SwiGLU in one part, n32
+    add("gemm_wgmma.cu", PARTS=16, RUNS=4, SPLIT=1, WG=2, NT=8, STAGES=4, TMA=1, MMA_LAG=1,
+        PDL=1, ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", EPILOGUE=1, PARTS=1, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=3, MMA_LAG=1,
+        ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", PARTS=8, RUNS=2, SPLIT=1, WG=1, NT=4, STAGES=3, MMA_LAG=1,
+        ARCH_SPECIFIC=None)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

@@ -52,13 +52,19 @@ def _experiment(settings):
                                   {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
                                    "wgmma": True, "tma": True, "token_groups": 4},
                                   {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
-                                   "tma": True, "split": False, "token_groups": 2}],
+                                   "tma": True, "split": False, "token_groups": 2},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "tma": True, "mma_lag": True,
+                                   "token_groups": 4},
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
+                                   "mma_lag": True, "split": False, "stages": 3}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
                               "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1",
                               "wgmma-tma-runs4-wg2", "wgmma-tma-parts1", "wgmma-tg2-runs4-wg2",
-                              "wgmma-tma-tg4-runs4", "wgmma-tma-tg2-parts1"])
+                              "wgmma-tma-tg4-runs4", "wgmma-tma-tg2-parts1",
+                              "wgmma-tma-lag-tg4-runs4", "wgmma-lag-parts1"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -69,7 +75,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     "parts" K is split into that many parts (gemv.cu's warps) instead of the weight's default;
     with "wgmma" the launches whose order gemm_wgmma.cu keeps (bf16, products of neighbouring k
     in contiguous parts or one part, K a multiple of 64) run there, with "token_groups" blocks
-    of several groups of 64 tokens in the launches of more than 64 rows (300: four groups)."""
+    of several groups of 64 tokens in the launches of more than 64 rows (300: four groups), with
+    "mma_lag" a stage's products in flight through the next stage's barrier."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -109,6 +116,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             tiles = tuning.mma_token_tiles(min(n, 64))
             if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
                 assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
+                if gemm.get("mma_lag"):
+                    assert loaded_modules("gemm_wgmma.cu", MMA_LAG=1), "no products in flight"
                 if gemm.get("token_groups") and n > 64:
                     groups = 4 if n > 128 and gemm["token_groups"] == 4 else 2
                     assert loaded_modules("gemm_wgmma.cu", TG=groups), "no token groups"

@@ -523,6 +523,28 @@ def test_token_groups_give_a_wgmma_block_several_groups_of_64_tokens(launches, m
                                   "token_groups": 2}, 8) == 3 * (64 + 128) * 128 + 1024
 
 
+def test_mma_lag_builds_wgmma_with_products_in_flight_from_3_stages(launches, monkeypatch):
+    """"mma_lag": gemm_wgmma.cu built with MMA_LAG (a stage's products in flight through the
+    next stage's barrier), which needs 3 stages: a launch whose stages come down to 2 to fit
+    (or are set so) is built without it."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    w, _ = _weight(4096, 4096, False)
+    nk = {"nk": True, "blocked": True, "runs": 4, "wgmma": True, "min_rows": 17}
+    for extra, lag in (({"mma_lag": True, "stages": 4}, 1), ({"mma_lag": True, "stages": 2}, 0),
+                       ({"stages": 4}, 0)):
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": {**nk, **extra}}):
+            OPS["linear"](torch.empty(64, 4096, dtype=BF), torch.randn(64, 4096).to(BF), w, None,
+                          Invariance.BATCH)
+        [k] = launches
+        assert k.file == "gemm_wgmma.cu" and k.defines.get("MMA_LAG", 0) == lag
+        assert k.defines["STAGES"] == extra["stages"]
+
+
 def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):
     """The "tma" setting beside "wgmma": gemm_wgmma.cu built with TMA and handed the weight's
     tensor map (ops/tensor_map.py, boxes of its 64 rows a warpgroup), one map a weight and box

@@ -17,9 +17,12 @@
 // 128-byte swizzle (gemm_wgmma_layout.cuh): a stage of 64 k holds each row's 128 bytes in a row
 // of its own, the block's weight rows of every matrix, then its tokens.
 // STAGES stages through cp.async, one barrier a stage; a part's products stay in flight until
-// the part ends (its sum is then added to its run's). TMA = 1: a stage's weight rows come in
-// one bulk tensor copy a matrix (tma.cuh) from the tensor map w_map, whose 128-byte swizzle
-// gives the same layout, awaited on the slot's mbarrier; the tokens stay on cp.async.
+// the part ends (its sum is then added to its run's). MMA_LAG = 1: a stage's products stay in
+// flight through the next stage's barrier and copies (the copies run STAGES - 2 stages ahead,
+// not STAGES - 1, so the slot refilled is the one of two stages back). TMA = 1: a stage's
+// weight rows come in one bulk tensor copy a matrix (tma.cuh) from the tensor map w_map, whose
+// 128-byte swizzle gives the same layout, awaited on the slot's mbarrier; the tokens stay on
+// cp.async.
 //
 // Grid, clusters and the end as gemm_invariant.cu's (gemm_store.cuh): (token blocks of 8 NT TG,
 // row tiles x (SPLIT ? RUNS : 1)), a row tile's runs one cluster, each block finishing a slice of
@@ -28,7 +31,8 @@
 // an mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
-// STAGES, NT (4 or 8), TG (1, 2 or 4), SPLIT (0/1), TMA (0/1), STREAM_L2_256B, PDL (0/1).
+// STAGES, NT (4 or 8), TG (1, 2 or 4), SPLIT (0/1), TMA (0/1), MMA_LAG (0/1), STREAM_L2_256B,
+// PDL (0/1).
 #include "common.cuh"
 
 #define W_INT8 0
@@ -69,11 +73,15 @@
 #ifndef TMA
 #define TMA 0
 #endif
+#ifndef MMA_LAG
+#define MMA_LAG 0
+#endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
 static_assert(STAGES >= 2, "a stage in use and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
+static_assert(!MMA_LAG || STAGES >= 3, "MMA_LAG: a stage filling, one in products, one ending");
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
 constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG * TG, TOKENS = 8 * NT * TG;
@@ -82,6 +90,7 @@ constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm
 constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
 constexpr int PER_RUN = PARTS / RUNS;
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
+constexpr int AHEAD = MMA_LAG ? STAGES - 2 : STAGES - 1;  // stages of copies issued ahead
 constexpr int XQ = TOKENS * 8 / THREADS;  // a thread's chunks of x (and of the weights: WQ)
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of the block");
@@ -106,6 +115,9 @@ __device__ __forceinline__ void wgmma_commit() {
 }
 __device__ __forceinline__ void wgmma_wait_all() {
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_one() {  // all but the last committed group done
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 // This thread's cp.async writes, made visible to wgmma's reads (the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
@@ -222,13 +234,13 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     };
 #if PDL
     pdl_launch_dependents();
-    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, true, false);
+    for (int st = 0; st < AHEAD; ++st) issue(st, st, true, false);
     pdl_wait();  // x and the output belong to the previous kernels from here on
-    for (int st = 0; st < STAGES - 1; ++st) issue(st, st, false, true);
+    for (int st = 0; st < AHEAD; ++st) issue(st, st, false, true);
     cp_async_commit();
-    for (int st = 1; st < STAGES - 1; ++st) cp_async_commit();  // empty: STAGES - 1 groups in all
+    for (int st = 1; st < AHEAD; ++st) cp_async_commit();  // empty: AHEAD groups in all
 #else
-    for (int st = 0; st < STAGES - 1; ++st) {
+    for (int st = 0; st < AHEAD; ++st) {
         issue(st, st, true, true);
         cp_async_commit();
     }
@@ -238,20 +250,30 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     int next_part = part_lo;  // the first part whose sum has not been added
     auto close = [&](int upto) {  // the parts before `upto`, once their products have landed
         if (next_part >= upto) return;
+#if MMA_LAG
+        wgmma_commit();  // the stage's products so far
+#endif
         wgmma_wait_all();
         close_parts(next_part, upto, acc, run, sum);
     };
     const int a_row = 64 * ((warp >> 2) % WG);  // this warpgroup's first weight row in a stage
     const int b_row = 8 * NT * ((warp >> 2) / WG);  // and its first token
     for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
-        cp_async_wait<STAGES - 2>();  // stage st's copies (this thread's) have landed
+        cp_async_wait<AHEAD - 1>();  // stage st's copies (this thread's) have landed
         fence_proxy_async();
 #if TMA
         mbar_wait(bar(slot), phase);  // and its weights
 #endif
+#if MMA_LAG
+        // Every warpgroup's products of stage st - 2 are done (wgmma_wait_one at the end of
+        // st - 1): after the barrier that stage's slot, st + AHEAD's, may be refilled.
+        __syncthreads();
+        issue(st + AHEAD, slot < 2 ? slot + STAGES - 2 : slot - 2, true, true);
+#else
         wgmma_wait_all();             // this warp's products of the stage before are done
         __syncthreads();              // everyone's: st's slot is full, st - 1's may be refilled
         issue(st + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1, true, true);
+#endif
         cp_async_commit();
         const u32 stage = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
@@ -267,8 +289,14 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
                     wgmma_product(acc[m],
                                   wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
                                   wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
+#if !MMA_LAG
             wgmma_commit();
+#endif
         }
+#if MMA_LAG
+        wgmma_commit();
+        wgmma_wait_one();  // stage st - 1's products are done; st's run on
+#endif
         slot = slot + 1 == STAGES ? 0 : slot + 1;
         phase ^= slot == 0;
     }

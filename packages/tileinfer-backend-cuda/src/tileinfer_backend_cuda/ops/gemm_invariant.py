@@ -42,7 +42,7 @@ NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # Its keys that keep the table's routing: the order's, and which kernel runs a launch.
-ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups"}
+ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"}
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).

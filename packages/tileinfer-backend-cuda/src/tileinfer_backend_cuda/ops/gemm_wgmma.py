@@ -6,8 +6,9 @@ of gemm_invariant.cu (``"wgmma": True`` in an INVARIANT_GEMM_TABLE entry or the 
 switch, from ``"wgmma_min_rows"`` rows if set), which keeps its other settings: ``row_warps``
 gives the warpgroups (4 warps each, 64 weight rows of each matrix), ``stages`` the ring's stages
 of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4: ``token_groups()``) a block's
-groups of 8 token_tiles tokens in launches of more rows than one group holds; ``"tma": True``
-brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
+groups of 8 token_tiles tokens in launches of more rows than one group holds, ``mma_lag`` a
+stage's products left in flight through the next stage's barrier (3 stages or more);
+``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> d
     out.update(PARTS=parts, RUNS=runs, WG=warpgroups(cfg), STAGES=cfg["stages"], NT=token_tiles,
                TG=cfg.get("token_groups", 1), SPLIT=int(cfg["split"]),
                TMA=int(bool(cfg.get("tma"))), ARCH_SPECIFIC=None)
+    if cfg.get("mma_lag") and cfg["stages"] >= 3:  # a stage filling, one in products, one ending
+        out["MMA_LAG"] = 1
     if cfg.get("l2_256b"):
         out["STREAM_L2_256B"] = None
     if base.get("PDL"):

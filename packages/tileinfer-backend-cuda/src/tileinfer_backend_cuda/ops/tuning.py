@@ -43,7 +43,7 @@ _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"}
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
                                   "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk",
-                                  "wgmma", "tma", "wgmma_min_rows", "token_groups"})
+                                  "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
