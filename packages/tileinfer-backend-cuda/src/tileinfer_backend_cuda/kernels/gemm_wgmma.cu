@@ -264,16 +264,13 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 #if TMA
         mbar_wait(bar(slot), phase);  // and its weights
 #endif
-#if MMA_LAG
-        // Every warpgroup's products of stage st - 2 are done (wgmma_wait_one at the end of
-        // st - 1): after the barrier that stage's slot, st + AHEAD's, may be refilled.
-        __syncthreads();
-        issue(st + AHEAD, slot < 2 ? slot + STAGES - 2 : slot - 2, true, true);
-#else
-        wgmma_wait_all();             // this warp's products of the stage before are done
-        __syncthreads();              // everyone's: st's slot is full, st - 1's may be refilled
-        issue(st + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1, true, true);
+#if !MMA_LAG
+        wgmma_wait_all();  // this warp's products of the stage before are done
 #endif
+        // Everyone's: st's slot is full, and the slot of stage st + AHEAD - STAGES (st - 1, or
+        // with MMA_LAG st - 2, whose products wgmma_wait_one ended) may be refilled.
+        __syncthreads();
+        issue(st + AHEAD, slot + AHEAD < STAGES ? slot + AHEAD : slot + AHEAD - STAGES, true, true);
         cp_async_commit();
         const u32 stage = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
