@@ -57,14 +57,18 @@ def _experiment(settings):
                                    "wgmma": True, "tma": True, "mma_lag": True,
                                    "token_groups": 4},
                                   {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
-                                   "mma_lag": True, "split": False, "stages": 3}],
+                                   "mma_lag": True, "split": False, "stages": 3},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "wide": {"split": False, "mma_lag": True,
+                                                           "row_warps": 8}}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
                               "wgmma-runs4", "wgmma-unsplit-wg2", "wgmma-parts1",
                               "wgmma-tma-runs4-wg2", "wgmma-tma-parts1", "wgmma-tg2-runs4-wg2",
                               "wgmma-tma-tg4-runs4", "wgmma-tma-tg2-parts1",
-                              "wgmma-tma-lag-tg4-runs4", "wgmma-lag-parts1"])
+                              "wgmma-tma-lag-tg4-runs4", "wgmma-lag-parts1",
+                              "wgmma-runs4-wide-unsplit-lag"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -76,7 +80,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     with "wgmma" the launches whose order gemm_wgmma.cu keeps (bf16, products of neighbouring k
     in contiguous parts or one part, K a multiple of 64) run there, with "token_groups" blocks
     of several groups of 64 tokens in the launches of more than 64 rows (300: four groups), with
-    "mma_lag" a stage's products in flight through the next stage's barrier."""
+    "mma_lag" a stage's products in flight through the next stage's barrier, with "wide"
+    other settings for the launches of more than 64 rows."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -116,7 +121,7 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             tiles = tuning.mma_token_tiles(min(n, 64))
             if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
                 assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
-                if gemm.get("mma_lag"):
+                if gemm.get("mma_lag") or (n > 64 and gemm.get("wide", {}).get("mma_lag")):
                     assert loaded_modules("gemm_wgmma.cu", MMA_LAG=1), "no products in flight"
                 if gemm.get("token_groups") and n > 64:
                     groups = 4 if n > 128 and gemm["token_groups"] == 4 else 2

@@ -545,6 +545,37 @@ def test_mma_lag_builds_wgmma_with_products_in_flight_from_3_stages(launches, mo
         assert k.defines["STAGES"] == extra["stages"]
 
 
+def test_wide_settings_replace_a_table_entry_s_in_launches_of_more_than_64_rows(launches,
+                                                                             monkeypatch):
+    """An INVARIANT_GEMM_TABLE entry's "wide": its launch settings replace the entry's in
+    launches of more than 64 rows (a prefill's), the entry's own run the others; an order key
+    there is refused (a launch of many rows must keep the order of a launch of few)."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    key = (4096, 4096, False, "none")
+    monkeypatch.setitem(invariant_tuning.INVARIANT_ORDER, key,
+                        {"blocked": True, "runs": 4, "nk": True})
+    entry = {"row_warps": 8, "stages": 4, "split": True, "wgmma": True, "min_rows": 33,
+             "wide": {"split": False, "mma_lag": True, "row_warps": 4}}
+    monkeypatch.setitem(gemm_invariant.INVARIANT_GEMM_TABLE, key, entry)
+    w, _ = _weight(4096, 4096, False)
+    for n, split, lag, wg in ((64, 1, 0, 2), (65, 0, 1, 1), (1024, 0, 1, 1)):
+        launches.clear()
+        OPS["linear"](torch.empty(n, 4096, dtype=BF), torch.randn(n, 4096).to(BF), w, None,
+                      Invariance.BATCH)
+        [k] = launches
+        assert k.file == "gemm_wgmma.cu" and k.defines["RUNS"] == 4, n
+        assert (k.defines["SPLIT"], k.defines.get("MMA_LAG", 0), k.defines["WG"]) == (split, lag,
+                                                                                     wg), n
+        assert k.grid[1] == 4096 // (64 * wg) * (4 if split else 1), n
+    monkeypatch.setitem(gemm_invariant.INVARIANT_GEMM_TABLE, key, {**entry, "wide": {"runs": 2}})
+    with pytest.raises(ValueError, match="runs"):
+        OPS["linear"](torch.empty(100, 4096, dtype=BF), torch.randn(100, 4096).to(BF), w, None,
+                      Invariance.BATCH)
+
+
 def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):
     """The "tma" setting beside "wgmma": gemm_wgmma.cu built with TMA and handed the weight's
     tensor map (ops/tensor_map.py, boxes of its 64 rows a warpgroup), one map a weight and box

@@ -42,14 +42,20 @@ NARROW_ROWS = 8192
 # The experiment switch's keys that set the order of the sums, not where a launch runs.
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # Its keys that keep the table's routing: the order's, and which kernel runs a launch.
-ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"}
+ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag",
+                              "wide"}
+# The settings that "wide" (those of launches of more than BLOCK_ROWS rows) may replace: how a
+# launch runs, never the order of its sums or which launches it takes.
+WIDE_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split", "l2_256b",
+                       "wgmma", "tma", "token_groups", "mma_lag"})
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).
 MAX_CLUSTER = 8
 
 # (output rows, K, int8, epilogue) -> launch settings ("row_warps", "row_tiles", "stages",
-# "stage_steps", "split", "wgmma", "tma", "wgmma_min_rows", "token_groups") and "min_rows" (else
+# "stage_steps", "split", "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"; "wide":
+# those that replace them in launches of more than BLOCK_ROWS rows) and "min_rows" (else
 # MIN_ROWS): the weights whose batch-invariant launches of that many rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
 # beat gemv.cu, in the orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part;
@@ -199,6 +205,9 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
         cfg.update(experiments["invariant_gemm"])
         for key in ORDER_KEYS | {"min_rows"}:  # not launch settings
             cfg.pop(key, None)
+        wide = cfg.pop("wide", {})
+        if n > BLOCK_ROWS:
+            cfg.update(wide_settings(wide))
     else:
         cfg.update({k: v for k, v in settings.items() if k not in ORDER_KEYS})
     if epilogue == "swiglu":
@@ -209,6 +218,15 @@ def gemm_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, runs: int, n
     cfg["split"] = bool(cfg["split"]) and 1 < runs <= MAX_CLUSTER and sm90(device)
     return fit_stages(cfg, lambda c: gemm_smem_bytes(c, int8, load, epilogue, token_tiles),
                       device)
+
+
+def wide_settings(wide: dict) -> dict:
+    """A "wide" entry's settings, checked: launch settings alone (WIDE_KEYS), so that a launch of
+    many rows keeps the order of a launch of few."""
+    unknown = set(wide) - WIDE_KEYS
+    if unknown:
+        raise ValueError(f"invariant_gemm 'wide': not launch settings: {sorted(unknown)}")
+    return wide
 
 
 def fit_stages(cfg: dict, smem_bytes, device: int) -> dict:

@@ -21,9 +21,10 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; ``wgmma``: gemm_wgmma.cu
-  where it keeps the order, ``tma``: its weights by TMA), ``min_rows`` (the fewest rows of a
-  launch it takes), and every weight's order in both kernels: ``blocked`` (contiguous parts),
-  ``chunk`` (parts interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh).
+  where it keeps the order, ``tma``: its weights by TMA; ``wide``: those of launches of more than
+  64 rows), ``min_rows`` (the fewest rows of a launch it takes), and every weight's order in
+  both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts interleaved in chunks of this
+  many K steps), ``runs``, ``nk`` (gemv_nk.cuh).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk",
+                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk", "wide",
                                   "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
