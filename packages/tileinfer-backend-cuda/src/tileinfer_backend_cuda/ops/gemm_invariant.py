@@ -66,6 +66,10 @@ MAX_CLUSTER = 8
 # at 32 its launch was slower than gemm_invariant.cu's), o from 33 rows (gemv.cu below;
 # benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows"; "token_groups" changed no
 # prefill there). In gemv.cu's default order (8 interleaved parts) none beat gemv.cu.
+# The prefill's launches (more than BLOCK_ROWS rows) of qkv, o and down: unsplit (blocks enough
+# without), two token groups a block, products in flight (at 1,024 rows faster than their
+# 64-row settings; gate/up's were not: benchmarks/RESULTS.md, 2026-12-06 (evening)).
+WIDE = {"split": False, "mma_lag": True, "token_groups": 2}
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,
                                      "stage_steps": 2, "split": False, "wgmma": True,
@@ -73,13 +77,13 @@ INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (128256, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 3,
                                     "stage_steps": 2, "split": False},
     (6144, 4096, False, "none"): {"row_warps": 8, "row_tiles": 2, "stages": 4,
-                                  "stage_steps": 2, "split": True, "wgmma": True},
+                                  "stage_steps": 2, "split": True, "wgmma": True, "wide": WIDE},
     (4096, 4096, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                   "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                  "min_rows": 33},
+                                  "min_rows": 33, "wide": WIDE},
     (4096, 14336, False, "none"): {"row_warps": 4, "row_tiles": 2, "stages": 4,
                                    "stage_steps": 2, "split": True, "wgmma": True, "tma": True,
-                                   "min_rows": 33},
+                                   "min_rows": 33, "wide": WIDE},
 }
 
 # Batched steps of fewer rows keep gemv.cu's token tiles (at 17 rows they were faster).
