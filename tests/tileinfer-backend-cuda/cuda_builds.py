@@ -118,6 +118,15 @@ def builds() -> list[tuple[str, dict, tuple]]:
         ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", PARTS=8, RUNS=2, SPLIT=1, WG=1, NT=4, STAGES=3, MMA_LAG=1,
         ARCH_SPECIFIC=None)
+    # a producer warp beside the products (unsplit, weights by TMA): 2 warpgroups, 2 token
+    # groups of one, SwiGLU in one part, xIELU at n32 with PDL, into float
+    add("gemm_wgmma_ws.cu", PARTS=8, RUNS=4, WG=2, NT=8, STAGES=4, ARCH_SPECIFIC=None)
+    add("gemm_wgmma_ws.cu", EPILOGUE=1, PARTS=1, RUNS=1, WG=1, TG=2, NT=8, STAGES=3,
+        STREAM_L2_256B=None, ARCH_SPECIFIC=None)
+    add("gemm_wgmma_ws.cu", EPILOGUE=2, PARTS=16, RUNS=4, WG=1, NT=4, STAGES=2, PDL=1,
+        ARCH_SPECIFIC=None)
+    add("gemm_wgmma_ws.cu", PARTS=8, RUNS=1, WG=1, TG=2, NT=8, STAGES=4, OUT_DTYPE="float",
+        ROUND_BF16=0, ARCH_SPECIFIC=None)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

@@ -60,7 +60,17 @@ def _experiment(settings):
                                    "mma_lag": True, "split": False, "stages": 3},
                                   {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
                                    "wgmma": True, "wide": {"split": False, "mma_lag": True,
-                                                           "row_warps": 8}}],
+                                                           "row_warps": 8}},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "tma": True, "split": False,
+                                   "producer_warp": True, "row_warps": 8},
+                                  {"min_rows": 17, "parts": 1, "nk": True, "wgmma": True,
+                                   "tma": True, "split": False, "producer_warp": True,
+                                   "token_groups": 2, "stages": 3},
+                                  {"min_rows": 17, "nk": True, "blocked": True, "runs": 4,
+                                   "wgmma": True, "tma": True,
+                                   "wide": {"split": False, "producer_warp": True,
+                                            "token_groups": 2}}],
                          ids=["default", "unsplit-w8s2", "w2s3x4", "blocked", "blocked-unsplit",
                               "tiles2", "tiles2-unsplit", "chunk4", "chunk8-unsplit", "parts1",
                               "parts2-blocked", "blocked-runs8", "nk", "nk-blocked-runs8",
@@ -68,7 +78,8 @@ def _experiment(settings):
                               "wgmma-tma-runs4-wg2", "wgmma-tma-parts1", "wgmma-tg2-runs4-wg2",
                               "wgmma-tma-tg4-runs4", "wgmma-tma-tg2-parts1",
                               "wgmma-tma-lag-tg4-runs4", "wgmma-lag-parts1",
-                              "wgmma-runs4-wide-unsplit-lag"])
+                              "wgmma-runs4-wide-unsplit-lag", "wgmma-producer-runs4-wg2",
+                              "wgmma-producer-parts1-tg2", "wgmma-runs4-wide-producer-tg2"])
 @pytest.mark.parametrize("out_f,in_f", [(3000, 4096), (1000, 1032), (200, 96)],
                          ids=["3000x4096", "1000x1032", "200x96"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
@@ -80,8 +91,9 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
     with "wgmma" the launches whose order gemm_wgmma.cu keeps (bf16, products of neighbouring k
     in contiguous parts or one part, K a multiple of 64) run there, with "token_groups" blocks
     of several groups of 64 tokens in the launches of more than 64 rows (300: four groups), with
-    "mma_lag" a stage's products in flight through the next stage's barrier, with "wide"
-    other settings for the launches of more than 64 rows."""
+    "mma_lag" a stage's products in flight through the next stage's barrier, with
+    "producer_warp" (TMA, unsplit) gemm_wgmma_ws.cu's warp of copies beside the products, with
+    "wide" other settings for the launches of more than 64 rows."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda.ops import tuning
 
@@ -119,13 +131,17 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
         with _experiment(settings):
             run(slice(0, n), outs)
             tiles = tuning.mma_token_tiles(min(n, 64))
+            launch = {**gemm, **(gemm.get("wide", {}) if n > 64 else {})}  # n rows' settings
             if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
-                assert loaded_modules("gemm_wgmma.cu", NT=tiles), "gemm_wgmma.cu did not run"
-                if gemm.get("mma_lag") or (n > 64 and gemm.get("wide", {}).get("mma_lag")):
-                    assert loaded_modules("gemm_wgmma.cu", MMA_LAG=1), "no products in flight"
-                if gemm.get("token_groups") and n > 64:
-                    groups = 4 if n > 128 and gemm["token_groups"] == 4 else 2
-                    assert loaded_modules("gemm_wgmma.cu", TG=groups), "no token groups"
+                file = "gemm_wgmma.cu"
+                if launch.get("producer_warp") and launch.get("tma") and launch.get("split") is False:
+                    file = "gemm_wgmma_ws.cu"
+                assert loaded_modules(file, NT=tiles), f"{file} did not run"
+                if launch.get("mma_lag"):
+                    assert loaded_modules(file, MMA_LAG=1), "no products in flight"
+                if launch.get("token_groups") and n > 64:
+                    groups = 4 if n > 128 and launch["token_groups"] == 4 else 2
+                    assert loaded_modules(file, TG=groups), "no token groups"
             else:
                 ran = [m for m in loaded_modules("gemm_invariant.cu", NT=tiles) if in_order(m)]
                 assert ran, "gemm_invariant.cu did not run"

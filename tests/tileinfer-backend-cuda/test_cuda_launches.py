@@ -576,6 +576,46 @@ def test_wide_settings_replace_a_table_entry_s_in_launches_of_more_than_64_rows(
                       Invariance.BATCH)
 
 
+def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkeypatch):
+    """"producer_warp" with TMA weights, unsplit: gemm_wgmma_ws.cu, its consumer warpgroups and
+    one warp more, two mbarriers a stage, at most 2 warpgroups a block (token groups halved to
+    fit); split or without TMA the launch stays on gemm_wgmma.cu."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda import compiler
+    from tileinfer_backend_cuda.ops import tensor_map
+
+    monkeypatch.setattr(tensor_map, "_encode", lambda w, rows: torch.zeros(16, dtype=torch.int64))
+    monkeypatch.setattr(tensor_map, "_maps", {})
+    _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    w, _ = _weight(4096, 4096, False)
+    nk = {"nk": True, "blocked": True, "runs": 4, "wgmma": True, "min_rows": 17,
+          "producer_warp": True, "stages": 4}
+    for extra, file, wg, tg in (({"tma": True, "split": False, "token_groups": 4}, "ws", 1, 2),
+                                ({"tma": True, "split": False, "row_warps": 8,
+                                  "token_groups": 2}, "ws", 2, 1),
+                                ({"tma": True, "split": True}, "", 1, 1),
+                                ({"split": False}, "", 1, 1)):
+        launches.clear()
+        with tuning.experiment({"invariant_gemm": {**nk, **extra}}):
+            OPS["linear"](torch.empty(300, 4096, dtype=BF), torch.randn(300, 4096).to(BF), w,
+                          None, Invariance.BATCH)
+        [k] = launches
+        ws = file == "ws"
+        assert k.file == ("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu"), extra
+        assert k.defines["WG"] == wg and k.defines.get("TG", 1) == tg, extra
+        assert ("SPLIT" in k.defines) != ws and ("MMA_LAG" not in k.defines)
+        assert k.block == (128 * wg * tg + (32 if ws else 0),), extra
+        assert k.grid == (-(-300 // (64 * tg)), 4096 // (64 * wg) * (4 if extra["split"] else 1))
+        cfg = {"row_warps": 4 * wg, "split": extra["split"], "stages": 4, "token_groups": tg,
+               "tma": extra.get("tma", False), "producer_warp": True}
+        assert k.smem == gemm_wgmma.smem_bytes(cfg, 8), extra
+    ring = 4 * (64 + 128) * 128 + 1024
+    assert gemm_wgmma.smem_bytes({"row_warps": 4, "split": False, "stages": 4,
+                                  "token_groups": 2, "tma": True, "producer_warp": True},
+                                 8) == ring + 2 * 8 * 4
+
+
 def test_tma_brings_wgmma_s_weights_in_through_their_tensor_map(launches, monkeypatch):
     """The "tma" setting beside "wgmma": gemm_wgmma.cu built with TMA and handed the weight's
     tensor map (ops/tensor_map.py, boxes of its 64 rows a warpgroup), one map a weight and box

@@ -99,6 +99,7 @@ static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of 
 #include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_chunk, wgmma_operand, ..
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
 #include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
+#include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
 static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
               "every region of every stage on a period of the swizzle");
 #if TMA  // the slots' mbarriers: after the ring, or after the split's sums if they need more
@@ -107,56 +108,6 @@ constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYT
 #else
 constexpr int WQ = W_ROWS * 8 / THREADS;
 #endif
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_one() {  // all but the last committed group done
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-}
-// This thread's cp.async writes, made visible to wgmma's reads (the async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// d (64 rows x 8 NT tokens, mma.sync's accumulator layout per warp and token tile) += A B.
-__device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long long a,
-                                              unsigned long long b) {
-#if NT == 8
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(a), "l"(b), "r"(1));
-#else
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-        "%16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "l"(a), "l"(b), "r"(1));
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
            const void* __restrict__ w_map, int n, int K, int O, i64 x_stride,

@@ -43,11 +43,11 @@ NARROW_ROWS = 8192
 ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
 # Its keys that keep the table's routing: the order's, and which kernel runs a launch.
 ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag",
-                              "wide"}
+                              "producer_warp", "wide"}
 # The settings that "wide" (those of launches of more than BLOCK_ROWS rows) may replace: how a
 # launch runs, never the order of its sums or which launches it takes.
 WIDE_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split", "l2_256b",
-                       "wgmma", "tma", "token_groups", "mma_lag"})
+                       "wgmma", "tma", "token_groups", "mma_lag", "producer_warp"})
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).

@@ -8,7 +8,9 @@ gives the warpgroups (4 warps each, 64 weight rows of each matrix), ``stages`` t
 of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4: ``token_groups()``) a block's
 groups of 8 token_tiles tokens in launches of more rows than one group holds, ``mma_lag`` a
 stage's products left in flight through the next stage's barrier (3 stages or more);
-``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async."""
+``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async;
+``"producer_warp": True`` (with ``"tma"``, unsplit) runs gemm_wgmma_ws.cu, the same sums with
+a warp that only copies beside warpgroups that only multiply."""
 
 from __future__ import annotations
 
@@ -42,13 +44,20 @@ def warpgroups(cfg: dict) -> int:
 def token_groups(cfg: dict, n: int, token_tiles: int, mats: int = 1) -> int:
     """A block's groups of 8 token_tiles tokens in a launch of n rows: the setting's
     "token_groups" (1, 2 or 4), halved while the block would have more than 4 warpgroups (2 with
-    SwiGLU's two matrices: the registers a thread may have in a block of so many) or half as many
-    groups would hold the n rows."""
+    SwiGLU's two matrices, or beside a producer warp: the registers a thread may have in a block
+    of so many) or half as many groups would hold the n rows."""
     groups = int(cfg.get("token_groups", 1))
+    most = 2 if producer_warp(cfg) else 4  # warpgroups a block
     while groups > 1 and (warpgroups(cfg) * groups * mats > 4
+                          or warpgroups(cfg) * groups > most
                           or 8 * token_tiles * groups // 2 >= n):
         groups //= 2
     return groups
+
+
+def producer_warp(cfg: dict) -> bool:
+    """Whether a launch runs gemm_wgmma_ws.cu: the setting, with TMA weights, unsplit."""
+    return bool(cfg.get("producer_warp") and cfg.get("tma") and not cfg["split"])
 
 
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
@@ -56,20 +65,22 @@ def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
     SwiGLU; tokens: cfg's "token_groups" of 8 token_tiles) from the first 1024-byte boundary
     (SWIZZLE_ALIGN); a split launch keeps the run's float sums there afterwards,
     [mats][tokens][block rows], if they need more; with TMA an 8-byte mbarrier a stage
-    follows."""
+    follows, with a producer warp two (full and empty)."""
     rows, tokens = 64 * warpgroups(cfg), 8 * token_tiles * cfg.get("token_groups", 1)
     ring = cfg["stages"] * (mats * rows + tokens) * STAGE_K * 2 + SWIZZLE_ALIGN
     data = max(ring, mats * tokens * rows * 4 + SWIZZLE_ALIGN) if cfg["split"] else ring
-    return data + (8 * cfg["stages"] if cfg.get("tma") else 0)
+    barriers = 2 if producer_warp(cfg) else 1 if cfg.get("tma") else 0
+    return data + 8 * barriers * cfg["stages"]
 
 
 def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> dict:
     out = {k: base[k] for k in ("EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
     out.update(PARTS=parts, RUNS=runs, WG=warpgroups(cfg), STAGES=cfg["stages"], NT=token_tiles,
-               TG=cfg.get("token_groups", 1), SPLIT=int(cfg["split"]),
-               TMA=int(bool(cfg.get("tma"))), ARCH_SPECIFIC=None)
-    if cfg.get("mma_lag") and cfg["stages"] >= 3:  # a stage filling, one in products, one ending
-        out["MMA_LAG"] = 1
+               TG=cfg.get("token_groups", 1), ARCH_SPECIFIC=None)
+    if not producer_warp(cfg):  # gemm_wgmma.cu's own settings
+        out.update(SPLIT=int(cfg["split"]), TMA=int(bool(cfg.get("tma"))))
+        if cfg.get("mma_lag") and cfg["stages"] >= 3:  # one filling, one in products, one ending
+            out["MMA_LAG"] = 1
     if cfg.get("l2_256b"):
         out["STREAM_L2_256B"] = None
     if base.get("PDL"):
@@ -82,13 +93,16 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     """One launch of any number of rows (grid as gemm_invariant.cu's, token blocks of cfg's
     "token_groups" groups: token_groups()); o_rows: the output rows of each matrix."""
     n, k_dim = x.shape
-    k = kernel("gemm_wgmma.cu", "gemm_wgmma", "ppppiiiqffff", device,
+    ws = producer_warp(cfg)
+    k = kernel("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu",
+               "gemm_wgmma_ws" if ws else "gemm_wgmma", "ppppiiiqffff", device,
                defines(cfg, base, parts, runs, token_tiles))
     block_rows = 64 * warpgroups(cfg)  # of each matrix: a warpgroup's 64
     w_map = tensor_map.weight_map(weight, block_rows) if cfg.get("tma") else None
     row_blocks = cdiv(o_rows, block_rows) * (runs if cfg["split"] else 1)
     groups = cfg.get("token_groups", 1)
-    k.launch((cdiv(n, 8 * token_tiles * groups), row_blocks), (128 * warpgroups(cfg) * groups,),
+    threads = 128 * warpgroups(cfg) * groups + (32 if ws else 0)  # the producer's warp last
+    k.launch((cdiv(n, 8 * token_tiles * groups), row_blocks), (threads,),
              (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params),
              smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
 

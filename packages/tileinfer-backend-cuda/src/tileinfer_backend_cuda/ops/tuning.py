@@ -1,6 +1,6 @@
 """Launch configurations: the per-shape tables, the heuristics for shapes not in them, and the one
 benchmark-only switch that overrides them. Measured figures behind the tables are in
-benchmarks/RESULTS.md; the design reasons in docs/cuda-kernels.md. No configuration depends on a
+benchmarks/RESULTS.md; the design reasons in docs/cuda-kernels.md. No order of a sum depends on a
 step's token count: a row of a speculative verify step must equal the same row of a 1-token step
 bit for bit (greedy speculative decoding relies on it).
 
@@ -20,11 +20,10 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
-  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; ``wgmma``: gemm_wgmma.cu
-  where it keeps the order, ``tma``: its weights by TMA; ``wide``: those of launches of more than
-  64 rows), ``min_rows`` (the fewest rows of a launch it takes), and every weight's order in
-  both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts interleaved in chunks of this
-  many K steps), ``runs``, ``nk`` (gemv_nk.cuh).
+  ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; gemm_wgmma.py's; ``wide``:
+  those of launches of more than 64 rows), ``min_rows`` (the fewest rows of a launch it takes),
+  and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
+  interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh).
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"}
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
 _INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
                                   "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk", "wide",
-                                  "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag"})
+                                  "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag",
+                                  "producer_warp"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",

@@ -1,0 +1,199 @@
+// gemm_wgmma.cu's sums with a warp of their own for the copies (warp specialization), for the
+// unsplit launches of many rows (a prefill's): the same sums in the same order, so a row gets
+// gemv.cu's bits. In gemm_wgmma.cu every warp issues its share of a stage's copies, waits for
+// them and meets the others at a barrier before its products, one dependent instruction after
+// another; here the block's last warp (the producer) only copies, and its warpgroups (the
+// consumers) only multiply, the two meeting on mbarriers:
+//
+// - full[slot]: the stage in the slot has landed: its weight rows (one TMA copy a matrix, their
+//   bytes expected by the producer's lane 0, whose arrival counts once) and its tokens (each
+//   producer lane's cp.async copies, one arrival a lane when they complete): 33 arrivals;
+// - empty[slot]: the consumers are done with the slot's stage: one arrival a consumer warp
+//   once its products of that stage have completed (a stage's products stay in flight until
+//   the next stage's are issued, wgmma_wait_one).
+//
+// The producer refills a slot once empty[slot] completes, STAGES stages ahead of the consumers
+// at most. The order, layout, operands, token groups and end are gemm_wgmma.cu's (its header);
+// a block's consumers are WG x TG warpgroups (THREADS threads), the producer warp THREADS ..
+// THREADS + 31. Unsplit only (the producer takes no part in a split's tail). Dynamic shared
+// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then 2 STAGES
+// mbarriers).
+//
+// Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
+// STAGES, NT (4 or 8), TG (1, 2 or 4), STREAM_L2_256B, PDL (0/1).
+#include "common.cuh"
+
+#define W_INT8 0
+#define W_FP8 0
+#define SPLIT 0
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+#ifndef OUT_DTYPE
+#define OUT_DTYPE bf16_t
+#endif
+#ifndef ROUND_BF16
+#define ROUND_BF16 1
+#endif
+#ifndef PARTS
+#define PARTS 8
+#endif
+#ifndef RUNS
+#define RUNS 1
+#endif
+#ifndef WG
+#define WG 1
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef NT
+#define NT 8
+#endif
+#ifndef TG
+#define TG 1
+#endif
+#ifndef PDL
+#define PDL 0
+#endif
+typedef OUT_DTYPE out_t;
+static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
+static_assert(STAGES >= 2, "a stage in products and one being filled");
+static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
+static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
+
+constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
+constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG * TG, TOKENS = 8 * NT * TG;
+constexpr int TOKEN_GROUPS = TG;  // gemm_store.cuh: a warp's tokens from 8 NT (warp / 4 WG)
+constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm_store.cuh)
+constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
+constexpr int PER_RUN = PARTS / RUNS;  // gemm_store.cuh's (with several runs)
+static_assert(PER_RUN >= 1, "whole runs");
+constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
+constexpr int CONSUMER_WARPS = THREADS / 32, PRODUCER = CONSUMER_WARPS;  // the producer's warp
+constexpr int X_ROUNDS = TOKENS / 4;  // a producer lane's copies of x a stage: rows lane / 8 + 4 i
+constexpr int BAR_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+
+#include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
+#include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_operand, wgmma_steps
+#include "gemm_store.cuh"         // Sums, close_parts, store_sums
+#include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
+#include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
+static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
+              "every region of every stage on a period of the swizzle");
+
+// An arrival on `bar` once this thread's cp.async copies so far have landed (counted among the
+// barrier's expected arrivals: noinc).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS + 32)
+gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
+              const bf16_t* __restrict__ w, const void* __restrict__ w_map, int n, int K, int O,
+              i64 x_stride, float alpha_p, float alpha_n, float beta, float eps) {
+    extern __shared__ uint4 ring[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int block_base = blockIdx.y * BLOCK_ROWS;
+    x += (i64)blockIdx.x * TOKENS * x_stride;
+    out += (i64)blockIdx.x * TOKENS * O;
+    n = min(n - (int)blockIdx.x * TOKENS, TOKENS);
+    // The block's steps: all parts', contiguous, two a stage.
+    const WgmmaSteps walk = wgmma_steps(0, PARTS, K / 32, PARTS);
+    const int first = walk.first, last = walk.last, per = walk.per;
+    const int stage_count = (last - first + 1) / 2;
+
+    const u32 base = (smem_addr(ring) + WGMMA_ALIGN - 1) & ~(u32)(WGMMA_ALIGN - 1);
+    auto full = [&](int slot) { return base + (u32)(BAR_OFFSET + 8 * slot); };
+    auto empty = [&](int slot) { return base + (u32)(BAR_OFFSET + 8 * (STAGES + slot)); };
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            mbar_init(full(i), 1 + 32);
+            mbar_init(empty(i), CONSUMER_WARPS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+#if PDL
+    pdl_launch_dependents();
+#endif
+
+    if (warp == PRODUCER) {
+        // This lane's x chunk (k 8 c .. 8 c + 7 of a stage's 64) of rows lane / 8 + 4 i; rows
+        // past n copy row n - 1 (their sums are dropped), chunks past K zeros.
+        const int c = lane & 7;
+        const bf16_t* xc = x + 8 * c;
+        for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
+            if (st >= STAGES) mbar_wait(empty(slot), phase ^ 1);  // its last stage is done
+            const int k0 = (first + 2 * st) * 32;
+            const u32 dst = base + (u32)(slot * STAGE_BYTES);
+            if (lane == 0) {
+                mbar_expect_bytes(full(slot), (u32)W_STAGE);
+                for (int m = 0; m < MATS; ++m)
+                    tma_load_2d(dst + (u32)(m * BLOCK_ROWS * 128), w_map, k0,
+                                m * O + block_base, full(slot));
+            }
+#if PDL
+            if (st == 0) pdl_wait();  // x belongs to the previous kernels until here
+#endif
+            const bool valid = k0 + 8 * c < K;
+#pragma unroll 8
+            for (int i = 0; i < X_ROUNDS; ++i) {
+                const int row = (lane >> 3) + 4 * i;
+                cp_async_ca16(dst + (u32)W_STAGE + wgmma_cell(row, c),
+                              xc + (i64)min(row, n - 1) * x_stride + (valid ? k0 : 0),
+                              valid ? 16 : 0);
+            }
+            cp_async_arrive(full(slot));
+            slot = slot + 1 == STAGES ? 0 : slot + 1;
+            phase ^= slot == 0;
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+#if PDL
+    pdl_wait();  // the output belongs to the previous kernels until here
+#endif
+    Sums acc = {}, run = {}, sum = {};  // a part's, its run's, the block's (close_parts)
+    int next_part = 0;  // the first part whose sum has not been added
+    auto close = [&](int upto) {  // the parts before `upto`, once their products have landed
+        if (next_part >= upto) return;
+        wgmma_commit();
+        wgmma_wait_all();
+        close_parts(next_part, upto, acc, run, sum);
+    };
+    const int a_row = 64 * ((warp >> 2) % WG);  // this warpgroup's first weight row in a stage
+    const int b_row = 8 * NT * ((warp >> 2) / WG);  // and its first token
+    for (int st = 0, slot = 0, phase = 0, before = STAGES - 1; st < stage_count; ++st) {
+        mbar_wait(full(slot), phase);
+        fence_proxy_async();  // the producer's cp.async writes, to wgmma's reads
+        const u32 stage = base + (u32)(slot * STAGE_BYTES);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int s = first + 2 * st + u;
+            if (s >= last) break;
+            close(s / per);  // the parts that ended before this step
+            wgmma_fence();
+#pragma unroll
+            for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
+#pragma unroll
+                for (int m = 0; m < MATS; ++m)
+                    wgmma_product(acc[m],
+                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
+                                  wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
+        }
+        wgmma_commit();
+        wgmma_wait_one();  // stage st - 1's products are done; st's run on
+        if (st > 0 && lane == 0) mbar_arrive(empty(before));
+        before = slot;
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+        phase ^= slot == 0;
+    }
+    wgmma_wait_all();
+    close(PARTS);
+    store_sums(run, sum, out, nullptr, n, O, block_base, 0, ring, alpha_p, alpha_n, beta, eps);
+}
