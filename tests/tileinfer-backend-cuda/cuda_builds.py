@@ -123,7 +123,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm_wgmma_ws.cu", PARTS=8, RUNS=4, WG=2, NT=8, STAGES=4, ARCH_SPECIFIC=None)
     add("gemm_wgmma_ws.cu", EPILOGUE=1, PARTS=1, RUNS=1, WG=1, TG=2, NT=8, STAGES=3,
         STREAM_L2_256B=None, ARCH_SPECIFIC=None)
-    add("gemm_wgmma_ws.cu", EPILOGUE=2, PARTS=16, RUNS=4, WG=1, NT=4, STAGES=2, PDL=1,
+    add("gemm_wgmma_ws.cu", EPILOGUE=2, PARTS=16, RUNS=4, WG=1, NT=4, STAGES=3, PDL=1,
         ARCH_SPECIFIC=None)
     add("gemm_wgmma_ws.cu", PARTS=8, RUNS=1, WG=1, TG=2, NT=8, STAGES=4, OUT_DTYPE="float",
         ROUND_BF16=0, ARCH_SPECIFIC=None)

@@ -577,9 +577,10 @@ def test_wide_settings_replace_a_table_entry_s_in_launches_of_more_than_64_rows(
 
 
 def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkeypatch):
-    """"producer_warp" with TMA weights, unsplit: gemm_wgmma_ws.cu, its consumer warpgroups and
-    one warp more, two mbarriers a stage, at most 2 warpgroups a block (token groups halved to
-    fit); split or without TMA the launch stays on gemm_wgmma.cu."""
+    """"producer_warp" with TMA weights, unsplit, 3 stages or more: gemm_wgmma_ws.cu, its
+    consumer warpgroups and one warp more, two mbarriers a stage, at most 2 warpgroups a block
+    (token groups halved to fit); split, without TMA or in 2 stages the launch stays on
+    gemm_wgmma.cu."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda import compiler
     from tileinfer_backend_cuda.ops import tensor_map
@@ -595,6 +596,7 @@ def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkey
                                 ({"tma": True, "split": False, "row_warps": 8,
                                   "token_groups": 2}, "ws", 2, 1),
                                 ({"tma": True, "split": True}, "", 1, 1),
+                                ({"tma": True, "split": False, "stages": 2}, "", 1, 1),
                                 ({"split": False}, "", 1, 1)):
         launches.clear()
         with tuning.experiment({"invariant_gemm": {**nk, **extra}}):
@@ -607,8 +609,10 @@ def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkey
         assert ("SPLIT" in k.defines) != ws and ("MMA_LAG" not in k.defines)
         assert k.block == (128 * wg * tg + (32 if ws else 0),), extra
         assert k.grid == (-(-300 // (64 * tg)), 4096 // (64 * wg) * (4 if extra["split"] else 1))
-        cfg = {"row_warps": 4 * wg, "split": extra["split"], "stages": 4, "token_groups": tg,
-               "tma": extra.get("tma", False), "producer_warp": True}
+        stages = extra.get("stages", 4)
+        assert k.defines["STAGES"] == stages
+        cfg = {"row_warps": 4 * wg, "split": extra["split"], "stages": stages,
+               "token_groups": tg, "tma": extra.get("tma", False), "producer_warp": True}
         assert k.smem == gemm_wgmma.smem_bytes(cfg, 8), extra
     ring = 4 * (64 + 128) * 128 + 1024
     assert gemm_wgmma.smem_bytes({"row_warps": 4, "split": False, "stages": 4,

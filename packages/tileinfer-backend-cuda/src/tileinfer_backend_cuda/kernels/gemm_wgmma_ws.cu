@@ -7,13 +7,15 @@
 //
 // - full[slot]: the stage in the slot has landed: its weight rows (one TMA copy a matrix, their
 //   bytes expected by the producer's lane 0, whose arrival counts once) and its tokens (each
-//   producer lane's cp.async copies, one arrival a lane when they complete): 33 arrivals;
+//   producer lane's cp.async copies: a lane arrives once it has issued the next stage's, waited
+//   for these and fenced them for wgmma's reads, the async proxy): 33 arrivals;
 // - empty[slot]: the consumers are done with the slot's stage: one arrival a consumer warp
 //   once its products of that stage have completed (a stage's products stay in flight until
 //   the next stage's are issued, wgmma_wait_one).
 //
 // The producer refills a slot once empty[slot] completes, STAGES stages ahead of the consumers
-// at most. The order, layout, operands, token groups and end are gemm_wgmma.cu's (its header);
+// at most (3 stages at least: the stage in products, the one whose tokens the producer awaits,
+// the one it fills). The order, layout, operands, token groups and end are gemm_wgmma.cu's (its header);
 // a block's consumers are WG x TG warpgroups (THREADS threads), the producer warp THREADS ..
 // THREADS + 31. Unsplit only (the producer takes no part in a split's tail). Dynamic shared
 // memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then 2 STAGES
@@ -58,7 +60,7 @@
 #endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
-static_assert(STAGES >= 2, "a stage in products and one being filled");
+static_assert(STAGES >= 3, "a stage in products, one landing and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
 
@@ -82,11 +84,6 @@ constexpr int BAR_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[ST
 static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
               "every region of every stage on a period of the swizzle");
 
-// An arrival on `bar` once this thread's cp.async copies so far have landed (counted among the
-// barrier's expected arrivals: noinc).
-__device__ __forceinline__ void cp_async_arrive(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
@@ -126,6 +123,7 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
         // past n copy row n - 1 (their sums are dropped), chunks past K zeros.
         const int c = lane & 7;
         const bf16_t* xc = x + 8 * c;
+        int before = 0;  // the slot of the stage before
         for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
             if (st >= STAGES) mbar_wait(empty(slot), phase ^ 1);  // its last stage is done
             const int k0 = (first + 2 * st) * 32;
@@ -147,11 +145,19 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
                               xc + (i64)min(row, n - 1) * x_stride + (valid ? k0 : 0),
                               valid ? 16 : 0);
             }
-            cp_async_arrive(full(slot));
+            cp_async_commit();
+            if (st > 0) {  // the stage before: its tokens have landed, made visible to wgmma
+                cp_async_wait<1>();
+                fence_proxy_async();
+                mbar_arrive(full(before));
+            }
+            before = slot;
             slot = slot + 1 == STAGES ? 0 : slot + 1;
             phase ^= slot == 0;
         }
         cp_async_wait<0>();
+        fence_proxy_async();
+        if (stage_count > 0) mbar_arrive(full(before));
         return;
     }
 
@@ -170,7 +176,6 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     const int b_row = 8 * NT * ((warp >> 2) / WG);  // and its first token
     for (int st = 0, slot = 0, phase = 0, before = STAGES - 1; st < stage_count; ++st) {
         mbar_wait(full(slot), phase);
-        fence_proxy_async();  // the producer's cp.async writes, to wgmma's reads
         const u32 stage = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {

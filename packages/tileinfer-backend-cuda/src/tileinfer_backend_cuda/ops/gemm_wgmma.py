@@ -9,8 +9,8 @@ of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4: ``token_groups
 groups of 8 token_tiles tokens in launches of more rows than one group holds, ``mma_lag`` a
 stage's products left in flight through the next stage's barrier (3 stages or more);
 ``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async;
-``"producer_warp": True`` (with ``"tma"``, unsplit) runs gemm_wgmma_ws.cu, the same sums with
-a warp that only copies beside warpgroups that only multiply."""
+``"producer_warp": True`` (with ``"tma"``, unsplit, 3 stages or more) runs gemm_wgmma_ws.cu, the
+same sums with a warp that only copies beside warpgroups that only multiply."""
 
 from __future__ import annotations
 
@@ -56,8 +56,10 @@ def token_groups(cfg: dict, n: int, token_tiles: int, mats: int = 1) -> int:
 
 
 def producer_warp(cfg: dict) -> bool:
-    """Whether a launch runs gemm_wgmma_ws.cu: the setting, with TMA weights, unsplit."""
-    return bool(cfg.get("producer_warp") and cfg.get("tma") and not cfg["split"])
+    """Whether a launch runs gemm_wgmma_ws.cu: the setting, with TMA weights, unsplit, 3 stages
+    or more."""
+    return bool(cfg.get("producer_warp") and cfg.get("tma") and not cfg["split"]
+                and cfg["stages"] >= 3)
 
 
 def smem_bytes(cfg: dict, token_tiles: int, mats: int = 1) -> int:
