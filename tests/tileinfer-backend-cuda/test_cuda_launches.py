@@ -408,6 +408,29 @@ def test_attention_experiments_reach_the_launch(launches):
     assert launches[3].defines["COMBINE_BATCH"] == 32 and launches[3].grid[0] == 5
 
 
+def test_invariant_attention_splits_take_the_experiment_s_keys(launches, monkeypatch):
+    """A batch-invariant step's attention: splits of INVARIANT_SPLIT_KEYS keys from position 0
+    (the kernel's SPLIT_KEYS, as many blocks as the longest context needs), or of the
+    experiment switch's "invariant_split_keys", which must be a multiple of 64."""
+    import dataclasses
+
+    out, q, cache, qkv, qk, step, ws = _step([1, 1], [144, 3000])
+    step = dataclasses.replace(step, batch_invariant=True)
+    monkeypatch.setattr(attention.INVARIANT_WORKSPACE, "get",
+                        lambda device, tokens, heads, splits, head_dim:
+                        torch.zeros(tokens, heads, splits, head_dim + 2))
+    for keys, splits in ((None, 25), (128, 50), (64, 100)):  # max_context_len 6,400
+        launches.clear()
+        with tuning.experiment({"attention": {"invariant_split_keys": keys}} if keys else {}):
+            OPS["attention"](out, q, cache, step, 0.088, True, ws)
+        (k,) = launches
+        assert k.file == "attention_decode.cu" and k.defines["SPLIT_KEYS"] == (keys or 256)
+        assert k.grid[0] == splits, keys
+    with tuning.experiment({"attention": {"invariant_split_keys": 96}}):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            OPS["attention"](out, q, cache, step, 0.088, True, ws)
+
+
 def test_sampling(launches):
     seed, counter = torch.tensor([1]), torch.tensor([0])
     logits = torch.randn(2, 128256)

@@ -39,6 +39,17 @@ _PDL_TRIGGERS = {"start": 0, "after_loop": 1}
 # Batch-invariant steps (AttentionStep.batch_invariant): every row on attention_decode.cu with
 # splits of this many keys from position 0, whatever the step holds (kernel's SPLIT_KEYS).
 INVARIANT_SPLIT_KEYS = 256
+
+
+def invariant_split_keys(cfg: dict) -> int:
+    """The keys of a batch-invariant split: INVARIANT_SPLIT_KEYS, or the experiment switch's
+    "invariant_split_keys" (a multiple of ATTN_BLOCK_N)."""
+    keys = int(cfg.get("invariant_split_keys", INVARIANT_SPLIT_KEYS))
+    if keys <= 0 or keys % ATTN_BLOCK_N:
+        raise ValueError(f"invariant_split_keys: {keys} is not a multiple of {ATTN_BLOCK_N}")
+    return keys
+
+
 # No multiply-add contraction: each m-tile's unrolled copy of the per-row arithmetic rounds the
 # same way (row invariance).
 DECODE_OPTIONS = ("-fmad=false",)
@@ -222,7 +233,8 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     num_splits = 1
     ws = workspace
     if invariant:
-        num_splits = cdiv(max(1, max_context_len), INVARIANT_SPLIT_KEYS)
+        split_keys = invariant_split_keys(cfg)
+        num_splits = cdiv(max(1, max_context_len), split_keys)
         # rows for the splits' partials, and for the counters of every (sequence, kv head, row
         # tile) that the kernel keeps in the workspace rows' last slot
         tokens = max(n_tokens, cdiv(batch * kv_heads * row_tiles, heads * num_splits))
@@ -239,7 +251,7 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
             num_splits = max(1, min(target, ws.shape[2], cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     limit = smem_limit(device) - 1024  # room for the static shared memory
     if decode:
-        split_tiles = (INVARIANT_SPLIT_KEYS // ATTN_BLOCK_N if invariant
+        split_tiles = (invariant_split_keys(cfg) // ATTN_BLOCK_N if invariant
                        else cfg["decode_min_split_tiles"])
         stages = cfg["decode_stages"] or min(
             attention_decode_stages(head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"],
@@ -268,7 +280,7 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     grid_splits = min(num_splits, cdiv(max(1, max_context_len), ATTN_BLOCK_N * split_tiles))
     decode_defines = {**defines, "M_TILES": m_tiles}
     if invariant:
-        decode_defines["SPLIT_KEYS"] = INVARIANT_SPLIT_KEYS
+        decode_defines["SPLIT_KEYS"] = invariant_split_keys(cfg)
     trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
     if trigger:
         decode_defines["PDL_TRIGGER"] = trigger
