@@ -185,6 +185,43 @@ def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
         assert torch.equal(out, eager)
 
 
+def test_producer_warp_replays_from_a_graph_with_its_tokens_map(cuda):
+    """gemm_wgmma_ws.cu (its tokens' tensor map a kernel argument by value) inside a CUDA graph,
+    the activations rewritten between replays: each replay gives the eager launch's bits on the
+    new activations."""
+    from tileinfer.backend.hookspecs import Invariance
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma is Hopper's")
+    g = torch.Generator().manual_seed(5)
+    w, _ = weight(4096, 4096, g, False)
+    xs = [torch.randn(200, 4096, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3)]
+    x = xs[0].clone()
+    out = torch.zeros(200, 4096, dtype=torch.bfloat16, device=DEV)
+    settings = {"invariant_gemm": {"nk": True, "blocked": True, "runs": 4, "wgmma": True,
+                                   "tma": True, "split": False, "producer_warp": True,
+                                   "token_groups": 2, "min_rows": 17}}
+    stream = torch.cuda.Stream()
+    with _experiment(settings):
+        eager = []
+        for xi in xs:
+            eager.append(torch.empty_like(out))
+            cuda.linear(eager[-1], xi, w, None, batch_invariant=Invariance.BATCH)
+        assert loaded_modules("gemm_wgmma_ws.cu", TG=2), "no producer-warp launch"
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
+    torch.cuda.current_stream().wait_stream(stream)
+    for xi, expected in zip(xs, eager):
+        x.copy_(xi)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize("entry", [{"chunk": 4, "row_warps": 8, "stages": 3, "stage_steps": 2,
                                     "split": False},
                                    {"blocked": True, "row_tiles": 2, "stages": 3, "split": False}],

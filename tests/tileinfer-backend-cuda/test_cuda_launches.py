@@ -25,7 +25,8 @@ class Launch:
         assert len(args) == len(signature), f"{name}: {len(args)} arguments for {signature!r}"
         for kind, a in zip(signature, args):
             ok = {"p": a is None or isinstance(a, torch.Tensor), "i": type(a) is int,
-                  "q": type(a) is int, "f": isinstance(a, float)}[kind]
+                  "q": type(a) is int, "f": isinstance(a, float),
+                  "m": isinstance(a, list) and len(a) == 16}[kind]
             assert ok, f"{name}: {a!r} is no {kind!r} argument"
 
 
@@ -600,16 +601,23 @@ def test_wide_settings_replace_a_table_entry_s_in_launches_of_more_than_64_rows(
 
 
 def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkeypatch):
-    """"producer_warp" with TMA weights, unsplit, 3 stages or more: gemm_wgmma_ws.cu, its
-    consumer warpgroups and one warp more, two mbarriers a stage, at most 2 warpgroups a block
-    (token groups halved to fit); split, without TMA or in 2 stages the launch stays on
-    gemm_wgmma.cu."""
+    """"producer_warp" with TMA weights, unsplit: gemm_wgmma_ws.cu, its consumer warpgroups and
+    one warp more, two mbarriers a stage, at most 2 warpgroups a block (token groups halved to
+    fit), the tokens' tensor map (boxes of a block's tokens) as its last argument; split or
+    without TMA the launch stays on gemm_wgmma.cu."""
     from tileinfer.backend.hookspecs import Invariance
     from tileinfer_backend_cuda import compiler
     from tileinfer_backend_cuda.ops import tensor_map
 
+    token_maps = []
+
+    def token_map(x, rows):
+        token_maps.append((x.data_ptr(), tuple(x.shape), x.stride(0), rows))
+        return [0] * 16
+
     monkeypatch.setattr(tensor_map, "_encode", lambda w, rows: torch.zeros(16, dtype=torch.int64))
     monkeypatch.setattr(tensor_map, "_maps", {})
+    monkeypatch.setattr(tensor_map, "token_map", token_map)
     _without_shipped_entries(monkeypatch, (4096, 4096, "none"))
     monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
     w, _ = _weight(4096, 4096, False)
@@ -618,15 +626,18 @@ def test_producer_warp_runs_gemm_wgmma_ws_beside_its_warpgroups(launches, monkey
     for extra, file, wg, tg in (({"tma": True, "split": False, "token_groups": 4}, "ws", 1, 2),
                                 ({"tma": True, "split": False, "row_warps": 8,
                                   "token_groups": 2}, "ws", 2, 1),
+                                ({"tma": True, "split": False, "stages": 2}, "ws", 1, 1),
                                 ({"tma": True, "split": True}, "", 1, 1),
-                                ({"tma": True, "split": False, "stages": 2}, "", 1, 1),
                                 ({"split": False}, "", 1, 1)):
         launches.clear()
+        token_maps.clear()
+        x = torch.randn(300, 4096 + 8).to(BF)[:, :4096]  # a view of rows 4,104 elements apart
         with tuning.experiment({"invariant_gemm": {**nk, **extra}}):
-            OPS["linear"](torch.empty(300, 4096, dtype=BF), torch.randn(300, 4096).to(BF), w,
-                          None, Invariance.BATCH)
+            OPS["linear"](torch.empty(300, 4096, dtype=BF), x, w, None, Invariance.BATCH)
         [k] = launches
         ws = file == "ws"
+        assert token_maps == ([(x.data_ptr(), (300, 4096), 4104, 64 * tg)] if ws else []), extra
+        assert (k.args[-1] == [0] * 16) == ws
         assert k.file == ("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu"), extra
         assert k.defines["WG"] == wg and k.defines.get("TG", 1) == tg, extra
         assert ("SPLIT" in k.defines) != ws and ("MMA_LAG" not in k.defines)

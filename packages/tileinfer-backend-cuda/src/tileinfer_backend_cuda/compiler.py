@@ -235,8 +235,9 @@ def _ensure_context(device_index: int):
 
 
 # Kernel argument kinds: p = pointer (tensor, int address or None), i = int32, q = int64,
-# f = float32.
-_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float}
+# f = float32, m = a tensor map by value (16 unsigned 64-bit words: a __grid_constant__ one).
+_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float,
+           "m": ctypes.c_uint64 * 16}
 
 
 class Kernel:
@@ -291,6 +292,8 @@ class Kernel:
         for slot, kind, a in zip(values, self.signature, args):
             if kind == "p":
                 slot.value = 0 if a is None else (a if isinstance(a, int) else a.data_ptr())
+            elif kind == "m":
+                slot[:] = a
             else:
                 slot.value = a
         if stream is None:  # the raw handle: a Stream object costs microseconds a launch

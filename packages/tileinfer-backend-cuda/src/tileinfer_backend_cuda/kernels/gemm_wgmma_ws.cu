@@ -2,27 +2,25 @@
 // unsplit launches of many rows (a prefill's): the same sums in the same order, so a row gets
 // gemv.cu's bits. In gemm_wgmma.cu every warp issues its share of a stage's copies, waits for
 // them and meets the others at a barrier before its products, one dependent instruction after
-// another; here the block's last warp (the producer) only copies, and its warpgroups (the
-// consumers) only multiply, the two meeting on mbarriers:
+// another; here one thread of the block's last warp (the producer) issues every copy, by TMA,
+// and the warpgroups (the consumers) only multiply, the two meeting on mbarriers:
 //
-// - full[slot]: the stage in the slot has landed: its weight rows (one TMA copy a matrix, their
-//   bytes expected by the producer's lane 0, whose arrival counts once) and its tokens (each
-//   producer lane's cp.async copies: a lane arrives once it has issued the next stage's, waited
-//   for these and fenced them for wgmma's reads, the async proxy): 33 arrivals;
+// - full[slot]: the stage in the slot has landed: its weight rows (a copy a matrix, w_map) and
+//   its tokens (one copy, x_map), their bytes expected by the producer's one arrival;
 // - empty[slot]: the consumers are done with the slot's stage: one arrival a consumer warp
 //   once its products of that stage have completed (a stage's products stay in flight until
 //   the next stage's are issued, wgmma_wait_one).
 //
 // The producer refills a slot once empty[slot] completes, STAGES stages ahead of the consumers
-// at most (3 stages at least: the stage in products, the one whose tokens the producer awaits,
-// the one it fills). The order, layout, operands, token groups and end are gemm_wgmma.cu's (its header);
+// at most. The order, layout, operands, token groups and end are gemm_wgmma.cu's (its header);
 // a block's consumers are WG x TG warpgroups (THREADS threads), the producer warp THREADS ..
-// THREADS + 31. Unsplit only (the producer takes no part in a split's tail). Dynamic shared
-// memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then 2 STAGES
-// mbarriers).
+// THREADS + 31. Unsplit only (the producer takes no part in a split's tail). x_map: the step's
+// activations [n, K] in boxes of TOKENS rows x 64 k (ops/tensor_map.py's token_map; rows past n
+// come in as zeros), by value. Dynamic shared memory: gemm_wgmma.smem_bytes (the ring from the
+// first 1024-byte boundary, then 2 STAGES mbarriers).
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
-// STAGES, NT (4 or 8), TG (1, 2 or 4), STREAM_L2_256B, PDL (0/1).
+// STAGES, NT (4 or 8), TG (1, 2 or 4), PDL (0/1).
 #include "common.cuh"
 
 #define W_INT8 0
@@ -60,7 +58,7 @@
 #endif
 typedef OUT_DTYPE out_t;
 static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
-static_assert(STAGES >= 3, "a stage in products, one landing and one being filled");
+static_assert(STAGES >= 2, "a stage in products and one being filled");
 static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
 static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
 
@@ -73,13 +71,12 @@ constexpr int PER_RUN = PARTS / RUNS;  // gemm_store.cuh's (with several runs)
 static_assert(PER_RUN >= 1, "whole runs");
 constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
 constexpr int CONSUMER_WARPS = THREADS / 32, PRODUCER = CONSUMER_WARPS;  // the producer's warp
-constexpr int X_ROUNDS = TOKENS / 4;  // a producer lane's copies of x a stage: rows lane / 8 + 4 i
 constexpr int BAR_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_operand, wgmma_steps
 #include "gemm_store.cuh"         // Sums, close_parts, store_sums
-#include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
+#include "tma.cuh"                // mbar_*, tma_load_2d, TensorMapArg
 #include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
 static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
               "every region of every stage on a period of the swizzle");
@@ -91,11 +88,11 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 extern "C" __global__ void __launch_bounds__(THREADS + 32)
 gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
               const bf16_t* __restrict__ w, const void* __restrict__ w_map, int n, int K, int O,
-              i64 x_stride, float alpha_p, float alpha_n, float beta, float eps) {
+              i64 x_stride, float alpha_p, float alpha_n, float beta, float eps,
+              const __grid_constant__ TensorMapArg x_map) {
     extern __shared__ uint4 ring[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int block_base = blockIdx.y * BLOCK_ROWS;
-    x += (i64)blockIdx.x * TOKENS * x_stride;
     out += (i64)blockIdx.x * TOKENS * O;
     n = min(n - (int)blockIdx.x * TOKENS, TOKENS);
     // The block's steps: all parts', contiguous, two a stage.
@@ -108,7 +105,7 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     auto empty = [&](int slot) { return base + (u32)(BAR_OFFSET + 8 * (STAGES + slot)); };
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
-            mbar_init(full(i), 1 + 32);
+            mbar_init(full(i), 1);
             mbar_init(empty(i), CONSUMER_WARPS);
         }
         mbar_init_fence();
@@ -119,45 +116,23 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
 #endif
 
     if (warp == PRODUCER) {
-        // This lane's x chunk (k 8 c .. 8 c + 7 of a stage's 64) of rows lane / 8 + 4 i; rows
-        // past n copy row n - 1 (their sums are dropped), chunks past K zeros.
-        const int c = lane & 7;
-        const bf16_t* xc = x + 8 * c;
-        int before = 0;  // the slot of the stage before
+        if (lane != 0) return;
+        const int token0 = blockIdx.x * TOKENS;
         for (int st = 0, slot = 0, phase = 0; st < stage_count; ++st) {
             if (st >= STAGES) mbar_wait(empty(slot), phase ^ 1);  // its last stage is done
             const int k0 = (first + 2 * st) * 32;
             const u32 dst = base + (u32)(slot * STAGE_BYTES);
-            if (lane == 0) {
-                mbar_expect_bytes(full(slot), (u32)W_STAGE);
-                for (int m = 0; m < MATS; ++m)
-                    tma_load_2d(dst + (u32)(m * BLOCK_ROWS * 128), w_map, k0,
-                                m * O + block_base, full(slot));
-            }
+            mbar_expect_bytes(full(slot), (u32)STAGE_BYTES);
+            for (int m = 0; m < MATS; ++m)
+                tma_load_2d(dst + (u32)(m * BLOCK_ROWS * 128), w_map, k0, m * O + block_base,
+                            full(slot));
 #if PDL
             if (st == 0) pdl_wait();  // x belongs to the previous kernels until here
 #endif
-            const bool valid = k0 + 8 * c < K;
-#pragma unroll 8
-            for (int i = 0; i < X_ROUNDS; ++i) {
-                const int row = (lane >> 3) + 4 * i;
-                cp_async_ca16(dst + (u32)W_STAGE + wgmma_cell(row, c),
-                              xc + (i64)min(row, n - 1) * x_stride + (valid ? k0 : 0),
-                              valid ? 16 : 0);
-            }
-            cp_async_commit();
-            if (st > 0) {  // the stage before: its tokens have landed, made visible to wgmma
-                cp_async_wait<1>();
-                fence_proxy_async();
-                mbar_arrive(full(before));
-            }
-            before = slot;
+            tma_load_2d(dst + (u32)W_STAGE, &x_map, k0, token0, full(slot));
             slot = slot + 1 == STAGES ? 0 : slot + 1;
             phase ^= slot == 0;
         }
-        cp_async_wait<0>();
-        fence_proxy_async();
-        if (stage_count > 0) mbar_arrive(full(before));
         return;
     }
 

@@ -34,3 +34,8 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, int c0, in
                  " [%0], [%1, {%2, %3}], [%4];"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+// A tensor map passed by value, a kernel's `const __grid_constant__` argument (CUtensorMap's 128
+// bytes): the argument's own address is then one tma_load_2d may name.
+struct alignas(64) TensorMapArg {
+    unsigned long long words[16];
+};

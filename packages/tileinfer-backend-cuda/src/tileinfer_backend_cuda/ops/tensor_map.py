@@ -1,9 +1,11 @@
-"""Tensor maps (Hopper's TMA descriptors) of weights, in device memory for the kernels that copy
-boxes of them (tma.cuh): a bf16 matrix [rows, K] in boxes of `box_rows` rows x 64 k with the
-128-byte swizzle (gemm_wgmma_layout.cuh's layout), zeros past its edges. A map holds only the
-address, shape and box, so one is made per weight and box and kept (128 bytes of device
-memory each); a CUDA graph replays the launch with the same map, made at its warm-up (making one
-copies it to the device, which a capture cannot)."""
+"""Tensor maps (Hopper's TMA descriptors) for the kernels that copy boxes of a bf16 matrix
+[rows, K] (tma.cuh): boxes of `box_rows` rows x 64 k with the 128-byte swizzle
+(gemm_wgmma_layout.cuh's layout), zeros past its edges. A map holds only the address, shape,
+row stride and box. A weight's is made once per weight and box and kept in device memory (128
+bytes each); a CUDA graph replays the launch with the same map, made at its warm-up (making one
+copies it to the device, which a capture cannot). A step's activations get one per launch
+(``token_map``), passed by value as a kernel argument (``__grid_constant__``), which a graph
+keeps with the launch."""
 
 from __future__ import annotations
 
@@ -30,18 +32,33 @@ def weight_map(w: torch.Tensor, box_rows: int) -> torch.Tensor:
     return _maps[key]
 
 
+def token_map(x: torch.Tensor, box_rows: int) -> list[int]:
+    """The tensor map of bf16 `x` [n, K] (rows `x.stride(0)` elements apart, 16-byte aligned, as
+    linear.gemv_ok takes them) for boxes of box_rows x BOX_K, as 16 unsigned 64-bit words (a
+    kernel argument of kind "m")."""
+    if (x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.stride(0) % 8
+            or x.data_ptr() % 16):
+        raise ValueError(f"a tensor map needs a bf16 matrix of 16-byte aligned rows, not "
+                         f"{x.dtype} with strides {x.stride()}")
+    return _words(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0) * 2, box_rows)
+
+
 def _encode(w: torch.Tensor, box_rows: int) -> torch.Tensor:
+    words = _words(w.data_ptr(), w.shape[0], w.shape[1], w.shape[1] * w.element_size(),
+                   box_rows)
+    signed = [v - (1 << 64) if v >= 1 << 63 else v for v in words]
+    return torch.tensor(signed, dtype=torch.int64).to(w.device)
+
+
+def _words(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> list[int]:
     driver = compiler._driver()
-    rows, k = w.shape
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     tmap = compiler._check(driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
-        [u64(k), u64(rows)], [u64(k * w.element_size())], [u32(BOX_K), u32(box_rows)],
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, address,
+        [u64(k), u64(rows)], [u64(row_bytes)], [u32(BOX_K), u32(box_rows)],
         [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         "cuTensorMapEncodeTiled")
-    words = [int(v) for v in tmap.opaque]  # 16 unsigned 64-bit words
-    signed = [v - (1 << 64) if v >= 1 << 63 else v for v in words]
-    return torch.tensor(signed, dtype=torch.int64).to(w.device)
+    return [int(v) for v in tmap.opaque]  # 16 unsigned 64-bit words
