@@ -7,7 +7,7 @@
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
-#              oneshotkept rowsweep
+#              oneshotkept rowsweep detsplits wsprefill
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -271,6 +271,40 @@ for step in $steps; do
             --batches 32,64 --repeats 3
           unset TILEINFER_CUDA_EXPERIMENTS
         done
+      done ;;
+    detsplits)  # batch 1 and 64 in the batch-invariant mode with attention splits of 64, 128
+                # and 256 keys (against the default path), and where batch 1's step goes
+      for keys in 64 128 256; do
+        export TILEINFER_CUDA_EXPERIMENTS="{\"attention\": {\"invariant_split_keys\": $keys}}"
+        for batch in "" "--batch 64"; do
+          echo "-- $keys keys $batch: $(timeout 100 python3 -m tileinfer_cli bench --shape \
+            llama3-8b --backend cuda --deterministic $batch --repeats 2 2>&1 | tail -n 1)"
+        done
+        unset TILEINFER_CUDA_EXPERIMENTS
+      done
+      for batch in "" "--batch 64"; do
+        echo "-- default $batch: $(timeout 100 python3 -m tileinfer_cli bench --shape llama3-8b \
+          --backend cuda $batch --repeats 2 2>&1 | tail -n 1)"
+      done
+      for det in "" --deterministic; do
+        timeout 150 python3 benchmarks/profile_step.py --shape llama3-8b --backend cuda $det \
+          > "$out/profile-b1$det.json" 2> "$out/profile-b1$det.err"
+        tail -n 25 "$out/profile-b1$det.err"
+      done ;;
+    wsprefill)  # gemm_wgmma_ws.cu (a producer thread, weights and tokens by TMA): its bits and
+                # graph replays, then the prefill's matrices at 1,024 rows with it and without
+      timeout 150 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 8 \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_invariant_gemm.py -k producer \
+        > "$out/wsbits.log" 2>&1
+      echo "producer-warp tests: $(tail -n 1 "$out/wsbits.log")"
+      timeout 60 python3 benchmarks/invariant_rows.py --rows 1024 --label table \
+        | tee -a "$out/wsprefill.jsonl"
+      for tg in 1 2; do
+        export TILEINFER_CUDA_EXPERIMENTS="{\"invariant_gemm\": {\"wide\": {\"split\": false, \
+\"tma\": true, \"producer_warp\": true, \"token_groups\": $tg}}}"
+        timeout 60 python3 benchmarks/invariant_rows.py --rows 1024 --label producer-tg$tg \
+          | tee -a "$out/wsprefill.jsonl"
+        unset TILEINFER_CUDA_EXPERIMENTS
       done ;;
   esac
 done
