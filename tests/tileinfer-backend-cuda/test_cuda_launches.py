@@ -26,7 +26,7 @@ class Launch:
         for kind, a in zip(signature, args):
             ok = {"p": a is None or isinstance(a, torch.Tensor), "i": type(a) is int,
                   "q": type(a) is int, "f": isinstance(a, float),
-                  "m": isinstance(a, list) and len(a) == 16}[kind]
+                  "m": isinstance(a, (list, tuple)) and len(a) == 16}[kind]
             assert ok, f"{name}: {a!r} is no {kind!r} argument"
 
 

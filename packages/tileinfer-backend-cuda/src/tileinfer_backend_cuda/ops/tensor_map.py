@@ -9,6 +9,8 @@ keeps with the launch."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import compiler
@@ -32,7 +34,7 @@ def weight_map(w: torch.Tensor, box_rows: int) -> torch.Tensor:
     return _maps[key]
 
 
-def token_map(x: torch.Tensor, box_rows: int) -> list[int]:
+def token_map(x: torch.Tensor, box_rows: int) -> tuple[int, ...]:
     """The tensor map of bf16 `x` [n, K] (rows `x.stride(0)` elements apart, 16-byte aligned, as
     linear.gemv_ok takes them) for boxes of box_rows x BOX_K, as 16 unsigned 64-bit words (a
     kernel argument of kind "m")."""
@@ -50,7 +52,8 @@ def _encode(w: torch.Tensor, box_rows: int) -> torch.Tensor:
     return torch.tensor(signed, dtype=torch.int64).to(w.device)
 
 
-def _words(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> list[int]:
+@functools.lru_cache(maxsize=1024)  # a step's activations come from the same buffers each time
+def _words(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> tuple[int, ...]:
     driver = compiler._driver()
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     tmap = compiler._check(driver.cuTensorMapEncodeTiled(
@@ -61,4 +64,4 @@ def _words(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> li
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         "cuTensorMapEncodeTiled")
-    return [int(v) for v in tmap.opaque]  # 16 unsigned 64-bit words
+    return tuple(int(v) for v in tmap.opaque)  # 16 unsigned 64-bit words
