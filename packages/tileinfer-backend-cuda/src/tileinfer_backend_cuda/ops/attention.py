@@ -224,6 +224,7 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     int8 = kv.k_cache.dtype == torch.int8
     smooth = kv.k_smooth is not None
     invariant = bool(getattr(step, "batch_invariant", False))
+    split_keys = invariant_split_keys(cfg) if invariant else 0
     decode = invariant or (cfg["decode"] and max_query_len <= ATTN_DECODE_MAX_TOKENS)
     if decode:  # attention_decode.cu: row tiles of 16 x m_tiles rows
         m_tiles = cfg.get("decode_m_tiles") or attention_decode_m_tiles(head_dim, group)
@@ -233,7 +234,6 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     num_splits = 1
     ws = workspace
     if invariant:
-        split_keys = invariant_split_keys(cfg)
         num_splits = cdiv(max(1, max_context_len), split_keys)
         # rows for the splits' partials, and for the counters of every (sequence, kv head, row
         # tile) that the kernel keeps in the workspace rows' last slot
@@ -251,7 +251,7 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
             num_splits = max(1, min(target, ws.shape[2], cdiv(max(1, max_context_len), ATTN_BLOCK_N)))
     limit = smem_limit(device) - 1024  # room for the static shared memory
     if decode:
-        split_tiles = (invariant_split_keys(cfg) // ATTN_BLOCK_N if invariant
+        split_tiles = (split_keys // ATTN_BLOCK_N if invariant
                        else cfg["decode_min_split_tiles"])
         stages = cfg["decode_stages"] or min(
             attention_decode_stages(head_dim, int8, smooth, m_tiles, cfg["decode_blocks_per_sm"],
@@ -280,7 +280,7 @@ def _launch(out, q, kv, step, scale, causal, workspace, cfg, inputs=None):
     grid_splits = min(num_splits, cdiv(max(1, max_context_len), ATTN_BLOCK_N * split_tiles))
     decode_defines = {**defines, "M_TILES": m_tiles}
     if invariant:
-        decode_defines["SPLIT_KEYS"] = invariant_split_keys(cfg)
+        decode_defines["SPLIT_KEYS"] = split_keys
     trigger = _PDL_TRIGGERS[cfg["decode_pdl_trigger"]]
     if trigger:
         decode_defines["PDL_TRIGGER"] = trigger
