@@ -68,7 +68,8 @@ MAX_CLUSTER = 8
 # prefill there). In gemv.cu's default order (8 interleaved parts) none beat gemv.cu.
 # The prefill's launches (more than BLOCK_ROWS rows) of qkv, o and down: unsplit (blocks enough
 # without), two token groups a block, products in flight (at 1,024 rows faster than their
-# 64-row settings; gate/up's were not: benchmarks/RESULTS.md, 2026-12-06 (evening)).
+# 64-row settings; gate/up's were not: benchmarks/RESULTS.md, 2026-12-06 (evening, second
+# session)).
 WIDE = {"split": False, "mma_lag": True, "token_groups": 2}
 INVARIANT_GEMM_TABLE: dict[tuple[int, int, bool, str], dict] = {
     (14336, 4096, False, "swiglu"): {"row_warps": 8, "row_tiles": 1, "stages": 4,

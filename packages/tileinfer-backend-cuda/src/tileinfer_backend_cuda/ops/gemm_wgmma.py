@@ -9,8 +9,9 @@ of 64 k, ``split`` the split by run, ``token_groups`` (1, 2 or 4: ``token_groups
 groups of 8 token_tiles tokens in launches of more rows than one group holds, ``mma_lag`` a
 stage's products left in flight through the next stage's barrier (3 stages or more);
 ``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async;
-``"producer_warp": True`` (with ``"tma"``, unsplit) runs gemm_wgmma_ws.cu, the same sums with one thread issuing every copy (weights and tokens by TMA)
-beside warpgroups that only multiply."""
+``"producer_warp": True`` (with ``"tma"``, unsplit) runs gemm_wgmma_ws.cu, the same sums with
+one thread issuing every copy (weights and tokens by TMA) beside warpgroups that only
+multiply."""
 
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     block_rows = 64 * warpgroups(cfg)  # of each matrix: a warpgroup's 64
     w_map = tensor_map.weight_map(weight, block_rows) if cfg.get("tma") else None
     row_blocks = cdiv(o_rows, block_rows) * (runs if cfg["split"] else 1)
-    tokens = 8 * token_tiles * cfg.get("token_groups", 1)  # a block's
-    threads = 128 * warpgroups(cfg) * tokens // (8 * token_tiles) + (32 if ws else 0)
+    groups = cfg.get("token_groups", 1)
+    tokens = 8 * token_tiles * groups  # a block's
+    threads = 128 * warpgroups(cfg) * groups + (32 if ws else 0)
     args = (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params)
     if ws:  # the producer's warp last; the tokens' map by value
         args += (tensor_map.token_map(x, tokens),)
