@@ -134,7 +134,8 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
             launch = {**gemm, **(gemm.get("wide", {}) if n > 64 else {})}  # n rows' settings
             if gemm.get("wgmma") and not int8 and in_f % 64 == 0:  # its order: wgmma's kernel
                 file = "gemm_wgmma.cu"
-                if launch.get("producer_warp") and launch.get("tma") and launch.get("split") is False:
+                if (launch.get("producer_warp") and launch.get("tma")
+                        and launch.get("split") is False):
                     file = "gemm_wgmma_ws.cu"
                 assert loaded_modules(file, NT=tiles), f"{file} did not run"
                 if launch.get("mma_lag"):

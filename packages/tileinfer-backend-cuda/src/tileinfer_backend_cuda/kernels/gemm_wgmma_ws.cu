@@ -16,8 +16,9 @@
 // a block's consumers are WG x TG warpgroups (THREADS threads), the producer warp THREADS ..
 // THREADS + 31. Unsplit only (the producer takes no part in a split's tail). x_map: the step's
 // activations [n, K] in boxes of TOKENS rows x 64 k (ops/tensor_map.py's token_map; rows past n
-// come in as zeros), by value; x and x_stride are not read (the arguments are gemm_wgmma.cu's). Dynamic shared memory: gemm_wgmma.smem_bytes (the ring from the
-// first 1024-byte boundary, then 2 STAGES mbarriers).
+// come in as zeros), by value; x and x_stride are not read (the arguments are gemm_wgmma.cu's).
+// Dynamic shared memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary,
+// then 2 STAGES mbarriers).
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
 // STAGES, NT (4 or 8), TG (1, 2 or 4), PDL (0/1).
