@@ -159,6 +159,18 @@ def test_invariant_gemm_rows_equal_one_row_steps(cuda, ref, gemm, out_f, in_f, i
         assert_close(outs["linear"], expected, torch.bfloat16)
 
 
+def _captured(call):
+    """A CUDA graph of call(), captured on a side stream (the current stream waits for it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
 def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
     """A narrow weight's split launch (grid.y = runs, a cluster a row tile) inside a CUDA graph:
     replays give the eager launch's bits."""
@@ -169,16 +181,10 @@ def test_invariant_gemm_split_is_used_and_replays_from_a_graph(cuda):
     x = torch.randn(64, 4096, generator=g).to(torch.bfloat16).to(DEV)
     eager = torch.empty(64, 4096, dtype=torch.bfloat16, device=DEV)
     out = torch.zeros_like(eager)
-    stream = torch.cuda.Stream()
     with _experiment({"invariant_gemm": {"min_rows": 17}}):
         cuda.linear(eager, x, w, None, batch_invariant=Invariance.BATCH)
         assert loaded_modules("gemm_invariant.cu", SPLIT=1), "no split launch"
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
-    torch.cuda.current_stream().wait_stream(stream)
+        graph = _captured(lambda: cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH))
     for _ in range(3):
         out.zero_()
         graph.replay()
@@ -202,19 +208,13 @@ def test_producer_warp_replays_from_a_graph_with_its_tokens_map(cuda):
     settings = {"invariant_gemm": {"nk": True, "blocked": True, "runs": 4, "wgmma": True,
                                    "tma": True, "split": False, "producer_warp": True,
                                    "token_groups": 2, "min_rows": 17}}
-    stream = torch.cuda.Stream()
     with _experiment(settings):
         eager = []
         for xi in xs:
             eager.append(torch.empty_like(out))
             cuda.linear(eager[-1], xi, w, None, batch_invariant=Invariance.BATCH)
         assert loaded_modules("gemm_wgmma_ws.cu", TG=2), "no producer-warp launch"
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH)
-    torch.cuda.current_stream().wait_stream(stream)
+        graph = _captured(lambda: cuda.linear(out, x, w, None, batch_invariant=Invariance.BATCH))
     for xi, expected in zip(xs, eager):
         x.copy_(xi)
         out.zero_()

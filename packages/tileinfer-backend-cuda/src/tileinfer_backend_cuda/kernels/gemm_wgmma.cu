@@ -35,40 +35,8 @@
 // PDL (0/1).
 #include "common.cuh"
 
-#define W_INT8 0
-#define W_FP8 0
-#ifndef EPILOGUE
-#define EPILOGUE 0
-#endif
-#ifndef OUT_DTYPE
-#define OUT_DTYPE bf16_t
-#endif
-#ifndef ROUND_BF16
-#define ROUND_BF16 1
-#endif
-#ifndef PARTS
-#define PARTS 8
-#endif
-#ifndef RUNS
-#define RUNS 1
-#endif
-#ifndef WG
-#define WG 1
-#endif
-#ifndef STAGES
-#define STAGES 4
-#endif
-#ifndef NT
-#define NT 8
-#endif
-#ifndef TG
-#define TG 1
-#endif
 #ifndef SPLIT
 #define SPLIT 0
-#endif
-#ifndef PDL
-#define PDL 0
 #endif
 #ifndef TMA
 #define TMA 0
@@ -76,32 +44,18 @@
 #ifndef MMA_LAG
 #define MMA_LAG 0
 #endif
-typedef OUT_DTYPE out_t;
-static_assert(PARTS % RUNS == 0, "RUNS: runs of whole parts");
-static_assert(STAGES >= 2, "a stage in use and one being filled");
-static_assert(NT == 4 || NT == 8, "NT: wgmma's n32 or n64");
-static_assert(TG == 1 || TG == 2 || TG == 4, "TG: 1, 2 or 4 token groups");
+#include "gemm_wgmma_block.cuh"  // defaults, out_t, MATS, BLOCK_ROWS, THREADS, TOKENS, W_STAGE, ..
 static_assert(!MMA_LAG || STAGES >= 3, "MMA_LAG: a stage filling, one in products, one ending");
 
-constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
-constexpr int BLOCK_ROWS = 64 * WG, THREADS = 128 * WG * TG, TOKENS = 8 * NT * TG;
-constexpr int TOKEN_GROUPS = TG;  // gemm_store.cuh: a warp's tokens from 8 NT (warp / 4 WG)
-constexpr int ROW_TILES = 1, WARP_ROWS = 16, WT = MATS;  // a warp's tiles (gemm_store.cuh)
-constexpr int W_ROWS = MATS * BLOCK_ROWS;  // a stage's weight rows: matrix m's from m BLOCK_ROWS
-constexpr int PER_RUN = PARTS / RUNS;
-constexpr int W_STAGE = W_ROWS * 128, STAGE_BYTES = W_STAGE + TOKENS * 128;  // 64 k a row
 constexpr int AHEAD = MMA_LAG ? STAGES - 2 : STAGES - 1;  // stages of copies issued ahead
 constexpr int XQ = TOKENS * 8 / THREADS;  // a thread's chunks of x (and of the weights: WQ)
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of the block");
 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
-#include "gemm_wgmma_layout.cuh"  // WGMMA_ALIGN, wgmma_cell, wgmma_chunk, wgmma_operand, ..
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
 #include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
 #include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
-static_assert(W_STAGE % WGMMA_ALIGN == 0 && STAGE_BYTES % WGMMA_ALIGN == 0,
-              "every region of every stage on a period of the swizzle");
 #if TMA  // the slots' mbarriers: after the ring, or after the split's sums if they need more
 constexpr int SUM_BYTES = SPLIT ? MATS * TOKENS * BLOCK_ROWS * 4 : 0;
 constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYTES : SUM_BYTES;
