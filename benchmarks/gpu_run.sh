@@ -297,7 +297,7 @@ for step in $steps; do
       done ;;
     b1orders)  # batch 1 and 64 in the batch-invariant mode with gate/up's and lm_head's sums in
                # 2 or 4 contiguous parts instead of one (their 1-row steps lose 4-7% in one part)
-      for parts in 2 4; do
+      for parts in ${B1_PARTS:-2 4}; do
         for weight in "14336,4096,0,swiglu" "128256,4096,0,none"; do
           echo "{\"invariant_tuning.INVARIANT_ORDER\": {\"$weight\": {\"parts\": $parts, \
 \"blocked\": true, \"nk\": true}}}" > "$out/order-$parts-${weight%%,*}.json"
