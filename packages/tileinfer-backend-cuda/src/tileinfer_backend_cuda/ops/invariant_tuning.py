@@ -10,8 +10,9 @@ from __future__ import annotations
 # benchmarks/RESULTS.md, 2026-12-03, "Row groups in gemv.cu for batch-invariant steps"); other
 # shapes get the batched table's or gemv_heuristic's stages and tiles.
 INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
-    # K in one part (INVARIANT_ORDER): `--mma-sweep 1 --mma-warps 1,2 --mma-stages 4,8,12
-    # --mma-groups 2,4,8` (H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part")
+    # K in one part (INVARIANT_ORDER's then): `--mma-sweep 1 --mma-warps 1,2 --mma-stages 4,8,12
+    # --mma-groups 2,4,8` (H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part"); gate/up's
+    # 4 parts run on the same settings
     (14336, 4096, False, 'swiglu', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
     (128256, 4096, False, 'none', 1): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
     (14336, 4096, False, 'swiglu', 2): {'groups': 4, 'stages': 12, 'tiles': 1, 'l2_256b': True},
@@ -32,18 +33,21 @@ INVARIANT_GEMV_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
 # runs): "parts" (1: K in order, one sum: the order of a GEMM without a split of K) for the wide
 # weights whose 1-row step keeps the GPU busy without splitting K, so that gemm_invariant.cu's
 # launches of many rows read along the rows as fast as cuBLAS, for a slightly slower 1-row step
-# (llama3-8b's gate/up and lm_head; benchmarks/RESULTS.md, 2026-12-06, "K in one part");
+# (llama3-8b's lm_head; benchmarks/RESULTS.md, 2026-12-06, "K in one part"; in 2 or 4
+# contiguous parts its model step was no faster: 2026-12-06 (late evening), "batch 1's order");
 # "blocked" (contiguous parts) and "runs" for narrow weights whose split launches on
 # gemm_invariant.cu beat gemv.cu at 64 rows, a contiguous range of K a block, while gemv.cu's
 # 1-row step keeps its speed (llama3-8b's qkv and down; benchmarks/RESULTS.md, 2026-12-06
 # (late), "a cluster a row tile"); "nk" (bf16: products of neighbouring k, gemv_nk.cuh) for qkv
 # and down, whose GEMM it speeds at 64 rows at no cost to their 1-row steps, with 4 runs
 # (benchmarks/RESULTS.md, 2026-12-06 (final), "products of neighbouring k"); o (contiguous parts,
-# products of neighbouring k, 4 runs) and gate/up (products of neighbouring k) take the orders
-# gemm_wgmma.cu keeps, whose 64-row launches beat gemm_invariant.cu's and gemv.cu's by more than
-# their 1-row steps lose (benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64 rows").
+# products of neighbouring k, 4 runs) and gate/up (4 contiguous parts of products of neighbouring
+# k) take orders gemm_wgmma.cu keeps, whose 64-row launches beat gemm_invariant.cu's and gemv.cu's
+# by more than their 1-row steps lose (benchmarks/RESULTS.md, 2026-12-06 (night), "wgmma at 64
+# rows"); gate/up's 4 parts sped the model's batch-1 step at the same batch-64 speed, where one
+# part had slowed its 1-row step (2026-12-06 (late evening), "batch 1's order").
 INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
-    (14336, 4096, False, 'swiglu'): {'parts': 1, 'nk': True},
+    (14336, 4096, False, 'swiglu'): {'parts': 4, 'blocked': True, 'nk': True},
     (128256, 4096, False, 'none'): {'parts': 1},
     (6144, 4096, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
     (4096, 4096, False, 'none'): {'blocked': True, 'runs': 4, 'nk': True},
