@@ -459,14 +459,17 @@ def test_weights_summed_in_one_part_take_the_gemm_at_every_launch_of_many_rows(f
     row tile; an experiment's gemv settings give the 8-row build's warps back."""
     monkeypatch.setitem(common._device_properties, (0, "shared_memory_per_block_optin"),
                         SMEM_PER_BLOCK)
-    one_part = {key: order["parts"] for key, order in invariant_tuning.INVARIANT_ORDER.items()
+    parts_of = {key: order["parts"] for key, order in invariant_tuning.INVARIANT_ORDER.items()
                 if "parts" in order}
+    for key, parts in parts_of.items():  # the 1-row build's warps are the order's parts
+        assert linear.invariant_gemv_config(*key, 0, 1)["warps"] == parts
+    one_part = [key for key, parts in parts_of.items() if parts == 1]
     assert one_part
-    for key, parts in one_part.items():
+    for key in one_part:
         rows, k_dim, int8, epilogue = key
-        assert parts == 1 and not int8
+        assert not int8
         assert gemm_invariant.takes(*key, gemm_invariant.MIN_ROWS)
-        assert gemm_invariant.invariant_runs(*key, parts) == 1
+        assert gemm_invariant.invariant_runs(*key, 1) == 1
         one_row = linear.invariant_gemv_config(*key, 0, 1)
         assert one_row["warps"] == 1 and one_row["runs"] == 1
         assert linear.invariant_gemv_config(rows, k_dim, True, epilogue, 0, 1)["warps"] == (
