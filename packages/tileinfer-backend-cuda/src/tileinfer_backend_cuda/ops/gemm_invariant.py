@@ -58,8 +58,9 @@ MAX_CLUSTER = 8
 # those that replace them in launches of more than BLOCK_ROWS rows) and "min_rows" (else
 # MIN_ROWS): the weights whose batch-invariant launches of that many rows or more run
 # gemm_invariant.cu, with the winners of `benchmarks/batched_linear.py --gemm-sweep N` where they
-# beat gemv.cu, in the orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (one part;
-# H100, benchmarks/RESULTS.md, 2026-12-06, "K in one part"), qkv from 17 rows and down from 33
+# beat gemv.cu, in the orders of INVARIANT_ORDER: llama3-8b's gate/up and lm_head (measured in
+# one part, which gate/up has left for 4 contiguous parts; H100, benchmarks/RESULTS.md,
+# 2026-12-06, "K in one part", and (late evening)), qkv from 17 rows and down from 33
 # (contiguous parts, products of neighbouring k, a cluster a row tile; gemv.cu was faster for
 # down at 32 rows, slower for qkv: benchmarks/RESULTS.md, 2026-12-06 (final), "products of
 # neighbouring k"). On Hopper qkv, o, down and gate/up run gemm_wgmma.cu (gate/up from 33 rows:
