@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU tests and benchmarks on a GPU machine whose Python already has torch, triton,
 # transformers, pytest and the rest, with our packages installed from wheels in .whl/ (built on a
-# development machine: python3 -m pip wheel --no-deps -w .whl packages/*/).
+# development machine: python3 -m pip wheel --no-deps -w .whl packages/*/ && git rev-parse
+# --short HEAD > .whl/commit.txt).
 #
 #   benchmarks/gpu_run.sh OUTDIR [steps...]
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
@@ -27,7 +28,10 @@ if [ -z "${KEEP_INSTALLED:-}" ]; then
 fi
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee "$out/commit.txt"
+# the wheels' commit, where the build wrote it (git rev-parse --short HEAD > .whl/commit.txt): the
+# machine's copy of the tree may carry an older .git than the wheels were built from
+commit=$(cat .whl/commit.txt 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)
+echo "$commit" | tee "$out/commit.txt"
 
 # batch.py with the given arguments, its logs as OUTDIR/NAME.json and .err, its figures on one line
 run_batch() {
