@@ -236,7 +236,8 @@ def timed_invariant_matrices(model, n: int, sweeps: dict, settings_of):
 def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
     """gemv.cu's batch-invariant builds at one matrix: the weight's warps (fixed: they order the
     sums) x row groups x (ring stages x 16-row tiles, with and without x reuse, or the register
-    stream's steps a round x tiles), those that fit in a block."""
+    stream's steps a round x tiles), those that fit in a block. At one token tile the rings go
+    deeper too (8 and 12 stages: a weight summed in few parts streams each row with few warps)."""
     from tileinfer_backend_cuda.ops import linear
 
     _, k_dim, int8, epilogue = key
@@ -244,7 +245,7 @@ def invariant_configs(key, token_tiles: int, warps: int) -> list[dict]:
     for groups in (1, 2, 4):
         if groups * warps > 32:
             continue
-        for stages in (2, 3, 4):
+        for stages in (2, 3, 4) + ((8, 12) if token_tiles == 1 else ()):
             for tiles in (1, 2, 4):
                 configs.append({"warps": warps, "groups": groups, "stages": stages,
                                 "tiles": tiles, "l2_256b": True})
@@ -265,7 +266,7 @@ def invariant_sweep(model, n: int):
     the batched path (cuBLAS above wide_max_tokens rows) and the shipped invariant build; prints
     INVARIANT_GEMV_TABLE entries."""
     from cuda_kernels import precompile
-    from tileinfer_backend_cuda.ops import linear, tuning
+    from tileinfer_backend_cuda.ops import invariant_tuning, linear, tuning
 
     device = torch.cuda.current_device()
     pdl_on = tuning.pdl(device)
@@ -274,13 +275,17 @@ def invariant_sweep(model, n: int):
     sweeps, jobs = {}, {}
     for name in names:
         _, k_dim, int8, epilogue = key = matrix_key(model, name)
-        warps = tuning.gemv_config(key[0], k_dim, int8, epilogue, device, kernel="mma")["warps"]
+        warps = (invariant_tuning.invariant_order(*key).get("parts")  # the order's parts
+                 or tuning.gemv_config(key[0], k_dim, int8, epilogue, device, kernel="mma")["warps"])
         sweeps[name] = invariant_configs(key, token_tiles, warps)
         out = "float" if name == "lm_head" else "bf16_t"
         for cfg in sweeps[name]:
-            defines = linear.gemv_defines(cfg, int8, linear.int8_load(k_dim), epilogue, out,
-                                          pdl_on, token_tiles)
-            jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
+            with tuning.experiment({"gemv": {"kernel": "mma", **cfg}}):  # the launched build:
+                full = linear.invariant_gemv_config(*key, device, token_tiles)  # order included
+            if full is not None:
+                defines = linear.gemv_defines(full, int8, linear.int8_load(k_dim), epilogue, out,
+                                              pdl_on, token_tiles)
+                jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
     precompile(list(jobs.values()))
     table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
