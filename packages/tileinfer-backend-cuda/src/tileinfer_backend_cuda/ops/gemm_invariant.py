@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from . import gemm_wgmma
 from .common import cdiv, dev, kernel, num_sms, smem_limit
-from .invariant_tuning import invariant_order
+from .invariant_tuning import INVARIANT_GEMM_LAUNCH_KEYS, ORDER_KEYS, invariant_order
 from .tuning import experiments, sm90
 
 # Launches of fewer rows stay on gemv.cu (same bits).
@@ -39,15 +39,13 @@ BLOCKED_PARTS = False
 PART_CHUNK = 1
 # Weights with at most this many output rows (per matrix, a single matrix) are narrow.
 NARROW_ROWS = 8192
-# The experiment switch's keys that set the order of the sums, not where a launch runs.
-ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
-# Its keys that keep the table's routing: the order's, and which kernel runs a launch.
+# The experiment switch's keys that keep the table's routing: the order's, and which kernel runs
+# a launch.
 ROUTE_KEEPING = ORDER_KEYS | {"wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag",
                               "producer_warp", "wide"}
 # The settings that "wide" (those of launches of more than BLOCK_ROWS rows) may replace: how a
-# launch runs, never the order of its sums or which launches it takes.
-WIDE_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split", "l2_256b",
-                       "wgmma", "tma", "token_groups", "mma_lag", "producer_warp"})
+# launch runs, never the order of its sums (ORDER_KEYS) or which launches it takes.
+WIDE_KEYS = INVARIANT_GEMM_LAUNCH_KEYS
 # Token rows of a block of either kernel (gemv.cu's widest build: 8 token tiles of 8).
 BLOCK_ROWS = 64
 # The most blocks of a cluster that every sm_90 GPU can launch (a split launch: one a run).

@@ -55,6 +55,17 @@ INVARIANT_ORDER: dict[tuple[int, int, bool, str], dict] = {
 }
 
 
+# The settings of an INVARIANT_GEMM_TABLE entry (ops/gemm_invariant.py) and of the experiment
+# switch's "invariant_gemm" (ops/tuning.py): how a launch runs (those a "wide" entry may replace),
+# the order of a row's sum (INVARIANT_ORDER's keys besides "parts"), and which launches it takes.
+INVARIANT_GEMM_LAUNCH_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps",
+                                        "split", "l2_256b", "wgmma", "tma", "token_groups",
+                                        "mma_lag", "producer_warp"})
+ORDER_KEYS = frozenset({"blocked", "chunk", "runs", "nk"})
+INVARIANT_GEMM_KEYS = (INVARIANT_GEMM_LAUNCH_KEYS | ORDER_KEYS
+                       | {"min_rows", "wgmma_min_rows", "wide"})
+
+
 def invariant_order(o_rows: int, k_dim: int, int8: bool, epilogue: str) -> dict:
     """The weight's INVARIANT_ORDER entry ({} where it keeps the default order)."""
     return INVARIANT_ORDER.get((o_rows, k_dim, bool(int8), epilogue), {})

@@ -34,6 +34,7 @@ import os
 
 from .. import compiler
 from .common import GEMV_MAX_TOKENS, cdiv, num_sms
+from .invariant_tuning import INVARIANT_GEMM_KEYS
 
 # --- the benchmark-only switch ---------------------------------------------------------------
 
@@ -41,10 +42,6 @@ EXPERIMENTS_ENV = "TILEINFER_CUDA_EXPERIMENTS"
 _ROWS_KEYS = frozenset({"rows", "unroll", "split_k"})
 _MMA_KEYS = frozenset({"stages", "l2_256b", "tiles", "regs", "groups", "xreuse"})
 _GEMV_KEYS = _ROWS_KEYS | _MMA_KEYS | {"kernel", "warps"}
-_INVARIANT_GEMM_KEYS = frozenset({"row_warps", "row_tiles", "stages", "stage_steps", "split",
-                                  "l2_256b", "min_rows", "blocked", "chunk", "runs", "nk", "wide",
-                                  "wgmma", "tma", "wgmma_min_rows", "token_groups", "mma_lag",
-                                  "producer_warp"})
 
 # attention.cu: "blocks_per_sm" (split-KV target: splits are added until the grid has about this
 # many blocks per SM), "stages" (K/V ring depth). attention_decode.cu: "decode_blocks_per_sm",
@@ -75,7 +72,7 @@ def _checked(settings) -> dict:
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
     unknown |= {f"invariant_gemm.{k}" for k in settings.get("invariant_gemm", {})
-                if k not in _INVARIANT_GEMM_KEYS}
+                if k not in INVARIANT_GEMM_KEYS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {"gemv": dict(settings.get("gemv", {})),
