@@ -55,7 +55,7 @@ static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of 
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
 #include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
-#include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
+#include "wgmma.cuh"              // wgmma_commit, wgmma_wait_*, wgmma_stage_step
 #if TMA  // the slots' mbarriers: after the ring, or after the split's sums if they need more
 constexpr int SUM_BYTES = SPLIT ? MATS * TOKENS * BLOCK_ROWS * 4 : 0;
 constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYTES : SUM_BYTES;
@@ -183,14 +183,7 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
             const int s = first + 2 * st + u;
             if (s >= last) break;
             close(s / per);  // the parts that ended before this step
-            wgmma_fence();
-#pragma unroll
-            for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
-#pragma unroll
-                for (int m = 0; m < MATS; ++m)
-                    wgmma_product(acc[m],
-                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
-                                  wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
+            wgmma_stage_step(acc, stage, u, a_row, b_row);
 #if !MMA_LAG
             wgmma_commit();
 #endif

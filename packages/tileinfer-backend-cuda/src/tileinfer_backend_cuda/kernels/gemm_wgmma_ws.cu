@@ -34,7 +34,7 @@ constexpr int BAR_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[ST
 #include "gemv_epilogue.cuh"      // scaled_sum, epilogue_value
 #include "gemm_store.cuh"         // Sums, close_parts, store_sums
 #include "tma.cuh"                // mbar_*, tma_load_2d, TensorMapArg
-#include "wgmma.cuh"              // wgmma_fence, wgmma_commit, wgmma_wait_*, wgmma_product
+#include "wgmma.cuh"              // wgmma_commit, wgmma_wait_*, wgmma_stage_step
 
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
@@ -112,14 +112,7 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
             const int s = first + 2 * st + u;
             if (s >= last) break;
             close(s / per);  // the parts that ended before this step
-            wgmma_fence();
-#pragma unroll
-            for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
-#pragma unroll
-                for (int m = 0; m < MATS; ++m)
-                    wgmma_product(acc[m],
-                                  wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
-                                  wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
+            wgmma_stage_step(acc, stage, u, a_row, b_row);
         }
         wgmma_commit();
         wgmma_wait_one();  // stage st - 1's products are done; st's run on

@@ -1,6 +1,7 @@
 // Hopper's warpgroup products (wgmma, sm_90a) as gemm_wgmma.cu and gemm_wgmma_ws.cu issue them
-// (included after NT): the fences, commits and waits of their async groups, and one product of
-// 64 weight rows by 8 NT tokens by 16 k with both operands in shared memory.
+// (included after gemm_wgmma_block.cuh): the fences, commits and waits of their async groups, one
+// product of 64 weight rows by 8 NT tokens by 16 k with both operands in shared memory, and a K
+// step of a stage of their ring.
 #pragma once
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -51,4 +52,17 @@ __device__ __forceinline__ void wgmma_product(float (&d)[NT][4], unsigned long l
           "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
         : "l"(a), "l"(b), "r"(1));
 #endif
+}
+
+// K step u of a ring stage (k 32u .. 32u + 31: two products of 16 k) for every matrix: acc[m] +=
+// matrix m's weight rows from a_row by the tokens from b_row (gemm_wgmma_block.cuh's layout).
+__device__ __forceinline__ void wgmma_stage_step(float (&acc)[MATS][NT][4], u32 stage, int u,
+                                                 int a_row, int b_row) {
+    wgmma_fence();
+#pragma unroll
+    for (int p = 0; p < 2; ++p)  // the stage's product 2u + p: k 32u + 16p ..
+#pragma unroll
+        for (int m = 0; m < MATS; ++m)
+            wgmma_product(acc[m], wgmma_operand(stage, 2 * u + p, m * BLOCK_ROWS + a_row),
+                          wgmma_operand(stage + W_STAGE, 2 * u + p, b_row));
 }
