@@ -210,10 +210,15 @@ for step in $steps; do
         > "$out/invlinear.log" 2>&1
       echo "cuda invariant linear tests: $(tail -n 1 "$out/invlinear.log")" ;;
     determinism)  # batch-invariant ops: conformance (DET_BACKENDS), the engine's tests
+                  # (DET_PARALLEL=1: the backends' conformance runs at once; bits, not times)
       for b in ${DET_BACKENDS:-ref triton cuda}; do
         timeout 400 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
           --tileinfer-backend $b -q -rf -p no:randomly -n 4 -k "same or linear or attention" \
-          > "$out/conformance-invariance-$b.log" 2>&1
+          > "$out/conformance-invariance-$b.log" 2>&1 &
+        [ -n "${DET_PARALLEL:-}" ] || wait
+      done
+      wait
+      for b in ${DET_BACKENDS:-ref triton cuda}; do
         echo "conformance $b (invariance, linear, attention): $(tail -n 1 "$out/conformance-invariance-$b.log")"
       done
       timeout 300 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
@@ -228,12 +233,18 @@ for step in $steps; do
         done
       done
       cat "$out/detserve.json" ;;
-    detengine)  # 64 requests of llama3-8b random weights alone and together (DET_BACKENDS)
+    detengine)  # 64 requests of llama3-8b random weights alone and together (DET_BACKENDS;
+                # DET_PARALLEL=1: the backends at once, about 27 GB of GPU memory each)
       for b in ${DET_BACKENDS:-cuda triton}; do
         timeout ${DET_TIMEOUT:-280} python3 benchmarks/determinism_engine.py --backend $b \
-          --cases ${DET_CASES:-together,prefix,ngram} >> "$out/detengine.json" 2>> "$out/detengine.err"
+          --cases ${DET_CASES:-together,prefix,ngram} > "$out/detengine-$b.json" \
+          2> "$out/detengine-$b.err" &
+        [ -n "${DET_PARALLEL:-}" ] || wait
       done
-      cat "$out/detengine.json"; tail -n 3 "$out/detengine.err" ;;
+      wait
+      for b in ${DET_BACKENDS:-cuda triton}; do
+        cat "$out/detengine-$b.json"; tail -n 3 "$out/detengine-$b.err"
+      done ;;
     structload)  # 64 streams with and without a JSON schema on every request (llama3-8b shape
                  # with the tokenizer of TOK_DIR, its vocabulary cut to it; cuda, dummy weights)
       for guided in "" "--guided-json open"; do
