@@ -127,15 +127,15 @@ CONVERSATION = [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
-     "content": [{"type": "text", "text": "18 C, "}, {"type": "text", "text": "sunny"}]},
+     "content": [{"type": "text", "text": "18 C,"}, {"type": "text", "text": "sunny"}]},
 ]
-# What the template gets: the arguments as an object, the text parts joined.
+# What the template gets: the arguments as an object, the text parts joined by a newline.
 AS_TEMPLATE_INPUT = [
     CONVERSATION[0], CONVERSATION[1],
     {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C, sunny"},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C,\nsunny"},
 ]
 
 
@@ -160,3 +160,51 @@ def test_messages_that_break_the_roles_rules_get_400(http):
         r = http.post("/v1/chat/completions", json={"messages": messages})
         assert r.status_code == 400, r.text
         assert reason in r.json()["error"]["message"], r.text
+
+
+def test_a_developer_message_is_a_system_message_where_the_template_has_no_developer(
+        folder, client, offline):
+    """OpenAI's newer name of the system role: this template names no developer role."""
+    said = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    meant = [{"role": "system", "content": "Be brief."}, said[1]]
+    ids = offline[1].encode(chat_prompt(folder, meant, add_generation_prompt=True),
+                            add_special_tokens=False)
+    answer = client.chat.completions.create(model=MODEL, messages=said, max_tokens=6,
+                                            temperature=0)
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.choices[0].message.content == offline_text(offline, ids, SamplingParams(), 6, 0)
+
+
+def test_nulls_where_openai_allows_them_take_the_defaults(http):
+    chat = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+        "n": None, "stream": None, "logprobs": None})
+    assert chat.status_code == 200, chat.text
+    assert len(chat.json()["choices"]) == 1 and chat.json()["choices"][0]["logprobs"] is None
+    completion = http.post("/v1/completions", json={
+        "prompt": "hi", "max_tokens": 3, "temperature": 0, "n": None, "stream": None,
+        "echo": None})
+    assert completion.status_code == 200, completion.text
+    assert not completion.json()["choices"][0]["text"].startswith("hi")
+
+
+def test_top_p_zero_keeps_the_most_probable_token(client):
+    """OpenAI takes top_p in [0, 1]: at 0 the nucleus is the most probable token alone, so a
+    sampled answer is the greedy one whatever the seed."""
+    greedy = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=8,
+                                       temperature=0).choices[0].text
+    for seed in (1, 2):
+        answer = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=8,
+                                           temperature=1.0, top_p=0, seed=seed)
+        assert answer.choices[0].text == greedy
+
+
+def test_a_part_other_than_text_is_refused_by_its_type(http):
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    r = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]})
+    assert r.status_code == 400, r.text
+    assert "'image_url': this server takes text parts only" in r.json()["error"]["message"]
+    suffix = http.post("/v1/completions", json={"prompt": "hi", "suffix": "end"})
+    assert suffix.status_code == 400, suffix.text
+    assert "(leave it out or null)" in suffix.json()["error"]["message"]

@@ -167,6 +167,9 @@ def _sampling(served, req, think: str | None = None):
 
     d = served.defaults
     top_k = d.top_k if req.top_k is None else max(0, req.top_k)  # -1: off, as 0
+    top_p = d.top_p if req.top_p is None else req.top_p
+    if top_p == 0:  # OpenAI's smallest nucleus: the most probable token alone
+        top_k, top_p = 1, 1.0
     if top_k >= served.vocab_size:  # keeps every token: off (and within the kernels' int32)
         top_k = 0
     bias = req.logit_bias_ids()
@@ -190,7 +193,7 @@ def _sampling(served, req, think: str | None = None):
     try:
         return SamplingParams(temperature=d.temperature if req.temperature is None
                               else req.temperature,
-                              top_k=top_k, top_p=d.top_p if req.top_p is None else req.top_p,
+                              top_k=top_k, top_p=top_p,
                               logit_bias=bias, structure=structure, **optional)
     except ValueError as e:
         raise bad_request(str(e)) from None

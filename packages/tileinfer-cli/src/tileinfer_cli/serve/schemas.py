@@ -123,21 +123,37 @@ class Message(_Strict):
         """The turn's reasoning, under either name."""
         return self.reasoning_content if self.reasoning_content is not None else self.reasoning
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v):
+        for part in v if isinstance(v, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in (None, "text"):
+                raise ValueError(f"a content part of type {kind!r}: this server takes text "
+                                 "parts only")
+        return v
+
     def text(self) -> str | None:
+        """The content as one text: text parts joined by newlines (as vLLM joins them)."""
         if self.content is None or isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def null_is_default(cls, value, info):
+    """A field's default where the client sent null (OpenAI's API lets these be null)."""
+    return cls.model_fields[info.field_name].default if value is None else value
+
+
 def _neutral(name: str, value, neutral: tuple):
     if value not in neutral:
-        accepted = dict.fromkeys(json.dumps(v) for v in neutral if v is not None)
-        raise ValueError(f"{name} is not supported by this server (only "
-                         f"{' or '.join(accepted)} is accepted, or leaving it out)")
+        accepted = " or ".join(dict.fromkeys(json.dumps(v) for v in neutral if v is not None))
+        raise ValueError(f"{name} is not supported by this server (leave it out or null"
+                         f"{', or send ' + accepted if accepted else ''})")
     return value
 
 
@@ -147,7 +163,7 @@ class _Sampling(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)  # 0: the most probable token alone
     top_k: int | None = Field(None, ge=-1)
     seed: int | None = Field(None, ge=-2**63, lt=2**63)
     stop: str | list[str] | None = None
@@ -174,6 +190,11 @@ class _Sampling(_Strict):
     store: bool | None = None
     service_tier: str | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
+
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, v, info):
+        return null_is_default(cls, v, info)
 
     @field_validator("store")
     @classmethod
@@ -247,6 +268,11 @@ class ChatRequest(_Sampling, OpenFinalMessage):
     def _template_kwargs(cls, v):
         return check_template_kwargs(v)
 
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _null_logprobs(cls, v, info):
+        return null_is_default(cls, v, info)
+
 
 class CompletionRequest(_Sampling):
     # A text or token ids, or a list of them (each gets n choices).
@@ -256,6 +282,11 @@ class CompletionRequest(_Sampling):
     echo: bool = False  # the answer starts with the prompt (and its tokens' logprobs)
     suffix: str | None = None
     best_of: int | None = None
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo(cls, v, info):
+        return null_is_default(cls, v, info)
 
     @field_validator("suffix")
     @classmethod

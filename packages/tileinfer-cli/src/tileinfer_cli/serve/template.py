@@ -1,8 +1,9 @@
 """The model's chat template, read once at start-up, and a chat request's messages as its input.
 
 Messages go to the template as transformers' ``apply_chat_template`` receives OpenAI-shaped
-dicts: ``role`` and ``content`` (text parts joined; ``None`` for an assistant turn of tool calls
-only), and where the client gave them ``name``, ``tool_calls`` (``[{"id", "type", "function":
+dicts: ``role`` (``developer``, OpenAI's newer name of ``system``, as ``system`` unless the
+template names a developer role, as Apertus's does) and ``content`` (text parts joined by
+newlines; ``None`` for an assistant turn of tool calls only), and where the client gave them ``name``, ``tool_calls`` (``[{"id", "type", "function":
 {"name", "arguments"}}]``), ``tool_call_id`` and ``reasoning_content`` (an earlier answer's
 reasoning, sent back as ``reasoning_content`` or ``reasoning``); a key the client left out is
 absent, so ``message.name is defined`` reads as templates expect. Tool-call ``arguments`` that are a JSON
@@ -67,6 +68,8 @@ class ServedTemplate:
         from tileinfer.io.chat_template import render_chat_template
 
         source = self.source if tools is None else self.tool_source
+        if "developer" not in source:  # OpenAI's newer name of the system role
+            dicts = [{**d, "role": "system"} if d["role"] == "developer" else d for d in dicts]
         variables = {**self.special, **(kwargs or {})}
         if tools is not None:
             variables["tools"] = tools
