@@ -925,3 +925,31 @@ def test_import_name_must_be_a_plain_folder_name(tmp_path, name):
     path = write_gguf(tmp_path / "tiny.gguf", tiny_llama())
     with pytest.raises(ValueError, match="plain folder name"):
         import_gguf(path, name=name)
+
+
+def test_a_gguf_file_is_run_from_its_own_import_and_never_from_another_files(
+        tmp_path, monkeypatch):
+    """resolve_model_dir imports a .gguf under its stem: a file of the same size but other
+    contents is imported again, and another file of the same stem is refused by name rather
+    than run from (or written over) the first one's import."""
+    from tileinfer.io.model_dir import resolve_model_dir
+
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_gguf(tmp_path / "a" / "tiny.gguf", tiny_llama(seed=0))
+    folder = resolve_model_dir(str(first))
+    weights = (folder / "model.safetensors").read_bytes()
+    assert resolve_model_dir(str(first)) == folder  # current: not imported again
+
+    other = write_gguf(tmp_path / "b" / "tiny.gguf", tiny_llama(seed=1))
+    assert other.stat().st_size == first.stat().st_size
+    with pytest.raises(GGUFImportError, match=r"already imported from .*a/tiny.gguf.*--name"):
+        resolve_model_dir(str(other))
+    assert (folder / "model.safetensors").read_bytes() == weights  # left as it was
+
+    newer = first.stat().st_mtime_ns + 10**9
+    os.utime(other, ns=(newer, newer))
+    os.replace(other, first)  # the same path and size, other contents (a newer file)
+    assert resolve_model_dir(str(first)) == folder
+    assert (folder / "model.safetensors").read_bytes() != weights

@@ -44,7 +44,7 @@ from .gguf_config import ARCHITECTURES, config_from
 from .gguf_reader import GGUFImportError, GGUFMetadata, open_gguf, source_summary
 from .gguf_tensors import GGUFImportWarning, check_shapes, dequantized, read_weights  # noqa: F401
 from .gguf_tokenizer import build_tokenizer, end_of_generation_ids, generation_config_from
-from .import_record import IMPORTER_VERSION, is_current_import  # noqa: F401
+from .import_record import IMPORTER_VERSION, is_current_import, source_record  # noqa: F401
 from .import_room import check_room, output_bytes
 from .import_staging import clean_interrupted_imports, staging_dir
 from .paths import models_home
@@ -160,10 +160,9 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         stop_ids = end_of_generation_ids(meta, tokenizer)
         _write_json(staging / "generation_config.json", generation_config_from(meta, config, stop_ids))
         _write_json(staging / "config.json", config)
-        stat = path.stat()
         _write_json(
             staging / "import.json",
-            {"source": str(path.resolve()), "source_size": stat.st_size, "importer_version": IMPORTER_VERSION,
+            {**source_record(path), "importer_version": IMPORTER_VERSION,
              **source_summary(reader, path)},
         )
         if out_dir.exists():

@@ -14,14 +14,33 @@ class GGUFImportError(ValueError):
     """The file is not a readable GGUF, or holds something the importer does not support."""
 
 
+def source_record(source: Path) -> dict:
+    """What import.json keeps of the file it was made from: its absolute path, size and
+    modification time (a file replaced by another of the same size is a new source)."""
+    stat = source.stat()
+    return {"source": str(source.resolve()), "source_size": stat.st_size,
+            "source_mtime_ns": stat.st_mtime_ns}
+
+
+def imported_source(folder: Path) -> str | None:
+    """The absolute path of the file ``folder`` was imported from; None if it holds no import."""
+    try:
+        info = json.loads((folder / "import.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info.get("source") if isinstance(info, dict) else None
+
+
 def is_current_import(folder: Path, source: Path) -> bool:
-    """Whether ``folder`` holds a complete import of ``source`` by this importer version."""
+    """Whether ``folder`` holds a complete import of ``source`` as it is now (the same path,
+    size and modification time) by this importer version."""
     try:
         info = json.loads((folder / "import.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return (
-        info.get("importer_version") == IMPORTER_VERSION
-        and info.get("source_size") == source.stat().st_size
+        isinstance(info, dict)
+        and info.get("importer_version") == IMPORTER_VERSION
+        and all(info.get(key) == value for key, value in source_record(source).items())
         and (folder / "config.json").is_file()
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .default_model import DEFAULT_MODEL_NAME, default_model_dir
-from .import_record import is_current_import
+from .import_record import GGUFImportError, imported_source, is_current_import
 from .local_models import is_plain_name, local_model_dir
 from .paths import models_home
 
@@ -27,7 +27,8 @@ def imported_folder(gguf_path: Path) -> Path:
 def resolve_model_dir(model=None) -> Path:
     """The folder of ``model``: the embedded default model for None (or its name,
     ``SmolLM2-135M-Instruct``); a folder as it is; a ``.gguf`` file imported once into the models
-    home (re-imported when the file or the importer changed); the name of an imported model
+    home (re-imported when the file or the importer changed; refused when that name holds the
+    import of another file); the name of an imported model
     (``tileinfer list``); the import of ``OWNER/NAME:TAG``'s GGUF file (``tileinfer pull``);
     else the snapshot of a pulled repo id. Never touches the network."""
     if model is None:
@@ -39,6 +40,12 @@ def resolve_model_dir(model=None) -> Path:
         folder = imported_folder(path)
         if is_current_import(folder, path):
             return folder
+        other = imported_source(folder)
+        if other is not None and other != str(path.resolve()):
+            raise GGUFImportError(
+                f"a model named {folder.name} is already imported from {other}: `tileinfer "
+                f"import {model} --name NAME` imports this file under another name (then run "
+                "it by that name), `--force` replaces it")
         from .gguf_import import import_gguf
 
         return import_gguf(path, folder)
