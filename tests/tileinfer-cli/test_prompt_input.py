@@ -47,10 +47,29 @@ def test_a_terminal_on_stdin_is_not_read(monkeypatch):
     assert prompt_and_model(words("Summarize"))[0] == "Summarize"
 
 
-def test_file_keeps_its_meaning_beside_a_pipe(monkeypatch, tmp_path):
+def test_a_file_and_a_pipe_are_joined_as_an_argument_and_a_pipe_are(monkeypatch, tmp_path):
+    # Before: `cat notes.txt | tileinfer run -f question.txt` dropped the notes without a word.
     (tmp_path / "q.txt").write_text("from the file\n")
-    monkeypatch.setattr("sys.stdin", Piped(b"piped"))
+    monkeypatch.setattr("sys.stdin", Piped(b"piped\n"))
+    assert prompt_and_model(words(file=str(tmp_path / "q.txt")))[0] == "piped\n\nfrom the file"
+    monkeypatch.setattr("sys.stdin", Piped(b""))
     assert prompt_and_model(words(file=str(tmp_path / "q.txt")))[0] == "from the file"
+
+
+def test_a_lone_word_that_names_a_model_here_is_the_model(monkeypatch, tmp_path):
+    """`echo PROMPT | tileinfer run MODEL`, as with ollama: a word that names the default
+    model, an imported model or a model folder; any other word stays the prompt."""
+    monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
+    imported = tmp_path / "home" / "models" / "mysmol"
+    imported.mkdir(parents=True)
+    (imported / "config.json").write_text("{}")
+    for model in ("SmolLM2-135M-Instruct", "mysmol", str(imported)):
+        monkeypatch.setattr("sys.stdin", Piped(b"What is the capital of France?\n"))
+        assert prompt_and_model(words(model)) == ("What is the capital of France?", model)
+    monkeypatch.setattr("sys.stdin", Piped(b"notes\n"))
+    assert prompt_and_model(words("Summarize")) == ("notes\n\nSummarize", None)
+    monkeypatch.setattr("sys.stdin", Piped(b"", tty=True))  # a terminal: the word is the prompt
+    assert prompt_and_model(words("mysmol")) == ("mysmol", None)
 
 
 def test_the_joined_prompt_reaches_the_model(tiny_home):

@@ -56,9 +56,10 @@ def add_parser(sub, formatter):
                        description="Answer one prompt, streaming the reply.", epilog=EPILOG,
                        formatter_class=formatter)
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
-                   help='the prompt ("-": standard input), optionally preceded by the model')
+                   help='the prompt ("-": standard input), optionally preceded by the model '
+                   "(a lone word naming a model here is the model when the prompt is piped in)")
     p.add_argument("--file", "-f", metavar="PATH", help='read the prompt from a file ("-": '
-                   "standard input)")
+                   "standard input; text piped in goes before it, as before an argument)")
     p.add_argument("--system", "-s", metavar="TEXT", help="a system message before the prompt")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end the answer where the model writes TEXT (not printed; repeatable)")
@@ -82,12 +83,15 @@ def prompt_and_model(args) -> tuple[str, str | None]:
         raise UserError('quote the prompt: tileinfer run [MODEL] "PROMPT"' if args.file is None
                         else "with --file, give at most the model positionally")
     model = args.model
-    if len(words) == 2 or (args.file is not None and words):
+    if len(words) == 2 or (args.file is not None and words) or (
+            len(words) == 1 and not model and not stdin_is_terminal() and names_a_model(words[0])):
         if model:
             raise UserError("give the model either as --model or positionally, not both")
-        model = words[0]
+        model, words = words[0], words[1:]  # `echo PROMPT | tileinfer run MODEL`, as ollama
     if args.file is not None:
         prompt = read_file(args.file)
+        if args.file != "-" and not stdin_is_terminal():
+            prompt = joined_with_stdin(prompt)
     elif words and words[-1] != "-":
         prompt = words[-1]
         if not stdin_is_terminal():
@@ -99,6 +103,20 @@ def prompt_and_model(args) -> tuple[str, str | None]:
     if not prompt.strip():
         raise UserError("the prompt is empty")
     return prompt.strip("\n"), model
+
+
+def names_a_model(word: str) -> bool:
+    """Whether a lone word is a model here: the default model's name, an imported model's, a
+    model folder or a .gguf file (never the hub: a word of a prompt is not looked up)."""
+    from pathlib import Path
+
+    from tileinfer.io.default_model import DEFAULT_MODEL_NAME
+    from tileinfer.io.local_models import is_plain_name, local_model_dir
+
+    path = Path(word).expanduser()
+    return (word == DEFAULT_MODEL_NAME or (path.suffix == ".gguf" and path.is_file())
+            or (path / "config.json").is_file()
+            or (is_plain_name(word) and local_model_dir(word) is not None))
 
 
 def joined_with_stdin(prompt: str) -> str:
