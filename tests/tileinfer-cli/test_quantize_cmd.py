@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from cli_helpers import assert_one_line_error, tileinfer
@@ -42,3 +43,37 @@ def test_quantize_refuses_a_missing_text_and_an_existing_folder(tiny_home, tmp_p
         tileinfer("quantize", "-m", "tiny", "--fp8", "--calibration", str(text),
                   str(tmp_path / "taken"), env=tiny_home),
         r"^tileinfer: error: .*taken exists; give a new folder$")
+    # A folder inside a file: refused before the calibration runs, and nothing written.
+    assert_one_line_error(
+        tileinfer("quantize", "-m", "tiny", "--fp8", "--calibration", str(text),
+                  str(text / "out"), env=tiny_home),
+        r"^tileinfer: error: cannot write .*t\.txt/out: .*t\.txt is not a folder$")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "t.txt", "taken"]
+
+
+def test_a_failed_write_leaves_no_folder(tiny_home, tmp_path, monkeypatch):
+    """A write that fails part way (a disk filling up) leaves neither OUT nor its staging."""
+    import argparse
+    import errno
+    import io
+
+    from tileinfer.engine.generation import gptq
+    from tileinfer_cli import quantize_cmd
+    from tileinfer_cli.errors import UserError
+
+    def fill_the_disk(model, folder, ids):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"part of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("TILEINFER_HOME", tiny_home["TILEINFER_HOME"])
+    monkeypatch.setattr(gptq, "write_gptq_fp8", fill_the_disk)
+    text = tmp_path / "t.txt"
+    text.write_text("some text to round the weights for " * 10)
+    out = tmp_path / "place" / "out"
+    out.parent.mkdir()
+    args = argparse.Namespace(out=str(out), model="tiny", fp8=True, calibration=str(text),
+                              tokens=64, backend="ref")
+    with pytest.raises(UserError, match=r"writing .*out failed: No space left on device"):
+        quantize_cmd.run(args, io.StringIO())
+    assert list(out.parent.iterdir()) == []

@@ -4,6 +4,8 @@ weights are rounded with GPTQ's error compensation on the calibration text
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from .errors import UserError
@@ -44,6 +46,9 @@ def run(args, out):
     target = Path(args.out).expanduser()
     if target.exists():
         raise UserError(f"{target} exists; give a new folder")
+    parent = target.absolute().parent
+    if not parent.is_dir():
+        raise UserError(f"cannot write {target}: {parent} is not a folder")
     try:
         text = Path(args.calibration).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -58,6 +63,13 @@ def run(args, out):
     model = load_model(folder, dtype=torch.bfloat16, backend=args.backend)
     print(f"rounding {folder.name}'s linear weights on {len(ids)} calibration tokens ...",
           file=out)
-    write_gptq_fp8(model, target, ids)
+    # Written whole or not at all: into a hidden folder beside it, renamed when complete.
+    staging = target.with_name(f".{target.name}.writing-{os.getpid()}")
+    try:
+        write_gptq_fp8(model, staging, ids)
+        os.replace(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"writing {target} failed: {exc.strerror or exc}") from None
     print(f"wrote {target}", file=out)
     return 0
