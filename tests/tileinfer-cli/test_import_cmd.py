@@ -2,6 +2,7 @@
 mode the umask gives (0644 under 022, as the JSON files beside it), and integer tensors that the
 import casts to floats are warned about."""
 
+import json
 import os
 import warnings
 
@@ -115,6 +116,15 @@ def test_pull_of_a_gguf_tag_imports_the_downloaded_file(tmp_path, tiny_gguf_file
     assert main(["pull", "acme/tiny-GGUF:Q8_0", "--revision", "v2"]) == 0
     assert asked[-1] == ("acme/tiny-GGUF", "Q8_0", "v2")
     assert os.stat(weights).st_ino == before  # the same file: not imported again
+    # A newer snapshot's file (another path) replaces the import, as pulling again should.
+    newer = tmp_path / "hub" / "snapshots" / ("4" * 40) / "tiny-Q8_0.gguf"
+    newer.parent.mkdir(parents=True)
+    newer.write_bytes(tiny_gguf_file.read_bytes())
+    cached = newer
+    assert main(["pull", "acme/tiny-GGUF:Q8_0"]) == 0
+    assert os.stat(weights).st_ino != before
+    record = json.loads((weights.parent / "import.json").read_text())
+    assert record["source"] == str(newer.resolve())
 
 
 def test_rm_of_a_gguf_tag_removes_its_import(tmp_path, tiny_gguf_file, monkeypatch, capsys):

@@ -932,7 +932,7 @@ def test_a_gguf_file_is_run_from_its_own_import_and_never_from_another_files(
     """resolve_model_dir imports a .gguf under its stem: a file of the same size but other
     contents is imported again, and another file of the same stem is refused by name rather
     than run from (or written over) the first one's import."""
-    from tileinfer.io.model_dir import resolve_model_dir
+    from tileinfer.io.model_dir import imported_model_dir, resolve_model_dir
 
     monkeypatch.setenv("TILEINFER_HOME", str(tmp_path / "home"))
     (tmp_path / "a").mkdir()
@@ -947,6 +947,13 @@ def test_a_gguf_file_is_run_from_its_own_import_and_never_from_another_files(
     with pytest.raises(GGUFImportError, match=r"already imported from .*a/tiny.gguf.*--name"):
         resolve_model_dir(str(other))
     assert (folder / "model.safetensors").read_bytes() == weights  # left as it was
+    # A pulled repo's newer file (another snapshot's path) replaces its older file's import.
+    assert imported_model_dir(other, replaces_another=True) == folder
+    assert (folder / "model.safetensors").read_bytes() != weights
+    with pytest.raises(GGUFImportError, match=r"already imported from .*b/tiny.gguf"):
+        resolve_model_dir(str(first))
+    assert imported_model_dir(first, replaces_another=True) == folder
+    assert (folder / "model.safetensors").read_bytes() == weights
 
     newer = first.stat().st_mtime_ns + 10**9
     os.utime(other, ns=(newer, newer))

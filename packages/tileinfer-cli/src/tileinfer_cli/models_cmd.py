@@ -72,11 +72,12 @@ def pull(args, out):
         path = pull(args.repo_id, revision=args.revision)
         print(f"pulled {args.repo_id} ({args.revision}) into {path}", file=out)
         return 0
-    from tileinfer import resolve_model_dir
+    from tileinfer.io.model_dir import imported_model_dir
 
     repo, tag = reference
     path = pull_gguf(repo, tag, revision=args.revision)
-    folder = resolve_model_dir(path)  # imported into the models home once, as `import` would
+    # imported into the models home once, as `import` would (a newer file replaces the import)
+    folder = imported_model_dir(path, replaces_another=True)
     print(f"pulled {path.name} of {repo} ({args.revision}) and imported it as {folder.name}: "
           f"tileinfer run -m {folder.name}", file=out)
     return 0

@@ -3,13 +3,14 @@
 Messages go to the template as transformers' ``apply_chat_template`` receives OpenAI-shaped
 dicts: ``role`` (``developer``, OpenAI's newer name of ``system``, as ``system`` unless the
 template names a developer role, as Apertus's does) and ``content`` (text parts joined by
-newlines; ``None`` for an assistant turn of tool calls only), and where the client gave them ``name``, ``tool_calls`` (``[{"id", "type", "function":
-{"name", "arguments"}}]``), ``tool_call_id`` and ``reasoning_content`` (an earlier answer's
-reasoning, sent back as ``reasoning_content`` or ``reasoning``); a key the client left out is
-absent, so ``message.name is defined`` reads as templates expect. Tool-call ``arguments`` that are a JSON
-object in a string (OpenAI's form) are passed as the object, as vLLM does: templates write them
-with ``tojson``. A template that cannot take a null content (one that concatenates it) gets ""
-in its place, as llama-server's template engine does for such templates.
+newlines; ``None`` for an assistant turn of tool calls only), and where the client gave them
+``name``, ``tool_calls`` (``[{"id", "type", "function": {"name", "arguments"}}]``),
+``tool_call_id`` and ``reasoning_content`` (an earlier answer's reasoning, sent back as
+``reasoning_content`` or ``reasoning``); a key the client left out is absent, so ``message.name
+is defined`` reads as templates expect. Tool-call ``arguments`` that are a JSON object in a
+string (OpenAI's form) are passed as the object, as vLLM does: templates write them with
+``tojson``. A template that cannot take a null content (one that concatenates it) gets "" in its
+place, as llama-server's template engine does for such templates.
 
 A request's ``continue_final_message`` (with ``add_generation_prompt`` false) leaves its final
 message open for the model to continue (``tag_final_message``). A request's tools are the

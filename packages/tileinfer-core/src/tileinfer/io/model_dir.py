@@ -37,25 +37,15 @@ def resolve_model_dir(model=None) -> Path:
     if path.is_dir():
         return path
     if path.suffix == ".gguf" and path.is_file():
-        folder = imported_folder(path)
-        if is_current_import(folder, path):
-            return folder
-        other = imported_source(folder)
-        if other is not None and other != str(path.resolve()):
-            raise GGUFImportError(
-                f"a model named {folder.name} is already imported from {other}: `tileinfer "
-                f"import {model} --name NAME` imports this file under another name (then run "
-                "it by that name), `--force` replaces it")
-        from .gguf_import import import_gguf
-
-        return import_gguf(path, folder)
+        return imported_model_dir(path, replaces_another=False)
     if (reference := gguf_reference(model)) is not None:
         from .hub import HubError, pulled_gguf
 
         gguf = pulled_gguf(*reference)
         if gguf is None:
             raise HubError(f"{model} has not been pulled: run `tileinfer pull {model}` first")
-        return resolve_model_dir(gguf)
+        # A newer snapshot's file (another path) replaces the older one's import.
+        return imported_model_dir(gguf, replaces_another=True)
     if isinstance(model, str) and not path.is_dir() and is_plain_name(model):
         if model == DEFAULT_MODEL_NAME:
             return default_model_dir()
@@ -74,3 +64,21 @@ def resolve_model_dir(model=None) -> Path:
     from .hub import model_dir
 
     return model_dir(model)
+
+
+def imported_model_dir(path: Path, replaces_another: bool = False) -> Path:
+    """The import of the .gguf file ``path`` (made, or made again where the file changed);
+    where the folder holds another file's import, a GGUFImportError unless replaces_another
+    (a pulled repo's newer file replaces the older one's import)."""
+    folder = imported_folder(path)
+    if is_current_import(folder, path):
+        return folder
+    other = imported_source(folder)
+    if other is not None and other != str(path.resolve()) and not replaces_another:
+        raise GGUFImportError(
+            f"a model named {folder.name} is already imported from {other}: `tileinfer import "
+            f"{path} --name NAME` imports this file under another name (then run it by that "
+            "name), `--force` replaces it")
+    from .gguf_import import import_gguf
+
+    return import_gguf(path, folder)
