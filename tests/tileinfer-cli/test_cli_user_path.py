@@ -461,3 +461,6 @@ def test_json_schema_and_regex_shape_the_answer(home, tmp_path):
     assert re.fullmatch(r"The capital is [A-Z][a-z]+\.", out["text"]), out["text"]
     bad = tileinfer("run", "--json-schema", str(tmp_path / "missing.json"), QUESTION, env=home)
     assert_one_line_error(bad, "--json-schema: cannot read")
+    # The grammar library's reason comes after a picture of the regex: it is on the one line.
+    bad = tileinfer("run", "--regex", "(", QUESTION, env=home)
+    assert_one_line_error(bad, "--regex: bad regex: .* unclosed group$")
