@@ -84,3 +84,10 @@ def test_list_json(tiny_home):
 def test_show_unknown_model_is_one_line(tiny_home):
     assert_one_line_error(tileinfer("show", "nosuchmodel", env=tiny_home),
                           "'nosuchmodel' is not a model folder, an imported model or a pulled")
+
+
+def test_show_of_a_folder_that_is_not_a_model_is_one_line(tiny_home, tmp_path):
+    # Before: "architecture None: None layers ... parameters 0" and exit status 0.
+    (tmp_path / "notes").mkdir()
+    assert_one_line_error(tileinfer("show", str(tmp_path / "notes"), env=tiny_home),
+                          r"no config\.json in .*notes: not a model folder$")

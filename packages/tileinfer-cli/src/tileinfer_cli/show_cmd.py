@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import UserError
+
 EPILOG = """\
 examples:
   tileinfer show SmolLM2-135M-Instruct
@@ -50,6 +52,8 @@ def run(args, out):
     from tileinfer import resolve_model_dir
 
     folder = resolve_model_dir(args.model)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"no config.json in {folder}: not a model folder")
     from .model_info import model_info
 
     info = model_info(args.model or folder.name, folder, kind_of(args.model))
