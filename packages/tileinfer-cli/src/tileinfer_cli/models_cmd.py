@@ -176,10 +176,10 @@ def _rm_pulled_gguf(name, repo, tag, out):
 
 
 def import_(args, out):
-    import json
     from pathlib import Path
 
     from tileinfer.io.gguf_import import import_gguf, is_current_import
+    from tileinfer.io.import_record import imported_source
     from tileinfer.io.local_models import is_plain_name, local_model_dir
 
     path = Path(args.path).expanduser()
@@ -190,10 +190,7 @@ def import_(args, out):
             print(f"{name} is already imported from {args.path} (in {existing}); --force "
                   "converts it again", file=out)
             return 0
-        try:
-            source = json.loads((existing / "import.json").read_text())["source"]
-        except (OSError, ValueError, KeyError, TypeError):
-            source = "another file"
+        source = imported_source(existing) or "another file"
         raise UserError(f"a model named {name} exists already (from {source}): --name NAME "
                         "imports under another name, --force replaces it")
     folder = import_gguf(path, name=args.name)

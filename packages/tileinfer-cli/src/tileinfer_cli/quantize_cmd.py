@@ -42,6 +42,7 @@ def run(args, out):
     import torch
     from tileinfer import load_model, load_tokenizer, resolve_model_dir
     from tileinfer.engine.generation.gptq import write_gptq_fp8
+    from tileinfer.io.import_staging import staging_dir
 
     target = Path(args.out).expanduser()
     if target.exists():
@@ -63,8 +64,9 @@ def run(args, out):
     model = load_model(folder, dtype=torch.bfloat16, backend=args.backend)
     print(f"rounding {folder.name}'s linear weights on {len(ids)} calibration tokens ...",
           file=out)
-    # Written whole or not at all: into a hidden folder beside it, renamed when complete.
-    staging = target.with_name(f".{target.name}.writing-{os.getpid()}")
+    # Written whole or not at all: into the hidden staging folder an import uses, renamed when
+    # complete.
+    staging = staging_dir(target)
     try:
         write_gptq_fp8(model, staging, ids)
         os.replace(staging, target)

@@ -22,24 +22,27 @@ def source_record(source: Path) -> dict:
             "source_mtime_ns": stat.st_mtime_ns}
 
 
-def imported_source(folder: Path) -> str | None:
-    """The absolute path of the file ``folder`` was imported from; None if it holds no import."""
+def _import_json(folder: Path) -> dict | None:
+    """``folder``'s import.json, or None where it has none (or an unreadable one)."""
     try:
         info = json.loads((folder / "import.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return info.get("source") if isinstance(info, dict) else None
+    return info if isinstance(info, dict) else None
+
+
+def imported_source(folder: Path) -> str | None:
+    """The absolute path of the file ``folder`` was imported from; None if it holds no import."""
+    info = _import_json(folder)
+    return None if info is None else info.get("source")
 
 
 def is_current_import(folder: Path, source: Path) -> bool:
     """Whether ``folder`` holds a complete import of ``source`` as it is now (the same path,
     size and modification time) by this importer version."""
-    try:
-        info = json.loads((folder / "import.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    info = _import_json(folder)
     return (
-        isinstance(info, dict)
+        info is not None
         and info.get("importer_version") == IMPORTER_VERSION
         and all(info.get(key) == value for key, value in source_record(source).items())
         and (folder / "config.json").is_file()

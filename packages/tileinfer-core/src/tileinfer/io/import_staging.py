@@ -14,7 +14,8 @@ _STAGING = re.compile(r"\.(?P<name>.+)\.importing-(?P<pid>\d+)")
 
 
 def staging_dir(out_dir: Path) -> Path:
-    """The hidden folder an import into ``out_dir`` writes before renaming it into place."""
+    """The hidden folder an import into ``out_dir`` (or ``tileinfer quantize``'s checkpoint)
+    writes before renaming it into place."""
     return out_dir.parent / f".{out_dir.name}.importing-{os.getpid()}"
 
 
