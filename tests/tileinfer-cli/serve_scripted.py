@@ -17,7 +17,8 @@ from test_serve_helpers import free_port
 
 class ScriptedEngine:
     """The engine interface the server uses; each request's output is ``script`` encoded,
-    ``tokens_per_step`` tokens a step (a cycle of counts), then finish reason "stop"; with
+    ``tokens_per_step`` tokens a step (a cycle of counts), then finish reason "stop" (or, where
+    max_new_tokens cut the script, "length", as the engine ends such an answer); with
     ``fail_at`` = k, a request's k-th step fails it instead (finish reason "error")."""
 
     def __init__(self, tokenizer, tokens_per_step=(1, 3, 2)):
@@ -27,6 +28,7 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []  # every request's prompt ids, in order
         self._pending: dict[int, list[int]] = {}
         self._steps: dict[int, int] = {}
+        self._cut: set[int] = set()  # requests whose script max_new_tokens cut
         self._lock = threading.Lock()
         self._next = 0
 
@@ -37,6 +39,8 @@ class ScriptedEngine:
             self.prompts.append(list(prompt_ids))
             ids = self.tokenizer.encode(self.script, add_special_tokens=False)
             self._pending[rid] = ids[:max_new_tokens]
+            if len(ids) > max_new_tokens:
+                self._cut.add(rid)
             self._steps[rid] = 0
             return rid
 
@@ -58,8 +62,8 @@ class ScriptedEngine:
                 done = not self._pending[rid]
                 if done:
                     del self._pending[rid]
-                outputs.append(RequestOutput(rid, new, finished=done,
-                                             finish_reason="stop" if done else None))
+                reason = ("length" if rid in self._cut else "stop") if done else None
+                outputs.append(RequestOutput(rid, new, finished=done, finish_reason=reason))
         return outputs
 
     def abort(self, rid) -> bool:

@@ -169,6 +169,37 @@ def test_reasoning_of_a_user_turn_is_a_400(qwen3):
             {"role": "user", "content": "Hi", "reasoning": "x"}])
 
 
+@pytest.mark.parametrize("effort, thinking", [("none", False), ("minimal", False),
+                                             ("low", True), ("medium", True), ("high", True)])
+def test_reasoning_effort_turns_the_thinking_off_or_on(qwen3, effort, thinking):
+    """OpenAI's reasoning_effort as Qwen3's enable_thinking: the prompt is the one transformers
+    renders with that switch, which for none and minimal ends in the empty think block that
+    keeps the model from thinking."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    client, url, engine, folder = qwen3
+    engine.script = "Sonnig."
+    client.chat.completions.create(model=folder.name, messages=ASK, reasoning_effort=effort)
+    expected, _ = render_jinja_template(
+        conversations=[ASK], add_generation_prompt=True, enable_thinking=thinking,
+        chat_template=(folder / "chat_template.jinja").read_text())
+    prompt = engine.tokenizer.decode(engine.prompts[-1], skip_special_tokens=False)
+    assert prompt == expected[0]
+    assert prompt.endswith("<think>\n\n</think>\n\n") == (not thinking)
+
+
+def test_a_reasoning_effort_against_the_requests_enable_thinking_is_a_400(qwen3):
+    client, url, engine, folder = qwen3
+    engine.script = "Sonnig."
+    ask = dict(model=folder.name, messages=ASK)
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**ask, reasoning_effort="none", extra_body=thinking)
+    assert e.value.status_code == 400 and e.value.body["param"] == "reasoning_effort"
+    agreed = client.chat.completions.create(**ask, reasoning_effort="high", extra_body=thinking)
+    assert agreed.choices[0].message.content == "Sonnig."
+
+
 # As DeepSeek-R1's distills: earlier answers lose their reasoning, the prompt opens the next.
 DEEPSEEK_LIKE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content.split('</think>')[-1] }}"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")

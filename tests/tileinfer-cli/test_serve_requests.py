@@ -208,3 +208,89 @@ def test_a_part_other_than_text_is_refused_by_its_type(http):
     suffix = http.post("/v1/completions", json={"prompt": "hi", "suffix": "end"})
     assert suffix.status_code == 400, suffix.text
     assert "(leave it out or null)" in suffix.json()["error"]["message"]
+
+
+# -- types, as OpenAI's API checks them ---------------------------------------------------------
+
+MINIMAL = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 1},
+           "/v1/completions": {"prompt": "hi", "max_tokens": 1},
+           "/v1/responses": {"input": "hi", "max_output_tokens": 1},
+           "/v1/embeddings": {"input": "hi"},
+           "/tokenize": {"prompt": "hi"},
+           "/api/chat": {"messages": [{"role": "user", "content": "hi"}], "stream": False}}
+
+
+@pytest.mark.parametrize("path, body, param, expected, got", [
+    ("/v1/chat/completions", {"max_tokens": "5"}, "max_tokens", "an integer", "a string"),
+    ("/v1/chat/completions", {"temperature": "0.5"}, "temperature", "a number", "a string"),
+    ("/v1/chat/completions", {"stream": "true"}, "stream", "a boolean", "a string"),
+    ("/v1/chat/completions", {"n": 1.5}, "n", "an integer", "a decimal number"),
+    ("/v1/chat/completions", {"seed": True}, "seed", "an integer", "a boolean"),
+    ("/v1/chat/completions", {"logprobs": 1}, "logprobs", "a boolean", "an integer"),
+    ("/v1/chat/completions", {"stop": ["a", 5]}, "stop.1", "a string", "an integer"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content", "one of a string or an array", "an integer"),
+    ("/v1/completions", {"max_tokens": "5"}, "max_tokens", "an integer", "a string"),
+    ("/v1/completions", {"echo": "false"}, "echo", "a boolean", "a string"),
+    ("/v1/responses", {"max_output_tokens": "5"}, "max_output_tokens", "an integer",
+     "a string"),
+    ("/v1/embeddings", {"dimensions": "8"}, "dimensions", "an integer", "a string"),
+    ("/tokenize", {"add_special_tokens": "false"}, "add_special_tokens", "a boolean",
+     "a string"),
+    ("/api/chat", {"options": {"num_predict": "5"}}, "options.num_predict", "an integer",
+     "a string"),
+])
+def test_a_value_of_another_type_is_a_400_naming_it(http, path, body, param, expected, got):
+    r = http.post(path, json={**MINIMAL[path], **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "message": f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
+        "type": "invalid_request_error", "param": param, "code": "invalid_type"}
+
+
+def test_the_openai_client_gets_openais_error_for_a_string_max_tokens(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens="5")
+    assert e.value.status_code == 400 and e.value.body["param"] == "max_tokens"
+    assert e.value.body["message"] == ("Invalid type for 'max_tokens': expected an integer, but "
+                                       "got a string instead.")
+
+
+def test_an_integer_is_a_number(http):
+    """JSON integers where OpenAI's numbers are floats: taken, and the same answer as the
+    floats give."""
+    numbers = dict(temperature=1, top_p=1, presence_penalty=0, frequency_penalty=1,
+                   repetition_penalty=1, min_p=0)
+    texts = []
+    for values in (numbers, {k: float(v) for k, v in numbers.items()}):
+        r = http.post("/v1/completions", json={"prompt": "Tell me a story", "max_tokens": 12,
+                                               "seed": 11, "logit_bias": {"100": 2}, **values})
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0]
+
+
+def test_openais_hints_are_taken_and_change_nothing(client):
+    """prompt_cache_key and safety_identifier (chat and responses), and reasoning_effort for a
+    model without a thinking mode: the same answer as without them."""
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    ask = dict(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    plain = client.chat.completions.create(**ask).choices[0].message.content
+    hinted = client.chat.completions.create(**ask, prompt_cache_key="story-1",
+                                            safety_identifier="user-7", reasoning_effort="low")
+    assert hinted.choices[0].message.content == plain
+    ask = dict(model=MODEL, input="Tell me a story", max_output_tokens=10, temperature=0)
+    plain = client.responses.create(**ask).output_text
+    hinted = client.responses.create(**ask, prompt_cache_key="story-1",
+                                     safety_identifier="user-7", reasoning={"effort": "none"})
+    assert hinted.output_text == plain and hinted.reasoning.effort == "none"
+
+
+@pytest.mark.parametrize("body", [{"reasoning_effort": "extreme"}, {"reasoning_effort": 3},
+                                  {"safety_identifier": "x" * 257}, {"prompt_cache_key": 1}])
+def test_openais_newer_fields_are_still_checked(http, body):
+    r = http.post("/v1/chat/completions", json={**MINIMAL["/v1/chat/completions"], **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == next(iter(body)), r.text

@@ -180,7 +180,8 @@ def test_parts_and_an_earlier_assistant_text(qwen3):
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning"),  # not one of OpenAI's efforts
+    ({"reasoning": {"summary": "detailed"}}, "reasoning"),
 ])
 def test_what_this_server_cannot_do_is_refused_by_name(qwen3, body, named):
     client, url, engine, model = qwen3
@@ -189,6 +190,25 @@ def test_what_this_server_cannot_do_is_refused_by_name(qwen3, body, named):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert named in (error["param"] or "") or named in error["message"], error
+
+
+def test_reasoning_effort_is_the_chats(qwen3):
+    """reasoning.effort renders the prompt the chat's reasoning_effort renders (Qwen3's thinking
+    off for minimal), and the response states it; against enable_thinking it is a 400."""
+    client, url, engine, model = qwen3
+    engine.script = TEXT
+    response = client.responses.create(model=model, input=ASK, reasoning={"effort": "minimal"})
+    assert response.reasoning.effort == "minimal" and response.output_text == TEXT
+    by_effort = engine.prompts[-1]
+    messages = [{"role": "user", "content": ASK}]
+    client.chat.completions.create(model=model, messages=messages, reasoning_effort="minimal")
+    assert by_effort == engine.prompts[-1]
+    client.chat.completions.create(model=model, messages=messages)
+    assert by_effort != engine.prompts[-1]  # the thinking is on by default
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model, input=ASK, reasoning={"effort": "high"},
+                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert e.value.body["param"] == "reasoning.effort"
 
 
 def test_a_named_function_choice_needs_that_tool(qwen3):

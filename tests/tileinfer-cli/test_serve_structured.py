@@ -113,3 +113,42 @@ def test_bad_structure_is_a_400(client, body, param):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, **body)
     assert e.value.body["param"] == param
+
+
+# Properties listed out of alphabetical order: OpenAI's structured outputs write them in the
+# schema's order.
+ORDERED = {"type": "object",
+           "properties": {"zebra": {"type": "boolean"},
+                          "apple": {"type": "integer", "minimum": 0, "maximum": 9},
+                          "mango": {"enum": ["a", "b"]}},
+           "required": ["zebra", "apple", "mango"], "additionalProperties": False}
+
+
+def test_json_schema_properties_come_in_the_schemas_order(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "ordered", "schema": ORDERED,
+                                                  "strict": True}}
+    for seed in range(2):
+        r = chat(client, response_format=fmt, temperature=1.0, seed=seed, max_tokens=60)
+        assert r.choices[0].finish_reason == "stop"
+        assert list(json.loads(r.choices[0].message.content)) == list(ORDERED["properties"])
+
+
+def test_llguidance_itself_keeps_the_schemas_property_order(smollm2_dir):
+    """What the server needs of the grammar library: a schema compiled as written lets its
+    properties come in its order only (the order compile_grammar keeps, above)."""
+    import llguidance
+
+    from tileinfer import load_tokenizer
+    from tileinfer.backend.grammar import ll_tokenizer
+
+    tok = load_tokenizer(smollm2_dir)
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        json.dumps(ORDERED), defaults={"whitespace_flexible": False})
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(ll_tokenizer(tok), grammar)
+        ok = matcher.consume_tokens(tok.encode(text, add_special_tokens=False))
+        return ok and not matcher.is_error() and matcher.is_accepting()
+
+    assert accepts('{"zebra":true,"apple":3,"mango":"a"}')
+    assert not accepts('{"apple":3,"mango":"a","zebra":true}')

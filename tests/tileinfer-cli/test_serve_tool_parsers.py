@@ -146,6 +146,46 @@ def test_llama3_holds_an_answer_that_starts_like_a_call():
     assert parser.parse('{"answer": 1} and more', final=False) == ('{"answer": 1} and more', [])
 
 
+# -- cut by max_tokens ---------------------------------------------------------------------------
+
+CUTS = [  # (format, an answer max_tokens cut) -> (content, the calls' names)
+    ("qwen3", f"Hi.\n{qwen_call('f', {})}\n<tool_call>\n{{\"name\": \"g\", \"argu", ("Hi.", ["f"])),
+    ("qwen3", f"Hi.\n{qwen_call('f', {})}\n<tool_c", ("Hi.", ["f"])),
+    ("qwen3", "Hello there <tool", ("Hello there", [])),
+    ("qwen3", 'Hi <tool_call>\n{"name": "g", "arguments": {}}\n', ("Hi", ["g"])),  # JSON whole
+    ("qwen3", "a < b", ("a < b", [])),
+    ("llama3", '{"name": "f", "parameters": {}}; {"name": "g", "par', ("", ["f"])),
+    ("llama3", '{"na', ("", [])),
+    ("llama3", '{"answer": 4', ('{"answer": 4', [])),  # a JSON answer that is no call
+    ("llama3", 'Look.<|python_tag|>{"name": "f", "pa', ("Look.", [])),
+    ("llama3", "Look.<|python", ("Look.", [])),
+    ("mistral", 'Sure. [TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "g", "argu',
+     ("Sure.", ["f"])),
+    ("mistral", 'Sure. [TOOL_CALLS][{"name": "f", "arguments": {}}] and then',
+     ("Sure.\nand then", ["f"])),
+    ("mistral", "Sure. [TOOL_CALLS] not json", ("Sure. [TOOL_CALLS] not json", [])),
+]
+
+
+@pytest.mark.parametrize("name, text, expected", CUTS)
+def test_a_cut_answer_loses_the_call_it_was_writing(name, text, expected):
+    content, calls = tool_parser(name).parse(text, cut=True)
+    assert (content, [c.name for c in calls]) == expected
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_a_cut_never_takes_back_what_a_stream_sent(name):
+    """At every length, the content and calls a stream has sent are the start of the cut
+    answer's, so a stream that max_tokens ends sends no text it would have to retract."""
+    parser, text = tool_parser(name), ANSWERS[name]
+    for k in range(len(text) + 1):
+        sent, sent_calls = parser.parse(text[:k], final=False)
+        content, calls = parser.parse(text[:k], cut=True)
+        assert content.startswith(sent) and calls[:len(sent_calls)] == sent_calls, k
+        assert parser.marker not in content or parser.marker in text[:k].replace(
+            parser.marker, "", 1) or "bad" in content, (k, content)
+
+
 # -- which format ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model,expected", [("Qwen3-0.6B", "qwen3"),

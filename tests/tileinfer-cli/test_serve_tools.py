@@ -188,7 +188,7 @@ def test_tool_requests_the_server_cannot_honour_get_400(served):
              ({"tools": [{"type": "retrieval"}]}, "tools.0.type", "function"),
              ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]},
               "tools.0.function.extra", "unsupported parameter"),
-             ({"tools": {"get_weather": WEATHER}}, "tools", "list")]
+             ({"tools": {"get_weather": WEATHER}}, "tools", "expected an array")]
     for extra, param, message in cases:
         r = httpx.post(url + "/v1/chat/completions", timeout=60,
                        json={"messages": ASK, "tools": [WEATHER], **extra})
@@ -234,3 +234,67 @@ def test_tool_parser_none_leaves_the_answer_as_text(smollm2_dir, shared_dir, tmp
         assert "reads none" in r.json()["error"]["message"]
     finally:
         stop(server)
+
+
+# Where each format's second call (get_time) starts in ANSWERS: a cut a few characters later
+# leaves that call unfinished.
+SECOND_CALL = {"qwen3": "<tool_call>\n{\"name\": \"get_time\"",
+               "llama3": "{\"name\": \"get_time\"", "mistral": "{\"name\": \"get_time\""}
+
+
+def tokens_to(tokenizer, text: str, chars: int) -> int:
+    """How many of text's tokens it takes to cover its first chars characters."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return next(k for k in range(len(ids) + 1) if len(tokenizer.decode(ids[:k])) >= chars)
+
+
+@pytest.mark.parametrize("into", [3, 0])  # a few characters into the call; just its first token
+def test_a_call_cut_by_max_tokens_does_not_leak_into_the_content(served, into):
+    """max_tokens ends the answer inside its second call: the content is the text before the
+    calls, the first call stays, the unfinished one is gone, finish reason "length"; whole and
+    streamed, through the openai client."""
+    name, client, url, engine, folder = served
+    engine.script = ANSWERS[name]
+    at = ANSWERS[name].rindex(SECOND_CALL[name]) + into
+    max_tokens = tokens_to(engine.tokenizer, ANSWERS[name], at + 1)
+    kwargs = dict(model="tiny-smollm2-shape", messages=ASK, tools=[WEATHER, TIME],
+                  max_tokens=max_tokens)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length", whole
+    assert whole.message.content == "Ich sehe nach."
+    assert [c.function.name for c in whole.message.tool_calls] == ["get_weather"]
+    assert json.loads(whole.message.tool_calls[0].function.arguments) == NESTED
+    # Streamed (the client's stream helper refuses an answer cut by length: the raw chunks).
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(d.content or "" for d in deltas) == "Ich sehe nach."
+    entries = [t for d in deltas for t in d.tool_calls or ()]
+    assert [t.function.name for t in entries if t.id] == ["get_weather"]
+    assert json.loads("".join(t.function.arguments or "" for t in entries)) == NESTED
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+MARKERS = {"qwen3": "<tool_call>", "llama3": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_in_its_first_call_keeps_only_the_text_before_it(served, stream):
+    """tool_choice auto, no call complete: a cut inside the call's marker (spelled in several
+    tokens by this tokenizer) or inside the JSON after it leaves the text before the marker."""
+    name, client, url, engine, folder = served
+    text = "Ich sehe nach."
+    script = f"{text}\n{MARKERS[name]}" + '[{"name": "get_weather", "arguments": {}}]'
+    engine.script = script
+    for chars in (len(text) + 3, len(text) + 1 + len(MARKERS[name]) + 5):
+        kwargs = dict(model="tiny-smollm2-shape", messages=ASK, tools=[WEATHER],
+                      max_tokens=tokens_to(engine.tokenizer, script, chars))
+        if stream:
+            chunks = list(client.chat.completions.create(**kwargs, stream=True))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            assert not any(c.choices[0].delta.tool_calls for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.chat.completions.create(**kwargs).choices[0]
+            assert choice.message.tool_calls is None
+            content, finish = choice.message.content, choice.finish_reason
+        assert finish == "length" and content == text, (chars, content)

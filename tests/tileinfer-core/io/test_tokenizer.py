@@ -145,19 +145,37 @@ def test_stream_holds_back_a_split_character(tok):
     assert stream.end() == ""
 
 
-def test_stream_end_prints_an_unfinished_character_as_replacement(tok):
+def test_stream_end_drops_a_character_the_end_cut(tok):
+    """A character cut by the end of the answer has no text: end() prints the text before it
+    (decode, which converts whatever it is given, shows it as U+FFFD)."""
     text, ids, cut = split_character_ids(tok)
     out = io.StringIO()
     stream = TextStream(tok, out)
     for i in ids[:cut]:
         stream.put(i)
     stream.end()
-    assert out.getvalue() == tok.decode(ids[:cut])
+    assert out.getvalue() == tok.decode(ids[:cut]).rstrip("\ufffd")
+    assert text.startswith(out.getvalue())
     # end() starts afresh: the stream can print the next reply.
     for i in tok.encode("ok", add_special_tokens=False):
         stream.put(i)
     stream.end()
     assert out.getvalue().endswith("ok")
+
+
+def test_stream_end_keeps_bytes_that_are_no_utf8_as_replacement(tok):
+    """A lone continuation byte can start no character: it stays U+FFFD, the cut character after
+    it goes."""
+    from tileinfer.io.tokenizer import byte_to_unicode
+
+    stray = tok.token_to_id(byte_to_unicode()[0x80])
+    _, ids, cut = split_character_ids(tok)
+    out = io.StringIO()
+    stream = TextStream(tok, out)
+    for i in [*tok.encode("a", add_special_tokens=False), stray, *ids[:cut]]:
+        stream.put(i)
+    stream.end()
+    assert out.getvalue() == "a\ufffd" + tok.decode(ids[:cut]).rstrip("\ufffd")
 
 
 def test_stream_can_skip_special_tokens(tok):

@@ -7,6 +7,7 @@ One concept per module:
     loading.py    the served model: its tokenizer, template and defaults; its weights (a folder's,
                   or random ones of its shape: dummy)
     engine_build.py  the engine: in a process of its own (EngineProcess) or on a thread
+    strict.py     the requests' base model: unknown fields and values of another JSON type refused
     schemas.py    pydantic models of the requests
     responses.py  pydantic models of the answers, chunks and model cards
     responses_request.py  a /v1/responses request (OpenAI's Responses API) and the chat
@@ -19,6 +20,7 @@ One concept per module:
     ollama_format.py   their answers: one object, or newline-delimited JSON
     defaults.py   the sampling defaults (generation_config.json's, else OpenAI's)
     template.py   the chat template, and a request's messages and tools as its input
+    effort.py     reasoning_effort as the template's enable_thinking
     tools.py      a request's tools and tool_choice
     tool_parsers.py  tool calls in a model's answer, per format (llama3, qwen3, mistral)
     tool_output.py   an answer's tool calls: ids, the whole message, the stream's deltas

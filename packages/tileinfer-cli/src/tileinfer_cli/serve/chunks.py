@@ -40,8 +40,10 @@ def whole_answer(plan, c) -> tuple[str | None, str | None, list[dict], str | Non
     if plan.reasoning:
         thought, content = reasoning.split(content, plan.thinking)
     if plan.tools is not None and content:
-        said, found = tool_output.message(plan.tools, content, plan.max_tool_calls)
-        if found:  # an answer without calls keeps its text as it is
+        cut = c.finish_reason == "length"
+        said, found = tool_output.message(plan.tools, content, plan.max_tool_calls, cut)
+        # An answer without calls keeps its text as it is, unless a cut call leaves it.
+        if found or cut:
             content, calls = said, found
     return thought, content, calls, tool_output.finish_reason(c.finish_reason, bool(calls))
 
@@ -100,7 +102,7 @@ class ChatFormat(_Format):
         if choice.reasoning is not None:
             thought, text = choice.reasoning.feed(text, finish is not None)
         if choice.tools is not None:
-            text, calls = choice.tools.feed(text, finish is not None)
+            text, calls = choice.tools.feed(text, finish)
             finish = tool_output.finish_reason(finish, choice.tools.called)
         # The delta's fields: reasoning, content, then each tool-call entry in a chunk of its own.
         fields = [f'"content":{_dumps(text)}'] if text or not (calls or thought) else []

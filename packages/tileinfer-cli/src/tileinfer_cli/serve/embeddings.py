@@ -20,16 +20,15 @@ import base64
 import struct
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..embedding import embedding
 from .errors import bad_request
 from .prepare import Plan, token_prompts
+from .strict import Strict
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EmbeddingRequest(Strict):
     model: str | None = None
     input: str | list[int] | list[str] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

@@ -86,7 +86,7 @@ class OllamaFormat:
             if choice.reasoning is not None:
                 thought, text = choice.reasoning.feed(text, final)
             if choice.tools is not None:
-                text, call_deltas = choice.tools.feed(text, final)
+                text, call_deltas = choice.tools.feed(text, finish)
                 # ToolStream's two deltas a call: its name, then its arguments.
                 calls = [{"function": {"name": first["function"]["name"],
                                        "arguments": rest["function"]["arguments"]}}

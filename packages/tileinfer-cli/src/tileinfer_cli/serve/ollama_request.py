@@ -20,20 +20,17 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from .embeddings import EmbeddingRequest, plan_embeddings
 from .errors import bad_request
 from .prepare import plan_chat, plan_completion
 from .schemas import ChatRequest, CompletionRequest, _neutral
+from .strict import Strict
 from .validation import parse
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Options(_Strict):
+class Options(Strict):
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -93,19 +90,19 @@ class Options(_Strict):
         return out
 
 
-class ToolFunctionCall(_Strict):
+class ToolFunctionCall(Strict):
     name: str
     arguments: dict | str
     index: int | None = None
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     function: ToolFunctionCall
     id: str | None = None
     type: Literal["function"] | None = None
 
 
-class Message(_Strict):
+class Message(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     thinking: str | None = None
@@ -119,7 +116,7 @@ class Message(_Strict):
         return _neutral(info.field_name, v, (None, []))
 
 
-class _Common(_Strict):
+class _Common(Strict):
     model: str | None = None
     format: Literal["", "json"] | dict | None = None
     options: Options | None = None
@@ -167,7 +164,7 @@ class OllamaGenerateRequest(_Common):
         return _neutral(info.field_name, v, (None, []))
 
 
-class OllamaEmbedRequest(_Strict):
+class OllamaEmbedRequest(Strict):
     model: str | None = None
     input: str | list[str]
     truncate: bool | None = None  # an input past the context is refused either way

@@ -96,7 +96,7 @@ def choice_seed(seed: int, j: int) -> int:
 def chat_prompt_ids(served, req: ChatRequest) -> tuple[str, list[int]]:
     """The chat request's prompt: its text and token ids."""
     check_tools(req.tools, req.tool_choice)
-    text = served.template.render(req.messages, req.chat_template_kwargs,
+    text = served.template.render(req.messages, req.template_kwargs(),
                                   req.add_generation_prompt, offered(req.tools, req.tool_choice),
                                   req.continue_final_message)
     try:

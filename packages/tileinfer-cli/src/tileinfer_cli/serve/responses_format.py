@@ -74,7 +74,8 @@ class ResponsesFormat:
             "model": self.model_name, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                          "summary": None},
             "store": self.kept(job), "temperature": plan.sampling.temperature,
             "top_p": plan.sampling.top_p, "top_logprobs": req.top_logprobs or 0,
             "text": {"format": req.text_format()},
@@ -178,7 +179,7 @@ class ResponseStream:
         if choice.reasoning is not None:
             thought, text = choice.reasoning.feed(text, final)
         if choice.tools is not None:
-            text, calls = choice.tools.feed(text, final)
+            text, calls = choice.tools.feed(text, finish)
         if lps and self.job.plan.logprobs is not None:
             self.pending_lps += chat_entries(self.fmt.texts, lps)
         if thought:

@@ -4,11 +4,13 @@ The Responses API is the chat with other names: ``input`` (a text, or a list of 
 earlier function calls and their outputs, earlier reasoning) and ``instructions`` (a system
 message before them) make the conversation; ``max_output_tokens`` is ``max_tokens``; function
 tools are flat (``{"type": "function", "name", "parameters"}``); ``text.format`` is the
-``response_format``. So a request is checked here, turned into the ``ChatRequest`` it means
-(``chat_request``) and planned as one; only the answer's shape differs
-(``responses_format.py``). A client may send an earlier response's output items back as they
-came (ids, statuses, annotations and all): an assistant message, the function calls after it
-and the reasoning before it become one assistant turn, each call's output a tool turn.
+``response_format``; ``reasoning.effort`` is ``reasoning_effort``; the hints
+``prompt_cache_key`` and ``safety_identifier`` are taken and ignored. So a request is checked
+here, turned into the ``ChatRequest`` it means (``chat_request``) and planned as one; only the
+answer's shape differs (``responses_format.py``). A client may send an earlier response's
+output items back as they came (ids, statuses, annotations and all): an assistant message, the
+function calls after it and the reasoning before it become one assistant turn, each call's
+output a tool turn.
 
 Responses are kept (``store``, true unless the request says false) in the server's memory
 (``responses_store.py``), so a request may go on from one with ``previous_response_id``: its
@@ -22,29 +24,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
-                      field_validator)
+from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator
 
+from .effort import Effort, template_kwargs
 from .errors import bad_request
 from .prepare import plan_chat
 from .schemas import MAX_CHAT_TOP_LOGPROBS, ChatRequest, _neutral, check_template_kwargs
+from .strict import Strict
 from .validation import parse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # -- input items ----------------------------------------------------------------------------------
 
-class InputText(_Strict):
+class InputText(Strict):
     type: Literal["input_text"]
     text: str
 
 
-class OutputText(_Strict):
+class OutputText(Strict):
     """An earlier answer's text, as the API gave it."""
 
     type: Literal["output_text"]
@@ -53,7 +52,7 @@ class OutputText(_Strict):
     logprobs: list | None = None
 
 
-class InputMessage(_Strict):
+class InputMessage(Strict):
     """A message: the short form (role and content) or an output message sent back."""
 
     type: Literal["message"] = "message"
@@ -69,7 +68,7 @@ class InputMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class FunctionCallItem(_Strict):
+class FunctionCallItem(Strict):
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -78,7 +77,7 @@ class FunctionCallItem(_Strict):
     status: str | None = None
 
 
-class FunctionCallOutput(_Strict):
+class FunctionCallOutput(Strict):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[InputText]
@@ -91,17 +90,17 @@ class FunctionCallOutput(_Strict):
         return "".join(part.text for part in self.output)
 
 
-class SummaryText(_Strict):
+class SummaryText(Strict):
     type: Literal["summary_text"]
     text: str
 
 
-class ReasoningText(_Strict):
+class ReasoningText(Strict):
     type: Literal["reasoning_text"]
     text: str
 
 
-class ReasoningItem(_Strict):
+class ReasoningItem(Strict):
     type: Literal["reasoning"]
     summary: list[SummaryText] = []
     content: list[ReasoningText] | None = None
@@ -130,7 +129,7 @@ InputItem = Annotated[
 
 # -- tools, text format ---------------------------------------------------------------------------
 
-class FunctionTool(_Strict):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: str = Field(min_length=1)
     description: str | None = None
@@ -138,12 +137,12 @@ class FunctionTool(_Strict):
     strict: bool | None = None
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None  # json_schema's
     schema_: dict | None = Field(None, alias="schema")
@@ -151,20 +150,21 @@ class TextFormat(_Strict):
     strict: bool | None = None
 
 
-class TextOptions(_Strict):
+class TextOptions(Strict):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # the only length this server has
 
 
-class Reasoning(_Strict):
-    """Accepted when it asks for nothing: a thinking model's reasoning comes back as it is."""
+class Reasoning(Strict):
+    """effort: the chat's reasoning_effort (``effort.py``); a summary is not made here (a
+    thinking model's reasoning comes back as it is), so the others are accepted as null."""
 
-    effort: None = None
+    effort: Effort | None = None
     summary: None = None
     generate_summary: None = None
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     model: str | None = None
     input: str | list[InputItem] = Field(min_length=1)
     instructions: str | None = None
@@ -305,6 +305,10 @@ def chat_request(req: ResponsesRequest, history: list[dict] = ()) -> ChatRequest
             body[name] = value
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if effort is not None:
+        template_kwargs(effort, req.chat_template_kwargs, "reasoning.effort")  # names its field
+        body["reasoning_effort"] = effort
     if req.logprobs:
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     if req.tools is not None:

@@ -1,9 +1,10 @@
 """The request schemas (pydantic), a subset of OpenAI's.
 
 Requests forbid unknown fields: a parameter this server does not implement is refused with a
-400 that names it, never ignored. A few OpenAI parameters are accepted only with the value that
-changes nothing (``suffix: null``, ...), because clients send those defaults explicitly; any
-other value is refused by name. ``tools`` and ``tool_choice`` are described in ``tools.py``.
+400 that names it, never ignored; a value of the wrong JSON type too (``strict.py``). A few
+OpenAI parameters are accepted only with the value that changes nothing (``suffix: null``,
+...), because clients send those defaults explicitly; any other value is refused by name.
+``tools`` and ``tool_choice`` are described in ``tools.py``.
 
 Logit processing (``tileinfer.SamplingParams``): OpenAI's ``presence_penalty`` and
 ``frequency_penalty`` (in [-2, 2]) and ``logit_bias`` (token ids as strings -> a bias in
@@ -17,7 +18,9 @@ strings still end it), ``stop_token_ids`` (more tokens that end the answer, igno
 the structured outputs ``structured_outputs`` and the older ``guided_json``, ``guided_regex``,
 ``guided_choice``, ``guided_grammar`` beside OpenAI's ``response_format`` (``structured.py``).
 OpenAI's ``store``, ``service_tier`` and ``metadata`` are taken where they ask for nothing this
-server would have to do (store false, the default tier; metadata is not kept).
+server would have to do (store false, the default tier; metadata is not kept), as are the chat's
+hints ``prompt_cache_key`` and ``safety_identifier`` (ignored); its ``reasoning_effort`` turns a
+thinking model's thinking on or off (``effort.py``).
 
 The responses are in ``responses.py``.
 """
@@ -28,8 +31,10 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from .effort import Effort, template_kwargs
+from .strict import Strict
 from .tools import Tool, ToolChoice
 
 MAX_N = 16  # choices per request
@@ -55,23 +60,19 @@ def check_template_kwargs(v):
     return v
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # -- requests ---------------------------------------------------------------------------------
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ToolCallFunction(_Strict):
+class ToolCallFunction(Strict):
     name: str
     arguments: str | dict  # OpenAI sends a JSON string
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     """A tool call of an earlier assistant turn, as a client gives it back."""
 
     id: str
@@ -79,7 +80,7 @@ class ToolCall(_Strict):
     function: ToolCallFunction
 
 
-class Message(_Strict):
+class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None: an assistant turn of tool calls only
     name: str | None = None
@@ -140,7 +141,7 @@ class Message(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
@@ -157,7 +158,7 @@ def _neutral(name: str, value, neutral: tuple):
     return value
 
 
-class _Sampling(_Strict):
+class _Sampling(Strict):
     """What chat and completions requests share."""
 
     model: str | None = None
@@ -233,7 +234,7 @@ class _Sampling(_Strict):
         return list(self.stop or [])
 
 
-class OpenFinalMessage(BaseModel):
+class OpenFinalMessage(Strict):
     """vLLM's chat flags: add_generation_prompt opens an assistant turn after the messages;
     continue_final_message instead leaves the final message open for the model to continue (a
     prefill of the answer). continue_final_message alone turns the generation prompt off; both
@@ -262,11 +263,20 @@ class ChatRequest(_Sampling, OpenFinalMessage):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: Effort | None = None  # a thinking model's switch (effort.py)
+    # Hints for OpenAI's own prompt cache and abuse checks: the prefix cache needs no key.
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = Field(None, max_length=256)
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v):
         return check_template_kwargs(v)
+
+    def template_kwargs(self) -> dict | None:
+        """The chat template's kwargs: chat_template_kwargs, and the effort's thinking switch."""
+        return template_kwargs(self.reasoning_effort, self.chat_template_kwargs,
+                               "reasoning_effort")
 
     @field_validator("logprobs", mode="before")
     @classmethod

@@ -2,8 +2,11 @@
 
 Decoding is incremental, as ``tileinfer.TextStream`` does it (``tokenizers``' ``DecodeStream``,
 which holds back a token that ends inside a multi-byte character until the character
-completes; at the end, what is still held is decoded with U+FFFD for an unfinished character),
-written out here to skip TextStream's per-token checks on the server's hot path. ``StopWriter``
+completes), written out here to skip TextStream's per-token checks on the server's hot path.
+At the end, what is still held is decoded from its bytes (``Tokenizer.tail_text``): a
+character that the end of the answer cut (max_tokens, a stop token) has no text, so it is
+dropped rather than shown as U+FFFD, while bytes that are not UTF-8 at all still are.
+``StopWriter``
 (the CLI's ``--stop``) then holds back any tail that could start a stop string and ends the
 text before the first one found. So every piece ``take()`` returns is whole characters, and the
 pieces add up to exactly the text of a non-streamed answer, however the tokens were grouped
@@ -71,16 +74,22 @@ class ChoiceText:
     def end(self) -> bool:
         """No more tokens: release what was held back. True if that completed a stop string."""
         found = False
-        if self._held:  # as TextStream.end: the whole text's tail past what was given
-            full = self._tokenizer.decode(self._ids)
-            given = "".join(self._decoded)
-            tail = full[len(given):] if full.startswith(given) else \
-                self._tokenizer.decode(self._ids[len(self._ids) - self._held:])
+        if self._held:
+            found = self._put(self._tail())
             self._held = 0
-            found = self._put(tail)
         if self._writer is not None:
             self._writer.end()
         return found
+
+    def _tail(self) -> str:
+        """The text of the tokens held back at the end."""
+        held = self._ids[len(self._ids) - self._held:]
+        tail = self._tokenizer.tail_text(held)
+        if tail is not None:
+            return tail
+        # Else as TextStream.end: the whole text's tail past what was given.
+        full, given = self._tokenizer.decode(self._ids), "".join(self._decoded)
+        return full[len(given):] if full.startswith(given) else self._tokenizer.decode(held)
 
     def take(self) -> str:
         """The text added since the last take."""

@@ -16,26 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from .errors import bad_request
 from .schemas import Message, OpenFinalMessage, check_template_kwargs
+from .strict import Strict
 from .tools import Tool, check_tools, offered
 from .validation import parse
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TokenizePrompt(_Strict):
+class TokenizePrompt(Strict):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
     return_token_strs: bool = False
 
 
-class TokenizeChat(_Strict, OpenFinalMessage):
+class TokenizeChat(OpenFinalMessage):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     add_special_tokens: bool = False
@@ -49,7 +46,7 @@ class TokenizeChat(_Strict, OpenFinalMessage):
         return check_template_kwargs(v)
 
 
-class Detokenize(_Strict):
+class Detokenize(Strict):
     model: str | None = None
     tokens: list[int]
 

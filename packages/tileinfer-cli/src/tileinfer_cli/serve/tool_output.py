@@ -9,7 +9,8 @@ Streamed, a choice's text goes through ``ToolStream``: content as soon as the pa
 is content, and each call once its JSON is complete (the model's JSON is checked before it is
 sent: malformed JSON stays content). A call goes out in two deltas, as the ``openai`` client
 accumulates them: ``{index, id, type, function: {name, arguments: ""}}``, then ``{index,
-function: {arguments}}``.
+function: {arguments}}``. An answer that max_tokens cut (finish reason ``"length"``, which it
+keeps) loses the call it was writing, whole and streamed (``tool_parsers``' ``cut``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ def finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def message(parser, text: str, max_calls: int | None) -> tuple[str | None, list[dict]]:
-    """A whole answer's content (None when empty) and tool calls."""
-    content, calls = parser.parse(text, final=True)
+def message(parser, text: str, max_calls: int | None,
+            cut: bool = False) -> tuple[str | None, list[dict]]:
+    """A whole answer's content (None when empty) and tool calls; cut: max_tokens ended it."""
+    content, calls = parser.parse(text, final=True, cut=cut)
     return content or None, as_tool_calls(parser, calls[:max_calls])
 
 
@@ -52,13 +54,14 @@ class ToolStream:
         self.content_sent = 0
         self.calls_sent = 0
 
-    def feed(self, piece: str, final: bool) -> tuple[str, list[dict]]:
+    def feed(self, piece: str, finish: str | None) -> tuple[str, list[dict]]:
         """The content and the calls (as their deltas' tool_calls entries) that the choice's
-        new text piece settles; final: the choice has ended."""
+        new text piece settles; finish: the choice's finish reason once it has ended."""
+        final = finish is not None
         if not piece and not final:
             return "", []
         self.text += piece
-        content, calls = self.parser.parse(self.text, final)
+        content, calls = self.parser.parse(self.text, final, cut=finish == "length")
         new_content = content[self.content_sent:]
         self.content_sent = len(content)
         calls = calls[self.calls_sent:self.max_calls]

@@ -15,6 +15,13 @@ parse holds back what more text could change: everything from a call's marker (o
 that may be the start of one) on, and the content's trailing white space (a call after it would
 drop it). So each parse's content is a prefix of the next one's and its calls are the first of
 the next one's: a stream sends the differences.
+
+An answer that max_tokens cut (``cut``) ends where it ends: a call it was writing (a marker
+and JSON that does not parse, or a tail that may be the start of a marker) is dropped, not
+kept as content, as is the white space before it; the calls before it stay. Mistral's list
+keeps the calls it completed. Llama 3's call without ``<|python_tag|>`` is a JSON object as the
+whole answer, which a JSON answer may also be: a cut one counts as a call only when it starts
+as the format writes one (``{"name":``, or a start of that) or follows a call.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from dataclasses import dataclass
 
 PARSERS = ("llama3", "qwen3", "mistral")
 _decoder = json.JSONDecoder()
+# How Llama 3 starts a call object (white space aside): a cut answer that starts so, or that
+# is cut before it could, was a call.
+_CALL_HEAD = '{"name":'
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,14 @@ def _call(value, argument_keys) -> ParsedCall | None:
     return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
+class _Unfinished:
+    """Where a call that max_tokens cut stood: it is dropped, but the content around it is
+    stripped as around a call."""
+
+
+UNFINISHED = _Unfinished()
+
+
 def _held(text: str, marker: str) -> int:
     """How many of text's last characters may be the start of marker."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -58,8 +76,15 @@ def _held(text: str, marker: str) -> int:
     return 0
 
 
+def _cut_tail(text: str, marker: str, cut: bool) -> list:
+    """A final answer's text after its last call: at a cut, less a tail that may be the start
+    of the marker (UNFINISHED in its place)."""
+    held = _held(text, marker) if cut else 0
+    return [text[:len(text) - held], UNFINISHED] if held else [text]
+
+
 def _assemble(items: list, final: bool) -> tuple[str, list[ParsedCall]]:
-    """Content and calls from the answer's pieces in order (texts and calls)."""
+    """Content and calls from the answer's pieces in order (texts, calls and UNFINISHED)."""
     merged: list = []
     for item in items:
         if isinstance(item, str) and merged and isinstance(merged[-1], str):
@@ -68,12 +93,12 @@ def _assemble(items: list, final: bool) -> tuple[str, list[ParsedCall]]:
             merged.append(item)
     content = []
     for i, item in enumerate(merged):
-        if isinstance(item, ParsedCall):
+        if not isinstance(item, str):
             continue
         if i > 0:
             item = item.lstrip()
         last = i == len(merged) - 1
-        if (last and not final) or (not last and isinstance(merged[i + 1], ParsedCall)):
+        if (last and not final) or (not last and not isinstance(merged[i + 1], str)):
             item = item.rstrip()
         if item:
             content.append(item)
@@ -84,10 +109,13 @@ class ToolParser:
     name = ""
     marker = ""
 
-    def parse(self, text: str, final: bool = True) -> tuple[str, list[ParsedCall]]:
-        return _assemble(self._items(text, final), final)
+    def parse(self, text: str, final: bool = True,
+              cut: bool = False) -> tuple[str, list[ParsedCall]]:
+        """(content, calls) of an answer so far (final: the whole answer; cut: max_tokens ended
+        it, see the module's doc)."""
+        return _assemble(self._items(text, final, final and cut), final)
 
-    def _items(self, text: str, final: bool) -> list:
+    def _items(self, text: str, final: bool, cut: bool) -> list:
         raise NotImplementedError
 
 
@@ -100,7 +128,7 @@ class _JSONValues(ToolParser):
     def _calls(self, value) -> list[ParsedCall] | None:
         raise NotImplementedError
 
-    def _values(self, text: str, start: int, pos: int, final: bool) -> list:
+    def _values(self, text: str, start: int, pos: int, final: bool, cut: bool) -> list:
         """The calls in text from pos on; start: where the text kept as content begins if the
         next value is not a call (the marker's place, or the end of the call before)."""
         items = []
@@ -111,12 +139,14 @@ class _JSONValues(ToolParser):
                 start = pos
             if pos == len(text):
                 if final:
-                    items.append(text[start:])
+                    items.append(UNFINISHED if cut and start < pos else text[start:])
                 return items
             try:
                 value, end = _decoder.raw_decode(text, pos)
             except (ValueError, RecursionError):  # malformed, or not complete yet
-                if final:
+                if cut and self._was_call(text, start, pos, bool(items)):
+                    items += [*self._completed(text, pos), UNFINISHED]
+                elif final:
                     items.append(text[start:])
                 return items
             calls = self._calls(value)
@@ -126,8 +156,20 @@ class _JSONValues(ToolParser):
             items.extend(calls)
             start = pos = end
 
-    def _before_marker(self, text: str, final: bool) -> list:
-        return [text if final else text[:len(text) - _held(text, self.marker)]]
+    def _was_call(self, text: str, start: int, pos: int, after_call: bool) -> bool:
+        """Whether the value at pos that does not parse (content from start) is a call that was
+        cut: JSON begun after the marker or after a call (other text stays content)."""
+        return text.startswith(("{", "["), pos) \
+            and (after_call or text.startswith(self.marker, start))
+
+    def _completed(self, text: str, pos: int) -> list[ParsedCall]:
+        """The calls an unfinished value at pos completed before it was cut."""
+        return []
+
+    def _before_marker(self, text: str, final: bool, cut: bool) -> list:
+        if final:
+            return _cut_tail(text, self.marker, cut)
+        return [text[:len(text) - _held(text, self.marker)]]
 
 
 class Llama3Parser(_JSONValues):
@@ -140,15 +182,20 @@ class Llama3Parser(_JSONValues):
         call = _call(value, self.argument_keys)
         return [call] if call else None
 
-    def _items(self, text, final):
+    def _was_call(self, text, start, pos, after_call):
+        head = "".join(text[pos:pos + 4 * len(_CALL_HEAD)].split())
+        return super()._was_call(text, start, pos, after_call) \
+            or head.startswith(_CALL_HEAD) or _CALL_HEAD.startswith(head)
+
+    def _items(self, text, final, cut):
         i = text.find(self.marker)
         if i >= 0:
-            return [text[:i], *self._values(text, i, i + len(self.marker), final)]
+            return [text[:i], *self._values(text, i, i + len(self.marker), final, cut)]
         if text.lstrip().startswith("{"):  # the whole answer is a call, or not one
-            return self._values(text, 0, 0, final)
+            return self._values(text, 0, 0, final, cut)
         if not final and not text.strip():
             return []  # it may yet start with "{"
-        return self._before_marker(text, final)
+        return self._before_marker(text, final, cut)
 
 
 class MistralParser(_JSONValues):
@@ -161,11 +208,28 @@ class MistralParser(_JSONValues):
         calls = [_call(v, self.argument_keys) for v in values]
         return calls if calls and all(calls) else None
 
-    def _items(self, text, final):
+    def _completed(self, text, pos):
+        """The whole call objects at the start of a cut list."""
+        calls, pos = [], pos + 1
+        if not text.startswith("[", pos - 1):
+            return calls
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            try:
+                value, pos = _decoder.raw_decode(text, pos)
+            except (ValueError, RecursionError):
+                return calls
+            call = _call(value, self.argument_keys)
+            if call is None:
+                return calls
+            calls.append(call)
+
+    def _items(self, text, final, cut):
         i = text.find(self.marker)
         if i < 0:
-            return self._before_marker(text, final)
-        return [text[:i], *self._values(text, i, i + len(self.marker), final)]
+            return self._before_marker(text, final, cut)
+        return [text[:i], *self._values(text, i, i + len(self.marker), final, cut)]
 
 
 class Qwen3Parser(ToolParser):
@@ -179,19 +243,21 @@ class Qwen3Parser(ToolParser):
         except (ValueError, RecursionError):
             return None
 
-    def _items(self, text, final):
+    def _items(self, text, final, cut):
         items, pos = [], 0
         while True:
             i = text.find(self.marker, pos)
             if i < 0:
                 rest = text[pos:]
-                items.append(rest if final else rest[:len(rest) - _held(rest, self.marker)])
-                return items
+                if final:
+                    return items + _cut_tail(rest, self.marker, cut)
+                return items + [rest[:len(rest) - _held(rest, self.marker)]]
             items.append(text[pos:i])
             j = text.find(self.end, i)
             if j < 0:  # not closed: a call only if the answer ended right after its JSON
                 if final:
-                    items.append(self._block(text[i + len(self.marker):]) or text[i:])
+                    items.append(self._block(text[i + len(self.marker):])
+                                 or (UNFINISHED if cut else text[i:]))
                 return items
             pos = j + len(self.end)
             items.append(self._block(text[i + len(self.marker):j]) or text[i:pos])

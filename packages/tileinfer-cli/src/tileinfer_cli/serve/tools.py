@@ -14,22 +14,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from .errors import bad_request
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from .strict import Strict
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Strict):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict | None = None  # a JSON schema
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
     _sent: dict = PrivateAttr(default_factory=dict)
@@ -46,11 +44,11 @@ class Tool(_Strict):
         return self._sent or self.model_dump(exclude_unset=True)
 
 
-class FunctionName(_Strict):
+class FunctionName(Strict):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: FunctionName
 

@@ -170,7 +170,9 @@ def _schema_text(schema) -> str:
     if not isinstance(schema, dict):
         raise GrammarError(f"json_schema must be a JSON object (a schema), got "
                            f"{type(schema).__name__}")
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    # the keys in the order given: llguidance writes an object's properties in its schema's
+    # order (as OpenAI's structured outputs do), and two orders are two grammars in the cache
+    return json.dumps(schema, separators=(",", ":"))
 
 
 def _compile(kind: str, spec: str, ll_tok, think: str | None = None) -> str:

@@ -9,6 +9,8 @@ the exact bytes of any run of tokens (the pieces of a split character concatenat
 
 from __future__ import annotations
 
+import codecs
+import re
 import sys
 from collections.abc import Iterable
 from functools import cached_property
@@ -21,6 +23,7 @@ from tokenizers.decoders import DecodeStream
 from .tokenizer_config import special_tokens
 
 LONG_TEXT = 16384  # characters: longer texts are encoded without holding the GIL
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback tokens
 
 
 def check_unicode(text: str, what: str = "the text") -> str:
@@ -131,6 +134,23 @@ class Tokenizer:
         skip = self.special_ids if skip_special_tokens else frozenset()
         return b"".join(self._token_bytes[i] for i in ids if i not in skip)
 
+    def tail_text(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str | None:
+        """The text of the tokens a stream still holds at the end of an answer (each of them
+        ends inside a character): a character that the end cut (max_tokens, a stop token) has
+        no text and is dropped, while bytes that no continuation could make UTF-8 stay U+FFFD.
+        None where the tokens' bytes are unknown: neither byte-level BPE nor byte tokens
+        (``<0xE2>``) alone."""
+        ids = self._check_ids(ids)
+        if self._token_bytes is not None:
+            raw = self.decode_bytes(ids, skip_special_tokens)
+        else:
+            found = [_BYTE_TOKEN.fullmatch(self.id_to_token(i) or "") for i in ids]
+            if not all(found):
+                return None
+            raw = bytes(int(m[1], 16) for m in found)
+        # not final: the decoder keeps an unfinished character's bytes to itself
+        return codecs.getincrementaldecoder("utf-8")("replace").decode(raw)
+
     @cached_property
     def _token_bytes(self) -> list[bytes] | None:
         """Bytes of every token id for a byte-level decoder, else None.
@@ -177,8 +197,8 @@ class TextStream:
 
     A token that ends inside a multi-byte character prints nothing until the character is
     complete (the library's ``DecodeStream`` does the holding back); ``end()`` prints whatever is
-    still held, with U+FFFD for a character that never completed. ``put`` can be passed as a
-    generation's ``on_token`` callback.
+    still held (``Tokenizer.tail_text``: a character the end cut is dropped, not U+FFFD).
+    ``put`` can be passed as a generation's ``on_token`` callback.
     """
 
     def __init__(self, tokenizer: Tokenizer, file: TextIO | None = None, *, skip_special_tokens: bool = False):
@@ -215,13 +235,15 @@ class TextStream:
         """Print what is held back, then start afresh. Returns the text printed now."""
         tail = ""
         if self._held:
-            full = self.tokenizer.decode(self._ids, skip_special_tokens=self.skip_special_tokens)
-            printed = self.text
-            if full.startswith(printed):
-                tail = full[len(printed) :]
-            else:  # the decoder rewrote earlier text (not seen in practice): print the held tokens alone
-                held = self._ids[len(self._ids) - self._held :]
-                tail = self.tokenizer.decode(held, skip_special_tokens=self.skip_special_tokens)
+            held = self._ids[len(self._ids) - self._held :]
+            tail = self.tokenizer.tail_text(held, self.skip_special_tokens)
+            if tail is None:  # bytes unknown: the whole text's tail past what was printed
+                full = self.tokenizer.decode(self._ids, skip_special_tokens=self.skip_special_tokens)
+                printed = self.text
+                if full.startswith(printed):
+                    tail = full[len(printed) :]
+                else:  # the decoder rewrote earlier text (not seen in practice): the held tokens alone
+                    tail = self.tokenizer.decode(held, skip_special_tokens=self.skip_special_tokens)
             self._write(tail)
         self._reset()
         return tail
