@@ -2,11 +2,13 @@
 (prompt_toolkit), multi-line messages (\"\"\" blocks, pastes), no prompts when piped, --stop,
 /set, a clear note when the context is full, and /stats that forgets a /reset conversation."""
 
+import argparse
 import io
+import re
 
 import pytest
 
-from cli_helpers import tileinfer
+from cli_helpers import assert_one_line_error, tileinfer
 from tileinfer_cli.chat_input import PipedInput, TerminalInput, read_turn
 
 # --- reading turns -------------------------------------------------------------------------------
@@ -30,7 +32,15 @@ def test_a_fenced_block_is_one_turn():
     assert read_turn(read) == "next"
     assert read_turn(lines_of('"""opening text', 'closing text"""')) == "opening text\nclosing text"
     assert read_turn(lines_of('"""one line"""')) == "one line"
-    with pytest.raises(EOFError):  # an unclosed block at the end of input
+    with pytest.raises(EOFError):  # the end of the input between turns
+        read_turn(lines_of())
+
+
+def test_input_that_ends_inside_a_block_is_an_error_not_a_silent_loss():
+    from tileinfer_cli.errors import UserError
+
+    # Before: the block's text was dropped and the chat ended with exit code 0.
+    with pytest.raises(UserError, match='the input ended inside a """ block'):
         read_turn(lines_of('"""', "never closed"))
 
 
@@ -116,9 +126,9 @@ def test_full_context_is_said_in_cli_words_and_changes_nothing(tiny_model):
     assert session.messages == before
 
 
-def chat(home, script, *args):
+def chat(home, script, *args, code=0):
     result = tileinfer("chat", "-m", "tiny", *args, stdin=script, env=home)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == code, result.stderr
     return result.stdout
 
 
@@ -131,11 +141,15 @@ def test_piped_chat_writes_no_prompts_and_stats_forget_a_reset(tiny_home):
 
 
 def test_context_full_note_in_the_chat(tiny_home):
-    out = chat(tiny_home, "the thin\n" + "the thin " * 20 + "\n", "--max-len", "24", "-n", "50")
+    result = tileinfer("chat", "-m", "tiny", "--max-len", "24", "-n", "50",
+                       stdin="the thin\n" + "the thin " * 20 + "\n", env=tiny_home)
     assert ("(the reply was cut: the conversation filled the 24 tokens of --max-len; /reset "
-            "starts over") in out
-    assert "more than the 24 of --max-len: /reset starts over" in out
-    assert "PromptTooLongError" not in out and "max_tokens" not in out
+            "starts over") in result.stdout
+    # The message that does not fit is a failed line: said on stderr, exit code 2.
+    assert_one_line_error(result, "^tileinfer: error: line 2: the conversation is [0-9]+ tokens "
+                                  "with this message, more than the 24 of --max-len: /reset "
+                                  "starts over")
+    assert "PromptTooLongError" not in result.stderr and "max_tokens" not in result.stderr
 
 
 def test_set_changes_sampling_the_way_the_flags_would(tiny_home, tiny_model):
@@ -153,16 +167,32 @@ def test_set_changes_sampling_the_way_the_flags_would(tiny_home, tiny_model):
     assert "\n".join(lines[4:]).rstrip("\n") == reference.rstrip("\n")
 
 
-def test_set_system_and_unknown_keys(tiny_home, tiny_model):
+def test_set_system(tiny_home, tiny_model):
     from tileinfer import ChatMessage
 
-    out = chat(tiny_home, "/set system Be brief.\n/set\n/set top_q 1\n/set top_p 7\nthe thin\n"
-                          "/stats\n", "-n", "1")
+    out = chat(tiny_home, "/set system Be brief.\n/set\nthe thin\n/stats\n", "-n", "1")
     expected = len(session_of(tiny_model).prompt_ids([ChatMessage("system", "Be brief."),
                                                       ChatMessage("user", "the thin")]))
     assert f"reused 0 cached prompt tokens, prefilled {expected}," in out
     assert "(system message set)" in out
     assert "system='Be brief.'" in out
-    assert ("error: unknown option 'top_q'; the options are temperature, top_p, top_k, seed, "
-            "max_tokens") in out
-    assert "error: top_p: 7 is out of range" in out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("/set top_q 1", "unknown option 'top_q'; the options are temperature, top_p, top_k, seed, "
+                     "max_tokens"),
+    ("/set top_p 7", "top_p: 7 is out of range"),
+    ("/bad-command", "unknown command '/bad-command'; commands: /set KEY VALUE"),
+])
+def test_a_failed_command_changes_nothing(tiny_model, line, message):
+    from tileinfer_cli.chat_commands import Commands
+    from tileinfer_cli.errors import UserError
+
+    session = session_of(tiny_model)
+    args = argparse.Namespace(max_new_tokens=5)
+    out = io.StringIO()
+    commands = Commands(session, args, out)
+    before = commands.settings()
+    with pytest.raises(UserError, match=re.escape(message)):
+        commands(line)
+    assert commands.settings() == before and out.getvalue() == ""

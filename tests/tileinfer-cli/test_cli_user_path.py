@@ -407,13 +407,15 @@ def test_cpu_backend_left_with_the_default_devices_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_chat_reports_a_line_that_is_not_utf8_and_goes_on(home):
-    script = b"caf\xff\n" + QUESTION.encode() + b"\n/exit\n"
+def test_piped_chat_stops_at_a_line_that_is_not_utf8(home):
+    # A piped chat ends at its first failed line (chat --help says why), after the answers
+    # before it.
+    script = QUESTION.encode() + b"\ncaf\xff\n" + QUESTION.encode() + b"\n/exit\n"
     result = tileinfer("chat", "-n", "12", stdin=script, env=home)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == ("tileinfer: error: the line is not valid UTF-8 text (byte "
-                                     "0xff at byte offset 3)")
-    assert "Paris" in result.stdout
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("tileinfer: error: line 2: the line is not valid UTF-8 "
+                                     "text (byte 0xff at byte offset 3)")
+    assert result.stdout.count("Paris") == 1
 
 
 def test_process_age_is_measured_from_the_kernels_record():

@@ -170,3 +170,96 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     db = sqlite3.connect(tmp_path / "logs.db")
     assert db.execute("SELECT count(*) FROM responses").fetchone()[0] == 100
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# --- what a logged run needs to be made again --------------------------------------------------
+
+
+def last_row(home):
+    return logged(home, "-n", "1")[0]
+
+
+def test_continue_goes_on_with_the_conversations_model(tiny_home, tiny_gguf_file):
+    from tileinfer import import_gguf
+
+    import_gguf(tiny_gguf_file, Path(tiny_home["TILEINFER_HOME"]) / "models" / "tiny2")
+    chat = tileinfer("chat", "-m", "tiny2", "-n", "2", stdin="the thin\n", env=tiny_home)
+    assert chat.returncode == 0, chat.stderr
+    # Before: without a model, --continue loaded the default model (SmolLM2), not tiny2.
+    resumed = tileinfer("chat", "--continue", "-n", "2", stdin="then\n", env=tiny_home)
+    assert resumed.returncode == 0, resumed.stderr
+    first, second = logged(tiny_home, "-n", "0")
+    assert (first["model"], second["model"]) == ("tiny2", "tiny2")
+    assert first["conversation_id"] == second["conversation_id"]
+    # A model named on the command line answers instead (as llm -c -m), and is the one the
+    # next --continue goes on with.
+    other = tileinfer("chat", "-c", "-m", "tiny", "-n", "2", stdin="in\n", env=tiny_home)
+    assert other.returncode == 0, other.stderr
+    again = tileinfer("chat", "-c", "-n", "2", stdin="on\n", env=tiny_home)
+    assert again.returncode == 0, again.stderr
+    rows = logged(tiny_home, "-n", "0")
+    assert [(r["prompt"], r["model"]) for r in rows] == [
+        ("the thin", "tiny2"), ("then", "tiny2"), ("in", "tiny"), ("on", "tiny")]
+    assert len({r["conversation_id"] for r in rows}) == 1
+
+
+def test_a_conversation_whose_model_is_gone_is_one_line(tiny_home):
+    from tileinfer_cli import logs
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILEINFER_HOME", tiny_home["TILEINFER_HOME"])
+        record(logs.Log(argparse.Namespace(no_log=False), "chat"), 0)  # model "m": not here
+    assert_one_line_error(tileinfer("chat", "--continue", env=tiny_home),
+                          r"conversation c was with the model 'm', which is not here \(.*\); -m "
+                          "MODEL goes on with another model")
+    resumed = tileinfer("chat", "--continue", "-m", "tiny", "-n", "1", stdin="x\n", env=tiny_home)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_model_folder_is_logged_by_its_absolute_path(tiny_home, tmp_path):
+    folder = Path(tiny_home["TILEINFER_HOME"]) / "models" / "tiny"
+    result = tileinfer("run", "-m", "tiny", "-n", "1", "hi", env=tiny_home, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    result = tileinfer("run", "-m", "./tiny", "-n", "1", "hi", env=tiny_home,
+                       cwd=str(folder.parent))
+    assert result.returncode == 0, result.stderr
+    assert [r["model"] for r in logged(tiny_home, "-n", "0")] == ["tiny", str(folder.resolve())]
+    resumed = tileinfer("chat", "-c", "-n", "1", stdin="x\n", env=tiny_home, cwd=str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert last_row(tiny_home)["model"] == str(folder.resolve())
+
+
+def test_logged_options_make_the_run_again(tiny_home):
+    # Before: the drawn seed, --fp8 and --speculative were not logged; --regex neither.
+    options = ("-t", "0.9", "--fp8", "--speculative", "ngram", "--draft-k", "3")
+    first = run_json(tiny_home, "the thin", "-n", "8", *options)
+    logged_options = last_row(tiny_home)["options"]
+    seed = logged_options["seed"]
+    assert isinstance(seed, int)
+    assert {k: logged_options[k] for k in ("temperature", "quantization", "speculative",
+                                           "draft_k")} == {"temperature": 0.9,
+                                                           "quantization": "fp8",
+                                                           "speculative": "ngram", "draft_k": 3}
+    again = run_json(tiny_home, "the thin", "-n", "8", *options, "--seed", str(seed))
+    assert again["tokens"] == first["tokens"]
+    other = run_json(tiny_home, "the thin", "-n", "8", *options, "--seed", str(seed + 1))
+    assert other["tokens"] != first["tokens"]  # so that the seed is what made them equal
+    assert last_row(tiny_home)["options"]["seed"] == seed + 1
+    run_json(tiny_home, "the thin", "--regex", "[a-z]+", "--kv-cache", "int8")
+    row = last_row(tiny_home)["options"]
+    assert (row["regex"], row["kv_cache"], row["seed"]) == ("[a-z]+", "int8", None)  # greedy
+
+
+def test_chat_turns_log_their_seeds(tiny_home):
+    script = "the thin\nthen\n"
+    chat = tileinfer("chat", "-m", "tiny", "-n", "6", "-t", "0.9", stdin=script, env=tiny_home)
+    assert chat.returncode == 0, chat.stderr
+    a, b = logged(tiny_home)
+    seed = a["options"]["seed"]
+    assert isinstance(seed, int) and b["options"]["seed"] == seed
+    assert (a["options"]["turn_seed"], b["options"]["turn_seed"]) == (seed, seed + 1)
+    again = tileinfer("chat", "-m", "tiny", "-n", "6", "-t", "0.9", "--seed", str(seed),
+                      stdin=script, env=tiny_home)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == chat.stdout
+    assert [r["answer"] for r in logged(tiny_home, "-n", "2")] == [a["answer"], b["answer"]]

@@ -91,3 +91,45 @@ def test_show_of_a_folder_that_is_not_a_model_is_one_line(tiny_home, tmp_path):
     (tmp_path / "notes").mkdir()
     assert_one_line_error(tileinfer("show", str(tmp_path / "notes"), env=tiny_home),
                           r"no config\.json in .*notes: not a model folder$")
+
+
+def test_show_of_a_gguf_file_reads_it_without_importing(tiny_home, tiny_gguf_file, tmp_path):
+    import gguf
+
+    # Before: show converted the file into the models home without a word.
+    home = {"TILEINFER_HOME": str(tmp_path / "fresh")}
+    result = tileinfer("show", str(tiny_gguf_file), "--json", env=home)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert not (tmp_path / "fresh").exists()  # nothing imported, nothing written
+    info = json.loads(result.stdout)
+    assert info["kind"] == "a GGUF file, not imported: run, chat and import convert it"
+    assert info["path"] == str(tiny_gguf_file.resolve())
+    assert info["size_bytes"] == tiny_gguf_file.stat().st_size
+    reader = gguf.GGUFReader(tiny_gguf_file)
+    assert info["weights_dtypes"] == {"F32": sum(int(t.n_elements) for t in reader.tensors)}
+    # The rest is what show says of the file's import.
+    imported = json.loads(show(tiny_home, "tiny", "--json"))
+    same = ("architecture", "model_type", "parameters", "layers", "hidden_size", "vocab_size",
+            "context_length", "dtype", "quantization", "gguf_source", "chat_template",
+            "generation_defaults", "license")
+    assert {k: info[k] for k in same} == {k: imported[k] for k in same}
+    text = show(home, str(tiny_gguf_file))
+    assert "  dtype            bfloat16 once imported (weights in the file: F32 " in text
+    assert "  quantization     none; a GGUF of F32 x" in text and "dequantized on import" in text
+
+
+def test_show_of_an_imported_gguf_file_shows_its_import(tiny_gguf_file, tmp_path):
+    home = {"TILEINFER_HOME": str(tmp_path / "home")}
+    assert tileinfer("import", str(tiny_gguf_file), env=home).returncode == 0
+    info = json.loads(show(home, str(tiny_gguf_file), "--json"))
+    assert info["kind"] == "imported from a GGUF file"
+    assert info["path"] == str(tmp_path / "home" / "models" / "tiny")
+
+
+def test_show_of_a_file_that_is_not_gguf_is_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF but truncated")
+    home = {"TILEINFER_HOME": str(tmp_path / "home")}
+    assert_one_line_error(tileinfer("show", str(bad), env=home),
+                          r"broken\.gguf is not a readable GGUF file")
+    assert not (tmp_path / "home").exists()

@@ -6,24 +6,28 @@ Commands: /set KEY VALUE changes a sampling option (temperature, top_p, top_k, s
 max_tokens), /set system TEXT the system message, /reset clears the conversation, /stats shows
 the last turn's statistics, /help lists them, /exit quits. Ctrl-C while the model replies stops
 the reply and keeps the conversation as it was before it; Ctrl-C or Ctrl-D at the prompt quits.
-Piped in (not a terminal), each line is a message and no prompt is written.
+Errors go to standard error, and a line that fails changes nothing.
+Piped in (not a terminal), each line is a message and no prompt is written; the first line that
+fails (an unknown command, a bad /set, a message that does not fit) ends the chat with its error
+and a non-zero exit code (2 for a mistake), the later lines unsent; the turns before it are
+logged, so --continue goes on from there.
 """
 
 from __future__ import annotations
 
-import sys
-
-from .chat_commands import HELP, Commands
-from .chat_input import open_input, read_turn
-from .cli_words import in_cli_words
+from .chat_commands import HELP
+from .chat_input import open_input
+from .chat_loop import ChatLoop
 from .cuda_start import start_cuda_in_background
 from .errors import UserError
-from .logs import Log, add_log_flag, conversation, new_conversation_id, options_of
+from .log_record import continued_model, model_reference
+from .logs import Log, add_log_flag, conversation, new_conversation_id
 from .options import add_model_options, add_sampling_options, add_speculative_options, load, \
     sampling_from
-from .session import ContextFull, chat_turn, new_session, replay
+from .session import new_session, replay
 from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text
+from .thinking_switch import check_thinking_switch
 
 EPILOG = """\
 examples:
@@ -32,7 +36,9 @@ examples:
   tileinfer chat -m SmolLM2-135M-Instruct --system "You are a pirate." --temperature 0.8
   tileinfer chat -o temperature 0.7 -o top_p 0.9 --stop "User:"
   printf 'Hi\\n/set temperature 0\\nName a colour\\n' | tileinfer chat
-  tileinfer chat --continue                   go on with the latest logged conversation
+  tileinfer chat --continue                   go on with the latest logged conversation, with
+                                              its model
+  tileinfer chat -c -m Qwen/Qwen3-0.6B        go on with it, answered by another model
 """
 
 
@@ -47,9 +53,11 @@ def add_parser(sub, formatter):
                    help="end a reply where the model writes TEXT (not printed; repeatable)")
     resume = p.add_mutually_exclusive_group()
     resume.add_argument("--continue", "-c", dest="continue_", action="store_true",
-                        help="go on with the latest logged conversation")
+                        help="go on with the latest logged conversation, with the model of its "
+                             "latest turn unless MODEL or --model names another (as llm -c)")
     resume.add_argument("--cid", metavar="ID",
-                        help="go on with the logged conversation ID (tileinfer logs shows ids)")
+                        help="go on with the logged conversation ID (tileinfer logs shows ids), "
+                             "with its model as --continue")
     add_log_flag(p)
     add_template_options(p, raw=False)
     add_model_options(p)
@@ -71,6 +79,9 @@ def run(args, out):
     resuming = args.continue_ or args.cid is not None
     if resuming:  # before loading: an unknown id is one line at once
         cid, rows = conversation(args.cid)
+        if args.model is None:
+            args.model = continued_model(cid, rows)
+    check_thinking_switch(args)
     start_cuda_in_background(args.backend)
     model, tokenizer, folder = load(args)
     sampling, stop_ids = sampling_from(args, folder, model.config)
@@ -84,47 +95,6 @@ def run(args, out):
         print(f"{folder.name} on {model.ops.name} ({model.device}). {HELP}", file=console)
         if resuming:
             print(f"(conversation {state['cid']}: {len(rows)} earlier turns)", file=console)
-
-    def new_conversation():
-        state["cid"] = new_conversation_id()
-
-    commands = Commands(session, args, out, on_reset=new_conversation)
-    while True:
-        try:
-            text = read_turn(reader.read_line).strip()
-        except (EOFError, KeyboardInterrupt):
-            if console is not None:
-                print(file=console)
-            return 0
-        except UserError as e:  # a line that is not UTF-8: say so, keep the conversation
-            print(f"tileinfer: error: {e}", file=sys.stderr)
-            continue
-        if not text:
-            continue
-        if text.startswith("/"):
-            if not commands(text):
-                return 0
-            continue
-        try:
-            turn = commands.last = chat_turn(session, text, args.max_new_tokens, stops, out,
-                                             args.hide_thinking)
-            print(file=out)
-            out.flush()
-            log.write(state["cid"], model=folder.name, backend=model.ops.name,
-                      system=session.system, prompt=text, answer=turn.text,
-                      options=options_of(args, session.sampling, stops, seed=session.seed),
-                      prompt_tokens=turn.prompt_tokens, answer_tokens=len(turn.tokens),
-                      time_to_first_token=turn.time_to_first_token, seconds=turn.seconds,
-                      finish_reason=turn.finish)
-            if commands.last.finish == "context":
-                print(f"(the reply was cut: the conversation filled the {session.max_tokens} "
-                      "tokens of --max-len; /reset starts over, or start the chat again with "
-                      "a larger --max-len)", file=out)
-        except ContextFull as e:
-            print(f"({e})", file=out)
-        except KeyboardInterrupt:
-            print("\n(stopped; the conversation is as before this message)", file=out)
-        except BrokenPipeError:
-            raise
-        except Exception as exc:  # a failed turn leaves the session usable
-            print(f"\nerror: {in_cli_words(str(exc))}", file=out)
+    ChatLoop(session, args, stops, log, state, reader, console, out,
+             model_reference(args.model, folder)).run()
+    return 0

@@ -14,7 +14,9 @@ EXIT = ("/exit", "/quit", "/bye")
 
 class Commands:
     """What a slash command changes: the session, the answer length (``args.max_new_tokens``),
-    the last turn shown by /stats. ``on_reset`` runs after /reset (a new logged conversation)."""
+    the last turn shown by /stats. ``on_reset`` runs after /reset (a new logged conversation).
+    A command that cannot be run (unknown, a bad /set) is a UserError and changes nothing: the
+    chat says it on standard error, and a piped chat ends there."""
 
     def __init__(self, session, args, out, on_reset=None):
         self.session, self.args, self.out = session, args, out
@@ -38,12 +40,9 @@ class Commands:
         elif word == "/stats":
             self.stats()
         elif word == "/set":
-            try:
-                self.set(rest)
-            except UserError as e:
-                self.say(f"error: {e}")
+            self.set(rest)
         else:
-            self.say(f"unknown command {word!r}; {HELP}")
+            raise UserError(f"unknown command {word!r}; {HELP}")
         return True
 
     def say(self, text: str):

@@ -12,6 +12,7 @@ import re
 import sys
 import warnings
 
+from .errors import UserError
 from .text_input import decoded
 
 PROMPT, MORE = ">>> ", "... "
@@ -22,7 +23,8 @@ _ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|O[A-Za-z]|[@-Z\\-_])")
 
 def read_turn(read_line) -> str:
     """One turn from ``read_line(prompt) -> str`` (EOFError at the end): a line, or the lines of
-    a \"\"\" block without the fences."""
+    a \"\"\" block without the fences; a UserError when the input ends inside a block (its text
+    is not sent: half a message would be answered as if it were whole)."""
     first = read_line(PROMPT)
     if not first.lstrip().startswith(FENCE):
         return first
@@ -33,20 +35,26 @@ def read_turn(read_line) -> str:
             lines.append(text.rstrip()[:-len(FENCE)])
             return "\n".join(lines).strip("\n")
         lines.append(text)
-        text = read_line(MORE)
+        try:
+            text = read_line(MORE)
+        except EOFError:
+            raise UserError(f'the input ended inside a {FENCE} block (no closing {FENCE}); '
+                            "its message was not sent") from None
 
 
 class PipedInput:
     """Lines of a binary stream, decoded as UTF-8 (a UserError for a line that is not), with
-    terminal escape sequences dropped; no prompt is written."""
+    terminal escape sequences dropped; no prompt is written. ``lines``: how many were read."""
 
     def __init__(self, stream):
         self.stream = stream
+        self.lines = 0
 
     def read_line(self, prompt: str) -> str:
         line = self.stream.readline()
         if not line:
             raise EOFError
+        self.lines += 1
         return _ESCAPES.sub("", decoded(line, "the line").rstrip("\r\n"))
 
 

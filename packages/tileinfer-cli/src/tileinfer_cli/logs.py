@@ -77,26 +77,6 @@ def add_log_flag(p):
                    help=f"do not log this in TileInfer's log database (or set {ENV}=0)")
 
 
-def options_of(args, sampling, stops, seed=None) -> dict:
-    """What shaped an answer, for the log: the sampling options by the API's names, the stop
-    strings, and the prompt format when it was not the model's own."""
-    options = {"temperature": sampling.temperature, "top_p": sampling.top_p,
-               "top_k": sampling.top_k, "seed": args.seed if seed is None else seed,
-               "max_tokens": args.max_new_tokens}
-    for name, off in (("presence_penalty", 0), ("frequency_penalty", 0),
-                      ("repetition_penalty", 1), ("min_p", 0), ("logit_bias", ())):
-        if getattr(sampling, name) != off:
-            value = getattr(sampling, name)
-            options[name] = {str(i): b for i, b in value} if name == "logit_bias" else value
-    if stops:
-        options["stop"] = list(stops)
-    if getattr(args, "raw", False):
-        options["raw"] = True
-    if getattr(args, "chat_template", None):
-        options["chat_template"] = args.chat_template
-    return options
-
-
 def new_conversation_id() -> str:
     return uuid.uuid4().hex[:16]
 

@@ -21,6 +21,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # load_model's default max_len (tileinfer.model.config's, not imported here: that would import
 # torch before the command line is parsed); capped by the model's positions and window.
 DEFAULT_MAX_LEN = 4096
+SEED_MAX = INT64_MAX // 2
 
 
 def torch_dtype(name: str):
@@ -103,8 +104,9 @@ def add_sampling_options(p: argparse.ArgumentParser):
                    help="keep tokens at least P times as likely as the likeliest; 0 disables it")
     g.add_argument("--logit-bias", type=logit_bias, metavar="JSON",
                    help="token id -> bias added to its logit, e.g. '{\"2\": -100}'")
-    g.add_argument("--seed", type=int_range(0, INT64_MAX // 2), metavar="N",
-                   help="random seed of the sampler (default: a random one)")
+    g.add_argument("--seed", type=int_range(0, SEED_MAX), metavar="N",
+                   help="random seed of the sampler (default: a random one, which the log "
+                        "keeps)")
     g.add_argument("--max-new-tokens", "-n", type=int_range(1, INT32_MAX), default=512,
                    metavar="N", help="the longest answer in tokens")
     add_option_flag(g)
@@ -142,14 +144,21 @@ def add_speculative_options(p: argparse.ArgumentParser):
                         "drafter's block size - 1)")
 
 
-def speculative_from(args, model, sampling):
-    """The proposer of --speculative (None for none, or a command without the option). Without
-    the option: plain decoding, or n-gram drafts when --draft-k asks for drafts."""
+def speculative_name(args) -> str | None:
+    """What --speculative asks for (None for a command without the option). Without the option:
+    none, or ngram when --draft-k asks for drafts."""
     if not hasattr(args, "speculative"):
         return None
-    spec = args.speculative
+    if args.speculative is None:
+        return "ngram" if args.draft_k is not None else "none"
+    return args.speculative
+
+
+def speculative_from(args, model, sampling):
+    """The proposer of --speculative (None for none, or a command without the option)."""
+    spec = speculative_name(args)
     if spec is None:
-        spec = "ngram" if args.draft_k is not None else "none"
+        return None
     if spec == "none":
         if getattr(args, "draft_k", None) is not None:
             raise UserError("--draft-k needs speculative decoding (not --speculative none)")
@@ -241,6 +250,23 @@ def sampling_from(args, folder, config):
         raise UserError(f"logit_bias: token {bad[0]} is outside the vocabulary "
                         f"(0..{config.vocab_size - 1})")
     return params, stop_ids
+
+
+def seed_from(args, sampling) -> int | None:
+    """The sampler's seed: --seed, else, for an answer that samples, one drawn here, so that the
+    log can say it (``generate`` would draw one it does not tell); None for a greedy answer."""
+    if args.seed is not None:
+        return args.seed
+    if sampling.temperature == 0:
+        return None
+    import random
+
+    return draw_seed(random)
+
+
+def draw_seed(rng) -> int:
+    """A seed in --seed's range, so that the logged value can be given back as --seed."""
+    return rng.randrange(SEED_MAX + 1)
 
 
 def warm_up_on_gpu(model, sampling, kv_cache, key_smoothing, speculative=None):

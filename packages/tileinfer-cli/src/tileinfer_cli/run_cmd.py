@@ -9,15 +9,18 @@ import time
 
 from .cuda_start import start_cuda_in_background
 from .errors import UserError
-from .logs import Log, add_log_flag, new_conversation_id, options_of
+from .log_record import model_reference, options_of
+from .logs import Log, add_log_flag, new_conversation_id
 from .options import (add_model_options, add_sampling_options, add_speculative_options,
-                      kv_cache_from, load, sampling_from, speculative_from, warm_up_on_gpu)
+                      kv_cache_from, load, sampling_from, seed_from, speculative_from,
+                      warm_up_on_gpu)
 from .reasoning import HiddenThinking, prompt_is_thinking
 from .startup import Clock
 from .stops import StopStringFound, StopWriter
 from .structure_options import add_structure_options, with_structure
 from .templates import add_template_options, check_template_options, template_from
 from .text_input import checked_text, read_file, read_stdin, stdin_is_terminal
+from .thinking_switch import check_thinking_switch
 
 EPILOG = """\
 The prompt comes from the command line, from --file, or from standard input ("-", or when no
@@ -135,6 +138,7 @@ def run(args, out):
     if any(not s for s in stops):
         raise UserError("--stop needs a non-empty text")
     check_template_options(args)
+    check_thinking_switch(args)
     start_cuda_in_background(args.backend)
     import torch  # noqa: F401  (timed apart: it is most of a new process's start)
 
@@ -146,6 +150,7 @@ def run(args, out):
     loaded = clock.mark("load_model")
     sampling, stop_ids = sampling_from(args, folder, model.config)
     sampling = with_structure(args, sampling, tokenizer)
+    seed = seed_from(args, sampling)
     from tileinfer import ChatMessage, SpecStats, TextStream, chat_prompt, generate
 
     kv_cache, key_smoothing = kv_cache_from(args, model)
@@ -184,7 +189,7 @@ def run(args, out):
 
     prepared = clock.mark("prompt")
     try:
-        generate(model, ids, limit, sampling, stop_ids=stop_ids, seed=args.seed,
+        generate(model, ids, limit, sampling, stop_ids=stop_ids, seed=seed,
                  on_token=on_token, kv_quantize=kv_cache, key_smoothing=key_smoothing,
                  speculative=speculative, spec_stats=spec)
         stream.end()
@@ -212,9 +217,10 @@ def run(args, out):
     else:
         print(file=out)
     out.flush()
-    Log(args, "run").write(cid, model=folder.name, backend=model.ops.name, system=system,
-                           prompt=prompt, answer=writer.text,
-                           options=options_of(args, sampling, stops), prompt_tokens=len(ids),
+    Log(args, "run").write(cid, model=model_reference(args.model, folder),
+                           backend=model.ops.name, system=system, prompt=prompt,
+                           answer=writer.text, options=options_of(args, sampling, stops, seed),
+                           prompt_tokens=len(ids),
                            answer_tokens=len(new),
                            time_to_first_token=first[0] - prepared if first else None,
                            seconds=seconds, finish_reason=finish)

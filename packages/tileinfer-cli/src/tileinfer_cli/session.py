@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .errors import UserError
 from .options import kv_cache_from, speculative_from, warm_up_on_gpu
 from .reasoning import HiddenThinking, prompt_is_thinking
 from .stops import StopStringFound, StopWriter
@@ -24,8 +25,9 @@ def new_session(args, model, tokenizer, sampling, stop_ids, template=None):
                        speculative=speculative)
 
 
-class ContextFull(Exception):
-    """The conversation and a new message no longer fit the session's positions."""
+class ContextFull(UserError):
+    """The conversation and a new message no longer fit the session's positions (the
+    conversation is left as it was)."""
 
     def __init__(self, tokens: int, limit: int):
         super().__init__(f"the conversation is {tokens} tokens with this message, more than "

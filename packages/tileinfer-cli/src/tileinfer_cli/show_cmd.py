@@ -1,5 +1,6 @@
 """``tileinfer show MODEL [--json]``: a model's architecture, size, context, precision, chat
-template, generation defaults, license and where it lives, read from its files."""
+template, generation defaults, license and where it lives, read from its files. A .gguf file
+that is not imported yet is read where it is, without importing it (``gguf_info``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import json
 from pathlib import Path
 
 from .errors import UserError
+from .gguf_info import NOT_IMPORTED
 
 EPILOG = """\
 examples:
   tileinfer show SmolLM2-135M-Instruct
   tileinfer show Qwen/Qwen3-0.6B --json | jq .context_length
   tileinfer show ./my-model-folder
+  tileinfer show model.gguf                   read from the file (not imported)
 """
 TEMPLATE_LINES = 6
 
@@ -51,18 +54,37 @@ def _count(n: int) -> str:
 def run(args, out):
     from tileinfer import resolve_model_dir
 
-    folder = resolve_model_dir(args.model)
-    if not (folder / "config.json").is_file():
-        raise UserError(f"no config.json in {folder}: not a model folder")
-    from .model_info import model_info
+    gguf = unimported_gguf(args.model)
+    if gguf is not None:
+        from .gguf_info import gguf_model_info
 
-    info = model_info(args.model or folder.name, folder, kind_of(args.model))
+        info = gguf_model_info(args.model, gguf)
+    else:
+        folder = resolve_model_dir(args.model)
+        if not (folder / "config.json").is_file():
+            raise UserError(f"no config.json in {folder}: not a model folder")
+        from .model_info import model_info
+
+        info = model_info(args.model or folder.name, folder, kind_of(args.model))
     if args.json:
         print(json.dumps(info, ensure_ascii=False, indent=2), file=out)
         return 0
     for label, value in rows(info):
         print(f"  {label:<16} {value}" if label else value, file=out)
     return 0
+
+
+def unimported_gguf(name) -> Path | None:
+    """The .gguf file ``name`` when no current import of it is in the models home."""
+    if name is None:
+        return None
+    path = Path(name).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    from tileinfer.io.import_record import is_current_import
+    from tileinfer.io.model_dir import imported_folder
+
+    return None if is_current_import(imported_folder(path), path) else path
 
 
 def rows(info: dict):
@@ -73,12 +95,15 @@ def rows(info: dict):
     yield "parameters", _count(info["parameters"])
     yield "context length", info["context_length"]
     weights = ", ".join(f"{d} {_count(n).split()[0]}" for d, n in info["weights_dtypes"].items())
-    yield "dtype", f"{info['dtype']} (weights: {weights or 'none found'})"
+    imported = info["kind"] != NOT_IMPORTED
+    yield "dtype", (f"{info['dtype']} (weights: {weights or 'none found'})" if imported else
+                    f"{info['dtype']} once imported (weights in the file: {weights})")
     source = info["gguf_source"]
     quant = info["quantization"] or "none"
     if source and source.get("tensor_types"):
         types = ", ".join(f"{t} x{n}" for t, n in source["tensor_types"].items())
-        quant += f"; imported (dequantized) from a GGUF of {types}"
+        quant += (f"; imported (dequantized) from a GGUF of {types}" if imported else
+                  f"; a GGUF of {types}, dequantized on import")
     yield "quantization", quant
     yield "license", info["license"] or "not stated in the model's files"
     g = info["generation_defaults"]

@@ -93,6 +93,16 @@ def _compile(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"the chat template does not compile (line {e.lineno}): {e.message}") from e
 
 
+def template_variables(source: str) -> frozenset[str]:
+    """The names the template reads from its context (``messages``, ``enable_thinking``, ...):
+    what a caller may pass it that changes the prompt. A ChatTemplateError if it does not
+    compile."""
+    import jinja2.meta
+
+    env = _compile(source).environment  # compiled first: a syntax error is said as _compile says it
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+
+
 def load_chat_template(model_dir: str | Path, *, tools: list | None = None) -> str:
     """The template source of a model folder: chat_template.jinja, else tokenizer_config.json's
     ``chat_template`` (a string, or a list of named templates: "tool_use" when tools are given and it

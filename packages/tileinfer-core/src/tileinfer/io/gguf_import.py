@@ -117,10 +117,11 @@ def import_gguf(
         return _import(path, out_dir, name, dtype, bar)
 
 
-def _import(path: Path, out_dir, name, dtype, bar) -> Path:
-    reader = open_gguf(path)
-    bar.update(path.stat().st_size - sum(int(t.n_bytes) for t in reader.tensors))
-    bar.set_description(f"importing {path.name}: converting tensors")
+def folder_files(reader, path: Path, dtype: torch.dtype = torch.bfloat16) -> tuple[dict, object]:
+    """What an import of the file writes beside its weights, read from the metadata alone (no
+    tensor converted): ``({file name: JSON object}, tokenizer)`` for config.json,
+    tokenizer_config.json, generation_config.json and import.json, and the tokenizer of
+    tokenizer.json. ``tileinfer show FILE.gguf`` reads these without importing."""
     meta = GGUFMetadata(reader, path)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -133,6 +134,31 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     vocab_size = int(meta.get(f"{arch}.vocab_size", tokenizer.get_vocab_size(with_added_tokens=True)))
     config = config_from(meta, arch, vocab_size, tied, rope_freqs, dtype)
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+        **token_strings,
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template is not None:
+        tokenizer_config["chat_template"] = template
+    stop_ids = end_of_generation_ids(meta, tokenizer)
+    return {
+        "tokenizer_config.json": tokenizer_config,
+        "generation_config.json": generation_config_from(meta, config, stop_ids),
+        "config.json": config,
+        "import.json": {**source_record(path), "importer_version": IMPORTER_VERSION,
+                        **source_summary(reader, path)},
+    }, tokenizer
+
+
+def _import(path: Path, out_dir, name, dtype, bar) -> Path:
+    reader = open_gguf(path)
+    bar.update(path.stat().st_size - sum(int(t.n_bytes) for t in reader.tensors))
+    bar.set_description(f"importing {path.name}: converting tensors")
+    files, tokenizer = folder_files(reader, path, dtype)
+    config = files["config.json"]
     out_dir = Path(out_dir).expanduser() if out_dir is not None else models_home() / (name or path.stem)
     clean_interrupted_imports(out_dir.parent)
     check_room(out_dir.parent, output_bytes(reader, dtype.itemsize), path.name)
@@ -147,24 +173,8 @@ def _import(path: Path, out_dir, name, dtype, bar) -> Path:
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         _readable_like_the_others(staging / "model.safetensors")
         tokenizer.save(str(staging / "tokenizer.json"))
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": config["max_position_embeddings"],
-            "clean_up_tokenization_spaces": False,
-            **token_strings,
-        }
-        template = meta.get("tokenizer.chat_template")
-        if template is not None:
-            tokenizer_config["chat_template"] = template
-        _write_json(staging / "tokenizer_config.json", tokenizer_config)
-        stop_ids = end_of_generation_ids(meta, tokenizer)
-        _write_json(staging / "generation_config.json", generation_config_from(meta, config, stop_ids))
-        _write_json(staging / "config.json", config)
-        _write_json(
-            staging / "import.json",
-            {**source_record(path), "importer_version": IMPORTER_VERSION,
-             **source_summary(reader, path)},
-        )
+        for file, value in files.items():
+            _write_json(staging / file, value)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
