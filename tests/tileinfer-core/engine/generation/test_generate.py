@@ -4,10 +4,11 @@ and pipelined paths produce exactly the eager tokens (GPU)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from tileinfer import OutOfPagesError, SamplingParams, forward, load_model
+from tileinfer import OutOfPagesError, SamplingParams, forward, load_model, runtime_of
 from tileinfer.backend.sampling import sample_host
 from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.generate import generate, generate_into
@@ -90,7 +91,7 @@ def test_out_of_pages_leaves_the_sequence_as_it_was(tiny):
     assert (seq.tokens, seq.pages, cache.free_pages) == (tokens, pages, free)
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5])
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
 def test_bad_max_new_tokens(tiny, bad):
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(load(tiny), prompt_ids(), bad)
@@ -99,6 +100,74 @@ def test_bad_max_new_tokens(tiny, bad):
 def test_prompt_longer_than_max_len_is_refused(tiny):
     with pytest.raises(ValueError, match="max_len"):
         generate(load(tiny), list(range(MAX_LEN)), 4)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(pipeline=True), ValueError,
+     r"pipelined decoding \(pipeline=True\) needs a model on a CUDA device"),
+    (dict(page_size=0), ValueError, "num_pages and page_size must be >= 1, got None, 0"),
+    (dict(page_size=-1), ValueError, "num_pages and page_size must be >= 1, got None, -1"),
+    (dict(prompt_ids="5678"), TypeError, "prompt_ids must be a sequence of token ids .*a str"),
+    (dict(prompt_ids=[5.9, 6.9]), TypeError, "prompt_ids must be .*got 5.9 at index 0"),
+    (dict(prompt_ids=[5, True]), TypeError, "prompt_ids must be .*got True at index 1"),
+    (dict(prompt_ids=[5, 512]), ValueError, "prompt_ids: token id 512 is outside the vocab"),
+    (dict(stop_ids=["24"]), TypeError, "stop_ids must be a sequence .*got '24' at index 0"),
+    (dict(stop_ids=[10 ** 6]), ValueError, "stop_ids: token id 1000000 is outside the vocab"),
+    (dict(stop_ids=[-1]), ValueError, "stop_ids: token id -1 is outside the vocabulary"),
+    (dict(seed=2 ** 64), ValueError, "seed must be an integer in the int64 range, got 1844"),
+    (dict(seed=1.5), ValueError, "seed must be an integer in the int64 range, got 1.5"),
+    (dict(seed=True), ValueError, "seed must be an integer in the int64 range, got True"),
+    (dict(max_new_tokens=True), ValueError, "max_new_tokens must be a positive integer"),
+    (dict(speculative="ngram"), TypeError,
+     r"speculative takes a proposer object: tileinfer.NgramProposer\(\), .*DraftProposer"),
+    (dict(kv_quantize="int8", key_smoothing="x"), TypeError,
+     "key_smoothing must hold one .*tileinfer.calibrate_key_smoothing gives; got a str"),
+])
+def test_bad_arguments_are_refused_before_anything_changes(tiny, kwargs, error, message):
+    model = load(tiny)
+    prompt = prompt_ids()
+    expected = generate(model, prompt, 6, stop_ids=[], seed=5)
+    runtime = runtime_of(model)
+    pool, pages, builds = runtime.cache, runtime.cache.num_pages, runtime.pool_builds
+    with pytest.raises(error, match=message):
+        generate(model, **dict(dict(prompt_ids=prompt, max_new_tokens=6, stop_ids=[], seed=5),
+                               **kwargs))
+    assert (runtime.cache, pool.num_pages, runtime.pool_builds) == (pool, pages, builds)
+    assert runtime.live_pages() == 0
+    assert generate(model, prompt, 6, stop_ids=[], seed=5) == expected
+
+
+def test_integer_scalars_of_numpy_and_torch_are_token_ids_and_seeds(tiny):
+    model = load(tiny)
+    prompt = prompt_ids()
+    free = generate(model, prompt, 30, stop_ids=[], seed=0)
+    stop = free[10]
+    expected = free[:free.index(stop)]
+    for stop_ids in ([stop], [np.int64(stop)], torch.tensor([stop]), (torch.tensor(stop),)):
+        assert generate(model, prompt, 30, stop_ids=stop_ids, seed=0) == expected
+    assert generate(model, torch.tensor(prompt), 30, stop_ids=[stop], seed=np.int64(0)) == \
+        expected
+    assert generate(model, np.array(prompt), 30, stop_ids=[stop], seed=torch.tensor(0)) == \
+        expected
+
+
+def test_generate_into_refuses_bad_ids_and_leaves_the_sequence_as_it_was(tiny):
+    model = load(tiny)
+    cache = new_cache(model, MAX_LEN)
+    runner = ModelRunner(model, cache)
+    seq = cache.new_sequence()
+    prompt = prompt_ids()
+    first = generate_into(runner, seq, prompt, 4, stop_ids=[])
+    before = (list(seq.tokens), list(seq.pages), cache.free_pages)
+    for bad, error, message in [(dict(ids="12"), TypeError, "ids must be a sequence of token"),
+                                (dict(stop_ids=["24"]), TypeError, "stop_ids must be"),
+                                (dict(seed=2 ** 63), ValueError, "seed must be an integer")]:
+        with pytest.raises(error, match=message):
+            generate_into(runner, seq, **dict(dict(ids=[first[-1]], max_new_tokens=4,
+                                                   stop_ids=[]), **bad))
+        assert (seq.tokens, seq.pages, cache.free_pages) == before
+    second = generate_into(runner, seq, [first[-1]], 4, stop_ids=[])
+    assert first + second == eager_tokens(model, prompt, 8, SamplingParams(), seed=0)
 
 
 def gpu_backends():

@@ -51,6 +51,16 @@ def test_warm_up_leaves_out_a_grammar_and_skips_a_too_short_model(tiny):
     assert short.attachments.get("runtime") is None  # nothing run, nothing made
 
 
+def test_a_proposer_name_is_refused_before_anything_runs(tiny):
+    model = fresh(tiny)
+    with pytest.raises(TypeError, match=r"speculative takes a proposer object: "
+                                        r"tileinfer.NgramProposer\(\)"):
+        warm_up(model, speculative="ngram")
+    assert model.attachments.get("runtime") is None  # nothing run, nothing made
+    warm_up(model, speculative=NgramProposer(k=3))
+    assert runtime_of(model).steps.find(("seq", 1, False, ())) is not None
+
+
 def test_warm_up_makes_the_one_token_decode_step(tiny):
     model = fresh(tiny)
     assert runtime_of(model).steps.find(("seq", 1, False, ())) is None

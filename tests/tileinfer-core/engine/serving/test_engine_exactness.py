@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer import LLMEngine, SamplingParams, generate, generate_batch, load_model
+from tileinfer import LLMEngine, SamplingParams, generate, generate_batch, load_model, runtime_of
 from tileinfer.backend.registry import BackendError, get_backend
 from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
 
@@ -225,6 +225,25 @@ def test_generate_batch(tiny):
     assert generate_batch(model, []) == []
     with pytest.raises(ValueError, match="seeds: 2 values for 3 prompts"):
         generate_batch(model, prompts, seeds=[1, 2])
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(prompts=["5678"]), TypeError, r"prompts\[0\] must be a sequence of token ids .*a str"),
+    (dict(prompts=[[1, 2], [5.9, 6.9]]), TypeError, r"prompts\[1\] .*got 5.9 at index 0"),
+    (dict(stop_ids=["24"]), TypeError, "stop_ids must be a sequence .*got '24' at index 0"),
+    (dict(stop_ids=[10 ** 6]), ValueError, "stop_ids: token id 1000000 is outside"),
+])
+def test_generate_batch_refuses_what_is_not_token_ids_before_making_an_engine(tiny, bad, error,
+                                                                              message):
+    model = load(tiny)
+    prompts = [prompt_ids(n, seed=n) for n in (3, 18)]
+    expected = generate_batch(model, prompts, max_new_tokens=5, stop_ids=[], seeds=[1, 2])
+    runtime = runtime_of(model)
+    pool, pages, builds = runtime.cache, runtime.cache.num_pages, runtime.pool_builds
+    with pytest.raises(error, match=message):
+        generate_batch(model, **dict(dict(prompts=prompts, max_new_tokens=5, stop_ids=[]), **bad))
+    assert (runtime.cache, pool.num_pages, runtime.pool_builds) == (pool, pages, builds)
+    assert generate_batch(model, prompts, max_new_tokens=5, stop_ids=[], seeds=[1, 2]) == expected
 
 
 @pytest.mark.slow

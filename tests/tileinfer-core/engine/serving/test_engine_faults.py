@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tileinfer import (EngineThread, LLMEngine, RequestError, SamplingParams, generate,
-                       kv_pool_pages, load_model)
+                       kv_pool_pages, load_model, runtime_of)
 from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 MAX_LEN = 128
@@ -49,7 +49,9 @@ def _mutated_sampling():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt_ids=[]), "at least one token"),
     (dict(prompt_ids=[1, 512]), "token id 512 is outside the vocabulary"),
-    (dict(prompt_ids="abc"), "prompt must be a sequence of token ids"),
+    (dict(prompt_ids="abc"), "prompt_ids must be a sequence of token ids .*got a str"),
+    (dict(prompt_ids=[5.9, 6.9]), "prompt_ids must be a sequence .*got 5.9 at index 0"),
+    (dict(prompt_ids=[1, True]), "prompt_ids must be a sequence .*got True at index 1"),
     (dict(prompt_ids=list(range(MAX_LEN + 1))), f"129 tokens; the model's max_len is {MAX_LEN}"),
     (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
     (dict(max_new_tokens=2.5), "max_new_tokens must be a positive integer"),
@@ -57,7 +59,11 @@ def _mutated_sampling():
     (dict(sampling=_mutated_sampling()), "top_p must be in"),
     (dict(seed=2 ** 63), "seed must be an integer in the int64 range"),
     (dict(seed="7"), "seed must be an integer"),
-    (dict(stop_ids=["x"]), "stop_ids must be token ids"),
+    (dict(seed=1.5), "seed must be an integer in the int64 range, got 1.5"),
+    (dict(stop_ids=["x"]), "stop_ids must be a sequence of token ids"),
+    (dict(stop_ids=["24"]), "stop_ids must be a sequence .*got '24' at index 0"),
+    (dict(stop_ids=[10 ** 6]), "stop_ids: token id 1000000 is outside the vocabulary"),
+    (dict(stop_ids=[-1]), "stop_ids: token id -1 is outside the vocabulary"),
     (dict(max_new_tokens=200), "needs up to 8 KV pages \\(128 positions"),  # min(5 + 199, 128)
     (dict(logprobs=21), "logprobs must be None or an integer in 0..20, got 21"),
     (dict(logprobs=True), "logprobs must be None or an integer"),
@@ -72,12 +78,26 @@ def test_bad_requests_are_refused_before_taking_anything(model, kwargs, message)
     assert isinstance(RequestError("x"), ValueError)
 
 
+def test_refused_requests_leave_the_engine_serving_as_before(model):
+    engine = LLMEngine(model, num_pages=7, page_size=16)
+    for bad in (dict(prompt_ids="5678"), dict(stop_ids=["24"]), dict(seed=2 ** 64)):
+        with pytest.raises(RequestError):
+            engine.add_request(**dict(dict(prompt_ids=[5, 6, 7, 8], max_new_tokens=6), **bad))
+    # Integer scalars of numpy and torch are token ids and seeds as Python ints are.
+    rid = engine.add_request(torch.tensor([5, 6, 7, 8]), max_new_tokens=6, stop_ids=[],
+                             seed=torch.tensor(3))
+    assert tokens_of(drain(engine), rid) == generate(model, [5, 6, 7, 8], 6, stop_ids=[], seed=3)
+    engine.close()
+
+
 def test_a_request_as_large_as_the_pool_is_served(model):
-    engine = LLMEngine(model, num_pages=2, page_size=16)
     prompt = prompt_ids(20)
+    # before the engine: a generate beside an open engine grows the engine's pool
+    expected = generate(model, prompt, 13, stop_ids=[])
+    engine = LLMEngine(model, num_pages=2, page_size=16)
     rid = engine.add_request(prompt, max_new_tokens=13, stop_ids=[])  # 32 positions
     out = drain(engine)
-    assert tokens_of(out, rid) == generate(model, prompt, 13, stop_ids=[])
+    assert tokens_of(out, rid) == expected
     with pytest.raises(RequestError, match="needs up to 3 KV pages"):
         engine.add_request(prompt, max_new_tokens=14)
 
@@ -199,9 +219,11 @@ def test_interrupting_a_step_leaves_the_requests_running(model, monkeypatch):
 def test_accounting_after_every_kind_of_ending_together(model, monkeypatch):
     """Finish by length and by stop, abort, preemption and a failed step in one run, the pool
     checked after every step; at the end only cached prefix pages remain."""
-    engine = LLMEngine(model, num_pages=7, page_size=16, max_step_tokens=48)
     prompts = [prompt_ids(n, seed=n) for n in (30, 22, 41, 9, 35)]
-    free = generate(model, prompts[1], 20, stop_ids=[])
+    # the references first: a generate beside the open engine would grow its pool
+    alone = [generate(model, p, n, stop_ids=[]) for p, n in zip(prompts, (40, 20, 30, 50, 30))]
+    free = alone[1]
+    engine = LLMEngine(model, num_pages=7, page_size=16, max_step_tokens=48)
     ids = [engine.add_request(prompts[0], max_new_tokens=40, stop_ids=[]),
            engine.add_request(prompts[1], max_new_tokens=20, stop_ids=[free[6]]),
            engine.add_request(prompts[2], max_new_tokens=30, stop_ids=[]),
@@ -222,9 +244,9 @@ def test_accounting_after_every_kind_of_ending_together(model, monkeypatch):
     assert reasons[ids[1]] == "stop" and reasons[ids[3]] == "abort"
     assert "error" in reasons.values() and engine.stats()["preemptions"] >= 1
     assert tokens_of(outputs, ids[1]) == free[:free.index(free[6])]
-    for rid, prompt, n in zip(ids, prompts, (40, 20, 30, 50, 30)):
+    for rid, expected in zip(ids, alone):
         if reasons[rid] == "length":
-            assert tokens_of(outputs, rid) == generate(model, prompt, n, stop_ids=[])
+            assert tokens_of(outputs, rid) == expected
     stats = engine.check_accounting()
     assert stats["pages_used"] == 0 and stats["pages_cached"] + stats["pages_free"] == 7
 
@@ -294,6 +316,29 @@ def test_kv_pool_pages_on_the_cpu(model):
     assert LLMEngine(model, cpu_tokens=16, page_size=16).stats()["pages_total"] == one_sequence + 2
     assert LLMEngine(model, cpu_tokens=16 * 3 * one_sequence,
                      page_size=16).stats()["pages_total"] == 3 * one_sequence
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(page_size=0), ValueError, "num_pages and page_size must be >= 1, got None, 0"),
+    (dict(num_pages=0), ValueError, "num_pages and page_size must be >= 1, got 0, 16"),
+    (dict(num_pages=-3), ValueError, "num_pages and page_size must be >= 1, got -3, 16"),
+    (dict(num_pages=2.5), TypeError, "num_pages must be an integer, got 2.5"),
+    (dict(kv_quantize="int8", key_smoothing="x"), TypeError,
+     "key_smoothing must hold one .*tileinfer.calibrate_key_smoothing gives; got a str"),
+])
+def test_bad_pool_arguments_are_refused_before_the_pool_changes(tiny, kwargs, error, message):
+    model = load_model(tiny.directory("llama", dtype=torch.float32), dtype=torch.float32,
+                       backend="ref", max_len=MAX_LEN)
+    expected = generate(model, [5, 6, 7, 8], 6, stop_ids=[], seed=1)
+    runtime = runtime_of(model)
+    pool, pages, builds = runtime.cache, runtime.cache.num_pages, runtime.pool_builds
+    with pytest.raises(error, match=message):
+        LLMEngine(model, **kwargs)
+    assert (runtime.cache, pool.num_pages, runtime.pool_builds) == (pool, pages, builds)
+    engine = LLMEngine(model, num_pages=8)
+    rid = engine.add_request([5, 6, 7, 8], max_new_tokens=6, stop_ids=[], seed=1)
+    assert tokens_of(drain(engine), rid) == expected
+    engine.close()
 
 
 def test_max_running_and_the_step_budget_are_kept(model, monkeypatch):

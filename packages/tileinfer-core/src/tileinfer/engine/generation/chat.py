@@ -23,11 +23,12 @@ from pathlib import Path
 
 from ...backend.sampling import SamplingParams
 from ...io.chat_template import ChatMessage, chat_prompt
+from ..arguments import check_seed, token_ids
 from ..kv.cache import common_prefix_len
 from ..runtime.runtime import runtime_of
 from .generate import generate_into
 from .runner import runner_for
-from .speculative.proposer import SpecStats
+from .speculative.proposer import SpecStats, check_proposer
 
 
 @dataclass
@@ -73,29 +74,42 @@ class ChatSession:
                  template: str | Path | None = None, graphs: bool | None = None, page_size: int = 16,
                  speculative=None):
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
-        self.stop_ids = list(model.config.eos_token_ids if stop_ids is None else stop_ids)
+        self.stop_ids = list(model.config.eos_token_ids) if stop_ids is None else \
+            token_ids(stop_ids, "stop_ids", model.config.vocab_size)
         self.enable_thinking = enable_thinking
-        self.max_tokens = max_tokens or model.max_len
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be None or an integer >= 1, got {max_tokens!r}")
+        self.max_tokens = model.max_len if max_tokens is None else max_tokens
         if self.max_tokens > model.max_len:
             raise ValueError(f"max_tokens {self.max_tokens} exceeds the model's max_len {model.max_len}")
         self.template = template if template is not None else model.model_dir
         if self.template is None:
             raise ValueError("this model has no folder to read a chat template from; pass template=")
-        self.seed = seed
+        self.seed = seed if seed is None else check_seed(seed)
+        check_proposer(speculative)
         self.speculative = speculative
         self.turns = 0
         self._busy = threading.Lock()
-        runtime = runtime_of(model)
+        self._pool_args = (graphs, page_size, kv_cache, key_smoothing)
+        self._attach()
+        self.system = system
+        self.messages: list[ChatMessage] = []
+        self._reset()
+
+    def _attach(self):
+        """Take the runner and an empty sequence from the model's runtime: when made, and for
+        the turn after ``model.close()`` (whose runtime let the pool go), which computes the
+        whole conversation again."""
+        graphs, page_size, kv_cache, key_smoothing = self._pool_args
+        runtime = runtime_of(self.model)
         with runtime.lock:  # the conversation's pages come from the model's shared KV pool
-            self.runner = runner_for(model, graphs, page_size=page_size, kv_quantize=kv_cache,
-                                     key_smoothing=key_smoothing)
+            self.runner = runner_for(self.model, graphs, page_size=page_size,
+                                     kv_quantize=kv_cache, key_smoothing=key_smoothing)
             runtime.reserve_room(math.ceil(self.max_tokens / page_size))
         self.seq = self.cache.new_sequence()
         # A session dropped without close() gives its pages back when it is collected.
         self._finalizer = weakref.finalize(self, _release, self.runner, self.seq)
-        self.system = system
-        self.messages: list[ChatMessage] = []
-        self._reset()
 
     @property
     def cache(self):
@@ -139,8 +153,14 @@ class ChatSession:
     def reply(self, text: str, max_new_tokens: int = 1024, on_token=None) -> tuple[str, TurnStats]:
         """Add the user message ``text``, generate the reply, add it to the conversation.
         Raises ``ChatSessionBusyError`` if another thread is inside a turn of this session."""
-        with self._turn(), self.runner.lock:
-            return self._reply(text, max_new_tokens, on_token)
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        with self._turn():
+            if self.runner.cache is None:  # the model was closed since the last turn
+                self._finalizer.detach()
+                self._attach()
+            with self.runner.lock:
+                return self._reply(text, max_new_tokens, on_token)
 
     def _reply(self, text, max_new_tokens, on_token):
         messages = self.messages + [ChatMessage("user", text)]

@@ -31,23 +31,42 @@ usage is described in ``tileinfer.engine.generation.speculative.decode``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable
 
 import torch
 
 from ...backend.sampling import SamplingParams
+from ..arguments import check_seed, token_ids
 from ..runtime.runtime import runtime_of
 from .runner import ModelRunner, runner_for
 from .speculative.decode import generate_speculative
-from .speculative.proposer import Proposer, SpecStats
+from .speculative.proposer import Proposer, SpecStats, check_proposer
 
 
-def _check_args(max_new_tokens, sampling):
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+def _check_args(model, max_new_tokens, sampling, seed, pipeline, speculative) -> int:
+    """Refuse bad arguments before anything runs; returns the seed (a random one for None)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingParams):
         raise TypeError("sampling must be a tileinfer.SamplingParams")
+    if pipeline and torch.device(model.device).type != "cuda":
+        raise ValueError("pipelined decoding (pipeline=True) needs a model on a CUDA device")
+    check_proposer(speculative)
+    return check_seed(seed)
+
+
+def _input_ids(model, ids, name: str) -> list[int]:
+    ids = token_ids(ids, name, model.config.vocab_size)
+    if not ids:
+        raise ValueError("generate needs at least one input token")
+    return ids
+
+
+def _stop_ids(model, stop_ids) -> set[int]:
+    if stop_ids is None:
+        return set(model.config.eos_token_ids)
+    return set(token_ids(stop_ids, "stop_ids", model.config.vocab_size))
 
 
 def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
@@ -59,7 +78,9 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
 
     Returns the new token ids without the stop token. ``on_token(id)`` is called for each new
     token as soon as the host knows it. ``stop_ids`` defaults to the model's EOS ids. ``pipeline``
-    defaults to on when the runner uses CUDA graphs. On an error (e.g. the cache runs out of
+    defaults to on when the runner uses CUDA graphs (True needs a model on a CUDA device). Bad
+    arguments (ids or stop ids that are not token ids of the vocabulary, a seed outside int64)
+    are refused before anything runs; on an error while it runs (e.g. the cache runs out of
     pages) the sequence is rolled back to where it was and the error re-raised.
 
     speculative: a proposer (``NgramProposer``, ``DraftProposer``, ``DFlashProposer``) whose
@@ -67,18 +88,15 @@ def generate_into(runner: ModelRunner, seq, ids, max_new_tokens: int = 256,
     run pipelined, the others step by step); ``spec_stats``, a ``SpecStats``, counts its steps
     and drafts.
     """
-    _check_args(max_new_tokens, sampling)
-    ids = [int(i) for i in ids]
-    if not ids:
-        raise ValueError("generate needs at least one input token")
+    seed = _check_args(runner.model, max_new_tokens, sampling, seed, pipeline, speculative)
+    ids = _input_ids(runner.model, ids, "ids")
     if speculative is not None and sampling.processes_logits:
         raise ValueError("speculative decoding does not take logit bias, penalties or min_p: "
                          "generate without a proposer")
     if speculative is not None and sampling.structured:
         raise ValueError("speculative decoding does not take a grammar (structure): generate "
                          "without a proposer")
-    stop = set(runner.model.config.eos_token_ids if stop_ids is None else stop_ids)
-    seed = random.getrandbits(63) if seed is None else int(seed)
+    stop = _stop_ids(runner.model, stop_ids)
     if pipeline is None:
         pipeline = runner.graphs
     with runner.lock:
@@ -179,7 +197,9 @@ def generate(model, prompt_ids, max_new_tokens: int = 256, sampling: SamplingPar
     the speculative cost model are the model's runtime's, made by the first call and reused by
     every later one. kv_quantize, key_smoothing, page_size: the pool's (changing them makes the
     pool anew, which needs no other sequence to hold pages)."""
-    _check_args(max_new_tokens, sampling)
+    seed = _check_args(model, max_new_tokens, sampling, seed, pipeline, speculative)
+    prompt_ids = _input_ids(model, prompt_ids, "prompt_ids")
+    stop_ids = _stop_ids(model, stop_ids)
     total = len(prompt_ids) + max_new_tokens
     if total > model.max_len:
         raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "

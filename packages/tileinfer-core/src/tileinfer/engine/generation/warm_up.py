@@ -31,6 +31,7 @@ from ...backend.sampling import SamplingParams
 from ..runtime.runtime import runtime_of
 from .generate import generate
 from .runner import MIN_PREFILL_BUCKET, runner_for
+from .speculative.proposer import check_proposer
 from .speculative.step_costs import record_step_seconds
 
 # Tokens of the made-up prompt: the smallest prefill bucket; then two decode steps (the second
@@ -47,6 +48,7 @@ def warm_up(model, sampling: SamplingParams = SamplingParams(), kv_quantize: str
     would make other steps). A structured-output grammar is left out: it belongs to one answer.
     speculative: the proposer of the answers to come; a host proposer's (n-gram) verify steps
     are captured and timed as well (see the module docstring)."""
+    check_proposer(speculative)
     if sampling.structure is not None:
         sampling = dataclasses.replace(sampling, structure=None)
     if model.max_len < PROMPT_TOKENS + NEW_TOKENS:

@@ -24,6 +24,7 @@ import torch
 
 from ...backend.types import LayerKV
 from ...model.config import ModelConfig
+from ..arguments import as_integer
 
 
 class OutOfPagesError(RuntimeError):
@@ -201,6 +202,38 @@ def kv_bytes_per_token(config: ModelConfig, quantize: str | None = None,
     return vectors * config.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+def check_pool_args(config: ModelConfig, num_pages, page_size, quantize=None,
+                    key_smoothing=None) -> torch.Tensor | None:
+    """TypeError or ValueError naming the bad argument of a KV pool, raised before anything is
+    allocated (num_pages None: a size to be chosen later). Returns the key smoothing factors as
+    one (layers, kv_heads, head_dim) float32 tensor, or None."""
+    for name, value in (("num_pages", num_pages), ("page_size", page_size)):
+        if value is not None:
+            as_integer(value, name)
+    if (num_pages is not None and num_pages < 1) or page_size < 1:
+        raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    if key_smoothing is None:
+        return None
+    if quantize != "int8":
+        raise ValueError("key_smoothing applies to an INT8 cache only (quantize='int8')")
+    expected = (config.num_layers, config.num_kv_heads, config.head_dim)
+    what = (f"key_smoothing must hold one (kv_heads, head_dim) = {expected[1:]} tensor of "
+            f"factors per layer ({expected[0]}), as tileinfer.calibrate_key_smoothing gives")
+    try:
+        rows = [torch.as_tensor(f, dtype=torch.float32) for f in key_smoothing]
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{what}; got a {type(key_smoothing).__name__}") from None
+    shapes = {tuple(r.shape) for r in rows}
+    if len(rows) != expected[0] or shapes != {expected[1:]}:
+        raise ValueError(f"{what}; got {len(rows)} of shape(s) {sorted(shapes)}")
+    factors = torch.stack(rows)
+    if not bool((factors > 0).all()) or not bool(torch.isfinite(factors).all()):
+        raise ValueError("key_smoothing factors must be finite and > 0")
+    return factors
+
+
 class PagedKVCache:
     """Key/value page pools for every layer of a model, and the allocator of their pages.
 
@@ -215,12 +248,7 @@ class PagedKVCache:
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int = 16,
                  dtype: torch.dtype = torch.bfloat16, device=None, quantize: str | None = None,
                  key_smoothing=None, max_seq_len: int | None = None):
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
-        if quantize not in (None, "int8"):
-            raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
-        if key_smoothing is not None and quantize != "int8":
-            raise ValueError("key_smoothing applies to an INT8 cache only (quantize='int8')")
+        factors = check_pool_args(config, num_pages, page_size, quantize, key_smoothing)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.config = config
@@ -240,20 +268,8 @@ class PagedKVCache:
         if quantize == "int8":
             self.k_scales = torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
             self.v_scales = torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
-        if key_smoothing is not None:
-            self.k_smooth = self._check_smoothing(key_smoothing)
-
-    def _check_smoothing(self, key_smoothing) -> torch.Tensor:
-        c = self.config
-        factors = torch.stack([torch.as_tensor(f, dtype=torch.float32) for f in key_smoothing])
-        expected = (c.num_layers, c.num_kv_heads, c.head_dim)
-        if tuple(factors.shape) != expected:
-            raise ValueError(f"key_smoothing must hold one (kv_heads, head_dim) = "
-                             f"{expected[1:]} tensor per layer ({expected[0]}), got shape "
-                             f"{tuple(factors.shape)}")
-        if not bool((factors > 0).all()) or not bool(torch.isfinite(factors).all()):
-            raise ValueError("key_smoothing factors must be finite and > 0")
-        return factors.to(self.device).contiguous()
+        if factors is not None:
+            self.k_smooth = factors.to(self.device).contiguous()
 
     def grow(self, num_pages: int):
         """Hold ``num_pages`` pages: new pools with the old pages copied to the same ids, so

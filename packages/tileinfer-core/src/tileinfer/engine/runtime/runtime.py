@@ -6,9 +6,11 @@
 - ``cache``: the KV page pool (``PagedKVCache``). Every path takes its sequences from it: each
   ``generate`` call, a ``ChatSession``'s conversation, the serving engine's requests. Its size
   is what the largest user asked for: at least one sequence of the model's ``max_len``, more
-  when an ``LLMEngine`` sizes it for serving. Asked for more pages, it grows in place (live
-  sequences keep their pages and contents); asked for another page size or precision, it is
-  made anew, which needs it idle (no sequence holding pages).
+  when an ``LLMEngine`` sizes it for serving. Asked for more pages while in use, it grows in
+  place (live sequences keep their pages and contents); idle, and asked for another page size
+  or precision, it is made anew (the old pages freed first). In use means a sequence holds
+  pages or an ``LLMEngine`` is open: an engine keeps the pool it was made with, and one whose
+  pool was made anew (by another page size or precision, or model.close()) refuses work.
 - ``steps``: the ``StaticSteps`` of every runner (static step buffers and CUDA graphs, one graph
   pool), so a step shape is captured once per process, not once per call.
 - ``seed`` and ``counter``: the device sampling stream that captured graphs read, and
@@ -28,7 +30,9 @@ most ``StaticSteps.max_kept`` evictable ones, and their graphs; ``memory()`` rep
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import torch
 
@@ -61,6 +65,7 @@ class ModelRuntime:
         # The sum of the last sampled row's logits (a NaN check, engine/runtime/finite.py).
         self.logit_sum = torch.zeros(1, dtype=torch.float32, device=device)
         self.step_seconds: dict[int, list[float]] = {}
+        self.engines = weakref.WeakSet()  # the open LLMEngines (open_engines)
         self._parts: dict = {}
         self.pool_builds = 0
 
@@ -83,8 +88,8 @@ class ModelRuntime:
             if cache is not None and self._same_kind(cache, page_size, quantize, key_smoothing):
                 if cache.num_pages == want or (cache.num_pages > want and not exact):
                     return cache
-                if cache.num_pages < want and not exact and self.live_pages():
-                    self._grow(want)  # keeps the live sequences' pages
+                if cache.num_pages < want and (self.live_pages() or self.open_engines()):
+                    self._grow(want)  # keeps the live sequences' pages and the engines' pool
                     return cache
             if cache is not None and self.live_pages():
                 raise PoolBusyError(
@@ -92,8 +97,16 @@ class ModelRuntime:
                     f"{cache.quantize or 'unquantized'}) holds {self.live_pages()} pages of live "
                     "sequences (a ChatSession, an LLMEngine); close them before asking for a "
                     "pool of another size, page size or precision")
+            # (an idle engine still open keeps the old pool and refuses work from then on)
             self._build(want, page_size, quantize, key_smoothing)
             return self.cache
+
+    def open_engines(self) -> int:
+        """LLMEngines made on the pool and not closed. Each keeps the pool it was made with, so
+        while one is open a pool too small is grown in place rather than made anew."""
+        if self.engines:
+            gc.collect()  # an engine dropped without close() in a reference cycle goes now
+        return len(self.engines)
 
     def reserve_room(self, pages: int):
         """Grow the pool (same page size and precision) so that ``pages`` of it are free."""

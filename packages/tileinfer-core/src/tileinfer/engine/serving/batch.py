@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...backend.sampling import SamplingParams
+from ..arguments import token_ids
 from .llm_engine import DEFAULT_MAX_RUNNING, LLMEngine
 from .request import ERROR
 
@@ -18,9 +19,13 @@ def generate_batch(model, prompts, sampling: SamplingParams | list = SamplingPar
     (seeds None: random seeds; one int: that seed for every prompt). stop_ids: the model's EOS
     ids by default. engine_kwargs go to ``LLMEngine`` (num_pages, max_running, ...); on the CPU
     the pool holds every request's full length unless num_pages or cpu_tokens is given.
-    RuntimeError naming the first failed request if a step failed.
+    RuntimeError naming the first failed request if a step failed; TypeError or ValueError,
+    before any engine is made, for a prompt or stop id that is not a token id.
     """
-    prompts = [list(p) for p in prompts]
+    vocab = model.config.vocab_size
+    prompts = [token_ids(p, f"prompts[{i}]", vocab) for i, p in enumerate(prompts)]
+    if stop_ids is not None:
+        stop_ids = token_ids(stop_ids, "stop_ids", vocab)
     n = len(prompts)
 
     def per_prompt(value, name):

@@ -26,3 +26,10 @@ class LaunchedStep:
     decode: bool = False
     successor: "LaunchedStep | None" = None
     logits: torch.Tensor | None = None
+
+    def wait(self):
+        """Block until the step's work on the device is done."""
+        if self.ids is not None:
+            self.ids.tolist()
+        elif self.logits is not None and self.logits.is_cuda:
+            torch.cuda.current_stream(self.logits.device).synchronize()

@@ -44,13 +44,17 @@ from .batch_runner import BatchRunner
 from .batch_sampling import sampled_logprobs
 from .engine_stats import engine_stats
 from .launched_step import LaunchedStep
-from .pool import kv_pool_pages
+from .pool import check_pool_args, engine_pool
 from .prompt_logprobs import collect, needs_rows, report
 from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestOutput,
                       check_request, request_limits)
 from .scheduler import Scheduler
 
 DEFAULT_MAX_RUNNING = 64
+
+
+POOL_GONE = ("this LLMEngine's KV pool is gone (the model was closed, or the pool made anew for "
+             "another page size, precision or size while the engine was idle): make a new one")
 
 
 class LLMEngine:
@@ -74,21 +78,14 @@ class LLMEngine:
                  memory_fraction: float = 0.9, cpu_tokens: int | None = None,
                  watermark: int | None = None, static_decode: bool | None = None,
                  pipeline: bool = True, static_mixed: bool | None = None):
+        check_pool_args(model.config, num_pages, page_size, kv_quantize, key_smoothing)
         self.model = model
         runtime = self.runtime = runtime_of(model)
         with runtime.lock:
-            if num_pages is None:
-                idle = runtime.cache if runtime.cache is not None and not runtime.live_pages() \
-                    else None
-                num_pages = kv_pool_pages(model, memory_fraction, page_size, kv_quantize,
-                                          cpu_tokens, max_step_tokens, max_running, graphs,
-                                          static_mixed,
-                                          reclaimable=0 if idle is None else idle.nbytes)
-                self.cache = runtime.kv_pool(num_pages + 1, page_size, kv_quantize,
-                                             key_smoothing)
-            else:
-                self.cache = runtime.kv_pool(num_pages + 1, page_size, kv_quantize,
-                                             key_smoothing, exact=True)
+            self.cache = engine_pool(runtime, num_pages, page_size, kv_quantize, key_smoothing,
+                                     fraction=memory_fraction, cpu_tokens=cpu_tokens,
+                                     max_step_tokens=max_step_tokens, max_batch=max_running,
+                                     graphs=graphs, static_mixed=static_mixed)
             self.runner = BatchRunner(model, runtime, graphs, max_batch=max_running,
                                       static_decode=static_decode, static_mixed=static_mixed)
         self.closed = False
@@ -108,6 +105,7 @@ class LLMEngine:
         self.pipeline = pipeline
         self._inflight: LaunchedStep | None = None  # launched by the last step(), not completed
         self.steps = self.generated_tokens = self.pipelined_steps = 0
+        runtime.engines.add(self)  # the pool is not made anew under an open engine
 
     @property
     def num_pages(self) -> int:
@@ -130,6 +128,8 @@ class LLMEngine:
 
     def add_checked(self, args: dict) -> int:
         """Queue a request whose arguments check_request gave (with request_limits(self))."""
+        if self.runtime.cache is not self.cache:  # see POOL_GONE
+            raise RuntimeError(POOL_GONE)
         with self._inbox_lock:
             rid = next(self._ids)
             self._inbox.append(("add", Request(rid, arrival=rid, **args)))
@@ -200,11 +200,8 @@ class LLMEngine:
             self._drain()
             for req in list(self._requests.values()):
                 self._finish(req, ERROR, error=str(error))
-            flight = self._inflight
-            if flight is not None and flight.ids is not None:
-                flight.ids.tolist()  # waits: before its graph or pages can go away
-            elif flight is not None and flight.logits is not None and flight.logits.is_cuda:
-                torch.cuda.current_stream(flight.logits.device).synchronize()
+            if self._inflight is not None:
+                self._inflight.wait()  # before its graph or pages can go away
             self._inflight = None
             return self._take_outputs()
 
@@ -217,6 +214,8 @@ class LLMEngine:
         Pipelined (``pipeline``): a step of decode rows is completed (its tokens read back) only
         after the next one is launched, so the GPU runs the next step while the host handles
         this one's tokens; its outputs are then returned one call later than they were made."""
+        if self.runtime.cache is not self.cache:  # what is left fails (POOL_GONE)
+            return self.fail_all(POOL_GONE)
         with self._step_lock, self.runtime.lock:
             self._drain()
             flight, self._inflight = self._inflight, None
@@ -397,4 +396,4 @@ class LLMEngine:
         if not self.closed:
             self.fail_all("the engine was closed")
             self.closed = True
-
+            self.runtime.engines.discard(self)

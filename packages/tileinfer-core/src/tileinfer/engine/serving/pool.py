@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from ..kv.cache import kv_bytes_per_token
+from ..kv.cache import check_pool_args, kv_bytes_per_token
 from ..runtime.static_steps import MAX_KEPT
 from .batch_runner import bucket_sizes
 from .mixed_steps import MIXED_MAX_TOKENS
@@ -60,6 +60,7 @@ def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
     ``reclaimable``: bytes in use now that the pool replaces (the model runtime's idle pool).
     CPU: pages for ``cpu_tokens`` positions (default 32,768).
     """
+    check_pool_args(model.config, None, page_size, quantize)
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
     device = torch.device(model.device)
@@ -83,3 +84,16 @@ def kv_pool_pages(model, fraction: float = 0.9, page_size: int = 16,
             f"{(total - free) / 2**30:.1f} GiB in use and the activations' reserve leaves "
             f"{budget / 2**30:.2f} GiB; raise fraction or lower max_step_tokens / max_batch")
     return pages
+
+
+def engine_pool(runtime, num_pages, page_size, kv_quantize, key_smoothing, **sizing):
+    """The runtime's pool made or grown for an engine: ``num_pages`` request pages exactly, or
+    (None) ``kv_pool_pages(model, **sizing)`` of them, counting an idle pool that nothing keeps
+    as memory it replaces; plus the runtime's scratch page. Call it under ``runtime.lock``."""
+    if num_pages is not None:
+        return runtime.kv_pool(num_pages + 1, page_size, kv_quantize, key_smoothing, exact=True)
+    cache = runtime.cache
+    idle = cache is not None and not runtime.live_pages() and not runtime.open_engines()
+    num_pages = kv_pool_pages(runtime.model, page_size=page_size, quantize=kv_quantize,
+                              reclaimable=cache.nbytes if idle else 0, **sizing)
+    return runtime.kv_pool(num_pages + 1, page_size, kv_quantize, key_smoothing)

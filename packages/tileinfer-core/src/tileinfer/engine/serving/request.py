@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from dataclasses import dataclass, field
 
 from ...backend.logit_processing import check_bias_ids
 from ...backend.sampling import SamplingParams
+from ..arguments import check_seed, token_ids
 from ..kv.cache import Sequence
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
@@ -145,14 +145,11 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
     check_top("logprobs", logprobs)
     check_top("prompt_logprobs", prompt_logprobs)
     try:
-        prompt = [int(i) for i in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+        prompt = token_ids(prompt, "prompt_ids", vocab_size)
     except (TypeError, ValueError) as e:
-        raise RequestError(f"prompt must be a sequence of token ids: {e}") from None
+        raise RequestError(str(e)) from None
     if not prompt:
         raise RequestError("the prompt needs at least one token")
-    bad = [i for i in prompt if not 0 <= i < vocab_size]
-    if bad:
-        raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     if len(prompt) > max_len:
         raise RequestError(f"the prompt has {len(prompt)} tokens; the model's max_len is "
                            f"{max_len}")
@@ -180,14 +177,12 @@ def check_request(prompt, sampling, max_new_tokens, stop_ids, seed, *, vocab_siz
     if min_new_tokens and sampling.structured:
         raise RequestError("min_new_tokens cannot be combined with a structured output: its "
                            "grammar decides where the answer may end")
-    if seed is None:
-        seed = random.getrandbits(63)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63:
-        raise RequestError(f"seed must be an integer in the int64 range, got {seed!r}")
     try:
-        stop = frozenset(int(i) for i in (default_stop if stop_ids is None else stop_ids))
+        seed = check_seed(seed)
+        stop = frozenset(int(i) for i in default_stop) if stop_ids is None else \
+            frozenset(token_ids(stop_ids, "stop_ids", vocab_size))
     except (TypeError, ValueError) as e:
-        raise RequestError(f"stop_ids must be token ids: {e}") from None
+        raise RequestError(str(e)) from None
     # Positions it may cache: every token but the last one sampled, within max_len (the whole
     # prompt when it only scores it: its last row runs too).
     positions = min(len(prompt) + max(max_new_tokens, 1) - 1, max_len)

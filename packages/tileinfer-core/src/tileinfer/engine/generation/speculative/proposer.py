@@ -29,6 +29,15 @@ def check_k(k) -> int:
     return k
 
 
+def check_proposer(proposer):
+    """TypeError unless proposer is None or a proposer object (it has ``propose``)."""
+    if proposer is not None and not callable(getattr(proposer, "propose", None)):
+        raise TypeError(
+            "speculative takes a proposer object: tileinfer.NgramProposer(), "
+            "tileinfer.DraftProposer(draft_model) or "
+            f"tileinfer.DFlashProposer(tileinfer.load_dflash(...)); got {proposer!r}")
+
+
 class Draft(list):
     """Draft token ids (a list) and, for sampled drafts, ``probs``: the (len, vocab) float32
     device tensor whose row j is the distribution q that draft j was drawn from. ``probs`` is
