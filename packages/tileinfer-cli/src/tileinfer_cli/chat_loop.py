@@ -78,7 +78,7 @@ class ChatLoop:
         s, args = self.session, self.args
         if s.seed is None and s.sampling.temperature > 0:
             s.seed = draw_seed(random)  # drawn here (not in generate) so that the log can say it
-        turn_seed = None if s.seed is None else s.seed + s.turns  # as ChatSession seeds a turn
+        turn_seed = s.turn_seed()
         turn = self.commands.last = chat_turn(s, text, args.max_new_tokens, self.stops, self.out,
                                               args.hide_thinking)
         print(file=self.out)

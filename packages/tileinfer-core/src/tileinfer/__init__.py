@@ -8,8 +8,8 @@ The package is layered (docs/architecture.md): ``backend`` (the op contract and 
 generation, chat, speculation); each imports only the layers before it.
 """
 
-from .backend import (BackendError, BackendInfo, SamplingParams, get_backend, hookimpl,
-                      list_backends)
+from .backend import (BackendError, BackendInfo, SamplingParams, default_backend_name,
+                      get_backend, hookimpl, list_backends)
 from .backend.grammar import Grammar, GrammarError, compile_grammar
 from .backend.sampling import accept_host, sample_host
 from .io import (ChatMessage, ChatTemplateError, DefaultModelUnavailable, GGUFImportError,

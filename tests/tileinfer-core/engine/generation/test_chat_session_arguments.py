@@ -82,3 +82,23 @@ def test_reply_to_what_is_not_text_is_refused_before_the_template(model, text):
     clean = session(model)
     assert clean.reply("one two three", 5)[0] == first
     assert clean.reply("four five", 5)[0] == second
+
+
+def test_the_largest_seed_wraps_into_the_int64_range_turn_by_turn(model):
+    """Turn t samples with the session's seed + t; past 2**63 - 1 that wraps to -2**63, which
+    generate takes as it takes any int64 seed (the turn's tokens are generate's with it)."""
+    from tileinfer import generate_into
+
+    chat = session(model, seed=2**63 - 1)
+    assert chat.turn_seed() == 2**63 - 1
+    chat.reply("one two", 4)
+    assert chat.turn_seed() == -2**63
+    reply, _ = chat.reply("three", 4)
+    ids = chat.prompt_ids(chat.messages[:-1])
+    runner = chat.runner
+    seq = runner.cache.new_sequence()
+    try:
+        tokens = generate_into(runner, seq, ids, 4, SamplingParams(0.8), [], -2**63)
+    finally:
+        runner.cache.release(seq)
+    assert reply == WordTokenizer().decode(tokens)

@@ -175,7 +175,7 @@ class ChatSession:
         reused = min(common_prefix_len(cached, ids), len(ids) - 1)
         start = time.perf_counter()
         self.cache.truncate(self.seq, reused)
-        seed = None if self.seed is None else self.seed + self.turns
+        seed = self.turn_seed()
         spec = SpecStats() if self.speculative is not None else None
         try:
             new = generate_into(self.runner, self.seq, ids[reused:], max_new_tokens, self.sampling,
@@ -189,6 +189,13 @@ class ChatSession:
         self.messages = messages + [ChatMessage("assistant", reply)]
         self.turns += 1
         return reply, TurnStats(reused, len(ids) - reused, len(new), seconds, spec)
+
+    def turn_seed(self) -> int | None:
+        """The seed of the next turn's sampler: the session's seed plus the turns before it,
+        wrapped into the int64 range (None without a seed)."""
+        if self.seed is None:
+            return None
+        return (self.seed + self.turns + 2**63) % 2**64 - 2**63
 
     def _restore(self, cached, reused):
         """Bring the cache back to ``cached`` after a failed turn (recomputing dropped positions)."""

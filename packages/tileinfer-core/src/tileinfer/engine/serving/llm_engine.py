@@ -385,7 +385,8 @@ class LLMEngine:
 
     def check_accounting(self) -> dict:
         """AssertionError unless the pool's references match the requests' pages (see
-        ``Scheduler.check_pages``). Returns ``stats()``."""
+        ``Scheduler.check_pages``; pages a ChatSession holds count as unaccounted). Returns
+        ``stats()``."""
         with self._step_lock:
             self.scheduler.check_pages(self.runner.scratch_page)
             return self.stats()
