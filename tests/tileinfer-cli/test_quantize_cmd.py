@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,17 +58,17 @@ def test_a_failed_write_leaves_no_folder(tiny_home, tmp_path, monkeypatch):
     import errno
     import io
 
-    from tileinfer.engine.generation import gptq
+    import safetensors.torch
+
     from tileinfer_cli import quantize_cmd
     from tileinfer_cli.errors import UserError
 
-    def fill_the_disk(model, folder, ids):
-        folder.mkdir()
-        (folder / "model.safetensors").write_bytes(b"part of it")
+    def fill_the_disk(tensors, path, *args, **kwargs):
+        Path(path).write_bytes(b"part of it")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setenv("TILEINFER_HOME", tiny_home["TILEINFER_HOME"])
-    monkeypatch.setattr(gptq, "write_gptq_fp8", fill_the_disk)
+    monkeypatch.setattr(safetensors.torch, "save_file", fill_the_disk)
     text = tmp_path / "t.txt"
     text.write_text("some text to round the weights for " * 10)
     out = tmp_path / "place" / "out"

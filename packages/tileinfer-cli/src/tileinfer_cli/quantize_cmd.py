@@ -4,8 +4,6 @@ weights are rounded with GPTQ's error compensation on the calibration text
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from .errors import UserError
@@ -42,7 +40,6 @@ def run(args, out):
     import torch
     from tileinfer import load_model, load_tokenizer, resolve_model_dir
     from tileinfer.engine.generation.gptq import write_gptq_fp8
-    from tileinfer.io.import_staging import staging_dir
 
     target = Path(args.out).expanduser()
     if target.exists():
@@ -64,14 +61,9 @@ def run(args, out):
     model = load_model(folder, dtype=torch.bfloat16, backend=args.backend)
     print(f"rounding {folder.name}'s linear weights on {len(ids)} calibration tokens ...",
           file=out)
-    # Written whole or not at all: into the hidden staging folder an import uses, renamed when
-    # complete.
-    staging = staging_dir(target)
-    try:
-        write_gptq_fp8(model, staging, ids)
-        os.replace(staging, target)
+    try:  # written whole or not at all (write_gptq_fp8)
+        write_gptq_fp8(model, target, ids)
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
         raise UserError(f"writing {target} failed: {exc.strerror or exc}") from None
     print(f"wrote {target}", file=out)
     return 0

@@ -5,6 +5,7 @@ checkpoint is one ``load_model`` reads, e4m3 as stored, with the quality that pr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +61,31 @@ def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path, arch):
     gptq_error = (logits(gptq, ids) - want).pow(2).mean()
     nearest_error = (logits(nearest, ids) - want).pow(2).mean()
     assert gptq_error < nearest_error
+
+
+def test_a_failed_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    """Written whole or not at all: a write that fails part way (a disk filling up) leaves the
+    empty OUT folder empty and no staging folder; the next write fills it."""
+    import errno
+
+    import safetensors.torch
+
+    folder = save_tiny(build_tiny("llama"), tmp_path / "m")
+    model = load_model(folder, dtype=torch.float32, backend="ref", max_len=128)
+    calibration = prompt_ids(64, seed=20)
+    out = tmp_path / "place" / "out"
+    out.mkdir(parents=True)
+    real = safetensors.torch.save_file
+
+    def fill_the_disk(tensors, path, *args, **kwargs):
+        Path(path).write_bytes(b"part of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", fill_the_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_gptq_fp8(model, out, calibration)
+    assert [p.name for p in out.parent.iterdir()] == ["out"] and not any(out.iterdir())
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert write_gptq_fp8(model, out, calibration) == out
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert [p.name for p in out.parent.iterdir()] == ["out"]

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from ...backend.fp8 import E4M3, E4M3_MAX, quantize_rows, row_scales
+from ...io.import_staging import staging_dir
 from ...model.tensor_names import fused_parts, layer_tensor_names
 from ..kv.cache import new_cache
 from .forward import forward
@@ -120,7 +122,11 @@ def input_hessians(model, token_ids: list[int], window: int = 512) -> list[dict]
 def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.01) -> Path:
     """Write model (loaded unquantized from its folder) as a compressed-tensors FP8 checkpoint in
     out_dir: every decoder linear rounded by ``gptq_e4m3`` under its inputs' Hessian over
-    calibration_ids, every other tensor and file as in the model's folder. Returns out_dir."""
+    calibration_ids, every other tensor and file as in the model's folder. Returns out_dir.
+
+    Written whole or not at all: into a hidden staging folder beside out_dir (the one imports
+    use), renamed onto out_dir (absent, or an empty folder) once complete; on an error nothing
+    is left behind."""
     from safetensors.torch import load_file, save_file
 
     if model.quantize is not None:
@@ -144,7 +150,21 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
                 tensors[name] = q[row:row + rows].contiguous()
                 tensors[name + "_scale"] = scale[row:row + rows, None].contiguous()
                 row += rows
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(out)
+    try:
+        staging.mkdir()
+        _write(src, staging, tensors, save_file)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _write(src: Path, out: Path, tensors: dict, save_file):
+    """The checkpoint's files in out: the folder's other files, the tensors, config.json with
+    its quantization_config."""
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and not path.name.endswith(
                 ".safetensors.index.json"):
@@ -161,4 +181,3 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
             "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
                                   "dynamic": True, "symmetric": True}}}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
