@@ -36,7 +36,6 @@ import contextlib
 import torch
 
 from ...backend.sampling import SamplingParams
-from ..kv.cache import check_pool_args
 from ..kv.step import prepare_step, static_metadata
 from ..runtime.finite import check_finite, sample_with_sums
 from ..runtime.graphs import use_graphs
@@ -354,7 +353,6 @@ def runner_for(model, graphs: bool | None = None, num_pages: int | None = None,
     """The model's single-sequence runner on its runtime (made once per graphs setting), its KV
     pool holding at least ``num_pages`` pages of ``page_size`` in ``kv_quantize``'s precision
     (see ``ModelRuntime.kv_pool``)."""
-    check_pool_args(model.config, num_pages, page_size, kv_quantize, key_smoothing)
     runtime = runtime_of(model)
     with runtime.lock:
         runtime.kv_pool(num_pages, page_size, kv_quantize, key_smoothing)

@@ -37,7 +37,7 @@ import weakref
 import torch
 
 from ...model.loader import check_fits
-from ..kv.cache import PagedKVCache, kv_bytes_per_token
+from ..kv.cache import PagedKVCache, check_pool_args, kv_bytes_per_token
 from .graphs import use_graphs
 from .static_steps import StaticSteps
 
@@ -81,7 +81,9 @@ class ModelRuntime:
         """The pool, made or changed to hold at least ``num_pages`` pages (exactly, with
         ``exact``; default: one max_len sequence) of ``page_size`` positions in ``quantize``'s
         precision with ``key_smoothing``. Growing keeps every live sequence; anything else that
-        changes the pool needs it idle (``PoolBusyError``)."""
+        changes the pool needs it idle (``PoolBusyError``). Bad arguments are refused before
+        anything changes (``check_pool_args``)."""
+        check_pool_args(self.model.config, num_pages, page_size, quantize, key_smoothing)
         with self.lock:
             want = max(num_pages or 0, 1 if exact else self.min_pages(page_size))
             cache = self.cache

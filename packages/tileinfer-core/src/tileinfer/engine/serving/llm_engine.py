@@ -36,6 +36,7 @@ import weakref
 import torch
 
 from ...backend.sampling import SamplingParams
+from ..kv.cache import check_pool_args
 from ..kv.prefix_cache import PrefixCache
 from ..runtime.finite import non_finite
 from ..runtime.runtime import runtime_of
@@ -44,7 +45,7 @@ from .batch_runner import BatchRunner
 from .batch_sampling import sampled_logprobs
 from .engine_stats import engine_stats
 from .launched_step import LaunchedStep
-from .pool import check_pool_args, engine_pool
+from .pool import engine_pool
 from .prompt_logprobs import collect, needs_rows, report
 from .request import (ABORT, ERROR, FINISHED, LENGTH, RUNNING, STOP, Request, RequestOutput,
                       check_request, request_limits)
@@ -385,8 +386,7 @@ class LLMEngine:
 
     def check_accounting(self) -> dict:
         """AssertionError unless the pool's references match the requests' pages (see
-        ``Scheduler.check_pages``; pages a ChatSession holds count as unaccounted). Returns
-        ``stats()``."""
+        ``Scheduler.check_pages``; a ChatSession's pages count as unaccounted); ``stats()``."""
         with self._step_lock:
             self.scheduler.check_pages(self.runner.scratch_page)
             return self.stats()
