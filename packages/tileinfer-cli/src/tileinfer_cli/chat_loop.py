@@ -67,11 +67,16 @@ class ChatLoop:
                 print(file=self.out)  # after whatever part of the reply was written
                 if self.console is None:
                     raise
-                print(f"tileinfer: error: {in_cli_words(str(exc))}", file=sys.stderr)
+                self.say(exc)
 
     def failed(self, error: UserError, line: int):
         if self.console is None:
             raise UserError(f"line {line}: {error}") from None
+        self.say(error)
+
+    @staticmethod
+    def say(error: Exception):
+        """An error at a terminal, which the chat goes on after."""
         print(f"tileinfer: error: {in_cli_words(str(error))}", file=sys.stderr)
 
     def answer(self, text: str):

@@ -21,3 +21,15 @@ def user_errors() -> tuple[type[BaseException], ...]:
             ti.PromptTooLongError, ti.DefaultModelUnavailable, LocalModelError,
             MemoryLimitError, ChatSessionBusyError, NonFiniteLogitsError, ValueError,
             FileNotFoundError)
+
+
+def first_line(exc) -> str:
+    """The message's first line; where it ends at a colon (a parser's message whose reason
+    comes after a picture of the input, as llguidance's does), with its "error:" line's reason."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    reason = next((line for line in lines[1:] if line.startswith("error:")), None)
+    if lines[0].endswith(":") and reason is not None:
+        return f"{lines[0]} {reason.removeprefix('error:').strip()}"
+    return lines[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UserError, user_errors
+from .errors import UserError, first_line, user_errors
 from .options import quantize_of, speculative_name
 
 
@@ -93,7 +93,6 @@ def continued_model(cid: str, rows: list[dict]) -> str | None:
     try:
         resolve_model_dir(name)
     except user_errors() as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"conversation {cid} was with the model {name!r}, which is not here "
-                        f"({first}); -m MODEL goes on with another model") from None
+                        f"({first_line(e)}); -m MODEL goes on with another model") from None
     return name

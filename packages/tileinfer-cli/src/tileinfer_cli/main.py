@@ -17,7 +17,7 @@ import warnings
 from . import (backends_cmd, bench_cmd, chat_cmd, embed_cmd, logs_cmd, models_cmd, quantize_cmd,
                run_cmd, show_cmd)
 from .cli_words import in_cli_words
-from .errors import UserError, user_errors
+from .errors import UserError, first_line, user_errors
 from .parsing import HelpFormatter, Parser
 from .plugin_errors import failing_op
 from .serve import command as serve_cmd  # the server's modules are imported when it runs
@@ -101,7 +101,7 @@ def _failure(exc: Exception) -> int:
     if plugin is not None and not os.environ.get("TILEINFER_DEBUG"):
         backend, op = plugin
         print(f"tileinfer: error: backend {backend!r} failed in op {op!r}: "
-              f"{type(exc).__name__}: {_first_line(exc)} (a bug of that backend; "
+              f"{type(exc).__name__}: {first_line(exc)} (a bug of that backend; "
               "TILEINFER_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     if plugin is None and isinstance(exc, user_errors()):
@@ -121,18 +121,6 @@ def _reader_gone() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _first_line(exc) -> str:
-    """The message's first line; where it ends at a colon (a parser's message whose reason
-    comes after a picture of the input, as llguidance's does), with its "error:" line's reason."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    reason = next((line for line in lines[1:] if line.startswith("error:")), None)
-    if lines[0].endswith(":") and reason is not None:
-        return f"{lines[0]} {reason.removeprefix('error:').strip()}"
-    return lines[0]
-
-
 def _report(exc) -> int:
-    print(f"tileinfer: error: {in_cli_words(_first_line(exc))}", file=sys.stderr)
+    print(f"tileinfer: error: {in_cli_words(first_line(exc))}", file=sys.stderr)
     return 2
