@@ -187,6 +187,17 @@ class TinyStore:
         return self._refs[key]
 
 
+class WordTokenizer:
+    """What a ChatSession asks of a tokenizer (encode and decode) for a tiny vocabulary: words
+    to ids by a hash into it, ids back to "w<id>"."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [sum(map(ord, word)) % 90 + 2 for word in text.split()]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
 @pytest.fixture(autouse=True)
 def single_torch_thread():
     """Run each test of a module that imports this fixture on one torch thread.

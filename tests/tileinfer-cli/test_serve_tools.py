@@ -75,6 +75,18 @@ def check_calls(name, calls):
     assert all(re.fullmatch(pattern, i) for i in ids), ids
 
 
+def answer_without_calls(client, kwargs, stream) -> tuple[str, str]:
+    """A chat answer's content and finish reason, whole or streamed, asserting it has no calls."""
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        assert not any(c.choices[0].delta.tool_calls for c in chunks)
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        return content, chunks[-1].choices[0].finish_reason
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.message.tool_calls is None
+    return choice.message.content, choice.finish_reason
+
+
 def test_an_answer_of_calls_is_tool_calls(served):
     name, client, url, engine, folder = served
     engine.script = ANSWERS[name]
@@ -135,15 +147,7 @@ def test_text_and_malformed_calls_stay_content(served, stream):
     for script in ("Es ist sonnig in Zürich, 18 °C. {x} [y] <z>", broken[name]):
         engine.script = script
         kwargs = dict(model="tiny-smollm2-shape", messages=ASK, tools=[WEATHER])
-        if stream:
-            chunks = list(client.chat.completions.create(**kwargs, stream=True))
-            content = "".join(c.choices[0].delta.content or "" for c in chunks)
-            assert not any(c.choices[0].delta.tool_calls for c in chunks)
-            finish = chunks[-1].choices[0].finish_reason
-        else:
-            message = client.chat.completions.create(**kwargs).choices[0]
-            content, finish = message.message.content, message.finish_reason
-            assert message.message.tool_calls is None
+        content, finish = answer_without_calls(client, kwargs, stream)
         assert content == script and finish == "stop"
 
 
@@ -288,13 +292,5 @@ def test_an_answer_cut_in_its_first_call_keeps_only_the_text_before_it(served, s
     for chars in (len(text) + 3, len(text) + 1 + len(MARKERS[name]) + 5):
         kwargs = dict(model="tiny-smollm2-shape", messages=ASK, tools=[WEATHER],
                       max_tokens=tokens_to(engine.tokenizer, script, chars))
-        if stream:
-            chunks = list(client.chat.completions.create(**kwargs, stream=True))
-            content = "".join(c.choices[0].delta.content or "" for c in chunks)
-            assert not any(c.choices[0].delta.tool_calls for c in chunks)
-            finish = chunks[-1].choices[0].finish_reason
-        else:
-            choice = client.chat.completions.create(**kwargs).choices[0]
-            assert choice.message.tool_calls is None
-            content, finish = choice.message.content, choice.finish_reason
+        content, finish = answer_without_calls(client, kwargs, stream)
         assert finish == "length" and content == text, (chars, content)

@@ -15,7 +15,7 @@ from tileinfer import (ChatSession, LLMEngine, NgramProposer, PoolBusyError, gen
                        generate_into, load_model, memory_report, runtime_of)
 from tileinfer.engine.generation.runner import ModelRunner
 from tileinfer.engine.kv.cache import new_cache
-from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
+from tiny_models import WordTokenizer, prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 MAX_LEN = 96
 
@@ -23,17 +23,6 @@ MAX_LEN = 96
 @pytest.fixture
 def model(tiny):
     return load_model(tiny.directory("llama"), dtype=torch.float32, max_len=MAX_LEN)
-
-
-class WordTokenizer:
-    """Words to ids by a hash into the tiny vocabulary, ids back to "w<id>" (what a
-    ChatSession asks of a tokenizer: encode and decode)."""
-
-    def encode(self, text, add_special_tokens=False):
-        return [sum(map(ord, word)) % 90 + 2 for word in text.split()]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(f"w{i}" for i in ids)
 
 
 def alone(model, prompt, n, **kwargs):

@@ -11,20 +11,10 @@ import pytest
 import torch
 
 from tileinfer import ChatSession, LLMEngine, generate, load_model, runtime_of
-from tiny_models import prompt_ids, tiny  # noqa: F401
+from tiny_models import WordTokenizer, prompt_ids, tiny  # noqa: F401
 
 MAX_LEN = 96  # a ChatSession or generate asks for MAX_LEN / 16 + 1 = 7 pages
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-
-
-class WordTokenizer:
-    """Words to ids by a hash into the tiny vocabulary, ids back to "w<id>"."""
-
-    def encode(self, text, add_special_tokens=False):
-        return [sum(map(ord, word)) % 90 + 2 for word in text.split()]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(f"w{i}" for i in ids)
 
 
 def fresh(tiny):  # noqa: F811
