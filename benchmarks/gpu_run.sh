@@ -8,7 +8,7 @@
 #       steps: conformance tests enginetests bytecode userpaths firstcalls batchtwice startup ops bench pdl
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
-#              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2
+#              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -133,6 +133,19 @@ for step in $steps; do
         for n in ${FP8_BATCHES:-8 64}; do
           timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $q \
             --batch $n --repeats 2 --json "$out/fp8.json" 2>&1 | grep -v '^{' | tail -n 1
+        done
+      done ;;
+    fp8gemm)  # gemm_fp8.py (batched FP8 products on gemm_wgmma.cu): its GPU tests, then llama3-8b
+              # FP8 static batches (FP8GEMM_BATCHES) on it and on torch._scaled_mm (cuda)
+      timeout 200 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py -k "fp8" > "$out/fp8gemm.log" 2>&1
+      echo "cuda fp8 linear tests: $(tail -n 1 "$out/fp8gemm.log")"
+      for n in ${FP8GEMM_BATCHES:-64 32}; do
+        for off in false true; do
+          echo "batch $n, fp8_gemm off=$off: $(TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": \
+{\"off\": $off}}" timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda \
+            --fp8 --batch $n --repeats 2 --json "$out/fp8gemm.json" 2>&1 | grep -v '^{' \
+            | tail -n 1)"
         done
       done ;;
     spec)

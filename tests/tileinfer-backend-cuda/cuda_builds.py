@@ -127,6 +127,16 @@ def builds() -> list[tuple[str, dict, tuple]]:
         ARCH_SPECIFIC=None)
     add("gemm_wgmma_ws.cu", PARTS=8, RUNS=1, WG=1, TG=2, NT=8, STAGES=4, OUT_DTYPE="float",
         ROUND_BF16=0, ARCH_SPECIFIC=None)
+    # e4m3 products (W_FP8, ops/gemm_fp8.py): split by TMA in flight, SwiGLU unsplit with token
+    # groups, xIELU at n32 by cp.async, into float
+    add("gemm_wgmma.cu", W_FP8=1, PARTS=32, RUNS=4, SPLIT=1, WG=1, NT=8, STAGES=4, TMA=1,
+        MMA_LAG=1, PDL=1, ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", W_FP8=1, EPILOGUE=1, PARTS=32, RUNS=1, SPLIT=0, WG=1, TG=2, NT=8,
+        STAGES=4, TMA=1, STREAM_L2_256B=None, ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", W_FP8=1, EPILOGUE=2, PARTS=112, RUNS=4, SPLIT=1, WG=2, NT=4, STAGES=3,
+        ARCH_SPECIFIC=None)
+    add("gemm_wgmma.cu", W_FP8=1, PARTS=16, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=3,
+        OUT_DTYPE="float", ROUND_BF16=0, ARCH_SPECIFIC=None)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

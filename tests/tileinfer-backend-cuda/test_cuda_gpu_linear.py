@@ -462,3 +462,42 @@ def test_fp8_quantization_gives_the_reference_bits(cuda, k):
     want_q, want_scale = reference(x)
     assert torch.equal(scale, want_scale)
     assert torch.equal(xq, want_q.view(torch.uint8))
+
+
+# --- FP8: batched products on gemm_wgmma.cu (ops/gemm_fp8.py) -------------------------------------
+
+
+@pytest.mark.parametrize("n", [17, 32, 64, 100, 128])
+@pytest.mark.parametrize("op,rows,k", [("linear", 6144, 4096), ("linear", 4096, 14336),
+                                       ("linear_swiglu", 14336, 4096),
+                                       ("linear_xielu", 1000, 4096)])
+def test_fp8_batched_products_match_ref(cuda, ref, n, op, rows, k):
+    """gemm_fp8.py's launches against ref to bf16 tolerance, as the conformance suite holds every
+    backend: llama3-8b's widths, K split into runs (qkv, down), SwiGLU and xIELU in the epilogue,
+    n32 and n64 token tiles, a token block and a row tile partly past the edges (100 rows,
+    1000 outputs); gemm_wgmma.cu's W_FP8 build is the one that ran, and the same products on
+    torch._scaled_mm (the switch off) agree too."""
+    if not torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("gemm_wgmma.cu's FP8 build is Hopper's")
+    from tileinfer.testing.conformance.helpers import make_fp8_weight
+
+    g = torch.Generator().manual_seed(n + rows)
+    x = torch.randn(n, k, generator=g).to(torch.bfloat16).to(DEV)
+    w, scale = make_fp8_weight(2 * rows if op == "linear_swiglu" else rows, k, DEV, g)
+
+    def run(ops):
+        out = torch.full((n, rows), float("nan"), dtype=torch.bfloat16, device=DEV)
+        if op == "linear_swiglu":
+            scratch = torch.empty(n, 2 * rows, dtype=torch.bfloat16, device=DEV)
+            ops.linear_swiglu(out, x, w, scale, scratch, batch_invariant=False)
+        elif op == "linear_xielu":
+            ops.linear_xielu(out, x, w, scale, XIELU, batch_invariant=False)
+        else:
+            ops.linear(out, x, w, scale, batch_invariant=False)
+        return out
+
+    expected = run(ref)
+    assert_close(run(cuda), expected, torch.bfloat16, what="gemm_wgmma.cu")
+    assert loaded_modules("gemm_wgmma.cu", W_FP8=1)
+    with _experiment({"fp8_gemm": {"off": True}}):
+        assert_close(run(cuda), expected, torch.bfloat16, what="torch._scaled_mm")

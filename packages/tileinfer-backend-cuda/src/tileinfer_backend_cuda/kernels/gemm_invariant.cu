@@ -276,6 +276,6 @@ gemm_invariant(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __
     }
     cp_async_wait<0>();
     close_parts(next_part, part_hi, acc, run, sum);
-    store_sums(run, sum, out, w_scale, n, O, block_base, run_lo, stages, alpha_p, alpha_n, beta,
-               eps);
+    store_sums(run, sum, out, w_scale, nullptr, n, O, block_base, run_lo, stages, alpha_p,
+               alpha_n, beta, eps);
 }

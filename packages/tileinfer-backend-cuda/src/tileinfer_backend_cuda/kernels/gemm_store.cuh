@@ -50,9 +50,11 @@ __device__ __forceinline__ void close_parts(int& next, int upto, Sums& acc, Sums
 
 // out[tok][row] for the block's rows from block_base and its n tokens, from close_parts' sums:
 // the block's run (SPLIT, or one run: its sum is the row's, 0 + run == run) or all runs' (sum).
-// smem: the block's shared memory, free of its ring.
+// x_scale: the block's tokens' FP8 scales (W_FP8). smem: the block's shared memory, free of its
+// ring.
 __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restrict__ out,
-                                           const float* __restrict__ w_scale, int n, int O,
+                                           const float* __restrict__ w_scale,
+                                           const float* __restrict__ x_scale, int n, int O,
                                            int block_base, int run_lo, void* smem, float alpha_p,
                                            float alpha_n, float beta, float eps) {
 #if !SPLIT && RUNS > 1
@@ -66,7 +68,7 @@ __device__ __forceinline__ void store_sums(Sums& run, Sums& sum, out_t* __restri
     auto finish = [&](int tok, int row, const float (&s)[MATS]) {
         float v[MATS];
 #pragma unroll
-        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, nullptr);
+        for (int m = 0; m < MATS; ++m) v[m] = scaled_sum(s[m], m, tok, row, O, w_scale, x_scale);
         out[(i64)tok * O + row] = from_float<out_t>(epilogue_value(v, alpha_p, alpha_n, beta, eps));
     };
 #if SPLIT

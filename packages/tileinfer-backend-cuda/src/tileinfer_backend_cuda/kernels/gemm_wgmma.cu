@@ -1,7 +1,8 @@
 // gemm_invariant.cu's sums on Hopper's warpgroup products (wgmma, sm_90a: built with
 // ARCH_SPECIFIC), for the weights whose batch-invariant order takes products of neighbouring k
 // (NK_PRODUCTS) in contiguous parts (BLOCKED_PARTS, or one part): the same sums in the same
-// order, so a row gets gemv.cu's bits. bf16 weights, K a multiple of 64 (ops/gemm_wgmma.py); the
+// order, so a row gets gemv.cu's bits. bf16 weights, K a multiple of 64 (ops/gemm_wgmma.py), or
+// FP8 weights and tokens (W_FP8, below: batched FP8 products, not batch-invariant); the
 // epilogues and outputs of gemm_invariant.cu (SwiGLU: gate and up tiles, two sums a row).
 //
 // The order (gemm_invariant.cu's header): K in steps of 32; part p takes the contiguous steps
@@ -30,9 +31,17 @@
 // shared memory: gemm_wgmma.smem_bytes (the ring from the first 1024-byte boundary, then with TMA
 // an mbarrier a stage after the ring or the split's sums). PDL as gemm_invariant.cu.
 //
+// W_FP8 = 1: the FP8 product of tileinfer/backend/fp8.py (ops/gemm_fp8.py), e4m3 weights with row
+// scales (w_scale) by the tokens' e4m3 values (fp8_quant.cu) with their scales (x_scale). The
+// kernel walks such rows as pairs of bytes: K, x_stride and the tensor map count 2-byte units, so
+// a step of 32 units is 64 e4m3 k (two products of 32 k) and a stage's 128 bytes a row are 128 k,
+// in the layout and through the descriptors of bf16's. Each part's products start from zero and
+// its sum joins its run's in float32 on the CUDA cores: Hopper's FP8 products keep fewer bits
+// in their accumulator than float32 (DeepSeek-V3's report), so short parts bound the loss.
+//
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, PARTS, RUNS, WG (1 or 2),
 // STAGES, NT (4 or 8), TG (1, 2 or 4), SPLIT (0/1), TMA (0/1), MMA_LAG (0/1), STREAM_L2_256B,
-// PDL (0/1).
+// PDL (0/1), W_FP8 (0/1).
 #include "common.cuh"
 
 #ifndef SPLIT
@@ -65,12 +74,16 @@ constexpr int WQ = W_ROWS * 8 / THREADS;
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS
 gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
            const void* __restrict__ w_map, int n, int K, int O, i64 x_stride,
-           float alpha_p, float alpha_n, float beta, float eps) {
+           float alpha_p, float alpha_n, float beta, float eps,
+           const float* __restrict__ w_scale, const float* __restrict__ x_scale) {
     extern __shared__ uint4 ring[];
     const int warp = threadIdx.x >> 5;
     const int block_base = (SPLIT ? blockIdx.y / RUNS : blockIdx.y) * BLOCK_ROWS;
     x += (i64)blockIdx.x * TOKENS * x_stride;
     out += (i64)blockIdx.x * TOKENS * O;
+#if W_FP8
+    x_scale += blockIdx.x * TOKENS;
+#endif
     n = min(n - (int)blockIdx.x * TOKENS, TOKENS);
     const int run_lo = SPLIT ? blockIdx.y % RUNS : 0, run_hi = SPLIT ? run_lo + 1 : RUNS;
     const int part_lo = run_lo * PER_RUN, part_hi = run_hi * PER_RUN;
@@ -198,5 +211,6 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
     cp_async_wait<0>();
     wgmma_wait_all();
     close(part_hi);
-    store_sums(run, sum, out, nullptr, n, O, block_base, run_lo, ring, alpha_p, alpha_n, beta, eps);
+    store_sums(run, sum, out, w_scale, x_scale, n, O, block_base, run_lo, ring, alpha_p, alpha_n,
+               beta, eps);
 }

@@ -4,7 +4,9 @@
 #pragma once
 
 #define W_INT8 0
-#define W_FP8 0
+#ifndef W_FP8
+#define W_FP8 0  // 1: e4m3 weights and tokens (gemm_wgmma.cu's header)
+#endif
 #ifndef EPILOGUE
 #define EPILOGUE 0
 #endif

@@ -26,6 +26,7 @@
 
 #define SPLIT 0
 #include "gemm_wgmma_block.cuh"  // defaults, out_t, MATS, BLOCK_ROWS, THREADS, TOKENS, W_STAGE, ..
+static_assert(!W_FP8, "e4m3 products: gemm_wgmma.cu");
 static_assert(PER_RUN >= 1, "whole runs");  // (gemm_store.cuh reads it with several runs)
 
 constexpr int CONSUMER_WARPS = THREADS / 32, PRODUCER = CONSUMER_WARPS;  // the producer's warp
@@ -123,5 +124,6 @@ gemm_wgmma_ws(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     }
     wgmma_wait_all();
     close(PARTS);
-    store_sums(run, sum, out, nullptr, n, O, block_base, 0, ring, alpha_p, alpha_n, beta, eps);
+    store_sums(run, sum, out, nullptr, nullptr, n, O, block_base, 0, ring, alpha_p, alpha_n,
+               beta, eps);
 }

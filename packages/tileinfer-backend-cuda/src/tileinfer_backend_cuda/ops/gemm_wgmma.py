@@ -86,17 +86,21 @@ def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> d
         out["STREAM_L2_256B"] = None
     if base.get("PDL"):
         out["PDL"] = 1
+    if base.get("W_FP8"):  # ops/gemm_fp8.py's launches
+        out["W_FP8"] = 1
     return out
 
 
 def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs: int,
-           token_tiles: int, o_rows: int, device: int):
+           token_tiles: int, o_rows: int, device: int, w_scale=None, x_scale=None):
     """One launch of any number of rows (grid as gemm_invariant.cu's, token blocks of cfg's
-    "token_groups" groups: token_groups()); o_rows: the output rows of each matrix."""
+    "token_groups" groups: token_groups()); o_rows: the output rows of each matrix. With
+    base's W_FP8, x and weight are e4m3 bytes viewed as bf16 pairs (ops/gemm_fp8.py) and
+    w_scale, x_scale their float32 scales."""
     n, k_dim = x.shape
     ws = producer_warp(cfg)
     k = kernel("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu",
-               "gemm_wgmma_ws" if ws else "gemm_wgmma", "ppppiiiqffff" + ("m" if ws else ""),
+               "gemm_wgmma_ws" if ws else "gemm_wgmma", "ppppiiiqffff" + ("m" if ws else "pp"),
                device, defines(cfg, base, parts, runs, token_tiles))
     block_rows = 64 * warpgroups(cfg)  # of each matrix: a warpgroup's 64
     w_map = tensor_map.weight_map(weight, block_rows) if cfg.get("tma") else None
@@ -107,6 +111,8 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     args = (out, x, weight, w_map, n, k_dim, o_rows, x.stride(0), *xielu_params)
     if ws:  # the producer's warp last; the tokens' map by value
         args += (tensor_map.token_map(x, tokens),)
+    else:
+        args += (w_scale, x_scale)
     k.launch((cdiv(n, tokens), row_blocks), (threads,), args,
              smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
 

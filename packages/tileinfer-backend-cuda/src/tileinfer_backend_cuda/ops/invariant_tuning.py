@@ -81,3 +81,8 @@ FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {
     (14336, 4096, 'swiglu'): {'warps': 4, 'stages': 3, 'tiles': 1, 'l2_256b': True},
     (4096, 14336, 'none'): {'warps': 16, 'stages': 4, 'tiles': 1, 'l2_256b': True},
 }
+
+# gemm_fp8.py's settings (the launch's, and which steps it takes), as the experiment switch's
+# "fp8_gemm" may give them (ops/tuning.py).
+FP8_GEMM_KEYS = frozenset({"row_warps", "stages", "runs", "tma", "mma_lag", "token_groups",
+                           "l2_256b", "max_tokens", "off"})

@@ -5,8 +5,10 @@ per output row, the input quantized per token row by fp8_quant.cu into per-devic
   model: gemv.cu's FP8 build through linear.invariant_gemv (launches of up to 64 rows), which
   reads the weight once for all rows, on the weight's batch-invariant configuration (its warps
   fixed per weight), so a row's sum is the same bits at any row count;
-* larger steps: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales
-  (bf16 output), then silu_mul / xielu for the MLP ops.
+* larger steps on Hopper, up to gemm_fp8.MAX_TOKENS rows: gemm_fp8.py, FP8 tensor cores with
+  the MLP's epilogue in the kernel;
+* the rest: ``torch._scaled_mm``, cuBLASLt's FP8 tensor-core GEMM with row-wise scales (bf16
+  output), then silu_mul / xielu for the MLP ops.
 
 Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
 its own). Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
@@ -20,7 +22,7 @@ from tileinfer.backend.fp8 import E4M3
 from tileinfer.backend.hookspecs import Invariance
 
 from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
-from . import elementwise
+from . import elementwise, gemm_fp8
 from .linear import NO_XIELU, invariant_gemv
 from .tuning import pdl, wide_max_tokens
 
@@ -59,26 +61,37 @@ def _scaled_mm(out, xq, x_scale, weight, weight_scale):
                      scale_b=weight_scale[None, :], out_dtype=out.dtype, out=out)
 
 
-def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
-    """out = epilogue(FP8 product of x and the weight), in chunks of rows that fit the scratch;
-    False where the scratch is missing (first needed inside a graph capture). Plain products of
-    more than wide_max_tokens(fp8=True) rows of a model that is not batch-invariant go to
-    _scaled_mm (the MLP ops then run their activation on its output)."""
+def _route(out, x, weight, invariant: bool) -> str:
+    """Which kernel takes a product: "gemv" (gemv.cu: few rows, or batch-invariant), "wgmma"
+    (gemm_fp8.py) or "scaled_mm" (no epilogue of its own: the MLP ops add theirs)."""
+    n, k_dim = x.shape
+    if n <= wide_max_tokens(True, fp8=True) or invariant:
+        return "gemv"
+    if out.dtype == torch.bfloat16 and gemm_fp8.takes(n, k_dim, dev(x)):
+        return "wgmma"
+    return "scaled_mm" if weight.shape[0] % 16 == 0 and out.dtype == torch.bfloat16 else "gemv"
+
+
+def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
+    """out = epilogue(FP8 product of x and the weight) on `route`'s kernel (_route; "scaled_mm"
+    only without an epilogue), in chunks of rows that fit the scratch; False where the scratch
+    is missing (first needed inside a graph capture)."""
     n, k_dim = x.shape
     buffers = FP8_SCRATCH.get(dev(x))
     if buffers is None:
         return False
     scratch, scales = buffers
     chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
-    gemm = (n > wide_max_tokens(True, fp8=True) and not invariant and epilogue == "none"
-            and out.dtype == torch.bfloat16 and weight.shape[0] % 16 == 0)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         xq = scratch[: (stop - start) * k_dim].view(stop - start, k_dim)
         x_scale = scales[: stop - start]
         quantize_rows(x[start:stop], xq, x_scale)
-        if gemm:
+        if route == "scaled_mm":
             _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
+        elif route == "wgmma":
+            gemm_fp8.launch(out[start:stop], xq, x_scale, weight, weight_scale, epilogue,
+                            xielu_params, dev(x))
         else:
             invariant_gemv(out[start:stop], xq, weight, weight_scale, epilogue, xielu_params,
                            x_scale)
@@ -88,34 +101,34 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, invariant):
 def linear(out, x, weight, weight_scale, batch_invariant):
     if not (fp8_ok(out, x, weight, weight_scale)
             and _product(out, x, weight, weight_scale, "none", NO_XIELU,
-                         _invariant(batch_invariant))):
+                         _route(out, x, weight, _invariant(batch_invariant)))):
         fallback("linear", "FP8 layout", out, x, weight, weight_scale, batch_invariant)
 
 
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
-    invariant = _invariant(batch_invariant)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
-        if x.shape[0] <= wide_max_tokens(True, fp8=True) or invariant:
-            if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, True):
+        route = _route(out, x, weight, _invariant(batch_invariant))
+        if route != "scaled_mm":
+            if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, route):
                 return
         elif (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
               and elementwise.silu_mul_ok(out, gate_up)
-              and _product(gate_up, x, weight, weight_scale, "none", NO_XIELU, False)):
+              and _product(gate_up, x, weight, weight_scale, "none", NO_XIELU, route)):
             return elementwise.silu_mul(out, gate_up)
     fallback("linear_swiglu", "FP8 layout", out, x, weight, weight_scale, gate_up,
              batch_invariant)
 
 
 def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
-    invariant = _invariant(batch_invariant)
     s = xielu
     params = (s.alpha_p, s.alpha_n, s.beta, s.eps)
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
-        if x.shape[0] <= wide_max_tokens(True, fp8=True) or invariant:
-            if _product(out, x, weight, weight_scale, "xielu", params, True):
+        route = _route(out, x, weight, _invariant(batch_invariant))
+        if route != "scaled_mm":
+            if _product(out, x, weight, weight_scale, "xielu", params, route):
                 return
         elif (elementwise.xielu_ok(out, out)
-              and _product(out, x, weight, weight_scale, "none", NO_XIELU, False)):
+              and _product(out, x, weight, weight_scale, "none", NO_XIELU, route)):
             return elementwise.xielu(out, out, s)
     fallback("linear_xielu", "FP8 layout", out, x, weight, weight_scale, xielu, batch_invariant)
 

@@ -23,7 +23,9 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; gemm_wgmma.py's; ``wide``:
   those of launches of more than 64 rows), ``min_rows`` (the fewest rows of a launch it takes),
   and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
-  interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh).
+  interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh);
+- ``"fp8_gemm"``: gemm_fp8.py's launch settings for every shape, ``max_tokens`` (the most rows
+  it takes) and ``off`` (true: batched FP8 products on ``torch._scaled_mm``): FP8_GEMM_KEYS.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import os
 
 from .. import compiler
 from .common import GEMV_MAX_TOKENS, cdiv, num_sms
-from .invariant_tuning import INVARIANT_GEMM_KEYS
+from .invariant_tuning import FP8_GEMM_KEYS, INVARIANT_GEMM_KEYS
 
 # --- the benchmark-only switch ---------------------------------------------------------------
 
@@ -67,21 +69,19 @@ def _checked(settings) -> dict:
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
     unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "cublaslt_max_tokens", "invariant_gemm"}
+                               "cublaslt_max_tokens", "invariant_gemm", "fp8_gemm"}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
     unknown |= {f"invariant_gemm.{k}" for k in settings.get("invariant_gemm", {})
                 if k not in INVARIANT_GEMM_KEYS}
+    unknown |= {f"fp8_gemm.{k}" for k in settings.get("fp8_gemm", {}) if k not in FP8_GEMM_KEYS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
-    return {"gemv": dict(settings.get("gemv", {})),
-            "attention": dict(settings.get("attention", {})),
-            "pdl": bool(settings.get("pdl", True)),
-            "gemv_wide": dict(settings.get("gemv_wide", {})),
-            "small_weight_bytes": settings.get("small_weight_bytes"),
-            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens"),
-            "invariant_gemm": dict(settings.get("invariant_gemm", {}))}
+    groups = ("gemv", "attention", "gemv_wide", "invariant_gemm", "fp8_gemm")  # dicts of settings
+    return {**{g: dict(settings.get(g, {})) for g in groups},
+            "pdl": bool(settings.get("pdl", True)), "small_weight_bytes": settings.get("small_weight_bytes"),
+            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight

@@ -1,0 +1,127 @@
+"""The FP8 linear ops' launches without a GPU (test_cuda_launches.py's recorders): which kernel
+takes a step of how many rows, and what gemm_fp8.py hands gemm_wgmma.cu (the GPU conformance
+suite then checks the results against the ref backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tileinfer.backend.fp8 import E4M3
+from tileinfer.backend.hookspecs import Invariance
+
+from test_cuda_launches import launches  # noqa: F401  (the fixture)
+from tileinfer_backend_cuda import compiler
+from tileinfer_backend_cuda.ops import (OPS, common, gemm_fp8, gemm_wgmma, linear_fp8, tensor_map,
+                                        tuning)
+
+BF = torch.bfloat16
+
+
+@pytest.fixture
+def fp8(launches, monkeypatch):  # noqa: F811
+    """launches, with linear_fp8.py's quantization recorded too, device 0 Hopper with its FP8
+    scratch, tensor maps faked and torch._scaled_mm's calls recorded as ("scaled_mm", rows)."""
+    monkeypatch.setattr(linear_fp8, "kernel", gemm_wgmma.kernel)  # the fixture's recorder
+    monkeypatch.setattr(linear_fp8, "dev", lambda t: 0)
+    monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
+    monkeypatch.setitem(common.FP8_SCRATCH._by_device, 0,
+                        (torch.empty(common.Fp8Scratch.BYTES, dtype=torch.uint8),
+                         torch.empty(common.Fp8Scratch.ROWS)))
+    monkeypatch.setattr(tensor_map, "_encode", lambda w, rows: torch.zeros(16, dtype=torch.int64))
+    monkeypatch.setattr(tensor_map, "_maps", {})
+    monkeypatch.setattr(linear_fp8, "_scaled_mm",
+                        lambda out, xq, *rest: launches.append(("scaled_mm", xq.shape[0])))
+    return launches
+
+
+def _fp8_weight(rows, k):
+    return torch.randn(rows, k).to(E4M3), torch.rand(rows)
+
+
+def _files(log):
+    return [k if isinstance(k, tuple) else k.file for k in log]
+
+
+@pytest.mark.parametrize("n", [17, 32, 64, 128])
+def test_batched_fp8_steps_run_gemm_wgmma_on_e4m3_pairs(fp8, n):
+    """More rows than gemv.cu takes, up to MAX_TOKENS: the quantization, then gemm_wgmma.cu built
+    with W_FP8, the tokens and the weight as bf16 views of half the width (the same bytes), K
+    and the tokens' stride in 2-byte units, a part a PART_K k, the scales last; SwiGLU in the
+    kernel's epilogue over the stacked gate and up rows; n32 products up to 32 rows."""
+    x = torch.randn(n, 4096).to(BF)
+    w, ws = _fp8_weight(6144, 4096)
+    wg, wgs = _fp8_weight(2 * 14336, 4096)
+    OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, ws, False)
+    OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, wgs,
+                         torch.empty(n, 2 * 14336, dtype=BF), False)
+    assert _files(fp8) == ["fp8_quant.cu", "gemm_wgmma.cu"] * 2
+    scratch, scales = common.FP8_SCRATCH.get(0)
+    for k, weight, w_scale, epilogue, rows in ((fp8[1], w, ws, 0, 6144),
+                                               (fp8[3], wg, wgs, 1, 14336)):
+        d = k.defines
+        assert d["W_FP8"] == 1 and d["EPILOGUE"] == epilogue and d["PARTS"] == 4096 // 128
+        assert d["NT"] == (4 if n <= 32 else 8) and "ARCH_SPECIFIC" in d
+        xk, wk = k.args[1], k.args[2]
+        assert xk.dtype == BF and xk.shape == (n, 2048) and xk.data_ptr() == scratch.data_ptr()
+        assert wk.dtype == BF and wk.shape == (weight.shape[0], 2048)
+        assert wk.data_ptr() == weight.data_ptr()
+        assert k.args[4:8] == (n, 2048, rows, 2048)
+        assert k.args[-2] is w_scale and k.args[-1].data_ptr() == scales.data_ptr()
+        assert k.args[-1].shape == (n,)
+
+
+def test_narrow_weights_split_k_into_runs_until_every_sm_has_a_block(fp8):
+    """At 64 rows (one token block): qkv's 96 row tiles in 2 runs, o's and down's 64 in 4, a
+    cluster each; gate/up's 224 tiles unsplit."""
+    x, h = torch.randn(64, 4096).to(BF), torch.randn(64, 14336).to(BF)
+    for out_rows, inp, weight in ((6144, x, _fp8_weight(6144, 4096)),
+                                  (4096, x, _fp8_weight(4096, 4096)),
+                                  (4096, h, _fp8_weight(4096, 14336))):
+        OPS["linear"](torch.empty(64, out_rows, dtype=BF), inp, *weight, False)
+    OPS["linear_swiglu"](torch.empty(64, 14336, dtype=BF), x, *_fp8_weight(2 * 14336, 4096),
+                         torch.empty(64, 2 * 14336, dtype=BF), False)
+    gemms = [k for k in fp8 if k.file == "gemm_wgmma.cu"]
+    assert [(k.defines["RUNS"], k.defines["SPLIT"], k.grid) for k in gemms] == [
+        (2, 1, (1, 96 * 2)), (4, 1, (1, 64 * 4)), (4, 1, (1, 64 * 4)), (1, 0, (1, 224))]
+    assert gemms[2].defines["PARTS"] == 14336 // 128
+
+
+def test_other_fp8_steps_keep_their_kernels(fp8):
+    """gemv.cu for up to 16 rows and for batch-invariant steps; torch._scaled_mm above
+    MAX_TOKENS rows, with the switch off, off Hopper, and for K that is no multiple of PART_K;
+    the switch's settings reach the launch."""
+    w, ws = _fp8_weight(4096, 4096)
+
+    def run(n, invariant=False, k=4096):
+        fp8.clear()
+        weight = (w, ws) if k == 4096 else _fp8_weight(4096, k)
+        OPS["linear"](torch.empty(n, 4096, dtype=BF), torch.randn(n, k).to(BF), *weight,
+                      invariant)
+        return _files(fp8)
+
+    assert run(16) == ["fp8_quant.cu", "gemv.cu"]
+    assert run(64, Invariance.BATCH) == ["fp8_quant.cu", "gemv.cu"]
+    assert run(129) == ["fp8_quant.cu", ("scaled_mm", 129)]
+    assert run(64, k=4160) == ["fp8_quant.cu", ("scaled_mm", 64)]
+    with tuning.experiment({"fp8_gemm": {"off": True}}):
+        assert run(64) == ["fp8_quant.cu", ("scaled_mm", 64)]
+    with tuning.experiment({"fp8_gemm": {"max_tokens": 256, "runs": 2, "stages": 3}}):
+        assert run(129) == ["fp8_quant.cu", "gemm_wgmma.cu"]
+        assert fp8[1].defines["RUNS"] == 2 and fp8[1].defines["STAGES"] == 3
+    compiler._arch_by_device[0] = "sm_89"
+    assert run(64) == ["fp8_quant.cu", ("scaled_mm", 64)]
+    with pytest.raises(ValueError, match="fp8_gemm.tiles"):
+        tuning.set_experiments({"fp8_gemm": {"tiles": 2}})
+
+
+def test_gemm_fp8_settings_fit_the_runs_to_the_parts():
+    """The rule's runs: a power of two, at most a cluster, and whole parts each (K = 384: three
+    parts, so one run however few blocks)."""
+    with tuning.experiment({}):
+        common._device_properties[(0, "multi_processor_count")] = 132
+        try:
+            assert gemm_fp8.gemm_settings(64, 4096, "none", 64, 0)["runs"] == 8
+            assert gemm_fp8.gemm_settings(64, 384, "none", 64, 0)["runs"] == 1
+            assert gemm_fp8.gemm_settings(64 * 132, 4096, "none", 64, 0)["runs"] == 1
+        finally:
+            del common._device_properties[(0, "multi_processor_count")]
