@@ -9,6 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
+#              fp8sweep
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -148,6 +149,10 @@ for step in $steps; do
             | tail -n 1)"
         done
       done ;;
+    fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64)
+      (cd benchmarks && timeout 300 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \
+        > "$out/fp8sweep.jsonl" 2> "$out/fp8sweep.err"); cat "$out/fp8sweep.jsonl"
+      tail -n 3 "$out/fp8sweep.err" ;;
     spec)
       timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
       tail -n 5 "$out/spec.json" ;;
