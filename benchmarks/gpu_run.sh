@@ -142,9 +142,9 @@ for step in $steps; do
         tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py -k "fp8" > "$out/fp8gemm.log" 2>&1
       echo "cuda fp8 linear tests: $(tail -n 1 "$out/fp8gemm.log")"
       for n in ${FP8GEMM_BATCHES:-64 32}; do
-        for off in false true; do
-          echo "batch $n, fp8_gemm off=$off: $(TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": \
-{\"off\": $off}}" timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda \
+        for on in true false; do
+          echo "batch $n, fp8_gemm enabled=$on: $(TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": \
+{\"enabled\": $on}}" timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda \
             --fp8 --batch $n --repeats 2 --json "$out/fp8gemm.json" 2>&1 | grep -v '^{' \
             | tail -n 1)"
         done

@@ -476,7 +476,7 @@ def test_fp8_batched_products_match_ref(cuda, ref, n, op, rows, k):
     backend: llama3-8b's widths, K split into runs (qkv, down), SwiGLU and xIELU in the epilogue,
     n32 and n64 token tiles, a token block and a row tile partly past the edges (100 rows,
     1000 outputs); gemm_wgmma.cu's W_FP8 build is the one that ran, and the same products on
-    torch._scaled_mm (the switch off) agree too."""
+    torch._scaled_mm (the kernel not enabled) agree too."""
     if not torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("gemm_wgmma.cu's FP8 build is Hopper's")
     from tileinfer.testing.conformance.helpers import make_fp8_weight
@@ -497,7 +497,8 @@ def test_fp8_batched_products_match_ref(cuda, ref, n, op, rows, k):
         return out
 
     expected = run(ref)
-    assert_close(run(cuda), expected, torch.bfloat16, what="gemm_wgmma.cu")
+    with _experiment({"fp8_gemm": {"enabled": True}}):
+        assert_close(run(cuda), expected, torch.bfloat16, what="gemm_wgmma.cu")
     assert loaded_modules("gemm_wgmma.cu", W_FP8=1)
-    with _experiment({"fp8_gemm": {"off": True}}):
+    with _experiment({"fp8_gemm": {"enabled": False}}):
         assert_close(run(cuda), expected, torch.bfloat16, what="torch._scaled_mm")

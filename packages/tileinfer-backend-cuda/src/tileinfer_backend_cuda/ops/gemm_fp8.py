@@ -14,7 +14,7 @@ and the weight go in as bf16 views of half the width. A row's sum runs in parts 
 each part's products from zero in the tensor cores and the parts added in float32 (the header's
 reason). The settings per weight: ``FP8_GEMM_TABLE``, else ``gemm_settings``' rule; the
 experiment switch's ``"fp8_gemm"`` (tuning.py) overrides any of them, ``"max_tokens"`` (the most
-rows it takes) and ``"off"`` (every step on ``torch._scaled_mm``, for comparison).
+rows it takes) and ``"enabled"`` (whether it takes any step: ENABLED's default).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from .common import cdiv, num_sms
 from .gemm_invariant import MAX_CLUSTER, fit_stages
 from .tuning import experiments, pdl
 
+# Off until its GPU tests have passed and a benchmark has shown it faster than torch._scaled_mm
+# (benchmarks/RESULTS.md): a kernel not yet run on a GPU takes no user's step.
+ENABLED = False
 PART_K = 128  # e4m3 k a part: one ring stage (128 bytes a row)
 # The most rows of a step it takes; larger steps (prefill) stay on torch._scaled_mm, whose
 # 128-row tiles suit them.
@@ -38,9 +41,9 @@ FP8_GEMM_TABLE: dict[tuple[int, int, str], dict] = {}
 
 def takes(n: int, k_dim: int, device: int) -> bool:
     """Whether a step of n rows (more than gemv.cu takes) runs here: Hopper, K a multiple of
-    PART_K, at most MAX_TOKENS rows, the switch not off."""
+    PART_K, at most MAX_TOKENS rows, enabled (ENABLED, or the switch's "enabled")."""
     asked = experiments["fp8_gemm"]
-    return (not asked.get("off") and n <= asked.get("max_tokens", MAX_TOKENS)
+    return (asked.get("enabled", ENABLED) and n <= asked.get("max_tokens", MAX_TOKENS)
             and k_dim % PART_K == 0 and gemm_wgmma.hopper(device))
 
 
@@ -61,7 +64,8 @@ def gemm_settings(o_rows: int, k_dim: int, epilogue: str, n: int, device: int) -
         runs *= 2
     cfg["runs"] = runs
     cfg.update(FP8_GEMM_TABLE.get((o_rows, k_dim, epilogue), {}))
-    cfg.update({k: v for k, v in experiments["fp8_gemm"].items() if k not in ("max_tokens", "off")})
+    which = ("max_tokens", "enabled")  # the switch's keys that are not a launch's
+    cfg.update({k: v for k, v in experiments["fp8_gemm"].items() if k not in which})
     cfg["split"] = cfg["runs"] > 1
     return cfg
 

@@ -25,7 +25,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
   interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh);
 - ``"fp8_gemm"``: gemm_fp8.py's launch settings for every shape, ``max_tokens`` (the most rows
-  it takes) and ``off`` (true: batched FP8 products on ``torch._scaled_mm``): FP8_GEMM_KEYS.
+  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def _checked(settings) -> dict:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     groups = ("gemv", "attention", "gemv_wide", "invariant_gemm", "fp8_gemm")  # dicts of settings
     return {**{g: dict(settings.get(g, {})) for g in groups},
-            "pdl": bool(settings.get("pdl", True)), "small_weight_bytes": settings.get("small_weight_bytes"),
+            "pdl": bool(settings.get("pdl", True)),
+            "small_weight_bytes": settings.get("small_weight_bytes"),
             "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
 
 
