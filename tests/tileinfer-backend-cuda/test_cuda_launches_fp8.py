@@ -72,9 +72,10 @@ def test_batched_fp8_steps_run_gemm_wgmma_on_e4m3_pairs(fp8, n):
         assert k.args[-1].shape == (n,)
 
 
-def test_narrow_weights_split_k_into_runs_until_every_sm_has_a_block(fp8):
-    """At 64 rows (one token block): qkv's 96 row tiles in 2 runs, o's and down's 64 in 4, a
-    cluster each; gate/up's 224 tiles unsplit."""
+def test_narrow_weights_split_k_into_runs_until_every_sm_has_a_block(fp8, monkeypatch):
+    """The rule, without the table's entries: at 64 rows (one token block) qkv's 96 row tiles in
+    2 runs, o's and down's 64 in 4, a cluster each; gate/up's 224 tiles unsplit."""
+    monkeypatch.setattr(gemm_fp8, "FP8_GEMM_TABLE", {})
     x, h = torch.randn(64, 4096).to(BF), torch.randn(64, 14336).to(BF)
     for out_rows, inp, weight in ((6144, x, _fp8_weight(6144, 4096)),
                                   (4096, x, _fp8_weight(4096, 4096)),
@@ -129,3 +130,24 @@ def test_gemm_fp8_settings_fit_the_runs_to_the_parts():
             assert gemm_fp8.gemm_settings(64 * 132, 4096, "none", 64, 0)["runs"] == 1
         finally:
             del common._device_properties[(0, "multi_processor_count")]
+
+
+def test_a_table_entry_replaces_the_rule_and_part_k_sets_the_parts(fp8, monkeypatch):
+    """FP8_GEMM_TABLE's settings for a weight reach its launch (two warpgroups: 128 rows a block,
+    8 runs); the switch's "part_k" gives K / part_k parts, and a K that is no multiple of it goes
+    to torch._scaled_mm."""
+    monkeypatch.setitem(gemm_fp8.FP8_GEMM_TABLE, (6144, 4096, "none"),
+                        {"row_warps": 8, "runs": 8, "stages": 3})
+    x = torch.randn(64, 4096).to(BF)
+    OPS["linear"](torch.empty(64, 6144, dtype=BF), x, *_fp8_weight(6144, 4096), False)
+    k = fp8[-1]
+    assert (k.defines["WG"], k.defines["RUNS"], k.defines["STAGES"]) == (2, 8, 3)
+    assert k.grid == (1, 6144 // 128 * 8) and k.block == (256,)
+    for part, parts in ((64, 64), (256, 16)):
+        with tuning.experiment({"fp8_gemm": {"enabled": True, "part_k": part}}):
+            OPS["linear"](torch.empty(64, 6144, dtype=BF), x, *_fp8_weight(6144, 4096), False)
+        assert fp8[-1].defines["PARTS"] == parts
+    with tuning.experiment({"fp8_gemm": {"enabled": True, "part_k": 256}}):
+        OPS["linear"](torch.empty(64, 4096, dtype=BF), torch.randn(64, 384).to(BF),
+                      *_fp8_weight(4096, 384), False)
+    assert fp8[-1] == ("scaled_mm", 64)

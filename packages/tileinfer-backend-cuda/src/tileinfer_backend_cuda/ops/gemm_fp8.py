@@ -29,22 +29,34 @@ from .tuning import experiments, pdl
 # Off until its GPU tests have passed and a benchmark has shown it faster than torch._scaled_mm
 # (benchmarks/RESULTS.md): a kernel not yet run on a GPU takes no user's step.
 ENABLED = False
-PART_K = 128  # e4m3 k a part: one ring stage (128 bytes a row)
+PART_K = 128  # e4m3 k a part (the switch's "part_k": 64, 128 or 256): one ring stage
+STAGE_K = 128  # e4m3 k a ring stage: K must be a multiple of it
 # The most rows of a step it takes; larger steps (prefill) stay on torch._scaled_mm, whose
 # 128-row tiles suit them.
 MAX_TOKENS = 128
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 
-# (output rows, K, epilogue) -> settings where gemm_settings' rule is not the best measured.
-FP8_GEMM_TABLE: dict[tuple[int, int, str], dict] = {}
+# (output rows, K, epilogue) -> settings where gemm_settings' rule is not the best measured: the
+# winners of `benchmarks/fp8_gemm_sweep.py --rows 64 --stages 4` (llama3-8b, H100,
+# benchmarks/RESULTS.md, 2026-12-07 (night), "Batched FP8 products on gemm_wgmma.cu").
+FP8_GEMM_TABLE: dict[tuple[int, int, str], dict] = {
+    (6144, 4096, 'none'): {'row_warps': 8, 'stages': 4, 'runs': 4, 'mma_lag': True},
+    (4096, 4096, 'none'): {'row_warps': 4, 'stages': 4, 'runs': 4, 'mma_lag': True},
+    (14336, 4096, 'swiglu'): {'row_warps': 4, 'stages': 4, 'runs': 1, 'mma_lag': False},
+    (4096, 14336, 'none'): {'row_warps': 4, 'stages': 4, 'runs': 4, 'mma_lag': False},
+}
 
 
 def takes(n: int, k_dim: int, device: int) -> bool:
-    """Whether a step of n rows (more than gemv.cu takes) runs here: Hopper, K a multiple of
-    PART_K, at most MAX_TOKENS rows, enabled (ENABLED, or the switch's "enabled")."""
+    """Whether a step of n rows (more than gemv.cu takes) runs here: Hopper, K a multiple of a
+    stage and of a part, at most MAX_TOKENS rows, enabled (ENABLED, or the switch's "enabled")."""
     asked = experiments["fp8_gemm"]
     return (asked.get("enabled", ENABLED) and n <= asked.get("max_tokens", MAX_TOKENS)
-            and k_dim % PART_K == 0 and gemm_wgmma.hopper(device))
+            and k_dim % max(STAGE_K, part_k()) == 0 and gemm_wgmma.hopper(device))
+
+
+def part_k() -> int:
+    return int(experiments["fp8_gemm"].get("part_k", PART_K))
 
 
 def token_tiles(n: int) -> int:
@@ -59,12 +71,12 @@ def gemm_settings(o_rows: int, k_dim: int, epilogue: str, n: int, device: int) -
     cfg = {"row_warps": 4, "stages": 4, "tma": True, "mma_lag": True, "token_groups": 2,
            "l2_256b": True}
     blocks = cdiv(o_rows, 64) * cdiv(n, 8 * token_tiles(n))
-    runs, parts = 1, k_dim // PART_K
+    runs, parts = 1, k_dim // part_k()
     while blocks * runs < num_sms(device) and runs < MAX_CLUSTER and parts % (2 * runs) == 0:
         runs *= 2
     cfg["runs"] = runs
     cfg.update(FP8_GEMM_TABLE.get((o_rows, k_dim, epilogue), {}))
-    which = ("max_tokens", "enabled")  # the switch's keys that are not a launch's
+    which = ("max_tokens", "enabled", "part_k")  # the switch's keys that are not a launch's
     cfg.update({k: v for k, v in experiments["fp8_gemm"].items() if k not in which})
     cfg["split"] = cfg["runs"] > 1
     return cfg
@@ -84,4 +96,4 @@ def launch(out, xq, x_scale, weight, w_scale, epilogue: str, xielu_params, devic
             "PDL": int(pdl(device)), "W_FP8": 1}
     pairs = lambda t: t.view(torch.uint8).view(torch.bfloat16)  # noqa: E731  (n, K / 2)
     gemm_wgmma.launch(out, pairs(xq), pairs(weight), xielu_params, cfg, base,
-                      k_dim // PART_K, cfg["runs"], tiles, o_rows, device, w_scale, x_scale)
+                      k_dim // part_k(), cfg["runs"], tiles, o_rows, device, w_scale, x_scale)
