@@ -20,8 +20,7 @@ BF = torch.bfloat16
 @pytest.fixture
 def fp8(launches, monkeypatch):  # noqa: F811
     """launches, with linear_fp8.py's quantization recorded too, device 0 Hopper with its FP8
-    scratch, tensor maps faked, torch._scaled_mm's calls recorded as ("scaled_mm", rows), and
-    gemm_fp8.py enabled (the launches fixture restores the experiments afterwards)."""
+    scratch, tensor maps faked and torch._scaled_mm's calls recorded as ("scaled_mm", rows)."""
     monkeypatch.setattr(linear_fp8, "kernel", gemm_wgmma.kernel)  # the fixture's recorder
     monkeypatch.setattr(linear_fp8, "dev", lambda t: 0)
     monkeypatch.setitem(compiler._arch_by_device, 0, "sm_90")
@@ -32,7 +31,6 @@ def fp8(launches, monkeypatch):  # noqa: F811
     monkeypatch.setattr(tensor_map, "_maps", {})
     monkeypatch.setattr(linear_fp8, "_scaled_mm",
                         lambda out, xq, *rest: launches.append(("scaled_mm", xq.shape[0])))
-    tuning.set_experiments({"fp8_gemm": {"enabled": True}})
     return launches
 
 
@@ -91,8 +89,8 @@ def test_narrow_weights_split_k_into_runs_until_every_sm_has_a_block(fp8, monkey
 
 def test_other_fp8_steps_keep_their_kernels(fp8):
     """gemv.cu for up to 16 rows and for batch-invariant steps; torch._scaled_mm above
-    MAX_TOKENS rows, with the kernel not enabled (as shipped until a GPU has run it), off Hopper,
-    and for K that is no multiple of PART_K; the switch's settings reach the launch."""
+    MAX_TOKENS rows, with the kernel not enabled (the switch's comparison), off Hopper, and for
+    K that is no multiple of PART_K; the switch's settings reach the launch."""
     w, ws = _fp8_weight(4096, 4096)
 
     def run(n, invariant=False, k=4096):
@@ -106,9 +104,10 @@ def test_other_fp8_steps_keep_their_kernels(fp8):
     assert run(64, Invariance.BATCH) == ["fp8_quant.cu", "gemv.cu"]
     assert run(129) == ["fp8_quant.cu", ("scaled_mm", 129)]
     assert run(64, k=4160) == ["fp8_quant.cu", ("scaled_mm", 64)]
-    for switch in ({"fp8_gemm": {"enabled": False}}, {}):
-        with tuning.experiment(switch):
-            assert run(64) == ["fp8_quant.cu", ("scaled_mm", 64)]
+    with tuning.experiment({"fp8_gemm": {"enabled": False}}):
+        assert run(64) == ["fp8_quant.cu", ("scaled_mm", 64)]
+    with tuning.experiment({}):  # as shipped
+        assert run(64) == ["fp8_quant.cu", "gemm_wgmma.cu"]
     settings = {"enabled": True, "max_tokens": 256, "runs": 2, "stages": 3}
     with tuning.experiment({"fp8_gemm": settings}):
         assert run(129) == ["fp8_quant.cu", "gemm_wgmma.cu"]
