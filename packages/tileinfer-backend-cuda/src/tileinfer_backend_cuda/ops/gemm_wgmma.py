@@ -11,7 +11,8 @@ stage's products left in flight through the next stage's barrier (3 stages or mo
 ``"tma": True`` brings the weight tiles in by TMA (ops/tensor_map.py) instead of cp.async;
 ``"producer_warp": True`` (with ``"tma"``, unsplit) runs gemm_wgmma_ws.cu, the same sums with
 one thread issuing every copy (weights and tokens by TMA) beside warpgroups that only
-multiply."""
+multiply. ops/gemm_fp8.py launches the same kernel's FP8 build (W_FP8) for batched FP8
+products, through ``launch`` with the scales."""
 
 from __future__ import annotations
 
