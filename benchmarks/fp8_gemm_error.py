@@ -43,7 +43,8 @@ def main():
 
     cuda, ref = get_backend("cuda"), get_backend("ref")
     variants = [("scaled_mm", {"enabled": False})]
-    variants += [(f"wgmma part_k {k}", {"enabled": True, "part_k": int(k)})
+    variants += [(f"wgmma part_k {k}", {"enabled": True, "part_k": int(k),
+                                         "max_tokens": args.rows})
                  for k in args.part_k.split(",")]
     for op, rows, k_dim in SHAPES:
         g = torch.Generator().manual_seed(rows + k_dim)

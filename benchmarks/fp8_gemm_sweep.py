@@ -55,7 +55,8 @@ def main():
     entries = {}
     for name in MATRICES:
         variants = [{"fp8_gemm": {"enabled": False}}, {}] + configs(args)  # scaled_mm, the rule
-        enabled = lambda c: c if "fp8_gemm" in c else {"fp8_gemm": {**c, "enabled": True}}  # noqa
+        on = {"enabled": True, "max_tokens": args.rows}
+        enabled = lambda c: c if "fp8_gemm" in c else {"fp8_gemm": {**c, **on}}  # noqa: E731
         timed = time_configs(calls[name], variants, enabled)
         scaled_mm, rule, swept = timed[1][0], timed[2][0], timed[3:]
         best_s, best = min(swept, key=lambda t: t[0])

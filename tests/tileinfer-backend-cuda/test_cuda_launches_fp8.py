@@ -44,16 +44,18 @@ def _files(log):
 
 @pytest.mark.parametrize("n", [17, 32, 64, 128])
 def test_batched_fp8_steps_run_gemm_wgmma_on_e4m3_pairs(fp8, n):
-    """More rows than gemv.cu takes, up to MAX_TOKENS: the quantization, then gemm_wgmma.cu built
-    with W_FP8, the tokens and the weight as bf16 views of half the width (the same bytes), K
-    and the tokens' stride in 2-byte units, a part a PART_K k, the scales last; SwiGLU in the
-    kernel's epilogue over the stacked gate and up rows; n32 products up to 32 rows."""
+    """More rows than gemv.cu takes (up to the switch's max_tokens): the quantization, then
+    gemm_wgmma.cu built with W_FP8, the tokens and the weight as bf16 views of half the width
+    (the same bytes), K and the tokens' stride in 2-byte units, a part a PART_K k, the scales
+    last; SwiGLU in the kernel's epilogue over the stacked gate and up rows; n32 products up to
+    32 rows."""
     x = torch.randn(n, 4096).to(BF)
     w, ws = _fp8_weight(6144, 4096)
     wg, wgs = _fp8_weight(2 * 14336, 4096)
-    OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, ws, False)
-    OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, wgs,
-                         torch.empty(n, 2 * 14336, dtype=BF), False)
+    with tuning.experiment({"fp8_gemm": {"max_tokens": 128}}):
+        OPS["linear"](torch.empty(n, 6144, dtype=BF), x, w, ws, False)
+        OPS["linear_swiglu"](torch.empty(n, 14336, dtype=BF), x, wg, wgs,
+                             torch.empty(n, 2 * 14336, dtype=BF), False)
     assert _files(fp8) == ["fp8_quant.cu", "gemm_wgmma.cu"] * 2
     scratch, scales = common.FP8_SCRATCH.get(0)
     for k, weight, w_scale, epilogue, rows in ((fp8[1], w, ws, 0, 6144),
@@ -89,7 +91,7 @@ def test_narrow_weights_split_k_into_runs_until_every_sm_has_a_block(fp8, monkey
 
 def test_other_fp8_steps_keep_their_kernels(fp8):
     """gemv.cu for up to 16 rows and for batch-invariant steps; torch._scaled_mm above
-    MAX_TOKENS rows, with the kernel not enabled (the switch's comparison), off Hopper, and for
+    MAX_TOKENS rows (64), with the kernel not enabled (the switch's comparison), off Hopper, and for
     K that is no multiple of PART_K; the switch's settings reach the launch."""
     w, ws = _fp8_weight(4096, 4096)
 
@@ -102,7 +104,7 @@ def test_other_fp8_steps_keep_their_kernels(fp8):
 
     assert run(16) == ["fp8_quant.cu", "gemv.cu"]
     assert run(64, Invariance.BATCH) == ["fp8_quant.cu", "gemv.cu"]
-    assert run(129) == ["fp8_quant.cu", ("scaled_mm", 129)]
+    assert run(65) == ["fp8_quant.cu", ("scaled_mm", 65)]
     assert run(64, k=4160) == ["fp8_quant.cu", ("scaled_mm", 64)]
     with tuning.experiment({"fp8_gemm": {"enabled": False}}):
         assert run(64) == ["fp8_quant.cu", ("scaled_mm", 64)]

@@ -26,7 +26,7 @@ NOTES = {
               "float32/float16 models: torch.matmul",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
            "then the tensor-core GEMV's FP8 build up to 16 rows (and at any count when "
-           "batch-invariant), wgmma's FP8 products (Hopper, up to 128 rows, the MLP "
+           "batch-invariant), wgmma's FP8 products (Hopper, up to 64 rows, the MLP "
            "epilogues in the kernel), torch._scaled_mm (cuBLASLt FP8) above",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
