@@ -120,17 +120,14 @@ def test_other_fp8_steps_keep_their_kernels(fp8):
         tuning.set_experiments({"fp8_gemm": {"tiles": 2}})
 
 
-def test_gemm_fp8_settings_fit_the_runs_to_the_parts():
+def test_gemm_fp8_settings_fit_the_runs_to_the_parts(monkeypatch):
     """The rule's runs: a power of two, at most a cluster, and whole parts each (K = 384: three
     parts, so one run however few blocks)."""
+    monkeypatch.setitem(common._device_properties, (0, "multi_processor_count"), 132)
     with tuning.experiment({}):
-        common._device_properties[(0, "multi_processor_count")] = 132
-        try:
-            assert gemm_fp8.gemm_settings(64, 4096, "none", 64, 0)["runs"] == 8
-            assert gemm_fp8.gemm_settings(64, 384, "none", 64, 0)["runs"] == 1
-            assert gemm_fp8.gemm_settings(64 * 132, 4096, "none", 64, 0)["runs"] == 1
-        finally:
-            del common._device_properties[(0, "multi_processor_count")]
+        assert gemm_fp8.gemm_settings(64, 4096, "none", 64, 0)["runs"] == 8
+        assert gemm_fp8.gemm_settings(64, 384, "none", 64, 0)["runs"] == 1
+        assert gemm_fp8.gemm_settings(64 * 132, 4096, "none", 64, 0)["runs"] == 1
 
 
 def test_a_table_entry_replaces_the_rule_and_part_k_sets_the_parts(fp8, monkeypatch):
