@@ -63,7 +63,8 @@ def main():
         best_s, best = min(swept, key=lambda t: t[0])
         nbytes = weight_bytes(model, name)
         row = {"matrix": name, "rows": args.rows, "scaled_mm_ms": round(scaled_mm * 1e3, 4),
-               "shipped_ms": round(shipped * 1e3, 4), "best_ms": round(best_s * 1e3, 4), "best": best,
+               "shipped_ms": round(shipped * 1e3, 4), "best_ms": round(best_s * 1e3, 4),
+               "best": best,
                "scaled_mm_tb_s": round(nbytes / scaled_mm / 1e12, 2),
                "shipped_tb_s": round(nbytes / shipped / 1e12, 2),
                "best_tb_s": round(nbytes / best_s / 1e12, 2)}
