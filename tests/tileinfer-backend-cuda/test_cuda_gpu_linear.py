@@ -480,15 +480,17 @@ def _over_bound(actual, expected):
 @pytest.mark.parametrize("op,rows,k", [("linear", 6144, 4096), ("linear", 4096, 14336),
                                        ("linear_swiglu", 14336, 4096),
                                        ("linear_xielu", 1000, 4096)])
-def test_fp8_batched_products_are_as_near_ref_as_cublaslt(cuda, ref, n, op, rows, k):
+def test_fp8_batched_products_are_as_near_ref_as_the_path_they_replace(cuda, ref, n, op, rows,
+                                                                      k):
     """gemm_fp8.py's launches against ref at llama3-8b's widths: K split into runs (qkv, down),
     SwiGLU and xIELU in the epilogue, n32 and n64 token tiles, a token block and a row tile
     partly past the edges (100 rows, 1000 outputs); gemm_wgmma.cu's W_FP8 build is the one that
     ran. Hopper's FP8 tensor cores sum with fewer bits than ref's float32, and cuBLASLt's FP8
     GEMM (torch._scaled_mm, the path it replaces) puts a rare SwiGLU output a bf16 step past the
     conformance tolerance at these widths (benchmarks/RESULTS.md, 2026-12-07 (night)): the
-    kernel must have no more outputs beyond that tolerance than cuBLASLt on the same inputs,
-    none further beyond it, and every output within it where cuBLASLt's are."""
+    kernel must have no more outputs beyond that tolerance than the path it replaces on the same
+    inputs (cuBLASLt; gemv.cu for the 1,000 outputs, which cuBLASLt's 16-row alignment refuses),
+    none further beyond it, and every output within it where that path's are."""
     if not torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("gemm_wgmma.cu's FP8 build is Hopper's")
     from tileinfer.testing.conformance.helpers import make_fp8_weight
@@ -513,6 +515,6 @@ def test_fp8_batched_products_are_as_near_ref_as_cublaslt(cuda, ref, n, op, rows
         ours = _over_bound(run(cuda), expected)
     assert loaded_modules("gemm_wgmma.cu", W_FP8=1)
     with _experiment({"fp8_gemm": {"enabled": False}}):
-        cublaslt = _over_bound(run(cuda), expected)
-    assert int((ours > 1).sum()) <= int((cublaslt > 1).sum())
-    assert ours.max() <= max(1.0, float(cublaslt.max()))
+        replaced = _over_bound(run(cuda), expected)
+    assert int((ours > 1).sum()) <= int((replaced > 1).sum())
+    assert ours.max() <= max(1.0, float(replaced.max()))
