@@ -15,23 +15,10 @@ import json
 import torch
 
 from tileinfer.backend import get_backend
-from tileinfer.testing.conformance.helpers import XIELU, make_fp8_weight
+from tileinfer.testing.conformance.helpers import make_fp8_weight, run_linear_op
 
 SHAPES = (("linear", 6144, 4096), ("linear", 4096, 14336), ("linear_swiglu", 14336, 4096),
           ("linear_xielu", 4096, 4096))
-
-
-def run(ops, op, x, w, scale, rows):
-    n = x.shape[0]
-    out = torch.full((n, rows), float("nan"), dtype=torch.bfloat16, device=x.device)
-    if op == "linear_swiglu":
-        gate_up = torch.empty(n, 2 * rows, dtype=torch.bfloat16, device=x.device)
-        ops.linear_swiglu(out, x, w, scale, gate_up, False)
-    elif op == "linear_xielu":
-        ops.linear_xielu(out, x, w, scale, XIELU, False)
-    else:
-        ops.linear(out, x, w, scale, False)
-    return out.float()
 
 
 def main():
@@ -50,11 +37,11 @@ def main():
         g = torch.Generator().manual_seed(rows + k_dim)
         x = torch.randn(args.rows, k_dim, generator=g).to(torch.bfloat16).cuda()
         w, scale = make_fp8_weight(2 * rows if op == "linear_swiglu" else rows, k_dim, "cuda", g)
-        expected = run(ref, op, x, w, scale, rows)
+        expected = run_linear_op(ref, op, x, w, scale, rows, False).float()
         bound = 0.02 + 0.02 * expected.abs()
         for label, switch in variants:
             with tuning.experiment({"fp8_gemm": switch}):
-                got = run(cuda, op, x, w, scale, rows)
+                got = run_linear_op(cuda, op, x, w, scale, rows, False).float()
             err = (got - expected).abs()
             row = {"op": op, "rows": rows, "k": k_dim, "n": args.rows, "kernel": label,
                    "beyond_tolerance": int((err > bound).sum()),

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 from tileinfer.testing.conformance import assert_close, quantize_weight
-from tileinfer.testing.conformance.helpers import TOLERANCE
+from tileinfer.testing.conformance.helpers import TOLERANCE, make_fp8_weight, run_linear_op
 
 from cuda_gpu import DEV, XIELU, loaded_modules, weight
 
@@ -493,22 +493,13 @@ def test_fp8_batched_products_are_as_near_ref_as_the_path_they_replace(cuda, ref
     none further beyond it, and every output within it where that path's are."""
     if not torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("gemm_wgmma.cu's FP8 build is Hopper's")
-    from tileinfer.testing.conformance.helpers import make_fp8_weight
 
     g = torch.Generator().manual_seed(n + rows)
     x = torch.randn(n, k, generator=g).to(torch.bfloat16).to(DEV)
     w, scale = make_fp8_weight(2 * rows if op == "linear_swiglu" else rows, k, DEV, g)
 
     def run(ops):
-        out = torch.full((n, rows), float("nan"), dtype=torch.bfloat16, device=DEV)
-        if op == "linear_swiglu":
-            scratch = torch.empty(n, 2 * rows, dtype=torch.bfloat16, device=DEV)
-            ops.linear_swiglu(out, x, w, scale, scratch, batch_invariant=False)
-        elif op == "linear_xielu":
-            ops.linear_xielu(out, x, w, scale, XIELU, batch_invariant=False)
-        else:
-            ops.linear(out, x, w, scale, batch_invariant=False)
-        return out
+        return run_linear_op(ops, op, x, w, scale, rows, False)
 
     expected = run(ref)
     with _experiment({"fp8_gemm": {"enabled": True, "max_tokens": 128}}):

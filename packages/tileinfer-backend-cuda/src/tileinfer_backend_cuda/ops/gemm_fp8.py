@@ -87,14 +87,14 @@ def launch(out, xq, x_scale, weight, w_scale, epilogue: str, xielu_params, devic
     """out (n, O) = epilogue(the FP8 product): xq (n, K) e4m3 bytes with x_scale (n,), weight
     (mats O, K) e4m3 with w_scale (mats O,) float32 (SwiGLU: gate rows, then up rows)."""
     n, k_dim = xq.shape
-    mats = 2 if epilogue == "swiglu" else 1
+    base = {"EPILOGUE": EPILOGUES[epilogue], "OUT_DTYPE": "bf16_t", "ROUND_BF16": 1,
+            "PDL": int(pdl(device)), "W_FP8": 1}
+    mats = gemm_wgmma.mats(base)
     o_rows = weight.shape[0] // mats
     cfg = gemm_settings(o_rows, k_dim, epilogue, n, device)
     tiles = token_tiles(n)
     cfg["token_groups"] = gemm_wgmma.token_groups(cfg, n, tiles, mats)
     fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, tiles, mats), device)
-    base = {"EPILOGUE": EPILOGUES[epilogue], "OUT_DTYPE": "bf16_t", "ROUND_BF16": 1,
-            "PDL": int(pdl(device)), "W_FP8": 1}
     pairs = lambda t: t.view(torch.uint8).view(torch.bfloat16)  # noqa: E731  (n, K / 2)
     gemm_wgmma.launch(out, pairs(xq), pairs(weight), xielu_params, cfg, base,
                       k_dim // part_k(), cfg["runs"], tiles, o_rows, device, w_scale, x_scale)

@@ -41,6 +41,22 @@ def poisoned(shape, dtype, device):
                       device=device)
 
 
+def run_linear_op(ops, op, x, weight, weight_scale, out_features, batch_invariant):
+    """The bf16 output (n, out_features) of ``ops``' linear op ``op`` ("linear",
+    "linear_swiglu" with a scratch of 2 out_features, or "linear_xielu" with XIELU), into
+    NaN-poisoned tensors (an output the op leaves unwritten stays NaN)."""
+    n = x.shape[0]
+    out = poisoned((n, out_features), torch.bfloat16, x.device)
+    if op == "linear_swiglu":
+        gate_up = poisoned((n, 2 * out_features), torch.bfloat16, x.device)
+        ops.linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant)
+    elif op == "linear_xielu":
+        ops.linear_xielu(out, x, weight, weight_scale, XIELU, batch_invariant)
+    else:
+        ops.linear(out, x, weight, weight_scale, batch_invariant)
+    return out
+
+
 def assert_close(actual, expected, dtype=None, what="output"):
     dtype = dtype or expected.dtype
     atol, rtol = TOLERANCE[dtype]

@@ -13,7 +13,7 @@ import torch
 
 from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS, Invariance
 
-from .helpers import XIELU, assert_close, make_fp8_weight, poisoned, rand
+from .helpers import assert_close, make_fp8_weight, rand, run_linear_op
 
 # (n, in_features, out_features): decode, verify, the batched GEMV's widths, past 64 rows (the
 # tensor-core GEMM), SmolLM2-135M's and llama3-8b's widths.
@@ -29,27 +29,14 @@ def fp8_ops(ops):
     return ops
 
 
-def _run(ops, op, x, w, scale, out_f, invariant):
-    n = x.shape[0]
-    out = poisoned((n, out_f), torch.bfloat16, x.device)
-    if op == "linear_swiglu":
-        gate_up = poisoned((n, 2 * out_f), torch.bfloat16, x.device)
-        ops.linear_swiglu(out, x, w, scale, gate_up, invariant)
-    elif op == "linear_xielu":
-        ops.linear_xielu(out, x, w, scale, XIELU, invariant)
-    else:
-        ops.linear(out, x, w, scale, invariant)
-    return out
-
-
 @pytest.mark.parametrize("invariant", [True, False], ids=["steps", "batched"])
 @pytest.mark.parametrize("n,in_f,out_f", SHAPES)
 def test_fp8_linear(fp8_ops, ref, device, n, in_f, out_f, invariant):
     gen = torch.Generator().manual_seed(n + in_f)
     x = rand((n, in_f), torch.bfloat16, device, 1.0, gen)
     w, scale = make_fp8_weight(out_f, in_f, device, gen)
-    assert_close(_run(fp8_ops, "linear", x, w, scale, out_f, invariant),
-                 _run(ref, "linear", x, w, scale, out_f, True))
+    assert_close(run_linear_op(fp8_ops, "linear", x, w, scale, out_f, invariant),
+                 run_linear_op(ref, "linear", x, w, scale, out_f, True))
 
 
 @pytest.mark.parametrize("op", ["linear_swiglu", "linear_xielu"])
@@ -59,8 +46,8 @@ def test_fp8_mlp(fp8_ops, ref, device, op, n, in_f, inter, invariant):
     gen = torch.Generator().manual_seed(n + in_f + inter)
     x = rand((n, in_f), torch.bfloat16, device, 1.0, gen)
     w, scale = make_fp8_weight(2 * inter if op == "linear_swiglu" else inter, in_f, device, gen)
-    assert_close(_run(fp8_ops, op, x, w, scale, inter, invariant),
-                 _run(ref, op, x, w, scale, inter, True))
+    assert_close(run_linear_op(fp8_ops, op, x, w, scale, inter, invariant),
+                 run_linear_op(ref, op, x, w, scale, inter, True))
 
 
 def test_fp8_rows_of_outliers_and_zeros(fp8_ops, ref, device):
@@ -73,8 +60,8 @@ def test_fp8_rows_of_outliers_and_zeros(fp8_ops, ref, device):
     x[3, 7] = 300.0  # one outlier sets the row's scale
     x = x.to(device)
     w, scale = make_fp8_weight(128, 256, device)
-    out = _run(fp8_ops, "linear", x, w, scale, 128, True)
-    assert_close(out, _run(ref, "linear", x, w, scale, 128, True))
+    out = run_linear_op(fp8_ops, "linear", x, w, scale, 128, True)
+    assert_close(out, run_linear_op(ref, "linear", x, w, scale, 128, True))
     assert torch.equal(out[2].cpu(), torch.zeros(128, dtype=torch.bfloat16))
 
 
@@ -84,10 +71,11 @@ def test_fp8_step_rows_are_the_same_as_alone(fp8_ops, device, op):
     in_f, out_f = 576, 320
     x = rand((INVARIANT_MAX_ROWS, in_f), torch.bfloat16, device)
     w, scale = make_fp8_weight(2 * out_f if op == "linear_swiglu" else out_f, in_f, device)
-    alone = torch.cat([_run(fp8_ops, op, x[i:i + 1].clone(), w, scale, out_f, True)
+    alone = torch.cat([run_linear_op(fp8_ops, op, x[i:i + 1].clone(), w, scale, out_f, True)
                        for i in range(INVARIANT_MAX_ROWS)])
     for n in (2, 5, INVARIANT_MAX_ROWS):
-        assert torch.equal(_run(fp8_ops, op, x[:n].clone(), w, scale, out_f, True), alone[:n]), \
+        step = run_linear_op(fp8_ops, op, x[:n].clone(), w, scale, out_f, True)
+        assert torch.equal(step, alone[:n]), \
             f"{op}: rows of a {n}-row step differ from the same rows alone"
 
 
@@ -100,12 +88,13 @@ def test_fp8_rows_are_the_same_in_steps_of_any_size(fp8_ops, device, op):
     x = rand((256, in_f), torch.bfloat16, device)
     w, scale = make_fp8_weight(2 * out_f if op == "linear_swiglu" else out_f, in_f, device)
     probes = (0, 5, 100, 255)
-    alone = {i: _run(fp8_ops, op, x[i:i + 1].clone(), w, scale, out_f, Invariance.BATCH)
+    alone = {i: run_linear_op(fp8_ops, op, x[i:i + 1].clone(), w, scale, out_f, Invariance.BATCH)
              for i in probes}
     for n in (2, 7, 17, 65, 256):
         index = (torch.arange(n) * 37 + n) % 256
         index[n // 2] = probes[n % len(probes)]
-        out = _run(fp8_ops, op, x[index.to(x.device)].clone(), w, scale, out_f, Invariance.BATCH)
+        out = run_linear_op(fp8_ops, op, x[index.to(x.device)].clone(), w, scale, out_f,
+                            Invariance.BATCH)
         for place, row in enumerate(index.tolist()):
             if row in alone:
                 assert torch.equal(out[place:place + 1], alone[row]), \
