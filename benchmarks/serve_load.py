@@ -19,8 +19,8 @@ the measurement (``steps``, ``pipelined_steps``: launched before the previous st
 read), from its /metrics.
 
 ``offline`` row (``--offline``): the same requests through ``tileinfer.LLMEngine`` in this
-process (same model, shape, backend, max_running, max_step_tokens), all added at once and
-stepped to the end after a warm-up: output tokens/s, its steps and pipelined steps, and
+process (same model, shape, backend, quantization, max_running, max_step_tokens), all added at
+once and stepped to the end after a warm-up: output tokens/s, its steps and pipelined steps, and
 ``serve_vs_offline``, the server's throughput over it. With a spawned server, the server has
 exited before the offline run.
 
@@ -161,6 +161,8 @@ def spawn_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--backend", args.backend]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.quantization:
+        cmd += ["--quantization", args.quantization]
     cmd += args.serve_arg
     log("starting:", " ".join(cmd))
     proc = subprocess.Popen(cmd, stdout=sys.stderr, stderr=sys.stderr)
@@ -342,9 +344,10 @@ def offline(args, prompts) -> dict:
     if args.load_format == "dummy":
         config = load_config(args.model)
         model = random_model(config, dtype=dtype, backend=backend, device=device, seed=0,
-                             max_len=min(DEFAULT_MAX_LEN, config.max_position_embeddings))
+                             max_len=min(DEFAULT_MAX_LEN, config.max_position_embeddings),
+                             quantize=args.quantization)
     else:
-        model = load_model(args.model, dtype=dtype, backend=backend)
+        model = load_model(args.model, dtype=dtype, backend=backend, quantize=args.quantization)
     engine = LLMEngine(model, max_running=args.max_running,
                        max_step_tokens=args.max_step_tokens)
     engine.warmup()
@@ -395,6 +398,8 @@ def main(argv=None):
                    help="the engine's running requests (default: --clients)")
     p.add_argument("--max-step-tokens", type=int, default=2048)
     p.add_argument("--threads", type=int, help="CPU threads (server and offline engine)")
+    p.add_argument("--quantization", choices=["int8", "fp8"],
+                   help="the weights' quantization (server and offline engine)")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="one more argument for tileinfer serve (repeatable)")
     p.add_argument("--clients", type=int, default=64)
