@@ -147,12 +147,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemv.cu", W_FP8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=8, STAGES=2, REGS=2, NT=8, TILES=2,
         PDL=1)
     add("gemv.cu", W_FP8=1, ROUND_BF16=0, WARPS=4, STAGES=3, NT=4, GROUPS=2, PDL=1)
-    # the input quantized in the blocks (X_QUANT): each epilogue, tiles, groups, x reused, PDL
-    for epilogue in (0, 1, 2):
-        add("gemv.cu", W_FP8=1, X_QUANT=1, EPILOGUE=epilogue, ROUND_BF16=0, WARPS=16, STAGES=3,
-            TILES=4 if epilogue == 0 else 1, PDL=1, STREAM_L2_256B=None)
-    add("gemv.cu", W_FP8=1, X_QUANT=1, OUT_DTYPE="float", ROUND_BF16=0, WARPS=4, STAGES=2,
-        GROUPS=2, X_REUSE=1, TILES=2)
     add("fp8_quant.cu", THREADS=256, PDL=1)
     add("fp8_quant.cu", THREADS=1024, PDL=0)
     for items in (1, 2, 7, 8):  # x kept in registers (llama3-8b: K 4096 -> 2, 14336 -> 7)

@@ -120,53 +120,6 @@ def test_other_fp8_steps_keep_their_kernels(fp8):
         tuning.set_experiments({"fp8_gemm": {"tiles": 2}})
 
 
-@pytest.mark.parametrize("op,n", [("linear", 1), ("linear", 8), ("swiglu", 3), ("logits", 2)])
-def test_steps_of_up_to_8_rows_quantize_their_input_in_gemv_blocks(fp8, op, n):
-    """Up to WIDE_MAX_TOKENS["fp8_quant"] rows: one gemv.cu launch of the X_QUANT build on the
-    bf16 input itself (its stride too), no scratch, no quantization launch; the rest of its
-    build, grid and block are those of the launch pair it replaces (the switch's "fp8_quant" 0),
-    so its sums are; its shared memory: a ring without x chunks, then the n rows of K + 64 bytes."""
-    rows, k = (14336, 4096) if op == "swiglu" else (1000, 576) if op == "logits" else (6144, 4096)
-    w, ws = _fp8_weight(2 * rows if op == "swiglu" else rows, k)
-    x = torch.randn(n, k + 64).to(BF)[:, :k]
-    out = torch.empty(n, rows, dtype=torch.float32 if op == "logits" else BF)
-
-    def run():
-        fp8.clear()
-        if op == "swiglu":
-            OPS["linear_swiglu"](out, x, w, ws, torch.empty(n, 2 * rows, dtype=BF), True)
-        else:
-            OPS["linear"](out, x, w, ws, True)
-        return list(fp8)
-
-    ours = run()
-    with tuning.experiment({"gemv_wide": {"fp8_quant": 0}}):
-        quant, pair = run()
-    assert [k.file for k in ours] == ["gemv.cu"] and quant.file == "fp8_quant.cu"
-    k_x = ours[0]
-    assert k_x.defines == dict(pair.defines, X_QUANT=1)
-    assert (k_x.grid, k_x.block) == (pair.grid, pair.block)
-    assert k_x.args[1] is x and k_x.args[7] == k + 64 and k_x.args[-1] is None
-    assert pair.args[1].dtype == torch.uint8 and pair.args[-1] is not None
-    d = k_x.defines
-    tiles = d["TILES"] * (2 if op == "swiglu" else 1)
-    ring = d["WARPS"] * d["STAGES"] * 2 * tiles * 512
-    partial = d["WARPS"] * tiles * 16 * 9 * 4
-    assert k_x.smem == max(ring, partial) + n * (k + 64)
-
-
-def test_x_quant_leaves_steps_it_cannot_hold_to_the_quantization_launch(fp8):
-    """9 rows (two token tiles), and rows too wide for a block's shared memory (8 rows of
-    K = 32,768: 263 KB), keep the quantization launch."""
-    w, ws = _fp8_weight(4096, 4096)
-    OPS["linear"](torch.empty(9, 4096, dtype=BF), torch.randn(9, 4096).to(BF), w, ws, True)
-    assert _files(fp8) == ["fp8_quant.cu", "gemv.cu"]
-    fp8.clear()
-    w, ws = _fp8_weight(512, 32768)
-    OPS["linear"](torch.empty(8, 512, dtype=BF), torch.randn(8, 32768).to(BF), w, ws, True)
-    assert _files(fp8) == ["fp8_quant.cu", "gemv.cu"] and "X_QUANT" not in fp8[1].defines
-
-
 def test_gemm_fp8_settings_fit_the_runs_to_the_parts(monkeypatch):
     """The rule's runs: a power of two, at most a cluster, and whole parts each (K = 384: three
     parts, so one run however few blocks)."""

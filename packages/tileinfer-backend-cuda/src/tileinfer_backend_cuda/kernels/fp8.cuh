@@ -1,5 +1,4 @@
-// FP8 (e4m3) helpers, sm_89 and newer: conversions to and from e4m3 (and of 16-byte chunks of
-// bf16 to e4m3: fp8_quant.cu and gemv.cu's X_QUANT build quantize with them) and the f16 mma that
+// FP8 (e4m3) helpers, sm_89 and newer: conversions to and from e4m3 and the f16 mma that
 // gemv.cu's FP8 build runs on (every e4m3 value is an f16, so the products stay exact).
 #pragma once
 #include "common.cuh"
@@ -18,33 +17,6 @@ __device__ __forceinline__ unsigned short float2_to_e4m3x2(float lo, float hi) {
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
-}
-
-// A token row's scale from its largest |value| (1 for an all-zero row).
-__device__ __forceinline__ float row_scale(float amax) { return amax > 0.0f ? amax / 448.0f : 1.0f; }
-
-// The largest |value| of a 16-byte chunk of 8 bf16.
-__device__ __forceinline__ float chunk_amax(const uint4& v) {
-    const u32* p = reinterpret_cast<const u32*>(&v);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(p[i])), fabsf(bf16_hi(p[i]))));
-    return amax;
-}
-
-// A chunk of 8 bf16 divided by scale and rounded to 8 e4m3 bytes (element 0 in the low byte).
-__device__ __forceinline__ uint2 chunk_e4m3(const uint4& v, float scale) {
-    const u32* p = reinterpret_cast<const u32*>(&v);
-    u32 packed[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 b0 = float2_to_e4m3x2(bf16_lo(p[2 * i]) / scale, bf16_hi(p[2 * i]) / scale);
-        const u32 b1 =
-            float2_to_e4m3x2(bf16_lo(p[2 * i + 1]) / scale, bf16_hi(p[2 * i + 1]) / scale);
-        packed[i] = b0 | (b1 << 16);
-    }
-    return make_uint2(packed[0], packed[1]);
 }
 
 // D += A * B for one m16n8k16 tile of f16 inputs, float32 accumulation; the fragment layouts of

@@ -1,8 +1,7 @@
 // Decode GEMV: out (n, O) = x (n, K) @ W.T for n <= 8 * NT tokens, W (O, K) bf16 or int8 with
 // a float32 scale per output row, float32 accumulation, optional fused SwiGLU / xIELU epilogue;
 // or (W_FP8) the FP8 product of tileinfer/backend/fp8.py: W e4m3 with row scales, x the e4m3
-// values of the input (fp8_quant.cu) with one float32 scale per token row (x_scale), or with
-// X_QUANT the bf16 input, which each block quantizes itself (gemv_xquant.cuh).
+// values of the input (fp8_quant.cu) with one float32 scale per token row (x_scale).
 //
 // At decode the kernel is a stream over W that must keep enough bytes in flight to reach the
 // memory bandwidth (Little's law: some 40 KB per SM). Register loads do not do that reliably
@@ -44,8 +43,9 @@
 // a block, not the order of any sum.
 //
 // The block's sums (WARPS partial sums of every row and token) meet in shared memory, the ring's
-// once every copy has landed (gemv_smem_bytes in ops/linear.py: the larger of the two), and are
-// added in a fixed order (gemv_sums.cuh).
+// once every copy has landed (gemv_smem_bytes in ops/linear.py: the larger of the two). They are
+// added in RUNS runs of WARPS / RUNS warps: each run's sum from zero in warp order, then the
+// runs' sums in order, as gemm_invariant.cu adds them where it splits a weight by run.
 //
 // Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (SwiGLU: gate
 // rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads.
@@ -61,8 +61,7 @@
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
 // BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PART_CHUNK
-// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1), X_QUANT (0/1: an FP8
-// step's bf16 x, which the blocks quantize themselves, gemv_xquant.cuh).
+// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -110,9 +109,6 @@
 #ifndef RUNS
 #define RUNS 1
 #endif
-#ifndef X_QUANT
-#define X_QUANT 0
-#endif
 typedef OUT_DTYPE out_t;
 
 constexpr int MATS = EPILOGUE == 1 ? 2 : 1;  // weight matrices: gate (and up)
@@ -129,7 +125,7 @@ constexpr int XVECS = W_FP8 ? 1 : LANE_K / 8;     // 16-byte chunks of x per lan
 // (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
 // of each token tile (tokens 8 j + g).
 #if !REGS
-constexpr int PARTS = 2 * WT + (X_QUANT ? 0 : XVECS * NT);  // X_QUANT: x from xs, not the ring
+constexpr int PARTS = 2 * WT + XVECS * NT;
 #endif
 static_assert(REGS == 0 || W_BYTES == 16, "REGS: 16-byte weight chunks only");
 
@@ -144,25 +140,16 @@ typedef bf16_t x_t;
 typedef bf16_t w_t;
 typedef bf16_t x_t;
 #endif
-#if X_QUANT
-typedef bf16_t xin_t;  // x as the kernel receives it
-#else
-typedef x_t xin_t;
-#endif
 
 #include "gemv_frag.cuh"  // copy_w, Frag, to_frag, step_mma
 #include "gemv_nk.cuh"    // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS, PART_CHUNK)
-#include "gemv_sums.cuh"      // store_block_sums
-#if X_QUANT
-#include "gemv_xquant.cuh"    // XS_PAD, quantize_x_rows
-#endif
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 static_assert(!(REGS && NK_PRODUCTS), "NK_PRODUCTS: the ring only");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict__ w,
+gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
      const float* __restrict__ w_scale, int n, int K, int O, i64 x_stride, float alpha_p,
      float alpha_n, float beta, float eps, const float* __restrict__ x_scale) {
     extern __shared__ uint4 ring[];
@@ -172,7 +159,7 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
     const int block_base = blockIdx.x * GROUPS * GROUP_ROWS;
     const int row_base = block_base + group * GROUP_ROWS;
     // Token slots past n read token n - 1 again; their sums are dropped.
-    const xin_t* xrow[NT];
+    const x_t* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = x + (i64)min(8 * j + g, n - 1) * x_stride + t * LANE_K;
     const w_t* wrow[WT][2];
@@ -192,7 +179,6 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
     const int steps = (K + STEP_K - 1) / STEP_K;
     const int my_steps = part_steps(warp, steps, WARPS);
     float acc[WT][NT][4];
-    const float* tok_scale = x_scale;  // the token rows' scales (FP8)
 #pragma unroll
     for (int m = 0; m < WT; ++m)
 #pragma unroll
@@ -265,11 +251,6 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
     const NkLane nk = nk_lane(lane);                          // its ldmatrix rows (NK only)
     uint4* my_ring = ring + (i64)wid * STAGES * PARTS * 32 + my_cell;
     const u32 my_ring_addr = smem_addr(my_ring);
-#if X_QUANT
-    __shared__ float xs_scale[TOKENS], xs_red[TOKENS * THREADS / 32];
-    unsigned char* xs = reinterpret_cast<unsigned char*>(ring) + XS_OFFSET;
-    tok_scale = xs_scale;
-#endif
 
     // Copy this lane's chunks of its i-th step into ring stage i % STAGES (zeros past the end),
     // one commit group a call ("group i done" is a fixed count); issue_w / issue_x: the weight /
@@ -286,7 +267,6 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
         }
     };
     auto issue_x = [&](int i) {
-        if (X_QUANT) return;
         const int k = step_k(i);
         const bool valid = in_range(i, k);
         const int kk = valid ? k : 0;
@@ -318,17 +298,6 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
 #endif
-#if X_QUANT
-    quantize_x_rows(xs, xs_scale, xs_red, x, n, K, x_stride);  // while the weight's copies fly
-#endif
-    // Step i's x chunk v of token tile j: from the ring, or from xs (X_QUANT)
-    auto x_chunk = [&](const uint4* stage, int i, int j, int v) {
-#if X_QUANT
-        return xs_chunk(xs, min(8 * j + g, n - 1), K, step_k(i), in_range(i, step_k(i)), t);
-#else
-        return stage[(2 * WT + j * XVECS + v) * 32];
-#endif
-    };
     for (int i = 0; i < my_steps; ++i) {
         if (NK_PRODUCTS) __syncwarp();  // every lane's ldmatrix reads of step i - 1 are done
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
@@ -357,7 +326,7 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
         for (int j = 0; j < NT; ++j) {
             uint4 xv[XVECS];
 #pragma unroll
-            for (int v = 0; v < XVECS; ++v) xv[v] = x_chunk(stage, i, j, v);
+            for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
 #pragma unroll
             for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
         }
@@ -370,7 +339,7 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
             for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
 #pragma unroll
-                for (int v = 0; v < XVECS; ++v) xv[v] = x_chunk(stage, i, j, v);
+                for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
                 step_mma(acc[m][j], f, xv);
             }
         }
@@ -380,7 +349,52 @@ gemv(out_t* __restrict__ out, const xin_t* __restrict__ x, const w_t* __restrict
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
 #endif
 
-    // The warps' sums meet in the ring's memory, added in a fixed order (gemv_sums.cuh).
-    store_block_sums(out, reinterpret_cast<float*>(ring), acc, group, warp, g, t, block_base, n,
-                     O, w_scale, tok_scale, alpha_p, alpha_n, beta, eps);
+    // partial[group][warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank
+    // conflicts).
+    constexpr int PAD = TOKENS + 1;
+    float* partial = reinterpret_cast<float*>(ring);
+    auto at = [&](int gi, int wi, int m, int r, int tok) -> float& {
+        return partial[(((gi * WARPS + wi) * WT + m) * 16 + r) * PAD + tok];
+    };
+
+    // Accumulator layout: acc[m][j][0..1] = row g, tokens 8 j + 2t, + 1; acc[m][j][2..3] = row
+    // g + 8, the same tokens.
+#pragma unroll
+    for (int m = 0; m < WT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int tok = 8 * j + 2 * t;
+            at(group, warp, m, g, tok) = acc[m][j][0];
+            at(group, warp, m, g, tok + 1) = acc[m][j][1];
+            at(group, warp, m, g + 8, tok) = acc[m][j][2];
+            at(group, warp, m, g + 8, tok + 1) = acc[m][j][3];
+        }
+    __syncthreads();
+
+    // Thread idx -> (token idx / block rows, row idx % block rows): consecutive threads write
+    // consecutive rows.
+    constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * TOKENS; idx += THREADS) {
+        const int tok = idx / BLOCK_ROWS, row = block_base + idx % BLOCK_ROWS;
+        const int gi = idx % BLOCK_ROWS / GROUP_ROWS, r_in_group = idx % GROUP_ROWS;
+        if (tok >= n || row >= O) continue;
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+            // Runs of WARPS / RUNS warps: each run's sum from zero in warp order, then the runs'
+            // sums in run order (RUNS = 1: the warps' sums in warp order).
+            float s = 0.0f;
+#pragma unroll
+            for (int q = 0; q < RUNS; ++q) {
+                float r = 0.0f;
+#pragma unroll
+                for (int wi = q * (WARPS / RUNS); wi < (q + 1) * (WARPS / RUNS); ++wi)
+                    r += at(gi, wi, m * TILES + r_in_group / 16, r_in_group % 16, tok);
+                s += r;
+            }
+            v[m] = scaled_sum(s, m, tok, row, O, w_scale, x_scale);
+        }
+        const float y = epilogue_value(v, alpha_p, alpha_n, beta, eps);
+        out[(i64)tok * O + row] = from_float<out_t>(y);
+    }
 }

@@ -44,7 +44,6 @@ EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 # steps of more than GEMV_MAX_TOKENS rows; else gemm.cu.
 _MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
 NO_XIELU = (0.0, 0.0, 0.0, 0.0)
-XS_PAD = 64  # gemv_xquant.cuh: bytes past each quantized row
 
 
 def gemv_ok(out, x, weight, weight_scale) -> bool:
@@ -71,29 +70,27 @@ def gemv_regs(config: dict, int8: bool, load: int) -> int:
 
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
-                    token_tiles: int = 1, fp8: bool = False, x_quant: bool = False) -> int:
+                    token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per
     16-row tile (tiles per matrix x matrices) + the x chunks of every token tile (one 16-byte
-    chunk of e4m3 with FP8, 16 int8 weights' worth of bf16 with INT8; none with X_QUANT); none
-    with REGS. An FP8 weight is laid out as INT8's (int8 true, 16-byte loads)."""
+    chunk of e4m3 with FP8, 16 int8 weights' worth of bf16 with INT8); none with REGS. An FP8
+    weight is laid out as INT8's (int8 true, 16-byte loads)."""
     if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
     lane_k = int8_load(k_dim) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    parts = 2 * tiles + (0 if x_quant else 1 if fp8 else lane_k // 8) * token_tiles
+    parts = 2 * tiles + (1 if fp8 else lane_k // 8) * token_tiles
     return config.get("groups", 1) * config["warps"] * config["stages"] * parts * 32 * 16
 
 
 def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
-                    token_tiles: int = 1, fp8: bool = False, x_rows: int = 0) -> int:
+                    token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
-    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger; then,
-    for an X_QUANT build (x_rows > 0), x_rows quantized rows of K + XS_PAD bytes."""
+    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     warps = config.get("groups", 1) * config["warps"]
     partial = warps * tiles * 16 * (8 * token_tiles + 1) * 4
-    ring = gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8, x_rows > 0)
-    return max(partial, ring) + x_rows * (k_dim + XS_PAD)
+    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8))
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -175,27 +172,23 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
 
 
 def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles,
-              x_scale=None, x_quant=False):
+              x_scale=None):
     """gemv.cu with configuration cfg and token_tiles token tiles of 8 (n <= 8 x token_tiles);
-    x_scale: the FP8 build's (x e4m3, weight e4m3); x_quant: the FP8 build that takes the bf16
-    x and quantizes it in its blocks (X_QUANT)."""
+    x_scale: the FP8 build's (x e4m3, weight e4m3)."""
     n, k_dim = x.shape
-    fp8 = x_scale is not None or x_quant
+    fp8 = x_scale is not None
     int8 = fp8 or weight.dtype == torch.int8
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     pdl_on = pdl(device)
     defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
                            DTYPE_NAMES[out.dtype], pdl_on, token_tiles, fp8)
-    if x_quant:
-        defines["X_QUANT"] = 1
     k = kernel("gemv.cu", "gemv", "ppppiiiqffffp", device, defines)
     groups = cfg.get("groups", 1)
     k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params,
               x_scale),
-             gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8, n * x_quant),
-             pdl=pdl_on)
+             gemv_smem_bytes(cfg, k_dim, int8, epilogue, token_tiles, fp8), pdl=pdl_on)
 
 
 def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,

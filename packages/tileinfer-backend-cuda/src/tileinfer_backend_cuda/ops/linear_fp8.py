@@ -1,7 +1,5 @@
 """FP8 linear products (the product of tileinfer/backend/fp8.py): an e4m3 weight with one scale
-per output row, the input quantized per token row by fp8_quant.cu into per-device scratch (or,
-steps of up to quant_in_gemv_rows() rows, by the blocks of gemv.cu's X_QUANT build: the same
-bytes, no launch of its own), then
+per output row, the input quantized per token row by fp8_quant.cu into per-device scratch, then
 
 * steps of up to tuning.wide_max_tokens(fp8=True) rows, and every step of a batch-invariant
   model: gemv.cu's FP8 build through linear.invariant_gemv (launches of up to 64 rows), which
@@ -23,11 +21,10 @@ import torch
 from tileinfer.backend.fp8 import E4M3
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel, smem_limit
+from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise, gemm_fp8
-from .linear import (NO_XIELU, gemv_mma, gemv_regs, gemv_smem_bytes, invariant_gemv,
-                     invariant_gemv_config)
-from .tuning import WIDE_MAX_TOKENS, experiments, pdl, wide_max_tokens
+from .linear import NO_XIELU, invariant_gemv
+from .tuning import pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
@@ -75,38 +72,11 @@ def _route(out, x, weight, invariant: bool) -> str:
     return "scaled_mm" if weight.shape[0] % 16 == 0 and out.dtype == torch.bfloat16 else "gemv"
 
 
-def quant_in_gemv_rows() -> int:
-    """The most rows of a step that gemv.cu's X_QUANT build takes (WIDE_MAX_TOKENS's
-    "fp8_quant", or the experiment switch's "gemv_wide"; at most one token tile of 8)."""
-    return min(8, experiments["gemv_wide"].get("fp8_quant", WIDE_MAX_TOKENS["fp8_quant"]))
-
-
-def _gemv_quantizing(out, x, weight, weight_scale, epilogue, xielu_params) -> bool:
-    """gemv.cu's X_QUANT build: the step's blocks quantize its bf16 rows themselves, on the
-    weight's batch-invariant configuration of one token tile (invariant_gemv's for these rows),
-    so the outputs are the bits of the quantization launch and gemv.cu's FP8 build. False where
-    it does not take the step: more rows, a register stream, or too little shared memory."""
-    n, k_dim = x.shape
-    if n > quant_in_gemv_rows():
-        return False
-    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
-    device = dev(x)
-    cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, 1, fp8=True)
-    # room for the static shared memory (the rows' scales and maxima) besides the driver's
-    if (cfg is None or gemv_regs(cfg, True, 16)
-            or gemv_smem_bytes(cfg, k_dim, True, epilogue, 1, True, n) > smem_limit(device) - 2048):
-        return False
-    gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, 1, x_quant=True)
-    return True
-
-
 def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
     """out = epilogue(FP8 product of x and the weight) on `route`'s kernel (_route; "scaled_mm"
     only without an epilogue), in chunks of rows that fit the scratch; False where the scratch
     is missing (first needed inside a graph capture)."""
     n, k_dim = x.shape
-    if route == "gemv" and _gemv_quantizing(out, x, weight, weight_scale, epilogue, xielu_params):
-        return True
     buffers = FP8_SCRATCH.get(dev(x))
     if buffers is None:
         return False

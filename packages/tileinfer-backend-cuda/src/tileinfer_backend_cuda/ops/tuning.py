@@ -14,8 +14,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count),
   ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
-- ``"gemv_wide"``: ``{"bf16": N, "int8": N, "fp8": N, "fp8_quant": N}``, the most rows of a
-  step that gemv.cu takes, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
+- ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
+  takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
@@ -91,9 +91,8 @@ def _checked(settings) -> dict:
 # builds stop beating it. INT8: one read of the weight for all 64 rows beats gemv.cu on 8-row
 # pieces (a read per piece) and gemm.cu (prefill tiles).
 # Figures: benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost in gemv.cu".
-# FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above; up to
-# "fp8_quant" rows (8 at most) its X_QUANT build, which quantizes the input in its blocks.
-WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64, "fp8": 16, "fp8_quant": 8}
+# FP8 (linear_fp8.py): gemv.cu's FP8 build up to this many rows, torch._scaled_mm above.
+WIDE_MAX_TOKENS = {"bf16": 16, "int8": 64, "fp8": 16}
 
 experiments: dict = _checked(os.environ.get(EXPERIMENTS_ENV))
 
