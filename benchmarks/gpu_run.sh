@@ -9,7 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
-#              fp8sweep
+#              fp8sweep quantload
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -277,6 +277,15 @@ for step in $steps; do
         --backend cuda --clients 256 --prompt-len 512 --output-len 256 --offline \
         > "$out/load256.json" 2> "$out/load256.err"
       grep "^serve\|^offline" "$out/load256.err" ;;
+    quantload)  # 64 streams of llama3-8b (cuda, dummy weights) served and offline, the weights
+                # in bf16 and each of QUANTLOAD_QUANTS ("fp8 int8")
+      for q in "" ${QUANTLOAD_QUANTS:-fp8 int8}; do
+        timeout 280 python3 benchmarks/serve_load.py --make-folder /tmp/l8b --shape llama3-8b \
+          --backend cuda --clients 64 --prompt-len 512 --output-len 256 --offline \
+          ${q:+--quantization $q} >> "$out/quantload.json" 2>> "$out/quantload.err"
+        echo "weights ${q:-bf16}: $(grep '^serve\|^offline' "$out/quantload.err" | tail -n 2 \
+          | tr '\n' ' ')"
+      done ;;
     detcost)  # what the batch-invariant ops cost on DET_SHAPE (llama3-8b), batch 1 and static
               # batches, on each of DET_BACKENDS (cuda)
       for b in ${DET_BACKENDS:-cuda}; do
