@@ -91,7 +91,8 @@ def test_unsupported_layouts_fall_back_to_ref_and_are_counted():
 def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
                                      "small_weight_bytes": None, "cublaslt_max_tokens": None,
-                                     "invariant_gemm": {}, "fp8_gemm": {}}
+                                     "int8_cublas_min_rows": None, "invariant_gemm": {},
+                                     "fp8_gemm": {}}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 

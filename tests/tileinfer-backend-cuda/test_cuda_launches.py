@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from tileinfer.backend import get_backend
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
 from tileinfer_backend_cuda.ops import (OPS, attention, common, cublas, elementwise,
@@ -151,6 +152,48 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
     else:  # bf16: cuBLAS (no launch of ours), the float32 logits through its float32 outputs
         assert names == [("elementwise.cu", "silu_mul"), ("elementwise.cu", "xielu")]
         assert mm_calls == [torch.float32]
+
+
+@pytest.mark.parametrize("out_dtype", [BF, torch.float32])
+def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_dtype):
+    """INT8 products of int8_cublas.MIN_ROWS rows and more: no gemm.cu launch, the weight in bf16
+    chunks of output rows (a small CHUNK_BYTES here: 3 chunks and a partial one), cuBLAS's
+    float32 sums (torch.mm with out_dtype has no CPU kernel: computed here in float32) times the
+    row scales, rounded once: ref's linear bit for bit. SwiGLU: its gate/up sums so, then
+    silu_mul. Fewer rows (or the switch's int8_cublas_min_rows above n) stay on gemm.cu."""
+    from tileinfer_backend_cuda.ops import int8_cublas
+
+    real_mm = torch.mm
+    calls = []
+
+    def mm(a, b, *, out=None, out_dtype=None):
+        calls.append((tuple(b.shape), b.dtype, out_dtype))
+        return out.copy_(real_mm(a.float(), b.float())) if out_dtype else real_mm(a, b, out=out)
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(int8_cublas, "CHUNK_BYTES", 2 * 576 * 300)
+    n = int8_cublas.MIN_ROWS
+    x = torch.randn(n, 576).to(BF)
+    w, s = _weight(1000, 576, True)
+    out = torch.full((n, 1000), float("nan"), dtype=out_dtype)
+    OPS["linear"](out, x, w, s, False)
+    assert launches == []
+    assert calls == [((576, 300), BF, torch.float32)] * 3 + [((576, 100), BF, torch.float32)]
+    expected = torch.empty_like(out)
+    get_backend("ref").linear(expected, x, w, s)
+    assert torch.equal(out, expected)
+
+    gate_up = torch.empty(n, 1000, dtype=BF)
+    OPS["linear_swiglu"](torch.empty(n, 500, dtype=BF), x, w, s, gate_up, False)
+    assert [k.name for k in launches] == ["silu_mul"]
+    get_backend("ref").linear(expected, x, w, s)
+    assert torch.equal(gate_up, expected.to(BF))
+
+    for rows, settings in ((n - 1, {}), (n, {"int8_cublas_min_rows": n + 1})):
+        launches.clear()
+        with tuning.experiment(settings):
+            OPS["linear"](torch.empty(rows, 1000, dtype=out_dtype), x[:rows], w, s, False)
+        assert [k.file for k in launches] == ["gemm.cu"]
 
 
 @pytest.mark.parametrize("n,library", [(17, "cublaslt"), (256, "cublaslt"), (257, "default")])

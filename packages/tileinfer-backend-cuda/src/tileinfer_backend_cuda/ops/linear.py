@@ -1,7 +1,7 @@
 """The linear ops: decode GEMVs for up to GEMV_MAX_TOKENS token rows, and gemv.cu with several
 token tiles up to tuning.WIDE_MAX_TOKENS rows (INT8 64, bf16 16), with the SwiGLU / xIELU
 epilogues fused; more rows through cuBLAS (bf16 weights; bf16 or float32 outputs) or gemm.cu
-(INT8 weights).
+(INT8 weights; from int8_cublas.MIN_ROWS rows, cuBLAS on a bf16 copy: int8_cublas.py).
 
 Which GEMV: one token, and a single sequence's steps (``batch_invariant``, the contract's flag),
 take one kernel and configuration per weight at every token count, so that a speculative verify
@@ -33,7 +33,7 @@ from tileinfer.backend.hookspecs import Invariance
 
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
-from . import elementwise, gemm_invariant
+from . import elementwise, gemm_invariant, int8_cublas
 from .cublas import cublas
 from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, invariant_order
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
@@ -313,6 +313,8 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
         elif weight.dtype == torch.bfloat16 and _MM_FLOAT32_OUT:
             # the logits: cuBLAS with float32 outputs, the float32 sums unrounded
             cublas(out, x, weight, out_dtype=torch.float32)
+        elif int8_cublas.takes(out, x, weight):  # INT8 prefill
+            int8_cublas.int8_cublas(out, x, weight, weight_scale)
         else:
             gemm(out, x, weight, weight_scale)
         return True

@@ -19,6 +19,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
 - ``"cublaslt_max_tokens"``: replaces ``CUBLASLT_MAX_TOKENS`` (0: every cuBLAS product on
   PyTorch's default library);
+- ``"int8_cublas_min_rows"``: replaces ``int8_cublas.MIN_ROWS`` (INT8 products on cuBLAS);
 - ``"invariant_gemm"``: gemm_invariant.cu's launch settings for every shape (``row_warps``,
   ``row_tiles``, ``stages``, ``stage_steps``, ``split``, ``l2_256b``; gemm_wgmma.py's; ``wide``:
   those of launches of more than 64 rows), ``min_rows`` (the fewest rows of a launch it takes),
@@ -60,6 +61,7 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 _ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles", "invariant_split_keys"}
+_NUMBERS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows")  # None: shipped
 
 
 def _checked(settings) -> dict:
@@ -68,8 +70,8 @@ def _checked(settings) -> dict:
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
-    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "small_weight_bytes",
-                               "cublaslt_max_tokens", "invariant_gemm", "fp8_gemm"}
+    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "invariant_gemm",
+                               "fp8_gemm", *_NUMBERS}
     unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
     unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
     unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
@@ -80,9 +82,7 @@ def _checked(settings) -> dict:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     groups = ("gemv", "attention", "gemv_wide", "invariant_gemm", "fp8_gemm")  # dicts of settings
     return {**{g: dict(settings.get(g, {})) for g in groups},
-            "pdl": bool(settings.get("pdl", True)),
-            "small_weight_bytes": settings.get("small_weight_bytes"),
-            "cublaslt_max_tokens": settings.get("cublaslt_max_tokens")}
+            "pdl": bool(settings.get("pdl", True)), **{k: settings.get(k) for k in _NUMBERS}}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
@@ -221,7 +221,8 @@ MMA_GEMV_TABLE: dict[tuple[int, int, bool, str], dict] = {
 # gemv.cu at 9..64 rows (token_tiles = 2, 4, 8: 16, 32, 64 token slots) per weight shape and
 # token tiles: the winners of `benchmarks/batched_linear.py --mma-sweep 16` (llama3-8b bf16) and
 # `--int8 --mma-sweep 64` (benchmarks/RESULTS.md, 2026-12-01, "What a batched step's linears cost
-# in gemv.cu"; the bf16 lm_head at 16 rows: the 32-row winner, cuBLAS was as fast); other shapes get gemv_heuristic.
+# in gemv.cu"; the bf16 lm_head at 16 rows: the 32-row winner, cuBLAS was as fast); other
+# shapes get gemv_heuristic.
 MMA_GEMV_WIDE_TABLE: dict[tuple[int, int, bool, str, int], dict] = {
     (6144, 4096, False, 'none', 2): {'warps': 8, 'stages': 4, 'tiles': 1, 'l2_256b': True},
     (4096, 4096, False, 'none', 2): {'warps': 16, 'stages': 3, 'tiles': 2, 'l2_256b': True},

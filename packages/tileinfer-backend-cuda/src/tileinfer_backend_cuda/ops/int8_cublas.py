@@ -1,0 +1,46 @@
+"""INT8 weights in products of many rows (prefill chunks) on cuBLAS: the weight is converted to
+bf16 a chunk of output rows at a time (an int8 value is a bf16 value exactly; the row's scale
+waits for the sum), multiplied on cuBLAS's tensor cores into float32 sums, and each sum times
+its row's scale is rounded once into the output: the product ref defines (the float32 sum times
+the scale). gemm.cu, the sm80-style tiling that takes the smaller ones, runs these at a fraction
+of cuBLAS's rate on Hopper, which put INT8 prefill, and so the served time to first token, at
+about three times bf16's (benchmarks/RESULTS.md, 2026-12-07, "INT8 prefill on cuBLAS")."""
+
+from __future__ import annotations
+
+import torch
+
+from .cublas import cublas
+from .tuning import experiments
+
+# The fewest rows of an INT8 product that runs here (fewer: gemm.cu, which reads the int8 weight
+# once, where the conversion's extra traffic is not paid back by cuBLAS's rate).
+MIN_ROWS = 256
+# The bf16 copy of the weight is made CHUNK_BYTES at most at a time (a temporary), so that a
+# prefill needs no more free memory than a fraction of one layer's weight.
+CHUNK_BYTES = 32 << 20
+# cuBLAS bf16 x bf16 -> float32 outputs (torch.mm's out_dtype form, PyTorch 2.8 and newer)
+_MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
+
+
+def min_rows() -> int:
+    asked = experiments["int8_cublas_min_rows"]
+    return MIN_ROWS if asked is None else int(asked)
+
+
+def takes(out, x, weight) -> bool:
+    """Whether int8_cublas runs this product (gemv_ok's layouts): INT8 weight, bf16 x, a bf16 or
+    float32 out, at least min_rows() rows."""
+    return (_MM_FLOAT32_OUT and weight.dtype == torch.int8 and x.dtype == torch.bfloat16
+            and out.dtype in (torch.bfloat16, torch.float32) and x.shape[0] >= min_rows())
+
+
+def int8_cublas(out, x, weight, weight_scale):
+    """out (n, O) = (x @ W.T in float32) * weight_scale, rounded to out's dtype."""
+    o_rows, k_dim = weight.shape
+    chunk = max(1, min(o_rows, CHUNK_BYTES // (2 * k_dim)))
+    for start in range(0, o_rows, chunk):
+        stop = min(o_rows, start + chunk)
+        sums = torch.empty(x.shape[0], stop - start, dtype=torch.float32, device=x.device)
+        cublas(sums, x, weight[start:stop].to(torch.bfloat16), out_dtype=torch.float32)
+        torch.mul(sums, weight_scale[start:stop], out=out[:, start:stop])
