@@ -1,9 +1,10 @@
 """INT8 products of prefill sizes on the CUDA backend: gemm.cu against int8_cublas.py (the weight
-converted to bf16 in chunks, cuBLAS's float32 sums, scaled once), beside the bf16 weight on
+converted to bf16 in chunks, or whole, cuBLAS's float32 sums, scaled once), beside the bf16 weight on
 cuBLAS, per llama3-8b matrix and row count: milliseconds a product (timing.time_op: CUDA graphs
 of 20 products on rotated inputs, median of replays), and each INT8 path's largest difference
 from the ref backend's product on the same inputs, over the bf16 tolerance's bound. One JSON line
-per matrix and row count.
+per matrix and row count, with where int8_cublas's time goes: cuBLAS's float32 sums of the bf16
+weight, and the weight's conversion to bf16.
 
     python benchmarks/int8_prefill.py --rows 128,256,512,1024,2048
 """
@@ -29,9 +30,10 @@ def main():
 
     from tileinfer.backend import get_backend
     from tileinfer.testing.conformance.helpers import TOLERANCE
-    from tileinfer_backend_cuda.ops import tuning
+    from tileinfer_backend_cuda.ops import int8_cublas, tuning
 
     cuda, ref = get_backend("cuda"), get_backend("ref")
+    chunk_bytes = int8_cublas.CHUNK_BYTES
     atol, rtol = TOLERANCE[torch.bfloat16]
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in args.matrices.split(","):
@@ -45,8 +47,11 @@ def main():
             expected = torch.empty_like(out)
             ref.linear(expected, xs[0], w8, scale)
             row = {"matrix": name, "rows": n}
-            for path, settings in (("gemm_cu", {"int8_cublas_min_rows": 1 << 30}),
-                                   ("int8_cublas", {"int8_cublas_min_rows": 1})):
+            for path, settings, chunk in (
+                    ("gemm_cu", {"int8_cublas_min_rows": 1 << 30}, chunk_bytes),
+                    ("int8_cublas", {"int8_cublas_min_rows": 1}, chunk_bytes),
+                    ("int8_cublas_unchunked", {"int8_cublas_min_rows": 1}, 1 << 40)):
+                int8_cublas.CHUNK_BYTES = chunk
                 with tuning.experiment(settings):
                     cuda.linear(out, xs[0], w8, scale, False)
                     bound = atol + rtol * expected.float().abs()
@@ -54,8 +59,15 @@ def main():
                                                       / bound).max()), 3)
                     row[f"{path}_ms"] = round(1e3 * time_op(
                         lambda i: cuda.linear(out, xs[i % 4], w8, scale, False)), 4)
+            int8_cublas.CHUNK_BYTES = chunk_bytes
             row["bf16_cublas_ms"] = round(1e3 * time_op(
                 lambda i: cuda.linear(out, xs[i % 4], w16, None, False)), 4)
+            # where int8_cublas's time goes: cuBLAS's float32 sums of the bf16 weight, and the
+            # weight's conversion to bf16
+            sums = torch.empty(n, o_rows, device="cuda")
+            row["bf16_f32_sums_ms"] = round(1e3 * time_op(
+                lambda i: torch.mm(xs[i % 4], w16.t(), out_dtype=torch.float32, out=sums)), 4)
+            row["convert_ms"] = round(1e3 * time_op(lambda i: w16.copy_(w8)), 4)
             print(json.dumps(row), flush=True)
 
 
