@@ -160,6 +160,27 @@ def test_prefill_gemm(cuda, ref, n, in_f):
         assert_linear_matches_ref(cuda, ref, x, wt, s)
 
 
+@pytest.mark.parametrize("chunk_rows", [128, 1 << 20], ids=["chunks", "whole"])
+def test_int8_prefill_on_cublas_matches_ref(cuda, ref, monkeypatch, chunk_rows):
+    """INT8 products of int8_cublas.MIN_ROWS rows and more (int8_cublas.py: the weight in bf16,
+    here in chunks of 128 rows, 700 = five and a partial one, or whole) against ref, into bf16
+    and float32 outputs, and the SwiGLU op through them."""
+    from tileinfer_backend_cuda.ops import int8_cublas
+
+    monkeypatch.setattr(int8_cublas, "CHUNK_BYTES", 2 * 1024 * chunk_rows)
+    g = torch.Generator().manual_seed(chunk_rows)
+    n = int8_cublas.MIN_ROWS + 44
+    x = torch.randn(n, 1024, generator=g).to(torch.bfloat16).to(DEV)
+    q, scale = quantize_weight((torch.randn(700, 1024, generator=g) * 0.03).to(torch.bfloat16))
+    q, scale = q.to(DEV), scale.to(DEV)
+    assert_linear_matches_ref(cuda, ref, x, q, scale, batch_invariant=False)
+    out, expected = (torch.empty(n, 350, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    cuda.linear_swiglu(out, x, q, scale, torch.empty(n, 700, dtype=torch.bfloat16, device=DEV),
+                       False)
+    ref.linear_swiglu(expected, x, q, scale, torch.empty(n, 700, dtype=torch.bfloat16, device=DEV))
+    assert_close(out, expected)
+
+
 @pytest.mark.parametrize("n", [1, 8, 40])
 def test_prefill_swiglu_and_xielu(cuda, ref, n):
     """Above 8 tokens the activations run after the GEMM (elementwise.cu's silu_mul, xielu)."""
