@@ -160,6 +160,19 @@ def test_prefill_gemm(cuda, ref, n, in_f):
         assert_linear_matches_ref(cuda, ref, x, wt, s)
 
 
+def test_int8_to_bf16_conversion_is_exact(cuda):
+    """elementwise.cu's int8_to_bf16 (int8_cublas.py's weight conversion): every int8 value, in
+    every position of a 16-byte chunk, against PyTorch's cast."""
+    from tileinfer_backend_cuda.ops import elementwise
+
+    x = torch.arange(-128, 128, dtype=torch.int16).repeat(17)[: 16 * 256].to(torch.int8)
+    x = x.view(64, 64).to(DEV)
+    out = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert elementwise.int8_to_bf16_ok(out, x)
+    elementwise.int8_to_bf16(out, x)
+    assert torch.equal(out, x.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("chunk_rows", [128, 1 << 20], ids=["chunks", "whole"])
 def test_int8_prefill_on_cublas_matches_ref(cuda, ref, monkeypatch, chunk_rows):
     """INT8 products of int8_cublas.MIN_ROWS rows and more (int8_cublas.py: the weight in bf16,

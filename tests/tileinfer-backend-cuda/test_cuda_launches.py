@@ -156,9 +156,9 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
 
 @pytest.mark.parametrize("out_dtype", [BF, torch.float32])
 def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_dtype):
-    """INT8 products of int8_cublas.MIN_ROWS rows and more: no gemm.cu launch, the weight in bf16
-    chunks of output rows (a small CHUNK_BYTES here: 3 chunks of a multiple of CHUNK_ALIGN rows
-    and a partial one), cuBLAS's
+    """INT8 products of int8_cublas.MIN_ROWS rows and more: no gemm.cu launch, the weight converted
+    to bf16 (elementwise.cu) in chunks of output rows (a small CHUNK_BYTES here: 3 chunks of a
+    multiple of CHUNK_ALIGN rows and a partial one), cuBLAS's
     float32 sums (torch.mm with out_dtype has no CPU kernel: computed here in float32) times the
     row scales, rounded once: ref's linear bit for bit. SwiGLU: its gate/up sums so, then
     silu_mul. Fewer rows (or the switch's int8_cublas_min_rows above n) stay on gemm.cu."""
@@ -171,7 +171,12 @@ def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_d
         calls.append((tuple(b.shape), b.dtype, out_dtype))
         return out.copy_(real_mm(a.float(), b.float())) if out_dtype else real_mm(a, b, out=out)
 
+    def int8_to_bf16(out, part):  # elementwise.cu's conversion (exact), run here on the CPU
+        calls.append(("int8_to_bf16", tuple(part.shape)))
+        out.copy_(part)
+
     monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(elementwise, "int8_to_bf16", int8_to_bf16)
     monkeypatch.setattr(int8_cublas, "CHUNK_BYTES", 2 * 576 * 300)  # 300 rows: 256 a chunk
     n = int8_cublas.MIN_ROWS
     x = torch.randn(n, 576).to(BF)
@@ -179,7 +184,8 @@ def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_d
     out = torch.full((n, 1000), float("nan"), dtype=out_dtype)
     OPS["linear"](out, x, w, s, False)
     assert launches == []
-    assert calls == [((576, 256), BF, torch.float32)] * 3 + [((576, 232), BF, torch.float32)]
+    assert calls == [("int8_to_bf16", (256, 576)), ((576, 256), BF, torch.float32)] * 3 + [
+        ("int8_to_bf16", (232, 576)), ((576, 232), BF, torch.float32)]
     expected = torch.empty_like(out)
     get_backend("ref").linear(expected, x, w, s)
     assert torch.equal(out, expected)

@@ -1,4 +1,5 @@
-// Elementwise ops: embedding lookup, SwiGLU's silu(gate) * up, xIELU, rotary embedding.
+// Elementwise ops: embedding lookup, SwiGLU's silu(gate) * up, xIELU, rotary embedding, and int8
+// to bf16 (an INT8 weight's values for cuBLAS, ops/int8_cublas.py).
 //
 // Defines: DTYPE, the activation element type T (bf16_t, f16_t or float); VEC, elements per
 // access (16 / sizeof(T) when the shapes and pointers allow 16-byte accesses, else 1).
@@ -63,6 +64,22 @@ extern "C" __global__ void xielu(T* out, const T* x, i64 count, float alpha_p, f
 #pragma unroll
     for (int e = 0; e < VEC; ++e) v[e] = xielu_f32(v[e], alpha_p, alpha_n, beta, eps);
     store_chunk<T, VEC>(out + i, v);
+}
+
+// int8_to_bf16: out[i] = in[i] (exact: every int8 is a bf16) over `chunks` 16-byte chunks of in,
+// each thread a chunk: one 16-byte load, two 16-byte stores.
+extern "C" __global__ void int8_to_bf16(uint4* __restrict__ out, const uint4* __restrict__ in,
+                                        i64 chunks) {
+    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= chunks) return;
+    const uint4 v = in[c];
+    uint4 lo, hi;
+    int8x4_to_bf16x2(v.x, lo.x, lo.y);
+    int8x4_to_bf16x2(v.y, lo.z, lo.w);
+    int8x4_to_bf16x2(v.z, hi.x, hi.y);
+    int8x4_to_bf16x2(v.w, hi.z, hi.w);
+    out[2 * c] = lo;
+    out[2 * c + 1] = hi;
 }
 
 // rope: "rotate half" rotary embedding. x, out: (n, heads, head_dim) with element strides

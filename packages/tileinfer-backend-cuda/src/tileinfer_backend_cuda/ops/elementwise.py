@@ -1,6 +1,7 @@
 """elementwise.cu: the embedding lookup (an op), and SwiGLU's silu(gate) * up and xIELU, which the
-prefill paths of linear_swiglu / linear_xielu run after their GEMM (the decode GEMVs fuse them).
-The file's rope kernel is not launched: attention_inputs (kv.cu) applies RoPE itself."""
+prefill paths of linear_swiglu / linear_xielu run after their GEMM (the decode GEMVs fuse them),
+and an INT8 weight's conversion to bf16 (int8_cublas.py). The file's rope kernel is not
+launched: attention_inputs (kv.cu) applies RoPE itself."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ def xielu(out, x, xielu_scalars):
     k = kernel("elementwise.cu", "xielu", "ppqffff", dev(out),
                {"DTYPE": DTYPE_NAMES[x.dtype], "VEC": v})
     k.launch((cdiv(count // v, 256),), (256,), (out, x, count, s.alpha_p, s.alpha_n, s.beta, s.eps))
+
+
+def int8_to_bf16_ok(out, x) -> bool:
+    return (contig(out, x) and x.dtype == torch.int8 and out.dtype == torch.bfloat16
+            and out.shape == x.shape and x.numel() % 16 == 0 and aligned(out, x))
+
+
+def int8_to_bf16(out, x):
+    """out (bf16) = x (int8), exactly; the caller checked int8_to_bf16_ok."""
+    chunks = x.numel() // 16
+    k = kernel("elementwise.cu", "int8_to_bf16", "ppq", dev(out), {})
+    k.launch((cdiv(chunks, 256),), (256,), (out, x, chunks))

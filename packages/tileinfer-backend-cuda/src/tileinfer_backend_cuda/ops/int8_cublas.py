@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import elementwise
 from .cublas import cublas
 from .tuning import experiments
 
@@ -44,6 +45,12 @@ def int8_cublas(out, x, weight, weight_scale):
     chunk = max(CHUNK_ALIGN, CHUNK_BYTES // (2 * k_dim) // CHUNK_ALIGN * CHUNK_ALIGN)
     for start in range(0, o_rows, chunk):
         stop = min(o_rows, start + chunk)
+        part = weight[start:stop]
+        w16 = torch.empty(part.shape, dtype=torch.bfloat16, device=part.device)
+        if elementwise.int8_to_bf16_ok(w16, part):
+            elementwise.int8_to_bf16(w16, part)  # at the bandwidth PyTorch's cast does not reach
+        else:
+            w16.copy_(part)
         sums = torch.empty(x.shape[0], stop - start, dtype=torch.float32, device=x.device)
-        cublas(sums, x, weight[start:stop].to(torch.bfloat16), out_dtype=torch.float32)
+        cublas(sums, x, w16, out_dtype=torch.float32)
         torch.mul(sums, weight_scale[start:stop], out=out[:, start:stop])
