@@ -51,12 +51,13 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 #if PDL_TRIGGER == 0
     pdl_launch_dependents();  // the o projection's GEMV may start prefetching its weight
 #endif
-    // Up to pdl_wait only the step's metadata (cu_seqlens_q, context_lens, block_table) is read: it
-    // is uploaded before the step's first kernel (launched without PDL) and no kernel writes it.
+    // Up to pdl_wait only the step's metadata (cu_seqlens_q, context_lens, block_table) is read:
+    // it is uploaded before the step's first kernel, which is launched without PDL, and no kernel
+    // writes it, so it is complete even while the previous kernels still run.
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     // num_splits defines the partition; the grid has blocks for the first grid_splits splits only
-    // (the host's bound on the splits any row can have keys in, see the header).
+    // (the host's bound on the splits any row of the cache can have keys in, see the header).
     const int split = blockIdx.x % grid_splits, row_tile = blockIdx.x / grid_splits;
     const int kvh = blockIdx.y, b = blockIdx.z;
     const int group = heads / kv_heads;
@@ -155,16 +156,6 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
 
     int page = page_of(0);  // metadata: before pdl_wait (see above)
     pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
-    // The prologue's copies (tiles 0 .. KV_STAGES - 2), first those of tiles that cannot hold the
-    // new key (position ctx - 1, which FUSED_INPUTS stores below): they fly while it is stored.
-    int issued = 0;
-    auto issue_prologue = [&](bool stop_at_new_key) {
-        for (; issued < KV_STAGES - 1; page = page_of(++issued)) {
-            if (stop_at_new_key && issued < n_tiles && tile_start(issued) + BN >= ctx) return;
-            issue(issued, issued, page);
-        }
-    };
-    issue_prologue(FUSED_INPUTS);
 #if FUSED_INPUTS
     // One query token per sequence (ops): rows r < group are heads kvh * group + r of token
     // q_start, at position ctx - 1. Scratch: this warp's HEAD_DIM floats (RoPE) and HEAD_DIM bf16
@@ -173,7 +164,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     const bf16_t* token_qkv = qkv + (i64)q_start * slots_per_token * HEAD_DIM;
     float* rotate = reinterpret_cast<float*>(&sm.ring.stage[KV_STAGES - 1][warp]);
     bf16_t* q_row = reinterpret_cast<bf16_t*>(rotate + HEAD_DIM);
-    if (split == active_splits - 1) {  // the split holding the new key: store it before its copy
+    if (split == active_splits - 1) {  // the split holding the new key: store it before any copy
         const i64 slot = slots[q_start];
         if (slot >= 0 && warp < 2) {
             float x[PER_LANE];
@@ -191,7 +182,11 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         __syncthreads();  // the new key and value are in the cache before this block copies them
     }
 #endif
-    issue_prologue(false);
+#pragma unroll
+    for (int i = 0; i < KV_STAGES - 1; ++i) {
+        issue(i, i, page);
+        page = page_of(i + 1);
+    }
 
     // --- the query tile (rows past `rows` are zeros), while the first K/V copies fly ---
 #if FUSED_INPUTS
