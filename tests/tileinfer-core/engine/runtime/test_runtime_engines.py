@@ -6,6 +6,7 @@ stepping on a pool that is gone."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -54,6 +55,7 @@ def test_another_page_size_leaves_an_idle_engine_refusing_in_words(tiny):  # noq
     queued = engine.add_request(prompt_ids(5), max_new_tokens=3, stop_ids=[])  # holds no pages
     assert len(generate(model, prompt_ids(5), 3, page_size=8, stop_ids=[])) == 3
     assert runtime_of(model).cache.page_size == 8 and engine.cache.page_size == 16
+    assert engine.cache.nbytes == 0  # the old pool's memory went back before the new one was made
     outs = engine.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [(queued, "error")]
     assert "KV pool is gone" in outs[0].error
@@ -80,11 +82,17 @@ def test_an_engine_dropped_without_close_holds_the_pool_no_longer(tiny):  # noqa
     assert runtime_of(model).cache is not small and small.num_pages == 4
 
 
-def test_after_model_close_an_engine_fails_in_words(tiny):  # noqa: F811
+def test_after_model_close_an_engine_fails_in_words_and_holds_no_pool(tiny):  # noqa: F811
+    """model.close() frees the pool's tensors while the engine is still open (the engine keeps
+    only the emptied pool object), and the engine then fails in words."""
     model = fresh(tiny)
     engine = LLMEngine(model, cpu_tokens=4 * MAX_LEN)
     rid = engine.add_request(prompt_ids(7), max_new_tokens=4, stop_ids=[])
+    pages = weakref.ref(engine.cache.k_pages)
+    assert engine.cache.nbytes > 0
     model.close()
+    gc.collect()
+    assert pages() is None and engine.cache.nbytes == 0
     outs = engine.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, "error")]
     assert "the model was closed" in outs[0].error and not engine.has_unfinished()

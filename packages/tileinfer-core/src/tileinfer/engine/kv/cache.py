@@ -289,6 +289,13 @@ class PagedKVCache:
         self.allocator.grow(num_pages)
         self.num_pages = num_pages
 
+    def free_memory(self):
+        """Give the pools' device memory back (a closed model's cache): an engine still holding
+        this object then holds no memory; the cache must not be used after."""
+        for name in ("k_pages", "v_pages", "k_scales", "v_scales"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).new_empty(0))
+
     def layer(self, i: int) -> LayerKV:
         pick = lambda t: None if t is None else t[i]  # noqa: E731
         return LayerKV(self.k_pages[i], self.v_pages[i], pick(self.k_scales),

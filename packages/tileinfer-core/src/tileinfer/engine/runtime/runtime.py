@@ -99,7 +99,7 @@ class ModelRuntime:
                     f"{cache.quantize or 'unquantized'}) holds {self.live_pages()} pages of live "
                     "sequences (a ChatSession, an LLMEngine); close them before asking for a "
                     "pool of another size, page size or precision")
-            # (an idle engine still open keeps the old pool and refuses work from then on)
+            # (an idle engine still open keeps the old pool object, emptied, and refuses work)
             self._build(want, page_size, quantize, key_smoothing)
             return self.cache
 
@@ -138,6 +138,8 @@ class ModelRuntime:
     def _build(self, num_pages, page_size, quantize, key_smoothing):
         model = self.model
         self.steps.clear()
+        if self.cache is not None:  # no sequence holds pages; an idle engine keeps the object
+            self.cache.free_memory()
         self.cache = self.scratch_page = None
         page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
         check_fits(num_pages * page_bytes, model.device,
@@ -175,13 +177,16 @@ class ModelRuntime:
 
     def close(self):
         """Drop the graphs, the static steps and the pool (their memory goes back to the
-        caching allocator, and to the device with ``torch.cuda.empty_cache``)."""
+        caching allocator, and to the device with ``torch.cuda.empty_cache``), also while an
+        open engine still holds the pool object (it refuses its next step: POOL_GONE)."""
         with self.lock:
             for part in self._parts.values():
                 if hasattr(part, "close"):
                     part.close()
             self._parts.clear()
             self.steps.clear()
+            if self.cache is not None:
+                self.cache.free_memory()
             self.cache = self.scratch_page = None
             if torch.device(self.model.device).type == "cuda":
                 torch.cuda.synchronize()
