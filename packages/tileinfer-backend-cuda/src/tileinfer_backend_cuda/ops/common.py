@@ -96,6 +96,15 @@ def smem_limit(device: int) -> int:
     return device_property(device, "shared_memory_per_block_optin", 227 * 1024)
 
 
+def fit_stages(cfg: dict, smem_bytes, device: int) -> dict:
+    """cfg with its stages brought down (to 2 at least) until smem_bytes(cfg), a block's dynamic
+    shared memory in either GEMM kernel, fits beside the static shared memory."""
+    limit = smem_limit(device) - 1024  # room for the static shared memory
+    while cfg["stages"] > 2 and smem_bytes(cfg) > limit:
+        cfg["stages"] -= 1
+    return cfg
+
+
 def smem_per_multiprocessor(device: int) -> int:
     """Shared memory of one SM, for all its blocks (228 KB on an H100/H200)."""
     return device_property(device, "shared_memory_per_multiprocessor", 228 * 1024)

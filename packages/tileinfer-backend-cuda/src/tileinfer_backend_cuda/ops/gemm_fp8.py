@@ -23,7 +23,7 @@ import torch
 
 from . import gemm_wgmma
 from .common import cdiv, num_sms
-from .gemm_invariant import MAX_CLUSTER, fit_stages
+from .gemm_invariant import MAX_CLUSTER
 from .tuning import experiments, pdl
 
 # On: faster than torch._scaled_mm at 32 and 64 rows of llama3-8b, and as near ref's sums
@@ -93,8 +93,6 @@ def launch(out, xq, x_scale, weight, w_scale, epilogue: str, xielu_params, devic
     o_rows = weight.shape[0] // mats
     cfg = gemm_settings(o_rows, k_dim, epilogue, n, device)
     tiles = token_tiles(n)
-    cfg["token_groups"] = gemm_wgmma.token_groups(cfg, n, tiles, mats)
-    fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, tiles, mats), device)
     pairs = lambda t: t.view(torch.uint8).view(torch.bfloat16)  # noqa: E731  (n, K / 2)
     gemm_wgmma.launch(out, pairs(xq), pairs(weight), xielu_params, cfg, base,
                       k_dim // part_k(), cfg["runs"], tiles, o_rows, device, w_scale, x_scale)

@@ -21,7 +21,7 @@ heuristic; the experiment switch ``"invariant_gemm"`` (tuning.py) overrides any 
 from __future__ import annotations
 
 from . import gemm_wgmma
-from .common import cdiv, dev, kernel, num_sms, smem_limit
+from .common import cdiv, dev, fit_stages, kernel, num_sms
 from .invariant_tuning import INVARIANT_GEMM_LAUNCH_KEYS, ORDER_KEYS, invariant_order
 from .tuning import experiments, sm90
 
@@ -233,15 +233,6 @@ def wide_settings(wide: dict) -> dict:
     return wide
 
 
-def fit_stages(cfg: dict, smem_bytes, device: int) -> dict:
-    """cfg with its stages brought down (to 2 at least) until smem_bytes(cfg), a block's dynamic
-    shared memory in either GEMM kernel, fits beside the static shared memory."""
-    limit = smem_limit(device) - 1024  # room for the static shared memory
-    while cfg["stages"] > 2 and smem_bytes(cfg) > limit:
-        cfg["stages"] -= 1
-    return cfg
-
-
 def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
                  k_dim: int = 0) -> dict:
     """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
@@ -277,9 +268,6 @@ def gemm_invariant(out, x, weight, weight_scale, xielu_params, base: dict, parts
     cfg = gemm_config(o_rows, k_dim, int8, epilogue, runs, n, load, token_tiles, device,
                       settings)
     if gemm_wgmma.takes(cfg, base, parts, k_dim, n, token_tiles, device):
-        mats = gemm_wgmma.mats(base)
-        cfg["token_groups"] = gemm_wgmma.token_groups(cfg, n, token_tiles, mats)
-        fit_stages(cfg, lambda c: gemm_wgmma.smem_bytes(c, token_tiles, mats), device)
         return gemm_wgmma.launch(out, x, weight, xielu_params, cfg, base, parts, runs,
                                  token_tiles, o_rows, device)
     defines = gemm_defines(cfg, base, parts, runs, token_tiles, k_dim)

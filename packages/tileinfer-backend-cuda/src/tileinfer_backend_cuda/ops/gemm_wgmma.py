@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .. import compiler
 from . import tensor_map
-from .common import cdiv, kernel
+from .common import cdiv, fit_stages, kernel
 
 STAGE_K = 64  # K a stage; K must be a multiple of it
 SWIZZLE_ALIGN = 1024  # the ring's alignment (gemm_wgmma_layout.cuh's WGMMA_ALIGN)
@@ -95,10 +95,12 @@ def defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int) -> d
 def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs: int,
            token_tiles: int, o_rows: int, device: int, w_scale=None, x_scale=None):
     """One launch of any number of rows (grid as gemm_invariant.cu's, token blocks of cfg's
-    "token_groups" groups: token_groups()); o_rows: the output rows of each matrix. With
-    base's W_FP8, x and weight are e4m3 bytes viewed as bf16 pairs (ops/gemm_fp8.py) and
-    w_scale, x_scale their float32 scales."""
+    "token_groups" groups, which it sets: token_groups(); cfg's stages brought down to what fits);
+    o_rows: the output rows of each matrix. With base's W_FP8, x and weight are e4m3 bytes
+    viewed as bf16 pairs (ops/gemm_fp8.py) and w_scale, x_scale their float32 scales."""
     n, k_dim = x.shape
+    cfg["token_groups"] = token_groups(cfg, n, token_tiles, mats(base))
+    fit_stages(cfg, lambda c: smem_bytes(c, token_tiles, mats(base)), device)
     ws = producer_warp(cfg)
     k = kernel("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu",
                "gemm_wgmma_ws" if ws else "gemm_wgmma", "ppppiiiqffff" + ("m" if ws else "pp"),
