@@ -1,10 +1,11 @@
 """INT8 products of prefill sizes on the CUDA backend: gemm.cu against int8_cublas.py (the weight
-converted to bf16 in chunks, or whole, cuBLAS's float32 sums, scaled once), beside the bf16 weight on
-cuBLAS, per llama3-8b matrix and row count: milliseconds a product (timing.time_op: CUDA graphs
-of 20 products on rotated inputs, median of replays), and each INT8 path's largest difference
-from the ref backend's product on the same inputs, over the bf16 tolerance's bound. One JSON line
-per matrix and row count, with where int8_cublas's time goes: cuBLAS's float32 sums of the bf16
-weight, and the weight's conversion to bf16 (elementwise.cu's, and PyTorch's cast for comparison).
+converted to bf16 in chunks, or whole; cuBLAS's float32 sums, scaled once), beside the bf16
+weight on cuBLAS, per llama3-8b matrix and row count: milliseconds a product (timing.time_op:
+CUDA graphs of 20 products on rotated inputs, median of replays), and each INT8 path's largest
+difference from the ref backend's product on the same inputs, over the bf16 tolerance's bound.
+One JSON line per matrix and row count, with where int8_cublas's time goes: cuBLAS's float32
+sums of the bf16 weight, and the weight's conversion to bf16 (elementwise.cu's, and PyTorch's
+cast for comparison).
 
     python benchmarks/int8_prefill.py --rows 128,256,512,1024,2048
 """
@@ -42,7 +43,8 @@ def main():
         scale = w16.float().abs().amax(1) / 127
         w8 = torch.round(w16.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
         for n in (int(r) for r in args.rows.split(",")):
-            xs = [torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+            xs = [torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+                  for _ in range(4)]
             out = torch.empty(n, o_rows, device="cuda", dtype=torch.bfloat16)
             expected = torch.empty_like(out)
             ref.linear(expected, xs[0], w8, scale)
@@ -68,7 +70,8 @@ def main():
             row["bf16_f32_sums_ms"] = round(1e3 * time_op(
                 lambda i: torch.mm(xs[i % 4], w16.t(), out_dtype=torch.float32, out=sums)), 4)
             row["torch_cast_ms"] = round(1e3 * time_op(lambda i: w16.copy_(w8)), 4)
-            row["convert_ms"] = round(1e3 * time_op(lambda i: elementwise.int8_to_bf16(w16, w8)), 4)
+            row["convert_ms"] = round(1e3 * time_op(
+                lambda i: elementwise.int8_to_bf16(w16, w8)), 4)
             print(json.dumps(row), flush=True)
 
 

@@ -158,10 +158,10 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
 def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_dtype):
     """INT8 products of int8_cublas.MIN_ROWS rows and more: no gemm.cu launch, the weight converted
     to bf16 (elementwise.cu) in chunks of output rows (a small CHUNK_BYTES here: 3 chunks of a
-    multiple of CHUNK_ALIGN rows and a partial one), cuBLAS's
-    float32 sums (torch.mm with out_dtype has no CPU kernel: computed here in float32) times the
-    row scales, rounded once: ref's linear bit for bit. SwiGLU: its gate/up sums so, then
-    silu_mul. Fewer rows (or the switch's int8_cublas_min_rows above n) stay on gemm.cu."""
+    multiple of CHUNK_ALIGN rows and a partial one), cuBLAS's float32 sums (torch.mm with
+    out_dtype has no CPU kernel: computed here in float32) times the row scales, rounded once:
+    ref's linear bit for bit. SwiGLU: its gate/up sums so, then silu_mul. Fewer rows (or the
+    switch's int8_cublas_min_rows above n) stay on gemm.cu."""
     from tileinfer_backend_cuda.ops import int8_cublas
 
     real_mm = torch.mm

@@ -3,8 +3,9 @@ bf16 a chunk of output rows at a time (an int8 value is a bf16 value exactly; th
 waits for the sum), multiplied on cuBLAS's tensor cores into float32 sums, and each sum times
 its row's scale is rounded once into the output: the product ref defines (the float32 sum times
 the scale). gemm.cu, the sm80-style tiling that takes the smaller ones, runs these at a fraction
-of cuBLAS's rate on Hopper, which put INT8 prefill, and so the served time to first token, at
-about three times bf16's (benchmarks/RESULTS.md, 2026-12-07, "INT8 prefill on cuBLAS")."""
+of cuBLAS's rate on Hopper, which held back INT8 prefill and so the served time to first token
+(benchmarks/RESULTS.md, 2026-12-07 (evening), "Served quantized weights" and "INT8 prefill on
+cuBLAS")."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ MIN_ROWS = 256
 # The bf16 copy of the weight is made CHUNK_BYTES at most at a time (a temporary), so that a
 # prefill needs no more free memory than a fraction of one layer's weight; in chunks of a
 # multiple of CHUNK_ALIGN rows (the float32 sums' rows then stay aligned for cuBLAS's fast
-# kernels: a chunk of 1,170 rows ran llama3-8b's down 2.5x slower than the whole weight).
+# kernels; a chunk of an odd row count ran far slower than the whole weight: RESULTS.md, ibid.).
 CHUNK_BYTES = 64 << 20
 CHUNK_ALIGN = 128
 # cuBLAS bf16 x bf16 -> float32 outputs (torch.mm's out_dtype form, PyTorch 2.8 and newer)
