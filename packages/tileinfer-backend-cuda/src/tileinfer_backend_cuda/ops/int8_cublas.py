@@ -16,8 +16,9 @@ from .cublas import cublas
 from .tuning import experiments
 
 # The fewest rows of an INT8 product that runs here (fewer: gemm.cu, which reads the int8 weight
-# once, where the conversion's extra traffic is not paid back by cuBLAS's rate).
-MIN_ROWS = 256
+# once; at this count a layer's four products already take less than half of gemm.cu's time,
+# though gate/up's conversion alone still costs more than gemm.cu's product).
+MIN_ROWS = 128
 # The bf16 copy of the weight is made CHUNK_BYTES at most at a time (a temporary), so that a
 # prefill needs no more free memory than a fraction of one layer's weight; in chunks of a
 # multiple of CHUNK_ALIGN rows (the float32 sums' rows then stay aligned for cuBLAS's fast
