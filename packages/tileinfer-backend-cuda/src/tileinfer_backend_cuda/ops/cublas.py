@@ -10,6 +10,10 @@ import torch
 
 from .tuning import cublaslt_max_tokens
 
+# cuBLAS bf16 x bf16 -> float32 outputs (torch.mm's out_dtype form, PyTorch 2.8 and newer): the
+# logits of steps past the GEMVs (linear.py) and INT8 prefill's sums (int8_cublas.py).
+MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
+
 
 def _prefer_cublaslt():
     """Make cuBLASLt PyTorch's preferred BLAS library. PyTorch's C++ side prints, once a process,

@@ -24,18 +24,19 @@ import torch
 from . import gemm_wgmma
 from .common import cdiv, num_sms
 from .gemm_invariant import MAX_CLUSTER
+from .linear import EPILOGUES
 from .tuning import experiments, pdl
 
 # On: faster than torch._scaled_mm at 32 and 64 rows of llama3-8b, and as near ref's sums
 # (benchmarks/RESULTS.md, 2026-12-07 (night)); the switch's "enabled" turns it off to compare.
 ENABLED = True
 PART_K = 128  # e4m3 k a part (the switch's "part_k": 64, 128 or 256): one ring stage
-STAGE_K = 128  # e4m3 k a ring stage: K must be a multiple of it
+# e4m3 k a ring stage (the kernel counts 2-byte units): K must be a multiple of it
+STAGE_K = 2 * gemm_wgmma.STAGE_K
 # The most rows of a step it takes: those measured faster than torch._scaled_mm (32 and 64
 # rows). Larger steps (bigger batches, prefill chunks) stay on torch._scaled_mm, whose 128-row
 # tiles they fill; the switch's "max_tokens" runs them here (the kernel takes any row count).
 MAX_TOKENS = 64
-EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
 
 # (output rows, K, epilogue) -> settings where gemm_settings' rule is not the best measured: the
 # winners of `benchmarks/fp8_gemm_sweep.py --rows 64 --stages 4` (llama3-8b, H100,

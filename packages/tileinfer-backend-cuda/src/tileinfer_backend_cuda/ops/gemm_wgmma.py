@@ -99,8 +99,9 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     o_rows: the output rows of each matrix. With base's W_FP8, x and weight are e4m3 bytes
     viewed as bf16 pairs (ops/gemm_fp8.py) and w_scale, x_scale their float32 scales."""
     n, k_dim = x.shape
-    cfg["token_groups"] = token_groups(cfg, n, token_tiles, mats(base))
-    fit_stages(cfg, lambda c: smem_bytes(c, token_tiles, mats(base)), device)
+    matrices = mats(base)
+    cfg["token_groups"] = token_groups(cfg, n, token_tiles, matrices)
+    fit_stages(cfg, lambda c: smem_bytes(c, token_tiles, matrices), device)
     ws = producer_warp(cfg)
     k = kernel("gemm_wgmma_ws.cu" if ws else "gemm_wgmma.cu",
                "gemm_wgmma_ws" if ws else "gemm_wgmma", "ppppiiiqffff" + ("m" if ws else "pp"),
@@ -117,7 +118,7 @@ def launch(out, x, weight, xielu_params, cfg: dict, base: dict, parts: int, runs
     else:
         args += (w_scale, x_scale)
     k.launch((cdiv(n, tokens), row_blocks), (threads,), args,
-             smem_bytes(cfg, token_tiles, mats(base)), pdl=bool(base.get("PDL")))
+             smem_bytes(cfg, token_tiles, matrices), pdl=bool(base.get("PDL")))
 
 
 def mats(base: dict) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import elementwise
-from .cublas import cublas
+from .cublas import MM_FLOAT32_OUT, cublas
 from .tuning import experiments
 
 # The fewest rows of an INT8 product that runs here (fewer: gemm.cu, which reads the int8 weight
@@ -25,8 +25,6 @@ MIN_ROWS = 128
 # kernels; a chunk of an odd row count ran far slower than the whole weight: RESULTS.md, ibid.).
 CHUNK_BYTES = 64 << 20
 CHUNK_ALIGN = 128
-# cuBLAS bf16 x bf16 -> float32 outputs (torch.mm's out_dtype form, PyTorch 2.8 and newer)
-_MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
 
 
 def min_rows() -> int:
@@ -37,7 +35,7 @@ def min_rows() -> int:
 def takes(out, x, weight) -> bool:
     """Whether int8_cublas runs this product (gemv_ok's layouts): INT8 weight, bf16 x, a bf16 or
     float32 out, at least min_rows() rows."""
-    return (_MM_FLOAT32_OUT and weight.dtype == torch.int8 and x.dtype == torch.bfloat16
+    return (MM_FLOAT32_OUT and weight.dtype == torch.int8 and x.dtype == torch.bfloat16
             and out.dtype in (torch.bfloat16, torch.float32) and x.shape[0] >= min_rows())
 
 

@@ -34,15 +34,12 @@ from tileinfer.backend.hookspecs import Invariance
 from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
                      contig, dev, fallback, fallback_counts, kernel, smem_limit)
 from . import elementwise, gemm_invariant, int8_cublas
-from .cublas import cublas
+from .cublas import MM_FLOAT32_OUT, cublas
 from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, invariant_order
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
                      gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
 EPILOGUES = {"none": 0, "swiglu": 1, "xielu": 2}
-# cuBLAS bf16 x bf16 -> float32 (torch.mm's out_dtype form, PyTorch 2.8 and newer): the logits of
-# steps of more than GEMV_MAX_TOKENS rows; else gemm.cu.
-_MM_FLOAT32_OUT = hasattr(torch.ops.aten.mm, "dtype_out")
 NO_XIELU = (0.0, 0.0, 0.0, 0.0)
 
 
@@ -310,8 +307,8 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
             gemv(out, x, weight, weight_scale, invariant=invariant)
         elif weight.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
             cublas(out, x, weight)  # batched steps past gemv.cu, prefill
-        elif weight.dtype == torch.bfloat16 and _MM_FLOAT32_OUT:
-            # the logits: cuBLAS with float32 outputs, the float32 sums unrounded
+        elif weight.dtype == torch.bfloat16 and MM_FLOAT32_OUT:
+            # the logits: cuBLAS with float32 outputs, the float32 sums unrounded (else gemm.cu)
             cublas(out, x, weight, out_dtype=torch.float32)
         elif int8_cublas.takes(out, x, weight):  # INT8 prefill
             int8_cublas.int8_cublas(out, x, weight, weight_scale)
