@@ -71,7 +71,7 @@ def main():
                 lambda i: torch.mm(xs[i % 4], w16.t(), out_dtype=torch.float32, out=sums)), 4)
             row["torch_cast_ms"] = round(1e3 * time_op(lambda i: w16.copy_(w8)), 4)
             row["convert_ms"] = round(1e3 * time_op(
-                lambda i: elementwise.int8_to_bf16(w16, w8)), 4)
+                lambda i: elementwise.weight8_to_bf16(w16, w8)), 4)
             print(json.dumps(row), flush=True)
 
 

@@ -161,16 +161,31 @@ def test_prefill_gemm(cuda, ref, n, in_f):
 
 
 def test_int8_to_bf16_conversion_is_exact(cuda):
-    """elementwise.cu's int8_to_bf16 (int8_cublas.py's weight conversion): every int8 value, in
-    every position of a 16-byte chunk, against PyTorch's cast."""
+    """elementwise.cu's weight8_to_bf16 (int8_cublas.py's weight conversion): every int8 value,
+    in every position of a 16-byte chunk, against PyTorch's cast."""
     from tileinfer_backend_cuda.ops import elementwise
 
     x = torch.arange(-128, 128, dtype=torch.int16).repeat(17)[: 16 * 256].to(torch.int8)
     x = x.view(64, 64).to(DEV)
     out = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
-    assert elementwise.int8_to_bf16_ok(out, x)
-    elementwise.int8_to_bf16(out, x)
+    assert elementwise.weight8_to_bf16_ok(out, x)
+    elementwise.weight8_to_bf16(out, x)
     assert torch.equal(out, x.to(torch.bfloat16))
+
+
+def test_e4m3_bits_to_bf16_conversion_is_exact(cuda):
+    """The W_E4M3 build of weight8_to_bf16 (common.cuh's e4m3x4_to_bf16x2, which the linear
+    kernels' weight-only FP8 builds share): every finite e4m3 bit pattern (subnormals, both
+    zeros) in every position of a 16-byte chunk, against PyTorch's e4m3 cast."""
+    from tileinfer_backend_cuda.ops import elementwise
+
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    x = codes.repeat(17)[: 16 * 256].view(64, 64).to(DEV)
+    out = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert elementwise.weight8_to_bf16_ok(out, x)
+    elementwise.weight8_to_bf16(out, x)
+    expected = x.view(torch.float8_e4m3fn).float().to(torch.bfloat16)
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))  # -0 kept
 
 
 @pytest.mark.parametrize("chunk_rows", [128, 1 << 20], ids=["chunks", "whole"])

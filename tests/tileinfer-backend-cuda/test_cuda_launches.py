@@ -93,10 +93,19 @@ def _without_shipped_entries(monkeypatch, *shapes):
             monkeypatch.delitem(invariant_tuning.INVARIANT_ORDER, key, raising=False)
 
 
-def _weight(rows, cols, int8):
+def _weight(rows, cols, int8, e4m3=False):
+    """A bf16 weight, or an int8 one (or with e4m3, e4m3 bits: uint8 but the NaN codes) with
+    row scales."""
+    if e4m3:
+        bits = torch.randint(0, 256, (rows, cols), dtype=torch.int16)
+        bits = torch.where(bits & 0x7F == 0x7F, 0, bits).to(torch.uint8)
+        return bits, torch.rand(rows)
     if int8:
         return torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows)
     return torch.randn(rows, cols).to(BF), None
+
+
+LINEAR_FILES = ("gemv.cu", "gemv_rows.cu", "gemm.cu", "gemm_invariant.cu")
 
 
 def test_embed_and_norms(launches):
@@ -115,18 +124,21 @@ def test_embed_and_norms(launches):
     assert all(k.pdl for k in launches[1:])
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "e4m3"])
 @pytest.mark.parametrize("n,invariant", [(1, True), (3, True), (3, False), (40, False),
                                          (100, False)])
-def test_linear_ops(launches, monkeypatch, int8, n, invariant):
+def test_linear_ops(launches, monkeypatch, weights, n, invariant):
+    """Which kernels run each linear op at n rows. e4m3 bits (the weight-only FP8 product) take
+    INT8's kernels and configurations, built with W_E4M3."""
+    int8, e4m3 = weights != "bf16", weights == "e4m3"
     mm_calls = []  # cuBLAS with float32 outputs (no CPU kernel): recorded, not run
     real_mm = torch.mm
     monkeypatch.setattr(linear.torch, "mm", lambda *a, **kw: mm_calls.append(kw.get("out_dtype"))
                         if "out_dtype" in kw else real_mm(*a, **kw))
     x = torch.randn(n, 4096).to(BF)
-    w, s = _weight(6144, 4096, int8)
+    w, s = _weight(6144, 4096, int8, e4m3)
     OPS["linear"](torch.empty(n, 6144, dtype=torch.float32), x, w, s, invariant)
-    wg, sg = _weight(2 * 1536, 4096, int8)
+    wg, sg = _weight(2 * 1536, 4096, int8, e4m3)
     OPS["linear_swiglu"](torch.empty(n, 1536, dtype=BF), x, wg, sg, torch.empty(n, 3072, dtype=BF),
                          invariant)
     OPS["linear_xielu"](torch.empty(n, 1536, dtype=BF), x, wg[:1536], None if sg is None else sg[:1536],
@@ -139,7 +151,7 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
         cfg = tuning.gemv_config(6144, 4096, int8, "none", 0)
         assert cfg == {**tuning.GEMV_ROWS_TABLE[(6144, 4096, int8, "none")], "kernel": "rows"}
         assert launches[0].defines == linear.gemv_rows_defines(
-            cfg, int8, "none", "float", tuning.gemv_rows_tokens(n), True)
+            cfg, int8, "none", "float", tuning.gemv_rows_tokens(n), True) | common.weight_defines(w)
     elif n <= max(common.GEMV_MAX_TOKENS, tuning.wide_max_tokens(int8)):
         # a batched step: the tensor-core GEMV, each weight read once for 8, 16, 32 or 64 slots
         assert names == [("gemv.cu", "gemv")] * 3
@@ -152,11 +164,15 @@ def test_linear_ops(launches, monkeypatch, int8, n, invariant):
     else:  # bf16: cuBLAS (no launch of ours), the float32 logits through its float32 outputs
         assert names == [("elementwise.cu", "silu_mul"), ("elementwise.cu", "xielu")]
         assert mm_calls == [torch.float32]
+    built = [k.defines.get("W_E4M3") for k in launches if k.file in LINEAR_FILES]
+    assert built == [1 if e4m3 else None] * len(built)
 
 
+@pytest.mark.parametrize("e4m3", [False, True], ids=["int8", "e4m3"])
 @pytest.mark.parametrize("out_dtype", [BF, torch.float32])
-def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_dtype):
-    """INT8 products of int8_cublas.MIN_ROWS rows and more: no gemm.cu launch, the weight converted
+def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_dtype, e4m3):
+    """INT8 products (and e4m3 bits': the weight-only FP8 product) of int8_cublas.MIN_ROWS rows
+    and more: no gemm.cu launch, the weight converted
     to bf16 (elementwise.cu) in chunks of output rows (a small CHUNK_BYTES here: 3 chunks of a
     multiple of CHUNK_ALIGN rows and a partial one), cuBLAS's float32 sums (torch.mm with
     out_dtype has no CPU kernel: computed here in float32) times the row scales, rounded once:
@@ -171,21 +187,21 @@ def test_int8_prefill_runs_on_cublas_with_refs_sums(launches, monkeypatch, out_d
         calls.append((tuple(b.shape), b.dtype, out_dtype))
         return out.copy_(real_mm(a.float(), b.float())) if out_dtype else real_mm(a, b, out=out)
 
-    def int8_to_bf16(out, part):  # elementwise.cu's conversion (exact), run here on the CPU
-        calls.append(("int8_to_bf16", tuple(part.shape)))
-        out.copy_(part)
+    def weight8_to_bf16(out, part):  # elementwise.cu's conversion (exact), run here on the CPU
+        calls.append(("weight8_to_bf16", tuple(part.shape)))
+        out.copy_(part.view(torch.float8_e4m3fn) if part.dtype == torch.uint8 else part)
 
     monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(elementwise, "int8_to_bf16", int8_to_bf16)
+    monkeypatch.setattr(elementwise, "weight8_to_bf16", weight8_to_bf16)
     monkeypatch.setattr(int8_cublas, "CHUNK_BYTES", 2 * 576 * 300)  # 300 rows: 256 a chunk
     n = int8_cublas.MIN_ROWS
     x = torch.randn(n, 576).to(BF)
-    w, s = _weight(1000, 576, True)
+    w, s = _weight(1000, 576, True, e4m3)
     out = torch.full((n, 1000), float("nan"), dtype=out_dtype)
     OPS["linear"](out, x, w, s, False)
     assert launches == []
-    assert calls == [("int8_to_bf16", (256, 576)), ((576, 256), BF, torch.float32)] * 3 + [
-        ("int8_to_bf16", (232, 576)), ((576, 232), BF, torch.float32)]
+    assert calls == [("weight8_to_bf16", (256, 576)), ((576, 256), BF, torch.float32)] * 3 + [
+        ("weight8_to_bf16", (232, 576)), ((576, 232), BF, torch.float32)]
     expected = torch.empty_like(out)
     get_backend("ref").linear(expected, x, w, s)
     assert torch.equal(out, expected)

@@ -145,8 +145,11 @@ def no_fp8_backend():
 
 def test_fp8_needs_a_backend_that_declares_it(tiny, no_fp8_backend):
     directory = tiny.directory("llama", False, torch.bfloat16)
-    with pytest.raises(ValueError, match="quantize must be None, 'int8' or 'fp8'"):
+    with pytest.raises(ValueError, match="must be None, 'int8', 'fp8' or 'fp8-weight-only'"):
         load_model(directory, max_len=32, quantize="fp4")
-    with pytest.raises(ValueError, match="does not declare FP8 linear ops"):
+    with pytest.raises(ValueError, match=r"does not declare fp8 linear ops \(BackendInfo.fp8\)"):
         load_model(directory, max_len=32, quantize="fp8", backend=no_fp8_backend, device="cpu")
+    with pytest.raises(ValueError, match=r"fp8-weight-only linear ops \(BackendInfo.fp8_weight"):
+        load_model(directory, max_len=32, quantize="fp8-weight-only", backend=no_fp8_backend,
+                   device="cpu")
 

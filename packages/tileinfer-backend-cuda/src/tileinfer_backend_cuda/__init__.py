@@ -28,6 +28,9 @@ NOTES = {
            "then the tensor-core GEMV's FP8 build up to 16 rows (and at any count when "
            "batch-invariant), wgmma's FP8 products (Hopper, up to 64 rows, the MLP "
            "epilogues in the kernel), torch._scaled_mm (cuBLASLt FP8) above",
+    "fp8_weight_only": "e4m3 weights as bits, activations as they are: INT8's kernels and "
+                       "configurations, each byte decoded to bf16 exactly (integer ops and one "
+                       "bf16 multiply: any GPU); cuBLAS on a bf16 copy for prefill",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "
@@ -87,7 +90,8 @@ _FP8 = _AVAILABLE and _fp8()
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="cuda", available=_AVAILABLE, reason=_REASON, devices=("cuda",),
-                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8)
+                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8,
+                       fp8_weight_only=True)
 
 
 # The op implementations live in ops/ (ops.OPS); each is registered here under its hookspec's

@@ -43,6 +43,7 @@ def tileinfer_backend_info():
         # linear: blocks of dense.ROW_BLOCK rows; attention: a row at a time (paged_attention).
         batch_invariant=True,
         fp8=True,
+        fp8_weight_only=True,
     )
 
 

@@ -12,7 +12,7 @@ import weakref
 
 import torch
 import torch.nn.functional as F
-from tileinfer.backend.fp8 import E4M3, fp8_matmul
+from tileinfer.backend.fp8 import E4M3, fp8_matmul, fp8_weight_only_matmul
 
 
 # Steps of 2..ROW_INVARIANT_MAX_TOKENS token rows (speculative verify steps, small batches)
@@ -97,13 +97,16 @@ def matmul(x, weight, weight_scale, out_dtype=None):
     per-output-channel scales. Float weight: rounded to x's dtype (F.linear, as transformers),
     unless out_dtype is float32: then the float32 sum of the exact products, unrounded. INT8
     weight: the scaled float32 sum. e4m3 weight: the float32 FP8 product of
-    ``tileinfer.backend.fp8`` (x quantized per row as well)."""
+    ``tileinfer.backend.fp8`` (x quantized per row as well); e4m3 bits (uint8): its weight-only
+    product."""
     if weight_scale is None:
         if out_dtype == torch.float32 and x.dtype != torch.float32:
             return F.linear(x.float(), float32_weight(weight))
         return F.linear(x, weight)
     if weight.dtype == E4M3:
         return fp8_matmul(x, weight, weight_scale)
+    if weight.dtype == torch.uint8:
+        return fp8_weight_only_matmul(x, weight, weight_scale)
     return F.linear(x.float(), weight.float()) * weight_scale.float()
 
 

@@ -125,13 +125,16 @@ NOTES = {
                        "attention: one row per program, 256-position splits",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
            "then tl.dot on FP8 tensor cores in 16-token tiles (64 for batched steps past 16)",
+    "fp8_weight_only": "e4m3 weights as bits, activations as they are: INT8's kernels with the "
+                       "e4m3 values decoded exactly in place of the int8 ones",
 }
 
 
 @hookimpl
 def tileinfer_backend_info():
     return BackendInfo(name="triton", available=_AVAILABLE, reason=_REASON, devices=_DEVICES,
-                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8)
+                       graph_safe=True, notes=NOTES, batch_invariant=True, fp8=_FP8,
+                       fp8_weight_only=True)
 
 
 if _AVAILABLE:

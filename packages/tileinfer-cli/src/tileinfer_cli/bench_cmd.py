@@ -39,6 +39,8 @@ def add_parser(sub, formatter):
     q.add_argument("--int8", action="store_true", help="INT8 weights")
     q.add_argument("--fp8", action="store_true",
                    help="FP8 weights and per-token FP8 activations (compute capability 8.9+)")
+    q.add_argument("--fp8-weight-only", action="store_true",
+                   help="FP8 weights, activations as they are")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops (what --deterministic of run, chat and serve costs)")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16",

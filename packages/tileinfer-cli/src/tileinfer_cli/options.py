@@ -67,8 +67,11 @@ def add_model_options(p: argparse.ArgumentParser):
     q.add_argument("--fp8", action="store_true",
                    help="FP8 (e4m3) weights with per-channel scales and per-token FP8 "
                         "activations (GPUs of compute capability 8.9 and newer)")
-    q.add_argument("--quantization", choices=["int8", "fp8"],
-                   help="the same as --int8 or --fp8 (vLLM's name)")
+    q.add_argument("--fp8-weight-only", action="store_true",
+                   help="FP8 (e4m3) weights with per-channel scales, activations as they are "
+                        "(nearer the unquantized model than --fp8; faster for one sequence)")
+    q.add_argument("--quantization", choices=["int8", "fp8", "fp8-weight-only"],
+                   help="the same as --int8, --fp8 or --fp8-weight-only (vLLM's name)")
     g.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops: an answer's tokens and logprobs do not depend on "
                         "what else runs beside it (docs/determinism.md has the cost)")
@@ -208,10 +211,12 @@ def set_threads(args):
 
 
 def quantize_of(args) -> str | None:
-    """load_model's quantize from --int8 / --fp8 / --quantization (bench has no --quantization)."""
+    """load_model's quantize from --int8 / --fp8 / --fp8-weight-only / --quantization (bench has
+    no --quantization)."""
     if getattr(args, "quantization", None):
         return args.quantization
-    return "int8" if args.int8 else "fp8" if args.fp8 else None
+    flags = {"int8": args.int8, "fp8": args.fp8, "fp8-weight-only": args.fp8_weight_only}
+    return next((name for name, given in flags.items() if given), None)
 
 
 def load(args):

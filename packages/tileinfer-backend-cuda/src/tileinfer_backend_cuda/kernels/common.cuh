@@ -100,6 +100,48 @@ __device__ __forceinline__ void int8x4_to_float4(u32 v, float (&f)[4]) {
 
 __device__ __forceinline__ float int8_to_float(signed char v) { return (float)(int)v; }
 
+// Four e4m3 (the bytes of v, bit patterns) to two bf16x2 registers, exactly, on any GPU: each
+// byte's sign, exponent and mantissa go to a bf16's places (exponent at the bottom of bf16's),
+// which reads as the e4m3 value times 2^-120 (e4m3's bias is 7, bf16's 127; e4m3's subnormals
+// m/8 * 2^-6 land on bf16's m/8 * 2^-126), then one exact product with 2^120 (a fused
+// multiply-add of -0, which keeps a negative zero's sign, with subnormal inputs).
+__device__ __forceinline__ u32 e4m3x2_to_bf16x2(u32 pair) {  // pair: bytes in bits 15..8, 31..24
+    const u32 moved = (pair & 0x80008000u) | ((pair >> 4) & 0x07F007F0u);
+    u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(moved), "r"(0x7B807B80u),  // 2^120
+        "r"(0x80008000u));
+    return r;
+}
+
+__device__ __forceinline__ void e4m3x4_to_bf16x2(u32 v, u32& lo, u32& hi) {
+    lo = e4m3x2_to_bf16x2(__byte_perm(v, 0u, 0x1404));  // bytes 0, 1 to the halves' tops
+    hi = e4m3x2_to_bf16x2(__byte_perm(v, 0u, 0x3424));  // bytes 2, 3
+}
+
+// The same to float32 (a bf16's bits are the top half of its float32's).
+__device__ __forceinline__ void e4m3x4_to_float4(u32 v, float (&f)[4]) {
+    u32 lo, hi;
+    e4m3x4_to_bf16x2(v, lo, hi);
+    f[0] = __uint_as_float(lo << 16), f[1] = __uint_as_float(lo & 0xFFFF0000u);
+    f[2] = __uint_as_float(hi << 16), f[3] = __uint_as_float(hi & 0xFFFF0000u);
+}
+
+// The one-byte weights of the linear kernels' W_INT8 builds: int8 values, or (W_E4M3) the bit
+// patterns of e4m3 values (the weight-only FP8 product of tileinfer/backend/fp8.py).
+#ifndef W_E4M3
+#define W_E4M3 0
+#endif
+
+__device__ __forceinline__ void weight8x4_to_bf16x2(u32 v, u32& lo, u32& hi) {
+    if (W_E4M3) e4m3x4_to_bf16x2(v, lo, hi);
+    else int8x4_to_bf16x2(v, lo, hi);
+}
+
+__device__ __forceinline__ void weight8x4_to_float4(u32 v, float (&f)[4]) {
+    if (W_E4M3) e4m3x4_to_float4(v, f);
+    else int8x4_to_float4(v, f);
+}
+
 // --- chunked loads and stores -----------------------------------------------------------------
 // N consecutive elements of T read or written with one access of N * sizeof(T) bytes (16, 8, 4 or
 // 2 bytes); the pointer must be aligned to that size.

@@ -66,18 +66,19 @@ extern "C" __global__ void xielu(T* out, const T* x, i64 count, float alpha_p, f
     store_chunk<T, VEC>(out + i, v);
 }
 
-// int8_to_bf16: out[i] = in[i] (exact: every int8 is a bf16) over `chunks` 16-byte chunks of in,
-// each thread a chunk: one 16-byte load, two 16-byte stores.
-extern "C" __global__ void int8_to_bf16(uint4* __restrict__ out, const uint4* __restrict__ in,
-                                        i64 chunks) {
+// weight8_to_bf16: out[i] = in[i] (exact: every int8, and with W_E4M3 every e4m3 value, is a
+// bf16) over `chunks` 16-byte chunks of in, each thread a chunk: one 16-byte load, two 16-byte
+// stores.
+extern "C" __global__ void weight8_to_bf16(uint4* __restrict__ out, const uint4* __restrict__ in,
+                                           i64 chunks) {
     const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= chunks) return;
     const uint4 v = in[c];
     uint4 lo, hi;
-    int8x4_to_bf16x2(v.x, lo.x, lo.y);
-    int8x4_to_bf16x2(v.y, lo.z, lo.w);
-    int8x4_to_bf16x2(v.z, hi.x, hi.y);
-    int8x4_to_bf16x2(v.w, hi.z, hi.w);
+    weight8x4_to_bf16x2(v.x, lo.x, lo.y);
+    weight8x4_to_bf16x2(v.y, lo.z, lo.w);
+    weight8x4_to_bf16x2(v.z, hi.x, hi.y);
+    weight8x4_to_bf16x2(v.w, hi.z, hi.w);
     out[2 * c] = lo;
     out[2 * c + 1] = hi;
 }

@@ -12,7 +12,8 @@
 // c ^ ((r / 2) % 4), so the 8 rows an ldmatrix reads hit 8 different bank groups.
 //
 // Grid: (ceil(N / 128), ceil(M / 128)); block: 256 threads. K % 8 == 0.
-// Defines: W_INT8 (0/1), OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to bf16 first).
+// Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh),
+// OUT_DTYPE (bf16_t or float), ROUND_BF16 (round the sum to bf16 first).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -47,8 +48,8 @@ __device__ __forceinline__ uint4 load_w8(const w_t* w, int n, int k, int N, int 
 #if W_INT8
     uint2 raw = *reinterpret_cast<const uint2*>(w + (i64)n * K + k);
     uint4 r;
-    int8x4_to_bf16x2(raw.x, r.x, r.y);
-    int8x4_to_bf16x2(raw.y, r.z, r.w);
+    weight8x4_to_bf16x2(raw.x, r.x, r.y);
+    weight8x4_to_bf16x2(raw.y, r.z, r.w);
     return r;
 #else
     return *reinterpret_cast<const uint4*>(w + (i64)n * K + k);

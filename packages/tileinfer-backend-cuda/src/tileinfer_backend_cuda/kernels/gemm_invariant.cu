@@ -27,7 +27,8 @@
 // block: ROW_WARPS * 32 threads; dynamic shared memory: gemm_smem_bytes (ops/gemm_invariant.py).
 // PDL = 1 as in gemv.cu: the first stages' weight copies before pdl_wait, x and writes after it.
 //
-// Defines: W_INT8 (0/1), INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
+// Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh),
+// INT8_LOAD (16 or 8), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE,
 // ROUND_BF16, PARTS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS (the order of the sums:
 // gemv.cu's WARPS, RUNS, BLOCKED_PARTS, PART_CHUNK and NK_PRODUCTS), ROW_WARPS, ROW_TILES,
 // STAGES, STAGE_STEPS, NT, SPLIT (0/1), K_ALIGNED (0/1), STREAM_L2_256B, PDL (0/1).

@@ -29,8 +29,8 @@ __device__ __forceinline__ void to_frag(Frag& f, const uint4& wa, const uint4& w
 #else
 #pragma unroll
     for (int i = 0; i < LANE_K / 4; ++i) {
-        int8x4_to_bf16x2(pa[i], f.a[2 * i], f.a[2 * i + 1]);
-        int8x4_to_bf16x2(pb[i], f.b[2 * i], f.b[2 * i + 1]);
+        weight8x4_to_bf16x2(pa[i], f.a[2 * i], f.a[2 * i + 1]);
+        weight8x4_to_bf16x2(pb[i], f.b[2 * i], f.b[2 * i + 1]);
     }
 #endif
 }

@@ -50,7 +50,8 @@
 // first round's weight loads are issued, then the kernel waits for the previous grid
 // (pdl_wait), then loads x; every global write (output, scratch, counters) follows pdl_wait.
 //
-// Defines: W_INT8 (0/1), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
+// Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh),
+// EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16, ROWS (output rows per block), UNROLL (steps per round, 1..4), WARPS (warps
 // splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1).
 #include "common.cuh"
@@ -114,7 +115,7 @@ __device__ __forceinline__ void weights_to_float(const uint4& c, float (&f)[LANE
     for (int i = 0; i < 4; ++i) {
 #if W_INT8
         float q[4];
-        int8x4_to_float4(words[i], q);
+        weight8x4_to_float4(words[i], q);
 #pragma unroll
         for (int j = 0; j < 4; ++j) f[4 * i + j] = q[j];
 #else

@@ -24,6 +24,20 @@ DTYPE_NAMES = {torch.bfloat16: "bf16_t", torch.float16: "f16_t", torch.float32: 
 # side of one mma).
 GEMV_MAX_TOKENS = 8
 
+# The one-byte linear weights, both laid out alike (gemv.cu's W_INT8 builds): int8 values, and
+# uint8 holding e4m3 bit patterns (the weight-only FP8 product; the kernels' W_E4M3 builds).
+ONE_BYTE_WEIGHTS = (torch.int8, torch.uint8)
+
+
+def one_byte(weight: torch.Tensor) -> bool:
+    return weight.dtype in ONE_BYTE_WEIGHTS
+
+
+def weight_defines(weight: torch.Tensor) -> dict:
+    """The defines that say how a linear kernel reads weight's bytes (W_E4M3 for e4m3 bits)."""
+    return {"W_E4M3": 1} if weight.dtype == torch.uint8 else {}
+
+
 fallback_counts: Counter = Counter()
 
 

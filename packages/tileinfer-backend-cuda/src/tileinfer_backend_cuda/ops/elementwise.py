@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import DTYPE_NAMES, aligned, cdiv, contig, dev, fallback, kernel, vec
+from .common import (DTYPE_NAMES, aligned, cdiv, contig, dev, fallback, kernel, one_byte, vec,
+                     weight_defines)
 
 
 def embed(out, table, ids):
@@ -55,13 +56,14 @@ def xielu(out, x, xielu_scalars):
     k.launch((cdiv(count // v, 256),), (256,), (out, x, count, s.alpha_p, s.alpha_n, s.beta, s.eps))
 
 
-def int8_to_bf16_ok(out, x) -> bool:
-    return (contig(out, x) and x.dtype == torch.int8 and out.dtype == torch.bfloat16
+def weight8_to_bf16_ok(out, x) -> bool:
+    return (contig(out, x) and one_byte(x) and out.dtype == torch.bfloat16
             and out.shape == x.shape and x.numel() % 16 == 0 and aligned(out, x))
 
 
-def int8_to_bf16(out, x):
-    """out (bf16) = x (int8), exactly; the caller checked int8_to_bf16_ok."""
+def weight8_to_bf16(out, x):
+    """out (bf16) = x, exactly, for a one-byte weight x (int8, or e4m3 bits: common.one_byte);
+    the caller checked weight8_to_bf16_ok."""
     chunks = x.numel() // 16
-    k = kernel("elementwise.cu", "int8_to_bf16", "ppq", dev(out), {})
+    k = kernel("elementwise.cu", "weight8_to_bf16", "ppq", dev(out), weight_defines(x))
     k.launch((cdiv(chunks, 256),), (256,), (out, x, chunks))

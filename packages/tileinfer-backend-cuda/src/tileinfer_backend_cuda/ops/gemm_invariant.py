@@ -235,11 +235,11 @@ def wide_settings(wide: dict) -> dict:
 
 def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
                  k_dim: int = 0) -> dict:
-    """gemm_invariant.cu's defines: gemv.cu's W_INT8, INT8_LOAD, EPILOGUE, OUT_DTYPE,
+    """gemm_invariant.cu's defines: gemv.cu's W_INT8, W_E4M3, INT8_LOAD, EPILOGUE, OUT_DTYPE,
     ROUND_BF16 and PDL (base), the sums' order, the launch's build; K_ALIGNED where k_dim is a
     multiple of a K step (no chunk of any step past K)."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
-    for order in ("BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):  # which k go where
+    for order in ("W_E4M3", "BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):  # bytes; which k go where
         if order in base:
             defines[order] = base[order]
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],

@@ -1,6 +1,6 @@
-"""INT8 weights in products of many rows (prefill chunks) on cuBLAS: the weight is converted to
-bf16 a chunk of output rows at a time (an int8 value is a bf16 value exactly; the row's scale
-waits for the sum), multiplied on cuBLAS's tensor cores into float32 sums, and each sum times
+"""INT8 weights (and e4m3 bits, the weight-only FP8 product: common.one_byte) in products of many
+rows (prefill chunks) on cuBLAS: the weight is converted to bf16 a chunk of output rows at a time
+(an int8 or e4m3 value is a bf16 value exactly; the row's scale waits for the sum), multiplied on cuBLAS's tensor cores into float32 sums, and each sum times
 its row's scale is rounded once into the output: the product ref defines (the float32 sum times
 the scale). gemm.cu, the sm80-style tiling that takes the smaller ones, runs these at a fraction
 of cuBLAS's rate on Hopper, which held back INT8 prefill and so the served time to first token
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import elementwise
+from .common import one_byte
 from .cublas import MM_FLOAT32_OUT, cublas
 from .tuning import experiments
 
@@ -33,9 +34,9 @@ def min_rows() -> int:
 
 
 def takes(out, x, weight) -> bool:
-    """Whether int8_cublas runs this product (gemv_ok's layouts): INT8 weight, bf16 x, a bf16 or
-    float32 out, at least min_rows() rows."""
-    return (MM_FLOAT32_OUT and weight.dtype == torch.int8 and x.dtype == torch.bfloat16
+    """Whether int8_cublas runs this product (gemv_ok's layouts): a one-byte weight, bf16 x, a
+    bf16 or float32 out, at least min_rows() rows."""
+    return (MM_FLOAT32_OUT and one_byte(weight) and x.dtype == torch.bfloat16
             and out.dtype in (torch.bfloat16, torch.float32) and x.shape[0] >= min_rows())
 
 
@@ -47,8 +48,10 @@ def int8_cublas(out, x, weight, weight_scale):
         stop = min(o_rows, start + chunk)
         part = weight[start:stop]
         w16 = torch.empty(part.shape, dtype=torch.bfloat16, device=part.device)
-        if elementwise.int8_to_bf16_ok(w16, part):
-            elementwise.int8_to_bf16(w16, part)  # at the bandwidth PyTorch's cast does not reach
+        if elementwise.weight8_to_bf16_ok(w16, part):
+            elementwise.weight8_to_bf16(w16, part)  # at a bandwidth PyTorch's cast does not reach
+        elif part.dtype == torch.uint8:
+            w16.copy_(part.view(torch.float8_e4m3fn))
         else:
             w16.copy_(part)
         sums = torch.empty(x.shape[0], stop - start, dtype=torch.float32, device=x.device)

@@ -31,8 +31,9 @@ import torch
 
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, GemvScratch, aligned, cdiv,
-                     contig, dev, fallback, fallback_counts, kernel, smem_limit)
+from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, ONE_BYTE_WEIGHTS, GemvScratch,
+                     aligned, cdiv, contig, dev, fallback, fallback_counts, kernel, one_byte,
+                     smem_limit, weight_defines)
 from . import elementwise, gemm_invariant, int8_cublas
 from .cublas import MM_FLOAT32_OUT, cublas
 from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, invariant_order
@@ -45,12 +46,12 @@ NO_XIELU = (0.0, 0.0, 0.0, 0.0)
 
 def gemv_ok(out, x, weight, weight_scale) -> bool:
     n, k_dim = x.shape
-    return (x.dtype == torch.bfloat16 and weight.dtype in (torch.bfloat16, torch.int8)
+    return (x.dtype == torch.bfloat16 and weight.dtype in (torch.bfloat16, *ONE_BYTE_WEIGHTS)
             and out.dtype in (torch.bfloat16, torch.float32) and x.stride(1) == 1
             and x.stride(0) % 8 == 0 and k_dim % 8 == 0 and contig(weight, out, weight_scale)
             and aligned(x, weight)
             and ((weight.dtype == torch.bfloat16 and weight_scale is None)
-                 or (weight.dtype == torch.int8 and weight_scale is not None
+                 or (one_byte(weight) and weight_scale is not None
                      and weight_scale.dtype == torch.float32)))
 
 
@@ -97,12 +98,14 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 
 
 def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
-                 pdl_on: bool, token_tiles: int = 1, fp8: bool = False) -> dict:
-    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x)."""
+                 pdl_on: bool, token_tiles: int = 1, fp8: bool = False,
+                 weight_bytes: dict | None = None) -> dict:
+    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x;
+    weight_bytes: common.weight_defines of a one-byte weight)."""
     defines = {"W_INT8": int(int8 and not fp8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
-               "NT": token_tiles}
+               "NT": token_tiles, **(weight_bytes or {})}
     if fp8:
         defines["W_FP8"] = 1
     if cfg.get("groups", 1) > 1:
@@ -145,7 +148,7 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
     batched: not invariant), up to wide_max_tokens rows (gemv.cu with 2, 4 or 8 token tiles), or
     a batched step of a BATCHED_GEMM_TABLE weight (gemm_invariant.cu in the entry's layout)."""
     n, k_dim = x.shape
-    int8 = weight.dtype == torch.int8
+    int8 = one_byte(weight)
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     batched = n > GEMV_MAX_TOKENS or (n > 1 and not invariant)
@@ -160,7 +163,8 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
     if entry is not None:
         layout = {k: entry[k] for k in ("blocked", "chunk", "nk") if k in entry}  # no order kept
         base = gemv_defines({"warps": cfg["warps"], "stages": 2, **layout}, int8, int8_load(k_dim),
-                            epilogue, DTYPE_NAMES[out.dtype], pdl(device), token_tiles)
+                            epilogue, DTYPE_NAMES[out.dtype], pdl(device), token_tiles,
+                            weight_bytes=weight_defines(weight))
         return gemm_invariant.gemm_invariant(
             out, x, weight, weight_scale, xielu_params, base, cfg["warps"],
             gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, cfg["warps"]),
@@ -174,12 +178,12 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
     x_scale: the FP8 build's (x e4m3, weight e4m3)."""
     n, k_dim = x.shape
     fp8 = x_scale is not None
-    int8 = fp8 or weight.dtype == torch.int8
+    int8 = fp8 or one_byte(weight)
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     pdl_on = pdl(device)
     defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
-                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles, fp8)
+                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles, fp8, weight_defines(weight))
     k = kernel("gemv.cu", "gemv", "ppppiiiqffffp", device, defines)
     groups = cfg.get("groups", 1)
     k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
@@ -199,7 +203,7 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     linear_fp8.py)."""
     n, k_dim = x.shape
     fp8 = x_scale is not None
-    int8 = fp8 or weight.dtype == torch.int8
+    int8 = fp8 or one_byte(weight)
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     launch_tiles = token_tiles = mma_token_tiles(min(n, gemm_invariant.BLOCK_ROWS))
@@ -210,7 +214,7 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     if not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue, n):
         # its own shared memory: the full width
         base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
-                            pdl(device), launch_tiles)
+                            pdl(device), launch_tiles, weight_bytes=weight_defines(weight))
         return gemm_invariant.gemm_invariant(out, x, weight, weight_scale, xielu_params, base,
                                              cfg["warps"], cfg.get("runs", 1), launch_tiles,
                                              o_rows, epilogue)
@@ -261,7 +265,7 @@ def invariant_gemv_config(o_rows: int, k_dim: int, int8: bool, epilogue: str, de
 
 def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows):
     n, k_dim = x.shape
-    int8 = weight.dtype == torch.int8
+    int8 = one_byte(weight)
     device = dev(out)
     splits, k_split = gemv_rows_split(cfg, k_dim, int8)
     scratch = counters = None
@@ -276,7 +280,7 @@ def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows
             scratch, counters = buffers
     pdl_on = pdl(device)
     defines = gemv_rows_defines(cfg, int8, epilogue, DTYPE_NAMES[out.dtype], gemv_rows_tokens(n),
-                                pdl_on)
+                                pdl_on) | weight_defines(weight)
     k = kernel("gemv_rows.cu", "gemv_rows", "ppppiiiqffff" + "ipp", device, defines)
     k.launch((cdiv(o_rows, defines["ROWS"]), splits), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params, k_split,
@@ -287,10 +291,10 @@ def gemm(out, x, weight, weight_scale):
     """gemm.cu: prefill with INT8 weights or a float32 output (gemv_ok's layouts)."""
     m, k_dim = x.shape
     n_cols = weight.shape[0]
-    int8 = weight.dtype == torch.int8
+    int8 = one_byte(weight)
     out_dtype = DTYPE_NAMES[out.dtype]
     defines = {"W_INT8": int(int8), "OUT_DTYPE": out_dtype,
-               "ROUND_BF16": round_bf16(int8, out_dtype)}
+               "ROUND_BF16": round_bf16(int8, out_dtype), **weight_defines(weight)}
     k = kernel("gemm.cu", "gemm", "ppppiiiq", dev(out), defines)
     k.launch((cdiv(n_cols, 128), cdiv(m, 128)), (256,),
              (out, x, weight, weight_scale, m, n_cols, k_dim, x.stride(0)))
@@ -310,7 +314,7 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
         elif weight.dtype == torch.bfloat16 and MM_FLOAT32_OUT:
             # the logits: cuBLAS with float32 outputs, the float32 sums unrounded (else gemm.cu)
             cublas(out, x, weight, out_dtype=torch.float32)
-        elif int8_cublas.takes(out, x, weight):  # INT8 prefill
+        elif int8_cublas.takes(out, x, weight):  # one-byte weights' prefill
             int8_cublas.int8_cublas(out, x, weight, weight_scale)
         else:
             gemm(out, x, weight, weight_scale)
@@ -325,7 +329,7 @@ def _linear_into(out, x, weight, weight_scale, invariant=True) -> bool:
 def _gemv_takes(n: int, weight, epilogue: str = "none") -> bool:
     """Whether gemv() runs an n-row step: up to GEMV_MAX_TOKENS rows, up to the weight dtype's
     wide_max_tokens, and a batched step BATCHED_GEMM_TABLE gives gemm_invariant.cu."""
-    int8, o_rows = weight.dtype == torch.int8, weight.shape[0] // (2 if epilogue == "swiglu" else 1)
+    int8, o_rows = one_byte(weight), weight.shape[0] // (2 if epilogue == "swiglu" else 1)
     return n <= GEMV_MAX_TOKENS or n <= wide_max_tokens(int8) or (
         n <= gemm_invariant.BLOCK_ROWS and
         gemm_invariant.batched_settings(o_rows, weight.shape[1], int8, epilogue, n) is not None)

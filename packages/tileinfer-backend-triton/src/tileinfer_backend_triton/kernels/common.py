@@ -101,6 +101,33 @@ def int8_to(w, ty: tl.constexpr):
 
 
 @triton.jit
+def e4m3_bits_to_float(w):
+    """e4m3 bit patterns (uint8: the weights of the weight-only FP8 product) as their float32
+    values, exactly, with no float32 subnormal on the way (a GPU build may flush those): a normal
+    value's exponent rebiased from e4m3's 7 to float32's 127, a subnormal's m * 2^-9."""
+    b = w.to(tl.uint32)
+    e = (b >> 3) & 0xF
+    m = b & 0x7
+    normal = (((b & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125
+    sub = tl.where((b & 0x80) != 0, -sub, sub)
+    return tl.where(e == 0, sub, normal)
+
+
+@triton.jit
+def weight_to(w, ty: tl.constexpr):
+    """One-byte weights (int8, or e4m3 bits) to ty, exactly (float32 under the interpreter, as
+    int8_to)."""
+    if w.dtype == tl.uint8:
+        v = e4m3_bits_to_float(w)
+        if not INTERPRET:
+            v = v.to(ty)
+        return v
+    else:
+        return int8_to(w, ty)
+
+
+@triton.jit
 def mma(a, b, acc, F32: tl.constexpr):
     """``acc + a @ b`` with float32 accumulation on the tensor cores.
 

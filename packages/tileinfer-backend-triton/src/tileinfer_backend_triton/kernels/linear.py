@@ -1,4 +1,5 @@
-"""Linear layers: ``out = epilogue(x @ W.T)`` for bf16/fp16/fp32 and INT8 weights.
+"""Linear layers: ``out = epilogue(x @ W.T)`` for bf16/fp16/fp32 and INT8 weights (and e4m3 bits,
+the weight-only FP8 product, on INT8's path: common.weight_to).
 
 Two kernels share one epilogue (INT8 per-output-channel scale, the roundings of transformers,
 the fused SwiGLU / xIELU activations):
@@ -38,7 +39,7 @@ import triton
 import triton.language as tl
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import cdiv, pdl_args, pdl_launch_dependents, pdl_wait, sm_count
+from .common import cdiv, pdl_args, pdl_launch_dependents, pdl_wait, sm_count, weight_to
 # The launch configuration is in linear_config; its names are this module's too.
 from .linear_config import (ACT_NONE, ACT_SWIGLU, ACT_XIELU, GEMV_TABLE, ROW_INVARIANT_MAX_M,
                             SCRATCH, SKINNY_MAX_M, GemmConfig, GemvConfig, InvariantConfig,
@@ -107,13 +108,13 @@ def _gemv_kernel(
                 if UNROLL == 2:
                     wa2, wb2 = _gemv_w(w_a, w_b, k0 + BLOCK_K, k_hi, rk, True, ACT, EVEN_K, W_VEC)
                     xv2 = _gemv_x(x_rows, k0 + BLOCK_K, k_hi, rk, EVEN_K)
-                part_a += wa.to(tl.float32) * xv
+                part_a += weight_to(wa, tl.float32) * xv
                 if ACT == 1:
-                    part_b += wb.to(tl.float32) * xv
+                    part_b += weight_to(wb, tl.float32) * xv
                 if UNROLL == 2:
-                    part_a += wa2.to(tl.float32) * xv2
+                    part_a += weight_to(wa2, tl.float32) * xv2
                     if ACT == 1:
-                        part_b += wb2.to(tl.float32) * xv2
+                        part_b += weight_to(wb2, tl.float32) * xv2
         else:
             # The weights of step i + 1 (UNROLL K tiles) are requested before step i's
             # multiply-adds, so UNROLL to 2 * UNROLL tiles are in flight per program. Step 0's
@@ -235,7 +236,7 @@ def launch_linear(out, x, weight, weight_scale, act=ACT_NONE, act_args=(0.0, 0.0
         return
     if x.stride(1) != 1 or weight.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("linear: x, weight and out need a contiguous last dimension")
-    int8 = weight.dtype == torch.int8
+    int8 = weight.dtype in (torch.int8, torch.uint8)  # one-byte weights: int8 or e4m3 bits
     f32 = (x.dtype == torch.float32 or weight.dtype == torch.float32
            or (not int8 and weight.dtype != x.dtype))
     scale = weight_scale if int8 else x  # a dummy pointer when unused

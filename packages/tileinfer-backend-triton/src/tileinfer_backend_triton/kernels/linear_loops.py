@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .activations import silu_mul_math, xielu_math
-from .common import cast_to, int8_to, mma, pdl_launch_dependents, pdl_wait
+from .common import cast_to, mma, pdl_launch_dependents, pdl_wait, weight_to
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def _gemv_w(w_a, w_b, k0, k_hi, rk, ok, ACT: tl.constexpr, EVEN_K: tl.constexpr,
         wmask = ((k0 + rk) < k_hi)[None, :] & ok
     pa = w_a + k0
     pb = w_b + k0
-    if w_a.dtype.element_ty == tl.int8:
+    if w_a.dtype.element_ty == tl.int8 or w_a.dtype.element_ty == tl.uint8:
         pa = tl.max_contiguous(pa, [1, W_VEC])
         pb = tl.max_contiguous(pb, [1, W_VEC])
     wa = tl.load(pa, mask=wmask, other=0.0)
@@ -173,12 +173,12 @@ def _dot_k_loop(x_rows, w_a, w_b, k_lo, k_hi, rk, ACT: tl.constexpr, INT8: tl.co
             wa = tl.load(w_a + k0, mask=kmask[None, :], other=0.0)
             if ACT == 1:
                 wb = tl.load(w_b + k0, mask=kmask[None, :], other=0.0)
-        if INT8:  # int8 values are exact in bf16/fp16
-            wa = int8_to(wa, x_ty)
+        if INT8:  # int8 and e4m3 values are exact in bf16/fp16
+            wa = weight_to(wa, x_ty)
         acc_a = mma(xv, tl.trans(wa), acc_a, F32)
         if ACT == 1:
             if INT8:
-                wb = int8_to(wb, x_ty)
+                wb = weight_to(wb, x_ty)
             acc_b = mma(xv, tl.trans(wb), acc_b, F32)
     return acc_a, acc_b
 

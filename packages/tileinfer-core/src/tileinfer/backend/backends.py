@@ -28,6 +28,9 @@ class BackendInfo:
     ``batch_invariant=True``.
     fp8: whether its linear ops take e4m3 weights with per-token e4m3 activations
     (``tileinfer.backend.fp8``): a model can then be loaded with ``quantize="fp8"``.
+    fp8_weight_only: whether they take e4m3 weights as bit patterns (uint8) with activations as
+    they are (the weight-only product of ``tileinfer.backend.fp8``): a model can then be loaded
+    with ``quantize="fp8-weight-only"``.
     """
 
     name: str
@@ -38,6 +41,7 @@ class BackendInfo:
     notes: dict = field(default_factory=dict)
     batch_invariant: bool = False
     fp8: bool = False
+    fp8_weight_only: bool = False
 
 
 @dataclass

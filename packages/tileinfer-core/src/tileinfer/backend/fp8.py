@@ -20,6 +20,14 @@ A product of two e4m3 values is exact in float32 (4 + 4 significant bits), so ba
 only in the order of the float32 sum; the result is rounded once, to out's dtype. Both operands
 in e4m3 is what lets batched steps run on FP8 tensor cores, and a row's quantization depends on
 that row alone, so the rows of a step stay independent of each other (batch invariance).
+
+Weight-only: a weight given as uint8 holds the bit patterns of e4m3 values ``q`` (with the
+same row scales), and x is not quantized:
+
+    out[i, j]  = (sum_k x[i, k] * e4m3(q[j, k])) * w_scale[j]
+
+the INT8 product with e4m3 values in place of integers. A bf16 value times an e4m3 value is
+exact in float32 (8 + 4 significant bits), so again backends differ only in the sum's order.
 """
 
 from __future__ import annotations
@@ -45,7 +53,18 @@ def quantize_rows(x: torch.Tensor, scale: torch.Tensor | None = None):
     return q, scale
 
 
+def e4m3_values(bits: torch.Tensor) -> torch.Tensor:
+    """The float32 values of e4m3 bit patterns (uint8, any shape)."""
+    return bits.view(E4M3).float()
+
+
 def fp8_matmul(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     """The float32 result (n, out) of the FP8 product above, for x (n, k) in any float dtype."""
     xq, x_scale = quantize_rows(x)
     return (xq.float() @ q.float().T) * x_scale[:, None] * w_scale.float()[None, :]
+
+
+def fp8_weight_only_matmul(x: torch.Tensor, bits: torch.Tensor,
+                           w_scale: torch.Tensor) -> torch.Tensor:
+    """The float32 result (n, out) of the weight-only product above (bits: uint8 (out, k))."""
+    return (x.float() @ e4m3_values(bits).T) * w_scale.float()[None, :]

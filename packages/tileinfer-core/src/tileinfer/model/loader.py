@@ -88,10 +88,13 @@ def check_batch_invariant(ops, batch_invariant: bool):
 
 
 def check_fp8(ops, quantize) -> None:
-    """quantize="fp8" needs a backend whose linear ops take e4m3 weights (BackendInfo.fp8)."""
-    if quantize == "fp8" and not ops.backend.info.fp8:
-        raise ValueError(f"backend {ops.name!r} does not declare FP8 linear ops (BackendInfo.fp8)"
-                         "; quantize='fp8' needs one that does (tileinfer backends lists them)")
+    """quantize="fp8" needs a backend whose linear ops take e4m3 weights (BackendInfo.fp8),
+    "fp8-weight-only" one that declares BackendInfo.fp8_weight_only."""
+    field = {"fp8": "fp8", "fp8-weight-only": "fp8_weight_only"}.get(quantize)
+    if field is not None and not getattr(ops.backend.info, field):
+        raise ValueError(f"backend {ops.name!r} does not declare {quantize} linear ops "
+                         f"(BackendInfo.{field}); quantize={quantize!r} needs one that does "
+                         "(tileinfer backends lists them)")
 
 
 def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", device=None,
@@ -105,8 +108,9 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     longest sequence (positions the RoPE tables cover); default 4096, or the model's
     ``max_position_embeddings`` or attention window if smaller. A max_len beyond those positions
     is refused unless ``allow_long=True`` (then a ``LongContextWarning``). quantize: None,
-    "int8" for INT8 weight-only linear layers, or "fp8" for e4m3 weights and per-token e4m3
-    activations (``tileinfer.model.quant``; the backend must declare ``BackendInfo.fp8``).
+    "int8" for INT8 weight-only linear layers, "fp8" for e4m3 weights and per-token e4m3
+    activations (the backend must declare ``BackendInfo.fp8``), or "fp8-weight-only" for e4m3
+    weights and activations in dtype (``BackendInfo.fp8_weight_only``; ``tileinfer.model.quant``).
     batch_invariant: every step's rows the same bits whatever else the step holds, so an answer
     does not depend on the load (docs/determinism.md); the backend must declare it
     (``BackendInfo.batch_invariant``).

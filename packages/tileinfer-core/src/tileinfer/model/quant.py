@@ -11,6 +11,10 @@ the activations per token as well (``tileinfer.backend.fp8``), so batched steps 
 tensor cores. The LM head stays in the model dtype (as FP8 checkpoints leave it): it is one
 layer, and the logits are what sampling reads.
 
+FP8 weight-only (``"fp8-weight-only"``): the same e4m3 weights and row scales, the activations
+left in the model dtype as with INT8 (``tileinfer.backend.fp8``'s weight-only product). It reads
+the bytes FP8 reads and skips the activations' rounding, which is most of FP8's error.
+
 The ``linear`` ops take ``(q, scale)`` in place of a float weight and accumulate in float32.
 """
 
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend.fp8 import quantize_rows
+from ..backend.fp8 import E4M3, quantize_rows
 
-QUANTIZE_CHOICES = (None, "int8", "fp8")
+QUANTIZE_CHOICES = (None, "int8", "fp8", "fp8-weight-only")
+E4M3_MODES = ("fp8", "fp8-weight-only")  # the modes with e4m3 weights (the LM head kept)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,14 @@ class Fp8Weight(QuantizedWeight):
     """e4m3 values (out, in) and their row scales."""
 
 
+class Fp8WeightOnly(QuantizedWeight):
+    """e4m3 values (out, in) stored as their bit patterns (uint8: what the linear ops take for a
+    weight-only e4m3 product) and their row scales."""
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        return (self.q.view(E4M3).float() * self.scale[:, None]).to(dtype)
+
+
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     """Round-to-nearest symmetric INT8 quantization of each row (output channel) of weight."""
     w = weight.float()
@@ -63,9 +76,15 @@ def quantize_fp8(weight: torch.Tensor) -> Fp8Weight:
     return Fp8Weight(q.contiguous(), scale.contiguous())
 
 
+def fp8_weight_only(weight: Fp8Weight) -> Fp8WeightOnly:
+    """weight's e4m3 values and scales for the weight-only product (no copy)."""
+    return Fp8WeightOnly(weight.q.view(torch.uint8), weight.scale)
+
+
 def check_quantize(quantize) -> None:
     if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"quantize must be None, 'int8' or 'fp8', got {quantize!r}")
+        raise ValueError("quantize must be None, 'int8', 'fp8' or 'fp8-weight-only', got "
+                         f"{quantize!r}")
 
 
 def quantize_linear(weight: torch.Tensor, quantize: str | None, head: bool = False):
@@ -75,6 +94,8 @@ def quantize_linear(weight: torch.Tensor, quantize: str | None, head: bool = Fal
         return quantize_int8(weight)
     if quantize == "fp8" and not head:
         return quantize_fp8(weight)
+    if quantize == "fp8-weight-only" and not head:
+        return fp8_weight_only(quantize_fp8(weight))
     return weight
 
 

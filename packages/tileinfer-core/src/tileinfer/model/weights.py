@@ -48,7 +48,8 @@ from .errors import WeightsError
 from .finite_weights import FiniteCheck, check_finite
 from .fp8_checkpoint import (FP8_DTYPES, QuantizationError, check_quantization, dequantized,
                              stored_e4m3, block_scaling)
-from .quant import Fp8Weight, QuantizedWeight, check_quantize, quantize_linear
+from .quant import (E4M3_MODES, Fp8Weight, QuantizedWeight, check_quantize, fp8_weight_only,
+                    quantize_linear)
 from .tensor_names import checkpoint_shapes, fused_parts, layer_tensor_names
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -282,7 +283,8 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
     """Read, check, fuse and convert the weights of ``model_dir`` for ``config``.
 
     quantize: None, "int8" to store every linear weight (qkv, o, gate_up/up, down, lm_head) as
-    an ``Int8Weight``, or "fp8" to store them as ``Fp8Weight``s but the lm_head (model/quant.py).
+    an ``Int8Weight``, "fp8" to store them as ``Fp8Weight``s but the lm_head, or
+    "fp8-weight-only" as ``Fp8WeightOnly``s but the lm_head (model/quant.py).
     The embedding table stays in ``dtype``, so a tied lm_head gets its own INT8 copy.
     """
     check_quantize(quantize)
@@ -316,15 +318,16 @@ def load_weights(config: ModelConfig, model_dir, dtype=torch.bfloat16, device="c
             return quantize_linear(weight, quantize, head)
 
         def linear_of(*names_):
-            """The parts stacked: e4m3 as stored with quantize="fp8", else linear(...)."""
-            if quantize == "fp8":
+            """The parts stacked: e4m3 as stored with the FP8 modes, else linear(...)."""
+            if quantize in E4M3_MODES:
                 try:
                     stored = stored_e4m3(ckpt, [(n, shapes[n][0]) for n in names_],
                                          shapes[names_[0]][1])
                 except QuantizationError as exc:
                     raise WeightsError(str(exc)) from None
                 if stored is not None:
-                    return Fp8Weight(stored[0].to(device), stored[1].to(device))
+                    weight = Fp8Weight(stored[0].to(device), stored[1].to(device))
+                    return fp8_weight_only(weight) if quantize == "fp8-weight-only" else weight
             return linear(stacked(*names_) if len(names_) > 1 else load(names_[0]))
 
         embed = load("model.embed_tokens.weight")
@@ -380,7 +383,7 @@ def expected_weight_bytes(config: ModelConfig, dtype=torch.bfloat16,
     up_rows = 2 * inter if c.gated else inter
 
     def linear(rows, cols, head=False):
-        one_byte = quantize == "int8" or (quantize == "fp8" and not head)
+        one_byte = quantize == "int8" or (quantize in E4M3_MODES and not head)
         return rows * cols + 4 * rows if one_byte else rows * cols * size
 
     norms, norm_size = (4, 4) if c.gemma is not None else (2, size)  # Gemma's: float32

@@ -8,7 +8,8 @@ linear_swiglu, linear_xielu), ``test_attention`` (attention_inputs, attention wi
 attention_workspace, attention_window, the optional attention_with_inputs), ``test_sampling``
 (sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch), ``test_batch_invariance``
 (for a backend that declares batch-invariant ops) and ``test_linear_fp8`` (the linear ops with
-e4m3 weights, for a backend that declares them); the fixtures are in ``conftest``. A test file
+e4m3 weights, for a backend that declares them; the weight-only e4m3 cases of ``test_linear``
+likewise skip for a backend without ``fp8_weight_only``); the fixtures are in ``conftest``. A test file
 elsewhere takes every test and fixture in with ``from tileinfer.testing.conformance import *``.
 The shared helpers (``fill_paged_step``, ``Cache``, ``assert_close``, ...) are in ``helpers``
 and are re-exported here.
@@ -24,8 +25,9 @@ from .test_batch_invariance import (invariant_ops, test_attention_rows_are_the_s
                                     test_linear_rows_are_the_same_in_steps_of_any_size)
 from .test_attention import (test_attention, test_attention_inputs, test_attention_window,
                              test_attention_with_inputs)
-from .test_linear import (test_batch_invariant_rows, test_linear, test_linear_float32_model,
-                          test_linear_swiglu, test_linear_xielu)
+from .test_linear import (test_batch_invariant_rows, test_e4m3_weight_only_reads_every_value,
+                          test_linear, test_linear_float32_model, test_linear_swiglu,
+                          test_linear_xielu)
 from .test_linear_fp8 import (fp8_ops, test_fp8_linear, test_fp8_mlp,
                               test_fp8_rows_are_the_same_in_steps_of_any_size,
                               test_fp8_rows_of_outliers_and_zeros,
@@ -45,6 +47,7 @@ __all__ = [
     "test_embed", "test_rmsnorm", "test_add_rmsnorm", "test_gemma_rmsnorm",
     "test_gemma_rmsnorm_in_place_on_head_views", "test_add_gemma_rmsnorm",
     "test_linear", "test_linear_float32_model", "test_linear_swiglu", "test_linear_xielu",
+    "test_e4m3_weight_only_reads_every_value",
     "test_batch_invariant_rows",
     "test_attention_inputs", "test_attention", "test_attention_window",
     "test_attention_with_inputs",

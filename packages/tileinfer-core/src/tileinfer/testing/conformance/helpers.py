@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 import torch
 
-from tileinfer.backend.fp8 import quantize_rows
+from tileinfer.backend.fp8 import e4m3_values, quantize_rows
 from tileinfer.backend.sampling import SamplingParams
 from tileinfer.backend.types import AttentionStep, LayerKV, QKTransform, XIELUScalars
 
@@ -82,7 +84,7 @@ FLOAT32_SUM_RTOL = 2.0 ** -14
 def assert_float32_sums_close(actual, expected, x, weight, weight_scale=None, what="output"):
     """actual == expected (n, out) up to the summation order of float32 sums of
     ``x @ W.T``: elementwise within FLOAT32_SUM_RTOL of ``|x| @ |W|.T``."""
-    w = weight.float().abs()
+    w = (e4m3_values(weight) if weight.dtype == torch.uint8 else weight.float()).abs()
     if weight_scale is not None:
         w = w * weight_scale.float().abs()[:, None]
     bound = (x.float().abs() @ w.T).cpu() * FLOAT32_SUM_RTOL + 1e-6
@@ -117,6 +119,21 @@ def make_weight(out_f, in_f, device, int8):
         q, scale = quantize_weight(w)
         return q.to(device), scale.to(device)
     return w, None
+
+
+# The linear ops' weight kinds: bf16, int8 with row scales, and e4m3 bits (uint8) with row scales
+# (the weight-only FP8 product: only for a backend that declares BackendInfo.fp8_weight_only).
+WEIGHT_KINDS = ["bf16", "int8", "e4m3"]
+
+
+def make_weight_of(kind, out_f, in_f, device, ops):
+    """(weight, scale) of a WEIGHT_KINDS kind for ops; skips e4m3 for a backend without it."""
+    if kind == "e4m3":
+        if not ops.backend.info.fp8_weight_only:
+            pytest.skip(f"backend {ops.name!r} does not declare fp8_weight_only linear ops")
+        q, scale = make_fp8_weight(out_f, in_f, device)
+        return q.view(torch.uint8), scale
+    return make_weight(out_f, in_f, device, kind == "int8")
 
 
 def make_fp8_weight(out_f, in_f, device, gen=None):

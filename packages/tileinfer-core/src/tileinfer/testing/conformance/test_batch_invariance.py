@@ -17,8 +17,8 @@ import torch
 
 from tileinfer.backend.hookspecs import Invariance
 
-from .helpers import (CACHE_KINDS, XIELU, Cache, assert_close, attention_step, make_weight,
-                      poisoned, rand, write_pages)
+from .helpers import (CACHE_KINDS, WEIGHT_KINDS, XIELU, Cache, assert_close, attention_step,
+                      make_weight_of, poisoned, rand, write_pages)
 
 STEP_ROWS = (1, 2, 7, 16, 17, 100, 255, 256)
 PROBES = (0, 5, 17, 100, 255)  # rows of x checked in every step
@@ -58,14 +58,16 @@ def _linear_run(ops, op, w, scale, out_f, device):
 
 
 @pytest.mark.parametrize("in_f", [576, 256])
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("weights", WEIGHT_KINDS)
 @pytest.mark.parametrize("op", ["linear", "linear_logits", "linear_swiglu", "linear_xielu"])
-def test_linear_rows_are_the_same_in_steps_of_any_size(invariant_ops, ref, device, int8, op, in_f):
+def test_linear_rows_are_the_same_in_steps_of_any_size(invariant_ops, ref, device, weights, op,
+                                                       in_f):
     out_f = 160
     total, steps, probes = _steps(torch.device(device))
-    gen = torch.Generator().manual_seed(in_f + int8)
+    gen = torch.Generator().manual_seed(in_f + WEIGHT_KINDS.index(weights))
     x = rand((total, in_f), torch.bfloat16, device, 1.0, gen)
-    w, scale = make_weight(2 * out_f if op == "linear_swiglu" else out_f, in_f, device, int8)
+    w, scale = make_weight_of(weights, 2 * out_f if op == "linear_swiglu" else out_f, in_f, device,
+                              invariant_ops)
     run = _linear_run(invariant_ops, op, w, scale, out_f, device)
     alone = {i: run(x[i:i + 1].clone()) for i in probes}
     for n in steps:
