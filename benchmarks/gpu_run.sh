@@ -9,7 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
-#              fp8sweep quantload
+#              fp8sweep quantload fp8wo
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -134,6 +134,29 @@ for step in $steps; do
         for n in ${FP8_BATCHES:-8 64}; do
           timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $q \
             --batch $n --repeats 2 --json "$out/fp8.json" 2>&1 | grep -v '^{' | tail -n 1
+        done
+      done ;;
+    fp8wo)  # FP8 weight-only: the linear ops' conformance (FP8WO_CONF, default cuda triton), the
+            # cuda linear GPU tests of one-byte weights, then llama3-8b decode at FP8WO_BATCHES with
+            # FP8WO_QUANTS (none: bf16), cuda
+      for b in ${FP8WO_CONF-cuda triton}; do
+        timeout 300 python3 -m pytest -p no:cacheprovider --pyargs tileinfer.testing.conformance \
+          --tileinfer-backend $b -q -rf --maxfail=30 -p no:randomly -n 8 -k "linear or e4m3" \
+          > "$out/conformance-wo-$b.log" 2>&1
+        echo "conformance $b linear: $(tail -n 1 "$out/conformance-wo-$b.log")"
+      done
+      if [ -z "${FP8WO_NO_TESTS:-}" ]; then
+        timeout 200 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 8 \
+          tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py -k "int8 or e4m3" \
+          > "$out/fp8wo-tests.log" 2>&1
+        echo "cuda one-byte linear tests: $(tail -n 1 "$out/fp8wo-tests.log")"
+      fi
+      for n in ${FP8WO_BATCHES:-1}; do
+        for q in ${FP8WO_QUANTS:-fp8-weight-only int8 fp8 none}; do
+          flag=""; [ "$q" = none ] || flag="--$q"
+          echo "batch $n ${q}: $(timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b \
+            --backend cuda $flag --batch $n --repeats 2 --json "$out/fp8wo.json" 2>&1 \
+            | grep -v '^{' | tail -n 1)"
         done
       done ;;
     fp8gemm)  # gemm_fp8.py (batched FP8 products on gemm_wgmma.cu): its GPU tests, then llama3-8b

@@ -23,6 +23,8 @@ Configurations (all computed on the same windows, so they are compared token for
 - ``int8-all``: INT8 weights and INT8 KV with smoothing;
 - ``fp8-weights``: e4m3 linear layers and per-token e4m3 activations
   (``load_model(..., quantize="fp8")``; the backend must declare FP8 ops);
+- ``fp8-weight-only``: the same e4m3 linear layers, activations in the model dtype
+  (``quantize="fp8-weight-only"``);
 - ``fp32`` (not run unless asked): the same weights, activations and KV cache in float32, to
   show how far bf16 itself is from full precision (the floor the INT8 errors compare with).
 
@@ -66,7 +68,7 @@ from tileinfer.engine.kv.cache import new_cache
 HERE = Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE / "data" / "kjv-genesis.txt"
 CONFIGS = ("bf16", "int8-weights", "int8-kv", "int8-kv-smooth", "int8-all", "fp8-weights",
-           "fp32")
+           "fp8-weight-only", "fp32")
 DEFAULT_CONFIGS = CONFIGS[:5]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -266,6 +268,8 @@ def main(argv=None) -> int:
         configs) else None
     fp8 = (load_model(model_dir, quantize="fp8", **load) if "fp8-weights" in configs
            else None)
+    fp8_wo = (load_model(model_dir, quantize="fp8-weight-only", **load)
+              if "fp8-weight-only" in configs else None)
     fp32 = (load_model(model_dir, **dict(load, dtype=torch.float32)) if "fp32" in configs
             else None)
     smooth_kw = {} if args.alpha is None else dict(alpha=args.alpha)
@@ -275,8 +279,8 @@ def main(argv=None) -> int:
     setups = {}  # name -> (model, cache), in CONFIGS order
     for name in (n for n in CONFIGS if n in configs):
         model = {"int8-weights": int8, "int8-all": int8, "fp8-weights": fp8,
-                 "fp32": fp32}.get(name, base)
-        if name in ("bf16", "int8-weights", "fp8-weights", "fp32"):
+                 "fp8-weight-only": fp8_wo, "fp32": fp32}.get(name, base)
+        if name in ("bf16", "int8-weights", "fp8-weights", "fp8-weight-only", "fp32"):
             cache = new_cache(model, max_len, page_size=ps)
         else:
             cache = new_cache(model, max_len, page_size=ps, quantize="int8",

@@ -188,6 +188,35 @@ def test_e4m3_bits_to_bf16_conversion_is_exact(cuda):
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))  # -0 kept
 
 
+@pytest.mark.parametrize("n", [1, 3, 8, 40, 64, 300])
+@pytest.mark.parametrize("invariant", [True, False, "batch"])
+def test_e4m3_weight_only_at_llama3_8b_widths(cuda, ref, n, invariant):
+    """The weight-only FP8 product (e4m3 bits, the INT8 kernels' W_E4M3 builds) at llama3-8b's
+    qkv, down and gate/up widths, through the configurations INT8 runs at each row count (the
+    row-streaming GEMV, gemv.cu, gemm_invariant.cu, cuBLAS on a bf16 copy), against ref."""
+    from tileinfer.backend.hookspecs import Invariance
+    from tileinfer_backend_cuda.ops import tuning
+
+    mode = Invariance.BATCH if invariant == "batch" else invariant
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 14336, generator=g).to(torch.bfloat16).to(DEV)
+    for rows, k in ((6144, 4096), (4096, 14336)):
+        q, scale = make_fp8_weight(rows, k, DEV, g)
+        assert_linear_matches_ref(cuda, ref, x[:, :k].contiguous(), q.view(torch.uint8), scale,
+                                  batch_invariant=mode)
+    q, scale = make_fp8_weight(2 * 14336, 4096, DEV, g)
+    out, expected = (torch.empty(n, 14336, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    scratch = torch.empty(n, 2 * 14336, dtype=torch.bfloat16, device=DEV)
+    cuda.linear_swiglu(out, x[:, :4096].contiguous(), q.view(torch.uint8), scale, scratch, mode)
+    ref.linear_swiglu(expected, x[:, :4096].contiguous(), q.view(torch.uint8), scale,
+                      scratch.clone())
+    assert_close(out, expected)
+    if n <= tuning.wide_max_tokens(True):
+        built = [m for f in ("gemv.cu", "gemv_rows.cu", "gemm_invariant.cu")
+                 for m in loaded_modules(f, W_E4M3=1)]
+        assert built, "no W_E4M3 build ran"
+
+
 @pytest.mark.parametrize("chunk_rows", [128, 1 << 20], ids=["chunks", "whole"])
 def test_int8_prefill_on_cublas_matches_ref(cuda, ref, monkeypatch, chunk_rows):
     """INT8 products of int8_cublas.MIN_ROWS rows and more (int8_cublas.py: the weight in bf16,
