@@ -398,7 +398,7 @@ def main(argv=None):
                    help="the engine's running requests (default: --clients)")
     p.add_argument("--max-step-tokens", type=int, default=2048)
     p.add_argument("--threads", type=int, help="CPU threads (server and offline engine)")
-    p.add_argument("--quantization", choices=["int8", "fp8"],
+    p.add_argument("--quantization", choices=["int8", "fp8", "fp8-weight-only"],
                    help="the weights' quantization (server and offline engine)")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="one more argument for tileinfer serve (repeatable)")

@@ -73,8 +73,25 @@ def test_a_failed_write_leaves_no_folder(tiny_home, tmp_path, monkeypatch):
     text.write_text("some text to round the weights for " * 10)
     out = tmp_path / "place" / "out"
     out.parent.mkdir()
-    args = argparse.Namespace(out=str(out), model="tiny", fp8=True, calibration=str(text),
-                              tokens=64, backend="ref")
+    args = argparse.Namespace(out=str(out), model="tiny", fp8=True, fp8_weight_only=False,
+                              calibration=str(text), tokens=64, backend="ref")
     with pytest.raises(UserError, match=r"writing .*out failed: No space left on device"):
         quantize_cmd.run(args, io.StringIO())
     assert list(out.parent.iterdir()) == []
+
+
+def test_quantize_fp8_weight_only_writes_a_checkpoint_without_activation_scales(tiny_home,
+                                                                               tmp_path):
+    text = tmp_path / "calibration.txt"
+    text.write_text("The weights are rounded and the activations stay as they are. " * 40)
+    out = tmp_path / "tiny-fp8-wo"
+    done = tileinfer("quantize", "-m", "tiny", "--fp8-weight-only", "--calibration", str(text),
+                     str(out), env=tiny_home)
+    assert done.returncode == 0, done.stderr
+    group = json.loads((out / "config.json").read_text())["quantization_config"][
+        "config_groups"]["group_0"]
+    assert group["input_activations"] is None and group["weights"]["type"] == "float"
+    answer = tileinfer("run", "-m", str(out), "--fp8-weight-only", "-n", "3", "--json", "hi",
+                       env=tiny_home)
+    assert answer.returncode == 0, answer.stderr
+    assert len(json.loads(answer.stdout)["tokens"]) == 3

@@ -1,6 +1,7 @@
 """``tileinfer quantize --fp8 --calibration FILE OUT``: write a model as an FP8 checkpoint whose
 weights are rounded with GPTQ's error compensation on the calibration text
-(``tileinfer.engine.generation.gptq``); ``tileinfer run -m OUT --fp8`` then runs it in FP8."""
+(``tileinfer.engine.generation.gptq``); ``tileinfer run -m OUT --fp8`` then runs it in FP8.
+``--fp8-weight-only`` rounds them for activations left unquantized (``run --fp8-weight-only``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ examples:
   tileinfer quantize --fp8 --calibration notes.txt ./smollm2-fp8
   tileinfer run -m ./smollm2-fp8 --fp8 "What is the capital of France?"
   tileinfer quantize -m Qwen/Qwen3-0.6B --fp8 --calibration wiki.txt --tokens 4096 ./qwen3-fp8
+  tileinfer quantize --fp8-weight-only --calibration notes.txt ./smollm2-fp8-wo
+  tileinfer run -m ./smollm2-fp8-wo --fp8-weight-only "What is the capital of France?"
 
 The calibration text should look like what the model will read; its first --tokens tokens
 are used (more tokens than the widest layer's inputs, or the rounding fits the text alone).
@@ -26,8 +29,13 @@ def add_parser(sub, formatter):
     p.add_argument("out", metavar="OUT", help="the new checkpoint's folder (must not exist)")
     p.add_argument("-m", "--model", help="a folder, a pulled repo id, an imported name or a "
                                          ".gguf file (default: the embedded model)")
-    p.add_argument("--fp8", action="store_true", required=True,
-                   help="e4m3 weights with one scale per output row (the only format so far)")
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--fp8", action="store_true",
+                      help="e4m3 weights with one scale per output row, rounded for activations "
+                           "quantized per token (run --fp8)")
+    kind.add_argument("--fp8-weight-only", action="store_true",
+                      help="the same weights rounded for unquantized activations "
+                           "(run --fp8-weight-only)")
     p.add_argument("--calibration", required=True, metavar="FILE",
                    help="a UTF-8 text file to round the weights for")
     p.add_argument("--tokens", type=int, default=2048, help="calibration tokens to use")
@@ -62,7 +70,7 @@ def run(args, out):
     print(f"rounding {folder.name}'s linear weights on {len(ids)} calibration tokens ...",
           file=out)
     try:  # written whole or not at all (write_gptq_fp8)
-        write_gptq_fp8(model, target, ids)
+        write_gptq_fp8(model, target, ids, weight_only=args.fp8_weight_only)
     except OSError as exc:
         raise UserError(f"writing {target} failed: {exc.strerror or exc}") from None
     print(f"wrote {target}", file=out)

@@ -33,24 +33,31 @@ def test_gptq_moves_the_outputs_less_than_nearest_rounding():
     assert gptq_error < 0.5 * nearest_error
 
 
+@pytest.mark.parametrize("weight_only", [False, True], ids=["w8a8", "weight-only"])
 @pytest.mark.parametrize("arch", ["llama", "phi3"])  # phi3: q/k/v and gate/up stored fused
-def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path, arch):
+def test_a_written_checkpoint_loads_and_stays_nearer_the_model(tmp_path, arch, weight_only):
+    """For the W8A8 product (inputs quantized per token) or weight_only (inputs as they are,
+    loaded with quantize="fp8-weight-only"): nearer the model than nearest rounding."""
+    quantize = "fp8-weight-only" if weight_only else "fp8"
     folder = save_tiny(build_tiny(arch), tmp_path / "m")
     model = load_model(folder, dtype=torch.float32, backend="ref", max_len=128)
     # More calibration tokens than the widest layer's inputs (512): with fewer, the Hessian is
     # singular and the rounding fits the calibration text alone.
     calibration = [t for seed in range(20, 30) for t in prompt_ids(120, seed=seed)]
-    out = write_gptq_fp8(model, tmp_path / "gptq", calibration)
-    config = json.loads((out / "config.json").read_text())
-    assert config["quantization_config"]["format"] == "float-quantized"
+    out = write_gptq_fp8(model, tmp_path / "gptq", calibration, weight_only=weight_only)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "float-quantized"
+    assert (config["config_groups"]["group_0"]["input_activations"] is None) == weight_only
     with safe_open(out / "model.safetensors", "pt") as f:
         fused = "self_attn.qkv_proj" if arch == "phi3" else "self_attn.k_proj"
         assert f.get_tensor(f"model.layers.1.{fused}.weight").dtype == E4M3
         assert f"model.layers.1.{fused}.weight_scale" in f.keys()
-    gptq = load_model(out, dtype=torch.float32, backend="ref", max_len=128, quantize="fp8")
+    gptq = load_model(out, dtype=torch.float32, backend="ref", max_len=128, quantize=quantize)
     nearest = load_model(folder, dtype=torch.float32, backend="ref", max_len=128,
-                         quantize="fp8")
-    assert gptq.weights.layers[0].qkv.q.dtype == E4M3  # kept as stored, not rounded again
+                         quantize=quantize)
+    with safe_open(out / "model.safetensors", "pt") as f:  # kept as stored, not rounded again
+        stored = f.get_tensor("model.layers.0.self_attn.o_proj.weight")
+    assert torch.equal(gptq.weights.layers[0].o.q.view(torch.uint8), stored.view(torch.uint8))
 
     def logits(m, ids):
         cache = new_cache(m, 128)

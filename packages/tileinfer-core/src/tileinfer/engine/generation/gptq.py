@@ -12,7 +12,8 @@ factor U of ``H^-1`` (H damped by a fraction of its mean diagonal):
 done in blocks of columns (the updates of a block reach the later columns in one product). The
 scales stay those of nearest rounding (``max|W[r]| / 448`` per row), so the result is an
 ordinary per-channel FP8 checkpoint. X is each decoder linear's input as the FP8 product sees
-it: quantized per token (``tileinfer.backend.fp8``).
+it: quantized per token (``tileinfer.backend.fp8``), or as it is for a weight-only checkpoint
+(``quantize="fp8-weight-only"`` leaves the activations unrounded).
 
 ``write_gptq_fp8`` writes it in the compressed-tensors format that ``load_model`` reads (FP8
 weights with per-row scales, activations quantized per token at run time, the LM head kept).
@@ -66,10 +67,10 @@ def gptq_e4m3(weight: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01,
 
 class _RecordingOps:
     """An op table that adds each recorded linear's input (quantized per token, as the FP8
-    product sees it) to its Hessian before running the op."""
+    product sees it, unless weight_only) to its Hessian before running the op."""
 
-    def __init__(self, ops, hessians: dict):
-        self._ops, self._hessians = ops, hessians
+    def __init__(self, ops, hessians: dict, weight_only: bool = False):
+        self._ops, self._hessians, self._weight_only = ops, hessians, weight_only
 
     def __getattr__(self, name):
         return getattr(self._ops, name)
@@ -77,8 +78,11 @@ class _RecordingOps:
     def _record(self, x, weight):
         h = self._hessians.get(id(weight))
         if h is not None:
-            q, scale = quantize_rows(x)
-            xf = (q.float() * scale[:, None]).cpu()
+            if self._weight_only:
+                xf = x.float().cpu()
+            else:
+                q, scale = quantize_rows(x)
+                xf = (q.float() * scale[:, None]).cpu()
             h += xf.T @ xf
 
     def linear(self, out, x, weight, weight_scale, *args):
@@ -94,9 +98,11 @@ class _RecordingOps:
         return self._ops.linear_xielu(out, x, weight, weight_scale, *args)
 
 
-def input_hessians(model, token_ids: list[int], window: int = 512) -> list[dict]:
+def input_hessians(model, token_ids: list[int], window: int = 512,
+                   weight_only: bool = False) -> list[dict]:
     """Per layer, {role: X^T X (in, in) float32} of each decoder linear's inputs over token_ids
-    (windows of ``window`` tokens), as the FP8 product quantizes them. model: unquantized."""
+    (windows of ``window`` tokens), as the FP8 product quantizes them (weight_only: as they
+    are). model: unquantized."""
     hessians = {}
     per_layer = []
     for layer in model.weights.layers:
@@ -106,7 +112,7 @@ def input_hessians(model, token_ids: list[int], window: int = 512) -> list[dict]
             roles[role] = hessians[id(w)] = torch.zeros(w.shape[1], w.shape[1])
         per_layer.append(roles)
     recording = copy.copy(model)
-    recording.ops = _RecordingOps(model.ops, hessians)
+    recording.ops = _RecordingOps(model.ops, hessians, weight_only)
     window = min(window, model.max_len)
     cache = new_cache(model, window)
     with torch.no_grad():
@@ -119,10 +125,13 @@ def input_hessians(model, token_ids: list[int], window: int = 512) -> list[dict]
     return per_layer
 
 
-def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.01) -> Path:
+def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.01,
+                   weight_only: bool = False) -> Path:
     """Write model (loaded unquantized from its folder) as a compressed-tensors FP8 checkpoint in
     out_dir: every decoder linear rounded by ``gptq_e4m3`` under its inputs' Hessian over
-    calibration_ids, every other tensor and file as in the model's folder. Returns out_dir.
+    calibration_ids, every other tensor and file as in the model's folder. weight_only: the
+    Hessians of the unrounded inputs, and a config without activation quantization (FP8
+    weights, 16-bit activations: for ``quantize="fp8-weight-only"``). Returns out_dir.
 
     Written whole or not at all: into a hidden staging folder beside out_dir (the one imports
     use), renamed onto out_dir (absent, or an empty folder) once complete; on an error nothing
@@ -141,7 +150,8 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
     for path in sorted(src.glob("*.safetensors")):
         tensors.update(load_file(path))
     for i, (layer, hessians) in enumerate(zip(model.weights.layers,
-                                              input_hessians(model, calibration_ids))):
+                                              input_hessians(model, calibration_ids,
+                                                             weight_only=weight_only))):
         for role in LINEAR_ROLES:
             q, scale = gptq_e4m3(getattr(layer, role).cpu(), hessians[role], damp)
             row = 0
@@ -154,7 +164,7 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
     staging = staging_dir(out)
     try:
         staging.mkdir()
-        _write(src, staging, tensors, save_file)
+        _write(src, staging, tensors, save_file, weight_only)
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -162,9 +172,9 @@ def write_gptq_fp8(model, out_dir, calibration_ids: list[int], damp: float = 0.0
     return out
 
 
-def _write(src: Path, out: Path, tensors: dict, save_file):
+def _write(src: Path, out: Path, tensors: dict, save_file, weight_only: bool):
     """The checkpoint's files in out: the folder's other files, the tensors, config.json with
-    its quantization_config."""
+    its quantization_config (no input_activations when weight_only)."""
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and not path.name.endswith(
                 ".safetensors.index.json"):
@@ -178,6 +188,7 @@ def _write(src: Path, out: Path, tensors: dict, save_file):
             "targets": ["Linear"],
             "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
                         "symmetric": True, "dynamic": False, "observer": "gptq"},
-            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                  "dynamic": True, "symmetric": True}}}}
+            "input_activations": None if weight_only else {
+                "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True,
+                "symmetric": True}}}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
