@@ -49,6 +49,8 @@ greedy answer to "What is the capital of France?" through the chat template.
     python benchmarks/perplexity.py                      # ref backend on the CPU, bf16
     python benchmarks/perplexity.py --backend triton --device cuda
     python benchmarks/perplexity.py --device cuda --vs-fp32-ref ref,triton,cuda --max-tokens 2048
+    python benchmarks/perplexity.py --model GPTQ_OUT --reference PUBLISHED \
+        --configs bf16,fp8-weight-only,fp32        # a quantized checkpoint against its source
 """
 
 from __future__ import annotations
@@ -210,6 +212,10 @@ def git_commit() -> str | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--reference", metavar="FOLDER",
+                   help="the bf16 and fp32 configurations (and the KV ones) from this folder "
+                        "instead, e.g. the published model when --model is a quantized "
+                        "checkpoint of it (same tokenizer)")
     p.add_argument("--backend", default="ref")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
@@ -263,14 +269,15 @@ def main(argv=None) -> int:
     max_len = args.window
     load = dict(dtype=dtype, backend=args.backend, device=args.device, max_len=max_len)
     start = time.perf_counter()
-    base = load_model(model_dir, **load)
+    reference_dir = Path(args.reference) if args.reference else model_dir
+    base = load_model(reference_dir, **load)
     int8 = load_model(model_dir, quantize="int8", **load) if {"int8-weights", "int8-all"} & set(
         configs) else None
     fp8 = (load_model(model_dir, quantize="fp8", **load) if "fp8-weights" in configs
            else None)
     fp8_wo = (load_model(model_dir, quantize="fp8-weight-only", **load)
               if "fp8-weight-only" in configs else None)
-    fp32 = (load_model(model_dir, **dict(load, dtype=torch.float32)) if "fp32" in configs
+    fp32 = (load_model(reference_dir, **dict(load, dtype=torch.float32)) if "fp32" in configs
             else None)
     smooth_kw = {} if args.alpha is None else dict(alpha=args.alpha)
     smoothing = (calibrate_key_smoothing(base, calib_ids, **smooth_kw)
@@ -306,9 +313,10 @@ def main(argv=None) -> int:
             print(f"window {begin}-{end}: {scored}/{len(ids) - 1} tokens scored, "
                   f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
 
-    meta = dict(model=str(model_dir.name), backend=base.backend, device=str(base.device),
-                dtype=args.dtype, torch=torch.__version__, threads=torch.get_num_threads(),
-                commit=commit, text=args.text.name, eval_chapters=args.eval_chapters,
+    meta = dict(model=str(model_dir.name), reference=str(reference_dir.name),
+                backend=base.backend, device=str(base.device), dtype=args.dtype,
+                torch=torch.__version__, threads=torch.get_num_threads(), commit=commit,
+                text=args.text.name, eval_chapters=args.eval_chapters,
                 calib_chapters=args.calib_chapters, calib_tokens=len(calib_ids),
                 tokens=len(ids), scored_tokens=scored, window=args.window, stride=stride,
                 page_size=ps, seconds=round(time.perf_counter() - start, 1))
