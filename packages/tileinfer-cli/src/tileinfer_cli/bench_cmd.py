@@ -159,9 +159,9 @@ def _run_batch(args, model, name, kv, out):
     print(f"KV pool: {r['pool_pages']:,} pages of {r['page_size']} positions, "
           f"{format_bytes(r['pool_bytes'])}", file=out)
     decode = f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-"
-    print(f"{'model':<14}{'backend':<8}{'weights':<9}{'kv':<6}{'batch':>6}{'tok/s':>11}"
+    print(f"{'model':<14}{'backend':<8}{'weights':<16}{'kv':<6}{'batch':>6}{'tok/s':>11}"
           f"{'decode tok/s':>14}", file=out)
-    print(f"{name:<14}{r['backend']:<8}{r['weights']:<9}{r['kv_cache']:<6}{r['batch']:>6}"
+    print(f"{name:<14}{r['backend']:<8}{r['weights']:<16}{r['kv_cache']:<6}{r['batch']:>6}"
           f"{r['tok_s']:>11.1f}{decode:>14}", file=out)
     _write_json([r], args.json, out)
     return 0
@@ -178,7 +178,7 @@ def _print_memory(m, out):
 
 
 def _print_table(rows, out):
-    print(f"{'model':<14}{'backend':<8}{'weights':<9}{'kv':<6}{'graphs':<7}{'pipe':<6}"
+    print(f"{'model':<14}{'backend':<8}{'weights':<16}{'kv':<6}{'graphs':<7}{'pipe':<6}"
           f"{'TTFT ms':>9}{'decode tok/s':>14}{'bound':>8}{'of bound':>9}"
           f"{'GPU ms/step':>12}{'host ms/step':>13}", file=out)
     for r in rows:
@@ -186,7 +186,7 @@ def _print_table(rows, out):
         frac = f"{r['fraction_of_bound']:.0%}" if "fraction_of_bound" in r else "-"
         gpu = f"{r['gpu_ms_per_step']:.3f}" if "gpu_ms_per_step" in r else "-"
         host = f"{r['host_ms_per_step']:.3f}" if "host_ms_per_step" in r else "-"
-        print(f"{r['model']:<14}{r['backend']:<8}{r['weights']:<9}{r['kv_cache']:<6}"
+        print(f"{r['model']:<14}{r['backend']:<8}{r['weights']:<16}{r['kv_cache']:<6}"
               f"{'on' if r['graphs'] else 'off':<7}{'on' if r['pipeline'] else 'off':<6}"
               f"{r['time_to_first_token_ms']:>9.1f}{r['decode_tok_s']:>14.1f}{bound:>8}{frac:>9}"
               f"{gpu:>12}{host:>13}", file=out)

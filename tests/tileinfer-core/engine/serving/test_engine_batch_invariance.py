@@ -29,8 +29,9 @@ def invariant_model(tiny, backend, quantize=None, arch="llama"):
         ops = get_backend(backend)
     except BackendError as exc:
         pytest.skip(str(exc))
-    if quantize == "fp8" and not ops.backend.info.fp8:
-        pytest.skip(f"backend {backend!r} does not declare FP8 linear ops")
+    field = {"fp8": "fp8", "fp8-weight-only": "fp8_weight_only"}.get(quantize)
+    if field and not getattr(ops.backend.info, field):
+        pytest.skip(f"backend {backend!r} does not declare {quantize} linear ops")
     return load_model(tiny.directory(arch, dtype=DTYPE), dtype=DTYPE, backend=backend,
                       max_len=MAX_LEN, batch_invariant=True, quantize=quantize)
 
@@ -102,11 +103,14 @@ def test_gemma3_is_the_same_alone_and_among_others(tiny, backend):
     assert among == alone
 
 
+@pytest.mark.parametrize("quantize", ["fp8", "fp8-weight-only", "int8"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fp8_weights_keep_a_request_the_same_alone_and_among_others(tiny, backend):
-    """FP8 weights: each row's activations quantized on their own, the same bits in any step."""
+def test_quantized_weights_keep_a_request_the_same_alone_and_among_others(tiny, backend,
+                                                                          quantize):
+    """FP8 weights (each row's activations quantized on their own), FP8 weight-only and INT8
+    weights: the same bits in any step."""
     covered_on_the_cpu(backend)
-    alone, among = alone_and_among_others(invariant_model(tiny, backend, quantize="fp8"))
+    alone, among = alone_and_among_others(invariant_model(tiny, backend, quantize=quantize))
     assert among == alone
 
 
