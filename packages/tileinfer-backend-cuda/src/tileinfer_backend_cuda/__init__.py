@@ -30,7 +30,8 @@ NOTES = {
            "epilogues in the kernel), torch._scaled_mm (cuBLASLt FP8) above",
     "fp8_weight_only": "e4m3 weights as bits, activations as they are: INT8's kernels and "
                        "configurations, each byte decoded to bf16 exactly (integer ops and one "
-                       "bf16 multiply: any GPU); cuBLAS on a bf16 copy for prefill",
+                       "bf16 multiply: no FP8 hardware needed); cuBLAS on a bf16 copy for "
+                       "prefill",
     "linear_swiglu": "decode: fused gate/up GEMV with the SwiGLU epilogue; prefill: linear + silu_mul",
     "linear_xielu": "decode: GEMV with the xIELU epilogue; prefill: linear + xielu",
     "attention": "paged FlashAttention-2 tiles on mma.sync, GQA rows packed per kv head, "

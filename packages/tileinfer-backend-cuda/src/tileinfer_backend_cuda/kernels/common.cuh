@@ -100,7 +100,7 @@ __device__ __forceinline__ void int8x4_to_float4(u32 v, float (&f)[4]) {
 
 __device__ __forceinline__ float int8_to_float(signed char v) { return (float)(int)v; }
 
-// Four e4m3 (the bytes of v, bit patterns) to two bf16x2 registers, exactly, on any GPU: each
+// Four e4m3 (the bytes of v, bit patterns) to two bf16x2 registers, exactly, on sm_80: each
 // byte's sign, exponent and mantissa go to a bf16's places (exponent at the bottom of bf16's),
 // which reads as the e4m3 value times 2^-120 (e4m3's bias is 7, bf16's 127; e4m3's subnormals
 // m/8 * 2^-6 land on bf16's m/8 * 2^-126), then one exact product with 2^120 (a fused
