@@ -8,7 +8,8 @@ decode step depend on each other, so the attributed times add up to the step's G
 include each kernel's launch latency and its wait for the one before (with programmatic
 dependent launch a kernel starts early, so its own duration overstates its share).
 
-    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8 | --fp8] \
+    python benchmarks/profile_step.py --shape llama3.2-1b --backend cuda [--int8 | --fp8 \
+        | --fp8-weight-only] \
         [--kv-cache int8]
 
 ``--rows 1,2,8`` profiles, per count n, a single sequence's captured step of n rows with every
@@ -101,6 +102,7 @@ def main():
     p.add_argument("--backend", default="cuda")
     p.add_argument("--int8", action="store_true", help="INT8 weights")
     p.add_argument("--fp8", action="store_true", help="FP8 weights and activations")
+    p.add_argument("--fp8-weight-only", action="store_true", help="FP8 weights only")
     p.add_argument("--kv-cache", choices=["bf16", "int8"], default="bf16")
     p.add_argument("--context", type=int, default=144, help="cached positions before the step")
     p.add_argument("--replays", type=int, default=20)
@@ -116,7 +118,8 @@ def main():
     p.add_argument("--deterministic", action="store_true",
                    help="load the model batch-invariant (the mode's kernels)")
     args = p.parse_args()
-    quant = "int8" if args.int8 else "fp8" if args.fp8 else None
+    quant = ("int8" if args.int8 else "fp8" if args.fp8
+             else "fp8-weight-only" if args.fp8_weight_only else None)
 
     max_len = args.context + (512 if args.batch else 64)
     model = random_model(shape_config(args.shape), backend=args.backend,
