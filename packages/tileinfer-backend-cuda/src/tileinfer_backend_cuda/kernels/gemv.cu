@@ -56,7 +56,8 @@
 // output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh), W_FP8 (0/1;
-// sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0), EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
+// sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0), EPILOGUE
+// (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),

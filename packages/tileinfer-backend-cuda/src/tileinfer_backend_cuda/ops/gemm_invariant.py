@@ -239,7 +239,8 @@ def gemm_defines(cfg: dict, base: dict, parts: int, runs: int, token_tiles: int,
     ROUND_BF16 and PDL (base), the sums' order, the launch's build; K_ALIGNED where k_dim is a
     multiple of a K step (no chunk of any step past K)."""
     defines = {k: base[k] for k in ("W_INT8", "INT8_LOAD", "EPILOGUE", "OUT_DTYPE", "ROUND_BF16")}
-    for order in ("W_E4M3", "BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):  # bytes; which k go where
+    # how the weight's bytes read, and which k go where
+    for order in ("W_E4M3", "BLOCKED_PARTS", "PART_CHUNK", "NK_PRODUCTS"):
         if order in base:
             defines[order] = base[order]
     defines.update(PARTS=parts, RUNS=runs, ROW_WARPS=cfg["row_warps"],

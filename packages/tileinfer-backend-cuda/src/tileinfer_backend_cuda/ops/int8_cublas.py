@@ -1,9 +1,10 @@
 """INT8 weights (and e4m3 bits, the weight-only FP8 product: common.one_byte) in products of many
 rows (prefill chunks) on cuBLAS: the weight is converted to bf16 a chunk of output rows at a time
-(an int8 or e4m3 value is a bf16 value exactly; the row's scale waits for the sum), multiplied on cuBLAS's tensor cores into float32 sums, and each sum times
-its row's scale is rounded once into the output: the product ref defines (the float32 sum times
-the scale). gemm.cu, the sm80-style tiling that takes the smaller ones, runs these at a fraction
-of cuBLAS's rate on Hopper, which held back INT8 prefill and so the served time to first token
+(an int8 or e4m3 value is a bf16 value exactly; the row's scale waits for the sum), multiplied
+on cuBLAS's tensor cores into float32 sums, and each sum times its row's scale is rounded once
+into the output: the product ref defines (the float32 sum times the scale). gemm.cu, the
+sm80-style tiling that takes the smaller ones, runs these at a fraction of cuBLAS's rate on
+Hopper, which held back INT8 prefill and so the served time to first token
 (benchmarks/RESULTS.md, 2026-12-07 (evening), "Served quantized weights" and "INT8 prefill on
 cuBLAS")."""
 

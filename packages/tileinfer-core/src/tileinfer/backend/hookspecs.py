@@ -119,13 +119,13 @@ def linear(out, x, weight, weight_scale, batch_invariant):
     None for a float weight), or float8_e4m3fn with weight_scale likewise (only for a backend that
     declares ``BackendInfo.fp8``): then x is quantized per row to e4m3 as well and the product is
     ``tileinfer.backend.fp8``'s; or uint8 holding e4m3 bit patterns with weight_scale likewise
-    (only for a backend that declares ``BackendInfo.fp8_weight_only``): x as it is, the weight-only
-    product of ``tileinfer.backend.fp8``. out: (n, out_features), in x's dtype or float32 (e4m3 weights: x's
-    dtype); accumulation in float32. The float32 sum (for an INT8 or e4m3 weight, scaled) is
-    rounded once, to out's dtype: out in x's dtype is F.linear's output (transformers'
-    rounding), a float32 out holds the unrounded float32 sum (the model's lm_head writes its
-    float32 logits this way, on every backend, so that near ties between logits are not made
-    exact ties by a bf16 rounding).
+    (only for a backend that declares ``BackendInfo.fp8_weight_only``): x as it is, the
+    weight-only product of ``tileinfer.backend.fp8``. out: (n, out_features), in x's dtype or
+    float32 (e4m3 weights: x's dtype); accumulation in float32. The float32 sum (for an INT8 or
+    e4m3 weight, scaled) is rounded once, to out's dtype: out in x's dtype is F.linear's output
+    (transformers' rounding), a float32 out holds the unrounded float32 sum (the model's lm_head
+    writes its float32 logits this way, on every backend, so that near ties between logits are
+    not made exact ties by a bf16 rounding).
 
     batch_invariant (bool or ``Invariance``): True asks that, for steps of up to
     ``INVARIANT_MAX_ROWS`` rows, each row's result be the same bits as in a step of that row alone
@@ -142,9 +142,9 @@ def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
     """SwiGLU MLP input: ``gate, up = split(x @ weight.T); out = silu(gate) * up``.
 
     weight: (2 * inter, in), gate rows stacked over up rows (int8, e4m3 or e4m3 bits with
-    weight_scale as in linear); out: (n, inter). gate_up: (n, 2 * inter) scratch in x's dtype that a backend
-    which does not fuse may use. Rounding as transformers: gate and up rounded to x's dtype,
-    ``silu(gate)`` rounded, the product rounded. batch_invariant: as in ``linear``.
+    weight_scale as in linear); out: (n, inter). gate_up: (n, 2 * inter) scratch in x's dtype
+    that a backend which does not fuse may use. Rounding as transformers: gate and up rounded to
+    x's dtype, ``silu(gate)`` rounded, the product rounded. batch_invariant: as in ``linear``.
     """
 
 
@@ -153,8 +153,8 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     """Ungated MLP input of Apertus: ``out = xielu(x @ weight.T)``.
 
     weight: (inter, in) (int8, e4m3 or e4m3 bits with weight_scale as in linear); out: (n, inter);
-    xielu: the layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation is computed
-    in float32 and rounded once to out's dtype. batch_invariant: as in ``linear``.
+    xielu: the layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation
+    is computed in float32 and rounded once to out's dtype. batch_invariant: as in ``linear``.
     """
 
 

@@ -9,8 +9,9 @@ attention_workspace, attention_window, the optional attention_with_inputs), ``te
 (sample_tokens, accept_tokens), ``test_scratch`` (reserve_scratch), ``test_batch_invariance``
 (for a backend that declares batch-invariant ops) and ``test_linear_fp8`` (the linear ops with
 e4m3 weights, for a backend that declares them; the weight-only e4m3 cases of ``test_linear``
-likewise skip for a backend without ``fp8_weight_only``); the fixtures are in ``conftest``. A test file
-elsewhere takes every test and fixture in with ``from tileinfer.testing.conformance import *``.
+likewise skip for a backend without ``fp8_weight_only``); the fixtures are in ``conftest``. A
+test file elsewhere takes every test and fixture in with ``from tileinfer.testing.conformance
+import *``.
 The shared helpers (``fill_paged_step``, ``Cache``, ``assert_close``, ...) are in ``helpers``
 and are re-exported here.
 """

@@ -1,6 +1,7 @@
-"""Conformance: linear, linear_swiglu, linear_xielu (bf16, INT8 and weight-only e4m3 weights), for single-sequence
-steps (``batch_invariant=True``: up to INVARIANT_MAX_ROWS rows, each row the same bits as alone)
-and batched steps (``batch_invariant=False``: any kernel, held to ref's values)."""
+"""Conformance: linear, linear_swiglu, linear_xielu (bf16, INT8 and weight-only e4m3 weights),
+for single-sequence steps (``batch_invariant=True``: up to INVARIANT_MAX_ROWS rows, each row the
+same bits as alone) and batched steps (``batch_invariant=False``: any kernel, held to ref's
+values)."""
 
 from __future__ import annotations
 
