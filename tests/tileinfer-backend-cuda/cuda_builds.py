@@ -168,6 +168,15 @@ def builds() -> list[tuple[str, dict, tuple]]:
         for out_dtype in ("bf16_t", "float"):
             add("gemm.cu", W_INT8=w_int8, OUT_DTYPE=out_dtype, ROUND_BF16=1 - w_int8)
 
+    # the weight-only FP8 builds (W_E4M3: e4m3 bytes in place of int8) of each linear kernel
+    add("gemv_rows.cu", W_INT8=1, W_E4M3=1, EPILOGUE=1, ROUND_BF16=0, ROWS=2, UNROLL=2, WARPS=2,
+        TOKENS=8, PDL=1)
+    add("gemv.cu", W_INT8=1, W_E4M3=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=2, TILES=2, NT=8)
+    add("gemm_invariant.cu", W_INT8=1, W_E4M3=1, EPILOGUE=1, ROUND_BF16=0, PARTS=8, RUNS=2,
+        SPLIT=1, NT=4)
+    add("gemm.cu", W_INT8=1, W_E4M3=1, OUT_DTYPE="bf16_t", ROUND_BF16=0)
+    add("elementwise.cu", W_E4M3=1)
+
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)
