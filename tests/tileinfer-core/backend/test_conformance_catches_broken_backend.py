@@ -56,8 +56,10 @@ def test_broken_toy_backend_fails_conformance(pytester):
     # The correct ops and the ref fallbacks pass: linear, linear_xielu, add_rmsnorm.
     assert not [line for line in failed if "test_linear[" in line or "test_add_rmsnorm" in line]
     assert outcomes.get("passed", 0) >= 48 + 1 + 12 + 12
-    # Skipped: only the batch-invariant linear cases (4 ops x 2 weight dtypes x 2 widths), the
-    # FP8 linear cases the -k selects (18 linear, 16 MLP, 6 row checks), since the toy declares
-    # neither batch invariance nor FP8 ops, and the optional Gemma norms' cases (8 + 2 + 4),
-    # which it does not implement; it implements attention_with_inputs itself.
-    assert outcomes.get("skipped", 0) == 16 + 40 + 14
+    # Skipped: only the batch-invariant linear cases of bf16 and INT8 weights (4 ops x 2 weight
+    # dtypes x 2 widths), the FP8 linear cases the -k selects (18 linear, 16 MLP, 6 row checks)
+    # and the weight-only e4m3 ones (24 linear, 6 + 6 MLP, 4 row checks, 8 batch-invariant),
+    # since the toy declares neither batch invariance nor either FP8 product, and the optional
+    # Gemma norms' cases (8 + 2 + 4), which it does not implement; it implements
+    # attention_with_inputs itself.
+    assert outcomes.get("skipped", 0) == 16 + 40 + 48 + 14
