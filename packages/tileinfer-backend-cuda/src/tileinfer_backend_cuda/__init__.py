@@ -22,8 +22,10 @@ NOTES = {
               "rows with 16-byte loads, split-K for narrow outputs), or for weights up to 4 MB, "
               "batched steps and INT8 weights with K % 16 != 0 the tensor-core GEMV fed by a "
               "cp.async ring (9..64 rows too, each weight read once); prefill: cuBLAS through "
-              "torch.matmul for bf16, own tiled mma GEMM for INT8 weights or float32 outputs; "
-              "float32/float16 models: torch.matmul",
+              "torch.matmul for bf16 (float32 outputs too, where torch.mm has them); INT8 "
+              "weights from 128 rows on cuBLAS with a bf16 copy (float32 sums, then the row "
+              "scales), fewer rows on our own tiled mma GEMM; float32/float16 models: "
+              "torch.matmul",
     "fp8": "e4m3 weights (compute capability 8.9+): inputs quantized per token by one kernel, "
            "then the tensor-core GEMV's FP8 build up to 16 rows (and at any count when "
            "batch-invariant), wgmma's FP8 products (Hopper, up to 64 rows, the MLP "
