@@ -95,3 +95,9 @@ def test_quantize_fp8_weight_only_writes_a_checkpoint_without_activation_scales(
                        env=tiny_home)
     assert answer.returncode == 0, answer.stderr
     assert len(json.loads(answer.stdout)["tokens"]) == 3
+    assert "stores FP8 weights" not in answer.stderr
+    # without an option the weights load dequantized, and the user is told how to keep them
+    plain = tileinfer("run", "-m", str(out), "-n", "3", "--json", "hi", env=tiny_home)
+    assert plain.returncode == 0, plain.stderr
+    assert f"{out.name} stores FP8 weights; they load dequantized" in plain.stderr
+    assert "--fp8-weight-only keeps them alone" in plain.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .errors import UserError
 from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, logit_bias
@@ -219,6 +220,22 @@ def quantize_of(args) -> str | None:
     return next((name for name, given in flags.items() if given), None)
 
 
+def fp8_checkpoint_note(folder, quantize) -> str | None:
+    """A line for a user who loads an FP8 checkpoint without a quantization option: its weights
+    are then dequantized into the model's dtype (twice the bytes), and the options that keep
+    them as stored. None otherwise."""
+    from tileinfer.model.fp8_checkpoint import QuantizationError, check_quantization
+
+    try:
+        fp8 = quantize is None and check_quantization(folder) is not None
+    except QuantizationError:  # the loader's error says it
+        return None
+    if not fp8:
+        return None
+    return (f"tileinfer: {folder.name} stores FP8 weights; they load dequantized (--fp8 keeps "
+            "them and quantizes the activations too, --fp8-weight-only keeps them alone)")
+
+
 def load(args):
     """(model, tokenizer, folder) from the model options. The tokenizer loads in a thread while
     the weights load (the tokenizers library parses its file without holding the interpreter's
@@ -231,6 +248,9 @@ def load(args):
     set_threads(args)
     folder = resolve_model_dir(args.model)
     backend = args.backend or default_backend_name()
+    note = fp8_checkpoint_note(folder, quantize_of(args))
+    if note:
+        print(note, file=sys.stderr)
     with ThreadPoolExecutor(1, thread_name_prefix="tileinfer-tokenizer") as pool:
         tokenizer = pool.submit(load_tokenizer, folder)
         model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,

@@ -9,12 +9,13 @@ config.json and tokenizer.json only). The answers are noise.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import quantize_of, resolve_dtype, set_threads
+from ..options import fp8_checkpoint_note, quantize_of, resolve_dtype, set_threads
 from .defaults import SamplingDefaults
 from .template import ServedTemplate
 
@@ -98,6 +99,9 @@ def load_weights(args, folder: Path):
     if args.load_format == "dummy":
         return load_dummy(folder, dtype, backend, args.max_len, quantize,
                           args.allow_long_context, args.deterministic)
+    note = fp8_checkpoint_note(folder, quantize)
+    if note:
+        print(note, file=sys.stderr)
     return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
                       quantize=quantize, allow_long=args.allow_long_context,
                       batch_invariant=args.deterministic)
