@@ -30,6 +30,11 @@ def test_quantize_writes_a_checkpoint_that_runs_in_fp8(tiny_home, tmp_path):
     answer = tileinfer("run", "-m", str(out), "--fp8", "-n", "3", "--json", "hi", env=tiny_home)
     assert answer.returncode == 0, answer.stderr
     assert len(json.loads(answer.stdout)["tokens"]) == 3
+    # its config quantizes the activations: without an option it runs so (W8A8)
+    plain = tileinfer("run", "-m", str(out), "-n", "3", "--json", "hi", env=tiny_home)
+    assert plain.returncode == 0, plain.stderr
+    assert "running them as stored (--fp8;" in plain.stderr
+    assert json.loads(plain.stdout)["tokens"] == json.loads(answer.stdout)["tokens"]
 
 
 def test_quantize_refuses_a_missing_text_and_an_existing_folder(tiny_home, tmp_path):
@@ -96,8 +101,13 @@ def test_quantize_fp8_weight_only_writes_a_checkpoint_without_activation_scales(
     assert answer.returncode == 0, answer.stderr
     assert len(json.loads(answer.stdout)["tokens"]) == 3
     assert "stores FP8 weights" not in answer.stderr
-    # without an option the weights load dequantized, and the user is told how to keep them
+    # without an option the weights run as stored, as the config asks, and the user is told
     plain = tileinfer("run", "-m", str(out), "-n", "3", "--json", "hi", env=tiny_home)
     assert plain.returncode == 0, plain.stderr
-    assert f"{out.name} stores FP8 weights; they load dequantized" in plain.stderr
-    assert "--fp8-weight-only keeps them alone" in plain.stderr
+    assert json.loads(plain.stdout)["tokens"] == json.loads(answer.stdout)["tokens"]
+    assert (f"{out.name} stores FP8 weights: running them as stored (--fp8-weight-only; "
+            "--quantization none loads them dequantized)") in plain.stderr
+    dequantized = tileinfer("run", "-m", str(out), "--quantization", "none", "-n", "3", "hi",
+                            env=tiny_home)
+    assert dequantized.returncode == 0, dequantized.stderr
+    assert "stores FP8 weights" not in dequantized.stderr

@@ -203,3 +203,24 @@ def test_block_scaled_checkpoint_with_quantize_fp8_is_quantized_again_per_row(tm
     cache = new_cache(model)
     logits = forward(model, cache, cache.new_sequence(), list(range(3, 19)))
     assert bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("strategy, method, activations, scheme",
+                         [("channel", "compressed-tensors", True, "fp8"),
+                          ("tensor", "fp8", True, "fp8"),
+                          ("channel", "compressed-tensors", False, "fp8-weight-only"),
+                          ("block", "fp8", True, None), ("block", "compressed-tensors", True, None)])
+def test_stored_scheme_is_what_the_config_asks(hf, tmp_path, strategy, method, activations,
+                                               scheme):
+    """W8A8 where the config quantizes the activations, weight-only where it does not, None for
+    block scales (no per-row form) and for an unquantized checkpoint."""
+    from tileinfer.model.fp8_checkpoint import stored_scheme
+
+    folder = save_tiny(hf, tmp_path / "m", torch.float32)
+    assert stored_scheme(folder) is None
+    write_fp8(folder, strategy, method)
+    if not activations:
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = None
+        (folder / "config.json").write_text(json.dumps(config))
+    assert stored_scheme(folder) == scheme

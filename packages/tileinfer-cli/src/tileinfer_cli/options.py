@@ -71,8 +71,10 @@ def add_model_options(p: argparse.ArgumentParser):
     q.add_argument("--fp8-weight-only", action="store_true",
                    help="FP8 (e4m3) weights with per-channel scales, activations as they are "
                         "(nearer the unquantized model than --fp8; faster for one sequence)")
-    q.add_argument("--quantization", choices=["int8", "fp8", "fp8-weight-only"],
-                   help="the same as --int8, --fp8 or --fp8-weight-only (vLLM's name)")
+    q.add_argument("--quantization", choices=["int8", "fp8", "fp8-weight-only", "none"],
+                   help="the same as --int8, --fp8 or --fp8-weight-only (vLLM's name); none: "
+                        "an FP8 checkpoint's weights dequantized (by default they run as "
+                        "stored)")
     g.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops: an answer's tokens and logprobs do not depend on "
                         "what else runs beside it (docs/determinism.md has the cost)")
@@ -215,25 +217,33 @@ def quantize_of(args) -> str | None:
     """load_model's quantize from --int8 / --fp8 / --fp8-weight-only / --quantization (bench has
     no --quantization)."""
     if getattr(args, "quantization", None):
-        return args.quantization
+        return None if args.quantization == "none" else args.quantization
     flags = {"int8": args.int8, "fp8": args.fp8, "fp8-weight-only": args.fp8_weight_only}
     return next((name for name, given in flags.items() if given), None)
 
 
-def fp8_checkpoint_note(folder, quantize) -> str | None:
-    """A line for a user who loads an FP8 checkpoint without a quantization option: its weights
-    are then dequantized into the model's dtype (twice the bytes), and the options that keep
-    them as stored. None otherwise."""
-    from tileinfer.model.fp8_checkpoint import QuantizationError, check_quantization
+def resolve_quantize(args, folder, backend: str) -> tuple[str | None, str | None]:
+    """(load_model's quantize, a line for stderr or None): the options' choice; with none given,
+    an FP8 checkpoint runs its weights as stored, as its config asks (W8A8 where it quantizes
+    the activations and the backend declares FP8 products, else weight-only), and the line says
+    so. ``--quantization none`` loads them dequantized."""
+    from tileinfer.backend import BackendError, get_backend
+    from tileinfer.model.fp8_checkpoint import QuantizationError, stored_scheme
 
+    quantize = quantize_of(args)
+    if quantize is not None or getattr(args, "quantization", None) == "none":
+        return quantize, None
     try:
-        fp8 = quantize is None and check_quantization(folder) is not None
-    except QuantizationError:  # the loader's error says it
-        return None
-    if not fp8:
-        return None
-    return (f"tileinfer: {folder.name} stores FP8 weights; they load dequantized (--fp8 keeps "
-            "them and quantizes the activations too, --fp8-weight-only keeps them alone)")
+        scheme = stored_scheme(folder)
+        info = get_backend(backend).backend.info if scheme else None
+    except (QuantizationError, BackendError):  # the loader's error says it
+        return None, None
+    if scheme == "fp8" and not info.fp8:
+        scheme = "fp8-weight-only"
+    if scheme is None or not getattr(info, scheme.replace("-", "_")):
+        return None, None
+    return scheme, (f"tileinfer: {folder.name} stores FP8 weights: running them as stored "
+                    f"(--{scheme}; --quantization none loads them dequantized)")
 
 
 def load(args):
@@ -248,13 +258,13 @@ def load(args):
     set_threads(args)
     folder = resolve_model_dir(args.model)
     backend = args.backend or default_backend_name()
-    note = fp8_checkpoint_note(folder, quantize_of(args))
+    quantize, note = resolve_quantize(args, folder, backend)
     if note:
         print(note, file=sys.stderr)
     with ThreadPoolExecutor(1, thread_name_prefix="tileinfer-tokenizer") as pool:
         tokenizer = pool.submit(load_tokenizer, folder)
         model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
-                           max_len=args.max_len, quantize=quantize_of(args),
+                           max_len=args.max_len, quantize=quantize,
                            allow_long=args.allow_long_context, batch_invariant=args.deterministic)
         return model, tokenizer.result(), folder
 

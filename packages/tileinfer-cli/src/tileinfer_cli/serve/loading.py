@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import fp8_checkpoint_note, quantize_of, resolve_dtype, set_threads
+from ..options import quantize_of, resolve_dtype, resolve_quantize, set_threads
 from .defaults import SamplingDefaults
 from .template import ServedTemplate
 
@@ -95,11 +95,10 @@ def load_weights(args, folder: Path):
     set_threads(args)
     backend = args.backend or default_backend_name()
     dtype = resolve_dtype(args.dtype, backend)
-    quantize = quantize_of(args)
     if args.load_format == "dummy":
-        return load_dummy(folder, dtype, backend, args.max_len, quantize,
+        return load_dummy(folder, dtype, backend, args.max_len, quantize_of(args),
                           args.allow_long_context, args.deterministic)
-    note = fp8_checkpoint_note(folder, quantize)
+    quantize, note = resolve_quantize(args, folder, backend)
     if note:
         print(note, file=sys.stderr)
     return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,

@@ -106,6 +106,21 @@ def check_quantization(model_dir) -> str | None:
                             "compressed-tensors float-quantized, or 'fp8')")
 
 
+def stored_scheme(model_dir) -> str | None:
+    """The quantize mode that runs model_dir's FP8 weights as its config asks: "fp8" where it
+    quantizes the activations too (compressed-tensors ``input_activations``, or the "fp8"
+    method's activation scheme), "fp8-weight-only" where it does not (no ``input_activations``
+    in any group); None for an unquantized checkpoint or block scales (no per-row form).
+    QuantizationError as check_quantization."""
+    method = check_quantization(model_dir)
+    if method is None or block_scaling(model_dir) is not None:
+        return None
+    if method == "fp8":
+        return "fp8"
+    groups = (_quantization_config(model_dir).get("config_groups") or {}).values()
+    return "fp8" if any(group.get("input_activations") for group in groups) else "fp8-weight-only"
+
+
 def stored_row_scales(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
     """A stored weight scale, (rows, 1), (rows,), (1,) or (), as float32 (rows,)."""
     if scale.numel() == rows and scale.dim() >= 1 and (scale.dim() == 1 or scale.shape[1:] == (1,)):
