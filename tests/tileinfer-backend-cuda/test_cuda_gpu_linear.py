@@ -11,7 +11,8 @@ import os
 import pytest
 import torch
 from tileinfer.testing.conformance import assert_close, quantize_weight
-from tileinfer.testing.conformance.helpers import TOLERANCE, make_fp8_weight, run_linear_op
+from tileinfer.testing.conformance.helpers import (FINITE_E4M3_CODES, TOLERANCE, make_fp8_weight,
+                                                  run_linear_op)
 
 from cuda_gpu import DEV, XIELU, loaded_modules, weight
 
@@ -179,7 +180,7 @@ def test_e4m3_bits_to_bf16_conversion_is_exact(cuda):
     zeros) in every position of a 16-byte chunk, against PyTorch's e4m3 cast."""
     from tileinfer_backend_cuda.ops import elementwise
 
-    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    codes = torch.tensor(FINITE_E4M3_CODES, dtype=torch.uint8)
     x = codes.repeat(17)[: 16 * 256].view(64, 64).to(DEV)
     out = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
     assert elementwise.weight8_to_bf16_ok(out, x)

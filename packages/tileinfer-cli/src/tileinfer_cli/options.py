@@ -229,6 +229,7 @@ def resolve_quantize(args, folder, backend: str) -> tuple[str | None, str | None
     so. ``--quantization none`` loads them dequantized."""
     from tileinfer.backend import BackendError, get_backend
     from tileinfer.model.fp8_checkpoint import QuantizationError, stored_scheme
+    from tileinfer.model.quant import backend_takes
 
     quantize = quantize_of(args)
     if quantize is not None or getattr(args, "quantization", None) == "none":
@@ -238,9 +239,9 @@ def resolve_quantize(args, folder, backend: str) -> tuple[str | None, str | None
         info = get_backend(backend).backend.info if scheme else None
     except (QuantizationError, BackendError):  # the loader's error says it
         return None, None
-    if scheme == "fp8" and not info.fp8:
+    if scheme == "fp8" and not backend_takes(info, scheme):
         scheme = "fp8-weight-only"
-    if scheme is None or not getattr(info, scheme.replace("-", "_")):
+    if scheme is None or not backend_takes(info, scheme):
         return None, None
     return scheme, (f"tileinfer: {folder.name} stores FP8 weights: running them as stored "
                     f"(--{scheme}; --quantization none loads them dequantized)")

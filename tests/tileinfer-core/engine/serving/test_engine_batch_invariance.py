@@ -14,6 +14,7 @@ import torch
 from tileinfer import LLMEngine, SamplingParams, load_model
 from tileinfer.backend import BackendError, BackendInfo, hookimpl
 from tileinfer.backend.registry import get_backend, registry
+from tileinfer.model.quant import backend_takes
 from tiny_models import prompt_ids, single_torch_thread, tiny  # noqa: F401
 
 MAX_LEN = 96
@@ -29,8 +30,7 @@ def invariant_model(tiny, backend, quantize=None, arch="llama"):
         ops = get_backend(backend)
     except BackendError as exc:
         pytest.skip(str(exc))
-    field = {"fp8": "fp8", "fp8-weight-only": "fp8_weight_only"}.get(quantize)
-    if field and not getattr(ops.backend.info, field):
+    if not backend_takes(ops.backend.info, quantize):
         pytest.skip(f"backend {backend!r} does not declare {quantize} linear ops")
     return load_model(tiny.directory(arch, dtype=DTYPE), dtype=DTYPE, backend=backend,
                       max_len=MAX_LEN, batch_invariant=True, quantize=quantize)

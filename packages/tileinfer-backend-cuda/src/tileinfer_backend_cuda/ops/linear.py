@@ -98,14 +98,12 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 
 
 def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
-                 pdl_on: bool, token_tiles: int = 1, fp8: bool = False,
-                 weight_bytes: dict | None = None) -> dict:
-    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x;
-    weight_bytes: common.weight_defines of a one-byte weight)."""
+                 pdl_on: bool, token_tiles: int = 1, fp8: bool = False) -> dict:
+    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x)."""
     defines = {"W_INT8": int(int8 and not fp8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
-               "NT": token_tiles, **(weight_bytes or {})}
+               "NT": token_tiles}
     if fp8:
         defines["W_FP8"] = 1
     if cfg.get("groups", 1) > 1:
@@ -163,8 +161,8 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
     if entry is not None:
         layout = {k: entry[k] for k in ("blocked", "chunk", "nk") if k in entry}  # no order kept
         base = gemv_defines({"warps": cfg["warps"], "stages": 2, **layout}, int8, int8_load(k_dim),
-                            epilogue, DTYPE_NAMES[out.dtype], pdl(device), token_tiles,
-                            weight_bytes=weight_defines(weight))
+                            epilogue, DTYPE_NAMES[out.dtype], pdl(device),
+                            token_tiles) | weight_defines(weight)
         return gemm_invariant.gemm_invariant(
             out, x, weight, weight_scale, xielu_params, base, cfg["warps"],
             gemm_invariant.invariant_runs(o_rows, k_dim, int8, epilogue, cfg["warps"]),
@@ -182,8 +180,8 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     pdl_on = pdl(device)
-    defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue,
-                           DTYPE_NAMES[out.dtype], pdl_on, token_tiles, fp8, weight_defines(weight))
+    defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype], pdl_on,
+                           token_tiles, fp8) | weight_defines(weight)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffffp", device, defines)
     groups = cfg.get("groups", 1)
     k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
@@ -214,7 +212,7 @@ def invariant_gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=N
     if not fp8 and gemm_invariant.takes(o_rows, k_dim, int8, epilogue, n):
         # its own shared memory: the full width
         base = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype],
-                            pdl(device), launch_tiles, weight_bytes=weight_defines(weight))
+                            pdl(device), launch_tiles) | weight_defines(weight)
         return gemm_invariant.gemm_invariant(out, x, weight, weight_scale, xielu_params, base,
                                              cfg["warps"], cfg.get("runs", 1), launch_tiles,
                                              o_rows, epilogue)

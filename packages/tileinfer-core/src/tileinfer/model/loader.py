@@ -14,7 +14,7 @@ from ..backend import BackendError, OpTable, get_backend
 from ..io.model_dir import resolve_model_dir
 from .config import check_max_len, default_max_len, load_config
 from .decoder import Model
-from .quant import check_quantize
+from .quant import BACKEND_FIELDS, backend_takes, check_quantize
 from .weights import Checkpoint, check_checkpoint, expected_weight_bytes, load_weights
 
 
@@ -90,11 +90,10 @@ def check_batch_invariant(ops, batch_invariant: bool):
 def check_fp8(ops, quantize) -> None:
     """quantize="fp8" needs a backend whose linear ops take e4m3 weights (BackendInfo.fp8),
     "fp8-weight-only" one that declares BackendInfo.fp8_weight_only."""
-    field = {"fp8": "fp8", "fp8-weight-only": "fp8_weight_only"}.get(quantize)
-    if field is not None and not getattr(ops.backend.info, field):
+    if not backend_takes(ops.backend.info, quantize):
         raise ValueError(f"backend {ops.name!r} does not declare {quantize} linear ops "
-                         f"(BackendInfo.{field}); quantize={quantize!r} needs one that does "
-                         "(tileinfer backends lists them)")
+                         f"(BackendInfo.{BACKEND_FIELDS[quantize]}); quantize={quantize!r} needs "
+                         "one that does (tileinfer backends lists them)")
 
 
 def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", device=None,

@@ -26,10 +26,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend.fp8 import E4M3, quantize_rows
+from ..backend.fp8 import e4m3_values, quantize_rows
 
 QUANTIZE_CHOICES = (None, "int8", "fp8", "fp8-weight-only")
 E4M3_MODES = ("fp8", "fp8-weight-only")  # the modes with e4m3 weights (the LM head kept)
+# The BackendInfo field a backend declares to take each mode's linear weights (the others: any).
+BACKEND_FIELDS = {"fp8": "fp8", "fp8-weight-only": "fp8_weight_only"}
+
+
+def backend_takes(info, quantize) -> bool:
+    """Whether a backend whose info is ``info`` (a BackendInfo) runs ``quantize``'s weights."""
+    field = BACKEND_FIELDS.get(quantize)
+    return field is None or bool(getattr(info, field))
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class Fp8WeightOnly(QuantizedWeight):
     weight-only e4m3 product) and their row scales."""
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        return (self.q.view(E4M3).float() * self.scale[:, None]).to(dtype)
+        return (e4m3_values(self.q) * self.scale[:, None]).to(dtype)
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:

@@ -126,11 +126,19 @@ def make_weight(out_f, in_f, device, int8):
 WEIGHT_KINDS = ["bf16", "int8", "e4m3"]
 
 
+# Every e4m3 bit pattern but the two NaN codes (0x7F, 0xFF), subnormals and -0 included.
+FINITE_E4M3_CODES = [c for c in range(256) if c & 0x7F != 0x7F]
+
+
+def skip_without_fp8_weight_only(ops):
+    if not ops.backend.info.fp8_weight_only:
+        pytest.skip(f"backend {ops.name!r} does not declare fp8_weight_only linear ops")
+
+
 def make_weight_of(kind, out_f, in_f, device, ops):
     """(weight, scale) of a WEIGHT_KINDS kind for ops; skips e4m3 for a backend without it."""
     if kind == "e4m3":
-        if not ops.backend.info.fp8_weight_only:
-            pytest.skip(f"backend {ops.name!r} does not declare fp8_weight_only linear ops")
+        skip_without_fp8_weight_only(ops)
         q, scale = make_fp8_weight(out_f, in_f, device)
         return q.view(torch.uint8), scale
     return make_weight(out_f, in_f, device, kind == "int8")

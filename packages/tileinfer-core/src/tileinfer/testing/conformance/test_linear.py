@@ -10,8 +10,9 @@ import torch
 
 from tileinfer.backend.hookspecs import INVARIANT_MAX_ROWS
 
-from .helpers import (WEIGHT_KINDS, XIELU, assert_close, assert_float32_sums_close,
-                      make_weight_of, poisoned, rand)
+from .helpers import (FINITE_E4M3_CODES, WEIGHT_KINDS, XIELU, assert_close,
+                      assert_float32_sums_close, make_weight_of, poisoned, rand,
+                      skip_without_fp8_weight_only)
 
 LINEAR_SHAPES = [(1, 64, 96), (3, 136, 200), (8, 256, 512), (17, 96, 64), (64, 256, 384),
                  (1, 576, 1536), (5, 1536, 576)]  # SmolLM2-135M's hidden 576 / intermediate 1536
@@ -109,13 +110,12 @@ def test_batch_invariant_rows(ops, device, weights, op):
 def test_e4m3_weight_only_reads_every_value(ops, ref, device, n, invariant):
     """Weight-only e4m3: every finite bit pattern (subnormals and -0 included) in every row, at
     the row counts of decode, verify, batched steps and prefill."""
-    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0x80])  # 256
+    codes = torch.tensor(FINITE_E4M3_CODES + [0, 0x80])  # 256
     gen = torch.Generator().manual_seed(n)
     bits = torch.stack([codes[torch.randperm(256, generator=gen)] for _ in range(48)])
     w = bits.to(torch.uint8).to(device)
     scale = (torch.rand(48, generator=gen) * 0.01 + 1e-3).to(device)
-    if not ops.backend.info.fp8_weight_only:
-        pytest.skip(f"backend {ops.name!r} does not declare fp8_weight_only linear ops")
+    skip_without_fp8_weight_only(ops)
     x = rand((n, 256), torch.bfloat16, device, 1.0, gen)
     out = poisoned((n, 48), torch.bfloat16, device)
     expected = poisoned((n, 48), torch.bfloat16, device)
