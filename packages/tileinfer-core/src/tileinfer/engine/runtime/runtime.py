@@ -138,9 +138,7 @@ class ModelRuntime:
     def _build(self, num_pages, page_size, quantize, key_smoothing):
         model = self.model
         self.steps.clear()
-        if self.cache is not None:  # no sequence holds pages; an idle engine keeps the object
-            self.cache.free_memory()
-        self.cache = self.scratch_page = None
+        self._drop_pool()  # no sequence holds pages; an idle engine keeps the object
         page_bytes = kv_bytes_per_token(model.config, quantize, model.dtype) * page_size
         check_fits(num_pages * page_bytes, model.device,
                    f"a KV pool of {num_pages * page_size} tokens")
@@ -175,6 +173,13 @@ class ModelRuntime:
                     static_step_bytes=self.steps.nbytes, static_steps=len(self.steps.steps()),
                     cuda_graphs=self.steps.num_graphs)
 
+    def _drop_pool(self):
+        """The pool's memory given back (an engine may still hold the emptied object), and the
+        pool and scratch page forgotten."""
+        if self.cache is not None:
+            self.cache.free_memory()
+        self.cache = self.scratch_page = None
+
     def close(self):
         """Drop the graphs, the static steps and the pool (their memory goes back to the
         caching allocator, and to the device with ``torch.cuda.empty_cache``), also while an
@@ -185,9 +190,7 @@ class ModelRuntime:
                     part.close()
             self._parts.clear()
             self.steps.clear()
-            if self.cache is not None:
-                self.cache.free_memory()
-            self.cache = self.scratch_page = None
+            self._drop_pool()
             if torch.device(self.model.device).type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
