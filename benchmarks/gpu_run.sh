@@ -9,7 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
-#              fp8sweep quantload fp8wo
+#              fp8sweep quantload fp8wo targets
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -159,6 +159,19 @@ for step in $steps; do
             | grep -v '^{' | tail -n 1)"
         done
       done ;;
+    targets)  # the FP8 issue's decode figures side by side: llama3-8b FP8 (batch 1, 64), bf16 (1, 8, 64),
+              # INT8 and FP8 weight-only (1, 64), llama3.2-1b bf16 at batch 1 (cuda)
+      for spec in "fp8 1" "fp8 64" "none 1" "none 8" "none 64" "int8 1" "int8 64" "fp8-weight-only 1" \
+          "fp8-weight-only 64"; do
+        set -- $spec
+        flag=""; [ "$1" = none ] || flag="--$1"
+        echo "llama3-8b $1 batch $2: $(timeout 150 python3 -m tileinfer_cli bench --shape \
+          llama3-8b --backend cuda $flag --batch $2 --repeats 2 --json "$out/targets.json" 2>&1 \
+          | grep -v '^{' | tail -n 1)"
+      done
+      echo "llama3.2-1b none batch 1: $(timeout 150 python3 -m tileinfer_cli bench --shape \
+        llama3.2-1b --backend cuda --repeats 2 --json "$out/targets.json" 2>&1 | grep -v '^{' \
+        | tail -n 1)" ;;
     fp8gemm)  # gemm_fp8.py (batched FP8 products on gemm_wgmma.cu): its GPU tests, then llama3-8b
               # FP8 static batches (FP8GEMM_BATCHES) on it and on torch._scaled_mm (cuda)
       timeout 200 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
