@@ -9,7 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
-#              fp8sweep quantload fp8wo targets
+#              fp8sweep quantload fp8wo targets batchattn
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -172,6 +172,10 @@ for step in $steps; do
       echo "llama3.2-1b none batch 1: $(timeout 150 python3 -m tileinfer_cli bench --shape \
         llama3.2-1b --backend cuda --repeats 2 --json "$out/targets.json" 2>&1 | grep -v '^{' \
         | tail -n 1)" ;;
+    batchattn)  # decode attention alone at batches and contexts (BATCHATTN_ARGS), cuda and triton
+      timeout 300 python3 benchmarks/batch_attention.py ${BATCHATTN_ARGS:-} \
+        > "$out/batchattn.jsonl" 2> "$out/batchattn.err"
+      grep "TB/s\|Error" "$out/batchattn.err" ;;
     fp8gemm)  # gemm_fp8.py (batched FP8 products on gemm_wgmma.cu): its GPU tests, then llama3-8b
               # FP8 static batches (FP8GEMM_BATCHES) on it and on torch._scaled_mm (cuda)
       timeout 200 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
