@@ -189,9 +189,9 @@ for step in $steps; do
             | tail -n 1)"
         done
       done ;;
-    fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64)
-      (cd benchmarks && timeout 300 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \
-        > "$out/fp8sweep.jsonl" 2> "$out/fp8sweep.err"); cat "$out/fp8sweep.jsonl"
+    fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64), FP8SWEEP_ARGS
+      (cd benchmarks && timeout 400 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \
+        ${FP8SWEEP_ARGS:-} > "$out/fp8sweep.jsonl" 2> "$out/fp8sweep.err"); cat "$out/fp8sweep.jsonl"
       tail -n 3 "$out/fp8sweep.err" ;;
     spec)
       timeout 400 python3 benchmarks/speculative.py > "$out/spec.json" 2> "$out/spec.err"
