@@ -62,6 +62,9 @@ def main():
     p.add_argument("--backends", default="cuda,triton")
     p.add_argument("--cuda-attention", type=json.loads, default=[{}],
                    help='a JSON list of attention experiment sets, e.g. \'[{}, {"splits": 2}]\'')
+    p.add_argument("--split-max-tokens", type=int, default=0,
+                   help="the cuda backend's SPLIT_MAX_TOKENS for this run (0: as shipped): "
+                        "steps of up to this many rows get a split workspace")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes on the CPU (the ref backend) to check the script")
     args = p.parse_args()
@@ -72,8 +75,10 @@ def main():
         table = get_backend(name)
         for settings in args.cuda_attention if name == "cuda" else [{}]:
             if name == "cuda":
-                from tileinfer_backend_cuda.ops import tuning
+                from tileinfer_backend_cuda.ops import attention, tuning
 
+                if args.split_max_tokens:
+                    attention.SPLIT_MAX_TOKENS = args.split_max_tokens
                 tuning.set_experiments({"attention": settings})
             for batch in (int(b) for b in args.batches.split(",")):
                 for ctx in (int(c) for c in args.contexts.split(",")):
