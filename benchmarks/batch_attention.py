@@ -2,7 +2,8 @@
 llama3-8b attention shape (32 heads, 8 kv heads, head_dim 128, bf16 pages of 16), through each
 backend's attention op with the workspace the engine gives a step of B rows. Reports the time per
 call and the K/V bytes read per second; ``--cuda-attention`` repeats the cuda backend's runs per
-set of its attention experiments (ops/tuning.py's "attention" key).
+set of its attention experiments (ops/tuning.py's "attention" key; "split_max_tokens" gives
+steps of more rows than the shipped SPLIT_MAX_TOKENS a split workspace).
 
 The engine's batch-64 step at short context spends a sixth of its time here (benchmarks/RESULTS.md,
 the FP8 profiles), and served requests run at the longer contexts of their prompts: this is the
@@ -62,9 +63,6 @@ def main():
     p.add_argument("--backends", default="cuda,triton")
     p.add_argument("--cuda-attention", type=json.loads, default=[{}],
                    help='a JSON list of attention experiment sets, e.g. \'[{}, {"splits": 2}]\'')
-    p.add_argument("--split-max-tokens", type=int, default=0,
-                   help="the cuda backend's SPLIT_MAX_TOKENS for this run (0: as shipped): "
-                        "steps of up to this many rows get a split workspace")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes on the CPU (the ref backend) to check the script")
     args = p.parse_args()
@@ -75,10 +73,8 @@ def main():
         table = get_backend(name)
         for settings in args.cuda_attention if name == "cuda" else [{}]:
             if name == "cuda":
-                from tileinfer_backend_cuda.ops import attention, tuning
+                from tileinfer_backend_cuda.ops import tuning
 
-                if args.split_max_tokens:
-                    attention.SPLIT_MAX_TOKENS = args.split_max_tokens
                 tuning.set_experiments({"attention": settings})
             for batch in (int(b) for b in args.batches.split(",")):
                 for ctx in (int(c) for c in args.contexts.split(",")):

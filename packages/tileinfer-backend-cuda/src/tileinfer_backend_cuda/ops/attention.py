@@ -85,11 +85,13 @@ INVARIANT_WORKSPACE = _InvariantWorkspace()
 
 def attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device):
     """Split-KV scratch, float32 (tokens, heads, splits, head_dim + 2), for steps of up to
-    num_tokens query rows; None where no step would split (more than SPLIT_MAX_TOKENS rows fill
-    the GPU with row tiles, or a context of one tile). Every cache that can split gets the full
-    MAX_SPLITS, so that the decode split count does not depend on the cache's size."""
+    num_tokens query rows; None where no step would split (more than SPLIT_MAX_TOKENS rows, or
+    the switch's "split_max_tokens", fill the GPU with row tiles, or a context of one tile).
+    Every cache that can split gets the full MAX_SPLITS, so that the decode split count does not
+    depend on the cache's size."""
     splits = MAX_SPLITS if max_context_len > ATTN_BLOCK_N else 1
-    if splits <= 1 or not 0 < num_tokens <= SPLIT_MAX_TOKENS:
+    most_tokens = attention_config().get("split_max_tokens", SPLIT_MAX_TOKENS)
+    if splits <= 1 or not 0 < num_tokens <= most_tokens:
         return None
     return torch.zeros((num_tokens, num_heads, splits, head_dim + 2), dtype=torch.float32,
                        device=device)

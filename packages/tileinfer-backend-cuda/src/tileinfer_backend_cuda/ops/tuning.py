@@ -12,7 +12,8 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``single_sequence_family``) and that family's keys (rows: rows, unroll, warps, split_k; mma:
   warps, stages, l2_256b, tiles, regs, groups, xreuse);
 - ``"attention"``: keys of ``ATTN_CONFIG``, plus ``"splits"`` (a fixed split count),
-  ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys);
+  ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys),
+  ``"split_max_tokens"`` (the most rows of a step given a split workspace);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
@@ -60,7 +61,8 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
-_ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles", "invariant_split_keys"}
+_ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles", "invariant_split_keys",
+                                        "split_max_tokens"}
 _NUMBERS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows")  # None: shipped
 
 
