@@ -10,6 +10,7 @@
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #              fp8sweep quantload fp8wo targets batchattn
+#              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
 set -uo pipefail
@@ -176,6 +177,24 @@ for step in $steps; do
       timeout 300 python3 benchmarks/batch_attention.py ${BATCHATTN_ARGS:-} \
         > "$out/batchattn.jsonl" 2> "$out/batchattn.err"
       grep "TB/s\|Error" "$out/batchattn.err" ;;
+    newrun)  # tileinfer run as a new process on random llama3-8b weights written to disk (cuda,
+             # --speculative none, 256 tokens), the weights as stored (bf16) and each of
+             # NEWRUN_QUANTS: the process's wall time and the timings its --json reports
+      python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
+from serve_load import make_folder; make_folder(Path('/tmp/l8bc'), 'llama3-8b')" \
+        && timeout 300 python3 benchmarks/random_checkpoint.py /tmp/l8bc /tmp/l8bw > /dev/null \
+        && cp /tmp/l8bc/chat_template.jinja /tmp/l8bw/
+      for q in none ${NEWRUN_QUANTS:-fp8-weight-only fp8 int8}; do
+        flag=""; [ "$q" = none ] || flag="--$q"
+        start=$(date +%s.%N)
+        timeout 150 python3 -m tileinfer_cli run --model /tmp/l8bw --backend cuda $flag \
+          --speculative none -n 256 --json "Write a long story about a dragon." \
+          > "$out/newrun-$q.json" 2> "$out/newrun-$q.err"
+        wall=$(python3 -c "print(round($(date +%s.%N) - $start, 2))")
+        echo "run ${q}: wall ${wall} s, $(python3 -c "import json, sys; d = json.load(open(sys.argv[1])); \
+t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_token', \
+'tokens_per_second')})" "$out/newrun-$q.json" 2>&1 | tail -n 1)"
+      done ;;
     fp8gemm)  # gemm_fp8.py (batched FP8 products on gemm_wgmma.cu): its GPU tests, then llama3-8b
               # FP8 static batches (FP8GEMM_BATCHES) on it and on torch._scaled_mm (cuda)
       timeout 200 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 \
