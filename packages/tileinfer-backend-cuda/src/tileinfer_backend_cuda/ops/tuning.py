@@ -61,8 +61,7 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode": True, "decode_blocks_per_sm": 2, "decode_stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
-_ATTN_KEYS = frozenset(ATTN_CONFIG) | {"splits", "decode_m_tiles", "invariant_split_keys",
-                                        "split_max_tokens"}
+_ATTN_KEYS = {*ATTN_CONFIG, "splits", "decode_m_tiles", "invariant_split_keys", "split_max_tokens"}
 _NUMBERS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows")  # None: shipped
 
 
