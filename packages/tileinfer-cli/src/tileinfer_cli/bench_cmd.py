@@ -102,10 +102,10 @@ def run(args, out):
             args.graphs = args.pipeline = "off"  # the defaults: nothing to capture on a CPU
         else:
             raise UserError("CUDA graphs and pipelining need a GPU; use --graphs off --pipeline off")
+    bandwidth = copy_bandwidth(model.device) if on_gpu else None
     if args.batch:
         _progress(f"measuring a static batch of {args.batch}: a warm-up and {args.repeats} runs")
-        return _run_batch(args, model, name, kv, out)
-    bandwidth = copy_bandwidth(model.device) if on_gpu else None
+        return _run_batch(args, model, name, kv, bandwidth, out)
     per_token = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv)
     memory = memory_report(model, kv_quantize=kv)
     rows = []
@@ -149,20 +149,31 @@ def _write_json(rows, path, out):
                 f.write(line + "\n")
 
 
-def _run_batch(args, model, name, kv, out):
+def _run_batch(args, model, name, kv, bandwidth, out):
+    """A static batch; on a GPU its decode steps beside their bound: a step of `batch` tokens
+    reads the weights once and each sequence's KV cache at the run's mean context."""
     from tileinfer.engine.memory import format_bytes
 
     from .bench_batch import bench_static_batch
+    from .bench_measure import bytes_per_decode_token
 
     r = bench_static_batch(model, args.batch, args.prompt_len, args.new_tokens, kv, args.repeats)
     r.update(model=name, deterministic=args.deterministic, device=str(model.device))
+    per_step = bytes_per_decode_token(model, args.prompt_len + args.new_tokens // 2, kv,
+                                      args.batch)
+    if bandwidth and r["decode_tok_s"]:
+        r.update(bytes_per_step=per_step, copy_bandwidth_tb_s=bandwidth / 1e12,
+                 bound_tok_s=args.batch * bandwidth / per_step,
+                 fraction_of_bound=r["decode_tok_s"] * per_step / (args.batch * bandwidth))
     print(f"KV pool: {r['pool_pages']:,} pages of {r['page_size']} positions, "
           f"{format_bytes(r['pool_bytes'])}", file=out)
     decode = f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-"
+    bound = f"{r['bound_tok_s']:.0f}" if "bound_tok_s" in r else "-"
+    frac = f"{r['fraction_of_bound']:.0%}" if "fraction_of_bound" in r else "-"
     print(f"{'model':<14}{'backend':<8}{'weights':<16}{'kv':<6}{'batch':>6}{'tok/s':>11}"
-          f"{'decode tok/s':>14}", file=out)
+          f"{'decode tok/s':>14}{'bound':>8}{'of bound':>9}", file=out)
     print(f"{name:<14}{r['backend']:<8}{r['weights']:<16}{r['kv_cache']:<6}{r['batch']:>6}"
-          f"{r['tok_s']:>11.1f}{decode:>14}", file=out)
+          f"{r['tok_s']:>11.1f}{decode:>14}{bound:>8}{frac:>9}", file=out)
     _write_json([r], args.json, out)
     return 0
 

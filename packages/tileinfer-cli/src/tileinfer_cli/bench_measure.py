@@ -33,13 +33,14 @@ def copy_bandwidth(device="cuda", nbytes: int = 1 << 30) -> float:
     return 2 * src.numel() * 2 / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def bytes_per_decode_token(model, context: int, kv_quantize=None) -> int:
-    """Weights read per token (all but the embedding table, of which one row) plus the KV cache
-    of ``context`` positions."""
+def bytes_per_decode_token(model, context: int, kv_quantize=None, batch: int = 1) -> int:
+    """Bytes a decode step reads: the weights once (all but the embedding table, of which a row
+    a sequence) plus the KV cache of ``context`` positions for each of ``batch`` sequences. At
+    batch 1 that is a token's; a step of ``batch`` tokens shares the weights' bytes."""
     embed = model.weights.embed
     weights = weight_bytes(model) - (0 if model.weights.lm_head is embed
                                      else embed.numel() * embed.element_size())
-    return weights + context * kv_bytes_per_token(model.config, kv_quantize, model.dtype)
+    return weights + batch * context * kv_bytes_per_token(model.config, kv_quantize, model.dtype)
 
 
 def synchronize(device):
