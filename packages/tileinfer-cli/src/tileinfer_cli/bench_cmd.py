@@ -1,6 +1,7 @@
 """``tileinfer bench``: prefill and decode throughput at batch 1 for a model or random weights of
 a named shape, with the fraction of the memory-bandwidth bound; with ``--batch N``, a static batch
-of N requests on the serving engine (bench_batch.py). Prints a table and JSON lines."""
+of N requests on the serving engine (bench_batch.py), its decode steps likewise beside their bound.
+Prints a table and JSON lines."""
 
 from __future__ import annotations
 
