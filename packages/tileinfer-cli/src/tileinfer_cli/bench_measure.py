@@ -34,9 +34,10 @@ def copy_bandwidth(device="cuda", nbytes: int = 1 << 30) -> float:
 
 
 def bytes_per_decode_token(model, context: int, kv_quantize=None, batch: int = 1) -> int:
-    """Bytes a decode step reads: the weights once (all but the embedding table, of which a row
-    a sequence) plus the KV cache of ``context`` positions for each of ``batch`` sequences. At
-    batch 1 that is a token's; a step of ``batch`` tokens shares the weights' bytes."""
+    """Bytes a decode step reads: the weights once (the embedding table excepted, of which a step
+    reads only a row a sequence, not counted) plus the KV cache of ``context`` positions for each
+    of ``batch`` sequences. At batch 1 that is a token's; a step of ``batch`` tokens shares the
+    weights' bytes."""
     embed = model.weights.embed
     weights = weight_bytes(model) - (0 if model.weights.lm_head is embed
                                      else embed.numel() * embed.element_size())
