@@ -5,7 +5,7 @@ call and the K/V bytes read per second; ``--cuda-attention`` repeats the cuda ba
 set of its attention experiments (ops/tuning.py's "attention" key; "split_max_tokens" gives
 steps of more rows than the shipped SPLIT_MAX_TOKENS a split workspace).
 
-The engine's batch-64 step at short context spends a sixth of its time here (benchmarks/RESULTS.md,
+The engine's batch-64 step at short context spends much of its time here (benchmarks/RESULTS.md,
 the FP8 profiles), and served requests run at the longer contexts of their prompts: this is the
 op on its own, at the batch sizes and contexts of both.
 
@@ -80,6 +80,7 @@ def main():
                 for ctx in (int(c) for c in args.contexts.split(",")):
                     calls, nbytes = make_calls(table, batch, ctx)
                     timed = ops.try_time(calls, backend=name, batch=batch, ctx=ctx)
+                    del calls
                     if timed is None:
                         continue
                     us = timed[0]
@@ -88,8 +89,8 @@ def main():
                     print(json.dumps(row), flush=True)
                     print(f"{name} {json.dumps(settings)} batch {batch} ctx {ctx}: {us:.2f} us, "
                           f"{nbytes / us / 1e6:.3f} TB/s", file=sys.stderr)
-                    del calls
-                    torch.cuda.empty_cache()
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
