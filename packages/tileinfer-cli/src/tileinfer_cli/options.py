@@ -222,29 +222,30 @@ def quantize_of(args) -> str | None:
     return next((name for name, given in flags.items() if given), None)
 
 
-def resolve_quantize(args, folder, backend: str) -> tuple[str | None, str | None]:
-    """(load_model's quantize, a line for stderr or None): the options' choice; with none given,
-    an FP8 checkpoint runs its weights as stored, as its config asks (W8A8 where it quantizes
-    the activations and the backend declares FP8 products, else weight-only), and the line says
-    so. ``--quantization none`` loads them dequantized."""
+def resolve_quantize(args, folder, backend: str) -> str | None:
+    """load_model's quantize: the options' choice; with none given, an FP8 checkpoint runs its
+    weights as stored, as its config asks (W8A8 where it quantizes the activations and the
+    backend declares FP8 products, else weight-only), and a line on stderr says so.
+    ``--quantization none`` loads them dequantized."""
     from tileinfer.backend import BackendError, get_backend
     from tileinfer.model.fp8_checkpoint import QuantizationError, stored_scheme
     from tileinfer.model.quant import backend_takes
 
     quantize = quantize_of(args)
     if quantize is not None or getattr(args, "quantization", None) == "none":
-        return quantize, None
+        return quantize
     try:
         scheme = stored_scheme(folder)
         info = get_backend(backend).backend.info if scheme else None
     except (QuantizationError, BackendError):  # the loader's error says it
-        return None, None
+        return None
     if scheme == "fp8" and not backend_takes(info, scheme):
         scheme = "fp8-weight-only"
     if scheme is None or not backend_takes(info, scheme):
-        return None, None
-    return scheme, (f"tileinfer: {folder.name} stores FP8 weights: running them as stored "
-                    f"(--{scheme}; --quantization none loads them dequantized)")
+        return None
+    print(f"tileinfer: {folder.name} stores FP8 weights: running them as stored (--{scheme}; "
+          "--quantization none loads them dequantized)", file=sys.stderr)
+    return scheme
 
 
 def load(args):
@@ -259,9 +260,7 @@ def load(args):
     set_threads(args)
     folder = resolve_model_dir(args.model)
     backend = args.backend or default_backend_name()
-    quantize, note = resolve_quantize(args, folder, backend)
-    if note:
-        print(note, file=sys.stderr)
+    quantize = resolve_quantize(args, folder, backend)
     with ThreadPoolExecutor(1, thread_name_prefix="tileinfer-tokenizer") as pool:
         tokenizer = pool.submit(load_tokenizer, folder)
         model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,

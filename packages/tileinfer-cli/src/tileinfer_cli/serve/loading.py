@@ -9,7 +9,6 @@ config.json and tokenizer.json only). The answers are noise.
 
 from __future__ import annotations
 
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,11 +97,8 @@ def load_weights(args, folder: Path):
     if args.load_format == "dummy":
         return load_dummy(folder, dtype, backend, args.max_len, quantize_of(args),
                           args.allow_long_context, args.deterministic)
-    quantize, note = resolve_quantize(args, folder, backend)
-    if note:
-        print(note, file=sys.stderr)
     return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
-                      quantize=quantize, allow_long=args.allow_long_context,
+                      quantize=resolve_quantize(args, folder, backend), allow_long=args.allow_long_context,
                       batch_invariant=args.deterministic)
 
 

@@ -13,9 +13,8 @@ layer, and the logits are what sampling reads.
 
 FP8 weight-only (``"fp8-weight-only"``): the same e4m3 weights and row scales, the activations
 left in the model dtype as with INT8 (``tileinfer.backend.fp8``'s weight-only product). It reads
-the bytes FP8 reads and skips the activations' rounding, a large part of FP8's error (on
-SmolLM2-135M about two fifths of it, and more once the weights are GPTQ-rounded:
-benchmarks/RESULTS.md).
+the bytes FP8 reads and skips the activations' rounding, a large part of FP8's error (its
+measured share, with nearest and GPTQ-rounded weights: benchmarks/RESULTS.md).
 
 The ``linear`` ops take ``(q, scale)`` in place of a float weight and accumulate in float32.
 """
