@@ -9,7 +9,7 @@ import tileinfer.testing.conformance as conformance
 from tileinfer.testing.conformance import *  # noqa: F401,F403
 
 MODULES = ("test_norms", "test_linear", "test_attention", "test_sampling", "test_scratch",
-           "test_batch_invariance", "test_linear_fp8")
+           "test_batch_invariance", "test_linear_fp8", "test_e4m3_input")
 
 
 def test_every_conformance_test_is_exported():

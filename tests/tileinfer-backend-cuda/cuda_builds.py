@@ -22,6 +22,7 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("elementwise.cu", VEC16=None)
     add("norm.cu", DTYPE="bf16_t", WEIGHT_DTYPE="float", VEC=4)
     add("norm.cu", DTYPE="bf16_t", WEIGHT_DTYPE="float", VEC=4, GEMMA=1)  # Gemma's norms
+    add("norm.cu", DTYPE="bf16_t", VEC=8, E4M3_OUT=1)  # add_rmsnorm_e4m3
 
     for head_dim in (64, 96, 128, 256):
         add("kv.cu", DTYPE="bf16_t", HEAD_DIM=head_dim, CACHE_INT8=0, CACHE_DTYPE="bf16_t")

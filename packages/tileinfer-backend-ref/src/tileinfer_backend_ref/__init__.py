@@ -13,7 +13,9 @@ attention a row at a time at any row count (docs/determinism.md).
 
 The ops are the thin wrappers below; the math is in ``dense`` (norms, products, activations),
 ``kv`` (RoPE, the paged KV store) and ``paged_attention``. It does not implement the optional
-``attention_with_inputs`` (the model then calls ``attention_inputs`` and ``attention``).
+``attention_with_inputs`` (the model then calls ``attention_inputs`` and ``attention``). Its
+e4m3-input ops (``add_rmsnorm_e4m3`` and the linear ops of a quantized input) define theirs:
+``add_rmsnorm`` then ``quantize_rows``, and the FP8 product of the given e4m3 rows.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import torch
 from tileinfer.backend import BackendInfo, hookimpl
 from tileinfer.backend.hookspecs import Invariance
 from tileinfer.backend import sampling as _sampling
+from tileinfer.backend.fp8 import fp8_matmul_quantized, quantize_rows
 from tileinfer.backend.sampling import SamplingParams, accept_rows, sample_rows
 
-from .dense import matmul, rms, row_blocks, rows_of
+from .dense import matmul, quantized_rows, rms, row_blocks, rows_of
 from .dense import silu_mul as _silu_mul
 from .dense import xielu as _xielu
 from .kv import rope as _rope
@@ -98,6 +101,36 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant=True):
     for r, xr in _rows(x, batch_invariant):
         up = matmul(xr, weight, weight_scale)[: r.stop - r.start].to(out.dtype)
         out[r].copy_(_xielu(up, xielu).to(out.dtype))
+
+
+@hookimpl
+def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
+    add_rmsnorm(residual, out, delta, weight, eps)
+    q, scale = quantize_rows(out)
+    out_q.copy_(q)
+    out_scale.copy_(scale)
+
+
+def _e4m3_product(x_q, x_scale, weight, weight_scale, batch_invariant):
+    """(row range, float32 product) pairs of the rows linear would compute for the input whose
+    quantization is (x_q, x_scale): the same row ranges and shapes, so the same bits."""
+    return [(r, fp8_matmul_quantized(q, s, weight, weight_scale)[: r.stop - r.start])
+            for r, q, s in quantized_rows(x_q, x_scale, batch_invariant == Invariance.BATCH)]
+
+
+@hookimpl
+def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant=True):
+    for r, product in _e4m3_product(x_q, x_scale, weight, weight_scale, batch_invariant):
+        out[r].copy_(product.to(out.dtype))
+
+
+@hookimpl
+def linear_swiglu_e4m3_input(out, x_q, x_scale, weight, weight_scale, gate_up,
+                             batch_invariant=True):
+    for r, product in _e4m3_product(x_q, x_scale, weight, weight_scale, batch_invariant):
+        gate_up[r].copy_(product.to(gate_up.dtype))
+    inter = out.shape[-1]
+    out.copy_(_silu_mul(gate_up[:, :inter], gate_up[:, inter:], out.dtype))
 
 
 @hookimpl

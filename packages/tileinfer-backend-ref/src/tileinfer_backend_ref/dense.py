@@ -63,6 +63,14 @@ def row_blocks(x):
     return blocks
 
 
+def quantized_rows(x_q, x_scale, invariant: bool = False):
+    """rows_of for an input given as its e4m3 rows x_q (n, k) and scales x_scale (n,): (row
+    range, the rows' values as float32, their scales), the ranges and shapes rows_of(x) has
+    (padding rows hold zeros, as a padded x's quantized rows would)."""
+    values, scales = rows_of(x_q.float(), invariant), rows_of(x_scale, invariant)
+    return [(r, q, s) for (r, q), (_, s) in zip(values, scales)]
+
+
 def rms(x, weight, eps, out_dtype):
     """transformers' LlamaRMSNorm: ``x * rsqrt(mean(x^2) + eps)`` in float32 rounded to x's dtype,
     then ``weight * x_hat`` rounded to out_dtype."""

@@ -196,6 +196,17 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// Maximum over the block, as block_sum (the same barriers; max is exact, so any order).
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_max(v);
+}
+
 // --- tensor-core helpers (sm_80+) -------------------------------------------------------------
 
 // D += A * B for one m16n8k16 tile: A 16x16 bf16 (row major, 4 registers), B 16x8 bf16

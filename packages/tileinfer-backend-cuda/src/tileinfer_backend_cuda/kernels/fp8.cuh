@@ -19,6 +19,30 @@ __device__ __forceinline__ unsigned short float2_to_e4m3x2(float lo, float hi) {
     return r;
 }
 
+// The largest |value| of a 16-byte chunk of 8 bf16.
+__device__ __forceinline__ float chunk_amax(const uint4& v) {
+    const u32* p = reinterpret_cast<const u32*>(&v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(p[i])), fabsf(bf16_hi(p[i]))));
+    return amax;
+}
+
+// A chunk of 8 bf16 divided by scale and rounded to 8 e4m3 bytes (element 0 in the low byte).
+__device__ __forceinline__ uint2 chunk_e4m3(const uint4& v, float scale) {
+    const u32* p = reinterpret_cast<const u32*>(&v);
+    u32 packed[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 b0 = float2_to_e4m3x2(bf16_lo(p[2 * i]) / scale, bf16_hi(p[2 * i]) / scale);
+        const u32 b1 =
+            float2_to_e4m3x2(bf16_lo(p[2 * i + 1]) / scale, bf16_hi(p[2 * i + 1]) / scale);
+        packed[i] = b0 | (b1 << 16);
+    }
+    return make_uint2(packed[0], packed[1]);
+}
+
 // D += A * B for one m16n8k16 tile of f16 inputs, float32 accumulation; the fragment layouts of
 // mma_bf16_16816 (common.cuh).
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,

@@ -28,39 +28,6 @@
 #define ITEMS 0
 #endif
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < THREADS / 32 ? scratch[lane] : 0.0f;
-    return warp_max(v);
-}
-
-// The largest |value| of a 16-byte chunk of 8 bf16.
-__device__ __forceinline__ float chunk_amax(const uint4& v) {
-    const u32* p = reinterpret_cast<const u32*>(&v);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(p[i])), fabsf(bf16_hi(p[i]))));
-    return amax;
-}
-
-// A chunk of 8 bf16 divided by scale and rounded to 8 e4m3 bytes (element 0 in the low byte).
-__device__ __forceinline__ uint2 chunk_e4m3(const uint4& v, float scale) {
-    const u32* p = reinterpret_cast<const u32*>(&v);
-    u32 packed[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 b0 = float2_to_e4m3x2(bf16_lo(p[2 * i]) / scale, bf16_hi(p[2 * i]) / scale);
-        const u32 b1 =
-            float2_to_e4m3x2(bf16_lo(p[2 * i + 1]) / scale, bf16_hi(p[2 * i + 1]) / scale);
-        packed[i] = b0 | (b1 << 16);
-    }
-    return make_uint2(packed[0], packed[1]);
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS)
 quantize_rows(unsigned char* __restrict__ xq, float* __restrict__ x_scale,
               const bf16_t* __restrict__ x, int K, i64 x_stride) {
@@ -86,7 +53,7 @@ quantize_rows(unsigned char* __restrict__ xq, float* __restrict__ x_scale,
         amax = fmaxf(amax, chunk_amax(v));
     }
 #endif
-    amax = block_max(amax, scratch);
+    amax = block_max(amax, scratch);  // common.cuh
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
     if (threadIdx.x == 0) x_scale[blockIdx.x] = scale;
 #if ITEMS

@@ -9,8 +9,13 @@
 // Both read the row twice (the second read hits L1/L2): the first pass sums squares (and for
 // add_rmsnorm writes the updated residual), the second normalizes.
 //
+// E4M3_OUT = 1 (bf16 rows, VEC 8, sm_89 and newer) adds add_rmsnorm_e4m3_*: add_rmsnorm, then
+// out's rows quantized per row for an FP8 product (tileinfer/backend/fp8.py) with fp8_quant.cu's
+// arithmetic on its chunks of 8 (fp8.cuh), into out_q (rows, dim) e4m3 and out_scale (rows,)
+// float32: the bits of the quantization launch, without its launch.
+//
 // Defines: DTYPE (activation type T), WEIGHT_DTYPE (weight type W_T), VEC (elements per access;
-// dim % VEC == 0), GEMMA (0/1).
+// dim % VEC == 0), GEMMA (0/1), E4M3_OUT (0/1).
 #include "common.cuh"
 
 #ifndef DTYPE
@@ -24,6 +29,9 @@
 #endif
 #ifndef GEMMA
 #define GEMMA 0
+#endif
+#ifndef E4M3_OUT
+#define E4M3_OUT 0
 #endif
 typedef DTYPE T;
 typedef WEIGHT_DTYPE W_T;
@@ -119,3 +127,51 @@ extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
     pdl_wait();
     norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
 }
+
+#if E4M3_OUT
+#include "fp8.cuh"
+static_assert(VEC == 8, "E4M3_OUT reads the chunks of 8 that normalize_row wrote");
+
+// Quantize a row of out that this group of threads (a block, or a warp: BLOCK) has just
+// written: each thread reads back the very chunks it wrote (VEC 8: the same chunk indices), so
+// no barrier is needed before the maximum.
+template <bool BLOCK>
+__device__ __forceinline__ void quantize_row(unsigned char* q, float* scale_out, const T* out,
+                                             int dim, int first, int stride, float* scratch) {
+    float amax = 0.0f;
+    for (int k = first * 8; k < dim; k += stride * 8)
+        amax = fmaxf(amax, chunk_amax(*reinterpret_cast<const uint4*>(out + k)));
+    amax = BLOCK ? block_max(amax, scratch) : warp_max(amax);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (first == 0) *scale_out = scale;
+    for (int k = first * 8; k < dim; k += stride * 8)
+        *reinterpret_cast<uint2*>(q + k) =
+            chunk_e4m3(*reinterpret_cast<const uint4*>(out + k), scale);
+}
+
+extern "C" __global__ void add_rmsnorm_e4m3_block(T* residual, T* out, unsigned char* out_q,
+                                                  float* out_scale, const T* delta,
+                                                  const W_T* __restrict__ weight, int dim,
+                                                  float eps) {
+    __shared__ float scratch[32];
+    pdl_launch_dependents();  // the next GEMV may start prefetching its weight
+    pdl_wait();               // ... and touches nothing before the previous kernel is done
+    norm_block<true>(out, residual, delta, weight, dim, eps);
+    const i64 row = blockIdx.x;
+    quantize_row<true>(out_q + row * dim, out_scale + row, out + row * dim, dim, threadIdx.x,
+                       blockDim.x, scratch);
+}
+
+extern "C" __global__ void add_rmsnorm_e4m3_warp(T* residual, T* out, unsigned char* out_q,
+                                                 float* out_scale, const T* delta,
+                                                 const W_T* __restrict__ weight, i64 rows,
+                                                 int dim, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();
+    norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    quantize_row<false>(out_q + row * dim, out_scale + row, out + row * dim, dim,
+                        threadIdx.x & 31, 32, nullptr);
+}
+#endif

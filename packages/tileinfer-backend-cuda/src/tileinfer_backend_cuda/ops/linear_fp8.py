@@ -11,13 +11,15 @@ per output row, the input quantized per token row by fp8_quant.cu into per-devic
   output), then silu_mul / xielu for the MLP ops.
 
 Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
-its own). Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
+its own). The e4m3-input ops (an input that add_rmsnorm_e4m3 quantized) run the same chunks on
+the same kernels without the quantization launches. Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tileinfer.backend import fp8
 from tileinfer.backend.fp8 import E4M3
 from tileinfer.backend.hookspecs import Invariance
 
@@ -55,6 +57,17 @@ def quantize_rows(x, xq, x_scale):
     k.launch((n,), (QUANT_THREADS,), (xq, x_scale, x, k_dim, x.stride(0)), pdl=pdl_on)
 
 
+def quantize_rows_of(x, xq, x_scale):
+    """xq, x_scale = x's rows quantized (tileinfer.backend.fp8.quantize_rows): fp8_quant.cu where
+    it takes x's layout, else the definition's arithmetic in torch (the same bits)."""
+    if (x.dim() == 2 and x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 8 == 0
+            and x.shape[1] % 8 == 0 and contig(xq, x_scale) and aligned(x, xq)):
+        return quantize_rows(x, xq, x_scale)
+    q, scale = fp8.quantize_rows(x)
+    xq.copy_(q.view(xq.dtype))
+    x_scale.copy_(scale)
+
+
 def _scaled_mm(out, xq, x_scale, weight, weight_scale):
     """out (n, O) bf16 = the FP8 product on cuBLASLt's tensor cores."""
     torch._scaled_mm(xq.view(E4M3), weight.t(), scale_a=x_scale[:, None],
@@ -72,6 +85,24 @@ def _route(out, x, weight, invariant: bool) -> str:
     return "scaled_mm" if weight.shape[0] % 16 == 0 and out.dtype == torch.bfloat16 else "gemv"
 
 
+def _row_chunks(n: int, k_dim: int) -> list[tuple[int, int]]:
+    """The (start, stop) row ranges a product of n rows runs in: as many as the scratch holds
+    (an input given quantized runs in the same chunks, so that each takes the same kernel)."""
+    chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
+    return [(start, min(n, start + chunk)) for start in range(0, n, chunk)]
+
+
+def _quantized_product(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params, route):
+    """out = epilogue(FP8 product) of the rows xq (n, K) e4m3 with x_scale (n,) on route's
+    kernel (one chunk of rows)."""
+    if route == "scaled_mm":
+        _scaled_mm(out, xq, x_scale, weight, weight_scale)
+    elif route == "wgmma":
+        gemm_fp8.launch(out, xq, x_scale, weight, weight_scale, epilogue, xielu_params, dev(xq))
+    else:
+        invariant_gemv(out, xq, weight, weight_scale, epilogue, xielu_params, x_scale)
+
+
 def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
     """out = epilogue(FP8 product of x and the weight) on `route`'s kernel (_route; "scaled_mm"
     only without an epilogue), in chunks of rows that fit the scratch; False where the scratch
@@ -81,21 +112,21 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
     if buffers is None:
         return False
     scratch, scales = buffers
-    chunk = min(Fp8Scratch.ROWS, Fp8Scratch.BYTES // k_dim)
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
+    for start, stop in _row_chunks(n, k_dim):
         xq = scratch[: (stop - start) * k_dim].view(stop - start, k_dim)
         x_scale = scales[: stop - start]
         quantize_rows(x[start:stop], xq, x_scale)
-        if route == "scaled_mm":
-            _scaled_mm(out[start:stop], xq, x_scale, weight, weight_scale)
-        elif route == "wgmma":
-            gemm_fp8.launch(out[start:stop], xq, x_scale, weight, weight_scale, epilogue,
-                            xielu_params, dev(x))
-        else:
-            invariant_gemv(out[start:stop], xq, weight, weight_scale, epilogue, xielu_params,
-                           x_scale)
+        _quantized_product(out[start:stop], xq, x_scale, weight, weight_scale, epilogue,
+                           xielu_params, route)
     return True
+
+
+def _given_product(out, x_q, x_scale, weight, weight_scale, epilogue, xielu_params, route):
+    """_product for an input given quantized (the e4m3-input ops): the same chunks and kernels,
+    without the quantization launches."""
+    for start, stop in _row_chunks(*x_q.shape):
+        _quantized_product(out[start:stop], x_q[start:stop], x_scale[start:stop], weight,
+                           weight_scale, epilogue, xielu_params, route)
 
 
 def linear(out, x, weight, weight_scale, batch_invariant):
@@ -131,6 +162,38 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
               and _product(out, x, weight, weight_scale, "none", NO_XIELU, route)):
             return elementwise.xielu(out, out, s)
     fallback("linear_xielu", "FP8 layout", out, x, weight, weight_scale, xielu, batch_invariant)
+
+
+def e4m3_input_ok(out, x_q, x_scale, weight, weight_scale) -> bool:
+    """Layouts the e4m3-input ops take: contiguous e4m3 rows (K % 16 == 0) with float32 scales,
+    an e4m3 weight with float32 scales, a bf16 out."""
+    return (x_q.dim() == 2 and out.dim() == 2 and x_q.dtype == E4M3 and weight.dtype == E4M3
+            and x_scale.dtype == torch.float32 and x_scale.shape == x_q.shape[:1]
+            and weight_scale is not None and weight_scale.dtype == torch.float32
+            and out.dtype == torch.bfloat16 and x_q.shape[1] % 16 == 0
+            and contig(x_q, x_scale, weight, weight_scale, out) and aligned(x_q, weight))
+
+
+def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant):
+    if e4m3_input_ok(out, x_q, x_scale, weight, weight_scale):
+        route = _route(out, x_q, weight, _invariant(batch_invariant))
+        return _given_product(out, x_q, x_scale, weight, weight_scale, "none", NO_XIELU, route)
+    fallback("linear_e4m3_input", "FP8 layout", out, x_q, x_scale, weight, weight_scale,
+             batch_invariant)
+
+
+def linear_swiglu_e4m3_input(out, x_q, x_scale, weight, weight_scale, gate_up, batch_invariant):
+    if e4m3_input_ok(out, x_q, x_scale, weight, weight_scale):
+        route = _route(out, x_q, weight, _invariant(batch_invariant))
+        if route != "scaled_mm":
+            return _given_product(out, x_q, x_scale, weight, weight_scale, "swiglu", NO_XIELU,
+                                  route)
+        if (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
+                and elementwise.silu_mul_ok(out, gate_up)):
+            _given_product(gate_up, x_q, x_scale, weight, weight_scale, "none", NO_XIELU, route)
+            return elementwise.silu_mul(out, gate_up)
+    fallback("linear_swiglu_e4m3_input", "FP8 layout", out, x_q, x_scale, weight, weight_scale,
+             gate_up, batch_invariant)
 
 
 def _invariant(batch_invariant) -> bool:

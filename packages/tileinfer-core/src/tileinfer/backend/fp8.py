@@ -61,6 +61,13 @@ def e4m3_values(bits: torch.Tensor) -> torch.Tensor:
 def fp8_matmul(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     """The float32 result (n, out) of the FP8 product above, for x (n, k) in any float dtype."""
     xq, x_scale = quantize_rows(x)
+    return fp8_matmul_quantized(xq, x_scale, q, w_scale)
+
+
+def fp8_matmul_quantized(xq: torch.Tensor, x_scale: torch.Tensor, q: torch.Tensor,
+                         w_scale: torch.Tensor) -> torch.Tensor:
+    """fp8_matmul for an input given quantized: xq (n, k) e4m3 values (any float dtype that
+    holds them), x_scale (n,) float32."""
     return (xq.float() @ q.float().T) * x_scale[:, None] * w_scale.float()[None, :]
 
 

@@ -4,7 +4,9 @@ A backend is a plugin (a module or an object) registered under the entry-point g
 It implements ``tileinfer_backend_info`` and any subset of the ops below with ``@hookimpl``
 functions of the same names and argument names. Ops it lacks fall back to the ``ref`` backend,
 except ``attention_with_inputs``, ``sample_per_row``, ``sample_tokens_with_sums``,
-``gemma_rmsnorm`` and ``add_gemma_rmsnorm``, which are optional (docs/writing-a-backend.md).
+``gemma_rmsnorm``, ``add_gemma_rmsnorm`` and the three e4m3-input ops (``add_rmsnorm_e4m3``,
+``linear_e4m3_input``, ``linear_swiglu_e4m3_input``), which are optional
+(docs/writing-a-backend.md).
 
 Conventions shared by every op (docs/architecture.md has the reasons):
 
@@ -155,6 +157,38 @@ def linear_xielu(out, x, weight, weight_scale, xielu, batch_invariant):
     weight: (inter, in) (int8, e4m3 or e4m3 bits with weight_scale as in linear); out: (n, inter);
     xielu: the layer's ``XIELUScalars``. The product is rounded to x's dtype, then the activation
     is computed in float32 and rounded once to out's dtype. batch_invariant: as in ``linear``.
+    """
+
+
+@hookspec
+def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
+    """``add_rmsnorm``, and the e4m3 rows of its output for an FP8 product (optional, with
+    ``linear_e4m3_input`` and ``linear_swiglu_e4m3_input``: a model with e4m3 weights then
+    quantizes its norms' outputs here instead of in each linear op).
+
+    Writes residual and out (bf16), the bits this backend's ``add_rmsnorm`` writes, then
+    ``out_q, out_scale = tileinfer.backend.fp8.quantize_rows(out)``: out_q (n, hidden)
+    float8_e4m3fn, out_scale (n,) float32. The quantization is exact arithmetic on out's values
+    (IEEE divisions), so out_q and out_scale are ref's bits for this backend's out.
+    """
+
+
+@hookspec
+def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant):
+    """``linear`` with an e4m3 weight (``BackendInfo.fp8``) for an input given quantized
+    (optional, with ``add_rmsnorm_e4m3``).
+
+    x_q (n, in) float8_e4m3fn and x_scale (n,) float32 are ``quantize_rows(x)`` of a bf16 x;
+    out (n, out_features) bf16 gets the bits ``linear(out, x, weight, weight_scale,
+    batch_invariant)`` writes for that x, for every batch_invariant.
+    """
+
+
+@hookspec
+def linear_swiglu_e4m3_input(out, x_q, x_scale, weight, weight_scale, gate_up, batch_invariant):
+    """``linear_swiglu`` with an e4m3 weight for an input given quantized as in
+    ``linear_e4m3_input`` (optional, with ``add_rmsnorm_e4m3``): the bits ``linear_swiglu(out,
+    x, weight, weight_scale, gate_up, batch_invariant)`` writes.
     """
 
 

@@ -50,7 +50,8 @@ OP_NAMES = tuple(
 )
 # Ops a backend may leave out without a fallback: the model then calls the ops they fuse.
 OPTIONAL_OPS = ("attention_with_inputs", "sample_per_row", "sample_tokens_with_sums",
-                "gemma_rmsnorm", "add_gemma_rmsnorm")
+                "gemma_rmsnorm", "add_gemma_rmsnorm", "add_rmsnorm_e4m3", "linear_e4m3_input",
+                "linear_swiglu_e4m3_input")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

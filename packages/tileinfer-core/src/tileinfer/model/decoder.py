@@ -21,8 +21,14 @@ transformers rounds them). Gemma 3 (``gemma.py``) scales the embeddings, runs it
 the optional ``gemma_rmsnorm`` ops, or torch ops where a backend has none (float32, ``1 + w``,
 one rounding, where the rmsnorm ops round twice), norms each delta before it joins x, takes
 ``m = gelu_tanh(h @ W_gate.T) * (h @ W_up.T)`` (the product by ``linear``, then torch's gelu
-and multiply, as transformers rounds them), and on its local layers runs ``attention_window`` (when the window is shorter than
-max_len: below it, plain causal attention sees the same positions).
+and multiply, as transformers rounds them), and on its local layers runs ``attention_window``
+(when the window is shorter than max_len: below it, plain causal attention sees the same
+positions).
+
+An FP8 model (e4m3 weights and inputs, ``tileinfer.backend.fp8``) on a backend with the optional
+e4m3-input ops quantizes h in the add_rmsnorm before the qkv and gate/up projections
+(``add_rmsnorm_e4m3``), which then take its e4m3 rows (``linear_e4m3_input``,
+``linear_swiglu_e4m3_input``) instead of quantizing h themselves: the same bits, fewer launches.
 
 Then the rows that get logits are gathered, ``x += delta`` and the final norm run on them only,
 and ``logits = h @ W_lm_head.T`` is written as float32 straight from the product's float32
@@ -52,6 +58,7 @@ from pathlib import Path
 import torch
 
 from ..backend import Invariance, OpTable, QKTransform
+from ..backend.fp8 import E4M3
 from .config import ModelConfig
 from .gemma import gemma_qk_norms, gemma_rmsnorm
 from .quant import linear_operands
@@ -85,6 +92,9 @@ class StepBuffers:
     hidden_out: dict[int, torch.Tensor] = field(default_factory=dict)
     qkv_sums: torch.Tensor | None = None  # (n, qkv_size) float32, models with a qkv bias
     post: torch.Tensor | None = None  # (n, hidden) a delta before Gemma's norm of it
+    # normed's e4m3 rows (n, hidden) and scales (n,), where the norms quantize (e4m3_norms)
+    normed_q: torch.Tensor | None = None
+    normed_scale: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -133,6 +143,11 @@ class Model:
         self.qk = [QKTransform(*table, None if gemma else layer.q_norm,
                                None if gemma else layer.k_norm, config.rms_norm_eps)
                    for layer, table in zip(weights.layers, tables)]
+        # FP8 weights (W8A8) in every layer's qkv and gate/up projections, which the norms
+        # before them may quantize for (e4m3_norms)
+        self._e4m3_inputs = config.gemma is None and all(
+            linear_operands(w)[0].dtype == E4M3 for layer in weights.layers
+            for w in (layer.qkv, layer.up))
         # What the layers above keep for this model while it is loaded (the engine's runtime:
         # KV pool, static steps, CUDA graphs), each with a close() that ``close`` calls.
         self.attachments: dict = {}
@@ -158,6 +173,15 @@ class Model:
     def fused_attention(self) -> bool:
         """Whether the backend runs attention_inputs + attention as one op of its own."""
         return self.ops.attention_with_inputs is not None
+
+    @property
+    def e4m3_norms(self) -> bool:
+        """Whether the norms before the qkv and gate/up projections write their rows in e4m3
+        for them (add_rmsnorm_e4m3), where the projections would each quantize their input: an
+        FP8 model on a backend with the optional e4m3-input ops. The same bits either way."""
+        ops = self.ops
+        return self._e4m3_inputs and None not in (ops.add_rmsnorm_e4m3, ops.linear_e4m3_input,
+                                                  ops.linear_swiglu_e4m3_input)
 
     def __repr__(self):
         c = self.config
@@ -186,6 +210,7 @@ class Model:
             if not 0 <= layer < c.num_layers:
                 raise ValueError(f"hidden_layers: layer {layer} is not in 0..{c.num_layers - 1}")
         self.ops.reserve_scratch(dev)
+        e4m3 = self.e4m3_norms
         return StepBuffers(
             hidden=unwritten(n_tokens, c.hidden_size),
             normed=unwritten(n_tokens, c.hidden_size),
@@ -206,6 +231,9 @@ class Model:
             qkv_sums=(unwritten(n_tokens, c.qkv_size, dtype=torch.float32) if c.qkv_bias
                       else None),
             post=unwritten(n_tokens, c.hidden_size) if c.gemma is not None else None,
+            normed_q=(torch.zeros(n_tokens, c.hidden_size, dtype=E4M3, device=dev) if e4m3
+                      else None),
+            normed_scale=unwritten(n_tokens, dtype=torch.float32) if e4m3 else None,
         )
 
     def forward_step(self, meta, buffers: StepBuffers, cache, causal: bool = True,
@@ -234,6 +262,8 @@ class Model:
         if self.batch_invariant:
             step, inv = dataclasses.replace(step, batch_invariant=True), Invariance.BATCH
         scales = c.multipliers
+        # the norms write normed's e4m3 rows for the projections after them (all but layer 0's)
+        e4m3 = self.e4m3_norms and b.normed_q is not None
         ops.embed(b.hidden, w.embed, meta.ids)
         if scales is not None:
             b.hidden.mul_(scales.embedding)
@@ -243,11 +273,14 @@ class Model:
             if i == 0:
                 self._norm(b.normed, b.hidden, layer.attn_norm)
             else:
-                self._add_norm(b.hidden, b.normed, b.delta, layer.attn_norm)
+                self._add_norm(b.hidden, b.normed, b.delta, layer.attn_norm, b if e4m3 else None)
                 if i - 1 in b.hidden_out:  # b.hidden is now layer i - 1's output
                     b.hidden_out[i - 1].copy_(b.hidden)
             kv = cache.layer(i)
-            if layer.qkv_bias is None:
+            if layer.qkv_bias is None and e4m3 and i > 0:
+                ops.linear_e4m3_input(b.qkv, b.normed_q, b.normed_scale,
+                                      *linear_operands(layer.qkv), inv)
+            elif layer.qkv_bias is None:
                 ops.linear(b.qkv, b.normed, *linear_operands(layer.qkv), inv)
             else:  # the float32 sums (linear's float32 out), plus the bias, rounded once
                 ops.linear(b.qkv_sums, b.normed, *linear_operands(layer.qkv), inv)
@@ -266,7 +299,7 @@ class Model:
                     ops.attention_window(b.attn, b.q, kv, step, c.attention_scale, window,
                                          b.workspace)
             self._delta(b, b.attn.view(n, c.q_size), layer.o, layer.post_attn_norm, inv)
-            self._add_norm(b.hidden, b.normed, b.delta, layer.mlp_norm)
+            self._add_norm(b.hidden, b.normed, b.delta, layer.mlp_norm, b if e4m3 else None)
             if layer.xielu is not None:
                 ops.linear_xielu(b.act, b.normed, *linear_operands(layer.up), layer.xielu, inv)
             elif c.mlp == "geglu":
@@ -274,6 +307,9 @@ class Model:
                 gate, up = b.gate_up.split(c.intermediate_size, dim=1)
                 torch.ops.aten.gelu.out(gate, approximate="tanh", out=b.act)
                 b.act.mul_(up)
+            elif e4m3:
+                ops.linear_swiglu_e4m3_input(b.act, b.normed_q, b.normed_scale,
+                                             *linear_operands(layer.up), b.gate_up, inv)
             else:
                 ops.linear_swiglu(b.act, b.normed, *linear_operands(layer.up), b.gate_up, inv)
             self._delta(b, b.act, layer.down, layer.post_mlp_norm, inv)
@@ -291,11 +327,15 @@ class Model:
             gemma_rmsnorm(out, x, weight, self.config.rms_norm_eps, self.batch_invariant,
                           self.ops)
 
-    def _add_norm(self, residual, out, delta, weight):
-        """The add_rmsnorm op (residual += delta, then its norm); Gemma's add_gemma_rmsnorm where
-        the backend has it, else the add and the model's norm."""
+    def _add_norm(self, residual, out, delta, weight, e4m3: StepBuffers | None = None):
+        """The add_rmsnorm op (residual += delta, then its norm); with e4m3, add_rmsnorm_e4m3,
+        out's e4m3 rows into e4m3.normed_q and normed_scale as well; Gemma's add_gemma_rmsnorm
+        where the backend has it, else the add and the model's norm."""
         eps = self.config.rms_norm_eps
-        if self.config.gemma is None:
+        if e4m3 is not None:
+            self.ops.add_rmsnorm_e4m3(residual, out, e4m3.normed_q, e4m3.normed_scale, delta,
+                                      weight, eps)
+        elif self.config.gemma is None:
             self.ops.add_rmsnorm(residual, out, delta, weight, eps)
         elif self.ops.add_gemma_rmsnorm is not None:
             self.ops.add_gemma_rmsnorm(residual, out, delta, weight, eps)
