@@ -9,6 +9,8 @@ and on a GPU of compute capability 8.9 or newer.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -111,3 +113,22 @@ def test_a_forced_tile_config_keeps_each_rows_bits(triton_fp8, config):
     get_backend("ref").linear(want, x, w, scale)
     error = (alone.float() - want.float()).abs().max().item()
     assert error <= 2e-2 * want.float().abs().max().item()
+
+
+def test_norms_quantizing_give_the_same_logits(triton_fp8, tiny):
+    """add_rmsnorm_e4m3 and the e4m3-input linear ops against the plain ops (each linear op
+    quantizing its own input), in one model: the same tokens and logits, bit for bit."""
+    directory = tiny.directory("llama", False, torch.bfloat16)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    model = load_model(directory, backend="triton", device=DEVICE, max_len=64, quantize="fp8",
+                       dtype=dtype)
+    assert model.e4m3_norms
+    prompt = prompt_ids(10, seed=4)
+    tokens, fused = greedy_logits(model, prompt, 5)
+    plain_ops = copy.copy(model.ops)
+    for op in ("add_rmsnorm_e4m3", "linear_e4m3_input", "linear_swiglu_e4m3_input"):
+        setattr(plain_ops, op, None)
+    model.ops = plain_ops
+    assert not model.e4m3_norms
+    plain_tokens, plain = greedy_logits(model, prompt, 5)
+    assert tokens == plain_tokens and torch.equal(fused, plain)

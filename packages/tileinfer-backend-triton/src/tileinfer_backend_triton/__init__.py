@@ -159,6 +159,25 @@ if _AVAILABLE:
     def add_gemma_rmsnorm(residual, out, delta, weight, eps):
         _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta, gemma=True)
 
+    @hookimpl
+    def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
+        if residual.dim() == 2 and out_q.is_contiguous() and out_scale.is_contiguous():
+            return _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta,
+                                         e4m3=(out_q, out_scale))
+        _norms.launch_rmsnorm(out, residual, weight, eps, residual_delta=delta)
+        _linear_fp8.quantize_rows(out, out_q, out_scale)
+
+    @hookimpl
+    def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant=True):
+        _linear_fp8.launch_fp8(out, out, weight, weight_scale, invariant=batch_invariant,
+                               quantized=(x_q, x_scale))
+
+    @hookimpl
+    def linear_swiglu_e4m3_input(out, x_q, x_scale, weight, weight_scale, gate_up,
+                                 batch_invariant=True):
+        _linear_fp8.launch_fp8(out, out, weight, weight_scale, act=_linear.ACT_SWIGLU,
+                               invariant=batch_invariant, quantized=(x_q, x_scale))
+
     def _launcher(weight):
         """The linear ops' launcher for weight: the FP8 product for e4m3, else linear.py's."""
         return _linear_fp8.launch_fp8 if weight.dtype == _linear_fp8.E4M3 else \

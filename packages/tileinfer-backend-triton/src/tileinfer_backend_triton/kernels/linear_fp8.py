@@ -52,6 +52,20 @@ def _e4m3_round(v):
 
 
 @triton.jit
+def _row_scale(top):
+    """The scale of a row whose largest |value| is top: ``top / 448`` (IEEE), 1 for zeros."""
+    return tl.where(top > 0, tl.math.div_rn(top, tl.full(top.shape, 448.0, tl.float32)), 1.0)
+
+
+@triton.jit
+def _e4m3_of(v, scale):
+    """float32 values v over their row's scale (same shape, or a scalar), clamped to +-448 and
+    rounded to e4m3 (IEEE division, ties to even)."""
+    v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -448.0), 448.0)
+    return _e4m3_round(v).to(tl.float8e4nv)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, s_xm, xq_ptr, scale_ptr, K, BLOCK_K: tl.constexpr):
     """Grid: (rows,). x (rows, K) with row stride s_xm; xq (rows, K) e4m3, contiguous; scale
     (rows,) float32."""
@@ -62,14 +76,12 @@ def _quantize_rows_kernel(x_ptr, s_xm, xq_ptr, scale_ptr, K, BLOCK_K: tl.constex
     for k0 in range(0, K, BLOCK_K):
         v = tl.load(x_row + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(v))
-    top = tl.max(amax, axis=0)
-    scale = tl.where(top > 0, tl.math.div_rn(top, tl.full([], 448.0, tl.float32)), 1.0)
+    scale = _row_scale(tl.max(amax, axis=0))
     tl.store(scale_ptr + row, scale)
     for k0 in range(0, K, BLOCK_K):
         mask = (k0 + rk) < K
         v = tl.load(x_row + k0 + rk, mask=mask, other=0.0).to(tl.float32)
-        v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -448.0), 448.0)
-        tl.store(xq_ptr + row * K + k0 + rk, _e4m3_round(v).to(tl.float8e4nv), mask=mask)
+        tl.store(xq_ptr + row * K + k0 + rk, _e4m3_of(v, scale), mask=mask)
 
 
 # M is not specialized: Triton would compile M = 1 (a decode step) apart from M = 2..16, and a
@@ -148,12 +160,22 @@ def fp8_config(n_out: int, k: int, act: int, device: torch.device) -> Fp8Config:
     return Fp8Config(block_n, 128 if k >= 128 else max(32, triton.next_power_of_2(k)))
 
 
+def quantize_rows(x, xq, x_scale):
+    """xq (M, K) e4m3, contiguous, and x_scale (M,) = x's rows quantized (one launch)."""
+    m, k = x.shape
+    if m:
+        _quantize_rows_kernel[(m,)](x, x.stride(0), xq, x_scale, k,
+                                    BLOCK_K=min(1024, triton.next_power_of_2(k)))
+
+
 def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0.0, 0.0),
-               invariant=True, config: Fp8Config | None = None):
+               invariant=True, config: Fp8Config | None = None, quantized=None):
     """out (M, N_OUT) = act(FP8 product of x (M, K) and the e4m3 weight); SwiGLU's weight has
     2 * N_OUT rows. invariant: the linear contract's batch_invariant (see the module
-    docstring). config: overrides fp8_config (benchmarks and tests)."""
-    m, k = x.shape
+    docstring). config: overrides fp8_config (benchmarks and tests). quantized: x given as its
+    quantized rows (x_q (M, K) e4m3, contiguous, x_scale (M,)), x then only its dtype's
+    carrier: the same chunks and tiles without the quantization kernel."""
+    m, k = x.shape if quantized is None else quantized[0].shape
     n_out = out.shape[1]
     if m == 0 or n_out == 0:
         return
@@ -161,7 +183,9 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
         raise ValueError("linear (FP8): x, weight and out need a contiguous last dimension")
     if weight_scale is None or weight_scale.dtype != torch.float32:
         raise ValueError("linear (FP8): an e4m3 weight needs its float32 row scales")
-    xq_all, scales = SCRATCH.get(x.device)
+    if quantized is not None and not quantized[0].is_contiguous():
+        raise ValueError("linear (FP8): the quantized rows must be contiguous")
+    xq_all, scales = SCRATCH.get(x.device) if quantized is None else quantized
     cfg = config or fp8_config(n_out, k, act, x.device)
     block_n, block_k = cfg.block_n, min(cfg.block_k, max(32, triton.next_power_of_2(k)))
     block_m = 16 if invariant == Invariance.BATCH or m <= 16 else 64
@@ -169,10 +193,13 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
     alpha_p, alpha_n, beta, eps = (float(a) for a in act_args)
     for start in range(0, m, chunk):
         rows = min(chunk, m - start)
-        xq, x_scale = xq_all[: rows * k].view(rows, k), scales[:rows]
-        part = x[start:start + rows]
-        _quantize_rows_kernel[(rows,)](part, part.stride(0), xq, x_scale, k,
-                                       BLOCK_K=min(1024, triton.next_power_of_2(k)))
+        if quantized is None:
+            xq, x_scale = xq_all[: rows * k].view(rows, k), scales[:rows]
+            part = x[start:start + rows]
+            _quantize_rows_kernel[(rows,)](part, part.stride(0), xq, x_scale, k,
+                                           BLOCK_K=min(1024, triton.next_power_of_2(k)))
+        else:
+            xq, x_scale, part = xq_all[start:start + rows], scales[start:start + rows], x
         _fp8_kernel[(cdiv(rows, block_m), cdiv(n_out, block_n))](
             xq, x_scale, weight, weight_scale, out[start:start + rows], part, rows, n_out, k,
             out.stride(0), alpha_p, alpha_n, beta, eps,

@@ -8,7 +8,10 @@ that views such as the q heads of a fused qkv row, (n, heads, head_dim), need no
 Rounding follows transformers' LlamaRMSNorm: ``x_hat = x * rsqrt(mean(x^2) + eps)`` in float32,
 rounded to x's dtype, then ``weight * x_hat`` rounded to out's dtype; Gemma's (GEMMA) multiplies
 the float32 x_hat by its float32 weight and rounds once. The fused op first rounds
-``residual + delta`` to the residual's dtype, stores it, and normalizes that rounded value.
+``residual + delta`` to the residual's dtype, stores it, and normalizes that rounded value;
+with E4M3 (add_rmsnorm_e4m3) it also writes the normalized rows quantized per row for an FP8
+product, with linear_fp8.py's arithmetic (``_row_scale``, ``_e4m3_of``), so the bits of its
+quantization kernel.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ import triton
 import triton.language as tl
 
 from .common import INTERPRET_MODE, cast_to, next_pow2, pdl_args, pdl_launch_dependents, pdl_wait
+from .linear_fp8 import _e4m3_of, _row_scale
 
 
 @triton.jit(do_not_specialize=["R"])  # R = 1 (a decode step) compiles like any row count
 def _rms_rows_kernel(
-    x_ptr, w_ptr, out_ptr, delta_ptr,
+    x_ptr, w_ptr, out_ptr, delta_ptr, q_ptr, scale_ptr,
     R, D, INNER,                      # rows, row length, rows per outer index (3-D views)
     sx0, sx1, so0, so1, sd0, sd1,     # (outer, inner) strides of x/residual, out, delta
     eps,
     ADD: tl.constexpr, GEMMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, E4M3: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
@@ -56,6 +60,12 @@ def _rms_rows_kernel(
         y = cast_to(w[None, :] * cast_to(x_hat, out_ty).to(tl.float32), out_ty)
     o_off = (outer * so0 + inner * so1)[:, None] + cols[None, :]
     tl.store(out_ptr + o_off, y, mask=mask)
+    if E4M3:  # y's rows quantized: q (R, D) e4m3, contiguous; scale (R,) float32
+        v = tl.where(mask, y.to(tl.float32), 0.0)
+        scale = _row_scale(tl.max(tl.abs(v), axis=1))
+        tl.store(scale_ptr + rows, scale, mask=rmask)
+        q = _e4m3_of(v, tl.broadcast_to(scale[:, None], BLOCK_R, BLOCK_D))
+        tl.store(q_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], q, mask=mask)
 
 
 def _as_rows(t: torch.Tensor):
@@ -85,9 +95,10 @@ def _config(d: int):
     return block_r, block_d, num_warps
 
 
-def launch_rmsnorm(out, x, weight, eps, residual_delta=None, gemma=False):
+def launch_rmsnorm(out, x, weight, eps, residual_delta=None, gemma=False, e4m3=None):
     """rmsnorm(out, x, weight, eps); with residual_delta, x is the residual updated in place;
-    gemma: Gemma's norm (a float32 weight, one rounding; out may be x)."""
+    gemma: Gemma's norm (a float32 weight, one rounding; out may be x); e4m3: (out_q, out_scale)
+    for out's rows quantized (add_rmsnorm_e4m3: 2-D contiguous rows)."""
     d = x.shape[-1]
     rows, inner, sx0, sx1 = _as_rows(x)
     _, _, so0, so1 = _as_rows(out)
@@ -101,8 +112,9 @@ def launch_rmsnorm(out, x, weight, eps, residual_delta=None, gemma=False):
         return
     block_r, block_d, num_warps = _config(d)
     grid = (triton.cdiv(rows, block_r),)
+    out_q, out_scale = e4m3 if e4m3 is not None else (out, out)
     _rms_rows_kernel[grid](
-        x, weight, out, delta, rows, d, inner, sx0, sx1, so0, so1, sd0, sd1, float(eps),
-        ADD=residual_delta is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=num_warps, **pdl_args(),
+        x, weight, out, delta, out_q, out_scale, rows, d, inner, sx0, sx1, so0, so1, sd0, sd1,
+        float(eps), ADD=residual_delta is not None, GEMMA=gemma, BLOCK_R=block_r,
+        BLOCK_D=block_d, num_warps=num_warps, E4M3=e4m3 is not None, **pdl_args(),
     )

@@ -166,7 +166,7 @@ def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
     ``linear_e4m3_input`` and ``linear_swiglu_e4m3_input``: a model with e4m3 weights then
     quantizes its norms' outputs here instead of in each linear op).
 
-    Writes residual and out (bf16), the bits this backend's ``add_rmsnorm`` writes, then
+    Writes residual and out, the bits this backend's ``add_rmsnorm`` writes, then
     ``out_q, out_scale = tileinfer.backend.fp8.quantize_rows(out)``: out_q (n, hidden)
     float8_e4m3fn, out_scale (n,) float32. The quantization is exact arithmetic on out's values
     (IEEE divisions), so out_q and out_scale are ref's bits for this backend's out.
