@@ -36,23 +36,16 @@
 typedef DTYPE T;
 typedef WEIGHT_DTYPE W_T;
 
-// Chunk c of a row, normalized once its inverse rms is known: o = weight * x_hat.
-__device__ __forceinline__ void normalized_chunk(const T* x, const W_T* weight, int c,
-                                                 float inv_rms, float (&o)[VEC]) {
-    float v[VEC], w[VEC];
-    load_chunk<T, VEC>(x + c * VEC, v);
-    load_chunk<W_T, VEC>(weight + c * VEC, w);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-        o[e] = GEMMA ? v[e] * inv_rms * w[e] : round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
-}
-
-// Normalize chunks [first, dim/VEC) step `stride` of one row.
+// Normalize chunks [first, dim/VEC) step `stride` of one row once its inverse rms is known.
 __device__ __forceinline__ void normalize_row(T* out, const T* x, const W_T* weight, int dim,
                                               float inv_rms, int first, int stride) {
     for (int c = first; c < dim / VEC; c += stride) {
-        float o[VEC];
-        normalized_chunk(x, weight, c, inv_rms, o);
+        float v[VEC], w[VEC], o[VEC];
+        load_chunk<T, VEC>(x + c * VEC, v);
+        load_chunk<W_T, VEC>(weight + c * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            o[e] = GEMMA ? v[e] * inv_rms * w[e] : round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
         store_chunk<T, VEC>(out + c * VEC, o);
     }
 }
@@ -137,63 +130,36 @@ extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
 
 #if E4M3_OUT
 #include "fp8.cuh"
-static_assert(VEC == 8, "E4M3_OUT: chunks of 8 bf16, as fp8.cuh quantizes them");
+static_assert(VEC == 8, "E4M3_OUT reads the chunks of 8 that normalize_row wrote");
 
-// A thread's chunks of 8 of a row, kept in registers between the row's maximum and its
-// quantization: rows of up to E4M3_CHUNKS * 8 * (threads a row) values (ops/norm.py checks).
-constexpr int E4M3_CHUNKS = 4;
-
-// normalize_row for a group of threads (a block, or a warp: BLOCK), then the row's values
-// quantized (fp8.cuh's chunk_amax / chunk_e4m3, fp8_quant.cu's arithmetic on the same bf16
-// values) into q and *scale_out.
+// Quantize a row of out that this group of threads (a block, or a warp: BLOCK) has just
+// written: each thread reads back the very chunks it wrote (VEC 8: the same chunk indices), so
+// no barrier is needed before the maximum.
 template <bool BLOCK>
-__device__ __forceinline__ void normalize_quantize_row(T* out, unsigned char* q,
-                                                       float* scale_out, const T* x,
-                                                       const W_T* weight, int dim,
-                                                       float inv_rms, int first, int stride,
-                                                       float* scratch) {
-    uint4 kept[E4M3_CHUNKS];
+__device__ __forceinline__ void quantize_row(unsigned char* q, float* scale_out, const T* out,
+                                             int dim, int first, int stride, float* scratch) {
     float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < E4M3_CHUNKS; ++j) {
-        const int c = first + j * stride;
-        kept[j] = make_uint4(0, 0, 0, 0);
-        if (c < dim / 8) {
-            float o[8];
-            normalized_chunk(x, weight, c, inv_rms, o);
-            T* e = reinterpret_cast<T*>(&kept[j]);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) e[i] = from_float<T>(o[i]);  // as store_chunk rounds
-            *reinterpret_cast<uint4*>(out + c * 8) = kept[j];
-            amax = fmaxf(amax, chunk_amax(kept[j]));
-        }
-    }
+    for (int k = first * 8; k < dim; k += stride * 8)
+        amax = fmaxf(amax, chunk_amax(*reinterpret_cast<const uint4*>(out + k)));
     amax = BLOCK ? block_max(amax, scratch) : warp_max(amax);
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
     if (first == 0) *scale_out = scale;
-#pragma unroll
-    for (int j = 0; j < E4M3_CHUNKS; ++j) {
-        const int c = first + j * stride;
-        if (c < dim / 8) *reinterpret_cast<uint2*>(q + c * 8) = chunk_e4m3(kept[j], scale);
-    }
+    for (int k = first * 8; k < dim; k += stride * 8)
+        *reinterpret_cast<uint2*>(q + k) =
+            chunk_e4m3(*reinterpret_cast<const uint4*>(out + k), scale);
 }
 
-// add_rmsnorm_block / _warp with out's rows quantized as well: the same sums (norm_block's and
-// norm_warp's steps), the normalization kept in registers for the quantization.
 extern "C" __global__ void add_rmsnorm_e4m3_block(T* residual, T* out, unsigned char* out_q,
                                                   float* out_scale, const T* delta,
                                                   const W_T* __restrict__ weight, int dim,
                                                   float eps) {
     __shared__ float scratch[32];
     pdl_launch_dependents();  // the next GEMV may start prefetching its weight
-    pdl_wait();               // ... and this one touches nothing before the previous one is done
+    pdl_wait();               // ... and touches nothing before the previous kernel is done
+    norm_block<true>(out, residual, delta, weight, dim, eps);
     const i64 row = blockIdx.x;
-    residual += row * dim;
-    float ss = square_sum<true>(residual, delta + row * dim, dim, threadIdx.x, blockDim.x);
-    ss = block_sum(ss, scratch);
-    const float inv_rms = rsqrtf(ss / (float)dim + eps);
-    normalize_quantize_row<true>(out + row * dim, out_q + row * dim, out_scale + row, residual,
-                                 weight, dim, inv_rms, threadIdx.x, blockDim.x, scratch);
+    quantize_row<true>(out_q + row * dim, out_scale + row, out + row * dim, dim, threadIdx.x,
+                       blockDim.x, scratch);
 }
 
 extern "C" __global__ void add_rmsnorm_e4m3_warp(T* residual, T* out, unsigned char* out_q,
@@ -202,13 +168,10 @@ extern "C" __global__ void add_rmsnorm_e4m3_warp(T* residual, T* out, unsigned c
                                                  int dim, float eps) {
     pdl_launch_dependents();
     pdl_wait();
+    norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
-    const int lane = threadIdx.x & 31;
-    residual += row * dim;
-    const float ss = warp_sum(square_sum<true>(residual, delta + row * dim, dim, lane, 32));
-    const float inv_rms = rsqrtf(ss / (float)dim + eps);
-    normalize_quantize_row<false>(out + row * dim, out_q + row * dim, out_scale + row, residual,
-                                  weight, dim, inv_rms, lane, 32, nullptr);
+    quantize_row<false>(out_q + row * dim, out_scale + row, out + row * dim, dim,
+                        threadIdx.x & 31, 32, nullptr);
 }
 #endif

@@ -60,18 +60,13 @@ def add_rmsnorm(residual, out, delta, weight, eps):
     _launch("add_rmsnorm", out, residual, delta, weight, eps)
 
 
-# norm.cu's E4M3_OUT build keeps a thread's E4M3_CHUNKS chunks of 8 in registers: rows of up to
-# 4 * 8 * 512 values (a block's 512 threads).
-E4M3_MAX_DIM = 16384
-
-
 def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
     n, dim = residual.shape if residual.dim() == 2 else (0, 0)
     if (residual.dim() == 2 and contig(residual, out, delta, weight, out_q, out_scale)
             and residual.dtype == out.dtype == delta.dtype == weight.dtype == torch.bfloat16
             and residual.shape == out.shape == delta.shape == out_q.shape
             and out_q.dtype == E4M3 and out_scale.dtype == torch.float32
-            and out_scale.shape == (n,) and dim % 8 == 0 and dim <= E4M3_MAX_DIM
+            and out_scale.shape == (n,) and dim % 8 == 0
             and aligned(residual, out, delta, weight, out_q)):
         return _launch("add_rmsnorm", out, residual, delta, weight, eps, e4m3=(out_q, out_scale))
     # other layouts: the two ops, this backend's norm and its quantization of the norm's rows
