@@ -12,7 +12,8 @@ per output row, the input quantized per token row by fp8_quant.cu into per-devic
 
 Steps with more rows than the scratch holds run in chunks of rows (each row's quantization is
 its own). The e4m3-input ops (an input that add_rmsnorm_e4m3 quantized) run the same chunks on
-the same kernels without the quantization launches. Needs compute capability 8.9 or newer (e4m3 conversions; FP8 tensor cores).
+the same kernels without the quantization launches. Needs compute capability 8.9 or newer
+(e4m3 conversions; FP8 tensor cores).
 """
 
 from __future__ import annotations

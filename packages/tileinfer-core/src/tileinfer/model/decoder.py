@@ -231,8 +231,7 @@ class Model:
             qkv_sums=(unwritten(n_tokens, c.qkv_size, dtype=torch.float32) if c.qkv_bias
                       else None),
             post=unwritten(n_tokens, c.hidden_size) if c.gemma is not None else None,
-            normed_q=(torch.zeros(n_tokens, c.hidden_size, dtype=E4M3, device=dev) if e4m3
-                      else None),
+            normed_q=unwritten(n_tokens, c.hidden_size, dtype=E4M3) if e4m3 else None,
             normed_scale=unwritten(n_tokens, dtype=torch.float32) if e4m3 else None,
         )
 

@@ -63,7 +63,8 @@ __all__ = [
     "test_attention_rows_are_the_same_however_they_come",
     "test_fp8_linear", "test_fp8_mlp", "test_fp8_rows_of_outliers_and_zeros",
     "test_fp8_step_rows_are_the_same_as_alone", "test_fp8_rows_are_the_same_in_steps_of_any_size",
-    "test_e4m3_norm_writes_add_rmsnorms_rows_and_their_quantization", "test_e4m3_norm_of_a_zero_row",
+    "test_e4m3_norm_writes_add_rmsnorms_rows_and_their_quantization",
+    "test_e4m3_norm_of_a_zero_row",
     "test_e4m3_input_linear_writes_what_the_plain_op_writes",
     # helpers
     "ATTENTION_CASES", "CACHE_KINDS", "DTYPES", "INT8_POISON", "INT_POISON", "SAMPLING",
