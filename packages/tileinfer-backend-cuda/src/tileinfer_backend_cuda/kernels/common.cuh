@@ -184,27 +184,24 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order; every thread
-// gets the result. scratch: 32 floats of shared memory. Starts and ends with a barrier.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Sum (MAX = false) or maximum (MAX = true) over the block (blockDim.x a multiple of 32, at most
+// 1024) in a fixed order; every thread gets the result. scratch: 32 floats of shared memory.
+// Starts with a barrier (so scratch may be reused by one reduction after another).
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    return MAX ? warp_max(v) : warp_sum(v);
 }
-
-// Maximum over the block, as block_sum (the same barriers; max is exact, so any order).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    return block_reduce<false>(v, scratch);
+}
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_max(v);
+    return block_reduce<true>(v, scratch);
 }
 
 // --- tensor-core helpers (sm_80+) -------------------------------------------------------------
