@@ -77,7 +77,7 @@ def _invariances(ops):
 # decode, verify, the batched GEMV's widths, past 64 rows (the tensor-core GEMMs)
 @pytest.mark.parametrize("op", ["linear", "linear_swiglu"])
 @pytest.mark.parametrize("n,in_f,out_f", [(1, 64, 96), (5, 576, 320), (17, 256, 512),
-                                          (64, 256, 384), (65, 256, 384), (200, 576, 960)])
+                                          (64, 256, 384), (65, 256, 384), (72, 576, 160)])
 def test_e4m3_input_linear_writes_what_the_plain_op_writes(e4m3_ops, device, op, n, in_f,
                                                            out_f):
     gen = torch.Generator().manual_seed(n + in_f + out_f)
