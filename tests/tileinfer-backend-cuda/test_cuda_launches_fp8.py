@@ -120,6 +120,35 @@ def test_other_fp8_steps_keep_their_kernels(fp8):
         tuning.set_experiments({"fp8_gemm": {"tiles": 2}})
 
 
+@pytest.mark.parametrize("n,invariant", [(1, True), (64, False), (64, Invariance.BATCH),
+                                         (65, False)])
+def test_inputs_given_quantized_take_the_plain_ops_product_launches(fp8, n, invariant):
+    """linear_e4m3_input / linear_swiglu_e4m3_input (rows add_rmsnorm_e4m3 quantized): the plain
+    ops' launches (gemv.cu, gemm_wgmma.cu, torch._scaled_mm and silu_mul), the same builds and
+    grids, on the given rows, without the quantization launch."""
+    x, x_q, x_scale = torch.randn(n, 4096).to(BF), torch.randn(n, 4096).to(E4M3), torch.rand(n)
+    w, wg = _fp8_weight(6144, 4096), _fp8_weight(2 * 14336, 4096)
+
+    def run(linear, swiglu, inputs):
+        fp8.clear()
+        OPS[linear](torch.empty(n, 6144, dtype=BF), *inputs, *w, invariant)
+        OPS[swiglu](torch.empty(n, 14336, dtype=BF), *inputs, *wg,
+                    torch.empty(n, 2 * 14336, dtype=BF), invariant)
+        return list(fp8)
+
+    plain = run("linear", "linear_swiglu", (x,))
+    given = run("linear_e4m3_input", "linear_swiglu_e4m3_input", (x_q, x_scale))
+    kept = [k for k in plain if isinstance(k, tuple) or k.file != "fp8_quant.cu"]
+    assert len(kept) == len(plain) - 2 and kept
+    def described(log):
+        return [k if isinstance(k, tuple) else (k.file, k.name, k.defines, k.grid) for k in log]
+
+    assert described(given) == described(kept)
+    for k in given:
+        if not isinstance(k, tuple) and k.file in ("gemv.cu", "gemm_wgmma.cu"):
+            assert k.args[1].data_ptr() == x_q.data_ptr()
+
+
 def test_gemm_fp8_settings_fit_the_runs_to_the_parts(monkeypatch):
     """The rule's runs: a power of two, at most a cluster, and whole parts each (K = 384: three
     parts, so one run however few blocks)."""

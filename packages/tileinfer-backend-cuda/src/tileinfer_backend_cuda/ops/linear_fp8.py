@@ -124,10 +124,11 @@ def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
 
 def _given_product(out, x_q, x_scale, weight, weight_scale, epilogue, xielu_params, route):
     """_product for an input given quantized (the e4m3-input ops): the same chunks and kernels,
-    without the quantization launches."""
+    without the quantization launches; True (it needs no scratch)."""
     for start, stop in _row_chunks(*x_q.shape):
         _quantized_product(out[start:stop], x_q[start:stop], x_scale[start:stop], weight,
                            weight_scale, epilogue, xielu_params, route)
+    return True
 
 
 def linear(out, x, weight, weight_scale, batch_invariant):
@@ -137,16 +138,25 @@ def linear(out, x, weight, weight_scale, batch_invariant):
         fallback("linear", "FP8 layout", out, x, weight, weight_scale, batch_invariant)
 
 
+def _swiglu(out, gate_up, route: str, product) -> bool:
+    """linear_swiglu on route's kernel: the SwiGLU epilogue in the product, or (scaled_mm, which
+    has none) the product into gate_up, then silu_mul. product(dst, epilogue) runs the FP8
+    product into dst and says whether it ran; False where neither way runs."""
+    if route != "scaled_mm":
+        return product(out, "swiglu")
+    if (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
+            and elementwise.silu_mul_ok(out, gate_up) and product(gate_up, "none")):
+        elementwise.silu_mul(out, gate_up)
+        return True
+    return False
+
+
 def linear_swiglu(out, x, weight, weight_scale, gate_up, batch_invariant):
     if fp8_ok(out, x, weight, weight_scale) and out.dtype == torch.bfloat16:
         route = _route(out, x, weight, _invariant(batch_invariant))
-        if route != "scaled_mm":
-            if _product(out, x, weight, weight_scale, "swiglu", NO_XIELU, route):
-                return
-        elif (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
-              and elementwise.silu_mul_ok(out, gate_up)
-              and _product(gate_up, x, weight, weight_scale, "none", NO_XIELU, route)):
-            return elementwise.silu_mul(out, gate_up)
+        if _swiglu(out, gate_up, route, lambda dst, epilogue: _product(
+                dst, x, weight, weight_scale, epilogue, NO_XIELU, route)):
+            return
     fallback("linear_swiglu", "FP8 layout", out, x, weight, weight_scale, gate_up,
              batch_invariant)
 
@@ -178,7 +188,8 @@ def e4m3_input_ok(out, x_q, x_scale, weight, weight_scale) -> bool:
 def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant):
     if e4m3_input_ok(out, x_q, x_scale, weight, weight_scale):
         route = _route(out, x_q, weight, _invariant(batch_invariant))
-        return _given_product(out, x_q, x_scale, weight, weight_scale, "none", NO_XIELU, route)
+        _given_product(out, x_q, x_scale, weight, weight_scale, "none", NO_XIELU, route)
+        return
     fallback("linear_e4m3_input", "FP8 layout", out, x_q, x_scale, weight, weight_scale,
              batch_invariant)
 
@@ -186,13 +197,9 @@ def linear_e4m3_input(out, x_q, x_scale, weight, weight_scale, batch_invariant):
 def linear_swiglu_e4m3_input(out, x_q, x_scale, weight, weight_scale, gate_up, batch_invariant):
     if e4m3_input_ok(out, x_q, x_scale, weight, weight_scale):
         route = _route(out, x_q, weight, _invariant(batch_invariant))
-        if route != "scaled_mm":
-            return _given_product(out, x_q, x_scale, weight, weight_scale, "swiglu", NO_XIELU,
-                                  route)
-        if (gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous()
-                and elementwise.silu_mul_ok(out, gate_up)):
-            _given_product(gate_up, x_q, x_scale, weight, weight_scale, "none", NO_XIELU, route)
-            return elementwise.silu_mul(out, gate_up)
+        if _swiglu(out, gate_up, route, lambda dst, epilogue: _given_product(
+                dst, x_q, x_scale, weight, weight_scale, epilogue, NO_XIELU, route)):
+            return
     fallback("linear_swiglu_e4m3_input", "FP8 layout", out, x_q, x_scale, weight, weight_scale,
              gate_up, batch_invariant)
 

@@ -29,7 +29,7 @@ def _launch(op, out, x, delta, weight, eps, gemma=False, e4m3=None):
     if gemma:
         defines["GEMMA"] = 1
     if e4m3 is not None:
-        op, defines["E4M3_OUT"] = "add_rmsnorm_e4m3", 1
+        defines["E4M3_OUT"] = 1
     # the kernel's arguments: rmsnorm (out, x, weight), add_rmsnorm (x, out, delta, weight),
     # add_rmsnorm_e4m3 (x, out, out_q, out_scale, delta, weight); then the rows' sizes
     tensors = ((out, x, weight) if op == "rmsnorm" else (x, out) + tuple(e4m3 or ())
@@ -68,7 +68,8 @@ def add_rmsnorm_e4m3(residual, out, out_q, out_scale, delta, weight, eps):
             and out_q.dtype == E4M3 and out_scale.dtype == torch.float32
             and out_scale.shape == (n,) and dim % 8 == 0
             and aligned(residual, out, delta, weight, out_q)):
-        return _launch("add_rmsnorm", out, residual, delta, weight, eps, e4m3=(out_q, out_scale))
+        return _launch("add_rmsnorm_e4m3", out, residual, delta, weight, eps,
+                       e4m3=(out_q, out_scale))
     # other layouts: the two ops, this backend's norm and its quantization of the norm's rows
     add_rmsnorm(residual, out, delta, weight, eps)
     quantize_rows_of(out, out_q, out_scale)

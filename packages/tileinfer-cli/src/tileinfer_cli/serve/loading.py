@@ -98,8 +98,8 @@ def load_weights(args, folder: Path):
         return load_dummy(folder, dtype, backend, args.max_len, quantize_of(args),
                           args.allow_long_context, args.deterministic)
     return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
-                      quantize=resolve_quantize(args, folder, backend), allow_long=args.allow_long_context,
-                      batch_invariant=args.deterministic)
+                      quantize=resolve_quantize(args, folder, backend),
+                      allow_long=args.allow_long_context, batch_invariant=args.deterministic)
 
 
 def prepare_grammars(tokenizer):
