@@ -63,12 +63,23 @@ def kernel_events(prof_trace: str) -> list[tuple[str, float, float]]:
     return sorted(kernels, key=lambda k: k[1])
 
 
+replay_us = 0.0  # the last profile_step's replays timed without the profiler, us a step
+
+
 def profile_step(runner, replays: int, graph=None) -> list[tuple[str, float, float]]:
     if graph is None:
         graph = runner.captured_graph(1, SamplingParams())  # the greedy 1-token step
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):  # the step's time without the profiler
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    global replay_us
+    replay_us = start.elapsed_time(end) * 1e3 / replays
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
@@ -110,6 +121,9 @@ def main():
                    help="JSON list of attention override dicts for the cuda backend")
     p.add_argument("--cuda-gemv", type=json.loads, default=[None],
                    help="JSON list of GEMV override dicts for the cuda backend")
+    p.add_argument("--cuda-experiments", type=json.loads, default=[None],
+                   help="JSON list of whole TILEINFER_CUDA_EXPERIMENTS dicts (ops/tuning.py), "
+                        "each with each attention and GEMV set")
     p.add_argument("--triton-gemv", type=json.loads, default=[None],
                    help="JSON list of override dicts of the triton backend's row programs, "
                         "e.g. '[{}, {\"rows_per_program\": 4}]'")
@@ -126,9 +140,10 @@ def main():
                          quantize=quant, max_len=max_len, batch_invariant=args.deterministic)
     kv = None if args.kv_cache == "bf16" else "int8"
     cache = None if args.batch else new_cache(model, args.context + 64, quantize=kv)
-    runs = [(attention, gemv, rows) for attention in args.cuda_attention
-            for gemv in args.cuda_gemv for rows in args.triton_gemv]
-    for attention, gemv, triton_gemv in runs:
+    runs = [(attention, gemv, rows, exp) for attention in args.cuda_attention
+            for gemv in args.cuda_gemv for rows in args.triton_gemv
+            for exp in args.cuda_experiments]
+    for attention, gemv, triton_gemv, exp in runs:
         what = dict(shape=args.shape, backend=args.backend,
                     weights=quant or "bf16", kv_cache=args.kv_cache,
                     context=args.context, deterministic=args.deterministic)
@@ -138,11 +153,14 @@ def main():
             linear_config.ROW_OVERRIDES.clear()
             linear_config.ROW_OVERRIDES.update(triton_gemv)
             what.update(triton_gemv_overrides=triton_gemv)
-        if attention is not None or gemv is not None:
+        if attention is not None or gemv is not None or exp is not None:
             from tileinfer_backend_cuda.ops import tuning
 
-            tuning.set_experiments({"attention": attention or {}, "gemv": gemv or {}})
-            what.update(attention_overrides=attention, gemv_overrides=gemv)
+            settings = dict(exp or {})
+            settings.update({k: v for k, v in (("attention", attention), ("gemv", gemv))
+                             if v is not None})
+            tuning.set_experiments(settings)
+            what.update(attention_overrides=attention, gemv_overrides=gemv, experiments=exp)
         if args.batch:
             profile_engine(model, args, what)
         elif args.rows:
@@ -225,9 +243,11 @@ def print_profile(what: dict, rows: list[dict], span: float):
     for r in rows:
         print(json.dumps(dict(what, **{k: round(v, 3) if isinstance(v, float) else v
                                        for k, v in r.items()})))
-    print(json.dumps(dict(what, kernel="step", span_us=round(span, 1))))
+    print(json.dumps(dict(what, kernel="step", span_us=round(span, 1),
+                          replay_us=round(replay_us, 1))))
     err = sys.stderr
-    print(f"\n{' '.join(str(v) for v in what.values())}: GPU span {span:.1f} us per step", file=err)
+    print(f"\n{' '.join(str(v) for v in what.values())}: GPU span {span:.1f} us per step, "
+          f"replayed unprofiled {replay_us:.1f} us", file=err)
     print(f"{'kernel':<60} {'calls':>6} {'mean us':>8} {'attr us':>8} {'share':>6}", file=err)
     for r in rows:
         print(f"{r['kernel']:<60} {r['calls_per_step']:>6.1f} {r['mean_us']:>8.2f} "
