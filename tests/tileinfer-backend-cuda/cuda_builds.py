@@ -178,19 +178,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm.cu", W_INT8=1, W_E4M3=1, OUT_DTYPE="bf16_t", ROUND_BF16=0)
     add("elementwise.cu", W_E4M3=1)
 
-    # the decode GEMVs' L2 prefetch (l2_prefetch.cuh): the ring, the register stream, the FP8
-    # build, blocked parts, and gemv_rows.cu's split of K
-    add("gemv.cu", WARPS=8, STAGES=4, TILES=2, PDL=1, L2_PREFETCH=65536, L2_AHEAD=132)
-    add("gemv.cu", WARPS=16, STAGES=2, REGS=2, PDL=1, L2_PREFETCH=4096, L2_AHEAD=0)
-    add("gemv.cu", W_FP8=1, EPILOGUE=1, ROUND_BF16=0, WARPS=4, STAGES=3, PDL=1,
-        L2_PREFETCH=8192, L2_AHEAD=0)
-    add("gemv.cu", WARPS=8, STAGES=4, NT=2, BLOCKED_PARTS=1, PDL=1, L2_PREFETCH=8192)
-    add("gemv_rows.cu", W_INT8=1, EPILOGUE=1, ROUND_BF16=0, ROWS=2, UNROLL=2, WARPS=4, TOKENS=1,
-        PDL=1, L2_PREFETCH=16384, L2_AHEAD=2048)
-    add("gemm_wgmma.cu", W_FP8=1, EPILOGUE=1, PARTS=32, RUNS=4, SPLIT=1, WG=1, NT=8, STAGES=4,
-        TMA=1, MMA_LAG=1, PDL=1, OUT_DTYPE="bf16_t", ROUND_BF16=1, ARCH_SPECIFIC=None,
-        L2_PREFETCH=32768, L2_AHEAD=0)
-
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)

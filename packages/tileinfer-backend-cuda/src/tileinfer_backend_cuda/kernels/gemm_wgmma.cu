@@ -65,7 +65,6 @@ static_assert(TMA || W_ROWS * 8 % THREADS == 0, "weight chunks: whole rounds of 
 #include "gemm_store.cuh"         // Sums, close_parts, CLUSTER_DIMS, store_sums
 #include "tma.cuh"                // mbar_init, mbar_expect_bytes, mbar_wait, tma_load_2d
 #include "wgmma.cuh"              // wgmma_commit, wgmma_wait_*, wgmma_stage_step
-#include "l2_prefetch.cuh"        // prefetch_block_l2 (L2_PREFETCH)
 #if TMA  // the slots' mbarriers: after the ring, or after the split's sums if they need more
 constexpr int SUM_BYTES = SPLIT ? MATS * TOKENS * BLOCK_ROWS * 4 : 0;
 constexpr int BAR_OFFSET = STAGES * STAGE_BYTES > SUM_BYTES ? STAGES * STAGE_BYTES : SUM_BYTES;
@@ -154,11 +153,6 @@ gemm_wgmma(out_t* __restrict__ out, const bf16_t* __restrict__ x, const bf16_t* 
 #if PDL
     pdl_launch_dependents();
     for (int st = 0; st < AHEAD; ++st) issue(st, st, true, false);
-    // L2 prefetch (l2_prefetch.cuh) of the block's rows in its k range past the stages just
-    // issued (a stage: 64 units of 2 bytes a row), by the first token block only.
-    if (blockIdx.x == 0)
-        prefetch_block_l2(w, (i64)K * 2, O, MATS, block_base / BLOCK_ROWS, BLOCK_ROWS,
-                          (i64)first * 64, (i64)min(last * 32, K) * 2, (i64)AHEAD * 128);
     pdl_wait();  // x and the output belong to the previous kernels from here on
     for (int st = 0; st < AHEAD; ++st) issue(st, st, false, true);
     cp_async_commit();

@@ -146,7 +146,6 @@ typedef bf16_t x_t;
 #include "gemv_nk.cuh"    // NK_PRODUCTS: nk_cell, nk_a, nk_b, nk_mma
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS, PART_CHUNK)
-#include "l2_prefetch.cuh"    // prefetch_block_l2 (L2_PREFETCH, L2_AHEAD)
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 static_assert(!(REGS && NK_PRODUCTS), "NK_PRODUCTS: the ring only");
 
@@ -188,15 +187,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     // The k of this warp's i-th step, and whether this lane's chunk there holds data: the step is
     // one of the warp's and the chunk starts before K (K is a multiple of LANE_K).
     auto step_k = [&](int i) { return part_step(warp, i, steps, WARPS) * STEP_K; };
-    // L2 prefetch (l2_prefetch.cuh) of the block's rows past the first `copied` steps of every
-    // warp: with the steps interleaved a warp at a time, those are the first copied * WARPS *
-    // STEP_K k of each row (other orders skip nothing: a prefetch of copied bytes is harmless).
-    auto prefetch_block = [&](int copied) {
-        const bool interleaved = !BLOCKED_PARTS && PART_CHUNK == 1;
-        const i64 skip = interleaved ? (i64)copied * WARPS * STEP_K * sizeof(w_t) : 0;
-        prefetch_block_l2(w, (i64)K * sizeof(w_t), O, MATS, blockIdx.x, GROUPS * GROUP_ROWS, 0,
-                          (i64)K * sizeof(w_t), skip);
-    };
     auto in_range = [&](int i, int k) { return i < my_steps && k + t * LANE_K < K; };
 #if REGS
     // Register stream: round j holds this warp's steps j * REGS .. j * REGS + REGS - 1; a chunk
@@ -247,7 +237,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #endif
     load_round(wa0, wb0, 0);
 #if PDL
-    prefetch_block(REGS);
     pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
 #endif
     for (int j = 0; j < rounds; j += 2) {
@@ -300,7 +289,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     pdl_launch_dependents();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue_w(i);
-    prefetch_block(STAGES - 1);
     pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue_x(i);

@@ -55,7 +55,6 @@
 // ROUND_BF16, ROWS (output rows per block), UNROLL (steps per round, 1..4), WARPS (warps
 // splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1).
 #include "common.cuh"
-#include "l2_prefetch.cuh"  // prefetch_block_l2 (L2_PREFETCH, L2_AHEAD)
 
 #ifndef W_INT8
 #define W_INT8 0
@@ -249,10 +248,6 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
 #endif
     s.load_round(buf_a, 0);
 #if PDL
-    // L2 prefetch (l2_prefetch.cuh) of the block's rows past round 0 (the first ROUND_K k of
-    // its range), within its split's range.
-    prefetch_block_l2(w, (i64)K * sizeof(w_t), O, MATS, blockIdx.x, ROWS, k_lo * sizeof(w_t),
-                      (i64)k_hi * sizeof(w_t), (i64)ROUND_K * sizeof(w_t));
     pdl_wait();  // x, the output and the scratch belong to the previous kernels until here
 #endif
     for (int j = 0; j < s.rounds; j += 2) {

@@ -24,7 +24,6 @@ import torch
 from . import gemm_wgmma
 from .common import cdiv, num_sms
 from .gemm_invariant import MAX_CLUSTER
-from .l2_prefetch import l2_prefetch_defines
 from .linear import EPILOGUES
 from .tuning import experiments, pdl
 
@@ -90,8 +89,7 @@ def launch(out, xq, x_scale, weight, w_scale, epilogue: str, xielu_params, devic
     (mats O, K) e4m3 with w_scale (mats O,) float32 (SwiGLU: gate rows, then up rows)."""
     n, k_dim = xq.shape
     base = {"EPILOGUE": EPILOGUES[epilogue], "OUT_DTYPE": "bf16_t", "ROUND_BF16": 1,
-            "PDL": int(pdl(device)), "W_FP8": 1,
-            **l2_prefetch_defines("wgmma", pdl(device), weight.shape[0], device)}
+            "PDL": int(pdl(device)), "W_FP8": 1}
     mats = gemm_wgmma.mats(base)
     o_rows = weight.shape[0] // mats
     cfg = gemm_settings(o_rows, k_dim, epilogue, n, device)

@@ -86,6 +86,3 @@ FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {
 # "fp8_gemm" may give them (ops/tuning.py).
 FP8_GEMM_KEYS = frozenset({"row_warps", "stages", "runs", "tma", "mma_lag", "token_groups",
                            "l2_256b", "max_tokens", "enabled", "part_k"})
-# the decode GEMVs' L2 prefetch (ops/l2_prefetch.py), as the experiment switch may give it
-L2_PREFETCH_KEYS = frozenset({"mma_budget", "mma_ahead", "rows_budget", "rows_ahead",
-                              "wgmma_budget"})

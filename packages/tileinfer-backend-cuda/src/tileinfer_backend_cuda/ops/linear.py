@@ -37,7 +37,6 @@ from .common import (DTYPE_NAMES, GEMV_MAX_TOKENS, GEMV_SCRATCH, ONE_BYTE_WEIGHT
 from . import elementwise, gemm_invariant, int8_cublas
 from .cublas import MM_FLOAT32_OUT, cublas
 from .invariant_tuning import FP8_GEMV_TABLE, INVARIANT_GEMV_TABLE, invariant_order
-from .l2_prefetch import l2_prefetch_defines
 from .tuning import (experiments, gemv_config, gemv_rows_split, gemv_rows_tile,
                      gemv_rows_tokens, mma_token_tiles, pdl, rows_lane_k, wide_max_tokens)
 
@@ -181,9 +180,8 @@ def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_ti
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)
     pdl_on = pdl(device)
-    defines = (gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype], pdl_on,
-                            token_tiles, fp8) | weight_defines(weight)
-               | l2_prefetch_defines("mma", pdl_on, weight.shape[0], device))
+    defines = gemv_defines(cfg, int8, int8_load(k_dim), epilogue, DTYPE_NAMES[out.dtype], pdl_on,
+                           token_tiles, fp8) | weight_defines(weight)
     k = kernel("gemv.cu", "gemv", "ppppiiiqffffp", device, defines)
     groups = cfg.get("groups", 1)
     k.launch((cdiv(o_rows, 16 * defines["TILES"] * groups),), (groups * cfg["warps"] * 32,),
@@ -279,9 +277,8 @@ def _gemv_rows(out, x, weight, weight_scale, epilogue, xielu_params, cfg, o_rows
         else:
             scratch, counters = buffers
     pdl_on = pdl(device)
-    defines = (gemv_rows_defines(cfg, int8, epilogue, DTYPE_NAMES[out.dtype], gemv_rows_tokens(n),
-                                 pdl_on) | weight_defines(weight)
-               | l2_prefetch_defines("rows", pdl_on, weight.shape[0], device))
+    defines = gemv_rows_defines(cfg, int8, epilogue, DTYPE_NAMES[out.dtype], gemv_rows_tokens(n),
+                                pdl_on) | weight_defines(weight)
     k = kernel("gemv_rows.cu", "gemv_rows", "ppppiiiqffff" + "ipp", device, defines)
     k.launch((cdiv(o_rows, defines["ROWS"]), splits), (cfg["warps"] * 32,),
              (out, x, weight, weight_scale, n, k_dim, o_rows, x.stride(0), *xielu_params, k_split,

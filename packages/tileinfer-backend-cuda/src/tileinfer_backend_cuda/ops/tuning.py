@@ -27,8 +27,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
   interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh);
 - ``"fp8_gemm"``: gemm_fp8.py's launch settings for every shape, ``max_tokens`` (the most rows
-  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS;
-- ``"l2_prefetch"``: the decode GEMVs' L2 prefetch (l2_prefetch.py): L2_PREFETCH_KEYS.
+  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import os
 
 from .. import compiler
 from .common import GEMV_MAX_TOKENS, cdiv, num_sms
-from .invariant_tuning import FP8_GEMM_KEYS, INVARIANT_GEMM_KEYS, L2_PREFETCH_KEYS
+from .invariant_tuning import FP8_GEMM_KEYS, INVARIANT_GEMM_KEYS
 
 # --- the benchmark-only switch ---------------------------------------------------------------
 
@@ -72,14 +71,17 @@ def _checked(settings) -> dict:
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
-    groups = {"gemv": _GEMV_KEYS, "attention": _ATTN_KEYS, "gemv_wide": WIDE_MAX_TOKENS,
-              "invariant_gemm": INVARIANT_GEMM_KEYS, "fp8_gemm": FP8_GEMM_KEYS,
-              "l2_prefetch": L2_PREFETCH_KEYS}  # dicts of settings, and their keys
-    unknown = set(settings) - {*groups, "pdl", *_NUMBERS}
-    unknown |= {f"{g}.{k}" for g, keys in groups.items() for k in settings.get(g, {})
-                if k not in keys}
+    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "invariant_gemm",
+                               "fp8_gemm", *_NUMBERS}
+    unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
+    unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
+    unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
+    unknown |= {f"invariant_gemm.{k}" for k in settings.get("invariant_gemm", {})
+                if k not in INVARIANT_GEMM_KEYS}
+    unknown |= {f"fp8_gemm.{k}" for k in settings.get("fp8_gemm", {}) if k not in FP8_GEMM_KEYS}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
+    groups = ("gemv", "attention", "gemv_wide", "invariant_gemm", "fp8_gemm")  # dicts of settings
     return {**{g: dict(settings.get(g, {})) for g in groups},
             "pdl": bool(settings.get("pdl", True)), **{k: settings.get(k) for k in _NUMBERS}}
 
