@@ -155,18 +155,7 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
     };
 
     int page = page_of(0);  // metadata: before pdl_wait (see above)
-    // The first stages' copies of the tiles whose keys are all older than the step's (positions
-    // below ctx - q_len: written by earlier steps, which ended before the step's first kernel)
-    // start before pdl_wait, overlapping the kernel before; the step's own keys are written by
-    // that kernel or below. Those tiles lead (keys ascend with the tile), so the copies keep
-    // their order and one commit group a tile.
-    int issued = 0;
-    while (issued < KV_STAGES - 1 && issued < n_tiles
-           && tile_start(issued) + BN <= ctx - q_len) {
-        issue(issued, issued, page);
-        page = page_of(++issued);
-    }
-    pdl_wait();  // with PDL (common.cuh): q and the step's keys are written from here on
+    pdl_wait();             // with PDL (common.cuh): q and the cache are written from here on
 #if FUSED_INPUTS
     // One query token per sequence (ops): rows r < group are heads kvh * group + r of token
     // q_start, at position ctx - 1. Scratch: this warp's HEAD_DIM floats (RoPE) and HEAD_DIM bf16
@@ -193,7 +182,8 @@ attention_decode(bf16_t* __restrict__ out, const bf16_t* __restrict__ q,
         __syncthreads();  // the new key and value are in the cache before this block copies them
     }
 #endif
-    for (int i = issued; i < KV_STAGES - 1; ++i) {
+#pragma unroll
+    for (int i = 0; i < KV_STAGES - 1; ++i) {
         issue(i, i, page);
         page = page_of(i + 1);
     }

@@ -7,9 +7,7 @@
 //   *_block: one block per row (large dims, e.g. hidden 4096), a block-wide reduction;
 //   *_warp:  one warp per row, blockDim.x / 32 rows per block (head_dim rows of q/k norms).
 // Both read the row twice (the second read hits L1/L2): the first pass sums squares (and for
-// add_rmsnorm writes the updated residual), the second normalizes. A thread's first chunk of the
-// weight is read before pdl_wait (no kernel writes a weight): its latency overlaps the kernel
-// before, where it would otherwise follow the sum's.
+// add_rmsnorm writes the updated residual), the second normalizes.
 //
 // E4M3_OUT = 1 (bf16 rows, VEC 8, sm_89 and newer) adds add_rmsnorm_e4m3_*: add_rmsnorm, then
 // out's rows quantized per row for an FP8 product (tileinfer/backend/fp8.py) with fp8_quant.cu's
@@ -38,30 +36,13 @@
 typedef DTYPE T;
 typedef WEIGHT_DTYPE W_T;
 
-// The weight's chunk `first` (the first a thread normalizes), as float.
-struct FirstWeight {
-    float w[VEC];
-};
-__device__ __forceinline__ FirstWeight first_weight(const W_T* weight, int dim, int first) {
-    FirstWeight f;
-    if (first < dim / VEC) load_chunk<W_T, VEC>(weight + first * VEC, f.w);
-    return f;
-}
-
-// Normalize chunks [first, dim/VEC) step `stride` of one row once its inverse rms is known; w0:
-// the weight's chunk `first`, read already.
+// Normalize chunks [first, dim/VEC) step `stride` of one row once its inverse rms is known.
 __device__ __forceinline__ void normalize_row(T* out, const T* x, const W_T* weight, int dim,
-                                              float inv_rms, int first, int stride,
-                                              const FirstWeight& w0) {
+                                              float inv_rms, int first, int stride) {
     for (int c = first; c < dim / VEC; c += stride) {
         float v[VEC], w[VEC], o[VEC];
         load_chunk<T, VEC>(x + c * VEC, v);
-        if (c == first) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) w[e] = w0.w[e];
-        } else {
-            load_chunk<W_T, VEC>(weight + c * VEC, w);
-        }
+        load_chunk<W_T, VEC>(weight + c * VEC, w);
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
             o[e] = GEMMA ? v[e] * inv_rms * w[e] : round_to<T>(w[e]) * round_to<T>(v[e] * inv_rms);
@@ -92,7 +73,7 @@ __device__ __forceinline__ float square_sum(T* x, const T* delta, int dim, int f
 
 template <bool ADD>
 __device__ __forceinline__ void norm_block(T* out, T* x, const T* delta, const W_T* weight,
-                                           int dim, float eps, const FirstWeight& w0) {
+                                           int dim, float eps) {
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;
     x += row * dim;
@@ -101,12 +82,12 @@ __device__ __forceinline__ void norm_block(T* out, T* x, const T* delta, const W
     float ss = square_sum<ADD>(x, delta, dim, threadIdx.x, blockDim.x);
     ss = block_sum(ss, scratch);
     const float inv_rms = rsqrtf(ss / (float)dim + eps);
-    normalize_row(out, x, weight, dim, inv_rms, threadIdx.x, blockDim.x, w0);
+    normalize_row(out, x, weight, dim, inv_rms, threadIdx.x, blockDim.x);
 }
 
 template <bool ADD>
 __device__ __forceinline__ void norm_warp(T* out, T* x, const T* delta, const W_T* weight,
-                                          i64 rows, int dim, float eps, const FirstWeight& w0) {
+                                          i64 rows, int dim, float eps) {
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const int lane = threadIdx.x & 31;
@@ -115,40 +96,36 @@ __device__ __forceinline__ void norm_warp(T* out, T* x, const T* delta, const W_
     if (ADD) delta += row * dim;
     const float ss = warp_sum(square_sum<ADD>(x, delta, dim, lane, 32));
     const float inv_rms = rsqrtf(ss / (float)dim + eps);
-    normalize_row(out, x, weight, dim, inv_rms, lane, 32, w0);
+    normalize_row(out, x, weight, dim, inv_rms, lane, 32);
 }
 
 // rmsnorm: out (rows, dim) = rmsnorm(x) * weight. out may be x.
 extern "C" __global__ void rmsnorm_block(T* out, const T* x, const W_T* __restrict__ weight,
                                          int dim, float eps) {
     pdl_launch_dependents();  // PDL (common.cuh): the next kernel may start its launch now
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x);
-    pdl_wait();  // ... and this one reads no activation before the previous one is done
-    norm_block<false>(out, const_cast<T*>(x), nullptr, weight, dim, eps, w0);
+    pdl_wait();               // ... and this one reads nothing before the previous one is done
+    norm_block<false>(out, const_cast<T*>(x), nullptr, weight, dim, eps);
 }
 extern "C" __global__ void rmsnorm_warp(T* out, const T* x, const W_T* __restrict__ weight,
                                         i64 rows, int dim, float eps) {
     pdl_launch_dependents();
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x & 31);
     pdl_wait();
-    norm_warp<false>(out, const_cast<T*>(x), nullptr, weight, rows, dim, eps, w0);
+    norm_warp<false>(out, const_cast<T*>(x), nullptr, weight, rows, dim, eps);
 }
 
 // add_rmsnorm: residual += delta (rounded to T), then out = rmsnorm(residual) * weight.
 extern "C" __global__ void add_rmsnorm_block(T* residual, T* out, const T* delta,
                                              const W_T* __restrict__ weight, int dim, float eps) {
     pdl_launch_dependents();  // the next GEMV may start prefetching its weight (see common.cuh)
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x);
     pdl_wait();
-    norm_block<true>(out, residual, delta, weight, dim, eps, w0);
+    norm_block<true>(out, residual, delta, weight, dim, eps);
 }
 extern "C" __global__ void add_rmsnorm_warp(T* residual, T* out, const T* delta,
                                             const W_T* __restrict__ weight, i64 rows, int dim,
                                             float eps) {
     pdl_launch_dependents();
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x & 31);
     pdl_wait();
-    norm_warp<true>(out, residual, delta, weight, rows, dim, eps, w0);
+    norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
 }
 
 #if E4M3_OUT
@@ -178,9 +155,8 @@ extern "C" __global__ void add_rmsnorm_e4m3_block(T* residual, T* out, unsigned 
                                                   float eps) {
     __shared__ float scratch[32];
     pdl_launch_dependents();  // the next GEMV may start prefetching its weight
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x);
-    pdl_wait();  // ... and touches no activation before the previous kernel is done
-    norm_block<true>(out, residual, delta, weight, dim, eps, w0);
+    pdl_wait();               // ... and touches nothing before the previous kernel is done
+    norm_block<true>(out, residual, delta, weight, dim, eps);
     const i64 row = blockIdx.x;
     quantize_row<true>(out_q + row * dim, out_scale + row, out + row * dim, dim, threadIdx.x,
                        blockDim.x, scratch);
@@ -191,9 +167,8 @@ extern "C" __global__ void add_rmsnorm_e4m3_warp(T* residual, T* out, unsigned c
                                                  const W_T* __restrict__ weight, i64 rows,
                                                  int dim, float eps) {
     pdl_launch_dependents();
-    const FirstWeight w0 = first_weight(weight, dim, threadIdx.x & 31);
     pdl_wait();
-    norm_warp<true>(out, residual, delta, weight, rows, dim, eps, w0);
+    norm_warp<true>(out, residual, delta, weight, rows, dim, eps);
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     quantize_row<false>(out_q + row * dim, out_scale + row, out + row * dim, dim,
