@@ -26,7 +26,10 @@ One JSON line per kernel name, then a table (stderr). ``--cuda-attention '[{}, {
 profiles the step once per set of the CUDA backend's attention experiments (the "attention" key
 of ``TILEINFER_CUDA_EXPERIMENTS``, ops/tuning.py), with a new runner or engine (new graphs)
 each time; ``--cuda-gemv '[{}, {"rows": 4, "unroll": 1}]'`` likewise with its GEMV experiments
-(the "gemv" key, applied to every GEMV of the step), each with each attention set.
+(the "gemv" key, applied to every GEMV of the step), each with each attention set;
+``--cuda-experiments '[{}, {"pdl": false}]'`` likewise with whole sets of the switch's settings.
+Each step's line also gives its replays timed without the profiler (``replay_us``: the step's
+time as a user's decode sees it; the profiler adds a little to the span).
 """
 
 from __future__ import annotations
