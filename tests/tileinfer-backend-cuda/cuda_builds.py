@@ -178,6 +178,13 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm.cu", W_INT8=1, W_E4M3=1, OUT_DTYPE="bf16_t", ROUND_BF16=0)
     add("elementwise.cu", W_E4M3=1)
 
+    # the decode GEMVs letting the next kernel launch after their loop (PDL_TRIGGER 1): the ring,
+    # the register stream, the FP8 build and gemv_rows.cu
+    add("gemv.cu", WARPS=8, STAGES=4, PDL=1, PDL_TRIGGER=1)
+    add("gemv.cu", WARPS=16, STAGES=2, REGS=2, PDL=1, PDL_TRIGGER=1)
+    add("gemv.cu", W_FP8=1, WARPS=16, STAGES=3, TILES=4, ROUND_BF16=0, PDL=1, PDL_TRIGGER=1)
+    add("gemv_rows.cu", ROWS=2, UNROLL=4, WARPS=4, TOKENS=1, PDL=1, PDL_TRIGGER=1)
+
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)

@@ -92,7 +92,7 @@ def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
                                      "small_weight_bytes": None, "cublaslt_max_tokens": None,
                                      "int8_cublas_min_rows": None, "invariant_gemm": {},
-                                     "fp8_gemm": {}}
+                                     "fp8_gemm": {}, "gemv_pdl_trigger": None}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 

@@ -53,7 +53,9 @@
 // Programmatic dependent launch (PDL = 1): the prologue issues the first STAGES - 1 steps'
 // weight copies, waits for the previous grid (pdl_wait), then issues their x copies, all one
 // commit group (padded with empty groups, so the steady state's counting is unchanged). Every
-// output write follows pdl_wait.
+// output write follows pdl_wait. The next kernel may launch from the prologue (PDL_TRIGGER 0)
+// or once the block's loop is done (PDL_TRIGGER 1: the experiment switch's
+// "gemv_pdl_trigger", ops/tuning.py).
 //
 // Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh), W_FP8 (0/1;
 // sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0), EPILOGUE
@@ -62,7 +64,7 @@
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
 // BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PART_CHUNK
-// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1).
+// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1), PDL_TRIGGER (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -100,6 +102,9 @@
 #endif
 #ifndef PDL
 #define PDL 0
+#endif
+#ifndef PDL_TRIGGER
+#define PDL_TRIGGER 0  // where the next kernel may launch: 0 the prologue, 1 after the loop
 #endif
 #ifndef GROUPS
 #define GROUPS 1
@@ -233,7 +238,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     uint4 wa0[REGS][WT], wb0[REGS][WT];
     uint4 wa1[REGS][WT], wb1[REGS][WT];
 #if PDL
-    pdl_launch_dependents();
+    if (PDL_TRIGGER == 0) pdl_launch_dependents();
 #endif
     load_round(wa0, wb0, 0);
 #if PDL
@@ -286,7 +291,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     };
 
 #if PDL
-    pdl_launch_dependents();
+    if (PDL_TRIGGER == 0) pdl_launch_dependents();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue_w(i);
     pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
@@ -348,6 +353,9 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     }
     cp_async_wait<0>();
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
+#endif
+#if PDL
+    if (PDL_TRIGGER == 1) pdl_launch_dependents();  // the loop is done: the next kernel may launch
 #endif
 
     // partial[group][warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank

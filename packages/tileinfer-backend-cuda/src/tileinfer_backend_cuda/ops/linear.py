@@ -125,7 +125,13 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["X_REUSE"] = 1  # a step's x chunks read from the ring once for all tiles
     if pdl_on:
         defines["PDL"] = 1
+        defines.update(_trigger())
     return defines
+
+
+def _trigger() -> dict:
+    """PDL_TRIGGER of a GEMV build: where the next kernel may launch (the switch's)."""
+    return {"PDL_TRIGGER": 1} if experiments["gemv_pdl_trigger"] == "after_loop" else {}
 
 
 def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, tokens: int,
@@ -137,6 +143,7 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
                "WARPS": cfg["warps"], "TOKENS": tokens}
     if pdl_on:
         defines["PDL"] = 1
+        defines.update(_trigger())
     return defines
 
 

@@ -27,7 +27,9 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
   interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh);
 - ``"fp8_gemm"``: gemm_fp8.py's launch settings for every shape, ``max_tokens`` (the most rows
-  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS.
+  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS;
+- ``"gemv_pdl_trigger"``: ``"after_loop"`` lets the kernel after a decode GEMV (gemv.cu,
+  gemv_rows.cu) launch once the GEMV's blocks end their loop, not at their start.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 _ATTN_KEYS = {*ATTN_CONFIG, "splits", "decode_m_tiles", "invariant_split_keys", "split_max_tokens"}
-_NUMBERS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows")  # None: shipped
+# settings of one value (None: the shipped one)
+_SCALARS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows", "gemv_pdl_trigger")
 
 
 def _checked(settings) -> dict:
@@ -71,19 +74,15 @@ def _checked(settings) -> dict:
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
-    unknown = set(settings) - {"gemv", "attention", "pdl", "gemv_wide", "invariant_gemm",
-                               "fp8_gemm", *_NUMBERS}
-    unknown |= {f"gemv.{k}" for k in settings.get("gemv", {}) if k not in _GEMV_KEYS}
-    unknown |= {f"attention.{k}" for k in settings.get("attention", {}) if k not in _ATTN_KEYS}
-    unknown |= {f"gemv_wide.{k}" for k in settings.get("gemv_wide", {}) if k not in WIDE_MAX_TOKENS}
-    unknown |= {f"invariant_gemm.{k}" for k in settings.get("invariant_gemm", {})
-                if k not in INVARIANT_GEMM_KEYS}
-    unknown |= {f"fp8_gemm.{k}" for k in settings.get("fp8_gemm", {}) if k not in FP8_GEMM_KEYS}
+    groups = {"gemv": _GEMV_KEYS, "attention": _ATTN_KEYS, "gemv_wide": WIDE_MAX_TOKENS,
+              "invariant_gemm": INVARIANT_GEMM_KEYS, "fp8_gemm": FP8_GEMM_KEYS}  # and their keys
+    unknown = set(settings) - {*groups, "pdl", *_SCALARS}
+    unknown |= {f"{g}.{k}" for g, keys in groups.items() for k in settings.get(g, {})
+                if k not in keys}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
-    groups = ("gemv", "attention", "gemv_wide", "invariant_gemm", "fp8_gemm")  # dicts of settings
     return {**{g: dict(settings.get(g, {})) for g in groups},
-            "pdl": bool(settings.get("pdl", True)), **{k: settings.get(k) for k in _NUMBERS}}
+            "pdl": bool(settings.get("pdl", True)), **{k: settings.get(k) for k in _SCALARS}}
 
 
 # The most rows of a step that gemv.cu runs with 2, 4 or 8 token tiles of 8, reading the weight
