@@ -66,10 +66,9 @@ def kernel_events(prof_trace: str) -> list[tuple[str, float, float]]:
     return sorted(kernels, key=lambda k: k[1])
 
 
-replay_us = 0.0  # the last profile_step's replays timed without the profiler, us a step
-
-
-def profile_step(runner, replays: int, graph=None) -> list[tuple[str, float, float]]:
+def profile_step(runner, replays: int, graph=None) -> tuple[list, float]:
+    """The kernels of `replays` replays of the step's graph under the profiler, and the us a
+    replay takes without it."""
     if graph is None:
         graph = runner.captured_graph(1, SamplingParams())  # the greedy 1-token step
     for _ in range(5):
@@ -81,7 +80,6 @@ def profile_step(runner, replays: int, graph=None) -> list[tuple[str, float, flo
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    global replay_us
     replay_us = start.elapsed_time(end) * 1e3 / replays
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
@@ -90,7 +88,7 @@ def profile_step(runner, replays: int, graph=None) -> list[tuple[str, float, flo
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
-        return kernel_events(path)
+        return kernel_events(path), replay_us
 
 
 def summarize(kernels, replays: int) -> tuple[list[dict], float]:
@@ -168,11 +166,11 @@ def main():
             profile_engine(model, args, what)
         elif args.rows:
             for n in (int(r) for r in args.rows.split(",")):
-                rows, span = profile_rows(model, cache, args.context, n, args.replays)
-                print_profile(dict(what, rows=n), rows, span)
+                rows, span, replay = profile_rows(model, cache, args.context, n, args.replays)
+                print_profile(dict(what, rows=n), rows, span, replay)
         else:
-            rows, span = profile_context(model, cache, args.context, args.replays)
-            print_profile(what, rows, span)
+            rows, span, replay = profile_context(model, cache, args.context, args.replays)
+            print_profile(what, rows, span, replay)
 
 
 def profile_context(model, cache, context: int, replays: int):
@@ -183,7 +181,8 @@ def profile_context(model, cache, context: int, replays: int):
     runner.forward(seq, list(range(1, context + 1)), greedy)
     runner.decode_from_device(seq, greedy)  # captures the 1-token graph
     torch.cuda.synchronize()
-    result = summarize(profile_step(runner, replays), replays)
+    kernels, replay_us = profile_step(runner, replays)
+    result = (*summarize(kernels, replays), replay_us)
     cache.release(seq)
     return result
 
@@ -198,7 +197,8 @@ def profile_rows(model, cache, context: int, n: int, replays: int):
     runner.forward(seq, list(range(1, n + 1)), greedy, all_logits=True, sample_rows=True)
     torch.cuda.synchronize()
     graph = runner.static_step(n, all_logits=True).graphs[runner._graph_key(greedy, rows=True)]
-    result = summarize(profile_step(runner, replays, graph), replays)
+    kernels, replay_us = profile_step(runner, replays, graph)
+    result = (*summarize(kernels, replays), replay_us)
     cache.release(seq)
     return result
 
@@ -242,15 +242,18 @@ def profile_engine(model, args, what: dict):
         torch.cuda.empty_cache()
 
 
-def print_profile(what: dict, rows: list[dict], span: float):
+def print_profile(what: dict, rows: list[dict], span: float, replay_us: float | None = None):
+    """The kernels' rows and the step's span as JSON lines, then a table; replay_us: the step's
+    replays timed without the profiler (single-sequence steps)."""
     for r in rows:
         print(json.dumps(dict(what, **{k: round(v, 3) if isinstance(v, float) else v
                                        for k, v in r.items()})))
-    print(json.dumps(dict(what, kernel="step", span_us=round(span, 1),
-                          replay_us=round(replay_us, 1))))
+    replay = {} if replay_us is None else {"replay_us": round(replay_us, 1)}
+    print(json.dumps(dict(what, kernel="step", span_us=round(span, 1), **replay)))
     err = sys.stderr
-    print(f"\n{' '.join(str(v) for v in what.values())}: GPU span {span:.1f} us per step, "
-          f"replayed unprofiled {replay_us:.1f} us", file=err)
+    unprofiled = "" if replay_us is None else f", replayed unprofiled {replay_us:.1f} us"
+    print(f"\n{' '.join(str(v) for v in what.values())}: GPU span {span:.1f} us per step"
+          f"{unprofiled}", file=err)
     print(f"{'kernel':<60} {'calls':>6} {'mean us':>8} {'attr us':>8} {'share':>6}", file=err)
     for r in rows:
         print(f"{r['kernel']:<60} {r['calls_per_step']:>6.1f} {r['mean_us']:>8.2f} "
