@@ -99,7 +99,7 @@ def test_experiments_default_to_the_shipped_configuration():
 def test_experiments_reject_unknown_settings():
     for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
                 {"gemv_wide": {"fp4": 16}}, {"skinny": {"max_tokens": 64}},
-                {"invariant_gemm": {"warps": 8}}):
+                {"invariant_gemm": {"warps": 8}}, {"gemv_pdl_trigger": "end"}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))

@@ -15,6 +15,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys),
   ``"split_max_tokens"`` (the most rows of a step given a split workspace);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
+  ``"gemv_pdl_trigger"``: ``"after_loop"`` lets a decode GEMV's next kernel launch after its loop;
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
@@ -27,9 +28,7 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   and every weight's order in both kernels: ``blocked`` (contiguous parts), ``chunk`` (parts
   interleaved in chunks of this many K steps), ``runs``, ``nk`` (gemv_nk.cuh);
 - ``"fp8_gemm"``: gemm_fp8.py's launch settings for every shape, ``max_tokens`` (the most rows
-  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS;
-- ``"gemv_pdl_trigger"``: ``"after_loop"`` lets the kernel after a decode GEMV (gemv.cu,
-  gemv_rows.cu) launch once the GEMV's blocks end their loop, not at their start.
+  it takes) and ``enabled`` (whether it takes any step): FP8_GEMM_KEYS.
 """
 
 from __future__ import annotations
@@ -79,6 +78,8 @@ def _checked(settings) -> dict:
     unknown = set(settings) - {*groups, "pdl", *_SCALARS}
     unknown |= {f"{g}.{k}" for g, keys in groups.items() for k in settings.get(g, {})
                 if k not in keys}
+    if settings.get("gemv_pdl_trigger") not in (None, "start", "after_loop"):
+        unknown.add(f"gemv_pdl_trigger={settings['gemv_pdl_trigger']!r}")
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {**{g: dict(settings.get(g, {})) for g in groups},
