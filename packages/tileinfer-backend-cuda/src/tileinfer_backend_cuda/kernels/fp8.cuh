@@ -29,6 +29,11 @@ __device__ __forceinline__ float chunk_amax(const uint4& v) {
     return amax;
 }
 
+// The scale of a row whose largest |value| is amax: amax / 448 (IEEE division), 1 for zeros.
+__device__ __forceinline__ float row_scale(float amax) {
+    return amax > 0.0f ? amax / 448.0f : 1.0f;
+}
+
 // A chunk of 8 bf16 divided by scale and rounded to 8 e4m3 bytes (element 0 in the low byte).
 __device__ __forceinline__ uint2 chunk_e4m3(const uint4& v, float scale) {
     const u32* p = reinterpret_cast<const u32*>(&v);

@@ -54,7 +54,7 @@ quantize_rows(unsigned char* __restrict__ xq, float* __restrict__ x_scale,
     }
 #endif
     amax = block_max(amax, scratch);  // common.cuh
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = row_scale(amax);  // fp8.cuh
     if (threadIdx.x == 0) x_scale[blockIdx.x] = scale;
 #if ITEMS
 #pragma unroll

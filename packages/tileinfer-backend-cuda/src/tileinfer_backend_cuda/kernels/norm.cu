@@ -142,7 +142,7 @@ __device__ __forceinline__ void quantize_row(unsigned char* q, float* scale_out,
     for (int k = first * 8; k < dim; k += stride * 8)
         amax = fmaxf(amax, chunk_amax(*reinterpret_cast<const uint4*>(out + k)));
     amax = BLOCK ? block_max(amax, scratch) : warp_max(amax);
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = row_scale(amax);  // fp8.cuh
     if (first == 0) *scale_out = scale;
     for (int k = first * 8; k < dim; k += stride * 8)
         *reinterpret_cast<uint2*>(q + k) =

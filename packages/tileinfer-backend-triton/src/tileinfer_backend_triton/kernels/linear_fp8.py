@@ -196,8 +196,7 @@ def launch_fp8(out, x, weight, weight_scale, act: int = 0, act_args=(0.0, 0.0, 0
         if quantized is None:
             xq, x_scale = xq_all[: rows * k].view(rows, k), scales[:rows]
             part = x[start:start + rows]
-            _quantize_rows_kernel[(rows,)](part, part.stride(0), xq, x_scale, k,
-                                           BLOCK_K=min(1024, triton.next_power_of_2(k)))
+            quantize_rows(part, xq, x_scale)
         else:
             xq, x_scale, part = xq_all[start:start + rows], scales[start:start + rows], x
         _fp8_kernel[(cdiv(rows, block_m), cdiv(n_out, block_n))](
