@@ -178,16 +178,11 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm.cu", W_INT8=1, W_E4M3=1, OUT_DTYPE="bf16_t", ROUND_BF16=0)
     add("elementwise.cu", W_E4M3=1)
 
-    # the decode GEMVs letting the next kernel launch after their loop (PDL_TRIGGER 1): the ring,
-    # the register stream, the FP8 build and gemv_rows.cu
-    add("gemv.cu", WARPS=8, STAGES=4, PDL=1, PDL_TRIGGER=1)
-    add("gemv.cu", WARPS=16, STAGES=2, REGS=2, PDL=1, PDL_TRIGGER=1)
-    add("gemv.cu", W_FP8=1, WARPS=16, STAGES=3, TILES=4, ROUND_BF16=0, PDL=1, PDL_TRIGGER=1)
-    add("gemv_rows.cu", ROWS=2, UNROLL=4, WARPS=4, TOKENS=1, PDL=1, PDL_TRIGGER=1)
     # the FP8 build quantizing its bf16 rows itself (X_QUANT): each epilogue, one and two token
     # tiles, x reuse, PDL and not
-    add("gemv.cu", W_FP8=1, X_QUANT=1, WARPS=16, STAGES=2, ROUND_BF16=0, PDL=1)
-    add("gemv.cu", W_FP8=1, X_QUANT=1, EPILOGUE=1, WARPS=4, STAGES=3, NT=2, ROUND_BF16=0, PDL=1)
+    add("gemv.cu", W_FP8=1, X_QUANT=1, X_ITEMS=4, WARPS=16, STAGES=2, ROUND_BF16=0, PDL=1)
+    add("gemv.cu", W_FP8=1, X_QUANT=1, X_ITEMS=8, EPILOGUE=1, WARPS=4, STAGES=3, NT=2,
+        ROUND_BF16=0, PDL=1)
     add("gemv.cu", W_FP8=1, X_QUANT=1, EPILOGUE=2, WARPS=8, STAGES=3, TILES=4, X_REUSE=1,
         ROUND_BF16=0)
 

@@ -124,20 +124,6 @@ def test_embed_and_norms(launches):
     assert all(k.pdl for k in launches[1:])
 
 
-def test_the_gemv_pdl_trigger_switch(launches):
-    """The decode GEMVs let the next kernel launch from their start (no PDL_TRIGGER define:
-    the shipped builds) unless the switch's "gemv_pdl_trigger" asks for after their loop."""
-    x = torch.randn(3, 4096).to(BF)
-    w, s = _weight(6144, 4096, False, False)
-    for trigger in (None, "after_loop"):
-        with tuning.experiment({"gemv_pdl_trigger": trigger}):
-            OPS["linear"](torch.empty(1, 6144, dtype=BF), x[:1], w, s, True)  # gemv_rows.cu
-            OPS["linear"](torch.empty(3, 6144, dtype=BF), x, w, s, False)  # gemv.cu (batched)
-    assert [(k.file, k.defines.get("PDL_TRIGGER")) for k in launches] == [
-        ("gemv_rows.cu", None), ("gemv.cu", None), ("gemv_rows.cu", 1), ("gemv.cu", 1)]
-    assert all(k.pdl and k.defines["PDL"] == 1 for k in launches)
-
-
 @pytest.mark.parametrize("weights", ["bf16", "int8", "e4m3"])
 @pytest.mark.parametrize("n,invariant", [(1, True), (3, True), (3, False), (40, False),
                                          (100, False)])

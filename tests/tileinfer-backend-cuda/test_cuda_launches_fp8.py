@@ -181,10 +181,11 @@ def test_a_table_entry_replaces_the_rule_and_part_k_sets_the_parts(fp8, monkeypa
 
 
 def test_the_fp8_x_quant_switch_quantizes_in_the_gemv(fp8):
-    """With the switch's "fp8_x_quant": "gemv", an FP8 product of up to X_QUANT_MAX_ROWS rows is
-    one launch: gemv.cu's build of the plain path (fp8_quant.cu, then gemv.cu) with X_QUANT, on
-    the bf16 rows themselves, no scales given, two 16-byte x cells a lane and step in its ring;
-    more rows keep the quantization launch; another value is one clear error."""
+    """With the switch's "fp8_x_quant": "gemv", an FP8 product of a few rows is one launch:
+    gemv.cu's build of the plain path (fp8_quant.cu, then gemv.cu) with X_QUANT, on the bf16
+    rows themselves, no scales given; its ring without x's cells and, past it, the rows in e4m3
+    (n x K bytes), each thread holding X_ITEMS chunks of them. Rows past X_QUANT_MAX_ITEMS a
+    thread keep the quantization launch; another value of the switch is one clear error."""
     w, wg = _fp8_weight(4096, 14336), _fp8_weight(2 * 14336, 4096)
 
     def run(n, invariant=False):
@@ -195,20 +196,24 @@ def test_the_fp8_x_quant_switch_quantizes_in_the_gemv(fp8):
                              torch.empty(n, 2 * 14336, dtype=BF), invariant)
         return list(fp8), x, h
 
-    for n in (1, 16):
+    for n in (1, 2):
         plain, _, _ = run(n)
         assert _files(plain) == ["fp8_quant.cu", "gemv.cu"] * 2
         with tuning.experiment({"fp8_x_quant": "gemv"}):
             fused, x, h = run(n)
         assert _files(fused) == ["gemv.cu"] * 2
         for k, before, inp in ((fused[0], plain[1], x), (fused[1], plain[3], h)):
-            assert k.defines == {**before.defines, "X_QUANT": 1} and k.grid == before.grid
+            d = before.defines
+            threads = d["WARPS"] * 32
+            items = -(-n * inp.shape[1] // (8 * threads))
+            assert k.defines == {**d, "X_QUANT": 1, "X_ITEMS": items} and k.grid == before.grid
             assert k.args[1] is inp and k.args[-1] is None
-            # the ring (larger than the block's partial sums here): a 16-byte cell more a lane,
-            # stage and token tile
-            cells = before.defines["WARPS"] * before.defines["STAGES"] * before.defines["NT"]
-            assert k.smem == before.smem + cells * 32 * 16
+            # the ring (larger than the block's partial sums here) less a 16-byte cell a lane,
+            # stage and token tile, then the rows
+            cells = d["WARPS"] * d["STAGES"] * d["NT"]
+            assert k.smem == before.smem - cells * 32 * 16 + n * inp.shape[1]
     with tuning.experiment({"fp8_x_quant": "gemv"}):
-        assert _files(run(17, Invariance.BATCH)[0]) == ["fp8_quant.cu", "gemv.cu"] * 2
+        # 16 rows: 14 chunks a thread of down's 512, 64 of gate/up's 128
+        assert _files(run(16)[0]) == ["fp8_quant.cu", "gemv.cu"] * 2
     with pytest.raises(ValueError, match="fp8_x_quant"):
         tuning.set_experiments({"fp8_x_quant": "kernel"})

@@ -50,26 +50,26 @@
 // Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (SwiGLU: gate
 // rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads.
 //
-// X_QUANT = 1 (FP8 only, the ring, up to two token tiles): x comes as bf16 rows, and the kernel
-// quantizes them as fp8_quant.cu would (gemv_xquant.cuh): each row's scale from its largest
-// |value| after pdl_wait, each lane's 16 values rounded to e4m3 where its mma's take them. The
-// same bits as fp8_quant.cu's launch and then this kernel on its output, without that launch.
+// X_QUANT = 1 (FP8 only, the ring, up to two token tiles): x comes as bf16 rows, which each
+// block quantizes once, as fp8_quant.cu would, into shared memory past the ring
+// (gemv_xquant.cuh, after pdl_wait, while the first stages' weight copies land); the lanes read
+// their x chunks from there instead of the ring. The same bits as fp8_quant.cu's launch and
+// then this kernel on its output, without that launch. X_ITEMS: a thread's 16-byte chunks of x.
 //
 // Programmatic dependent launch (PDL = 1): the prologue issues the first STAGES - 1 steps'
 // weight copies, waits for the previous grid (pdl_wait), then issues their x copies, all one
 // commit group (padded with empty groups, so the steady state's counting is unchanged). Every
-// output write follows pdl_wait. The next kernel may launch from the prologue (PDL_TRIGGER 0)
-// or once the block's loop is done (PDL_TRIGGER 1: the experiment switch's
-// "gemv_pdl_trigger", ops/tuning.py).
+// output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh), W_FP8 (0/1;
-// sm_89 and newer), X_QUANT (0/1), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0), EPILOGUE
+// sm_89 and newer), X_QUANT (0/1) and X_ITEMS, INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when
+// K % 16 != 0), EPILOGUE
 // (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
 // GROUPS (row groups of a block), X_REUSE (0/1), RUNS (runs of warps in the final sum),
 // BLOCKED_PARTS (0/1: the warps' K steps interleaved or contiguous, gemv_parts.cuh), PART_CHUNK
-// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1), PDL_TRIGGER (0/1).
+// (interleaved steps a chunk), NK_PRODUCTS (0/1, gemv_nk.cuh), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -83,6 +83,9 @@
 #endif
 #ifndef X_QUANT
 #define X_QUANT 0
+#endif
+#ifndef X_ITEMS
+#define X_ITEMS 1
 #endif
 #ifndef EPILOGUE
 #define EPILOGUE 0
@@ -111,9 +114,6 @@
 #ifndef PDL
 #define PDL 0
 #endif
-#ifndef PDL_TRIGGER
-#define PDL_TRIGGER 0  // where the next kernel may launch: 0 the prologue, 1 after the loop
-#endif
 #ifndef GROUPS
 #define GROUPS 1
 #endif
@@ -135,7 +135,7 @@ constexpr int LANE_K = W_FP8 ? 16 : W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
 constexpr int XVECS = W_FP8 ? 1 : LANE_K / 8;     // 16-byte chunks of x a step_mma takes
-constexpr int X_CELLS = X_QUANT ? 2 : XVECS;      // and that a lane copies a step (bf16 with X_QUANT)
+constexpr int X_CELLS = X_QUANT ? 0 : XVECS;      // and that the ring holds (X_QUANT: none)
 // Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
 // (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
 // of each token tile (tokens 8 j + g).
@@ -146,7 +146,7 @@ static_assert(REGS == 0 || W_BYTES == 16, "REGS: 16-byte weight chunks only");
 
 #if W_FP8
 #include "fp8.cuh"
-#include "gemv_xquant.cuh"  // x_row_scales, x_e4m3
+#include "gemv_xquant.cuh"  // quantize_x_rows
 typedef unsigned char w_t;
 #if X_QUANT
 typedef bf16_t x_t;  // quantized here
@@ -181,11 +181,16 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     const int block_base = blockIdx.x * GROUPS * GROUP_ROWS;
     const int row_base = block_base + group * GROUP_ROWS;
 #if X_QUANT
-    __shared__ int x_amax_bits[TOKENS];  // the rows' largest |value| (x_row_scales)
-    __shared__ float x_scales[TOKENS];   // and their scales: the epilogue's x_scale
+    __shared__ unsigned x_amax_bits[TOKENS];  // the rows' largest |value| (quantize_x_rows)
+    __shared__ float x_scales[TOKENS];        // and their scales: the epilogue's x_scale
     if (threadIdx.x < TOKENS) x_amax_bits[threadIdx.x] = 0;
     __syncthreads();
     x_scale = x_scales;
+    // x's rows in e4m3, past the ring or the block's partial sums (whichever is larger)
+    constexpr int RING_BYTES = THREADS * STAGES * PARTS * 16;
+    constexpr int PARTIAL_BYTES = GROUPS * WARPS * WT * 16 * (TOKENS + 1) * 4;
+    unsigned char* const xq = reinterpret_cast<unsigned char*>(ring) +
+                              (RING_BYTES > PARTIAL_BYTES ? RING_BYTES : PARTIAL_BYTES);
 #endif
     // Token slots past n read token n - 1 again; their sums are dropped.
     const x_t* xrow[NT];
@@ -261,7 +266,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     uint4 wa0[REGS][WT], wb0[REGS][WT];
     uint4 wa1[REGS][WT], wb1[REGS][WT];
 #if PDL
-    if (PDL_TRIGGER == 0) pdl_launch_dependents();
+    pdl_launch_dependents();
 #endif
     load_round(wa0, wb0, 0);
 #if PDL
@@ -314,7 +319,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     };
 
 #if PDL
-    if (PDL_TRIGGER == 0) pdl_launch_dependents();
+    pdl_launch_dependents();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue_w(i);
     pdl_wait();  // x (and the output buffer) belong to the previous kernels from here on
@@ -327,17 +332,14 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
 #endif
-#if X_QUANT  // the rows' scales, while the first stages' copies land
-    x_row_scales<TOKENS>(x_scales, x_amax_bits, x, n, K, x_stride);
-    float xs[NT];  // the scales of this lane's tokens (8 j + g)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) xs[j] = x_scales[min(8 * j + g, n - 1)];
+#if X_QUANT  // x's rows, while the first stages' weight copies land
+    quantize_x_rows<X_ITEMS>(xq, x_scales, x_amax_bits, x, n, K, x_stride);
 #endif
-    // Token tile j's x chunks of a ring stage as step_mma takes them.
-    auto x_chunks = [&](uint4 (&xv)[XVECS], const uint4* stage, int j) {
-#if X_QUANT
-        const uint4 cells[2] = {stage[(2 * WT + 2 * j) * 32], stage[(2 * WT + 2 * j + 1) * 32]};
-        xv[0] = x_e4m3(cells, xs[j]);
+    // Token tile j's x chunks of step i (in ring stage `stage`) as step_mma takes them.
+    auto x_chunks = [&](uint4 (&xv)[XVECS], const uint4* stage, int j, int i) {
+#if X_QUANT  // past the warp's steps: k 0 (the weight chunks there are zeros)
+        const int k = in_range(i, step_k(i)) ? step_k(i) + t * LANE_K : 0;
+        xv[0] = *reinterpret_cast<const uint4*>(xq + min(8 * j + g, n - 1) * K + k);
 #else
 #pragma unroll
         for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
@@ -370,7 +372,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             uint4 xv[XVECS];
-            x_chunks(xv, stage, j);
+            x_chunks(xv, stage, j, i);
 #pragma unroll
             for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
         }
@@ -382,7 +384,7 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
-                x_chunks(xv, stage, j);
+                x_chunks(xv, stage, j, i);
                 step_mma(acc[m][j], f, xv);
             }
         }
@@ -390,9 +392,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     }
     cp_async_wait<0>();
     __syncthreads();  // every copy has landed: the ring holds the partial sums from here on
-#endif
-#if PDL
-    if (PDL_TRIGGER == 1) pdl_launch_dependents();  // the loop is done: the next kernel may launch
 #endif
 
     // partial[group][warp][tile][row][token], rows padded to TOKENS + 1 floats (no bank

@@ -49,12 +49,11 @@
 // Programmatic dependent launch (PDL = 1): the weights depend on no earlier kernel, x does. The
 // first round's weight loads are issued, then the kernel waits for the previous grid
 // (pdl_wait), then loads x; every global write (output, scratch, counters) follows pdl_wait.
-// The next kernel may launch from the start (PDL_TRIGGER 0) or after the loop (1), as gemv.cu's.
 //
 // Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh),
 // EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16, ROWS (output rows per block), UNROLL (steps per round, 1..4), WARPS (warps
-// splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1), PDL_TRIGGER (0/1).
+// splitting K in a block), TOKENS (token slots, n <= TOKENS <= 8), PDL (0/1).
 #include "common.cuh"
 
 #ifndef W_INT8
@@ -83,9 +82,6 @@
 #endif
 #ifndef PDL
 #define PDL 0
-#endif
-#ifndef PDL_TRIGGER
-#define PDL_TRIGGER 0  // where the next kernel may launch: 0 the prologue, 1 after the loop
 #endif
 typedef OUT_DTYPE out_t;
 
@@ -248,7 +244,7 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
     // Two register buffers: the loads of round j + 1 are in flight during the math of round j.
     uint4 buf_a[UNROLL][WROWS], buf_b[UNROLL][WROWS];
 #if PDL
-    if (PDL_TRIGGER == 0) pdl_launch_dependents();
+    pdl_launch_dependents();
 #endif
     s.load_round(buf_a, 0);
 #if PDL
@@ -262,9 +258,6 @@ gemv_rows(out_t* __restrict__ out, const bf16_t* __restrict__ x, const w_t* __re
         s.math_round(buf_b, j + 1, acc);
     }
 
-#if PDL
-    if (PDL_TRIGGER == 1) pdl_launch_dependents();  // the loop is done: the next kernel may launch
-#endif
     // Sum over the warp (the same bits in every lane), then over the block's warps in order.
 #pragma unroll
     for (int t = 0; t < TOKENS; ++t) {

@@ -1,43 +1,45 @@
-// gemv.cu's X_QUANT build (FP8): the input's bf16 rows quantized inside the GEMV, as
-// fp8_quant.cu quantizes them (tileinfer/backend/fp8.py defines it): a row's scale from its
-// largest |value| (x_row_scales), each value divided by it and rounded to e4m3 (x_e4m3). The
-// arithmetic is fp8.cuh's, which fp8_quant.cu runs, so the bits are its launch's.
+// gemv.cu's X_QUANT build (FP8): the input's bf16 rows quantized once a block into shared
+// memory, as fp8_quant.cu quantizes them (tileinfer/backend/fp8.py defines it): a row's scale
+// from its largest |value|, each value divided by it and rounded to e4m3. The arithmetic is
+// fp8.cuh's, which fp8_quant.cu runs, so the bytes and scales are its launch's.
 #pragma once
 #include "fp8.cuh"
 
-// The scales of x's n token rows (n <= TOKENS, K % 8 == 0) into `scales` (shared memory), every
-// thread of the block taking 16-byte chunks; amax_bits: TOKENS ints of shared memory, zero
-// before the call. A row's maximum gathers as float bits: non-negative floats order as their
-// bits do, so atomicMax of the bits is the largest value whatever the order. Returns after a
-// barrier: every thread may read `scales`.
-template <int TOKENS>
-__device__ __forceinline__ void x_row_scales(float* scales, int* amax_bits,
-                                             const bf16_t* __restrict__ x, int n, int K,
-                                             i64 x_stride) {
-    float amax[TOKENS];
+// x's n rows (K % 256 == 0) into xq (shared memory, n x K e4m3 bytes, row-major) and their
+// scales into `scales` (shared). Chunk c of the n K / 8 16-byte chunks (row c / (K / 8)) is
+// thread threadIdx.x + i blockDim.x's i-th, held in registers between the maximum and the
+// rounding (ITEMS >= n K / (8 blockDim.x)). A warp's 32 chunks lie in one row (K / 8 is a multiple
+// of 32), so the warp reduces its maximum at once; rows' maxima gather as float bits in
+// amax_bits (shared, zero before the call): non-negative floats order as their bits do, so
+// atomicMax of the bits is the largest value whatever the order. Returns after a barrier.
+template <int ITEMS>
+__device__ __forceinline__ void quantize_x_rows(unsigned char* xq, float* scales,
+                                                unsigned* amax_bits, const bf16_t* __restrict__ x,
+                                                int n, int K, i64 x_stride) {
+    const int row_chunks = K / 8, chunks = n * row_chunks;
+    uint4 v[ITEMS];
 #pragma unroll
-    for (int tok = 0; tok < TOKENS; ++tok) amax[tok] = 0.0f;
-    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8)
+    for (int i = 0; i < ITEMS; ++i) {  // every load first
+        const int c = threadIdx.x + i * blockDim.x;
+        v[i] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(
+                                x + c / row_chunks * x_stride + c % row_chunks * 8))
+                          : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-        for (int tok = 0; tok < TOKENS; ++tok)  // every row's chunk requested before any max
-            if (tok < n)
-                amax[tok] = fmaxf(amax[tok], chunk_amax(__ldg(
-                    reinterpret_cast<const uint4*>(x + tok * x_stride + k))));
-#pragma unroll
-    for (int tok = 0; tok < TOKENS; ++tok) {
-        if (tok >= n) break;
-        float m = amax[tok];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + tok, __float_as_int(m));
+    for (int i = 0; i < ITEMS; ++i) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c >= chunks) break;  // the whole warp
+        const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(chunk_amax(v[i])));
+        if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + c / row_chunks, m);
     }
     __syncthreads();
-    if (threadIdx.x < n) scales[threadIdx.x] = row_scale(__int_as_float(amax_bits[threadIdx.x]));
+    if (threadIdx.x < n) scales[threadIdx.x] = row_scale(__uint_as_float(amax_bits[threadIdx.x]));
     __syncthreads();
-}
-
-// A lane's 16 x values (two 16-byte cells of bf16, k order) as 16 e4m3 bytes in that order.
-__device__ __forceinline__ uint4 x_e4m3(const uint4 (&cells)[2], float scale) {
-    const uint2 lo = chunk_e4m3(cells[0], scale), hi = chunk_e4m3(cells[1], scale);
-    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < chunks)
+            *reinterpret_cast<uint2*>(xq + (i64)c * 8) = chunk_e4m3(v[i], scales[c / row_chunks]);
+    }
+    __syncthreads();
 }

@@ -70,11 +70,11 @@ def gemv_regs(config: dict, int8: bool, load: int) -> int:
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows a
-    16-row tile (tiles x matrices) + x's 16-byte cells a token tile (FP8: one of e4m3, or two of
-    bf16 that the build quantizes, "x_quant"; INT8: 16 weights' worth of bf16); none with REGS."""
+    16-row tile (tiles x matrices) + x's 16-byte cells a token tile (FP8: one of e4m3, none where
+    the build quantizes x, "x_quant"; INT8: 16 weights' worth of bf16); none with REGS."""
     if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
-    x_cells = 2 if config.get("x_quant") else 1 if fp8 else (int8_load(k_dim) if int8 else 8) // 8
+    x_cells = 0 if config.get("x_quant") else 1 if fp8 else (int8_load(k_dim) if int8 else 8) // 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     parts = 2 * tiles + x_cells * token_tiles
     return config.get("groups", 1) * config["warps"] * config["stages"] * parts * 32 * 16
@@ -83,11 +83,13 @@ def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
 def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
-    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
+    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger; then
+    the e4m3 x rows of a build that quantizes them ("x_quant": their count)."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     warps = config.get("groups", 1) * config["warps"]
     partial = warps * tiles * 16 * (8 * token_tiles + 1) * 4
-    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8))
+    ring = gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8)
+    return max(partial, ring) + config.get("x_quant", 0) * k_dim
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -99,13 +101,14 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
                  pdl_on: bool, token_tiles: int = 1, fp8: bool = False) -> dict:
     """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x, or with
-    cfg's "x_quant" bf16 x that the kernel quantizes, X_QUANT)."""
+    cfg's "x_quant" bf16 x that the kernel quantizes, X_QUANT, "x_items" chunks a thread)."""
     defines = {"W_INT8": int(int8 and not fp8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
     if fp8:
-        defines.update({"W_FP8": 1, **({"X_QUANT": 1} if cfg.get("x_quant") else {})})
+        defines.update({"W_FP8": 1, **({"X_QUANT": 1, "X_ITEMS": cfg["x_items"]}
+                                        if cfg.get("x_quant") else {})})
     if cfg.get("groups", 1) > 1:
         defines["GROUPS"] = cfg["groups"]
     if cfg.get("runs", 1) > 1:
@@ -125,13 +128,7 @@ def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str
         defines["X_REUSE"] = 1  # a step's x chunks read from the ring once for all tiles
     if pdl_on:
         defines["PDL"] = 1
-        defines.update(_trigger())
     return defines
-
-
-def _trigger() -> dict:
-    """PDL_TRIGGER of a GEMV build: where the next kernel may launch (the switch's)."""
-    return {"PDL_TRIGGER": 1} if experiments["gemv_pdl_trigger"] == "after_loop" else {}
 
 
 def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, tokens: int,
@@ -143,7 +140,6 @@ def gemv_rows_defines(cfg: dict, int8: bool, epilogue: str, out_dtype: str, toke
                "WARPS": cfg["warps"], "TOKENS": tokens}
     if pdl_on:
         defines["PDL"] = 1
-        defines.update(_trigger())
     return defines
 
 

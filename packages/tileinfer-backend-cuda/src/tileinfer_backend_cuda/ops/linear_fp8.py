@@ -35,8 +35,9 @@ QUANT_THREADS = 256
 # (K <= 16,384 with 256 threads), else reads it twice.
 QUANT_MAX_ITEMS = 8
 # gemv.cu's X_QUANT build (the switch's "fp8_x_quant": "gemv") takes steps of up to this many
-# rows: every block reads each row whole for its scale.
+# rows, a thread holding at most X_QUANT_MAX_ITEMS 16-byte chunks of them (in registers).
 X_QUANT_MAX_ROWS = 16
+X_QUANT_MAX_ITEMS = 8
 
 
 def fp8_ok(out, x, weight, weight_scale) -> bool:
@@ -112,15 +113,17 @@ def _quantizing_gemv(out, x, weight, weight_scale, epilogue, xielu_params) -> bo
     arithmetic, so the bits of quantize_rows and then the GEMV, one launch fewer), where the
     switch asks for it and the step fits one launch; False where it does not run."""
     n, k_dim = x.shape
-    if experiments["fp8_x_quant"] != "gemv" or n > X_QUANT_MAX_ROWS:
-        return False
+    if experiments["fp8_x_quant"] != "gemv" or n > X_QUANT_MAX_ROWS or k_dim % 256:
+        return False  # K % 256: a warp's 32 chunks of x in one row (gemv_xquant.cuh)
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device, tiles = dev(x), mma_token_tiles(n)
     cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, tiles, fp8=True)
     if cfg is None or cfg.get("regs"):
         return False
-    cfg = dict(cfg, x_quant=True)
-    if gemv_smem_bytes(cfg, k_dim, True, epilogue, tiles, True) > smem_limit(device) - 1024:
+    threads = cfg.get("groups", 1) * cfg["warps"] * 32
+    cfg = dict(cfg, x_quant=n, x_items=-(-n * k_dim // (8 * threads)))
+    if (cfg["x_items"] > X_QUANT_MAX_ITEMS or gemv_smem_bytes(cfg, k_dim, True, epilogue, tiles,
+                                                              True) > smem_limit(device) - 1024):
         return False
     gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, tiles)
     return True

@@ -15,7 +15,6 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys),
   ``"split_max_tokens"`` (the most rows of a step given a split workspace);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
-  ``"gemv_pdl_trigger"``: ``"after_loop"`` lets a decode GEMV's next kernel launch after its loop;
   ``"fp8_x_quant"``: ``"gemv"`` lets the FP8 GEMV quantize its input (no fp8_quant.cu launch);
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
@@ -65,7 +64,7 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 _ATTN_KEYS = {*ATTN_CONFIG, "splits", "decode_m_tiles", "invariant_split_keys", "split_max_tokens"}
 # settings of one value (None: the shipped one), and the values of those that name a choice
-_CHOICES = {"gemv_pdl_trigger": ("start", "after_loop"), "fp8_x_quant": ("launch", "gemv")}
+_CHOICES = {"fp8_x_quant": ("launch", "gemv")}
 _SCALARS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows", *_CHOICES)
 
 
