@@ -178,14 +178,6 @@ def builds() -> list[tuple[str, dict, tuple]]:
     add("gemm.cu", W_INT8=1, W_E4M3=1, OUT_DTYPE="bf16_t", ROUND_BF16=0)
     add("elementwise.cu", W_E4M3=1)
 
-    # the FP8 build quantizing its bf16 rows itself (X_QUANT): each epilogue, one and two token
-    # tiles, x reuse, PDL and not
-    add("gemv.cu", W_FP8=1, X_QUANT=1, X_ITEMS=4, WARPS=16, STAGES=2, ROUND_BF16=0, PDL=1)
-    add("gemv.cu", W_FP8=1, X_QUANT=1, X_ITEMS=8, EPILOGUE=1, WARPS=4, STAGES=3, NT=2,
-        ROUND_BF16=0, PDL=1)
-    add("gemv.cu", W_FP8=1, X_QUANT=1, EPILOGUE=2, WARPS=8, STAGES=3, TILES=4, X_REUSE=1,
-        ROUND_BF16=0)
-
     for head_dim in (64, 128, 256):
         for kv_int8, smooth in ((0, 0), (0, 1), (1, 0), (1, 1)):
             add("attention.cu", HEAD_DIM=head_dim, KV_INT8=kv_int8, SMOOTH=smooth, KV_STAGES=2)

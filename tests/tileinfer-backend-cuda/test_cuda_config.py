@@ -92,14 +92,14 @@ def test_experiments_default_to_the_shipped_configuration():
     assert tuning._checked(None) == {"gemv": {}, "attention": {}, "pdl": True, "gemv_wide": {},
                                      "small_weight_bytes": None, "cublaslt_max_tokens": None,
                                      "int8_cublas_min_rows": None, "invariant_gemm": {},
-                                     "fp8_gemm": {}, "fp8_x_quant": None}
+                                     "fp8_gemm": {}}
     assert tuning._checked("") == tuning._checked("{}") == tuning._checked({})
 
 
 def test_experiments_reject_unknown_settings():
     for bad in ({"gemv_kernel": "mma"}, {"gemv": {"rowz": 2}}, {"attention": {"stage": 3}},
                 {"gemv_wide": {"fp4": 16}}, {"skinny": {"max_tokens": 64}},
-                {"invariant_gemm": {"warps": 8}}, {"fp8_x_quant": True}):
+                {"invariant_gemm": {"warps": 8}}):
         with pytest.raises(ValueError, match="unknown settings"):
             tuning.set_experiments(bad)
     assert tuning.experiments == tuning._checked(os.environ.get(tuning.EXPERIMENTS_ENV))

@@ -544,39 +544,6 @@ def test_fp8_quantization_gives_the_reference_bits(cuda, k):
     assert torch.equal(xq, want_q.view(torch.uint8))
 
 
-@pytest.mark.parametrize("n", [1, 3, 9, 16])
-@pytest.mark.parametrize("op,rows,k", [("linear", 6144, 4096), ("linear", 4096, 14336),
-                                       ("linear_swiglu", 14336, 4096),
-                                       ("linear_xielu", 1000, 4096)])
-def test_fp8_gemv_quantizing_its_input_gives_the_launchs_bits(cuda, monkeypatch, n, op, rows,
-                                                              k):
-    """gemv.cu's X_QUANT build (the switch's "fp8_x_quant": "gemv") against fp8_quant.cu's
-    launch and then gemv.cu: the same bits, with each token row's own scale (rows of several
-    magnitudes, an outlier, an all-zero row), every epilogue; one row always takes the build,
-    more rows where a thread's chunks of them fit its registers (else the launch)."""
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9")
-    from tileinfer_backend_cuda.ops import linear_fp8
-
-    built = []  # the x_quant rows of each gemv.cu launch under the switch
-    real = linear_fp8.gemv_mma
-    monkeypatch.setattr(linear_fp8, "gemv_mma",
-                        lambda *a: built.append(a[6].get("x_quant")) or real(*a))
-    g = torch.Generator().manual_seed(n * k + rows)
-    x = torch.randn(n, k, generator=g) * 10.0 ** (torch.arange(n)[:, None] % 5 - 2)
-    x[0, 5] = 300.0
-    if n > 1:
-        x[-1] = 0.0
-    x = x.to(torch.bfloat16).to(DEV)
-    w, scale = make_fp8_weight(2 * rows if op == "linear_swiglu" else rows, k, DEV, g)
-    want = run_linear_op(cuda, op, x, w, scale, rows, True)
-    with _experiment({"fp8_x_quant": "gemv"}):
-        got = run_linear_op(cuda, op, x, w, scale, rows, True)
-    assert built == [n] or (n > 1 and not built)
-    torch.cuda.synchronize()
-    assert torch.equal(got, want)
-
-
 # --- FP8: batched products on gemm_wgmma.cu (ops/gemm_fp8.py) -------------------------------------
 
 

@@ -50,20 +50,13 @@
 // Grid: ceil(O / (16 * TILES * GROUPS)) blocks of 16 * TILES * GROUPS output rows (SwiGLU: gate
 // rows j and up rows O + j in one block); block: GROUPS * WARPS * 32 threads.
 //
-// X_QUANT = 1 (FP8 only, the ring, up to two token tiles): x comes as bf16 rows, which each
-// block quantizes once, as fp8_quant.cu would, into shared memory past the ring
-// (gemv_xquant.cuh, after pdl_wait, while the first stages' weight copies land); the lanes read
-// their x chunks from there instead of the ring. The same bits as fp8_quant.cu's launch and
-// then this kernel on its output, without that launch. X_ITEMS: a thread's 16-byte chunks of x.
-//
 // Programmatic dependent launch (PDL = 1): the prologue issues the first STAGES - 1 steps'
 // weight copies, waits for the previous grid (pdl_wait), then issues their x copies, all one
 // commit group (padded with empty groups, so the steady state's counting is unchanged). Every
 // output write follows pdl_wait.
 //
 // Defines: W_INT8 (0/1), W_E4M3 (0/1: the one-byte weights are e4m3, common.cuh), W_FP8 (0/1;
-// sm_89 and newer), X_QUANT (0/1) and X_ITEMS, INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when
-// K % 16 != 0), EPILOGUE
+// sm_89 and newer), INT8_LOAD (16 or 8 bytes per int8 chunk; 8 when K % 16 != 0), EPILOGUE
 // (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE (bf16_t or float),
 // ROUND_BF16 (round the sum to bf16 before writing: what a bf16 F.linear does), WARPS, STAGES,
 // TILES, NT, REGS (0: the ring; else steps per register round, 16-byte weight chunks only),
@@ -80,12 +73,6 @@
 #endif
 #ifndef INT8_LOAD
 #define INT8_LOAD 16
-#endif
-#ifndef X_QUANT
-#define X_QUANT 0
-#endif
-#ifndef X_ITEMS
-#define X_ITEMS 1
 #endif
 #ifndef EPILOGUE
 #define EPILOGUE 0
@@ -134,25 +121,19 @@ constexpr int TOKENS = 8 * NT;               // token slots
 constexpr int LANE_K = W_FP8 ? 16 : W_INT8 ? INT8_LOAD : 8;
 constexpr int STEP_K = 4 * LANE_K;
 constexpr int W_BYTES = W_INT8 ? INT8_LOAD : 16;  // bytes of one lane's weight chunk
-constexpr int XVECS = W_FP8 ? 1 : LANE_K / 8;     // 16-byte chunks of x a step_mma takes
-constexpr int X_CELLS = X_QUANT ? 0 : XVECS;      // and that the ring holds (X_QUANT: none)
+constexpr int XVECS = W_FP8 ? 1 : LANE_K / 8;     // 16-byte chunks of x per lane and step
 // Ring slot layout: [warp][stage][part][lane] 16-byte cells; parts: 2 weight rows per tile
 // (tile i = mat * TILES + j: rows 16 j + g and 16 j + g + 8 of matrix mat), then the x chunks
 // of each token tile (tokens 8 j + g).
 #if !REGS
-constexpr int PARTS = 2 * WT + X_CELLS * NT;
+constexpr int PARTS = 2 * WT + XVECS * NT;
 #endif
 static_assert(REGS == 0 || W_BYTES == 16, "REGS: 16-byte weight chunks only");
 
 #if W_FP8
 #include "fp8.cuh"
-#include "gemv_xquant.cuh"  // quantize_x_rows
 typedef unsigned char w_t;
-#if X_QUANT
-typedef bf16_t x_t;  // quantized here
-#else
 typedef unsigned char x_t;  // e4m3
-#endif
 #elif W_INT8
 typedef signed char w_t;
 typedef bf16_t x_t;
@@ -167,8 +148,6 @@ typedef bf16_t x_t;
 #include "gemv_parts.cuh"     // part_steps, part_step (BLOCKED_PARTS, PART_CHUNK)
 static_assert(WARPS % RUNS == 0, "RUNS: runs of whole warps");
 static_assert(!(REGS && NK_PRODUCTS), "NK_PRODUCTS: the ring only");
-static_assert(!X_QUANT || (W_FP8 && !REGS && !NK_PRODUCTS && NT <= 2),
-              "X_QUANT: the FP8 build on the ring, up to two token tiles");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__ w,
@@ -180,18 +159,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
     const int g = lane >> 2, t = lane & 3;
     const int block_base = blockIdx.x * GROUPS * GROUP_ROWS;
     const int row_base = block_base + group * GROUP_ROWS;
-#if X_QUANT
-    __shared__ unsigned x_amax_bits[TOKENS];  // the rows' largest |value| (quantize_x_rows)
-    __shared__ float x_scales[TOKENS];        // and their scales: the epilogue's x_scale
-    if (threadIdx.x < TOKENS) x_amax_bits[threadIdx.x] = 0;
-    __syncthreads();
-    x_scale = x_scales;
-    // x's rows in e4m3, past the ring or the block's partial sums (whichever is larger)
-    constexpr int RING_BYTES = THREADS * STAGES * PARTS * 16;
-    constexpr int PARTIAL_BYTES = GROUPS * WARPS * WT * 16 * (TOKENS + 1) * 4;
-    unsigned char* const xq = reinterpret_cast<unsigned char*>(ring) +
-                              (RING_BYTES > PARTIAL_BYTES ? RING_BYTES : PARTIAL_BYTES);
-#endif
     // Token slots past n read token n - 1 again; their sums are dropped.
     const x_t* xrow[NT];
 #pragma unroll
@@ -308,8 +275,8 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int v = 0; v < X_CELLS; ++v)
-                cp_async_ca16(stage + (2 * WT + j * X_CELLS + v) * 32 * 16, xrow[j] + kk + 8 * v,
+            for (int v = 0; v < XVECS; ++v)
+                cp_async_ca16(stage + (2 * WT + j * XVECS + v) * 32 * 16, xrow[j] + kk + 8 * v,
                               valid ? 16 : 0);
     };
     auto issue = [&](int i) {
@@ -332,19 +299,6 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
 #endif
-#if X_QUANT  // x's rows, while the first stages' weight copies land
-    quantize_x_rows<X_ITEMS>(xq, x_scales, x_amax_bits, x, n, K, x_stride);
-#endif
-    // Token tile j's x chunks of step i (in ring stage `stage`) as step_mma takes them.
-    auto x_chunks = [&](uint4 (&xv)[XVECS], const uint4* stage, int j, int i) {
-#if X_QUANT  // past the warp's steps: k 0 (the weight chunks there are zeros)
-        const int k = in_range(i, step_k(i)) ? step_k(i) + t * LANE_K : 0;
-        xv[0] = *reinterpret_cast<const uint4*>(xq + min(8 * j + g, n - 1) * K + k);
-#else
-#pragma unroll
-        for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
-#endif
-    };
     for (int i = 0; i < my_steps; ++i) {
         if (NK_PRODUCTS) __syncwarp();  // every lane's ldmatrix reads of step i - 1 are done
         issue(i + STAGES - 1);          // refills the stage read in step i - 1
@@ -372,7 +326,8 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             uint4 xv[XVECS];
-            x_chunks(xv, stage, j, i);
+#pragma unroll
+            for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
 #pragma unroll
             for (int m = 0; m < WT; ++m) step_mma(acc[m][j], f[m], xv);
         }
@@ -384,7 +339,8 @@ gemv(out_t* __restrict__ out, const x_t* __restrict__ x, const w_t* __restrict__
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 uint4 xv[XVECS];
-                x_chunks(xv, stage, j, i);
+#pragma unroll
+                for (int v = 0; v < XVECS; ++v) xv[v] = stage[(2 * WT + j * XVECS + v) * 32];
                 step_mma(acc[m][j], f, xv);
             }
         }

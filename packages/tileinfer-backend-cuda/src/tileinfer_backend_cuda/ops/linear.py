@@ -69,27 +69,26 @@ def gemv_regs(config: dict, int8: bool, load: int) -> int:
 
 def gemv_ring_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1, fp8: bool = False) -> int:
-    """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows a
-    16-row tile (tiles x matrices) + x's 16-byte cells a token tile (FP8: one of e4m3, none where
-    the build quantizes x, "x_quant"; INT8: 16 weights' worth of bf16); none with REGS."""
+    """gemv.cu's ring: GROUPS x WARPS x STAGES x PARTS x 32 x 16 bytes, PARTS = 2 weight rows per
+    16-row tile (tiles per matrix x matrices) + the x chunks of every token tile (one 16-byte
+    chunk of e4m3 with FP8, 16 int8 weights' worth of bf16 with INT8); none with REGS. An FP8
+    weight is laid out as INT8's (int8 true, 16-byte loads)."""
     if gemv_regs(config, int8, int8_load(k_dim)):
         return 0
-    x_cells = 0 if config.get("x_quant") else 1 if fp8 else (int8_load(k_dim) if int8 else 8) // 8
+    lane_k = int8_load(k_dim) if int8 else 8
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
-    parts = 2 * tiles + x_cells * token_tiles
+    parts = 2 * tiles + (1 if fp8 else lane_k // 8) * token_tiles
     return config.get("groups", 1) * config["warps"] * config["stages"] * parts * 32 * 16
 
 
 def gemv_smem_bytes(config: dict, k_dim: int, int8: bool, epilogue: str,
                     token_tiles: int = 1, fp8: bool = False) -> int:
     """gemv.cu's dynamic shared memory: the ring, or the block's partial sums (float
-    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger; then
-    the e4m3 x rows of a build that quantizes them ("x_quant": their count)."""
+    [GROUPS][WARPS][tiles][16][8 * token_tiles + 1]) that reuse it, whichever is larger."""
     tiles = config.get("tiles", 1) * (2 if epilogue == "swiglu" else 1)
     warps = config.get("groups", 1) * config["warps"]
     partial = warps * tiles * 16 * (8 * token_tiles + 1) * 4
-    ring = gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8)
-    return max(partial, ring) + config.get("x_quant", 0) * k_dim
+    return max(partial, gemv_ring_bytes(config, k_dim, int8, epilogue, token_tiles, fp8))
 
 
 def round_bf16(int8: bool, out_dtype: str) -> int:
@@ -100,15 +99,13 @@ def round_bf16(int8: bool, out_dtype: str) -> int:
 
 def gemv_defines(cfg: dict, int8: bool, load: int, epilogue: str, out_dtype: str,
                  pdl_on: bool, token_tiles: int = 1, fp8: bool = False) -> dict:
-    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x, or with
-    cfg's "x_quant" bf16 x that the kernel quantizes, X_QUANT, "x_items" chunks a thread)."""
+    """The defines of a gemv.cu build (load: its INT8_LOAD; fp8: e4m3 weight and x)."""
     defines = {"W_INT8": int(int8 and not fp8), "INT8_LOAD": load, "EPILOGUE": EPILOGUES[epilogue],
                "OUT_DTYPE": out_dtype, "ROUND_BF16": round_bf16(int8, out_dtype),
                "WARPS": cfg["warps"], "STAGES": cfg["stages"], "TILES": cfg.get("tiles", 1),
                "NT": token_tiles}
     if fp8:
-        defines.update({"W_FP8": 1, **({"X_QUANT": 1, "X_ITEMS": cfg["x_items"]}
-                                        if cfg.get("x_quant") else {})})
+        defines["W_FP8"] = 1
     if cfg.get("groups", 1) > 1:
         defines["GROUPS"] = cfg["groups"]
     if cfg.get("runs", 1) > 1:
@@ -176,9 +173,9 @@ def gemv(out, x, weight, weight_scale, epilogue="none", xielu_params=NO_XIELU,
 def gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, token_tiles,
               x_scale=None):
     """gemv.cu with configuration cfg and token_tiles token tiles of 8 (n <= 8 x token_tiles);
-    x_scale: the FP8 build's (x e4m3, weight e4m3), None where cfg's "x_quant" quantizes x."""
+    x_scale: the FP8 build's (x e4m3, weight e4m3)."""
     n, k_dim = x.shape
-    fp8 = x_scale is not None or cfg.get("x_quant", False)
+    fp8 = x_scale is not None
     int8 = fp8 or one_byte(weight)
     o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
     device = dev(out)

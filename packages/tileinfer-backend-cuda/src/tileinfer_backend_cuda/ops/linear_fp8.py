@@ -24,20 +24,16 @@ from tileinfer.backend import fp8
 from tileinfer.backend.fp8 import E4M3
 from tileinfer.backend.hookspecs import Invariance
 
-from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel, smem_limit
+from .common import FP8_SCRATCH, Fp8Scratch, aligned, contig, dev, fallback, kernel
 from . import elementwise, gemm_fp8
-from .linear import NO_XIELU, gemv_mma, gemv_smem_bytes, invariant_gemv, invariant_gemv_config
-from .tuning import experiments, mma_token_tiles, pdl, wide_max_tokens
+from .linear import NO_XIELU, invariant_gemv
+from .tuning import pdl, wide_max_tokens
 
 
 QUANT_THREADS = 256
 # fp8_quant.cu keeps a row's x in registers (read once) up to this many 16-byte chunks a thread
 # (K <= 16,384 with 256 threads), else reads it twice.
 QUANT_MAX_ITEMS = 8
-# gemv.cu's X_QUANT build (the switch's "fp8_x_quant": "gemv") takes steps of up to this many
-# rows, a thread holding at most X_QUANT_MAX_ITEMS 16-byte chunks of them (in registers).
-X_QUANT_MAX_ROWS = 16
-X_QUANT_MAX_ITEMS = 8
 
 
 def fp8_ok(out, x, weight, weight_scale) -> bool:
@@ -108,34 +104,11 @@ def _quantized_product(out, xq, x_scale, weight, weight_scale, epilogue, xielu_p
         invariant_gemv(out, xq, weight, weight_scale, epilogue, xielu_params, x_scale)
 
 
-def _quantizing_gemv(out, x, weight, weight_scale, epilogue, xielu_params) -> bool:
-    """The product on gemv.cu's FP8 build quantizing x's rows itself (X_QUANT: fp8_quant.cu's
-    arithmetic, so the bits of quantize_rows and then the GEMV, one launch fewer), where the
-    switch asks for it and the step fits one launch; False where it does not run."""
-    n, k_dim = x.shape
-    if experiments["fp8_x_quant"] != "gemv" or n > X_QUANT_MAX_ROWS or k_dim % 256:
-        return False  # K % 256: a warp's 32 chunks of x in one row (gemv_xquant.cuh)
-    o_rows = weight.shape[0] // 2 if epilogue == "swiglu" else weight.shape[0]
-    device, tiles = dev(x), mma_token_tiles(n)
-    cfg = invariant_gemv_config(o_rows, k_dim, True, epilogue, device, tiles, fp8=True)
-    if cfg is None or cfg.get("regs"):
-        return False
-    threads = cfg.get("groups", 1) * cfg["warps"] * 32
-    cfg = dict(cfg, x_quant=n, x_items=-(-n * k_dim // (8 * threads)))
-    if (cfg["x_items"] > X_QUANT_MAX_ITEMS or gemv_smem_bytes(cfg, k_dim, True, epilogue, tiles,
-                                                              True) > smem_limit(device) - 1024):
-        return False
-    gemv_mma(out, x, weight, weight_scale, epilogue, xielu_params, cfg, tiles)
-    return True
-
-
 def _product(out, x, weight, weight_scale, epilogue, xielu_params, route: str):
     """out = epilogue(FP8 product of x and the weight) on `route`'s kernel (_route; "scaled_mm"
     only without an epilogue), in chunks of rows that fit the scratch; False where the scratch
     is missing (first needed inside a graph capture)."""
     n, k_dim = x.shape
-    if route == "gemv" and _quantizing_gemv(out, x, weight, weight_scale, epilogue, xielu_params):
-        return True
     buffers = FP8_SCRATCH.get(dev(x))
     if buffers is None:
         return False

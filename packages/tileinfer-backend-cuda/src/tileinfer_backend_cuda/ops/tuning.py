@@ -15,7 +15,6 @@ change it with ``set_experiments`` / ``experiment``), with the keys
   ``"decode_m_tiles"`` (1 or 2), ``"invariant_split_keys"`` (batch-invariant splits' keys),
   ``"split_max_tokens"`` (the most rows of a step given a split workspace);
 - ``"pdl"``: false launches the decode path without programmatic dependent launch;
-  ``"fp8_x_quant"``: ``"gemv"`` lets the FP8 GEMV quantize its input (no fp8_quant.cu launch);
 - ``"gemv_wide"``: ``{"bf16": N, "int8": N}``, the most rows of a batched step that gemv.cu
   takes with several token tiles, per weight dtype (replacing ``WIDE_MAX_TOKENS``'s);
 - ``"small_weight_bytes"``: replaces ``SMALL_WEIGHT_BYTES`` (single_sequence_family);
@@ -63,13 +62,13 @@ ATTN_CONFIG = {"blocks_per_sm": 2, "stages": 2,
                "decode_pdl_trigger": "after_loop", "decode_fused_inputs": True,
                "decode_combine_batch": 8, "decode_min_split_tiles": 1}
 _ATTN_KEYS = {*ATTN_CONFIG, "splits", "decode_m_tiles", "invariant_split_keys", "split_max_tokens"}
-# settings of one value (None: the shipped one), and the values of those that name a choice
-_CHOICES = {"fp8_x_quant": ("launch", "gemv")}
-_SCALARS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows", *_CHOICES)
+# settings of one value (None: the shipped one)
+_SCALARS = ("small_weight_bytes", "cublaslt_max_tokens", "int8_cublas_min_rows")
 
 
 def _checked(settings) -> dict:
-    """The experiments of ``settings`` (dict, JSON or None) over the defaults, else ValueError."""
+    """The experiments of ``settings`` (a dict, a JSON string or None) over the defaults; a
+    ValueError names an unknown key."""
     if isinstance(settings, str):
         settings = json.loads(settings) if settings.strip() else {}
     settings = dict(settings or {})
@@ -78,7 +77,6 @@ def _checked(settings) -> dict:
     unknown = set(settings) - {*groups, "pdl", *_SCALARS}
     unknown |= {f"{g}.{k}" for g, keys in groups.items() for k in settings.get(g, {})
                 if k not in keys}
-    unknown |= {f"{k}={v!r}" for k, v in settings.items() if v not in (None, *_CHOICES.get(k, [v]))}
     if unknown:
         raise ValueError(f"{EXPERIMENTS_ENV}: unknown settings {sorted(unknown)}")
     return {**{g: dict(settings.get(g, {})) for g in groups},
