@@ -9,7 +9,7 @@
 #              int8 spec batch batchall mixed sweep sweep32 cublaslt determinism detserve detengine detcost
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
-#              fp8sweep quantload fp8wo targets batchattn
+#              fp8sweep quantload fp8wo targets batchattn attnring
 #              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -177,6 +177,25 @@ for step in $steps; do
       timeout 300 python3 benchmarks/batch_attention.py ${BATCHATTN_ARGS:-} \
         > "$out/batchattn.jsonl" 2> "$out/batchattn.err"
       grep "TB/s\|Error" "$out/batchattn.err" ;;
+    attnring)  # batched decode attention with a one-stage K/V ring against the shipped two: half
+               # the shared memory a block, so more blocks a SM (at two stages, 3 a SM, batch 64's
+               # 512 blocks take more than one wave); llama3-8b FP8 and bf16 at batch 64 end to
+               # end, the kernel alone, conformance
+      for q in --fp8 ""; do
+        for e in '{}' '{"attention": {"decode_stages": 1}}'; do
+          echo "llama3-8b ${q:-bf16} batch 64 $e: $(TILEINFER_CUDA_EXPERIMENTS="$e" timeout 100 \
+            python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda $q --batch 64 \
+            --repeats 2 2>&1 | grep -v '^{' | tail -n 1)"
+        done
+      done
+      timeout 200 python3 benchmarks/batch_attention.py --batches 1,8,64 --contexts 144,512,2048 \
+        --backends cuda --cuda-attention '[{}, {"decode_stages": 1}]' > "$out/attnring.jsonl" \
+        2> "$out/attnring.err"
+      grep "TB/s\|Error" "$out/attnring.err"
+      TILEINFER_CUDA_EXPERIMENTS='{"attention": {"decode_stages": 1}}' timeout 200 python3 -m pytest \
+        -p no:cacheprovider --pyargs tileinfer.testing.conformance --tileinfer-backend cuda -q \
+        -p no:randomly -n 8 -k attention > "$out/attnring-conformance.log" 2>&1
+      echo "conformance cuda -k attention, one stage: $(tail -n 1 "$out/attnring-conformance.log")" ;;
     newrun)  # tileinfer run as a new process on random llama3-8b weights written to disk (cuda,
              # --speculative none, 256 tokens), the weights as stored (bf16) and each of
              # NEWRUN_QUANTS: the process's wall time and the timings its --json reports
