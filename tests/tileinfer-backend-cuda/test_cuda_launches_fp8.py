@@ -140,6 +140,7 @@ def test_inputs_given_quantized_take_the_plain_ops_product_launches(fp8, n, inva
     given = run("linear_e4m3_input", "linear_swiglu_e4m3_input", (x_q, x_scale))
     kept = [k for k in plain if isinstance(k, tuple) or k.file != "fp8_quant.cu"]
     assert len(kept) == len(plain) - 2 and kept
+
     def described(log):
         return [k if isinstance(k, tuple) else (k.file, k.name, k.defines, k.grid) for k in log]
 
