@@ -160,9 +160,18 @@ def mma_configs(key, token_tiles: int, fp8: bool = False) -> list[dict]:
 
 def time_configs(calls, configs, settings_of) -> list[tuple[float, dict | None]]:
     """(seconds of the calls, configuration) under the shipped path (None, first) and under each
-    configuration's experiments, ``settings_of(cfg)``; each run once before it is timed."""
+    configuration's experiments, ``settings_of(cfg)``; each run once before it is timed. Every
+    variant's kernel builds are compiled first, in parallel (a dry pass: recorded_builds)."""
+    from cuda_kernels import precompile, recorded_builds
     from tileinfer_backend_cuda.ops import tuning
 
+    variants = [{} if cfg is None else settings_of(cfg) for cfg in [None] + configs]
+    with recorded_builds([]) as jobs:
+        for settings in variants:
+            with tuning.experiment(settings):
+                for call in calls:
+                    call()
+    precompile(jobs)
     timed = []
     for cfg in [None] + configs:
         with tuning.experiment({} if cfg is None else settings_of(cfg)):

@@ -36,6 +36,7 @@ copies that nothing stays in the 50 MB L2, and the median of several replays is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -187,6 +188,38 @@ def precompile(jobs):
     # fork: the children only run NVRTC (no CUDA calls), and start without importing torch again
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
         list(pool.map(_compile_job, jobs, chunksize=4))
+
+
+class _NotLoaded:
+    """A kernel that recorded_builds kept from loading: its launches do nothing."""
+
+    def kernel(self, name, signature):
+        return self
+
+    def launch(self, *args, **kwargs):
+        pass
+
+
+@contextlib.contextmanager
+def recorded_builds(jobs: list):
+    """Within: every kernel build the ops would load goes into ``jobs`` as (file, defines), once,
+    and is neither compiled nor launched. A dry pass over a sweep's variants thus collects the
+    builds that ``precompile`` then compiles in parallel, before the variants are timed."""
+    seen = {json.dumps([f, d], sort_keys=True) for f, d in jobs}
+    load_module = compiler.load_module
+
+    def record(file, device_index, defines=None, extra_options=()):
+        key = json.dumps([file, defines or {}], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            jobs.append((file, dict(defines or {})))
+        return _NotLoaded()
+
+    compiler.load_module = record
+    try:
+        yield jobs
+    finally:
+        compiler.load_module = load_module
 
 
 def _compile_job(args):

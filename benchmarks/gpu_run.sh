@@ -10,6 +10,7 @@
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #              fp8sweep quantload fp8wo targets batchattn attnring
+#              fp8ncu
 #              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -226,6 +227,17 @@ t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_tok
             --fp8 --batch $n --repeats 2 --json "$out/fp8gemm.json" 2>&1 | grep -v '^{' \
             | tail -n 1)"
         done
+      done ;;
+    fp8ncu)  # ncu of one gemm_wgmma launch (gemm_fp8.py's FP8 products) at 64 rows per llama3-8b
+             # matrix shape (qkv, o, down; shipped settings): time, DRAM, occupancy, stalls
+      for shape in 6144x4096 4096x4096 4096x14336; do
+        timeout 120 ncu --clock-control none -k regex:gemm_wgmma -s 2 -c 1 --section SpeedOfLight \
+          --section Occupancy --section WarpStateStats --section LaunchStats \
+          python3 benchmarks/invariant_launch.py --fp8 --shape $shape > "$out/fp8ncu-$shape.txt" 2>&1
+        echo "fp8ncu $shape: $(grep -E "^ +(Duration|DRAM Throughput|Achieved Occupancy|Grid Size\
+|Block Limit Shared Mem|Warp Cycles Per Issued Instruction) " "$out/fp8ncu-$shape.txt" \
+          | awk '{$1=$1; print}' | tr '\n' ';')"
+        grep -A3 "Stall\|stall" "$out/fp8ncu-$shape.txt" | grep -v "^--" | head -n 8
       done ;;
     fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64), FP8SWEEP_ARGS
       (cd benchmarks && timeout 400 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \

@@ -1,6 +1,7 @@
 """A few launches of one batch-invariant product on the CUDA backend, for a profiler to catch
 (``ncu -k regex:gemm_invariant -s 2 -c 1 ...``): a random bf16 weight of --shape rows x K and a
---rows-row input, run through ``linear`` --calls times.
+--rows-row input, run through ``linear`` --calls times. ``--fp8``: the weight in e4m3 with its row
+scales (model/quant.py), on the default path (gemm_fp8.py's kernel, ``gemm_wgmma``, up to 64 rows).
 
 ``--path gemm='{"stage_steps": 2, "blocked": true}'`` runs gemm_invariant.cu under those
 experiment settings (``min_rows`` 1), ``--path gemv`` the shipped invariant path (gemv.cu while
@@ -8,6 +9,8 @@ INVARIANT_GEMM_TABLE holds no such weight), ``--path default`` the default path 
 
     ncu --clock-control none -k regex:gemm_invariant -s 2 -c 1 --section SpeedOfLight \\
         python3 benchmarks/invariant_launch.py --path 'gemm={"stage_steps": 2}'
+    ncu --clock-control none -k regex:gemm_wgmma -s 2 -c 1 --section SpeedOfLight \\
+        python3 benchmarks/invariant_launch.py --fp8 --shape 4096x14336
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import torch
 from tileinfer.backend.hookspecs import Invariance
 from tileinfer.backend.registry import get_backend
+from tileinfer.model.quant import linear_operands, quantize_linear
 
 
 def main():
@@ -26,6 +30,7 @@ def main():
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--path", default="gemv", help="gemm=JSON, gemv or default")
+    p.add_argument("--fp8", action="store_true", help="e4m3 weights, the default path")
     args = p.parse_args()
     from tileinfer_backend_cuda.ops import tuning
 
@@ -37,10 +42,11 @@ def main():
     settings = {}
     if args.path.startswith("gemm="):
         settings = {"invariant_gemm": {"min_rows": 1, **json.loads(args.path[5:])}}
-    invariance = None if args.path == "default" else Invariance.BATCH
+    invariance = None if args.path == "default" or args.fp8 else Invariance.BATCH
+    weight, scale = linear_operands(quantize_linear(w, "fp8" if args.fp8 else None))
     with tuning.experiment(settings):
         for _ in range(args.calls):
-            cuda.linear(out, x, w, None, batch_invariant=invariance)
+            cuda.linear(out, x, weight, scale, batch_invariant=invariance)
     torch.cuda.synchronize()
 
 
