@@ -233,7 +233,8 @@ t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_tok
       for shape in 6144x4096 4096x4096 4096x14336; do
         timeout 120 ncu --clock-control none -k regex:gemm_wgmma -s 2 -c 1 --section SpeedOfLight \
           --section Occupancy --section WarpStateStats --section LaunchStats \
-          python3 benchmarks/invariant_launch.py --fp8 --shape $shape > "$out/fp8ncu-$shape.txt" 2>&1
+          python3 benchmarks/invariant_launch.py --fp8 --shape $shape \
+          > "$out/fp8ncu-$shape.txt" 2>&1
         echo "fp8ncu $shape: $(grep -E "^ +(Duration|DRAM Throughput|Achieved Occupancy|Grid Size\
 |Block Limit Shared Mem|Warp Cycles Per Issued Instruction) " "$out/fp8ncu-$shape.txt" \
           | awk '{$1=$1; print}' | tr '\n' ';')"
