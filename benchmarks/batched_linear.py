@@ -182,23 +182,13 @@ def time_configs(calls, configs, settings_of) -> list[tuple[float, dict | None]]
 
 
 def mma_sweep(model, n: int):
-    from cuda_kernels import precompile
-    from tileinfer_backend_cuda.ops import linear, tuning
+    from tileinfer_backend_cuda.ops import tuning
 
     ops = get_backend("cuda")
     fp8 = model.quantize == "fp8"
     names = ["qkv", "o", "gate_up", "down"] + ([] if fp8 else ["lm_head"])
-    pdl_on = tuning.pdl(torch.cuda.current_device())
     token_tiles = tuning.mma_token_tiles(n)
     wide = {"bf16": 64, "int8": 64}  # every candidate runs gemv.cu
-    jobs = {}  # every build the sweep launches, compiled in parallel first
-    for name in names:
-        _, k_dim, int8, epilogue = key = matrix_key(model, name)
-        out = "float" if name == "lm_head" else "bf16_t"
-        for cfg in mma_configs(key, token_tiles, fp8):
-            defines = linear.gemv_defines(cfg, int8, 16, epilogue, out, pdl_on, token_tiles, fp8)
-            jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
-    precompile(list(jobs.values()))
     table = {}
     for name, calls in matrix_calls(model, ops, n).items():
         if name not in names:
@@ -274,28 +264,17 @@ def invariant_sweep(model, n: int):
     """--mma-sweep N --invariant: gemv.cu's batch-invariant builds at N rows per matrix, against
     the batched path (cuBLAS above wide_max_tokens rows) and the shipped invariant build; prints
     INVARIANT_GEMV_TABLE entries."""
-    from cuda_kernels import precompile
-    from tileinfer_backend_cuda.ops import invariant_tuning, linear, tuning
+    from tileinfer_backend_cuda.ops import invariant_tuning, tuning
 
     device = torch.cuda.current_device()
-    pdl_on = tuning.pdl(device)
     token_tiles = tuning.mma_token_tiles(n)
     names = ["qkv", "o", "gate_up", "down", "lm_head"]
-    sweeps, jobs = {}, {}
+    sweeps = {}
     for name in names:
         _, k_dim, int8, epilogue = key = matrix_key(model, name)
         warps = (invariant_tuning.invariant_order(*key).get("parts")  # the order's parts
                  or tuning.gemv_config(key[0], k_dim, int8, epilogue, device, kernel="mma")["warps"])
         sweeps[name] = invariant_configs(key, token_tiles, warps)
-        out = "float" if name == "lm_head" else "bf16_t"
-        for cfg in sweeps[name]:
-            with tuning.experiment({"gemv": {"kernel": "mma", **cfg}}):  # the launched build:
-                full = linear.invariant_gemv_config(*key, device, token_tiles)  # order included
-            if full is not None:
-                defines = linear.gemv_defines(full, int8, linear.int8_load(k_dim), epilogue, out,
-                                              pdl_on, token_tiles)
-                jobs[json.dumps(defines, sort_keys=True)] = ("gemv.cu", defines)
-    precompile(list(jobs.values()))
     table, totals = {}, {"batched": 0.0, "invariant": 0.0, "best": 0.0}
     for name, key, base, timed in timed_invariant_matrices(
             model, n, sweeps, lambda cfg: {"gemv": {"kernel": "mma", **cfg}}):
@@ -395,27 +374,12 @@ def gemm_sweep(model, n: int, stages_options=(4, 8), steps_options=(1, 2, 4),
 
 
 def _gemm_sweep(model, n, stages_options, steps_options, layouts, forced):
-    from cuda_kernels import precompile
-    from tileinfer_backend_cuda.ops import gemm_invariant, linear, tuning
+    from tileinfer_backend_cuda.ops import gemm_invariant
 
-    device = torch.cuda.current_device()
     names = GEMM_SWEEP.get("matrices") or ["qkv", "o", "gate_up", "down", "lm_head"]
-    sweeps, jobs = {}, {}
-    tiles = tuning.mma_token_tiles(min(n, 64))
-    for name in names:
-        o_rows, k_dim, int8, epilogue = key = matrix_key(model, name)
-        sweeps[name] = gemm_configs(key, n, stages_options, steps_options, layouts)
-        parts = tuning.gemv_config(o_rows, k_dim, int8, epilogue, device, kernel="mma")["warps"]
-        for cfg in sweeps[name]:
-            runs = cfg.get("runs") or gemm_invariant.invariant_runs(*key, parts)
-            base = linear.gemv_defines({"warps": parts, "stages": 2, "blocked": cfg["blocked"],
-                                        "chunk": cfg.get("chunk", 1), "nk": cfg.get("nk")},
-                                       int8, linear.int8_load(k_dim), epilogue,
-                                       "float" if name == "lm_head" else "bf16_t",
-                                       tuning.pdl(device), tiles)
-            defines = gemm_invariant.gemm_defines(cfg, base, parts, runs, tiles, k_dim)
-            jobs[json.dumps(defines, sort_keys=True)] = ("gemm_invariant.cu", defines)
-    precompile(list(jobs.values()))
+    sweeps = {name: gemm_configs(matrix_key(model, name), n, stages_options, steps_options,
+                                 layouts)
+              for name in names}
     # gemv.cu's 1-row step in each layout and runs (min_rows past 64: no gemm_invariant.cu)
     orders = [{**parts_layout(lay), **({"runs": runs} if runs else {}), "min_rows": 65}
               for lay in layouts for runs in GEMM_SWEEP["runs"]]
