@@ -10,7 +10,7 @@
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #              fp8sweep quantload fp8wo targets batchattn attnring
-#              fp8ncu
+#              fp8ncu profiles
 #              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -174,6 +174,15 @@ for step in $steps; do
       echo "llama3.2-1b none batch 1: $(timeout 150 python3 -m tileinfer_cli bench --shape \
         llama3.2-1b --backend cuda --repeats 2 --json "$out/targets.json" 2>&1 | grep -v '^{' \
         | tail -n 1)" ;;
+    profiles)  # where a decode step goes (profile_step.py, cuda, context 144): llama3.2-1b bf16
+               # batch 1, llama3-8b FP8 batch 1, FP8 and bf16 batch 64: the largest kernels each
+      for spec in "llama3.2-1b" "llama3-8b --fp8" "llama3-8b --fp8 --batch 64" \
+          "llama3-8b --batch 64"; do
+        name=$(echo "$spec" | tr -d ' -')
+        timeout 150 python3 benchmarks/profile_step.py --backend cuda --replays 10 --shape $spec \
+          > "$out/profile-$name.json" 2> "$out/profile-$name.err"
+        grep -A 9 "GPU span" "$out/profile-$name.err" | cut -c 1-110
+      done ;;
     batchattn)  # decode attention alone at batches and contexts (BATCHATTN_ARGS), cuda and triton
       timeout 300 python3 benchmarks/batch_attention.py ${BATCHATTN_ARGS:-} \
         > "$out/batchattn.jsonl" 2> "$out/batchattn.err"
