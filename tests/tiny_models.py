@@ -33,6 +33,11 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}
 
+# YaRN (Qwen3's long-context scaling) over a short original context: within the test's positions
+# pairs are kept, blended and interpolated, and the tables are scaled by 0.1 ln 8 + 1.
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0,
+             "original_max_position_embeddings": 32}
+
 PROMPT_LEN = 20  # crosses a page boundary with page_size 16
 SEED_OF_ARCH = {"llama": 0, "mistral": 1, "qwen3": 2, "apertus": 3, "qwen2": 4, "smollm3": 5,
                 "granite": 6, "phi3": 7, "gemma3": 8}
@@ -158,6 +163,11 @@ def reference_run(directory, dtype, prompt, steps) -> Reference:
     return Reference(Path(directory), list(prompt), prefill, tokens, torch.cat(out.logits).float())
 
 
+def _rope_name(rope) -> str | None:
+    """The saved folders' and references' key of a RoPE dict: one of each type per model."""
+    return None if rope is None else rope["rope_type"]
+
+
 class TinyStore:
     """Tiny models saved once per session, and transformers' results on them."""
 
@@ -172,15 +182,15 @@ class TinyStore:
         return self._models[key]
 
     def directory(self, arch, tie=False, dtype=torch.float32, rope=None) -> Path:
-        key = (arch, tie, dtype, rope is not None)
+        key = (arch, tie, dtype, _rope_name(rope))
         if key not in self._dirs:
             name = "-".join([arch, "tied" if tie else "untied", str(dtype).removeprefix("torch.")]
-                            + (["llama3"] if rope else []))
+                            + ([_rope_name(rope)] if rope else []))
             self._dirs[key] = save_tiny(self.model(arch, tie, rope), self.root / name, dtype)
         return self._dirs[key]
 
     def reference(self, arch, tie=False, dtype=torch.float32, rope=None, steps=40) -> Reference:
-        key = (arch, tie, dtype, rope is not None, steps)
+        key = (arch, tie, dtype, _rope_name(rope), steps)
         if key not in self._refs:
             self._refs[key] = reference_run(self.directory(arch, tie, dtype, rope), dtype,
                                             prompt_ids(), steps)

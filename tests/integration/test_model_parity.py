@@ -1,10 +1,10 @@
 """Parity with transformers: random-weight tiny models of the eight architectures.
 
 For each model (tied and untied embeddings, float32 and bfloat16, Llama also with llama3 RoPE
-scaling) and every available backend: prefill logits against transformers' forward, then 40
-greedy steps through the paged cache (page_size 16, a 20-token prompt: the steps cross three page
-boundaries) against transformers' greedy ``generate``, then a truncate back into the middle of a
-page and a re-run.
+scaling, Qwen3 also with YaRN) and every available backend: prefill logits against
+transformers' forward, then 40 greedy steps through the paged cache (page_size 16, a 20-token
+prompt: the steps cross three page boundaries) against transformers' greedy ``generate``, then
+a truncate back into the middle of a page and a re-run.
 
 float32: logits within 1e-4 and exactly transformers' greedy tokens, free-running.
 bfloat16: logits within ``bf16_logit_tolerance`` (8 ulps at the logit scale) and, teacher-forced
@@ -31,8 +31,9 @@ from tileinfer.engine.kv.cache import new_cache
 from tileinfer.engine.generation.forward import forward, forward_batch
 from tileinfer.engine.kv.step import prepare_step
 from tileinfer.model import load_model
-from tiny_models import (ARCHS, LLAMA3_ROPE, bf16_logit_tolerance, build_tiny,  # noqa: F401
-                         prompt_ids, redraw_weights, save_tiny, single_torch_thread, tiny)
+from tiny_models import (ARCHS, LLAMA3_ROPE, YARN_ROPE, bf16_logit_tolerance,  # noqa: F401
+                         build_tiny, prompt_ids, redraw_weights, save_tiny, single_torch_thread,
+                         tiny)
 
 PAGE_SIZE = 16
 STEPS = 40
@@ -53,6 +54,7 @@ def _backend_params():
 CASES = [pytest.param(arch, tie, None, id=f"{arch}-{'tied' if tie else 'untied'}")
          for arch in ARCHS for tie in (False, True)]
 CASES.append(pytest.param("llama", False, LLAMA3_ROPE, id="llama-untied-llama3rope"))
+CASES.append(pytest.param("qwen3", False, YARN_ROPE, id="qwen3-untied-yarnrope"))
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 
 

@@ -227,16 +227,16 @@ def tiny_llama(tied=True, rope_theta=50000.0, rope_scaling=None, seed=0, vocab_s
     return model
 
 
-def tiny_qwen(arch="qwen2", tied=True, seed=0):
+def tiny_qwen(arch="qwen2", tied=True, seed=0, rope_scaling=None):
     """A Qwen2 (q/k/v biases, drawn: transformers zeroes them) or Qwen3 (per-head q/k norms)
     model of tiny_llama's sizes; Qwen3's heads of 128 (every Qwen3's, which transformers' GGUF
     loading assumes: it does not read attention.key_length)."""
     torch.manual_seed(seed)
+    rope = {"rope_theta": 1000000.0, **(rope_scaling or {"rope_type": "default"})}
     config = (Qwen2Config if arch == "qwen2" else Qwen3Config)(
         vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16 if arch == "qwen2" else 128,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        max_position_embeddings=256, rms_norm_eps=1e-6, rope_parameters=rope,
         tie_word_embeddings=tied, bos_token_id=1 + 256 + len(MERGES),
         eos_token_id=2 + 256 + len(MERGES))
     model = (Qwen2ForCausalLM if arch == "qwen2" else Qwen3ForCausalLM)(config).eval()
@@ -365,6 +365,16 @@ def write_gguf(
         keys["head_dim"] = lambda: (w.add_key_length(head_dim), w.add_value_length(head_dim))
     if getattr(c, "sliding_window", None) is not None and arch in ("phi3", "gemma3"):
         keys["sliding_window"] = lambda: w.add_sliding_window(c.sliding_window)
+    rope = c.rope_parameters
+    if rope.get("rope_type") == "yarn":  # the keys llama.cpp's converter writes for it
+        keys["yarn"] = lambda: (w.add_rope_scaling_type(gguf.RopeScalingType.YARN),
+                                w.add_rope_scaling_factor(rope["factor"]))
+        keys["yarn_original_context"] = lambda: w.add_rope_scaling_orig_ctx_len(
+            rope["original_max_position_embeddings"])
+        if rope.get("beta_fast") is not None:
+            keys["yarn_beta_fast"] = lambda: w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            keys["yarn_beta_slow"] = lambda: w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     for key, add in keys.items():
         if key not in skip_keys:
             add()
@@ -578,6 +588,67 @@ def test_phi3_longrope_factors_are_refused(tmp_path):
     model = tiny_phi3()
     path = write_gguf(tmp_path / "long.gguf", model, arch="phi3", extra_tensors=override)
     assert_import_fails(path, tmp_path, "LongRoPE scaling .* is not supported")
+
+
+YARN_ROPE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("arch, rope_scaling", [
+    ("llama", YARN_ROPE | {"beta_fast": 16.0, "beta_slow": 2.0}), ("qwen3", YARN_ROPE)],
+    ids=["llama-betas", "qwen3"])
+def test_yarn_keys_import_as_the_transformers_yarn_dict(tmp_path, arch, rope_scaling):
+    """llama.cpp's YaRN keys (type, factor, original_context_length, yarn_beta_fast and
+    yarn_beta_slow, as its converter writes them from config.json) give config.json the yarn
+    dict they came from: the folder computes the original model's logits, in transformers and
+    in TileInfer."""
+    if arch == "llama":
+        model = tiny_llama(rope_scaling=rope_scaling)
+    else:
+        model = tiny_qwen(arch, rope_scaling=rope_scaling)
+    path = write_gguf(tmp_path / "yarn.gguf", model, arch=arch)
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    assert json.loads((folder / "config.json").read_text())["rope_scaling"] == rope_scaling
+    ids = [5, 70, 100, 261, 262, 3, 200, 255, 17, 9, 40, 41]
+    imported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        original = model(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(imported(torch.tensor([ids])).logits[0], original,
+                                   atol=1e-5, rtol=1e-5)
+    ours = load_model(folder, dtype=torch.float32, backend="ref", max_len=64)
+    assert ours.config.rope_scaling["rope_type"] == "yarn"
+    cache = new_cache(ours, 64)
+    logits = forward(ours, cache, cache.new_sequence(), ids, all_logits=True)
+    torch.testing.assert_close(logits, original, atol=1e-4, rtol=1e-4)
+
+
+def test_yarn_without_its_original_context_takes_the_context_length(tmp_path):
+    """As llama.cpp (and transformers, for a config.json without it) do."""
+    path = write_gguf(tmp_path / "yarn.gguf", tiny_llama(rope_scaling=YARN_ROPE),
+                      skip_keys=("yarn_original_context",))
+    folder = import_gguf(path, tmp_path / "out", dtype=torch.float32)
+    assert json.loads((folder / "config.json").read_text())["rope_scaling"] == \
+        YARN_ROPE | {"original_max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("key, add", [
+    ("yarn_attn_factor", lambda w: w.add_rope_scaling_yarn_attn_factor(0.8)),
+    ("attn_factor", lambda w: w.add_rope_scaling_attn_factors(0.8)),
+    ("yarn_ext_factor", lambda w: w.add_rope_scaling_yarn_ext_factor(0.5)),
+    ("yarn_log_multiplier", lambda w: w.add_rope_scaling_yarn_log_mul(0.1)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_yarn_keys_without_a_transformers_equivalent_are_refused(tmp_path, key, add):
+    path = write_gguf(tmp_path / "yarn.gguf", tiny_llama(rope_scaling=YARN_ROPE), extra_keys=add)
+    assert_import_fails(path, tmp_path, f"llama.rope.scaling.{key} is not supported")
+
+
+def test_phi3_yarn_is_refused(tmp_path):
+    def yarn(w):
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+
+    path = write_gguf(tmp_path / "yarn.gguf", tiny_phi3(), arch="phi3", extra_keys=yarn)
+    assert_import_fails(path, tmp_path, "yarn RoPE scaling is supported in llama, qwen2 and "
+                        "qwen3 files, not phi3")
 
 
 def test_default_dtype_is_bf16_and_folder_goes_under_the_models_home(tmp_path, monkeypatch):

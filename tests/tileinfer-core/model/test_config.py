@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tileinfer.model import load_model
 from tileinfer.model.config import (ConfigError, check_max_len, config_from_dict,
@@ -276,8 +277,9 @@ def test_wrong_field_type_is_named():
 
 
 def test_unsupported_rope_type_names_the_field():
-    with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'yarn'"):
-        config_from_dict(_tiny_dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'longrope'"):
+        config_from_dict(_tiny_dict(rope_scaling={"rope_type": "longrope", "factor": 4.0,
+                                                  "short_factor": [1.0], "long_factor": [1.0]}))
     with pytest.raises(ConfigError, match="'rope_parameters.rope_type' is 'dynamic'"):
         config_from_dict(_tiny_dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                                      "rope_theta": 1e4}))
@@ -400,3 +402,118 @@ def test_a_multimodal_gemma3_config_reads_as_its_text_model():
     assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
     assert config.rope_theta == hf.rope_parameters["full_attention"]["rope_theta"]
     assert config.eos_token_ids == (1, 106) and config.tie_word_embeddings
+
+
+# -- YaRN ------------------------------------------------------------------------------------
+
+# A Qwen3 of Qwen3's heads (128) and RoPE base with YaRN over a short original context (so that
+# the kept, blended and interpolated pairs all occur), and a variant for each optional field.
+YARN_QWEN3 = dict(COMMON, model_type="qwen3", head_dim=128, max_position_embeddings=256)
+YARN_VARIANTS = {
+    "factor-only": {"factor": 4.0, "original_max_position_embeddings": 64},
+    "attention-factor": {"factor": 4.0, "original_max_position_embeddings": 64,
+                         "attention_factor": 0.8},
+    "mscale": {"factor": 40.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+               "mscale_all_dim": 1.0},
+    "zero-mscale": {"factor": 40.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+                    "mscale_all_dim": 0.0},  # transformers: as if absent
+    "betas": {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+              "beta_slow": 2.0},
+    "untruncated": {"factor": 4.0, "original_max_position_embeddings": 64, "truncate": False},
+    "null-factor": {"factor": None, "original_max_position_embeddings": 64},  # 256 / 64
+    "no-original": {"factor": 4.0},  # original: max_position_embeddings
+}
+
+
+def _yarn_config_json(fields, form, rope_theta=1000000.0):
+    """config.json of YARN_QWEN3 with a yarn dict of ``fields``, in transformers 5's form
+    (rope_parameters) or 4's (rope_scaling and a top-level rope_theta)."""
+    if form == "rope_parameters":
+        rope = {"rope_type": "yarn", "rope_theta": rope_theta, **fields}
+        return dict(YARN_QWEN3, rope_parameters=rope)
+    return dict(YARN_QWEN3, rope_theta=rope_theta, rope_scaling={"type": "yarn", **fields})
+
+
+def _hf_qwen3(given):
+    return transformers.Qwen3Config(**{k: v for k, v in given.items() if k != "model_type"})
+
+
+@pytest.mark.parametrize("form", ["rope_parameters", "rope_scaling"])
+def test_yarn_config_reads_like_transformers(form, tmp_path):
+    """Qwen3's long-context setting: transformers' reading of the same config.json, with
+    transformers' defaults where it leaves a field out; both forms read alike."""
+    given = _yarn_config_json({"factor": 4.0, "original_max_position_embeddings": 64}, form)
+    config = config_from_dict(given)
+    assert config.rope_scaling == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None,
+        "mscale": None, "mscale_all_dim": None}
+    (tmp_path / "config.json").write_text(json.dumps(given))
+    hf = transformers_config(tmp_path)
+    assert hf.rope_parameters["rope_type"] == "yarn"
+    assert config.rope_theta == hf.rope_parameters["rope_theta"] == 1e6
+    assert {k: config.rope_scaling[k] for k in ("factor", "original_max_position_embeddings")} \
+        == {k: hf.rope_parameters[k] for k in ("factor", "original_max_position_embeddings")}
+    other = "rope_scaling" if form == "rope_parameters" else "rope_parameters"
+    assert config == config_from_dict(_yarn_config_json(
+        {"factor": 4.0, "original_max_position_embeddings": 64}, other))
+    # What transformers fills in: the original length from max_position_embeddings, a null
+    # factor from the two lengths.
+    assert config_from_dict(_yarn_config_json({"factor": 4.0}, form)).rope_scaling[
+        "original_max_position_embeddings"] == 256
+    assert config_from_dict(_yarn_config_json(YARN_VARIANTS["null-factor"], form)).rope_scaling[
+        "factor"] == 4.0
+
+
+@pytest.mark.parametrize("form", ["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize("variant", list(YARN_VARIANTS))
+def test_yarn_rope_like_transformers(variant, form):
+    """inv_freq and the attention scaling are transformers' ROPE_INIT_FUNCTIONS["yarn"] on the
+    same config, bit for bit, and the bf16 tables hold Qwen3RotaryEmbedding's cos and sin."""
+    given = _yarn_config_json(YARN_VARIANTS[variant], form)
+    config, hf = config_from_dict(given), _hf_qwen3(given)
+    inv_freq, scaling = inverse_frequencies(config)
+    inv_freq_hf, scaling_hf = ROPE_INIT_FUNCTIONS["yarn"](hf, None)
+    assert torch.equal(inv_freq, inv_freq_hf)
+    assert scaling == scaling_hf
+    plain, _ = inverse_frequencies(config_from_dict(dict(YARN_QWEN3, rope_theta=1e6)))
+    assert not torch.equal(inv_freq, plain)  # the scaling changes something
+    rotary = transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding(hf)
+    positions = torch.tensor([[0, 1, 2, 63, 64, 255, 1000]])
+    cos_hf, sin_hf = rotary(torch.zeros(1, dtype=torch.bfloat16), positions)
+    cos, sin = rope_tables(config, 1001, torch.bfloat16)
+    half = config.head_dim // 2
+    assert torch.equal(cos[positions[0]], cos_hf[0, :, :half].float())
+    assert torch.equal(sin[positions[0]], sin_hf[0, :, half:].float())
+
+
+ABSENT = object()  # a field left out of the yarn dict
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"factor": ABSENT}, "'rope_scaling.factor' is required for yarn"),
+    ({"factor": 0}, "'rope_scaling.factor' must be > 0"),
+    ({"original_max_position_embeddings": 0},
+     "'rope_scaling.original_max_position_embeddings' must be >= 1"),
+    ({"beta_fast": "32"}, "'rope_scaling.beta_fast' must be a finite number"),
+    ({"beta_slow": -1.0}, "'rope_scaling.beta_slow' must be > 0"),
+    ({"attention_factor": 0.0}, "'rope_scaling.attention_factor' must be > 0"),
+    ({"mscale": -0.5}, "'rope_scaling.mscale' must be >= 0"),
+    ({"mscale_all_dim": float("nan")}, "'rope_scaling.mscale_all_dim' must be a finite number"),
+    ({"truncate": "yes"}, "'rope_scaling.truncate' must be true or false"),
+    ({"truncate": None}, "'rope_scaling.truncate' must be true or false"),
+], ids=["no-factor", "zero-factor", "zero-original", "string-beta", "negative-beta",
+        "zero-attention-factor", "negative-mscale", "nan-mscale", "string-truncate",
+        "null-truncate"])
+def test_bad_yarn_fields_are_named(change, message):
+    fields = {"factor": 4.0, "original_max_position_embeddings": 64} | change
+    fields = {k: v for k, v in fields.items() if v is not ABSENT}
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(_yarn_config_json(fields, "rope_scaling"))
+
+
+def test_phi3_yarn_is_refused():
+    """transformers' Phi3Config turns a yarn dict into LongRoPE, which is not supported."""
+    given = dict(COMMON, model_type="phi3", rope_scaling={"type": "yarn", "factor": 4.0})
+    with pytest.raises(ConfigError, match="'rope_scaling.rope_type' is 'yarn'.*LongRoPE"):
+        config_from_dict(given)

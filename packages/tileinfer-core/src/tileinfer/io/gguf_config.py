@@ -1,6 +1,6 @@
 """config.json of an imported GGUF file, from its metadata: the architectures the import reads,
-their sizes, RoPE and its scaling (Llama 3's, from the divisors llama.cpp stores), the attention
-window, and the special token ids."""
+their sizes, RoPE and its scaling (linear; YaRN; Llama 3's, from the divisors llama.cpp stores),
+the attention window, and the special token ids."""
 
 from __future__ import annotations
 
@@ -65,7 +65,42 @@ def _rope_scaling(meta: GGUFMetadata, arch: str, head_dim: int, theta: float, ro
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(meta.require(f"{arch}.rope.scaling.factor"))}
-    raise GGUFImportError(f"{meta.path}: RoPE scaling {kind!r} is not supported (only none, linear and llama3)")
+    if kind == "yarn":
+        return _yarn_scaling(meta, arch)
+    raise GGUFImportError(f"{meta.path}: RoPE scaling {kind!r} is not supported (only none, "
+                          "linear, llama3 and yarn)")
+
+
+# YaRN keys without a verified transformers equivalent: llama.cpp derives YaRN's attention
+# factor itself (from factor, or from yarn_log_multiplier) and scales it by attn_factor, which
+# is not how transformers reads an attention_factor, and yarn_ext_factor weighs the
+# extrapolated frequencies, which transformers has no field for. A file with any is refused.
+_YARN_UNMAPPED = ("attn_factor", "yarn_attn_factor", "yarn_ext_factor", "yarn_log_multiplier")
+
+
+def _yarn_scaling(meta: GGUFMetadata, arch: str) -> dict:
+    """The transformers yarn dict of the file's YaRN keys, as llama.cpp's converter wrote them
+    from config.json: factor, original_context_length (original_max_position_embeddings;
+    llama.cpp, as transformers, takes the context length where it is absent), yarn_beta_fast
+    and yarn_beta_slow (beta_fast, beta_slow; absent: 32 and 1 in both). llama.cpp always
+    rounds the correction range outwards: transformers' truncate, its default."""
+    prefix = f"{arch}.rope.scaling."
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise GGUFImportError(f"{meta.path}: yarn RoPE scaling is supported in llama, qwen2 and "
+                              f"qwen3 files, not {arch}")
+    for key in _YARN_UNMAPPED:
+        if meta.get(prefix + key) is not None:
+            raise GGUFImportError(f"{meta.path}: the metadata key {prefix + key} is not supported "
+                                  "(llama.cpp's meaning of it has no transformers equivalent)")
+    original = meta.get(prefix + "original_context_length",
+                        meta.require(f"{arch}.context_length"))
+    scaling = {"rope_type": "yarn", "factor": float(meta.require(prefix + "factor")),
+               "original_max_position_embeddings": int(original)}
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        value = meta.get(prefix + key)
+        if value is not None:
+            scaling[name] = float(value)
+    return scaling
 
 
 def _attention_fields(meta: GGUFMetadata, arch: str) -> dict:

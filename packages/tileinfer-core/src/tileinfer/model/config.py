@@ -9,7 +9,8 @@ config.json forms are read:
 - transformers 5: ``rope_parameters`` (``{"rope_type", "rope_theta", "factor", ...}``).
 
 As in transformers, a non-null ``rope_scaling`` wins over ``rope_parameters``, and a ``rope_theta``
-inside the RoPE dict wins over the top-level one. Fields that transformers fills with a default
+inside the RoPE dict wins over the top-level one (``rope_config.py`` reads the RoPE dict: plain,
+``linear``, ``llama3`` or ``yarn``). Fields that transformers fills with a default
 when config.json omits them get the same default here (per architecture, see ``_DEFAULTS``);
 the fields without a sensible default (the sizes) are required, and a missing one is a
 ``ConfigError`` naming it.
@@ -24,10 +25,10 @@ from pathlib import Path
 
 from .config_fields import ConfigError, float_field, int_field
 from .gemma import GemmaConfig, gemma_config, text_config_of
+from .rope_config import rope_from
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
                          "phi3", "gemma3_text")
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 # config.json fields every model must state (no default would be meaningful).
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -66,20 +67,12 @@ _DEFAULTS = {
                         tie_word_embeddings=True),
 }
 
-# Apertus' RoPE when config.json has neither rope_scaling nor rope_parameters (transformers'
-# ApertusConfig default).
-_APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
-                         "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0}
-
 # Whose sliding_window is every layer's (attention_window runs it); in Qwen2, Qwen3 and SmolLM3
 # (use_sliding_window) max_len stops at it.
 WINDOWED_TYPES = ("mistral", "phi3")
 
 # Fields whose explicit null means "none" rather than "the default".
 _NULLABLE = ("bos_token_id", "eos_token_id", "sliding_window")
-
-_LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor")
 
 
 @dataclass(frozen=True)
@@ -98,17 +91,20 @@ class Multipliers:
 class ModelConfig:
     """Hyperparameters of a Llama-style decoder.
 
-    rope_scaling: None for plain RoPE, else a normalized dict; for ``llama3`` it has the keys
-    ``rope_type``, ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
-    ``original_max_position_embeddings``, for ``linear`` ``rope_type`` and ``factor``. qk_norm: per-head RMSNorm of queries and keys before RoPE
-    (Qwen3, Apertus). qkv_bias: biases added to the q, k and v projections (Qwen2). mlp:
-    ``"swiglu"`` (gated, gate/up/down) or ``"xielu"`` (Apertus: ungated up/down with the xIELU
-    activation; ``"geglu"``: Gemma's gate/up/down with gelu (tanh) on the gate). sliding_window:
-    the attention window of Mistral or Phi-3 (or of a Qwen2, Qwen3 or SmolLM3 with
-    use_sliding_window), None when attention is global. rope_layers: per layer, whether its
-    queries and keys are rotated (SmolLM3 leaves every fourth layer without RoPE); None: all
-    are. multipliers: Granite's scalings (``Multipliers``), None for the others. gemma: Gemma
-    3's differences (``gemma.GemmaConfig``), None for the others.
+    rope_scaling: None for plain RoPE, else a normalized dict (``rope_config.py`` lists its keys):
+    ``linear`` (``rope_type``, ``factor``), ``llama3`` (also ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings``) or ``yarn`` (``factor``,
+    ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``truncate``,
+    ``attention_factor``, ``mscale``, ``mscale_all_dim``; the last three may be None). qk_norm:
+    per-head RMSNorm of queries and keys before RoPE (Qwen3, Apertus). qkv_bias: biases added to
+    the q, k and v projections (Qwen2). mlp: ``"swiglu"`` (gated, gate/up/down) or ``"xielu"``
+    (Apertus: ungated up/down with the xIELU activation; ``"geglu"``: Gemma's gate/up/down with
+    gelu (tanh) on the gate). sliding_window: the attention window of Mistral or Phi-3 (or of a
+    Qwen2, Qwen3 or SmolLM3 with use_sliding_window), None when attention is global.
+    rope_layers: per layer, whether its queries and keys are rotated (SmolLM3 leaves every
+    fourth layer without RoPE); None: all are. multipliers: Granite's scalings
+    (``Multipliers``), None for the others. gemma: Gemma 3's differences
+    (``gemma.GemmaConfig``), None for the others.
     """
 
     model_type: str
@@ -171,47 +167,6 @@ class ModelConfig:
         return self.head_dim ** -0.5
 
 
-def _rope(d: dict, model_type: str, max_position_embeddings: int):
-    """(rope_theta, normalized rope_scaling or None) from either config.json form."""
-    rope = d.get("rope_scaling") or d.get("rope_parameters")
-    source = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-    if rope is None and model_type == "apertus":
-        # As transformers: without a RoPE dict, Apertus gets its default one (whose rope_theta
-        # then wins over a top-level rope_theta).
-        rope, source = dict(_APERTUS_DEFAULT_ROPE), "rope_parameters"
-    rope = dict(rope or {})
-    if rope and not isinstance(rope.get("rope_type", rope.get("type", "default")), str):
-        # transformers 5 may nest one dict per layer type (e.g. Gemma): not these architectures.
-        raise ConfigError(f"config field {source!r} must be one dict with 'rope_type', got {rope}")
-    theta = rope.get("rope_theta", d.get("rope_theta", _DEFAULTS[model_type]["rope_theta"]))
-    theta = float_field("rope_theta", theta)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"config field '{source}.rope_type' is {rope_type!r}, which is not "
-                          f"supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
-    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise ConfigError(f"config field 'partial_rotary_factor' is {partial}; only 1.0 "
-                          "(RoPE over the whole head) is supported")
-    if rope_type == "default":
-        return theta, None
-    if rope_type == "linear":  # positions divided by factor
-        return theta, {"rope_type": "linear", "factor": float_field(f"{source}.factor",
-                                                               rope.get("factor"))}
-    scaling = {"rope_type": "llama3"}
-    for name in _LLAMA3_FIELDS:
-        if rope.get(name) is None:
-            raise ConfigError(f"config field '{source}.{name}' is required for llama3 RoPE scaling")
-        scaling[name] = float_field(f"{source}.{name}", rope[name])
-    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise ConfigError(f"config field '{source}.high_freq_factor' must exceed low_freq_factor")
-    # transformers falls back to max_position_embeddings when the original length is absent.
-    original = rope.get("original_max_position_embeddings", max_position_embeddings)
-    scaling["original_max_position_embeddings"] = int_field(
-        {}, f"{source}.original_max_position_embeddings", original)
-    return theta, scaling
-
-
 def config_from_dict(d: dict) -> ModelConfig:
     """A ModelConfig from the parsed config.json ``d`` (either transformers form)."""
     if not isinstance(d, dict):
@@ -271,7 +226,8 @@ def config_from_dict(d: dict) -> ModelConfig:
         gemma, rope_theta, rope_scaling = gemma_config(d, int_field(d, "num_hidden_layers"),
                                                         get("sliding_window"))
     else:
-        rope_theta, rope_scaling = _rope(d, model_type, max_pos)
+        rope_theta, rope_scaling = rope_from(d, model_type, max_pos,
+                                             defaults["rope_theta"])
 
     eos = get("eos_token_id")
     eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)

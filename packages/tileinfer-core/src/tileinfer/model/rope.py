@@ -1,6 +1,7 @@
 """Rotary position embedding tables, computed the way transformers computes them.
 
-transformers (5.17, ``LlamaRotaryEmbedding`` and ``_compute_llama3_parameters``):
+transformers (5.17, ``LlamaRotaryEmbedding``, ``_compute_llama3_parameters`` and
+``_compute_yarn_parameters``; the scaling dicts are ``rope_config.py``'s):
 
     inv_freq[i] = 1 / theta ** (2i / head_dim)                 float32, i < head_dim / 2
     linear: inv_freq / factor (Gemma 3's full-attention layers)
@@ -9,6 +10,15 @@ transformers (5.17, ``LlamaRotaryEmbedding`` and ``_compute_llama3_parameters``)
             ones between are interpolated: with
             smooth = (original_len / wavelen - low) / (high - low),
             (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    yarn:   extrapolated = inv_freq, interpolated = 1 / (factor * theta ** (2i / head_dim));
+            pair(r) = head_dim * ln(original_len / (2 pi r)) / (2 ln theta), the (fractional)
+            pair turning r times over the original context; low = pair(beta_fast),
+            high = pair(beta_slow), floored and ceiled if truncate, clamped to
+            [0, head_dim - 1]; ramp = clamp((i - low) / (high - low), 0, 1), kept = 1 - ramp:
+            interpolated * (1 - kept) + extrapolated * kept (fast pairs keep their frequency,
+            slow ones are divided by factor). attention_scaling: attention_factor, else
+            mscale(factor, mscale) / mscale(factor, mscale_all_dim) where both are nonzero,
+            else mscale(factor, 1), with mscale(s, m) = 0.1 m ln(s) + 1 (1 where s <= 1)
     freqs[p, i] = p * inv_freq[i]                              float32
     cos, sin = cos(freqs) * attention_scaling, sin(...)        then rounded to the model dtype
 
@@ -32,10 +42,11 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
-    # default, linear and llama3 RoPE leave the magnitudes alone; yarn/longrope (unsupported)
-    # would not.
+    # default, linear and llama3 RoPE leave the magnitudes alone; yarn scales them.
     attention_scaling = 1.0
     scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        return _yarn(config, scaling)
     if scaling is not None and scaling["rope_type"] == "linear":
         inv_freq = inv_freq / scaling["factor"]
     if scaling is not None and scaling["rope_type"] == "llama3":
@@ -49,6 +60,48 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
+    return inv_freq, attention_scaling
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for positions stretched by factor (none without a stretch)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(config: ModelConfig, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN's inv_freq and attention_scaling (the formulas: the module docstring), each
+    operation in transformers' order and dtype so that the float32 values are the same."""
+    dim, base = config.head_dim, config.rope_theta
+    factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    # Pair i turns once every 2 pi * periods[i] positions.
+    periods = base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    extrapolated = 1.0 / periods  # plain RoPE
+    interpolated = 1.0 / (factor * periods)  # positions divided by factor
+
+    def pair_turning(rotations):
+        # Solve original_len / (2 pi base ** (2i / dim)) = rotations for i.
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = pair_turning(scaling["beta_fast"]), pair_turning(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a step rather than a division by zero
+    # 0 up to pair low (turning often over the original context: kept as they are), 1 from
+    # pair high on (turning less than beta_slow times: interpolated), linear in between.
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp
+    inv_freq = interpolated * (1 - kept) + extrapolated * kept
+
+    attention_scaling = scaling["attention_factor"]
+    if attention_scaling is None:
+        mscale, mscale_all_dim = scaling["mscale"], scaling["mscale_all_dim"]
+        if mscale and mscale_all_dim:  # (DeepSeek's form; a zero counts as absent)
+            attention_scaling = _yarn_mscale(factor, mscale) / _yarn_mscale(factor,
+                                                                           mscale_all_dim)
+        else:
+            attention_scaling = _yarn_mscale(factor)
     return inv_freq, attention_scaling
 
 
