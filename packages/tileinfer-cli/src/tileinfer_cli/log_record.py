@@ -74,6 +74,8 @@ def _model_options(args) -> dict:
         found["deterministic"] = True
     if args.max_len is not None:
         found["max_len"] = args.max_len
+    if getattr(args, "rope_scaling", None) is not None:
+        found["rope_scaling"] = args.rope_scaling
     speculative = speculative_name(args)
     if speculative not in (None, "none"):
         found["speculative"] = speculative

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .errors import UserError
-from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, logit_bias
+from .parsing import INT32_MAX, INT64_MAX, float_range, int_range, json_object, logit_bias
 from .sampling_options import add_option_flag
 
 # Logit processing options: off unless given (repetition_penalty and min_p: unless
@@ -86,6 +86,10 @@ def add_model_options(p: argparse.ArgumentParser):
     g.add_argument("--allow-long-context", action="store_true",
                    help="accept a --max-len beyond the model's max_position_embeddings (with a "
                         "warning: the model was not trained for such positions)")
+    g.add_argument("--rope-scaling", type=json_object, metavar="JSON",
+                   help="replace config.json's RoPE scaling, e.g. '{\"rope_type\": \"yarn\", "
+                        "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}' for "
+                        "Qwen3's long contexts (YaRN lets --max-len reach factor x the original)")
     g.add_argument("--threads", type=int_range(1, 1024), metavar="N",
                    help="CPU threads for PyTorch's ops (default: half the CPUs, at most 8: "
                         f"{default_threads()} here: PyTorch's default of every CPU decodes "
@@ -265,7 +269,8 @@ def load(args):
         tokenizer = pool.submit(load_tokenizer, folder)
         model = load_model(folder, dtype=resolve_dtype(args.dtype, backend), backend=backend,
                            max_len=args.max_len, quantize=quantize,
-                           allow_long=args.allow_long_context, batch_invariant=args.deterministic)
+                           allow_long=args.allow_long_context, batch_invariant=args.deterministic,
+                           rope_scaling=args.rope_scaling)
         return model, tokenizer.result(), folder
 
 

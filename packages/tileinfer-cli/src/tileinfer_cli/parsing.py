@@ -97,5 +97,21 @@ def logit_bias(text: str) -> dict:
 logit_bias.__name__ = "JSON object"
 
 
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object (checked further where it is used)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a JSON object")
+    return value
+
+
+json_object.__name__ = "JSON object"
+
+
 def _short(text: str) -> str:
     return text if len(text) <= 24 else text[:10] + "..." + text[-6:]

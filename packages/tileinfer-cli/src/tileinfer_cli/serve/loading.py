@@ -45,14 +45,15 @@ class ServedModel:
 
 
 def load_dummy(folder: Path, dtype, backend: str, max_len: int | None, quantize, allow_long: bool,
-               batch_invariant: bool = False):
-    """A model of folder's config shape with random weights (seed 0)."""
+               batch_invariant: bool = False, rope_scaling: dict | None = None):
+    """A model of folder's config shape (rope_scaling: load_config's) with random weights (seed
+    0)."""
     from tileinfer import get_backend, load_config
     from tileinfer.model.config import check_max_len, default_max_len
     from tileinfer.model.loader import default_device
     from tileinfer.model.random_weights import random_model
 
-    config = load_config(folder)
+    config = load_config(folder, rope_scaling)
     if max_len is None:
         max_len = default_max_len(config)
     check_max_len(config, max_len, allow_long)
@@ -96,10 +97,11 @@ def load_weights(args, folder: Path):
     dtype = resolve_dtype(args.dtype, backend)
     if args.load_format == "dummy":
         return load_dummy(folder, dtype, backend, args.max_len, quantize_of(args),
-                          args.allow_long_context, args.deterministic)
+                          args.allow_long_context, args.deterministic, args.rope_scaling)
     return load_model(folder, dtype=dtype, backend=backend, max_len=args.max_len,
                       quantize=resolve_quantize(args, folder, backend),
-                      allow_long=args.allow_long_context, batch_invariant=args.deterministic)
+                      allow_long=args.allow_long_context, batch_invariant=args.deterministic,
+                      rope_scaling=args.rope_scaling)
 
 
 def prepare_grammars(tokenizer):

@@ -18,6 +18,7 @@ the fields without a sensible default (the sizes) are required, and a missing on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from .config_fields import ConfigError, float_field, int_field
 from .gemma import GemmaConfig, gemma_config, text_config_of
-from .rope_config import rope_from
+from .rope_config import rope_from, stretched_positions, with_rope
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
                          "phi3", "gemma3_text")
@@ -293,8 +294,10 @@ def _multipliers(d: dict) -> Multipliers:
     return Multipliers(**{key: float_field(name, d.get(name, 1.0)) for key, name in names.items()})
 
 
-def load_config(model_dir) -> ModelConfig:
-    """Read ``config.json`` from a model directory."""
+def load_config(model_dir, rope_scaling: dict | None = None) -> ModelConfig:
+    """Read ``config.json`` from a model directory. rope_scaling: a RoPE dict that replaces the
+    file's (``rope_config.with_rope``); with YaRN's, max_position_embeddings becomes the
+    positions it stretches the model to where those are more (``stretched_positions``)."""
     path = Path(model_dir) / "config.json"
     try:
         text = path.read_text(encoding="utf-8")
@@ -304,7 +307,11 @@ def load_config(model_dir) -> ModelConfig:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-    return config_from_dict(d)
+    if rope_scaling is None:
+        return config_from_dict(d)
+    config = config_from_dict(with_rope(d, rope_scaling))
+    positions = stretched_positions(config.rope_scaling, config.max_position_embeddings)
+    return dataclasses.replace(config, max_position_embeddings=positions)
 
 
 class LongContextWarning(UserWarning):

@@ -98,7 +98,8 @@ def check_fp8(ops, quantize) -> None:
 
 def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", device=None,
                max_len: int | None = None, quantize: str | None = None,
-               allow_long: bool = False, batch_invariant: bool = False) -> Model:
+               allow_long: bool = False, batch_invariant: bool = False,
+               rope_scaling: dict | None = None) -> Model:
     """Load a model (anything ``resolve_model_dir`` takes: a folder, a pulled repo id, an
     imported model's name, a .gguf file, or None for the embedded default model) to run on
     backend.
@@ -112,7 +113,9 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     weights and activations in dtype (``BackendInfo.fp8_weight_only``; ``tileinfer.model.quant``).
     batch_invariant: every step's rows the same bits whatever else the step holds, so an answer
     does not depend on the load (docs/determinism.md); the backend must declare it
-    (``BackendInfo.batch_invariant``).
+    (``BackendInfo.batch_invariant``). rope_scaling: a RoPE dict in config.json's form that
+    replaces the model's (``load_config``), e.g. ``{"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 32768}`` for Qwen3's long contexts.
     """
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
                                 or max_len < 1):
@@ -128,7 +131,7 @@ def load_model(model=None, dtype: torch.dtype = torch.bfloat16, backend="ref", d
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BackendError("no CUDA GPU is present here (device 'cuda')")
     model_dir = resolve_model_dir(model)
-    config = load_config(model_dir)
+    config = load_config(model_dir, rope_scaling)
     if max_len is None:
         max_len = default_max_len(config)
     check_max_len(config, max_len, allow_long)

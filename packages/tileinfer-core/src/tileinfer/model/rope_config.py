@@ -107,3 +107,30 @@ def _yarn(rope: dict, source: str, model_type: str, max_position_embeddings: int
             # transformers reads an mscale of 0 as none: allowed here too.
             "mscale": number("mscale", positive=False),
             "mscale_all_dim": number("mscale_all_dim", positive=False)}
+
+
+def with_rope(d: dict, rope: dict) -> dict:
+    """config.json's dict d with its RoPE dict replaced by rope, a dict as config.json states
+    one (``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}``
+    turns YaRN on, ``{"rope_type": "default"}`` any scaling off): the model's rope_theta is kept
+    unless rope states one. Gemma 3, with one RoPE per layer type, is refused."""
+    if not isinstance(rope, dict):
+        raise ConfigError(f"a RoPE override must be a JSON object, got {rope!r}")
+    if d.get("model_type") in ("gemma3", "gemma3_text"):
+        raise ConfigError("a RoPE override is not supported for Gemma 3 (one RoPE per layer "
+                          "type)")
+    current = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", current.get("rope_theta", d.get("rope_theta")))
+    out = {k: v for k, v in d.items() if k != "rope_parameters"}
+    out["rope_scaling"] = dict(rope) if theta is None else {**rope, "rope_theta": theta}
+    return out
+
+
+def stretched_positions(scaling: dict | None, positions: int) -> int:
+    """The positions a model reaches with YaRN's scaling: factor x the original context where
+    that is more than its max_position_embeddings (as vLLM reads a YaRN model's length), else
+    its own."""
+    if scaling is None or scaling["rope_type"] != "yarn":
+        return positions
+    return max(positions, int(scaling["factor"] * scaling["original_max_position_embeddings"]))
+
