@@ -16,6 +16,10 @@ transformers' defaults fill the gaps: an absent original_max_position_embeddings
 max_position_embeddings; for yarn a null factor is max_position_embeddings / original,
 beta_fast 32, beta_slow 1, truncate true. A missing or bad field is one ``ConfigError`` that
 names it.
+
+``with_rope`` puts a RoPE dict given at load time (``load_model(rope_scaling=...)``, the CLI's
+``--rope-scaling``) in place of the file's, and ``stretched_positions`` gives the positions
+YaRN's stretch reaches.
 """
 
 from __future__ import annotations
@@ -119,7 +123,9 @@ def with_rope(d: dict, rope: dict) -> dict:
     if d.get("model_type") in ("gemma3", "gemma3_text"):
         raise ConfigError("a RoPE override is not supported for Gemma 3 (one RoPE per layer "
                           "type)")
-    current = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    current = d.get("rope_scaling") or d.get("rope_parameters") or (
+        _APERTUS_DEFAULT_ROPE if d.get("model_type") == "apertus" else {})
+    current = current if isinstance(current, dict) else {}  # a bad one: rope_from's error
     theta = rope.get("rope_theta", current.get("rope_theta", d.get("rope_theta")))
     out = {k: v for k, v in d.items() if k != "rope_parameters"}
     out["rope_scaling"] = dict(rope) if theta is None else {**rope, "rope_theta": theta}
