@@ -13,7 +13,8 @@ import torch
 from tileinfer.engine.generation.forward import forward
 from tileinfer.engine.kv.cache import new_cache
 from tileinfer.model import load_model
-from tileinfer.model.config import ConfigError, check_max_len, load_config
+from tileinfer.model.config import (ConfigError, check_max_len, load_config,
+                                    model_positions)
 from tiny_models import YARN_ROPE, single_torch_thread, tiny  # noqa: F401
 
 
@@ -53,13 +54,25 @@ def test_the_model_theta_stays_and_yarn_stretches_the_positions(tmp_path, form):
     config = load_config(folder, yarn)
     assert config.rope_theta == theta
     assert config.rope_scaling["rope_type"] == "yarn" and config.rope_scaling["factor"] == 4.0
-    assert config.max_position_embeddings == 4 * 32768
+    assert model_positions(config) == (4 * 32768,
+                                       "YaRN's factor x original_max_position_embeddings")
     check_max_len(config, 4 * 32768)
     with pytest.raises(ConfigError, match="exceeds the model's 131072 positions"):
         check_max_len(config, 4 * 32768 + 1)
     # A stretch shorter than the model's own positions leaves them; a theta given wins.
     config = load_config(folder, {**yarn, "factor": 1.0, "rope_theta": 1e6})
-    assert config.max_position_embeddings == 40960 and config.rope_theta == 1e6
+    assert model_positions(config) == (40960, "config field 'max_position_embeddings'")
+    assert config.rope_theta == 1e6
+
+
+def test_yarn_in_config_json_stretches_the_positions_too(tmp_path):
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+            "original_max_position_embeddings": 32768}
+    config = load_config(_write(tmp_path, rope_scaling=yarn))
+    assert config.max_position_embeddings == 40960  # the field as transformers reads it
+    assert model_positions(config)[0] == 4 * 32768
+    with pytest.raises(ConfigError, match=r"131073 exceeds the model.s 131072 positions \(YaRN"):
+        check_max_len(config, 4 * 32768 + 1)
 
 
 def test_a_default_override_turns_scaling_off(tmp_path):

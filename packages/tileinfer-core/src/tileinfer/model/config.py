@@ -18,7 +18,6 @@ the fields without a sensible default (the sizes) are required, and a missing on
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -296,8 +295,7 @@ def _multipliers(d: dict) -> Multipliers:
 
 def load_config(model_dir, rope_scaling: dict | None = None) -> ModelConfig:
     """Read ``config.json`` from a model directory. rope_scaling: a RoPE dict that replaces the
-    file's (``rope_config.with_rope``); with YaRN's, max_position_embeddings becomes the
-    positions it stretches the model to where those are more (``stretched_positions``)."""
+    file's (``rope_config.with_rope``)."""
     path = Path(model_dir) / "config.json"
     try:
         text = path.read_text(encoding="utf-8")
@@ -307,15 +305,21 @@ def load_config(model_dir, rope_scaling: dict | None = None) -> ModelConfig:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-    if rope_scaling is None:
-        return config_from_dict(d)
-    config = config_from_dict(with_rope(d, rope_scaling))
+    return config_from_dict(d if rope_scaling is None else with_rope(d, rope_scaling))
+
+
+def model_positions(config: ModelConfig) -> tuple[int, str]:
+    """The positions a model is made for, and where the number comes from: its
+    max_position_embeddings, or with YaRN the stretch of its original context where that is
+    more (``rope_config.stretched_positions``)."""
     positions = stretched_positions(config.rope_scaling, config.max_position_embeddings)
-    return dataclasses.replace(config, max_position_embeddings=positions)
+    if positions > config.max_position_embeddings:
+        return positions, "YaRN's factor x original_max_position_embeddings"
+    return positions, "config field 'max_position_embeddings'"
 
 
 class LongContextWarning(UserWarning):
-    """A max_len beyond the model's max_position_embeddings, accepted with allow_long=True."""
+    """A max_len beyond the model's positions, accepted with allow_long=True."""
 
 
 # The longest sequence a model is loaded for when the caller does not say.
@@ -327,16 +331,16 @@ def default_max_len(config: ModelConfig) -> int:
     window plain causal attention sees the same positions, and runs on every backend's own
     kernels; a longer max_len runs the ``attention_window`` op, or is refused: see
     ``check_max_len``)."""
-    return min(DEFAULT_MAX_LEN, config.max_position_embeddings,
+    return min(DEFAULT_MAX_LEN, model_positions(config)[0],
                config.sliding_window or DEFAULT_MAX_LEN)
 
 
 def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     """Refuse settings this engine would run wrongly.
 
-    A max_len beyond the model's ``max_position_embeddings`` is refused: the model was not
-    trained for those positions and its output there is not to be trusted. ``allow_long=True``
-    accepts it with a ``LongContextWarning``.
+    A max_len beyond the model's positions (``model_positions``: ``max_position_embeddings``,
+    or YaRN's stretch) is refused: the model was not made for those positions and its output
+    there is not to be trusted. ``allow_long=True`` accepts it with a ``LongContextWarning``.
 
     A query at position p of a sliding-window layer attends to the positions ``p - window + 1
     .. p``: below max_len <= window that is all of them, and plain causal attention is exact.
@@ -344,16 +348,16 @@ def check_max_len(config: ModelConfig, max_len: int, allow_long: bool = False):
     (``layer_windows``); the windows of Qwen2's, Qwen3's and SmolLM3's use_sliding_window
     layers are not implemented, so a longer max_len is refused for them.
     """
-    positions = config.max_position_embeddings
+    positions, source = model_positions(config)
     if max_len > positions:
         if not allow_long:
             raise ConfigError(
-                f"max_len {max_len} exceeds the model's {positions} positions (config field "
-                f"'max_position_embeddings'); use max_len <= {positions}, or insist with "
-                "allow_long=True (tileinfer: --allow-long-context)")
-        warnings.warn(f"max_len {max_len} exceeds the model's {positions} positions (config "
-                      f"field 'max_position_embeddings'): output past position {positions} "
-                      "may be poor", LongContextWarning, stacklevel=3)
+                f"max_len {max_len} exceeds the model's {positions} positions ({source}); use "
+                f"max_len <= {positions}, or insist with allow_long=True (tileinfer: "
+                "--allow-long-context)")
+        warnings.warn(f"max_len {max_len} exceeds the model's {positions} positions ({source}): "
+                      f"output past position {positions} may be poor", LongContextWarning,
+                      stacklevel=3)
     if config.sliding_window is not None and config.sliding_window < max_len \
             and config.layer_windows is None:
         raise ConfigError(
