@@ -73,13 +73,8 @@ def float_range(lo: float, hi: float, lo_open: bool = False):
 def logit_bias(text: str) -> dict:
     """An argparse type: a JSON object of token ids (as strings, as the API takes them) to
     biases in [-100, 100], e.g. '{"128001": -100}'."""
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
+    value = _loads_object(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"{_short(text)} is not a JSON object of token ids to "
                                          "biases, e.g. '{\"128001\": -100}'")
     out = {}
@@ -99,15 +94,21 @@ logit_bias.__name__ = "JSON object"
 
 def json_object(text: str) -> dict:
     """An argparse type: a JSON object (checked further where it is used)."""
+    value = _loads_object(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a JSON object")
+    return value
+
+
+def _loads_object(text: str) -> dict | None:
+    """text's JSON object, or None when it is not one."""
     import json
 
     try:
         value = json.loads(text)
     except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{_short(text)} is not a JSON object")
-    return value
+        return None
+    return value if isinstance(value, dict) else None
 
 
 json_object.__name__ = "JSON object"

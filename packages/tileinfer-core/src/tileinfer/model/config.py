@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .config_fields import ConfigError, float_field, int_field
 from .gemma import GemmaConfig, gemma_config, text_config_of
-from .rope_config import rope_from, stretched_positions, with_rope
+from .rope_config import rope_from, with_rope
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "apertus", "smollm3", "granite",
                          "phi3", "gemma3_text")
@@ -310,12 +310,14 @@ def load_config(model_dir, rope_scaling: dict | None = None) -> ModelConfig:
 
 def model_positions(config: ModelConfig) -> tuple[int, str]:
     """The positions a model is made for, and where the number comes from: its
-    max_position_embeddings, or with YaRN the stretch of its original context where that is
-    more (``rope_config.stretched_positions``)."""
-    positions = stretched_positions(config.rope_scaling, config.max_position_embeddings)
-    if positions > config.max_position_embeddings:
-        return positions, "YaRN's factor x original_max_position_embeddings"
-    return positions, "config field 'max_position_embeddings'"
+    max_position_embeddings, or with YaRN factor x its original context where that is more (as
+    vLLM reads a YaRN model's length)."""
+    scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        stretched = int(scaling["factor"] * scaling["original_max_position_embeddings"])
+        if stretched > config.max_position_embeddings:
+            return stretched, "YaRN's factor x original_max_position_embeddings"
+    return config.max_position_embeddings, "config field 'max_position_embeddings'"
 
 
 class LongContextWarning(UserWarning):

@@ -41,12 +41,13 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """(inv_freq (head_dim // 2,) float32, attention_scaling) as transformers computes them."""
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (config.rope_theta ** exponents)
+    periods = config.rope_theta ** exponents  # pair i turns once every 2 pi * periods[i]
+    inv_freq = 1.0 / periods
     # default, linear and llama3 RoPE leave the magnitudes alone; yarn scales them.
     attention_scaling = 1.0
     scaling = config.rope_scaling
     if scaling is not None and scaling["rope_type"] == "yarn":
-        return _yarn(config, scaling)
+        return _yarn(config, scaling, periods)
     if scaling is not None and scaling["rope_type"] == "linear":
         inv_freq = inv_freq / scaling["factor"]
     if scaling is not None and scaling["rope_type"] == "llama3":
@@ -68,13 +69,12 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _yarn(config: ModelConfig, scaling: dict) -> tuple[torch.Tensor, float]:
-    """YaRN's inv_freq and attention_scaling (the formulas: the module docstring), each
-    operation in transformers' order and dtype so that the float32 values are the same."""
+def _yarn(config: ModelConfig, scaling: dict, periods: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """YaRN's inv_freq and attention_scaling from plain RoPE's periods (the formulas: the module
+    docstring), each operation in transformers' order and dtype so that the float32 values are
+    the same."""
     dim, base = config.head_dim, config.rope_theta
     factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
-    # Pair i turns once every 2 pi * periods[i] positions.
-    periods = base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     extrapolated = 1.0 / periods  # plain RoPE
     interpolated = 1.0 / (factor * periods)  # positions divided by factor
 

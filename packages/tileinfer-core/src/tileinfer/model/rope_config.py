@@ -18,8 +18,7 @@ beta_fast 32, beta_slow 1, truncate true. A missing or bad field is one ``Config
 names it.
 
 ``with_rope`` puts a RoPE dict given at load time (``load_model(rope_scaling=...)``, the CLI's
-``--rope-scaling``) in place of the file's, and ``stretched_positions`` gives the positions
-YaRN's stretch reaches.
+``--rope-scaling``) in place of the file's.
 """
 
 from __future__ import annotations
@@ -130,13 +129,3 @@ def with_rope(d: dict, rope: dict) -> dict:
     out = {k: v for k, v in d.items() if k != "rope_parameters"}
     out["rope_scaling"] = dict(rope) if theta is None else {**rope, "rope_theta": theta}
     return out
-
-
-def stretched_positions(scaling: dict | None, positions: int) -> int:
-    """The positions a model reaches with YaRN's scaling: factor x the original context where
-    that is more than its max_position_embeddings (as vLLM reads a YaRN model's length), else
-    its own."""
-    if scaling is None or scaling["rope_type"] != "yarn":
-        return positions
-    return max(positions, int(scaling["factor"] * scaling["original_max_position_embeddings"]))
-
