@@ -1,7 +1,7 @@
 """gemm_fp8.py's launches (batched FP8 products on gemm_wgmma.cu) per matrix of a decode step at
 n rows, against torch._scaled_mm: the kernel on its shipped settings (FP8_GEMM_TABLE's, else
 gemm_settings' rule), and on each setting of a sweep (row warps, ring stages, runs, a stage's
-products in flight, TMA or not), each matrix's 32 layers back to back in one CUDA graph, the
+products in flight, TMA or not; with ``--stream``, gemm_fp8_stream.cu's), each matrix's 32 layers back to back in one CUDA graph, the
 input's quantization included. One JSON line per matrix: each variant's milliseconds and the
 weights' TB/s, the best settings; then the settings that beat the shipped ones as
 ``FP8_GEMM_TABLE`` entries (ops/gemm_fp8.py).
@@ -25,6 +25,9 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 
 
 def configs(args) -> list[dict]:
+    if args.stream:  # gemm_fp8_stream.cu's settings
+        return [{"stream": True, "row_warps": w, "stream_stages": s, "stream_ctas": c}
+                for w, s, c in itertools.product(args.warps, args.stages, args.ctas)]
     out = []
     for warps, stages, runs, lag, tma in itertools.product(
             args.warps, args.stages, args.runs, (True, False), args.tma):
@@ -46,8 +49,11 @@ def main():
     p.add_argument("--stages", default="3,4,6")
     p.add_argument("--runs", default="1,2,4,8")
     p.add_argument("--tma", default="1", help="weights by TMA (1), by cp.async (0), or both (0,1)")
+    p.add_argument("--stream", action="store_true",
+                   help="sweep gemm_fp8_stream.cu (row warps, --stages, --ctas) instead")
+    p.add_argument("--ctas", default="1,2", help="with --stream: blocks a SM")
     args = p.parse_args()
-    for name in ("warps", "stages", "runs", "tma"):
+    for name in ("warps", "stages", "runs", "tma", "ctas"):
         setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
     args.tma = [bool(v) for v in args.tma]
     model = random_model(shape_config(args.shape), backend="ref", quantize="fp8", max_len=256)

@@ -10,7 +10,7 @@
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #              fp8sweep quantload fp8wo targets batchattn attnring
-#              fp8ncu profiles
+#              fp8ncu profiles fp8stream
 #              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -248,6 +248,23 @@ t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_tok
 |Block Limit Shared Mem|Warp Cycles Per Issued Instruction) " "$out/fp8ncu-$shape.txt" \
           | awk '{$1=$1; print}' | tr '\n' ';')"
         grep -A3 "Stall\|stall" "$out/fp8ncu-$shape.txt" | grep -v "^--" | head -n 8
+      done ;;
+    fp8stream)  # gemm_fp8_stream.cu: its GPU tests and gemm_fp8.py's, its sweep at 64 rows
+                # (FP8STREAM_ARGS), then llama3-8b FP8 at batch 64 with FP8STREAM_SETTINGS (the
+                # switch's "fp8_gemm" objects; {} is the shipped path)
+      timeout 240 python3 -m pytest -p no:cacheprovider -q -rf -p no:randomly -n 4 -k "fp8 or stream" \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_fp8_stream.py \
+        tests/tileinfer-backend-cuda/test_cuda_gpu_linear.py > "$out/fp8stream.log" 2>&1
+      echo "fp8 stream tests: $(tail -n 1 "$out/fp8stream.log")"
+      grep -E "^(FAILED|ERROR)" "$out/fp8stream.log" | head -n 8
+      (cd benchmarks && timeout 240 python3 fp8_gemm_sweep.py --stream --rows 64 --stages 4,6,8,12 \
+        ${FP8STREAM_ARGS:-} > "$out/fp8stream-sweep.jsonl" 2> "$out/fp8stream-sweep.err")
+      cat "$out/fp8stream-sweep.jsonl"; tail -n 3 "$out/fp8stream-sweep.err"
+      shipped_and_stream='{} {"stream":true,"row_warps":8} {"stream":true,"row_warps":4}'
+      for s in ${FP8STREAM_SETTINGS:-$shipped_and_stream}; do
+        echo "llama3-8b fp8 batch 64, fp8_gemm $s: $(TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": $s}" \
+          timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda --fp8 \
+          --batch 64 --repeats 2 2>&1 | grep -v '^{' | tail -n 1)"
       done ;;
     fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64), FP8SWEEP_ARGS
       (cd benchmarks && timeout 400 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \

@@ -138,6 +138,12 @@ def builds() -> list[tuple[str, dict, tuple]]:
         ARCH_SPECIFIC=None)
     add("gemm_wgmma.cu", W_FP8=1, PARTS=16, RUNS=1, SPLIT=0, WG=1, NT=8, STAGES=3,
         OUT_DTYPE="float", ROUND_BF16=0, ARCH_SPECIFIC=None)
+    # the same products as one stream of stages a block (ops/gemm_fp8_stream.py): warpgroups,
+    # n64 and n32, epilogues, outputs, PDL
+    add("gemm_fp8_stream.cu", WG=2, NT=8, STAGES=8, PDL=1, ARCH_SPECIFIC=None)
+    add("gemm_fp8_stream.cu", WG=1, NT=4, STAGES=3, EPILOGUE=1, ARCH_SPECIFIC=None)
+    add("gemm_fp8_stream.cu", WG=1, NT=8, STAGES=6, EPILOGUE=2, OUT_DTYPE="float", ROUND_BF16=0,
+        PDL=1, ARCH_SPECIFIC=None)
 
     # FP8 (e4m3 weight and x): each epilogue and output, the ring and the register stream, token
     # tiles, row groups, PDL; and the input's quantization

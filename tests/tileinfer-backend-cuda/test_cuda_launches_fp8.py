@@ -11,8 +11,8 @@ from tileinfer.backend.hookspecs import Invariance
 
 from test_cuda_launches import launches  # noqa: F401  (the fixture)
 from tileinfer_backend_cuda import compiler
-from tileinfer_backend_cuda.ops import (OPS, common, gemm_fp8, gemm_wgmma, linear_fp8, tensor_map,
-                                        tuning)
+from tileinfer_backend_cuda.ops import (OPS, common, gemm_fp8, gemm_fp8_stream, gemm_wgmma,
+                                        linear_fp8, tensor_map, tuning)
 
 BF = torch.bfloat16
 
@@ -179,3 +179,52 @@ def test_a_table_entry_replaces_the_rule_and_part_k_sets_the_parts(fp8, monkeypa
         OPS["linear"](torch.empty(64, 4096, dtype=BF), torch.randn(64, 384).to(BF),
                       *_fp8_weight(4096, 384), False)
     assert fp8[-1] == ("scaled_mm", 64)
+
+
+@pytest.fixture
+def stream(fp8, monkeypatch):
+    """fp8, with gemm_fp8_stream.py's launches recorded and its scratch on device 0."""
+    monkeypatch.setattr(gemm_fp8_stream, "kernel", gemm_wgmma.kernel)  # the fixture's recorder
+    monkeypatch.setitem(common.STREAM_SCRATCH._by_device, 0,
+                        (torch.empty(common.StreamScratch.PARTIALS),
+                         torch.zeros(common.StreamScratch.FLAGS, dtype=torch.int32)))
+    return fp8
+
+
+@pytest.mark.parametrize("setting,grid,threads,stages", [
+    ({"row_warps": 8}, 132, 256, 8),  # the defaults: 8 stages of (128 rows + 64 tokens) fit
+    ({"row_warps": 4, "stream_ctas": 2, "stream_stages": 12}, 264, 128, 6)])  # half a SM each
+def test_the_stream_takes_a_grid_of_resident_blocks(stream, setting, grid, threads, stages):
+    """With "stream" (up to 64 rows): gemm_fp8_stream.cu on the e4m3 pairs, one block per SM or
+    two (the ring then brought down to half a SM's shared memory), K in 2-byte units, the scales,
+    then the scratch's partials and flags."""
+    x = torch.randn(64, 4096).to(BF)
+    w, ws = _fp8_weight(6144, 4096)
+    with tuning.experiment({"fp8_gemm": {"stream": True, **setting}}):
+        OPS["linear"](torch.empty(64, 6144, dtype=BF), x, w, ws, False)
+    assert _files(stream) == ["fp8_quant.cu", "gemm_fp8_stream.cu"]
+    k = stream[1]
+    assert k.grid == (grid,) and k.block == (threads,) and k.pdl
+    assert k.defines["STAGES"] == stages and k.defines["NT"] == 8 and "ARCH_SPECIFIC" in k.defines
+    assert k.smem == gemm_fp8_stream.smem_bytes(stages, threads // 128, 1, 8)
+    assert 2 * k.smem <= 233472 if grid == 264 else k.smem <= 232448
+    assert k.args[3:7] == (64, 2048, 6144, 2048)
+    partials, flags = common.STREAM_SCRATCH.get(0)
+    assert k.args[-4] is ws and k.args[-2] is partials and k.args[-1] is flags
+
+
+def test_the_stream_steps_aside_where_it_cannot_run(stream, monkeypatch):
+    """More than 64 rows, and a grid the partials cannot hold: gemm_wgmma.cu; a weight of fewer
+    stages than SMs: a block a stage."""
+    w, ws = _fp8_weight(64, 256)
+
+    def run(n):
+        stream.clear()
+        OPS["linear"](torch.empty(n, 64, dtype=BF), torch.randn(n, 256).to(BF), w, ws, False)
+        return stream[1]
+
+    with tuning.experiment({"fp8_gemm": {"stream": True, "max_tokens": 128}}):
+        assert run(64).file == "gemm_fp8_stream.cu" and run(64).grid == (2,)  # 1 tile x 2 stages
+        assert run(65).file == "gemm_wgmma.cu"
+        monkeypatch.setattr(common.StreamScratch, "PARTIALS", 1)
+        assert run(64).file == "gemm_wgmma.cu"

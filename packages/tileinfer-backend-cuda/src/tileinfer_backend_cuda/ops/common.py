@@ -205,10 +205,30 @@ class Fp8Scratch(DeviceScratch):
                                     torch.empty(self.ROWS, dtype=torch.float32, device=d)))
 
 
+class StreamScratch(DeviceScratch):
+    """gemm_fp8_stream.cu's sums of the segments that do not start their row tile, one slot of
+    a block's threads' sums per block of the grid, and one flag per block (zero between
+    launches: the block that reads a slot lowers its flag). A launch whose grid needs more
+    slots than it holds runs gemm_wgmma.cu instead."""
+
+    PARTIALS = 1 << 22  # floats (16 MiB): 264 blocks of 256 threads x 64 sums
+    FLAGS = 1 << 10
+
+    def __init__(self):
+        super().__init__(lambda d: (torch.empty(self.PARTIALS, dtype=torch.float32, device=d),
+                                    torch.zeros(self.FLAGS, dtype=torch.int32, device=d)))
+
+    @classmethod
+    def fits(cls, blocks: int, block_sums: int) -> bool:
+        """Room for a grid of `blocks` blocks whose threads keep block_sums sums in all."""
+        return blocks * block_sums <= cls.PARTIALS and blocks <= cls.FLAGS
+
+
 FP8_CAPABILITY = (8, 9)
 GEMV_SCRATCH = GemvScratch()
 ARGMAX_SCRATCH = ArgmaxScratch()
 FP8_SCRATCH = Fp8Scratch()
+STREAM_SCRATCH = StreamScratch()
 
 
 def reserve_scratch(device):
@@ -217,3 +237,5 @@ def reserve_scratch(device):
     ARGMAX_SCRATCH.reserve(device)
     if torch.cuda.get_device_capability(device) >= FP8_CAPABILITY:
         FP8_SCRATCH.reserve(device)
+    if torch.cuda.get_device_capability(device) == (9, 0):  # gemm_fp8_stream.cu is Hopper's
+        STREAM_SCRATCH.reserve(device)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import gemm_wgmma
+from . import gemm_fp8_stream, gemm_wgmma
 from .common import cdiv, num_sms
 from .gemm_invariant import MAX_CLUSTER
 from .linear import EPILOGUES
@@ -95,5 +95,9 @@ def launch(out, xq, x_scale, weight, w_scale, epilogue: str, xielu_params, devic
     cfg = gemm_settings(o_rows, k_dim, epilogue, n, device)
     tiles = token_tiles(n)
     pairs = lambda t: t.view(torch.uint8).view(torch.bfloat16)  # noqa: E731  (n, K / 2)
+    if part_k() == STAGE_K and gemm_fp8_stream.takes(cfg, n, k_dim) and gemm_fp8_stream.launch(
+            out, pairs(xq), x_scale, pairs(weight), w_scale, base, xielu_params, cfg, tiles,
+            o_rows, device):
+        return
     gemm_wgmma.launch(out, pairs(xq), pairs(weight), xielu_params, cfg, base,
                       k_dim // part_k(), cfg["runs"], tiles, o_rows, device, w_scale, x_scale)
