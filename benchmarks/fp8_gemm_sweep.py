@@ -1,10 +1,10 @@
 """gemm_fp8.py's launches (batched FP8 products on gemm_wgmma.cu) per matrix of a decode step at
 n rows, against torch._scaled_mm: the kernel on its shipped settings (FP8_GEMM_TABLE's, else
 gemm_settings' rule), and on each setting of a sweep (row warps, ring stages, runs, a stage's
-products in flight, TMA or not; with ``--stream``, gemm_fp8_stream.cu's), each matrix's 32 layers back to back in one CUDA graph, the
-input's quantization included. One JSON line per matrix: each variant's milliseconds and the
-weights' TB/s, the best settings; then the settings that beat the shipped ones as
-``FP8_GEMM_TABLE`` entries (ops/gemm_fp8.py).
+products in flight, TMA or not; with ``--stream``, gemm_fp8_stream.cu's), each matrix's 32
+layers back to back in one CUDA graph, the input's quantization included. One JSON line per
+matrix: each variant's milliseconds and the weights' TB/s, the best settings; then the settings
+that beat the shipped ones as ``FP8_GEMM_TABLE`` entries (ops/gemm_fp8.py).
 
     cd benchmarks && python3 fp8_gemm_sweep.py --shape llama3-8b --rows 64
 """
@@ -26,8 +26,9 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 
 def configs(args) -> list[dict]:
     if args.stream:  # gemm_fp8_stream.cu's settings
-        return [{"stream": True, "row_warps": w, "stream_stages": s, "stream_ctas": c}
-                for w, s, c in itertools.product(args.warps, args.stages, args.ctas)]
+        return [{"stream": True, "row_warps": w, "stream_stages": s, "stream_ctas": c,
+                 "stream_boxes": b}
+                for w, s, c, b in itertools.product(args.warps, args.stages, args.ctas, args.boxes)]
     out = []
     for warps, stages, runs, lag, tma in itertools.product(
             args.warps, args.stages, args.runs, (True, False), args.tma):
@@ -52,8 +53,9 @@ def main():
     p.add_argument("--stream", action="store_true",
                    help="sweep gemm_fp8_stream.cu (row warps, --stages, --ctas) instead")
     p.add_argument("--ctas", default="1,2", help="with --stream: blocks a SM")
+    p.add_argument("--boxes", default="1", help="with --stream: boxes of 128 k a stage")
     args = p.parse_args()
-    for name in ("warps", "stages", "runs", "tma", "ctas"):
+    for name in ("warps", "stages", "runs", "tma", "ctas", "boxes"):
         setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
     args.tma = [bool(v) for v in args.tma]
     model = random_model(shape_config(args.shape), backend="ref", quantize="fp8", max_len=256)

@@ -10,7 +10,7 @@
 #              finite structload stall load256 invsweep invlinear gemmsweep wgmmabits fp8
 #              oneshotkept rowsweep detsplits wsprefill b1orders modelhalf1 modelhalf2 fp8gemm
 #              fp8sweep quantload fp8wo targets batchattn attnring
-#              fp8ncu profiles fp8stream
+#              fp8ncu profiles fp8stream fp8streamncu
 #              newrun
 #
 # Logs and JSON go to OUTDIR; a short summary is printed last.
@@ -265,6 +265,19 @@ t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_tok
         echo "llama3-8b fp8 batch 64, fp8_gemm $s: $(TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": $s}" \
           timeout 150 python3 -m tileinfer_cli bench --shape llama3-8b --backend cuda --fp8 \
           --batch 64 --repeats 2 2>&1 | grep -v '^{' | tail -n 1)"
+      done ;;
+    fp8streamncu)  # ncu of one gemm_fp8_stream launch at 64 rows per llama3-8b matrix shape (qkv, o,
+                   # down) under FP8STREAM_NCU (the switch's "fp8_gemm" object)
+      setting=${FP8STREAM_NCU:-'{"stream":true,"row_warps":8}'}
+      for shape in 6144x4096 4096x4096 4096x14336; do
+        TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": $setting}" timeout 120 ncu --clock-control none \
+          -k regex:gemm_fp8_stream -s 2 -c 1 --section SpeedOfLight --section Occupancy \
+          --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+          python3 benchmarks/invariant_launch.py --fp8 --shape $shape > "$out/fp8streamncu-$shape.txt" 2>&1
+        echo "fp8streamncu $shape: $(grep -E "^ +(Duration|DRAM Throughput|Achieved Occupancy|Grid Size\
+|Registers Per Thread|L2 Hit Rate|Mem Busy|Max Bandwidth|Warp Cycles Per Issued Instruction) " \
+          "$out/fp8streamncu-$shape.txt" | awk '{$1=$1; print}' | tr '\n' ';')"
+        grep -B1 -A3 "Stall\|stall" "$out/fp8streamncu-$shape.txt" | grep -v "^--" | head -n 12
       done ;;
     fp8sweep)  # gemm_fp8.py's settings per llama3-8b matrix at FP8SWEEP_ROWS rows (64), FP8SWEEP_ARGS
       (cd benchmarks && timeout 400 python3 fp8_gemm_sweep.py --rows ${FP8SWEEP_ROWS:-64} \

@@ -141,7 +141,8 @@ def builds() -> list[tuple[str, dict, tuple]]:
     # the same products as one stream of stages a block (ops/gemm_fp8_stream.py): warpgroups,
     # n64 and n32, epilogues, outputs, PDL
     add("gemm_fp8_stream.cu", WG=2, NT=8, STAGES=8, PDL=1, ARCH_SPECIFIC=None)
-    add("gemm_fp8_stream.cu", WG=1, NT=4, STAGES=3, EPILOGUE=1, ARCH_SPECIFIC=None)
+    add("gemm_fp8_stream.cu", WG=1, NT=4, STAGES=3, BOXES=2, EPILOGUE=1, ARCH_SPECIFIC=None)
+    add("gemm_fp8_stream.cu", WG=2, NT=8, STAGES=4, BOXES=4, ARCH_SPECIFIC=None)
     add("gemm_fp8_stream.cu", WG=1, NT=8, STAGES=6, EPILOGUE=2, OUT_DTYPE="float", ROUND_BF16=0,
         PDL=1, ARCH_SPECIFIC=None)
 

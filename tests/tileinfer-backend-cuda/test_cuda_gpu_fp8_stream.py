@@ -15,9 +15,11 @@ from test_cuda_gpu_linear import _experiment, _over_bound
 pytestmark = pytest.mark.gpu
 
 # Two warpgroups a block, one block a SM, a deep ring; one warpgroup, two blocks a SM (twice
-# the segments, so more of them joined through the partials).
+# the segments, so more of them joined through the partials); stages of two boxes.
 SETTINGS = [{"row_warps": 8, "stream_stages": 8, "stream_ctas": 1},
-            {"row_warps": 4, "stream_stages": 4, "stream_ctas": 2}]
+            {"row_warps": 4, "stream_stages": 4, "stream_ctas": 2},
+            {"row_warps": 8, "stream_stages": 4, "stream_boxes": 2}]
+IDS = ["wg2", "wg1-ctas2", "wg2-boxes2"]
 
 
 def _stream(setting):
@@ -30,7 +32,7 @@ def _hopper():
         pytest.skip("gemm_fp8_stream.cu is Hopper's")
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=["wg2", "wg1-ctas2"])
+@pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
 @pytest.mark.parametrize("n", [17, 32, 64])
 @pytest.mark.parametrize("op,rows,k", [("linear", 6144, 4096), ("linear", 4096, 14336),
                                        ("linear", 1000, 4096), ("linear_swiglu", 1000, 4096)])
@@ -63,7 +65,7 @@ def test_stream_products_are_as_near_ref_as_the_path_they_replace(cuda, ref, set
     assert ours.max() <= max(1.0, float(replaced.max()))
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=["wg2", "wg1-ctas2"])
+@pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
 def test_a_rows_bits_do_not_depend_on_the_other_rows(cuda, setting):
     """The order of a row's sum is the shape's and the GPU's alone: the first 40 rows of a
     64-row step equal a 40-row step of them bit for bit."""

@@ -193,7 +193,8 @@ def stream(fp8, monkeypatch):
 
 @pytest.mark.parametrize("setting,grid,threads,stages", [
     ({"row_warps": 8}, 132, 256, 8),  # the defaults: 8 stages of (128 rows + 64 tokens) fit
-    ({"row_warps": 4, "stream_ctas": 2, "stream_stages": 12}, 264, 128, 6)])  # half a SM each
+    ({"row_warps": 4, "stream_ctas": 2, "stream_stages": 12}, 264, 128, 6),  # half a SM each
+    ({"row_warps": 8, "stream_boxes": 2}, 132, 256, 4)])  # 4 stages of two boxes fit
 def test_the_stream_takes_a_grid_of_resident_blocks(stream, setting, grid, threads, stages):
     """With "stream" (up to 64 rows): gemm_fp8_stream.cu on the e4m3 pairs, one block per SM or
     two (the ring then brought down to half a SM's shared memory), K in 2-byte units, the scales,
@@ -205,8 +206,10 @@ def test_the_stream_takes_a_grid_of_resident_blocks(stream, setting, grid, threa
     assert _files(stream) == ["fp8_quant.cu", "gemm_fp8_stream.cu"]
     k = stream[1]
     assert k.grid == (grid,) and k.block == (threads,) and k.pdl
-    assert k.defines["STAGES"] == stages and k.defines["NT"] == 8 and "ARCH_SPECIFIC" in k.defines
-    assert k.smem == gemm_fp8_stream.smem_bytes(stages, threads // 128, 1, 8)
+    boxes = setting.get("stream_boxes", 1)
+    assert k.defines["STAGES"] == stages and k.defines["BOXES"] == boxes
+    assert k.defines["NT"] == 8 and "ARCH_SPECIFIC" in k.defines
+    assert k.smem == gemm_fp8_stream.smem_bytes(stages, boxes, threads // 128, 1, 8)
     assert 2 * k.smem <= 233472 if grid == 264 else k.smem <= 232448
     assert k.args[3:7] == (64, 2048, 6144, 2048)
     partials, flags = common.STREAM_SCRATCH.get(0)

@@ -4,7 +4,8 @@
 // join the sum in float32) without its grid of (row tile, run) blocks, whose few blocks a launch
 // leave SMs idle through the launch's ramp and its uneven tail (docs/cuda-kernels.md).
 //
-// The work: tiles = ceil(O / BLOCK_ROWS) row tiles of K / 64 stages each (K in 2-byte units), in
+// The work: tiles = ceil(O / BLOCK_ROWS) row tiles of K / (64 BOXES) stages each (K in 2-byte
+// units), in
 // one order, tile by tile and each tile's stages in K order. Block b of the grid's G takes the
 // stages [b total / G, (b + 1) total / G): about as many as every other block, so each SM streams
 // its share without a break between tiles (the ring runs on across them). A block's stages of one
@@ -20,14 +21,16 @@
 // block is resident at once.
 //
 // A block: WG warpgroups of 64 weight rows (of each matrix) for the launch's n <= 8 NT tokens
-// (one token block). A ring stage holds 64 units (128 e4m3 k) of the block's weight rows, by TMA
-// from the tensor map w_map, then of the tokens, by cp.async (gemm_wgmma_layout.cuh's layout). A
-// stage's products stay in flight through the next stage's barrier and copies (gemm_wgmma.cu's
-// MMA_LAG): copies run STAGES - 2 stages ahead. Dynamic shared memory: the ring from the first
-// 1024-byte boundary, then an mbarrier a stage (ops/gemm_fp8_stream.py smem_bytes).
+// (one token block). A ring stage holds BOXES boxes of 64 units (128 e4m3 k, a part each), in
+// K order: a box's weight rows, by TMA from the tensor map w_map, then its tokens, by cp.async
+// (gemm_wgmma_layout.cuh's layout); each box's products start from zero and join the segment's
+// sum in box order. A stage's products stay in flight through the next stage's barrier and
+// copies (gemm_wgmma.cu's MMA_LAG): copies run STAGES - 2 stages ahead. Dynamic shared memory:
+// the ring from the first 1024-byte boundary, then an mbarrier a stage
+// (ops/gemm_fp8_stream.py smem_bytes).
 //
 // Defines: EPILOGUE (0 none, 1 SwiGLU, 2 xIELU), OUT_DTYPE, ROUND_BF16, WG (1 or 2), STAGES (3
-// or more), NT (4 or 8), PDL (0/1).
+// or more), BOXES (1, 2 or 4), NT (4 or 8), PDL (0/1).
 #include "common.cuh"
 
 #define SPLIT 0
@@ -36,14 +39,19 @@
 #define RUNS 1
 #define PARTS 1
 #define TG 1
+#ifndef BOXES
+#define BOXES 1
+#endif
 #include "gemm_wgmma_block.cuh"  // out_t, MATS, BLOCK_ROWS, THREADS, TOKENS, W_STAGE, ..
 static_assert(STAGES >= 3, "a stage filling, one in products, one ending");
+static_assert(BOXES == 1 || BOXES == 2 || BOXES == 4, "BOXES: 1, 2 or 4 boxes a stage");
 
 constexpr int AHEAD = STAGES - 2;  // stages of copies issued ahead
 constexpr int XQ = TOKENS * 8 / THREADS;  // a thread's 16-byte chunks of a stage's tokens
 static_assert(XQ >= 1 && XQ * THREADS == TOKENS * 8, "x chunks: whole rounds of the block");
 constexpr int SUMS = MATS * NT * 4;  // a thread's sums (a Sums)
-constexpr int STAGE_UNITS = 64;      // 2-byte units of K a stage
+constexpr int STAGE_UNITS = 64 * BOXES;         // 2-byte units of K a stage
+constexpr int SLOT_BYTES = BOXES * STAGE_BYTES;  // a ring slot: its boxes (STAGE_BYTES each)
 
 #include "gemv_epilogue.cuh"  // scaled_sum, epilogue_value
 #include "gemm_store.cuh"     // Sums, fold, store_sums
@@ -78,7 +86,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     const int lo = begin(blockIdx.x), count = begin(blockIdx.x + 1) - lo;
 
     const u32 base = (smem_addr(ring) + WGMMA_ALIGN - 1) & ~(u32)(WGMMA_ALIGN - 1);
-    auto bar = [&](int slot) { return base + (u32)(STAGES * STAGE_BYTES + 8 * slot); };
+    auto bar = [&](int slot) { return base + (u32)(STAGES * SLOT_BYTES + 8 * slot); };
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) mbar_init(bar(i), 1);
         mbar_init_fence();
@@ -97,16 +105,21 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     auto issue = [&](int j, int slot, bool weights, bool xs) {
         if (j >= count) return;
         const int tile = (lo + j) / per_tile, k0 = (lo + j) % per_tile * STAGE_UNITS;
-        const u32 dst = base + (u32)(slot * STAGE_BYTES);
-        if (weights && threadIdx.x == 0) {  // one copy a matrix of its rows (past O: zeros)
-            mbar_expect_bytes(bar(slot), (u32)W_STAGE);
-            for (int m = 0; m < MATS; ++m)
-                tma_load_2d(dst + (u32)(m * BLOCK_ROWS * 128), w_map, k0,
-                            m * O + tile * BLOCK_ROWS, bar(slot));
+        const u32 dst = base + (u32)(slot * SLOT_BYTES);
+        if (weights && threadIdx.x == 0) {  // one copy a box and matrix (rows past O: zeros)
+            mbar_expect_bytes(bar(slot), (u32)(BOXES * W_STAGE));
+            for (int b = 0; b < BOXES; ++b)
+                for (int m = 0; m < MATS; ++m)
+                    tma_load_2d(dst + (u32)(b * STAGE_BYTES + m * BLOCK_ROWS * 128), w_map,
+                                k0 + 64 * b, m * O + tile * BLOCK_ROWS, bar(slot));
         }
 #pragma unroll
-        for (int i = 0; i < XQ; ++i)
-            if (xs) cp_async_ca16(dst + xdst[i], xsrc[i] + k0, 16);
+        for (int b = 0; b < BOXES; ++b)
+#pragma unroll
+            for (int i = 0; i < XQ; ++i)
+                if (xs)
+                    cp_async_ca16(dst + (u32)(b * STAGE_BYTES) + xdst[i], xsrc[i] + k0 + 64 * b,
+                                  16);
     };
 #if PDL
     pdl_launch_dependents();
@@ -122,7 +135,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
     }
 #endif
 
-    Sums acc = {}, run = {};  // a stage's products; the segment's sum
+    Sums acc[BOXES] = {}, run = {};  // a stage's products, a box each; the segment's sum
     int segment = lo;         // the segment's first stage
     // The segment that ends with stage `last` (of the whole order): its tile's outputs, or its
     // sums published. Every thread of the block calls it.
@@ -135,7 +148,8 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) mine[((m * NT + j) * 4 + e) * THREADS] = run[m][j][e];
+                    for (int e = 0; e < 4; ++e)
+                        mine[((m * NT + j) * 4 + e) * THREADS] = run[m][j][e];
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) store_release(flags + blockIdx.x, 1);
@@ -180,20 +194,25 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
         __syncthreads();
         issue(j + AHEAD, slot + AHEAD < STAGES ? slot + AHEAD : slot + AHEAD - STAGES, true, true);
         cp_async_commit();
-        if (j > 0) {  // stage j - 1's products have landed: its part joins the segment's sum
+        if (j > 0) {  // stage j - 1's products have landed: its parts join the segment's sum
             wgmma_wait_all();
-            fold(run, acc);
+#pragma unroll
+            for (int b = 0; b < BOXES; ++b) fold(run, acc[b]);
             if ((lo + j) % per_tile == 0) finish(lo + j - 1);  // stage j starts a tile
         }
-        const u32 stage = base + (u32)(slot * STAGE_BYTES);
-        wgmma_stage_step(acc, stage, 0, a_row, 0);
-        wgmma_stage_step(acc, stage, 1, a_row, 0);
+#pragma unroll
+        for (int b = 0; b < BOXES; ++b) {
+            const u32 box = base + (u32)(slot * SLOT_BYTES + b * STAGE_BYTES);
+            wgmma_stage_step(acc[b], box, 0, a_row, 0);
+            wgmma_stage_step(acc[b], box, 1, a_row, 0);
+        }
         wgmma_commit();
         slot = slot + 1 == STAGES ? 0 : slot + 1;
         phase ^= slot == 0;
     }
     cp_async_wait<0>();
     wgmma_wait_all();
-    fold(run, acc);
+#pragma unroll
+    for (int b = 0; b < BOXES; ++b) fold(run, acc[b]);
     if (count > 0) finish(lo + count - 1);
 }

@@ -3,8 +3,8 @@ token block) as one even stream of K stages per block, a grid of as many blocks 
 hold at once (stream-K; the kernel's header says how the row tiles' sums are joined). Taken
 where gemm_fp8.py's settings say ``"stream": True`` (FP8_GEMM_TABLE, or the experiment switch's
 "fp8_gemm"), with these keys of them: ``row_warps`` (4 or 8: one or two warpgroups, 64 weight
-rows each), ``stream_stages`` (the ring's stages of 128 e4m3 k, brought down to what fits) and
-``stream_ctas`` (blocks a SM, 1 or 2)."""
+rows each), ``stream_stages`` (the ring's stages, brought down to what fits), ``stream_boxes``
+(1, 2 or 4 boxes of 128 e4m3 k a stage) and ``stream_ctas`` (blocks a SM, 1 or 2)."""
 
 from __future__ import annotations
 
@@ -15,43 +15,47 @@ from .common import STREAM_SCRATCH, StreamScratch, cdiv, num_sms, smem_per_multi
 from .common import kernel, smem_limit
 
 MAX_TOKENS = 64  # one token block: 8 token tiles of 8
-STAGE_BYTES_A_ROW = 128  # a ring stage's bytes of each weight row and each token: 128 e4m3 k
-DEFAULTS = {"stream_stages": 8, "stream_ctas": 1}
+BOX_K = 128  # e4m3 k of a box: 128 bytes of each weight row and each token, one part
+DEFAULTS = {"stream_stages": 8, "stream_ctas": 1, "stream_boxes": 1}
 WGMMA_ALIGN = 1024  # the ring's alignment (gemm_wgmma_layout.cuh)
+
+
+def setting(cfg: dict, key: str) -> int:
+    return int(cfg.get(key, DEFAULTS[key]))
 
 
 def takes(cfg: dict, n: int, k_dim: int) -> bool:
     """Whether gemm_fp8.py's launch of n rows and settings cfg runs here: asked for, one token
     block, K (e4m3) a multiple of a stage."""
-    return bool(cfg.get("stream")) and n <= MAX_TOKENS and k_dim % STAGE_BYTES_A_ROW == 0
+    return (bool(cfg.get("stream")) and n <= MAX_TOKENS
+            and k_dim % (BOX_K * setting(cfg, "stream_boxes")) == 0)
 
 
 def warpgroups(cfg: dict) -> int:
     return 2 if cfg.get("row_warps", 4) >= 8 else 1
 
 
-def smem_bytes(stages: int, wg: int, mats: int, token_tiles: int) -> int:
-    """STAGES x (mats x 64 wg weight rows + 8 token_tiles tokens) x 128 bytes from the first
-    1024-byte boundary, then an 8-byte mbarrier a stage."""
+def smem_bytes(stages: int, boxes: int, wg: int, mats: int, token_tiles: int) -> int:
+    """STAGES x boxes x (mats x 64 wg weight rows + 8 token_tiles tokens) x 128 bytes from the
+    first 1024-byte boundary, then an 8-byte mbarrier a stage."""
     rows = mats * 64 * wg + 8 * token_tiles
-    return stages * rows * STAGE_BYTES_A_ROW + WGMMA_ALIGN + 8 * stages
+    return stages * boxes * rows * BOX_K + WGMMA_ALIGN + 8 * stages
 
 
 def stages_that_fit(cfg: dict, wg: int, mats: int, token_tiles: int, device: int) -> int:
     """cfg's stages (at least 3), fewer where the blocks a SM would not fit its shared memory."""
-    ctas = int(cfg.get("stream_ctas", DEFAULTS["stream_ctas"]))
-    limit = min(smem_limit(device), smem_per_multiprocessor(device) // ctas - 1024) - 1024
-    stages = int(cfg.get("stream_stages", DEFAULTS["stream_stages"]))
-    while stages > 3 and smem_bytes(stages, wg, mats, token_tiles) > limit:
+    limit = smem_limit(device), smem_per_multiprocessor(device) // setting(cfg, "stream_ctas")
+    limit = min(limit[0], limit[1] - 1024) - 1024
+    stages, boxes = setting(cfg, "stream_stages"), setting(cfg, "stream_boxes")
+    while stages > 3 and smem_bytes(stages, boxes, wg, mats, token_tiles) > limit:
         stages -= 1
     return stages
 
 
 def grid_blocks(cfg: dict, o_rows: int, k_dim: int, wg: int, device: int) -> int:
     """The grid: stream_ctas blocks a SM, at most one a stage of the work."""
-    stages = cdiv(o_rows, 64 * wg) * (k_dim // STAGE_BYTES_A_ROW)
-    ctas = int(cfg.get("stream_ctas", DEFAULTS["stream_ctas"]))
-    return min(num_sms(device) * ctas, stages)
+    stages = cdiv(o_rows, 64 * wg) * (k_dim // (BOX_K * setting(cfg, "stream_boxes")))
+    return min(num_sms(device) * setting(cfg, "stream_ctas"), stages)
 
 
 def launch(out, xq_pairs, x_scale, weight_pairs, w_scale, base: dict, xielu_params, cfg: dict,
@@ -68,13 +72,14 @@ def launch(out, xq_pairs, x_scale, weight_pairs, w_scale, base: dict, xielu_para
         return False
     partials, flags = scratch
     stages = stages_that_fit(cfg, wg, mats, token_tiles, device)
+    boxes = setting(cfg, "stream_boxes")
     defines = {k: base[k] for k in ("EPILOGUE", "OUT_DTYPE", "ROUND_BF16", "PDL")}
-    defines.update(WG=wg, STAGES=stages, NT=token_tiles, ARCH_SPECIFIC=None)
+    defines.update(WG=wg, STAGES=stages, BOXES=boxes, NT=token_tiles, ARCH_SPECIFIC=None)
     k = kernel("gemm_fp8_stream.cu", "gemm_fp8_stream", "pppiiiqffffpppp", device, defines)
     w_map = tensor_map.weight_map(weight_pairs, 64 * wg)
     args = (out, xq_pairs, w_map, n, k_units, o_rows, xq_pairs.stride(0), *xielu_params, w_scale,
             x_scale, partials, flags)
-    k.launch((blocks,), (threads,), args, smem_bytes(stages, wg, mats, token_tiles),
+    k.launch((blocks,), (threads,), args, smem_bytes(stages, boxes, wg, mats, token_tiles),
              pdl=bool(base["PDL"]))
     return True
 

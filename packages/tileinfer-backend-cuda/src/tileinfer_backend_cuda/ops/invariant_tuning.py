@@ -86,4 +86,4 @@ FP8_GEMV_TABLE: dict[tuple[int, int, str], dict] = {
 # "fp8_gemm" may give them (ops/tuning.py).
 FP8_GEMM_KEYS = frozenset({"row_warps", "stages", "runs", "tma", "mma_lag", "token_groups",
                            "l2_256b", "max_tokens", "enabled", "part_k", "stream",
-                           "stream_stages", "stream_ctas"})
+                           "stream_stages", "stream_ctas", "stream_boxes"})
