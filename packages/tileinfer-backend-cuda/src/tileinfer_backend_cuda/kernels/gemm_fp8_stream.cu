@@ -1,11 +1,10 @@
 // Batched FP8 products as one stream of K stages per SM (stream-K, sm_90a: built with
 // ARCH_SPECIFIC), for ops/gemm_fp8_stream.py: gemm_wgmma.cu's W_FP8 product (its header: e4m3
 // rows walked as pairs of bytes, a stage of 128 e4m3 k a part whose products start from zero and
-// join the sum in float32) without its grid of (row tile, run) blocks, whose few blocks a launch
-// leave SMs idle through the launch's ramp and its uneven tail (docs/cuda-kernels.md).
+// join the sum in float32) without its grid of (row tile, run) blocks, less than a wave, which
+// leaves SMs idle through the launch's ramp and its uneven tail (docs/cuda-kernels.md).
 //
-// The work: tiles = ceil(O / BLOCK_ROWS) row tiles of K / (64 BOXES) stages each (K in 2-byte
-// units), in
+// The work: ceil(O / BLOCK_ROWS) row tiles of K / (64 BOXES) stages each (K in 2-byte units), in
 // one order, tile by tile and each tile's stages in K order. Block b of the grid's G takes the
 // stages [b total / G, (b + 1) total / G): about as many as every other block, so each SM streams
 // its share without a break between tiles (the ring runs on across them). A block's stages of one
@@ -136,7 +135,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
 #endif
 
     Sums acc[BOXES] = {}, run = {};  // a stage's products, a box each; the segment's sum
-    int segment = lo;         // the segment's first stage
+    int segment = lo;                // the segment's first stage
     // The segment that ends with stage `last` (of the whole order): its tile's outputs, or its
     // sums published. Every thread of the block calls it.
     auto finish = [&](int last) {

@@ -14,7 +14,10 @@ and the weight go in as bf16 views of half the width. A row's sum runs in parts 
 each part's products from zero in the tensor cores and the parts added in float32 (the header's
 reason). The settings per weight: ``FP8_GEMM_TABLE``, else ``gemm_settings``' rule; the
 experiment switch's ``"fp8_gemm"`` (tuning.py) overrides any of them, ``"max_tokens"`` (the most
-rows it takes) and ``"enabled"`` (whether it takes any step: ENABLED's default).
+rows it takes) and ``"enabled"`` (whether it takes any step: ENABLED's default). With
+``"stream"`` a launch of up to 64 rows runs gemm_fp8_stream.cu instead (ops/gemm_fp8_stream.py:
+the same products as one even stream of K stages a block; off by default, no faster where
+measured: benchmarks/RESULTS.md, 2026-12-08).
 """
 
 from __future__ import annotations

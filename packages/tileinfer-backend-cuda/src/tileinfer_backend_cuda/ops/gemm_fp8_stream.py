@@ -8,8 +8,6 @@ rows each), ``stream_stages`` (the ring's stages, brought down to what fits), ``
 
 from __future__ import annotations
 
-import torch
-
 from . import tensor_map
 from .common import STREAM_SCRATCH, StreamScratch, cdiv, num_sms, smem_per_multiprocessor
 from .common import kernel, smem_limit
@@ -82,9 +80,3 @@ def launch(out, xq_pairs, x_scale, weight_pairs, w_scale, base: dict, xielu_para
     k.launch((blocks,), (threads,), args, smem_bytes(stages, boxes, wg, mats, token_tiles),
              pdl=bool(base["PDL"]))
     return True
-
-
-def flags_are_down(device: int) -> bool:
-    """Whether every flag of the device's scratch is zero (between launches; for tests)."""
-    scratch = STREAM_SCRATCH.get(device)
-    return scratch is None or not bool(torch.count_nonzero(scratch[1]))
