@@ -267,9 +267,9 @@ t = d.get('timings', d); print({k: t.get(k) for k in ('load', 'time_to_first_tok
           --batch 64 --repeats 2 2>&1 | grep -v '^{' | tail -n 1)"
       done ;;
     fp8streamncu)  # ncu of one gemm_fp8_stream launch at 64 rows per llama3-8b matrix shape (qkv, o,
-                   # down) under FP8STREAM_NCU (the switch's "fp8_gemm" object)
+                   # down; FP8STREAM_NCU_SHAPES) under FP8STREAM_NCU (the switch's "fp8_gemm" object)
       setting=${FP8STREAM_NCU:-'{"stream":true,"row_warps":8}'}
-      for shape in 6144x4096 4096x4096 4096x14336; do
+      for shape in ${FP8STREAM_NCU_SHAPES:-6144x4096 4096x4096 4096x14336}; do
         TILEINFER_CUDA_EXPERIMENTS="{\"fp8_gemm\": $setting}" timeout 120 ncu --clock-control none \
           -k regex:gemm_fp8_stream -s 2 -c 1 --section SpeedOfLight --section Occupancy \
           --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
