@@ -304,7 +304,9 @@ def test_smollm2_int8_kv_perplexity_close_to_bf16_and_smoothing_helps(smollm2):
         cache = new_cache(model, 256, quantize="int8", key_smoothing=factors)
         results[name] = _compare(smollm2, _log_probs(model, cache, smollm2["ids"]))
     (plain_ratio, plain_kl), (smooth_ratio, smooth_kl) = results["plain"], results["smoothed"]
-    assert abs(plain_ratio - 1) < 0.015 and abs(smooth_ratio - 1) < 0.015, results  # +0.74%, -0.67%
+    # The CPU's bf16 kernels move the plain cache's ratio: +0.74% measured on an AMD EPYC, +1.63%
+    # on an Intel Xeon with AVX-512; the smoothed one stayed within 0.7% on both.
+    assert abs(plain_ratio - 1) < 0.02 and abs(smooth_ratio - 1) < 0.015, results
     assert 0 < plain_kl < 0.013 and 0 < smooth_kl < 0.0075, results  # 0.0066, 0.0037
     assert smooth_kl < 0.8 * plain_kl, results  # measured 0.56x
 
