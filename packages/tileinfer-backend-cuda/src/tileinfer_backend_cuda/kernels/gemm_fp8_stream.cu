@@ -66,9 +66,20 @@ __device__ __forceinline__ void store_release(int* p, int v) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
-// A thread's sums in `partials` slot b: sum e of thread t at (b SUMS + e) THREADS + t.
+// A thread's sums in `partials` slot b: sum i of thread t at (b SUMS + i) THREADS + t.
 __device__ __forceinline__ float* sums_slot(float* partials, int b) {
     return partials + (i64)b * SUMS * THREADS + threadIdx.x;
+}
+
+// f(sum, i) for each of a thread's sums, i its index among them.
+template <typename F>
+__device__ __forceinline__ void each_sum(Sums& sums, F f) {
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(sums[m][j][e], (m * NT + j) * 4 + e);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -142,13 +153,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
         const int tile = last / per_tile;
         if (segment % per_tile != 0) {  // a block's first segment, past its tile's start
             float* mine = sums_slot(partials, blockIdx.x);
-#pragma unroll
-            for (int m = 0; m < MATS; ++m)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        mine[((m * NT + j) * 4 + e) * THREADS] = run[m][j][e];
+            each_sum(run, [&](float& s, int i) { mine[i * THREADS] = s; });
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) store_release(flags + blockIdx.x, 1);
@@ -159,13 +164,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
                     while (load_acquire(flags + after) == 0) {}
                 __syncthreads();
                 const float* theirs = sums_slot(partials, after);
-#pragma unroll
-                for (int m = 0; m < MATS; ++m)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            run[m][j][e] += __ldcg(theirs + ((m * NT + j) * 4 + e) * THREADS);
+                each_sum(run, [&](float& s, int i) { s += __ldcg(theirs + i * THREADS); });
             }
             if (after > (int)blockIdx.x + 1) {
                 __syncthreads();  // every thread has read them: lower the flags
@@ -175,12 +174,7 @@ gemm_fp8_stream(out_t* __restrict__ out, const bf16_t* __restrict__ x,
             store_sums(run, run, out, w_scale, x_scale, n, O, tile * BLOCK_ROWS, 0, ring, alpha_p,
                        alpha_n, beta, eps);
         }
-#pragma unroll
-        for (int m = 0; m < MATS; ++m)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) run[m][j][e] = 0.0f;
+        each_sum(run, [](float& s, int) { s = 0.0f; });
         segment = last + 1;
     };
     const int a_row = 64 * (warp >> 2);  // this warpgroup's first weight row in a stage
