@@ -100,6 +100,9 @@ def json_object(text: str) -> dict:
     return value
 
 
+json_object.__name__ = "JSON object"
+
+
 def _loads_object(text: str) -> dict | None:
     """text's JSON object, or None when it is not one."""
     import json
@@ -109,9 +112,6 @@ def _loads_object(text: str) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-json_object.__name__ = "JSON object"
 
 
 def _short(text: str) -> str:

@@ -36,14 +36,20 @@ _APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "facto
                          "high_freq_factor": 4.0}
 
 
-def rope_from(d: dict, model_type: str, max_position_embeddings: int, default_theta: float):
-    """(rope_theta, normalized rope_scaling or None) from either config.json form."""
+def _stated_rope(d: dict, model_type: str | None):
+    """(the RoPE dict config.json states, or None; the field it is in): a non-null rope_scaling
+    wins over rope_parameters. As transformers, Apertus without one gets its default dict (whose
+    rope_theta then wins over a top-level rope_theta)."""
     rope = d.get("rope_scaling") or d.get("rope_parameters")
     source = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
     if rope is None and model_type == "apertus":
-        # As transformers: without a RoPE dict, Apertus gets its default one (whose rope_theta
-        # then wins over a top-level rope_theta).
         rope, source = dict(_APERTUS_DEFAULT_ROPE), "rope_parameters"
+    return rope, source
+
+
+def rope_from(d: dict, model_type: str, max_position_embeddings: int, default_theta: float):
+    """(rope_theta, normalized rope_scaling or None) from either config.json form."""
+    rope, source = _stated_rope(d, model_type)
     rope = dict(rope or {})
     if rope and not isinstance(rope.get("rope_type", rope.get("type", "default")), str):
         # transformers 5 may nest one dict per layer type (e.g. Gemma): not these architectures.
@@ -122,8 +128,7 @@ def with_rope(d: dict, rope: dict) -> dict:
     if d.get("model_type") in ("gemma3", "gemma3_text"):
         raise ConfigError("a RoPE override is not supported for Gemma 3 (one RoPE per layer "
                           "type)")
-    current = d.get("rope_scaling") or d.get("rope_parameters") or (
-        _APERTUS_DEFAULT_ROPE if d.get("model_type") == "apertus" else {})
+    current = _stated_rope(d, d.get("model_type"))[0]
     current = current if isinstance(current, dict) else {}  # a bad one: rope_from's error
     theta = rope.get("rope_theta", current.get("rope_theta", d.get("rope_theta")))
     out = {k: v for k, v in d.items() if k != "rope_parameters"}
