@@ -110,11 +110,16 @@ def smem_limit(device: int) -> int:
     return device_property(device, "shared_memory_per_block_optin", 227 * 1024)
 
 
-def fit_stages(cfg: dict, smem_bytes, device: int) -> dict:
-    """cfg with its stages brought down (to 2 at least) until smem_bytes(cfg), a block's dynamic
-    shared memory in either GEMM kernel, fits beside the static shared memory."""
-    limit = smem_limit(device) - 1024  # room for the static shared memory
-    while cfg["stages"] > 2 and smem_bytes(cfg) > limit:
+def fit_stages(cfg: dict, smem_bytes, device: int, blocks_per_sm: int = 1,
+               least: int = 2) -> dict:
+    """cfg with its stages brought down (to `least` at least) until smem_bytes(cfg), a block's
+    dynamic shared memory in a GEMM kernel, fits beside the static shared memory, with
+    blocks_per_sm such blocks on one SM (each of them 1 KB reserved besides)."""
+    limit = smem_limit(device)
+    if blocks_per_sm > 1:
+        limit = min(limit, smem_per_multiprocessor(device) // blocks_per_sm - 1024)
+    limit -= 1024  # room for the static shared memory
+    while cfg["stages"] > least and smem_bytes(cfg) > limit:
         cfg["stages"] -= 1
     return cfg
 

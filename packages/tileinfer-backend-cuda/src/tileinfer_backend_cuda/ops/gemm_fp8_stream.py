@@ -9,13 +9,12 @@ rows each), ``stream_stages`` (the ring's stages, brought down to what fits), ``
 from __future__ import annotations
 
 from . import tensor_map
-from .common import STREAM_SCRATCH, StreamScratch, cdiv, num_sms, smem_per_multiprocessor
-from .common import kernel, smem_limit
+from .common import STREAM_SCRATCH, StreamScratch, cdiv, fit_stages, kernel, num_sms
+from .gemm_wgmma import STAGE_K, SWIZZLE_ALIGN, warpgroups
 
 MAX_TOKENS = 64  # one token block: 8 token tiles of 8
-BOX_K = 128  # e4m3 k of a box: 128 bytes of each weight row and each token, one part
+BOX_K = 2 * STAGE_K  # e4m3 k of a box: 128 bytes of each weight row and each token, one part
 DEFAULTS = {"stream_stages": 8, "stream_ctas": 1, "stream_boxes": 1}
-WGMMA_ALIGN = 1024  # the ring's alignment (gemm_wgmma_layout.cuh)
 
 
 def setting(cfg: dict, key: str) -> int:
@@ -29,25 +28,20 @@ def takes(cfg: dict, n: int, k_dim: int) -> bool:
             and k_dim % (BOX_K * setting(cfg, "stream_boxes")) == 0)
 
 
-def warpgroups(cfg: dict) -> int:
-    return 2 if cfg.get("row_warps", 4) >= 8 else 1
-
-
 def smem_bytes(stages: int, boxes: int, wg: int, mats: int, token_tiles: int) -> int:
     """STAGES x boxes x (mats x 64 wg weight rows + 8 token_tiles tokens) x 128 bytes from the
     first 1024-byte boundary, then an 8-byte mbarrier a stage."""
     rows = mats * 64 * wg + 8 * token_tiles
-    return stages * boxes * rows * BOX_K + WGMMA_ALIGN + 8 * stages
+    return stages * boxes * rows * BOX_K + SWIZZLE_ALIGN + 8 * stages
 
 
 def stages_that_fit(cfg: dict, wg: int, mats: int, token_tiles: int, device: int) -> int:
     """cfg's stages (at least 3), fewer where the blocks a SM would not fit its shared memory."""
-    limit = smem_limit(device), smem_per_multiprocessor(device) // setting(cfg, "stream_ctas")
-    limit = min(limit[0], limit[1] - 1024) - 1024
-    stages, boxes = setting(cfg, "stream_stages"), setting(cfg, "stream_boxes")
-    while stages > 3 and smem_bytes(stages, boxes, wg, mats, token_tiles) > limit:
-        stages -= 1
-    return stages
+    boxes = setting(cfg, "stream_boxes")
+    ring = fit_stages({"stages": setting(cfg, "stream_stages")},
+                      lambda c: smem_bytes(c["stages"], boxes, wg, mats, token_tiles), device,
+                      blocks_per_sm=setting(cfg, "stream_ctas"), least=3)
+    return ring["stages"]
 
 
 def grid_blocks(cfg: dict, o_rows: int, k_dim: int, wg: int, device: int) -> int:
